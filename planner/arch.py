@@ -1,0 +1,373 @@
+"""A model's architecture, as the memory and time models need it.
+
+Everything is derived from the numbers of a Hugging Face ``config.json`` (GQA,
+tied embeddings, gated MLP width, MoE experts, MLA ranks, vocabulary), never
+from a parameter count alone: two models of the same size can differ by 2x in
+KV bytes per token or in logits memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.errors import PlanError
+
+# Projection names peft's "all-linear" reaches in HF decoder layers, by role.
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if value <= 0:
+        raise PlanError(
+            field=f"model.arch.{attribute.name}",
+            message=f"must be a positive integer, got {value}.",
+            fix=f"set model.arch.{attribute.name} to the value in the model's config.json",
+        )
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if value < 0:
+        raise PlanError(
+            field=f"model.arch.{attribute.name}",
+            message=f"must be >= 0, got {value}.",
+            fix=f"set model.arch.{attribute.name} to 0 or to the value in the model's config.json",
+        )
+
+
+@frozen(kw_only=True)
+class Architecture:
+    """A decoder-only transformer, described by its config.json numbers."""
+
+    family: str
+    hidden_size: int = attrs.field(validator=_positive)
+    num_layers: int = attrs.field(validator=_positive)
+    num_attention_heads: int = attrs.field(validator=_positive)
+    num_kv_heads: int = attrs.field(validator=_positive)
+    head_dim: int = attrs.field(validator=_positive)
+    intermediate_size: int = attrs.field(validator=_positive)
+    vocab_size: int = attrs.field(validator=_positive)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = attrs.field(default=32768, validator=_positive)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    norms_per_layer: int = attrs.field(default=2, validator=_non_negative)
+    # Mixture of experts: 0 experts means a dense model.
+    num_experts: int = attrs.field(default=0, validator=_non_negative)
+    num_experts_per_token: int = attrs.field(default=0, validator=_non_negative)
+    moe_intermediate_size: int = attrs.field(default=0, validator=_non_negative)
+    shared_expert_intermediate_size: int = attrs.field(default=0, validator=_non_negative)
+    first_dense_layers: int = attrs.field(default=0, validator=_non_negative)
+    expert_bias: bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3): 0 kv_lora_rank means standard attention.
+    q_lora_rank: int = attrs.field(default=0, validator=_non_negative)
+    kv_lora_rank: int = attrs.field(default=0, validator=_non_negative)
+    qk_nope_head_dim: int = attrs.field(default=0, validator=_non_negative)
+    qk_rope_head_dim: int = attrs.field(default=0, validator=_non_negative)
+    v_head_dim: int = attrs.field(default=0, validator=_non_negative)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.is_mla and self.num_attention_heads % self.num_kv_heads != 0:
+            raise PlanError(
+                field="model.arch.num_kv_heads",
+                message=(
+                    f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                    f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention."
+                ),
+                fix="copy num_key_value_heads from the model's config.json",
+            )
+        if self.num_experts and not 0 < self.num_experts_per_token <= self.num_experts:
+            raise PlanError(
+                field="model.arch.num_experts_per_token",
+                message=(
+                    f"an MoE model with {self.num_experts} experts needs 1 <= num_experts_per_token "
+                    f"<= {self.num_experts}, got {self.num_experts_per_token}."
+                ),
+                fix="copy num_experts_per_tok from the model's config.json",
+            )
+        if self.num_experts and self.moe_intermediate_size <= 0:
+            raise PlanError(
+                field="model.arch.moe_intermediate_size",
+                message="an MoE model needs the width of one expert's MLP.",
+                fix="copy moe_intermediate_size (or intermediate_size for gpt-oss) from config.json",
+            )
+        if self.first_dense_layers > self.num_layers:
+            raise PlanError(
+                field="model.arch.first_dense_layers",
+                message=f"{self.first_dense_layers} dense layers exceed num_layers ({self.num_layers}).",
+                fix="copy first_k_dense_replace from the model's config.json",
+            )
+
+    # --- shape facts -------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def q_width(self) -> int:
+        """Width of the attention output before o_proj (nh * head_dim, or nh * v_head_dim for MLA)."""
+        if self.is_mla:
+            return self.num_attention_heads * self.v_head_dim
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of one of K or V per token (n_kv * head_dim); the MLA latent for MLA models."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return self.num_kv_heads * self.head_dim
+
+    # --- parameter counts -------------------------------------------------
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def attention_params(self) -> int:
+        h = self.hidden_size
+        if self.is_mla:
+            nh = self.num_attention_heads
+            qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            if self.q_lora_rank:
+                q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * nh * qk_head
+            else:
+                q = h * nh * qk_head
+            kv = (
+                h * (self.kv_lora_rank + self.qk_rope_head_dim)
+                + self.kv_lora_rank
+                + self.kv_lora_rank * nh * (self.qk_nope_head_dim + self.v_head_dim)
+            )
+            return q + kv + nh * self.v_head_dim * h
+        q = h * self.q_width
+        kv = 2 * h * self.kv_width
+        params = q + kv + self.q_width * h
+        if self.qkv_bias:
+            params += self.q_width + 2 * self.kv_width
+        if self.o_bias:
+            params += h
+        if self.qk_norm:
+            params += 2 * self.head_dim
+        if self.family == "gpt_oss":
+            params += self.num_attention_heads  # attention sinks
+        return params
+
+    @property
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    def _expert_params(self, experts: int) -> int:
+        per_expert = 3 * self.hidden_size * self.moe_intermediate_size
+        if self.expert_bias:
+            per_expert += 2 * self.moe_intermediate_size + self.hidden_size
+        router = self.hidden_size * self.num_experts + (self.num_experts if self.expert_bias else 0)
+        shared = 3 * self.hidden_size * self.shared_expert_intermediate_size
+        return experts * per_expert + router + shared
+
+    @property
+    def moe_mlp_params(self) -> int:
+        return self._expert_params(self.num_experts) if self.is_moe else 0
+
+    @property
+    def norm_params_per_layer(self) -> int:
+        return self.norms_per_layer * self.hidden_size
+
+    @property
+    def dense_layer_params(self) -> int:
+        return self.attention_params + self.dense_mlp_params + self.norm_params_per_layer
+
+    @property
+    def moe_layer_params(self) -> int:
+        return self.attention_params + self.moe_mlp_params + self.norm_params_per_layer if self.is_moe else 0
+
+    @property
+    def largest_layer_params(self) -> int:
+        """N_L: what one FSDP all-gather of a decoder layer unshards."""
+        return max(self.dense_layer_params if self.num_dense_layers else 0, self.moe_layer_params)
+
+    @property
+    def total_params(self) -> int:
+        return (
+            self.embedding_params
+            + self.lm_head_params
+            + self.num_dense_layers * self.dense_layer_params
+            + self.num_moe_layers * self.moe_layer_params
+            + self.hidden_size  # final norm
+        )
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: routed experts count only their top-k."""
+        if not self.is_moe:
+            return self.total_params
+        active_moe_layer = (
+            self.attention_params + self._expert_params(self.num_experts_per_token) + self.norm_params_per_layer
+        )
+        return (
+            self.embedding_params
+            + self.lm_head_params
+            + self.num_dense_layers * self.dense_layer_params
+            + self.num_moe_layers * active_moe_layer
+            + self.hidden_size
+        )
+
+    @property
+    def active_matmul_params(self) -> int:
+        """Parameters in matmuls one token pays FLOPs for (the input embedding is a lookup)."""
+        head = self.vocab_size * self.hidden_size
+        return self.active_params - self.embedding_params - self.lm_head_params + head
+
+    def lora_params(self, rank: int, target_modules: tuple[str, ...] | str = "all-linear") -> int:
+        """Adapter parameters: r * (in + out) per targeted linear, summed over layers.
+
+        Routed experts are fused 3-D parameters in current transformers MoE blocks, which
+        peft's all-linear does not reach; shared experts and dense MLPs are reached.
+        """
+        if rank <= 0:
+            return 0
+        wanted = set(ATTENTION_PROJECTIONS + MLP_PROJECTIONS) if target_modules == "all-linear" else set(target_modules)
+        h = self.hidden_size
+        per_layer_attention = 0
+        if self.is_mla:
+            # q_a/q_b/kv_a/kv_b/o: treat the q_* and kv_* pieces as q_proj/k_proj/v_proj targets.
+            nh = self.num_attention_heads
+            qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            shapes = {
+                "q_proj": (h, nh * qk_head) if not self.q_lora_rank else (h + nh * qk_head, 2 * self.q_lora_rank),
+                "k_proj": (h, self.kv_lora_rank + self.qk_rope_head_dim),
+                "v_proj": (self.kv_lora_rank, nh * (self.qk_nope_head_dim + self.v_head_dim)),
+                "o_proj": (nh * self.v_head_dim, h),
+            }
+        else:
+            shapes = {
+                "q_proj": (h, self.q_width),
+                "k_proj": (h, self.kv_width),
+                "v_proj": (h, self.kv_width),
+                "o_proj": (self.q_width, h),
+            }
+        for name, (fan_in, fan_out) in shapes.items():
+            if name in wanted:
+                per_layer_attention += rank * (fan_in + fan_out)
+        mlp_pairs = {"gate_proj": (h, 1), "up_proj": (h, 1), "down_proj": (1, h)}
+
+        def mlp_lora(width: int) -> int:
+            total = 0
+            for name, (fan_in, fan_out) in mlp_pairs.items():
+                if name in wanted and width:
+                    total += rank * ((fan_in if fan_in != 1 else width) + (fan_out if fan_out != 1 else width))
+            return total
+
+        dense = self.num_dense_layers * (per_layer_attention + mlp_lora(self.intermediate_size))
+        moe = self.num_moe_layers * (per_layer_attention + mlp_lora(self.shared_expert_intermediate_size))
+        return dense + moe
+
+    # --- per-token sizes --------------------------------------------------
+    def kv_cache_bytes_per_token(self, tensor_parallel_size: int = 1, dtype_bytes: int = 2) -> int:
+        """Per-rank KV bytes per token, as vLLM sizes its cache.
+
+        K and V heads are split over TP ranks and replicated once TP exceeds n_kv.
+        MLA caches one latent (kv_lora_rank + rope dims) per token, replicated on every rank.
+        """
+        if self.is_mla:
+            return self.num_layers * self.kv_width * dtype_bytes
+        kv_heads_per_rank = max(1, self.num_kv_heads // tensor_parallel_size)
+        return 2 * self.num_layers * kv_heads_per_rank * self.head_dim * dtype_bytes
+
+    def forward_flops_per_token(self, context_len: int) -> float:
+        """Forward FLOPs for one token attending to `context_len` earlier tokens."""
+        matmul = 2.0 * self.active_matmul_params
+        qk_dim = (self.qk_nope_head_dim + self.qk_rope_head_dim) if self.is_mla else self.head_dim
+        v_dim = self.v_head_dim if self.is_mla else self.head_dim
+        attention = 2.0 * self.num_layers * self.num_attention_heads * (qk_dim + v_dim) * context_len
+        return matmul + attention
+
+
+def architecture_from_hf_config(config: dict[str, Any], source: str = "config.json") -> Architecture:
+    """Read an Architecture from a Hugging Face config.json dictionary."""
+    if "text_config" in config and "hidden_size" not in config:
+        config = {**config["text_config"]}
+    model_type = str(config.get("model_type", "")).lower()
+    missing = [
+        key
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        if key not in config
+    ]
+    if missing:
+        raise PlanError(
+            field="model",
+            message=f"{source} lacks {', '.join(missing)}, so its architecture cannot be read.",
+            fix="point --model at a decoder-only model's config.json, or use a preset (`rlplan presets models`)",
+        )
+
+    def get(key: str, default: Any = 0) -> Any:
+        value = config.get(key)
+        return default if value is None else value
+
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    num_experts = int(get("n_routed_experts", 0) or get("num_experts", 0) or get("num_local_experts", 0))
+    is_mla = bool(get("kv_lora_rank", 0))
+    family = {
+        "qwen2": "qwen2",
+        "qwen2_moe": "qwen2_moe",
+        "qwen3": "qwen3",
+        "qwen3_moe": "qwen3_moe",
+        "llama": "llama",
+        "mistral": "mistral",
+        "gemma2": "gemma2",
+        "deepseek_v3": "deepseek_v3",
+        "deepseek_v2": "deepseek_v3",
+        "gpt_oss": "gpt_oss",
+    }.get(model_type, model_type or "llama")
+    moe_width = int(get("moe_intermediate_size", 0))
+    if family == "gpt_oss":
+        moe_width = int(get("intermediate_size"))
+    shared = int(get("n_shared_experts", 0)) * moe_width
+    if family == "qwen2_moe":
+        shared = int(get("shared_expert_intermediate_size", 0))
+    return Architecture(
+        family=family,
+        hidden_size=hidden,
+        num_layers=int(config["num_hidden_layers"]),
+        num_attention_heads=heads,
+        num_kv_heads=int(get("num_key_value_heads", heads)),
+        head_dim=int(get("head_dim", 0) or get("v_head_dim", 0) or hidden // heads),
+        intermediate_size=int(get("intermediate_size", 4 * hidden)),
+        vocab_size=int(config["vocab_size"]),
+        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+        max_position_embeddings=int(get("max_position_embeddings", 32768)),
+        qkv_bias=bool(get("attention_bias", family == "qwen2")) or family in ("qwen2", "qwen2_moe"),
+        o_bias=family == "gpt_oss" and bool(get("attention_bias", True)),
+        qk_norm=family in ("qwen3", "qwen3_moe"),
+        norms_per_layer=4 if family == "gemma2" else 2,
+        num_experts=num_experts,
+        num_experts_per_token=int(get("num_experts_per_tok", 0) or get("experts_per_token", 0)) if num_experts else 0,
+        moe_intermediate_size=moe_width if num_experts else 0,
+        shared_expert_intermediate_size=shared if num_experts else 0,
+        first_dense_layers=int(get("first_k_dense_replace", 0)) if num_experts else 0,
+        expert_bias=family == "gpt_oss",
+        q_lora_rank=int(get("q_lora_rank", 0)) if is_mla else 0,
+        kv_lora_rank=int(get("kv_lora_rank", 0)),
+        qk_nope_head_dim=int(get("qk_nope_head_dim", 0)) if is_mla else 0,
+        qk_rope_head_dim=int(get("qk_rope_head_dim", 0)) if is_mla else 0,
+        v_head_dim=int(get("v_head_dim", 0)) if is_mla else 0,
+    )

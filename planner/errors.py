@@ -1,0 +1,27 @@
+"""The one error a user ever sees from rlplan: a field, what is wrong, and the fix.
+
+Every bad input (a malformed TOML, a wrong type, an unknown model, a negative
+batch size) becomes a PlanError; the CLI prints it as one paragraph and exits 2.
+No traceback reaches a user for bad input.
+"""
+
+from __future__ import annotations
+
+
+class PlanError(Exception):
+    """Bad input, named by the field it is in and paired with the fix."""
+
+    def __init__(self, field: str, message: str, fix: str = "") -> None:
+        self.field = field
+        self.message = message
+        self.fix = fix
+        super().__init__(self.paragraph())
+
+    def paragraph(self) -> str:
+        text = f"{self.field}: {self.message}"
+        if self.fix:
+            text += f" Fix: {self.fix}" + ("" if self.fix.endswith((".", "?", "!")) else ".")
+        return text
+
+    def as_dict(self) -> dict[str, str]:
+        return {"field": self.field, "message": self.message, "fix": self.fix}

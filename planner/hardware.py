@@ -1,0 +1,58 @@
+"""The cluster a plan runs on: GPU kind, node count, host memory."""
+
+from __future__ import annotations
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.errors import PlanError
+
+
+def _positive_number(field_prefix: str):
+    def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
+        if value <= 0:
+            raise PlanError(
+                field=f"{field_prefix}.{attribute.name}",
+                message=f"must be positive, got {value}.",
+                fix=f"set {field_prefix}.{attribute.name} to a positive number",
+            )
+
+    return check
+
+
+@frozen(kw_only=True)
+class GpuSpec:
+    """One accelerator: memory and the roofline numbers the step-time model uses."""
+
+    name: str
+    memory_gib: float = attrs.field(validator=_positive_number("cluster.gpu"))
+    bf16_tflops: float = attrs.field(default=989.0, validator=_positive_number("cluster.gpu"))
+    hbm_gbps: float = attrs.field(default=3350.0, validator=_positive_number("cluster.gpu"))
+    # Host<->device bandwidth for offload traffic, per GPU.
+    pcie_gbps: float = attrs.field(default=25.0, validator=_positive_number("cluster.gpu"))
+    # Intra-node GPU<->GPU bandwidth per GPU (NVLink / Infinity Fabric / PCIe).
+    intranode_gbps: float = attrs.field(default=450.0, validator=_positive_number("cluster.gpu"))
+
+
+@frozen(kw_only=True)
+class Cluster:
+    """Nodes of identical GPUs."""
+
+    gpu: GpuSpec
+    nodes: int = attrs.field(default=1, validator=_positive_number("cluster"))
+    gpus_per_node: int = attrs.field(default=8, validator=_positive_number("cluster"))
+    host_memory_gib: float = attrs.field(default=1024.0, validator=_positive_number("cluster"))
+    # Inter-node bandwidth per GPU (InfiniBand / RoCE), for cross-node collectives.
+    internode_gbps: float = attrs.field(default=50.0, validator=_positive_number("cluster"))
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return int(self.gpu.memory_gib * 2**30)
+
+    @property
+    def host_memory_bytes_per_node(self) -> int:
+        return int(self.host_memory_gib * 2**30)

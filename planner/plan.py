@@ -1,0 +1,290 @@
+"""The plan: a self-contained, declarative description of one RL fine-tuning run.
+
+A plan carries the resolved model architecture, the cluster, the workload in
+verl's units (train_batch_size and ppo_mini_batch_size in prompts, rollout n)
+and every knob of actor, reference, critic and rollout.  Key names follow
+verl's where verl has one, so a verl user recognises them and the renderer maps
+them one to one.
+
+Value classes only: reading and writing TOML lives in ``planner.planfile``;
+rules live in ``planner.rules``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+from attrs import field, frozen
+
+from rlplan.planner.arch import Architecture
+from rlplan.planner.errors import PlanError
+from rlplan.planner.hardware import Cluster
+
+SCHEMA_VERSION = 1
+
+Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KlLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+LoadFormat = Literal["dummy", "safetensors", "auto"]
+Truncation = Literal["error", "left", "right", "middle", "filter"]
+
+
+def _at_least(minimum: float, section: str):
+    """A validator that names the plan field and the fix."""
+
+    def check(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
+        if value is not None and value < minimum:
+            raise PlanError(
+                field=f"{section}.{attribute.name}",
+                message=f"must be >= {minimum}, got {value}.",
+                fix=f"set {section}.{attribute.name} to a value >= {minimum}",
+            )
+
+    return check
+
+
+def _fraction(section: str):
+    def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
+        if not 0.0 < value <= 1.0:
+            raise PlanError(
+                field=f"{section}.{attribute.name}",
+                message=f"is a fraction of GPU memory and must lie in (0, 1], got {value}.",
+                fix=f"set {section}.{attribute.name} between 0.3 and 0.9",
+            )
+
+    return check
+
+
+@frozen(kw_only=True)
+class LoraConfig:
+    """PEFT LoRA on the actor (verl: actor_rollout_ref.model.lora_*). rank 0 = full fine-tuning."""
+
+    rank: int = field(default=0, validator=_at_least(0, "model.lora"))
+    alpha: int = field(default=16, validator=_at_least(1, "model.lora"))
+    target_modules: tuple[str, ...] = ("all-linear",)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@frozen(kw_only=True)
+class ModelSection:
+    name: str
+    arch: Architecture
+    # Where the weights live: a local directory, or a hub repo id kept for rendering only.
+    path: str = ""
+    lora: LoraConfig = LoraConfig()
+    gradient_checkpointing: bool = True
+    activation_offload: bool = False
+    use_remove_padding: bool = True
+
+
+@frozen(kw_only=True)
+class DataSection:
+    train_batch_size: int = field(validator=_at_least(1, "data"))
+    max_prompt_length: int = field(validator=_at_least(1, "data"))
+    max_response_length: int = field(validator=_at_least(1, "data"))
+    train_files: tuple[str, ...] = ()
+    val_files: tuple[str, ...] = ()
+    prompt_key: str = "prompt"
+    truncation: Truncation = "error"
+    filter_overlong_prompts: bool = True
+    shuffle: bool = True
+    seed: int = 1
+
+    @property
+    def max_sequence_length(self) -> int:
+        return self.max_prompt_length + self.max_response_length
+
+
+@frozen(kw_only=True)
+class ActorSection:
+    """The policy under training (verl: actor_rollout_ref.actor.*)."""
+
+    ppo_mini_batch_size: int = field(validator=_at_least(1, "actor"))
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    ppo_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "actor"))
+    # Deprecated global key, kept so imported scripts normalize exactly as in verl.
+    ppo_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "actor"))
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = field(default=16384, validator=_at_least(1, "actor"))
+    ppo_epochs: int = field(default=1, validator=_at_least(1, "actor"))
+    shuffle: bool = False
+    ulysses_sequence_parallel_size: int = field(default=1, validator=_at_least(1, "actor"))
+    fsdp_size: int = -1
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    entropy_from_logits_with_chunking: bool = False
+    entropy_checkpointing: bool = False
+    lr: float = field(default=1e-6, validator=_at_least(0.0, "actor"))
+    weight_decay: float = field(default=0.01, validator=_at_least(0.0, "actor"))
+    lr_warmup_steps: int = field(default=0, validator=_at_least(0, "actor"))
+    grad_clip: float = field(default=1.0, validator=_at_least(0.0, "actor"))
+    clip_ratio_low: float = field(default=0.2, validator=_at_least(0.0, "actor"))
+    clip_ratio_high: float = field(default=0.2, validator=_at_least(0.0, "actor"))
+    clip_ratio_c: float = field(default=3.0, validator=_at_least(1.0, "actor"))
+    loss_agg_mode: LossAggMode = "token-mean"
+    use_kl_loss: bool = False
+    kl_loss_coef: float = field(default=0.001, validator=_at_least(0.0, "actor"))
+    kl_loss_type: KlLossType = "low_var_kl"
+    entropy_coeff: float = 0.0
+
+
+@frozen(kw_only=True)
+class RefSection:
+    """The frozen reference policy (verl: actor_rollout_ref.ref.*). With LoRA it is the actor, adapter off."""
+
+    param_offload: bool = False
+    log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "ref"))
+    log_prob_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "ref"))
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = field(default=16384, validator=_at_least(1, "ref"))
+
+
+@frozen(kw_only=True)
+class RolloutSection:
+    """The vLLM rollout engine (verl: actor_rollout_ref.rollout.*)."""
+
+    n: int = field(validator=_at_least(1, "rollout"))
+    name: Literal["vllm"] = "vllm"
+    tensor_model_parallel_size: int = field(default=1, validator=_at_least(1, "rollout"))
+    gpu_memory_utilization: float = field(default=0.5, validator=_fraction("rollout"))
+    max_num_seqs: int = field(default=256, validator=_at_least(1, "rollout"))
+    max_num_batched_tokens: int = field(default=8192, validator=_at_least(1, "rollout"))
+    max_model_len: int | None = field(default=None, validator=_at_least(1, "rollout"))
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    free_cache_engine: bool = True
+    sleep_level: Literal[1, 2] = 2
+    layered_summon: bool = False
+    load_format: LoadFormat = "dummy"
+    dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    temperature: float = field(default=1.0, validator=_at_least(0.0, "rollout"))
+    top_p: float = field(default=1.0, validator=_fraction("rollout"))
+    top_k: int = -1
+    log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "rollout"))
+    log_prob_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "rollout"))
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = field(default=16384, validator=_at_least(1, "rollout"))
+    agent_num_workers: int = field(default=8, validator=_at_least(1, "rollout"))
+    update_weights_bucket_megabytes: int = field(default=2048, validator=_at_least(1, "rollout"))
+
+
+@frozen(kw_only=True)
+class CriticSection:
+    """The value model for PPO/GAE (verl: critic.*). Used iff `enable`, or when enable is unset and adv is gae."""
+
+    enable: bool | None = None
+    ppo_mini_batch_size: int | None = field(default=None, validator=_at_least(1, "critic"))
+    ppo_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "critic"))
+    ppo_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "critic"))
+    forward_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "critic"))
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = field(default=32768, validator=_at_least(1, "critic"))
+    forward_max_token_len_per_gpu: int = field(default=32768, validator=_at_least(1, "critic"))
+    ppo_epochs: int = field(default=1, validator=_at_least(1, "critic"))
+    ulysses_sequence_parallel_size: int = field(default=1, validator=_at_least(1, "critic"))
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    gradient_checkpointing: bool = True
+    use_remove_padding: bool = True
+    lr: float = field(default=1e-5, validator=_at_least(0.0, "critic"))
+    cliprange_value: float = field(default=0.5, validator=_at_least(0.0, "critic"))
+    grad_clip: float = field(default=1.0, validator=_at_least(0.0, "critic"))
+
+
+@frozen(kw_only=True)
+class AlgorithmSection:
+    adv_estimator: Algorithm = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    # rlplan extension: GRPO baseline without the sample itself (NeMo-RL's default).
+    grpo_leave_one_out: bool = False
+    gamma: float = 1.0
+    lam: float = 1.0
+    use_kl_in_reward: bool = False
+    kl_penalty: KlLossType = "kl"
+    kl_coef: float = 0.001
+
+
+@frozen(kw_only=True)
+class RewardSection:
+    """Rule-based rewards: by data_source from the registry, or one user function `module:function`."""
+
+    function: str = ""
+
+
+@frozen(kw_only=True)
+class TrainerSection:
+    total_epochs: int = field(default=1, validator=_at_least(1, "trainer"))
+    total_training_steps: int | None = field(default=None, validator=_at_least(1, "trainer"))
+    save_freq: int = -1
+    test_freq: int = -1
+    output_dir: str = "runs/rlplan"
+    project_name: str = "rlplan"
+    experiment_name: str = "run"
+    seed: int = 1
+    balance_batch: bool = True
+    val_before_train: bool = False
+    max_checkpoints_to_keep: int | None = field(default=None, validator=_at_least(1, "trainer"))
+
+
+@frozen(kw_only=True)
+class Prediction:
+    """What `solve` predicted; informational, `validate` recomputes it."""
+
+    gpu_peak_gib: float
+    host_peak_gib: float
+    step_time_s: float
+    phase_peak_gib: dict[str, float] = field(factory=dict)
+    phase_seconds: dict[str, float] = field(factory=dict)
+    profile: str = "default"
+
+
+@frozen(kw_only=True)
+class Plan:
+    model: ModelSection
+    cluster: Cluster
+    data: DataSection
+    actor: ActorSection
+    rollout: RolloutSection
+    ref: RefSection = RefSection()
+    critic: CriticSection = CriticSection()
+    algorithm: AlgorithmSection = AlgorithmSection()
+    reward: RewardSection = RewardSection()
+    trainer: TrainerSection = TrainerSection()
+    prediction: Prediction | None = None
+    # verl keys rlplan does not model, kept verbatim from an import and rendered back unchanged.
+    passthrough: dict[str, str] = field(factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __attrs_post_init__(self) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            raise PlanError(
+                field="schema_version",
+                message=f"this rlplan reads plan schema version {SCHEMA_VERSION}, the file says {self.schema_version}.",
+                fix=f"re-solve the plan with this rlplan, or set schema_version = {SCHEMA_VERSION} after checking it",
+            )
+
+    # --- facts every consumer needs, derived once here --------------------
+    @property
+    def uses_critic(self) -> bool:
+        """verl's need_critic: critic.enable if set, else adv_estimator == gae."""
+        if self.critic.enable is not None:
+            return self.critic.enable
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def uses_reference(self) -> bool:
+        """verl's need_reference_policy: a KL term in the loss or in the reward."""
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    @property
+    def reference_is_actor(self) -> bool:
+        """With LoRA the reference is the actor with its adapter disabled: no separate model."""
+        return self.model.lora.enabled
+
+    def evolve(self, **changes: object) -> Plan:
+        return attrs.evolve(self, **changes)

@@ -1,0 +1,205 @@
+"""Plan <-> TOML text and plain dicts, with errors that name the field.
+
+Pure functions on strings and dicts; only the CLI touches files.  Unknown keys
+are an error naming the key and the nearest valid one; wrong types name the
+field and the type expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+import types
+import typing
+from typing import Any
+
+import attrs
+import cattrs
+import tomli_w
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.plan import Plan
+
+_converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+
+
+def _strict_bool(value: Any, _type: type) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"expected true or false, got {value!r}")
+
+
+def _strict_int(value: Any, _type: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _strict_float(value: Any, _type: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _strict_str(value: Any, _type: type) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+_converter.register_structure_hook(bool, _strict_bool)
+_converter.register_structure_hook(int, _strict_int)
+_converter.register_structure_hook(float, _strict_float)
+_converter.register_structure_hook(str, _strict_str)
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """Plain data, None-valued keys dropped (TOML has no null; absent means default)."""
+    return _drop_none(_converter.unstructure(plan))
+
+
+def plan_to_toml(plan: Plan) -> str:
+    header = (
+        "# rlplan plan: a declarative RL fine-tuning launch plan.\n"
+        "# Check it: `rlplan validate plan.toml`; see where memory goes: `rlplan explain plan.toml`.\n"
+    )
+    return header + tomli_w.dumps(plan_to_dict(plan))
+
+
+def _class_at(path: list[str]) -> type | None:
+    """The attrs class a dotted path of the plan leads to, for suggesting valid keys."""
+    cls: Any = Plan
+    for part in path:
+        if not attrs.has(cls):
+            return None
+        fields = {f.name: f for f in attrs.fields(cls)}
+        if part not in fields:
+            return None
+        cls = _unwrap_optional(typing.get_type_hints(cls)[part])
+    return cls if attrs.has(cls) else None
+
+
+def _unwrap_optional(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def _first_error(exc: BaseException, path: list[str]) -> PlanError:
+    """Walk cattrs' exception groups to the first leaf and name its dotted field."""
+    if isinstance(exc, PlanError):
+        return exc
+    if isinstance(exc, ForbiddenExtraKeysError):
+        cls = _class_at(path)
+        valid = sorted(f.name for f in attrs.fields(cls)) if cls else []
+        key = sorted(exc.extra_fields)[0]
+        where = ".".join([*path, key])
+        near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+        hint = f"did you mean `{'.'.join([*path, near[0]])}`?" if near else f"valid keys here: {', '.join(valid)}"
+        return PlanError(field=where, message=f"unknown key `{key}`.", fix=f"remove it or rename it; {hint}")
+    if isinstance(exc, ClassValidationError | IterableValidationError):
+        for sub in exc.exceptions:
+            note = next(iter(getattr(sub, "__notes__", [])), "")
+            child = path
+            name = getattr(note, "name", None)
+            if name is not None:
+                child = [*path, str(name)]
+            elif isinstance(note, str) and "attribute" in note:
+                child = [*path, note.split("attribute")[-1].strip().split()[0].strip("'`")]
+            return _first_error(sub, child)
+    if isinstance(exc, KeyError):
+        missing = str(exc.args[0]) if exc.args else "?"
+        return PlanError(
+            field=".".join([*path, missing]) if path and path[-1] != missing else ".".join(path) or missing,
+            message="is required but missing.",
+            fix="add it to the plan, or re-create the plan with `rlplan solve`",
+        )
+    where = ".".join(path) or "plan"
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, ValueError) and "is not in" in detail or "Literal" in detail:
+        return PlanError(field=where, message=f"has a value that is not allowed ({detail}).", fix="use one of the listed values")
+    return PlanError(field=where, message=f"has the wrong type or value: {detail}.", fix=f"correct {where}")
+
+
+def _check_keys(data: Any, cls: Any, path: list[str]) -> None:
+    """Unknown keys first: a typo'd section name should not be reported as a missing one."""
+    if not attrs.has(cls) or not isinstance(data, dict):
+        return
+    hints = typing.get_type_hints(cls)
+    valid = {f.name for f in attrs.fields(cls)}
+    for key, value in data.items():
+        if key not in valid:
+            near = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)
+            hint = f"did you mean `{'.'.join([*path, near[0]])}`?" if near else f"valid keys here: {', '.join(sorted(valid))}"
+            raise PlanError(
+                field=".".join([*path, key]), message=f"unknown key `{key}`.", fix=f"remove or rename it; {hint}"
+            )
+        _check_keys(value, _unwrap_optional(hints[key]), [*path, key])
+
+
+def plan_from_dict(data: dict[str, Any]) -> Plan:
+    if not isinstance(data, dict):
+        raise PlanError(field="plan", message="is not a table of sections.", fix="start from `rlplan solve ... -o plan.toml`")
+    _check_keys(data, Plan, [])
+    try:
+        return _converter.structure(data, Plan)
+    except PlanError:
+        raise
+    except Exception as exc:  # cattrs wraps every leaf failure; translate the first one.
+        raise _first_error(exc, []) from None
+
+
+def plan_from_toml(text: str, source: str = "plan.toml") -> Plan:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(
+            field=source,
+            message=f"is not valid TOML ({exc}).",
+            fix="fix the syntax at that line, or regenerate the file with `rlplan solve`",
+        ) from None
+    return plan_from_dict(data)
+
+
+def parse_override_value(raw: str) -> Any:
+    """A `--fix key=value` value, read as a TOML value when it is one, else as a string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def with_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
+    """A copy of the plan with dotted keys replaced; each key must exist in the schema."""
+    data = plan_to_dict(plan)
+    for dotted, value in overrides.items():
+        set_dotted(data, dotted, value)
+    return plan_from_dict(data)
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    cls = _class_at(parts[:-1])
+    if cls is None or parts[-1] not in {f.name for f in attrs.fields(cls)}:
+        parent = _class_at(parts[:-1]) if len(parts) > 1 else Plan
+        valid = sorted(f.name for f in attrs.fields(parent)) if parent else []
+        near = difflib.get_close_matches(parts[-1], valid, n=1, cutoff=0.5)
+        hint = f"did you mean `{'.'.join([*parts[:-1], near[0]])}`?" if near else "see `rlplan explain` for the keys"
+        raise PlanError(field=dotted, message="is not a plan key.", fix=hint)
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value

@@ -1,0 +1,1 @@
+"""Built-in model and GPU presets, shipped as package data."""

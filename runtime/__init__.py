@@ -1,0 +1,1 @@
+"""rlplan runtime: executes a plan (FSDP2 + vLLM + Ray). Heavy imports happen lazily."""

@@ -1,0 +1,1 @@
+"""Jinja2 launch templates, shipped as package data."""
