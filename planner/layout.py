@@ -1,0 +1,265 @@
+"""How a plan's global batch and GPUs map onto each rank: verl's normalization, once.
+
+verl takes batch sizes in prompts over the whole job and rewrites them, inside
+its worker constructors, into sequences per data-parallel rank.  This module is
+that rewrite as value classes: `ParallelLayout` (world, Ulysses, FSDP shard,
+rollout TP) and one `RoleBatchLayout` per pass over the batch (actor update,
+old log-probs, reference log-probs, critic update, critic values).
+
+The numbers are exactly verl's, floor divisions included; whether they are
+acceptable is `planner.rules`' job, so a layout can be computed for any plan
+and every violation reported at once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.plan import Plan
+
+Role = Literal["actor_update", "old_log_prob", "ref_log_prob", "critic_update", "critic_values"]
+
+
+@frozen(kw_only=True)
+class ParallelLayout:
+    """Device-mesh facts (verl N1, N2, R6)."""
+
+    world_size: int
+    gpus_per_node: int
+    ulysses_sequence_parallel_size: int = 1
+    fsdp_size: int = -1
+    rollout_tensor_parallel_size: int = 1
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: verl's `world_size // sp` for FSDP."""
+        return self.world_size // self.ulysses_sequence_parallel_size
+
+    @property
+    def fsdp_shard_size(self) -> int:
+        """Ranks one parameter is sharded over: FULL_SHARD over all, or the HSDP inner dimension."""
+        if self.fsdp_size < 0 or self.fsdp_size >= self.world_size:
+            return self.world_size
+        return self.fsdp_size
+
+    @property
+    def fsdp_replicas(self) -> int:
+        return self.world_size // self.fsdp_shard_size
+
+    @property
+    def rollout_replicas(self) -> int:
+        return self.world_size // self.rollout_tensor_parallel_size
+
+    @property
+    def rollout_spans_nodes(self) -> bool:
+        return self.rollout_tensor_parallel_size > self.gpus_per_node
+
+    @property
+    def fsdp_spans_nodes(self) -> bool:
+        return self.fsdp_shard_size > self.gpus_per_node
+
+
+@frozen(kw_only=True)
+class RoleBatchLayout:
+    """One pass over the step's batch, per data-parallel rank, in verl's normalized units.
+
+    `sequences_per_gpu` is what dispatch hands each DP rank (train_batch_size * n / dp).
+    For update passes `mini_batch_size_per_gpu` is verl's normalized ppo_mini_batch_size
+    (sequences per DP rank per optimizer step); forward-only passes have none.
+    Exactly one of `micro_batch_size_per_gpu` (fixed micro batches) and
+    `max_token_len_per_gpu` (dynamic batch size) describes the micro batches.
+    """
+
+    role: Role
+    sequences_per_gpu: int
+    max_sequence_length: int
+    sequence_parallel_size: int = 1
+    mini_batch_size_per_gpu: int | None = None
+    micro_batch_size_per_gpu: int | None = None
+    max_token_len_per_gpu: int | None = None
+    epochs: int = 1
+
+    @property
+    def uses_dynamic_bsz(self) -> bool:
+        return self.max_token_len_per_gpu is not None
+
+    @property
+    def is_update(self) -> bool:
+        return self.mini_batch_size_per_gpu is not None
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        """T: tokens one GPU holds in one micro batch, after the Ulysses split.
+
+        Dynamic bsz packs up to max_token_len_per_gpu * sp tokens per sp group, which
+        Ulysses splits over sp ranks. Fixed micro batches are sized for the longest
+        sequences (remove-padding only ever makes them shorter).
+        """
+        if self.max_token_len_per_gpu is not None:
+            return self.max_token_len_per_gpu
+        micro = self.micro_batch_size_per_gpu or 1
+        return math.ceil(micro * self.max_sequence_length / self.sequence_parallel_size)
+
+    @property
+    def token_budget_per_sp_group(self) -> int | None:
+        """verl's `*_max_token_len_per_gpu * sp`, the packing budget a sequence must fit in (R1)."""
+        if self.max_token_len_per_gpu is None:
+            return None
+        return self.max_token_len_per_gpu * self.sequence_parallel_size
+
+    @property
+    def chunk_size(self) -> int:
+        """Sequences per chunk that splits this pass: the mini batch for updates, the whole batch otherwise."""
+        return self.mini_batch_size_per_gpu if self.mini_batch_size_per_gpu is not None else self.sequences_per_gpu
+
+    @property
+    def mini_batches_per_epoch(self) -> int:
+        if self.chunk_size <= 0:
+            return 0
+        return math.ceil(self.sequences_per_gpu / self.chunk_size)
+
+    @property
+    def micro_batches_per_mini(self) -> int:
+        """Gradient-accumulation steps per optimizer step (worst case for dynamic bsz)."""
+        if self.chunk_size <= 0:
+            return 0
+        if self.max_token_len_per_gpu is not None:
+            tokens = self.chunk_size * self.max_sequence_length
+            return max(1, math.ceil(tokens / (self.max_token_len_per_gpu * self.sequence_parallel_size)))
+        micro = self.micro_batch_size_per_gpu or 0
+        return math.ceil(self.chunk_size / micro) if micro > 0 else 0
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.mini_batches_per_epoch * self.micro_batches_per_mini * self.epochs
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        return self.mini_batches_per_epoch * self.epochs if self.is_update else 0
+
+
+@frozen(kw_only=True)
+class PlanLayout:
+    parallel: ParallelLayout
+    actor_update: RoleBatchLayout
+    old_log_prob: RoleBatchLayout
+    ref_log_prob: RoleBatchLayout | None
+    critic_update: RoleBatchLayout | None
+    critic_values: RoleBatchLayout | None
+    critic_parallel: ParallelLayout | None = None
+
+    @property
+    def roles(self) -> tuple[RoleBatchLayout, ...]:
+        candidates = (self.actor_update, self.old_log_prob, self.ref_log_prob, self.critic_update, self.critic_values)
+        return tuple(r for r in candidates if r is not None)
+
+    @property
+    def rollout_sequences(self) -> int:
+        """Sequences the rollout generates per step, over all replicas."""
+        return self.actor_update.sequences_per_gpu * self.parallel.dp
+
+
+def normalized_micro_batch(per_gpu: int | None, global_size: int | None, dp: int) -> int | None:
+    """verl N4/N6: the deprecated global micro batch is divided by dp (not multiplied by n)."""
+    if per_gpu is not None:
+        return per_gpu
+    if global_size is not None:
+        return global_size // dp
+    return None
+
+
+def plan_layout(plan: Plan) -> PlanLayout:
+    world = plan.cluster.world_size
+    actor = plan.actor
+    sp = actor.ulysses_sequence_parallel_size
+    parallel = ParallelLayout(
+        world_size=world,
+        gpus_per_node=plan.cluster.gpus_per_node,
+        ulysses_sequence_parallel_size=sp,
+        fsdp_size=actor.fsdp_size,
+        rollout_tensor_parallel_size=plan.rollout.tensor_model_parallel_size,
+    )
+    n = plan.rollout.n
+    dp = max(parallel.dp, 1)
+    seq_len = plan.data.max_sequence_length
+
+    def role(name: Role, *, mini: int | None, micro: int | None, budget: int | None, dynamic: bool,
+             sp_size: int = sp, dp_size: int = dp, epochs: int = 1) -> RoleBatchLayout:
+        return RoleBatchLayout(
+            role=name,
+            sequences_per_gpu=plan.data.train_batch_size * n // dp_size,
+            max_sequence_length=seq_len,
+            sequence_parallel_size=sp_size,
+            mini_batch_size_per_gpu=mini,
+            micro_batch_size_per_gpu=None if dynamic else micro,
+            max_token_len_per_gpu=budget if dynamic else None,
+            epochs=epochs,
+        )
+
+    actor_update = role(
+        "actor_update",
+        mini=actor.ppo_mini_batch_size * n // dp,
+        micro=normalized_micro_batch(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, dp),
+        budget=actor.ppo_max_token_len_per_gpu,
+        dynamic=actor.use_dynamic_bsz,
+        epochs=actor.ppo_epochs,
+    )
+    rollout = plan.rollout
+    old_log_prob = role(
+        "old_log_prob",
+        mini=None,
+        micro=normalized_micro_batch(rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size, dp),
+        budget=rollout.log_prob_max_token_len_per_gpu,
+        dynamic=rollout.log_prob_use_dynamic_bsz,
+    )
+    ref_log_prob = None
+    if plan.uses_reference:
+        ref = plan.ref
+        ref_log_prob = role(
+            "ref_log_prob",
+            mini=None,
+            micro=normalized_micro_batch(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size, dp),
+            budget=ref.log_prob_max_token_len_per_gpu,
+            dynamic=ref.log_prob_use_dynamic_bsz,
+        )
+    critic_update = critic_values = critic_parallel = None
+    if plan.uses_critic:
+        critic = plan.critic
+        critic_sp = critic.ulysses_sequence_parallel_size
+        critic_parallel = attrs.evolve(parallel, ulysses_sequence_parallel_size=critic_sp)
+        critic_dp = max(critic_parallel.dp, 1)
+        critic_micro = normalized_micro_batch(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, critic_dp)
+        critic_mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else actor.ppo_mini_batch_size
+        critic_update = role(
+            "critic_update",
+            mini=critic_mini * n // critic_dp,
+            micro=critic_micro,
+            budget=critic.ppo_max_token_len_per_gpu,
+            dynamic=critic.use_dynamic_bsz,
+            sp_size=critic_sp,
+            dp_size=critic_dp,
+            epochs=critic.ppo_epochs,
+        )
+        forward_micro = critic.forward_micro_batch_size_per_gpu
+        critic_values = role(
+            "critic_values",
+            mini=None,
+            micro=forward_micro if forward_micro is not None else critic_micro,
+            budget=critic.forward_max_token_len_per_gpu,
+            dynamic=critic.use_dynamic_bsz,
+            sp_size=critic_sp,
+            dp_size=critic_dp,
+        )
+    return PlanLayout(
+        parallel=parallel,
+        actor_update=actor_update,
+        old_log_prob=old_log_prob,
+        ref_log_prob=ref_log_prob,
+        critic_update=critic_update,
+        critic_values=critic_values,
+        critic_parallel=critic_parallel,
+    )
