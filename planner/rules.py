@@ -1,0 +1,700 @@
+"""Every verl rule rlplan enforces, each once, with a name, in this one module.
+
+verl checks a config in six places (validate_config, config dataclasses, worker
+constructors, runtime asserts in data dispatch and dynamic batching, vLLM's own
+scheduler checks) and mostly reports them as bare asserts after minutes of model
+loading.  Here each rule is a named function over the plan and its layout that
+reports the numbers involved and the smallest change that fixes it, with that
+change as data (`suggested`) so the solver and the tests can apply it.
+
+`stage` says where verl would fail: "config" (validate_config and the config
+dataclasses), "worker" (worker-constructor normalization), "runtime" (dispatch,
+dynamic batching, vLLM start-up), or "rlplan" (what verl accepts but produces a
+broken or wasteful run).  Rule references in brackets are sections of
+shared/reference/verl-rules.md.
+
+The CLI, validate, solve and the runtime all call `check_plan`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from attrs import field, frozen
+
+from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
+from rlplan.planner.plan import Plan
+
+Severity = Literal["error", "warning"]
+Stage = Literal["config", "worker", "runtime", "rlplan"]
+
+# vLLM's MaxLoRARanks [V10]: the adapter rank is rounded up to one of these.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@frozen(kw_only=True)
+class Violation:
+    rule: str
+    message: str
+    fix: str
+    severity: Severity = "error"
+    stage: Stage = "config"
+    suggested: dict[str, Any] = field(factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "message": self.message,
+            "fix": self.fix,
+            "severity": self.severity,
+            "stage": self.stage,
+            "suggested": dict(self.suggested),
+        }
+
+
+@frozen(kw_only=True)
+class RuleContext:
+    plan: Plan
+    layout: PlanLayout
+
+
+Check = Callable[[RuleContext], Iterator[Violation]]
+
+
+@frozen(kw_only=True)
+class Rule:
+    name: str
+    stage: Stage
+    summary: str
+    check: Check
+
+
+RULES: list[Rule] = []
+
+
+def rule(name: str, stage: Stage, summary: str) -> Callable[[Check], Check]:
+    def register(check: Check) -> Check:
+        RULES.append(Rule(name=name, stage=stage, summary=summary, check=check))
+        return check
+
+    return register
+
+
+@frozen(kw_only=True)
+class RuleReport:
+    violations: tuple[Violation, ...]
+
+    @property
+    def errors(self) -> tuple[Violation, ...]:
+        return tuple(v for v in self.violations if v.severity == "error")
+
+    @property
+    def warnings(self) -> tuple[Violation, ...]:
+        return tuple(v for v in self.violations if v.severity == "warning")
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+
+def check_plan(plan: Plan) -> RuleReport:
+    context = RuleContext(plan=plan, layout=plan_layout(plan))
+    found: list[Violation] = []
+    for registered in RULES:
+        for violation in registered.check(context):
+            found.append(violation)
+    return RuleReport(violations=tuple(found))
+
+
+def rule_names() -> tuple[str, ...]:
+    return tuple(r.name for r in RULES)
+
+
+# --- small arithmetic for fixes ----------------------------------------------
+
+
+def _next_multiple(value: int, step: int) -> int:
+    return max(step, math.ceil(value / step) * step)
+
+
+def _largest_divisor_at_most(value: int, limit: int) -> int:
+    best = 1
+    for candidate in range(1, min(value, max(limit, 1)) + 1):
+        if value % candidate == 0:
+            best = candidate
+    return best
+
+
+def _smallest_train_batch(train_batch: int, n: int, divisor: int) -> int:
+    """Smallest train_batch_size >= the current one with train_batch * n divisible by `divisor`."""
+    step = divisor // math.gcd(divisor, n)
+    return _next_multiple(train_batch, step)
+
+
+def _violation(name: str, stage: Stage, message: str, fix: str, severity: Severity = "error",
+               **suggested: Any) -> Violation:
+    return Violation(
+        rule=name, stage=stage, message=message, fix=fix, severity=severity,
+        suggested={k.replace("__", "."): v for k, v in suggested.items()},
+    )
+
+
+# --- config stage: validate_config and the config dataclasses [1, 3] ----------
+
+
+@rule("real_batch_divisible_by_world", "config", "[V2] without dynamic bsz, train_batch_size * n % n_gpus == 0")
+def _real_batch_divisible_by_world(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    world, n, tbs = plan.cluster.world_size, plan.rollout.n, plan.data.train_batch_size
+    if not plan.actor.use_dynamic_bsz and (tbs * n) % world:
+        better = _smallest_train_batch(tbs, n, world)
+        yield _violation(
+            "real_batch_divisible_by_world", "config",
+            f"train_batch_size * rollout.n = {tbs} * {n} = {tbs * n} sequences is not divisible by the {world} GPUs.",
+            f"set data.train_batch_size = {better} (or enable actor.use_dynamic_bsz)",
+            data__train_batch_size=better,
+        )
+
+
+@rule("mini_batch_within_train_batch", "config", "[V3] train_batch_size >= ppo_mini_batch_size (prompts)")
+def _mini_batch_within_train_batch(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    tbs, mini = plan.data.train_batch_size, plan.actor.ppo_mini_batch_size
+    if not plan.actor.use_dynamic_bsz and tbs < mini:
+        yield _violation(
+            "mini_batch_within_train_batch", "config",
+            f"actor.ppo_mini_batch_size ({mini} prompts) exceeds data.train_batch_size ({tbs} prompts).",
+            f"set actor.ppo_mini_batch_size = {tbs}",
+            actor__ppo_mini_batch_size=tbs,
+        )
+
+
+def _exactly_one(name: str, stage: Stage, what: str, per_gpu_key: str, global_key: str,
+                 per_gpu: int | None, global_value: int | None, default_per_gpu: int) -> Iterator[Violation]:
+    if per_gpu is not None and global_value is not None:
+        yield _violation(
+            name, stage,
+            f"both {global_key} = {global_value} (deprecated, global) and {per_gpu_key} = {per_gpu} are set for {what}.",
+            f"remove {global_key}",
+        )
+    elif per_gpu is None and global_value is None:
+        yield _violation(
+            name, stage,
+            f"neither {per_gpu_key} nor {global_key} is set for {what}, and dynamic batch size is off.",
+            f"set {per_gpu_key} = {default_per_gpu} (or enable dynamic batch size)",
+            **{per_gpu_key.replace(".", "__"): default_per_gpu},
+        )
+
+
+@rule("actor_micro_batch_exactly_one", "config", "[3 ActorConfig] without dynamic bsz, exactly one actor micro-batch key")
+def _actor_micro_batch_exactly_one(ctx: RuleContext) -> Iterator[Violation]:
+    actor = ctx.plan.actor
+    if not actor.use_dynamic_bsz:
+        yield from _exactly_one(
+            "actor_micro_batch_exactly_one", "config", "the actor update",
+            "actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size",
+            actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, 1,
+        )
+
+
+@rule("actor_global_micro_batch_consistent", "config",
+      "[V3] a global ppo_micro_batch_size divides ppo_mini_batch_size and micro * sp >= n_gpus")
+def _actor_global_micro_batch_consistent(ctx: RuleContext) -> Iterator[Violation]:
+    plan, actor = ctx.plan, ctx.plan.actor
+    micro = actor.ppo_micro_batch_size
+    if actor.use_dynamic_bsz or micro is None:
+        return
+    world, sp = plan.cluster.world_size, actor.ulysses_sequence_parallel_size
+    if actor.ppo_mini_batch_size % micro:
+        better = _largest_divisor_at_most(actor.ppo_mini_batch_size, micro)
+        yield _violation(
+            "actor_global_micro_batch_consistent", "config",
+            f"actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}) is not divisible by the global "
+            f"actor.ppo_micro_batch_size ({micro}).",
+            f"replace actor.ppo_micro_batch_size with actor.ppo_micro_batch_size_per_gpu, or set it to {better}",
+            actor__ppo_micro_batch_size=better,
+        )
+    if micro * sp < world:
+        yield _violation(
+            "actor_global_micro_batch_consistent", "config",
+            f"the global actor.ppo_micro_batch_size ({micro}) times Ulysses sp ({sp}) is below the {world} GPUs, "
+            "so some GPUs would get no micro batch.",
+            f"set actor.ppo_micro_batch_size >= {math.ceil(world / sp)}, or use actor.ppo_micro_batch_size_per_gpu",
+            actor__ppo_micro_batch_size=math.ceil(world / sp),
+        )
+
+
+@rule("log_prob_micro_batch_exactly_one", "config",
+      "[V4] without actor dynamic bsz, exactly one log-prob micro-batch key for rollout (and ref when used)")
+def _log_prob_micro_batch_exactly_one(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    if plan.actor.use_dynamic_bsz:
+        return
+    yield from _exactly_one(
+        "log_prob_micro_batch_exactly_one", "config", "the old-log-prob pass",
+        "rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size",
+        plan.rollout.log_prob_micro_batch_size_per_gpu, plan.rollout.log_prob_micro_batch_size, 1,
+    )
+    if plan.uses_reference:
+        yield from _exactly_one(
+            "log_prob_micro_batch_exactly_one", "config", "the reference log-prob pass",
+            "ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size",
+            plan.ref.log_prob_micro_batch_size_per_gpu, plan.ref.log_prob_micro_batch_size, 1,
+        )
+
+
+@rule("critic_batch_consistent", "config",
+      "[V7, 3 CriticConfig] critic mini <= train batch, exactly one micro key, global micro divides mini and covers GPUs")
+def _critic_batch_consistent(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    if not plan.uses_critic or plan.critic.use_dynamic_bsz:
+        return
+    critic = plan.critic
+    mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else plan.actor.ppo_mini_batch_size
+    if plan.data.train_batch_size < mini:
+        yield _violation(
+            "critic_batch_consistent", "config",
+            f"critic.ppo_mini_batch_size ({mini}) exceeds data.train_batch_size ({plan.data.train_batch_size}).",
+            f"set critic.ppo_mini_batch_size = {plan.data.train_batch_size}",
+            critic__ppo_mini_batch_size=plan.data.train_batch_size,
+        )
+    yield from _exactly_one(
+        "critic_batch_consistent", "config", "the critic update",
+        "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size",
+        critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, 1,
+    )
+    micro = critic.ppo_micro_batch_size
+    if micro is not None:
+        world, sp = plan.cluster.world_size, critic.ulysses_sequence_parallel_size
+        if mini % micro:
+            yield _violation(
+                "critic_batch_consistent", "config",
+                f"critic mini batch ({mini}) is not divisible by the global critic.ppo_micro_batch_size ({micro}).",
+                f"set critic.ppo_micro_batch_size = {_largest_divisor_at_most(mini, micro)}",
+                critic__ppo_micro_batch_size=_largest_divisor_at_most(mini, micro),
+            )
+        if micro * sp < world:
+            yield _violation(
+                "critic_batch_consistent", "config",
+                f"the global critic.ppo_micro_batch_size ({micro}) times sp ({sp}) is below the {world} GPUs.",
+                f"set critic.ppo_micro_batch_size >= {math.ceil(world / sp)}",
+                critic__ppo_micro_batch_size=math.ceil(world / sp),
+            )
+
+
+@rule("ulysses_needs_remove_padding", "config", "[3 FSDPActorConfig] Ulysses sp > 1 requires use_remove_padding")
+def _ulysses_needs_remove_padding(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    if plan.actor.ulysses_sequence_parallel_size > 1 and not plan.model.use_remove_padding:
+        yield _violation(
+            "ulysses_needs_remove_padding", "config",
+            f"actor.ulysses_sequence_parallel_size = {plan.actor.ulysses_sequence_parallel_size} needs packed "
+            "sequences, but model.use_remove_padding is false.",
+            "set model.use_remove_padding = true", model__use_remove_padding=True,
+        )
+    if plan.uses_critic and plan.critic.ulysses_sequence_parallel_size > 1 and not plan.critic.use_remove_padding:
+        yield _violation(
+            "ulysses_needs_remove_padding", "config",
+            "critic.ulysses_sequence_parallel_size > 1 needs critic.use_remove_padding.",
+            "set critic.use_remove_padding = true", critic__use_remove_padding=True,
+        )
+
+
+@rule("lora_rank_within_vllm_limit", "config", "[V10] vLLM serves LoRA ranks up to 512")
+def _lora_rank_within_vllm_limit(ctx: RuleContext) -> Iterator[Violation]:
+    rank = ctx.plan.model.lora.rank
+    if rank > VLLM_LORA_RANKS[-1]:
+        yield _violation(
+            "lora_rank_within_vllm_limit", "config",
+            f"model.lora.rank = {rank} exceeds vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}).",
+            f"set model.lora.rank <= {VLLM_LORA_RANKS[-1]}", model__lora__rank=VLLM_LORA_RANKS[-1],
+        )
+
+
+# --- worker stage: global -> per-GPU normalization [2a, 2b] --------------------
+
+
+@rule("fsdp_size_divides_world", "worker", "[N1] an HSDP fsdp_size must divide the world size")
+def _fsdp_size_divides_world(ctx: RuleContext) -> Iterator[Violation]:
+    world, fsdp = ctx.plan.cluster.world_size, ctx.plan.actor.fsdp_size
+    if 0 < fsdp < world and world % fsdp:
+        better = _largest_divisor_at_most(world, fsdp)
+        yield _violation(
+            "fsdp_size_divides_world", "worker",
+            f"actor.fsdp_size = {fsdp} does not divide the {world} GPUs, so no (replicas, shards) mesh exists.",
+            f"set actor.fsdp_size = {better} (or -1 for full sharding)", actor__fsdp_size=better,
+        )
+    if fsdp == 0:
+        yield _violation(
+            "fsdp_size_divides_world", "worker", "actor.fsdp_size = 0 is not a mesh size.",
+            "set actor.fsdp_size = -1 (shard over all GPUs)", actor__fsdp_size=-1,
+        )
+
+
+@rule("ulysses_divides_world", "worker", "[N2] world_size % ulysses_sequence_parallel_size == 0")
+def _ulysses_divides_world(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    world = plan.cluster.world_size
+    for section, sp in (("actor", plan.actor.ulysses_sequence_parallel_size),
+                        ("critic", plan.critic.ulysses_sequence_parallel_size if plan.uses_critic else 1)):
+        if world % sp:
+            better = _largest_divisor_at_most(world, sp)
+            yield _violation(
+                "ulysses_divides_world", "worker",
+                f"{section}.ulysses_sequence_parallel_size = {sp} does not divide the {world} GPUs.",
+                f"set {section}.ulysses_sequence_parallel_size = {better}",
+                **{f"{section}__ulysses_sequence_parallel_size": better},
+            )
+
+
+def _micro_rules(name: str, section: str, mini_prompts: int, mini_per_gpu: int, micro_key: str,
+                 micro_per_gpu: int | None, from_global: bool) -> Iterator[Violation]:
+    """[N3, N5] normalized mini > 0; a set micro batch divides it and is at most it."""
+    if mini_per_gpu <= 0:
+        yield _violation(
+            name, "worker",
+            f"{section}.ppo_mini_batch_size = {mini_prompts} prompts normalizes to 0 sequences per data-parallel rank.",
+            f"raise {section}.ppo_mini_batch_size so that ppo_mini_batch_size * n >= dp",
+        )
+        return
+    if micro_per_gpu is None:
+        return
+    if micro_per_gpu <= 0:
+        yield _violation(
+            name, "worker",
+            f"the global {micro_key} normalizes to 0 per GPU (it is divided by dp, not multiplied by n).",
+            f"use {section}.ppo_micro_batch_size_per_gpu = 1 instead",
+            **{f"{section}__ppo_micro_batch_size_per_gpu": 1},
+        )
+        return
+    if mini_per_gpu % micro_per_gpu or mini_per_gpu // micro_per_gpu == 0:
+        better = _largest_divisor_at_most(mini_per_gpu, micro_per_gpu)
+        source = f"the global {micro_key} normalized to" if from_global else f"{micro_key} ="
+        yield _violation(
+            name, "worker",
+            f"the mini batch per GPU ({section}.ppo_mini_batch_size * n / dp = {mini_per_gpu} sequences) is not a "
+            f"multiple of the micro batch ({source} {micro_per_gpu}).",
+            f"set {section}.ppo_micro_batch_size_per_gpu = {better}",
+            **{f"{section}__ppo_micro_batch_size_per_gpu": better},
+        )
+
+
+@rule("actor_micro_batch_divides_mini", "worker",
+      "[N3, N5] normalized actor mini > 0, and a set micro batch per GPU divides it")
+def _actor_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
+    plan, dp = ctx.plan, ctx.layout.parallel.dp
+    if dp <= 0:
+        return
+    actor = plan.actor
+    micro = normalized_micro_batch(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, dp)
+    yield from _micro_rules(
+        "actor_micro_batch_divides_mini", "actor", actor.ppo_mini_batch_size,
+        actor.ppo_mini_batch_size * plan.rollout.n // dp, "actor.ppo_micro_batch_size_per_gpu"
+        if actor.ppo_micro_batch_size_per_gpu is not None else "actor.ppo_micro_batch_size",
+        micro, actor.ppo_micro_batch_size_per_gpu is None,
+    )
+
+
+@rule("critic_micro_batch_divides_mini", "worker",
+      "[2b] normalized critic mini > 0, and a set critic micro batch per GPU divides it")
+def _critic_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    if not plan.uses_critic or ctx.layout.critic_parallel is None or ctx.layout.critic_parallel.dp <= 0:
+        return
+    critic, dp = plan.critic, ctx.layout.critic_parallel.dp
+    mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else plan.actor.ppo_mini_batch_size
+    micro = normalized_micro_batch(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, dp)
+    yield from _micro_rules(
+        "critic_micro_batch_divides_mini", "critic", mini, mini * plan.rollout.n // dp,
+        "critic.ppo_micro_batch_size_per_gpu" if critic.ppo_micro_batch_size_per_gpu is not None
+        else "critic.ppo_micro_batch_size",
+        micro, critic.ppo_micro_batch_size_per_gpu is None,
+    )
+
+
+@rule("log_prob_micro_batch_positive", "worker", "[N6] a global log-prob micro batch must not normalize to 0")
+def _log_prob_micro_batch_positive(ctx: RuleContext) -> Iterator[Violation]:
+    plan, dp = ctx.plan, ctx.layout.parallel.dp
+    pairs = [("rollout", plan.rollout.log_prob_micro_batch_size, plan.rollout.log_prob_use_dynamic_bsz)]
+    if plan.uses_reference:
+        pairs.append(("ref", plan.ref.log_prob_micro_batch_size, plan.ref.log_prob_use_dynamic_bsz))
+    for section, global_size, dynamic in pairs:
+        if global_size is not None and not dynamic and dp > 0 and global_size // dp == 0:
+            yield _violation(
+                "log_prob_micro_batch_positive", "worker",
+                f"the global {section}.log_prob_micro_batch_size = {global_size} normalizes to 0 per GPU over "
+                f"{dp} data-parallel ranks.",
+                f"replace it with {section}.log_prob_micro_batch_size_per_gpu = 1",
+                **{f"{section}__log_prob_micro_batch_size_per_gpu": 1},
+            )
+
+
+# --- runtime stage: dispatch, dynamic batching, Ulysses, vLLM [4] --------------
+
+
+@rule("token_budget_fits_longest_sequence", "runtime",
+      "[R1] with dynamic bsz, max_token_len_per_gpu * sp >= max_prompt_length + max_response_length")
+def _token_budget_fits_longest_sequence(ctx: RuleContext) -> Iterator[Violation]:
+    longest = ctx.plan.data.max_sequence_length
+    keys = {
+        "actor_update": "actor.ppo_max_token_len_per_gpu",
+        "old_log_prob": "rollout.log_prob_max_token_len_per_gpu",
+        "ref_log_prob": "ref.log_prob_max_token_len_per_gpu",
+        "critic_update": "critic.ppo_max_token_len_per_gpu",
+        "critic_values": "critic.forward_max_token_len_per_gpu",
+    }
+    for role in ctx.layout.roles:
+        budget = role.token_budget_per_sp_group
+        if budget is not None and budget < longest:
+            needed = math.ceil(longest / role.sequence_parallel_size)
+            yield _violation(
+                "token_budget_fits_longest_sequence", "runtime",
+                f"{keys[role.role]} = {role.max_token_len_per_gpu} (x sp {role.sequence_parallel_size} = {budget} "
+                f"tokens) cannot hold one full sequence of {longest} tokens (prompt + response).",
+                f"set {keys[role.role]} >= {needed} (verl recommends 2-3x that)",
+                **{keys[role.role].replace(".", "__"): needed},
+            )
+
+
+@rule("dispatch_divisible_by_dp", "runtime",
+      "[R3, R4] train_batch_size * n sequences split evenly over the dp ranks (dispatch and balance_batch)")
+def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
+    plan, dp = ctx.plan, ctx.layout.parallel.dp
+    if dp <= 0:
+        return
+    total = plan.data.train_batch_size * plan.rollout.n
+    if total % dp or total < dp:
+        better = _smallest_train_batch(plan.data.train_batch_size, plan.rollout.n, dp)
+        yield _violation(
+            "dispatch_divisible_by_dp", "runtime",
+            f"{total} sequences per step (train_batch_size {plan.data.train_batch_size} x n {plan.rollout.n}) "
+            f"do not split evenly over {dp} data-parallel ranks.",
+            f"set data.train_batch_size = {better}", data__train_batch_size=better,
+        )
+
+
+@rule("agent_loop_chunks_evenly", "runtime",
+      "[R2] train_batch_size * n splits evenly over rollout.agent_num_workers (verl's agent loop)")
+def _agent_loop_chunks_evenly(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    total, workers = plan.data.train_batch_size * plan.rollout.n, plan.rollout.agent_num_workers
+    if total % workers:
+        better = math.gcd(total, workers)
+        yield _violation(
+            "agent_loop_chunks_evenly", "runtime",
+            f"{total} sequences per step do not split evenly over rollout.agent_num_workers = {workers}.",
+            f"set rollout.agent_num_workers = {better}", rollout__agent_num_workers=better,
+        )
+
+
+@rule("ulysses_divides_heads", "runtime",
+      "[R5] num_attention_heads % sp == 0 and (num_kv_heads % sp == 0 or sp % num_kv_heads == 0)")
+def _ulysses_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
+    plan, arch = ctx.plan, ctx.plan.model.arch
+    sizes = [("actor", plan.actor.ulysses_sequence_parallel_size)]
+    if plan.uses_critic:
+        sizes.append(("critic", plan.critic.ulysses_sequence_parallel_size))
+    for section, sp in sizes:
+        if sp <= 1:
+            continue
+        heads_ok = arch.num_attention_heads % sp == 0
+        kv_ok = arch.num_kv_heads % sp == 0 or sp % arch.num_kv_heads == 0
+        if not (heads_ok and kv_ok):
+            ok = [d for d in range(1, sp + 1) if arch.num_attention_heads % d == 0
+                  and (arch.num_kv_heads % d == 0 or d % arch.num_kv_heads == 0)]
+            yield _violation(
+                "ulysses_divides_heads", "runtime",
+                f"{section}.ulysses_sequence_parallel_size = {sp} does not split {arch.num_attention_heads} attention "
+                f"heads / {arch.num_kv_heads} KV heads evenly.",
+                f"set {section}.ulysses_sequence_parallel_size = {ok[-1]}",
+                **{f"{section}__ulysses_sequence_parallel_size": ok[-1]},
+            )
+
+
+@rule("rollout_tp_divides_world", "runtime", "[R6] world_size % rollout tensor_model_parallel_size == 0")
+def _rollout_tp_divides_world(ctx: RuleContext) -> Iterator[Violation]:
+    world, tp = ctx.plan.cluster.world_size, ctx.plan.rollout.tensor_model_parallel_size
+    if world % tp:
+        better = _largest_divisor_at_most(world, tp)
+        yield _violation(
+            "rollout_tp_divides_world", "runtime",
+            f"rollout.tensor_model_parallel_size = {tp} does not divide the {world} GPUs into whole vLLM replicas.",
+            f"set rollout.tensor_model_parallel_size = {better}", rollout__tensor_model_parallel_size=better,
+        )
+    elif tp > ctx.plan.cluster.gpus_per_node:
+        yield _violation(
+            "rollout_tp_divides_world", "runtime",
+            f"rollout TP {tp} spans nodes of {ctx.plan.cluster.gpus_per_node} GPUs: tensor-parallel all-reduces cross "
+            "the inter-node network and verl needs vLLM >= 0.11.1 for it.",
+            "prefer a TP that fits in one node unless the weights do not fit otherwise",
+            severity="warning",
+        )
+
+
+@rule("rollout_tp_divides_heads", "runtime", "[R8] vLLM's TP must divide the attention heads (and KV heads, or be a multiple)")
+def _rollout_tp_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
+    arch, tp = ctx.plan.model.arch, ctx.plan.rollout.tensor_model_parallel_size
+    heads_ok = arch.num_attention_heads % tp == 0
+    kv_ok = arch.is_mla or arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
+    if not (heads_ok and kv_ok):
+        ok = [d for d in range(1, tp + 1) if arch.num_attention_heads % d == 0
+              and (arch.is_mla or arch.num_kv_heads % d == 0 or d % arch.num_kv_heads == 0)]
+        yield _violation(
+            "rollout_tp_divides_heads", "runtime",
+            f"rollout.tensor_model_parallel_size = {tp} does not split {arch.num_attention_heads} attention heads / "
+            f"{arch.num_kv_heads} KV heads.",
+            f"set rollout.tensor_model_parallel_size = {ok[-1]}", rollout__tensor_model_parallel_size=ok[-1],
+        )
+
+
+@rule("max_model_len_within_model", "runtime",
+      "[R7] max_model_len <= max_position_embeddings and > max_prompt_length")
+def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    limit = plan.model.arch.max_position_embeddings
+    max_len = plan.rollout.max_model_len
+    if max_len is None:
+        yield _violation(
+            "max_model_len_within_model", "runtime",
+            f"rollout.max_model_len is not set, so verl sizes vLLM for max_position_embeddings = {limit} tokens "
+            "instead of the plan's sequences.",
+            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
+            severity="warning", rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+        )
+        max_len = limit
+    if max_len > limit:
+        yield _violation(
+            "max_model_len_within_model", "runtime",
+            f"rollout.max_model_len = {max_len} exceeds the model's max_position_embeddings = {limit}.",
+            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
+            rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+        )
+    if plan.data.max_prompt_length >= max_len:
+        yield _violation(
+            "max_model_len_within_model", "runtime",
+            f"data.max_prompt_length = {plan.data.max_prompt_length} leaves no room for a response within "
+            f"max_model_len = {max_len}; vLLM rejects such prompts.",
+            f"set rollout.max_model_len = {plan.data.max_sequence_length}",
+            rollout__max_model_len=plan.data.max_sequence_length,
+        )
+    elif max_len < plan.data.max_sequence_length:
+        yield _violation(
+            "max_model_len_within_model", "runtime",
+            f"max_model_len = {max_len} is shorter than prompt + response = {plan.data.max_sequence_length}: long "
+            "prompts get shorter responses than data.max_response_length.",
+            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
+            severity="warning", rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+        )
+    if plan.data.max_sequence_length > limit:
+        yield _violation(
+            "max_model_len_within_model", "runtime",
+            f"prompt + response = {plan.data.max_sequence_length} tokens exceeds the model's "
+            f"max_position_embeddings = {limit}.",
+            f"set data.max_response_length = {limit - plan.data.max_prompt_length}",
+            data__max_response_length=max(1, limit - plan.data.max_prompt_length),
+        )
+
+
+@rule("batched_tokens_cover_sequences", "runtime",
+      "[R8] max_num_batched_tokens >= max_num_seqs, and >= max_model_len without chunked prefill")
+def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
+    rollout = ctx.plan.rollout
+    if rollout.max_num_batched_tokens < rollout.max_num_seqs:
+        yield _violation(
+            "batched_tokens_cover_sequences", "runtime",
+            f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below rollout.max_num_seqs = "
+            f"{rollout.max_num_seqs}; vLLM's scheduler refuses to start.",
+            f"set rollout.max_num_batched_tokens = {rollout.max_num_seqs}",
+            rollout__max_num_batched_tokens=rollout.max_num_seqs,
+        )
+    max_len = rollout.max_model_len or ctx.plan.model.arch.max_position_embeddings
+    if not rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < max_len:
+        yield _violation(
+            "batched_tokens_cover_sequences", "runtime",
+            f"without chunked prefill, rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} must hold "
+            f"a whole max_model_len = {max_len} prompt.",
+            "set rollout.enable_chunked_prefill = true", rollout__enable_chunked_prefill=True,
+        )
+
+
+# --- rlplan stage: accepted by verl, broken or wasteful in practice ------------
+
+
+@rule("group_advantage_needs_samples", "rlplan", "GRPO/RLOO compare n > 1 responses per prompt")
+def _group_advantage_needs_samples(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    if plan.algorithm.adv_estimator in ("grpo", "rloo") and plan.rollout.n < 2:
+        yield _violation(
+            "group_advantage_needs_samples", "rlplan",
+            f"{plan.algorithm.adv_estimator} normalizes rewards within each prompt's group, and rollout.n = "
+            f"{plan.rollout.n} makes every advantage zero: nothing would be learned.",
+            "set rollout.n >= 2 (GRPO commonly uses 5-16)", rollout__n=5,
+        )
+    if plan.algorithm.adv_estimator in ("grpo", "rloo") and plan.rollout.temperature == 0:
+        yield _violation(
+            "group_advantage_needs_samples", "rlplan",
+            "rollout.temperature = 0 samples the same response n times, so group advantages are all zero.",
+            "set rollout.temperature = 1.0", severity="warning", rollout__temperature=1.0,
+        )
+
+
+@rule("adapter_sync_keeps_base_weights", "rlplan",
+      "an adapter-only LoRA sync (or layered summon) needs vLLM sleep level 1, which keeps the base weights")
+def _adapter_sync_keeps_base_weights(ctx: RuleContext) -> Iterator[Violation]:
+    rollout = ctx.plan.rollout
+    keeps_base = ctx.plan.model.lora.enabled or rollout.layered_summon
+    if keeps_base and rollout.free_cache_engine and rollout.sleep_level == 2:
+        yield _violation(
+            "adapter_sync_keeps_base_weights", "rlplan",
+            "sleep level 2 discards vLLM's base weights, but with LoRA (or layered_summon) only adapters are pushed "
+            "after the first sync; verl silently forces level 1, which keeps a host copy of the weights.",
+            "set rollout.sleep_level = 1", rollout__sleep_level=1,
+        )
+
+
+@rule("lora_loads_base_from_disk", "rlplan",
+      "LoRA and layered_summon expect vLLM to load the base itself (load_format = safetensors)")
+def _lora_loads_base_from_disk(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    if plan.rollout.layered_summon and plan.rollout.load_format == "dummy":
+        yield _violation(
+            "lora_loads_base_from_disk", "rlplan",
+            "rollout.layered_summon gathers and pushes one layer at a time on top of a base vLLM loaded itself, "
+            "but load_format = dummy gives vLLM random weights.",
+            'set rollout.load_format = "safetensors"', rollout__load_format="safetensors",
+        )
+    elif plan.model.lora.enabled and plan.rollout.load_format == "dummy":
+        yield _violation(
+            "lora_loads_base_from_disk", "rlplan",
+            "with LoRA and load_format = dummy the first sync pushes the whole base model; verl's docs require "
+            "safetensors.",
+            'set rollout.load_format = "safetensors"', severity="warning", rollout__load_format="safetensors",
+        )
+
+
+@rule("mini_batches_split_evenly", "rlplan", "the per-GPU batch is a whole number of equal mini batches")
+def _mini_batches_split_evenly(ctx: RuleContext) -> Iterator[Violation]:
+    for role in (ctx.layout.actor_update, ctx.layout.critic_update):
+        if role is None or not role.mini_batch_size_per_gpu or role.sequences_per_gpu <= 0:
+            continue
+        if role.sequences_per_gpu % role.mini_batch_size_per_gpu:
+            section = "actor" if role.role == "actor_update" else "critic"
+            yield _violation(
+                "mini_batches_split_evenly", "rlplan",
+                f"{role.sequences_per_gpu} sequences per GPU split into mini batches of "
+                f"{role.mini_batch_size_per_gpu}: the last optimizer step sees a smaller batch.",
+                f"make data.train_batch_size a multiple of {section}.ppo_mini_batch_size", severity="warning",
+            )
+
+
+@rule("kl_in_reward_and_loss", "rlplan", "[V6] a KL term in both the reward and the loss counts it twice")
+def _kl_in_reward_and_loss(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    if plan.algorithm.use_kl_in_reward and plan.actor.use_kl_loss:
+        yield _violation(
+            "kl_in_reward_and_loss", "rlplan",
+            "both algorithm.use_kl_in_reward and actor.use_kl_loss are on; the KL penalty applies twice.",
+            "turn one of them off", severity="warning",
+        )
