@@ -1,0 +1,133 @@
+"""plan.toml <-> Plan (planner/planfile.py)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.plan import Prediction
+from rlplan.planner.planfile import plan_from_toml, plan_to_dict, plan_to_toml, with_overrides
+from tests.planner.plans import make_plan
+
+KNOB_VALUES = {
+    "model.lora.rank": st.integers(0, 512),
+    "model.gradient_checkpointing": st.booleans(),
+    "model.activation_offload": st.booleans(),
+    "actor.param_offload": st.booleans(),
+    "actor.optimizer_offload": st.booleans(),
+    "actor.use_dynamic_bsz": st.booleans(),
+    "actor.ppo_max_token_len_per_gpu": st.integers(1, 1 << 20),
+    "actor.lr": st.floats(0, 1, allow_nan=False),
+    "actor.clip_ratio_high": st.floats(0, 10, allow_nan=False),
+    "rollout.gpu_memory_utilization": st.floats(0.01, 1.0, allow_nan=False),
+    "rollout.tensor_model_parallel_size": st.integers(1, 64),
+    "rollout.max_model_len": st.integers(1, 1 << 20),
+    "rollout.sleep_level": st.sampled_from([1, 2]),
+    "rollout.load_format": st.sampled_from(["dummy", "safetensors", "auto"]),
+    "data.train_files": st.lists(st.text(max_size=30), max_size=3).map(tuple),
+    "trainer.experiment_name": st.text(max_size=40),
+    "passthrough": st.dictionaries(st.text(min_size=1, max_size=20), st.text(max_size=20), max_size=4),
+}
+
+
+@st.composite
+def plans(draw):
+    chosen = draw(st.dictionaries(st.sampled_from(sorted(KNOB_VALUES)), st.none(), max_size=len(KNOB_VALUES)))
+    overrides = {key: draw(KNOB_VALUES[key]) for key in chosen}
+    passthrough = overrides.pop("passthrough", None)
+    plan = make_plan(overrides=overrides)
+    if passthrough is not None:
+        plan = plan.evolve(passthrough=passthrough)
+    if draw(st.booleans()):
+        plan = plan.evolve(prediction=Prediction(
+            gpu_peak_gib=draw(st.floats(0, 1e4, allow_nan=False)), host_peak_gib=1.5, step_time_s=0.1,
+            phase_peak_gib={"actor_update": 12.25}, phase_seconds={"rollout": 3.0},
+        ))
+    return plan
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans())
+def test_toml_round_trip_is_exact(plan):
+    assert plan_from_toml(plan_to_toml(plan)) == plan
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.text(max_size=400))
+def test_fuzzed_text_never_raises_anything_but_plan_error(text):
+    try:
+        plan_from_toml(text)
+    except PlanError as error:
+        assert error.field and error.message
+
+
+VALID = plan_to_toml(make_plan())
+LINES = VALID.splitlines()
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(LINES) - 1),
+                          st.one_of(st.just(""), st.text(max_size=30), st.sampled_from(
+                              ["x = 1", "n = -3", 'n = "five"', "[actr]", "ppo_mini_batch_size = 0",
+                               "gpu_memory_utilization = 1.5", "lora = 3", "rank = true", "[model.arch]",
+                               "hidden_size = 0", "num_kv_heads = 5", "schema_version = 9"]))),
+                min_size=1, max_size=4))
+def test_mutated_plan_files_never_raise_anything_but_plan_error(edits):
+    lines = list(LINES)
+    for index, replacement in edits:
+        lines[index] = replacement
+    try:
+        plan_from_toml("\n".join(lines))
+    except PlanError as error:
+        assert error.field and error.message
+
+
+def test_unknown_key_names_the_key_and_the_nearest_valid_one():
+    text = VALID.replace("param_offload = false", "param_ofload = false", 1)
+    with pytest.raises(PlanError) as caught:
+        plan_from_toml(text)
+    assert caught.value.field == "actor.param_ofload"
+    assert "actor.param_offload" in caught.value.fix
+
+
+def test_unknown_section_is_reported_as_unknown_not_missing():
+    with pytest.raises(PlanError) as caught:
+        plan_from_toml(VALID.replace("[actor]", "[actr]"))
+    assert caught.value.field == "actr"
+    assert "actor" in caught.value.fix
+
+
+def test_wrong_type_names_the_field():
+    with pytest.raises(PlanError) as caught:
+        plan_from_toml(VALID.replace("ppo_mini_batch_size = 16", 'ppo_mini_batch_size = "16"'))
+    assert caught.value.field == "actor.ppo_mini_batch_size"
+
+
+def test_negative_batch_size_names_the_field_and_fix():
+    with pytest.raises(PlanError) as caught:
+        plan_from_toml(VALID.replace("train_batch_size = 64", "train_batch_size = -4"))
+    assert caught.value.field == "data.train_batch_size"
+    assert ">= 1" in caught.value.fix
+
+
+def test_malformed_toml_is_a_plan_error():
+    with pytest.raises(PlanError) as caught:
+        plan_from_toml("[actor\n")
+    assert "not valid TOML" in caught.value.message
+
+
+def test_schema_version_is_written_and_checked():
+    assert tomllib.loads(VALID)["schema_version"] == 1
+    with pytest.raises(PlanError) as caught:
+        plan_from_toml(VALID.replace("schema_version = 1", "schema_version = 2"))
+    assert caught.value.field == "schema_version"
+
+
+def test_none_values_are_omitted_and_come_back_as_defaults():
+    data = plan_to_dict(make_plan())
+    assert "ppo_micro_batch_size" not in data["actor"]  # the deprecated global stays unset
+    assert with_overrides(make_plan(), {}) == make_plan()
