@@ -1,0 +1,253 @@
+"""Built-in model and GPU presets, and the resolution of a user's --model / --gpu to them.
+
+The presets are package data (presets/models.toml, presets/gpus.toml), parsed once per
+process. Resolution is pure: the CLI reads a local config.json and passes its dictionary in.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import re
+import tomllib
+from importlib import resources
+from pathlib import PurePath
+from typing import Any
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.arch import Architecture, architecture_from_hf_config
+from rlplan.planner.errors import PlanError
+from rlplan.planner.hardware import GpuSpec
+
+# An unknown GPU given only by its memory: assume A100-class compute and PCIe-only links, so
+# step-time estimates err slow rather than promise what the card may not have.
+CUSTOM_GPU_BF16_TFLOPS = 312.0
+CUSTOM_GPU_HBM_GBPS = 1555.0
+CUSTOM_GPU_PCIE_GBPS = 25.0
+CUSTOM_GPU_INTRANODE_GBPS = 25.0
+
+_MODEL_PRESET_KEYS = ("repo_ids", "repo_overrides", "published_params_b", "published_active_params_b")
+
+
+@frozen(kw_only=True)
+class ModelPreset:
+    """A named architecture and the Hugging Face repos that ship it."""
+
+    name: str
+    arch: Architecture
+    # The first repo is the one a bare preset name stands for.
+    repo_ids: tuple[str, ...]
+    published_params_b: float | None = attrs.field(default=None, converter=attrs.converters.optional(float))
+    published_active_params_b: float | None = attrs.field(
+        default=None, converter=attrs.converters.optional(float)
+    )
+    # (repo id, ((field, value), ...)): listed repos whose config.json differs from `arch`
+    # in a field that changes no weight shape, e.g. a base release's longer context.
+    repo_overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        # Shipped data, not user input: a broken table is a bug, found by the preset tests.
+        if not self.repo_ids:
+            raise ValueError(f"model preset {self.name!r} lists no repo ids")
+        listed = {repo_id.lower() for repo_id in self.repo_ids}
+        for repo_id, _ in self.repo_overrides:
+            if repo_id.lower() not in listed:
+                raise ValueError(f"model preset {self.name!r} overrides {repo_id!r}, which it does not list")
+            self.arch_for(repo_id)
+
+    @property
+    def default_repo_id(self) -> str:
+        return self.repo_ids[0]
+
+    def arch_for(self, repo_id: str) -> Architecture:
+        """The architecture of one listed repo (case-insensitive)."""
+        for listed, overrides in self.repo_overrides:
+            if listed.lower() == repo_id.lower():
+                return attrs.evolve(self.arch, **dict(overrides))
+        return self.arch
+
+
+@frozen(kw_only=True)
+class ResolvedModel:
+    """What --model named: a display name, where the weights come from, and the shapes."""
+
+    name: str
+    # A hub repo id, or the local directory / config.json path the user gave.
+    path: str
+    arch: Architecture
+
+
+def _read_package_toml(filename: str) -> dict[str, Any]:
+    return tomllib.loads(resources.files("rlplan.presets").joinpath(filename).read_text(encoding="utf-8"))
+
+
+def _model_preset(name: str, table: dict[str, Any]) -> ModelPreset:
+    arch_fields = {key: value for key, value in table.items() if key not in _MODEL_PRESET_KEYS}
+    overrides = table.get("repo_overrides", {})
+    return ModelPreset(
+        name=name,
+        arch=Architecture(**arch_fields),
+        repo_ids=tuple(table["repo_ids"]),
+        published_params_b=table.get("published_params_b"),
+        published_active_params_b=table.get("published_active_params_b"),
+        repo_overrides=tuple((repo, tuple(fields.items())) for repo, fields in overrides.items()),
+    )
+
+
+@functools.cache
+def _model_presets() -> dict[str, ModelPreset]:
+    return {name: _model_preset(name, table) for name, table in _read_package_toml("models.toml").items()}
+
+
+def model_presets() -> dict[str, ModelPreset]:
+    """Every built-in model preset, by lower-case name, in file order."""
+    return dict(_model_presets())
+
+
+@functools.cache
+def _gpu_tables() -> dict[str, dict[str, Any]]:
+    return _read_package_toml("gpus.toml")
+
+
+@functools.cache
+def _gpu_presets() -> dict[str, GpuSpec]:
+    return {
+        name: GpuSpec(name=name, **{key: value for key, value in table.items() if key != "aliases"})
+        for name, table in _gpu_tables().items()
+    }
+
+
+def gpu_presets() -> dict[str, GpuSpec]:
+    """Every built-in GPU, by its canonical name (e.g. "H100-80G"), in file order."""
+    return dict(_gpu_presets())
+
+
+# --- models ------------------------------------------------------------------
+
+
+@functools.cache
+def _repo_index() -> dict[str, tuple[str, str]]:
+    """Lower-case repo id, and repo name without its organisation, -> (preset name, repo id).
+
+    A bare repo name that two presets list resolves through neither.
+    """
+    full: dict[str, tuple[str, str]] = {}
+    bare: dict[str, set[tuple[str, str]]] = {}
+    for preset in _model_presets().values():
+        for repo_id in preset.repo_ids:
+            full[repo_id.lower()] = (preset.name, repo_id)
+            bare.setdefault(repo_id.rpartition("/")[2].lower(), set()).add((preset.name, repo_id))
+    unique_bare = {name: next(iter(hits)) for name, hits in bare.items() if len(hits) == 1}
+    return {**unique_bare, **full}
+
+
+def _listed_repo_for(key: str) -> tuple[str, str] | None:
+    """The listed repo `key` names, exactly or as a suffixed variant ("...-Instruct-AWQ")."""
+    index = _repo_index()
+    if key in index:
+        return index[key]
+    # The longest listed name that `key` extends at a "-" boundary: "qwen2.5-7b-instruct-awq"
+    # extends both "qwen2.5-7b" and "qwen2.5-7b-instruct", and the longer one is the variant's base.
+    prefixes = [listed for listed in index if key.startswith(listed + "-")]
+    return index[max(prefixes, key=len)] if prefixes else None
+
+
+def _local_model_name(spec: str) -> str:
+    path = PurePath(spec)
+    return (path.parent if path.name == "config.json" else path).name or spec
+
+
+def _unknown_model(spec: str) -> PlanError:
+    presets = _model_presets()
+    candidates = {name: name for name in presets} | {key: hit[0] for key, hit in _repo_index().items()}
+    close = difflib.get_close_matches(spec.strip().lower(), list(candidates), n=8, cutoff=0.6)
+    nearest = list(dict.fromkeys(candidates[match] for match in close))[:4]
+    hint = f" Nearest presets: {', '.join(nearest)}." if nearest else ""
+    return PlanError(
+        field="model",
+        message=f"{spec!r} is neither a built-in preset nor a Hugging Face repo id a preset lists.{hint}",
+        fix=(
+            "pick a preset from `rlplan presets models`, or point --model at a local model directory "
+            "(or its config.json) so its architecture is read from config.json"
+        ),
+    )
+
+
+def resolve_model(spec: str, local_config: dict[str, Any] | None = None) -> ResolvedModel:
+    """Resolve --model: a preset name, a listed repo id (or a suffixed variant of one), or a local config.
+
+    `local_config` is the parsed config.json the CLI found at `spec`; when given it wins, since
+    the user's own file is the truth about their checkpoint.
+    """
+    if local_config is not None:
+        return ResolvedModel(
+            name=_local_model_name(spec),
+            path=spec,
+            arch=architecture_from_hf_config(local_config, source=spec),
+        )
+    key = spec.strip().lower()
+    presets = _model_presets()
+    if key in presets:
+        preset = presets[key]
+        return ResolvedModel(name=preset.name, path=preset.default_repo_id, arch=preset.arch)
+    listed = _listed_repo_for(key)
+    if listed is None:
+        raise _unknown_model(spec)
+    preset_name, repo_id = listed
+    return ResolvedModel(name=preset_name, path=spec.strip(), arch=presets[preset_name].arch_for(repo_id))
+
+
+# --- GPUs --------------------------------------------------------------------
+
+
+def _gpu_key(name: str) -> str:
+    """Spelling-insensitive form: "NVIDIA H100 80GB HBM3" and "nvidia_h100_80g_hbm3" agree."""
+    key = re.sub(r"[\s_]+", "-", name.strip().lower())
+    return re.sub(r"(\d)gb\b", r"\1g", key)
+
+
+@functools.cache
+def _gpu_index() -> dict[str, tuple[str, ...]]:
+    """Spelling-insensitive name or alias -> the presets it names (two or more: ambiguous)."""
+    index: dict[str, list[str]] = {}
+    for name, table in _gpu_tables().items():
+        for alias in (name, *table.get("aliases", ())):
+            named = index.setdefault(_gpu_key(alias), [])
+            if name not in named:
+                named.append(name)
+    return {key: tuple(names) for key, names in index.items()}
+
+
+def resolve_gpu(name: str) -> GpuSpec:
+    """Resolve --gpu / cluster.gpu: a preset name or alias, in any case."""
+    names = _gpu_index().get(_gpu_key(name), ())
+    if len(names) == 1:
+        return _gpu_presets()[names[0]]
+    if names:
+        message = f"{name!r} could mean {' or '.join(names)}."
+        fix = f"name one of {', '.join(names)}, or give the memory with --gpu-mem GiB"
+    else:
+        message = f"{name!r} is not a built-in GPU. Known GPUs: {', '.join(gpu_presets())}."
+        fix = "use one of those names, or describe the GPU by its usable memory with --gpu-mem GiB"
+    raise PlanError(field="cluster.gpu", message=message, fix=fix)
+
+
+def custom_gpu(memory_gib: float) -> GpuSpec:
+    """A GPU known only by its usable memory (--gpu-mem), with deliberately modest speeds."""
+    if not math.isfinite(memory_gib):
+        raise PlanError(
+            field="cluster.gpu.memory_gib",
+            message=f"must be a finite number of GiB, got {memory_gib}.",
+            fix="pass the memory the driver reports, e.g. --gpu-mem 79.18 for an H100 80GB",
+        )
+    return GpuSpec(
+        name=f"custom-{memory_gib:g}g",
+        memory_gib=memory_gib,
+        bf16_tflops=CUSTOM_GPU_BF16_TFLOPS,
+        hbm_gbps=CUSTOM_GPU_HBM_GBPS,
+        pcie_gbps=CUSTOM_GPU_PCIE_GBPS,
+        intranode_gbps=CUSTOM_GPU_INTRANODE_GBPS,
+    )
