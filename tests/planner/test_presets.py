@@ -277,6 +277,12 @@ def test_unknown_model_names_the_nearest_presets():
         resolve_model("llama3-8b")
 
 
+def test_a_preset_name_wins_over_a_repo_of_the_same_bare_name():
+    # "Qwen2.5-7B" is both the preset qwen2.5-7b and the bare name of the base repo Qwen/Qwen2.5-7B.
+    assert resolve_model("Qwen2.5-7B").path == MODEL_PRESETS["qwen2.5-7b"].default_repo_id
+    assert resolve_model("Qwen/Qwen2.5-7B").path == "Qwen/Qwen2.5-7B"
+
+
 QWEN_LOCAL_CONFIG = {
     "model_type": "qwen2",
     "hidden_size": 896,
@@ -407,9 +413,3 @@ def test_custom_gpu_rejects_memory_that_is_not_a_positive_finite_size(memory_gib
     with pytest.raises(PlanError) as raised:
         custom_gpu(memory_gib)
     assert raised.value.field == "cluster.gpu.memory_gib"
-
-
-def test_a_preset_name_wins_over_a_repo_of_the_same_bare_name():
-    # "Qwen2.5-7B" is both the preset qwen2.5-7b and the bare name of the base repo Qwen/Qwen2.5-7B.
-    assert resolve_model("Qwen2.5-7B").path == MODEL_PRESETS["qwen2.5-7b"].default_repo_id
-    assert resolve_model("Qwen/Qwen2.5-7B").path == "Qwen/Qwen2.5-7B"
