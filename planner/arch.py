@@ -353,7 +353,7 @@ def architecture_from_hf_config(config: dict[str, Any], source: str = "config.js
         head_dim=int(get("head_dim", 0) or get("v_head_dim", 0) or hidden // heads),
         intermediate_size=int(get("intermediate_size", 4 * hidden)),
         vocab_size=int(config["vocab_size"]),
-        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(get("tie_word_embeddings", family == "gemma2")),  # transformers defaults Gemma to tied
         max_position_embeddings=int(get("max_position_embeddings", 32768)),
         qkv_bias=bool(get("attention_bias", family == "qwen2")) or family in ("qwen2", "qwen2_moe"),
         o_bias=family == "gpt_oss" and bool(get("attention_bias", True)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 from attrs import frozen
 
@@ -10,7 +12,7 @@ from rlplan.planner.errors import PlanError
 
 def _positive_number(field_prefix: str):
     def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
-        if value <= 0:
+        if not math.isfinite(value) or value <= 0:
             raise PlanError(
                 field=f"{field_prefix}.{attribute.name}",
                 message=f"must be positive, got {value}.",
