@@ -1,0 +1,450 @@
+"""The `rlplan` command line: the only place that reads files and prints.
+
+Exit codes (stable, for scripts):
+  solve:    0 plan written, 1 no feasible plan, 2 bad input
+  validate: 0 valid and fits, 1 valid but predicted not to fit (GPU or host OOM), 2 invalid plan or bad input
+  others:   0 ok, 1 the work failed, 2 bad input
+Bad input never shows a traceback: it is one paragraph naming the field and the fix.
+Runtime commands (run, demo, measure, calibrate) import torch lazily, inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from rlplan.planner.errors import PlanError
+
+EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+app = typer.Typer(
+    name="rlplan",
+    help="Solve, validate, explain and run RL fine-tuning launch plans (PPO/GRPO, FSDP2 + vLLM).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+import_app = typer.Typer(help="Import a launch script of another framework into a plan.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def fail(error: PlanError, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    _console(stderr=True).print(f"[bold red]error[/] {error.paragraph()}", markup=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(field=what, message=f"file {path!r} does not exist.", fix="check the path") from None
+    except IsADirectoryError:
+        raise PlanError(field=what, message=f"{path!r} is a directory, not a file.", fix="pass the file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(field=what, message=f"cannot read {path!r}: {exc}.", fix="check the file") from None
+
+
+def write_text(path: str, text: str, what: str) -> None:
+    """Write via a temporary file and rename, so an interrupted write never leaves half a plan."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(target)
+    except OSError as exc:
+        raise PlanError(field=what, message=f"cannot write {path!r}: {exc}.", fix="choose a writable path") from None
+
+
+def load_plan(path: str):
+    from rlplan.planner.planfile import plan_from_toml
+
+    return plan_from_toml(read_text(path, "plan"), source=path)
+
+
+def load_profile(path: str | None):
+    from rlplan.planner.profile import DEFAULT_PROFILE, load_profile_toml
+
+    if path is None:
+        return DEFAULT_PROFILE
+    return load_profile_toml(read_text(path, "--profile"), source=path)
+
+
+def resolve_model_arg(spec: str):
+    from rlplan.planner.presets import resolve_model
+
+    candidate = Path(spec)
+    if candidate.is_dir():
+        candidate = candidate / "config.json"
+    if candidate.is_file():
+        text = read_text(str(candidate), "--model")
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(field="--model", message=f"{candidate} is not valid JSON ({exc}).",
+                            fix="point --model at a Hugging Face config.json or its directory") from None
+        return resolve_model(spec, local_config=config)
+    return resolve_model(spec)
+
+
+def parse_fixes(fixes: list[str]) -> dict[str, Any]:
+    from rlplan.planner.planfile import parse_override_value
+
+    pins: dict[str, Any] = {}
+    for item in fixes:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise PlanError(field="--fix", message=f"{item!r} is not key=value.",
+                            fix="pass e.g. --fix actor.param_offload=true")
+        pins[key.strip()] = parse_override_value(raw.strip())
+    return pins
+
+
+def guarded(function):
+    """Turn PlanError into the one-paragraph message and exit 2; other failures into exit 3 without a traceback."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except PlanError as error:
+            fail(error)
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt:
+            _console(stderr=True).print("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as exc:  # a bug in rlplan, not bad input: say so, keep the trace behind a flag
+            if os.environ.get("RLPLAN_DEBUG"):
+                raise
+            _console(stderr=True).print(
+                f"[bold red]internal error[/] {type(exc).__name__}: {exc}. This is a bug in rlplan, not in your "
+                "input; rerun with RLPLAN_DEBUG=1 for the traceback and report it.", markup=True)
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+    return wrapper
+
+
+# --- solve -------------------------------------------------------------------------
+
+
+@app.command()
+@guarded
+def solve(
+    model: Annotated[str | None, typer.Option(help="Preset name, Hugging Face repo id, or local config.json / dir.")] = None,
+    gpus: Annotated[int | None, typer.Option(help="Total number of GPUs.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU preset, e.g. h100-80g (see `rlplan presets gpus`).")] = None,
+    gpu_mem: Annotated[float | None, typer.Option("--gpu-mem", help="GPU memory in GiB, for a GPU without a preset.")] = None,
+    nodes: Annotated[int | None, typer.Option(help="Number of nodes (default: gpus / gpus-per-node).")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: min(gpus, 8)).")] = None,
+    host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
+    algo: Annotated[str, typer.Option(help="grpo | ppo (gae + critic) | rloo | reinforce_plus_plus.")] = "grpo",
+    prompt_len: Annotated[int | None, typer.Option("--prompt-len", help="Max prompt tokens.")] = None,
+    response_len: Annotated[int | None, typer.Option("--response-len", help="Max response tokens.")] = None,
+    max_response_len: Annotated[int | None, typer.Option("--max-response-len",
+                                                         help="Find the longest response up to this that fits.")] = None,
+    train_batch_size: Annotated[int | None, typer.Option("--train-batch-size", help="Prompts per step.")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Responses per prompt (rollout.n).")] = None,
+    ppo_mini_batch_size: Annotated[int | None, typer.Option("--ppo-mini-batch-size", help="Prompts per optimizer step.")] = None,
+    lora: Annotated[str, typer.Option(help="off | auto | RANK.")] = "auto",
+    objective: Annotated[str, typer.Option(help="throughput | memory.")] = "throughput",
+    fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a knob, e.g. actor.param_offload=true (repeatable).")] = None,
+    profile: Annotated[str | None, typer.Option(help="Calibration profile TOML (`rlplan calibrate`).")] = None,
+    from_plan: Annotated[str | None, typer.Option("--from", help="Keep this plan's workload; solve the knobs.")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    verify: Annotated[bool, typer.Option(help="Measure the chosen plan's training step with the CPU tracker.")] = False,
+) -> None:
+    """Solve every knob for a model, a cluster and a workload; write plan.toml."""
+    from rlplan.planner.hardware import Cluster
+    from rlplan.planner.plan import ModelSection
+    from rlplan.planner.planfile import plan_to_toml
+    from rlplan.planner.presets import custom_gpu, resolve_gpu
+    from rlplan.planner.report import solve_summary
+    from rlplan.planner.solver import SolveRequest, solve as run_solver
+
+    base = load_plan(from_plan) if from_plan else None
+    if model is None and base is None:
+        raise PlanError(field="--model", message="no model given.", fix="pass --model qwen2.5-7b (or --from plan.toml)")
+    if base is not None and model is None:
+        model_section = base.model
+    else:
+        resolved = resolve_model_arg(model)
+        model_section = ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch)
+    if gpu is not None and gpu_mem is not None:
+        raise PlanError(field="--gpu-mem", message="both --gpu and --gpu-mem are given.", fix="pass only one")
+    if gpu is not None:
+        gpu_spec = resolve_gpu(gpu)
+    elif gpu_mem is not None:
+        if gpu_mem <= 0:
+            raise PlanError(field="--gpu-mem", message=f"must be positive, got {gpu_mem}.", fix="pass --gpu-mem 80")
+        gpu_spec = custom_gpu(gpu_mem)
+    elif base is not None:
+        gpu_spec = base.cluster.gpu
+    else:
+        raise PlanError(field="--gpu", message="no GPU given.", fix="pass --gpu h100-80g or --gpu-mem GiB")
+    if gpus is None and base is not None and nodes is None and gpus_per_node is None:
+        cluster = base.cluster if gpu is None and gpu_mem is None else base.cluster.__class__(
+            gpu=gpu_spec, nodes=base.cluster.nodes, gpus_per_node=base.cluster.gpus_per_node,
+            host_memory_gib=base.cluster.host_memory_gib)
+    else:
+        if gpus is None and (nodes is None or gpus_per_node is None):
+            raise PlanError(field="--gpus", message="the GPU count is needed.", fix="pass --gpus 8")
+        if gpus is not None and gpus < 1:
+            raise PlanError(field="--gpus", message=f"must be >= 1, got {gpus}.", fix="pass --gpus 8")
+        per_node = gpus_per_node or min(gpus or 8, 8)
+        node_count = nodes or max(1, (gpus or per_node) // per_node)
+        if gpus is not None and node_count * per_node != gpus:
+            raise PlanError(field="--gpus", message=f"{gpus} GPUs is not nodes x gpus-per-node ({node_count} x {per_node}).",
+                            fix=f"pass --gpus-per-node so that it divides {gpus}")
+        cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node, host_memory_gib=host_mem)
+    algorithm = {"ppo": "gae"}.get(algo.lower(), algo.lower())
+    if algorithm not in ("grpo", "gae", "rloo", "reinforce_plus_plus"):
+        raise PlanError(field="--algo", message=f"unknown algorithm {algo!r}.",
+                        fix="pass grpo, ppo, rloo or reinforce_plus_plus")
+    if lora not in ("off", "auto") and not lora.isdigit():
+        raise PlanError(field="--lora", message=f"{lora!r} is not off, auto or a rank.", fix="pass --lora 64")
+    if objective not in ("throughput", "memory"):
+        raise PlanError(field="--objective", message=f"{objective!r} is not throughput or memory.",
+                        fix="pass --objective throughput")
+    if base is not None:
+        prompt_len = prompt_len or base.data.max_prompt_length
+        if response_len is None and max_response_len is None:
+            response_len = base.data.max_response_length
+        train_batch_size = train_batch_size or base.data.train_batch_size
+        n = n or base.rollout.n
+        ppo_mini_batch_size = ppo_mini_batch_size or base.actor.ppo_mini_batch_size
+        if algo == "grpo" and base.algorithm.adv_estimator != "grpo":
+            algorithm = base.algorithm.adv_estimator
+    if prompt_len is None:
+        raise PlanError(field="--prompt-len", message="the prompt length is needed.", fix="pass --prompt-len 1024")
+    request = SolveRequest(
+        model=model_section, cluster=cluster, prompt_len=prompt_len, response_len=response_len,
+        max_response_len=max_response_len, train_batch_size=train_batch_size or 256, n=n or 5,
+        algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
+        lora=int(lora) if lora.isdigit() else lora, objective=objective, pins=parse_fixes(fix or []),
+        base=base, profile=load_profile(profile),
+    )
+    result = run_solver(request)
+    if result.best is None:
+        assert result.diagnosis is not None
+        if json_output:
+            print(json.dumps({
+                "feasible": False, "binding": result.diagnosis.binding, "message": result.diagnosis.message,
+                "suggestions": [{"change": s.change, "detail": s.detail} for s in result.diagnosis.suggestions],
+                "evaluated": result.evaluated,
+            }, indent=2))
+        else:
+            console = _console(stderr=True)
+            console.print(f"[bold red]no feasible plan[/] {result.diagnosis.message}", markup=True)
+            for suggestion in result.diagnosis.suggestions[1:]:
+                console.print(f"  also fits: {suggestion.change} ({suggestion.detail})")
+        raise typer.Exit(EXIT_INFEASIBLE)
+    plan = result.plan
+    if output:
+        write_text(output, plan_to_toml(plan), "--output")
+    verification = None
+    if verify:
+        from rlplan.runtime.measure import measure_plan
+
+        verification = measure_plan(plan, "update")
+    if json_output:
+        from rlplan.planner.report import validation_json
+
+        payload = validation_json(plan, request.profile)
+        payload.update({"plan_file": output, "evaluated": result.evaluated, "feasible_candidates": result.feasible})
+        if verification is not None:
+            payload["verification"] = verification.as_dict()
+        print(json.dumps(payload, indent=2))
+    else:
+        console = _console()
+        for renderable in solve_summary(plan, result, output, request.profile):
+            console.print(renderable)
+        if verification is not None:
+            console.print(verification.summary())
+        if not output:
+            console.print("(plan not written: pass -o plan.toml)")
+
+
+# --- validate / explain ----------------------------------------------------------------
+
+
+@app.command()
+@guarded
+def validate(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to check.")],
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    profile: Annotated[str | None, typer.Option(help="Calibration profile TOML.")] = None,
+) -> None:
+    """Check a plan against verl's rules and the memory model. Exit 0 ok, 1 predicted OOM, 2 invalid."""
+    from rlplan.planner.report import validation_json, validation_tables
+
+    prof = load_profile(profile)
+    plan = load_plan(plan_path)
+    payload = validation_json(plan, prof)
+    if json_output:
+        print(json.dumps(payload, indent=2))
+    else:
+        console = _console()
+        for renderable in validation_tables(plan, prof, payload):
+            console.print(renderable)
+    if not payload["valid"]:
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if not payload["feasible"]:
+        raise typer.Exit(EXIT_INFEASIBLE)
+
+
+@app.command()
+@guarded
+def explain(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to explain.")],
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    profile: Annotated[str | None, typer.Option(help="Calibration profile TOML.")] = None,
+) -> None:
+    """Per-phase, per-component memory table, the batch layout and the step-time estimate."""
+    from rlplan.planner.report import explain_tables, validation_json
+
+    prof = load_profile(profile)
+    plan = load_plan(plan_path)
+    if json_output:
+        print(json.dumps(validation_json(plan, prof), indent=2))
+        return
+    console = _console()
+    for renderable in explain_tables(plan, prof):
+        console.print(renderable)
+
+
+@app.command()
+@guarded
+def presets(
+    kind: Annotated[str, typer.Argument(help="models | gpus")],
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the built-in model architectures or GPUs."""
+    from rlplan.planner.report import preset_table, presets_json
+
+    if kind not in ("models", "gpus"):
+        raise PlanError(field="presets", message=f"{kind!r} is not models or gpus.", fix="run `rlplan presets models`")
+    if json_output:
+        print(json.dumps(presets_json(kind), indent=2))
+    else:
+        _console().print(preset_table(kind))
+
+
+# --- runtime commands (heavy imports inside) --------------------------------------------
+
+
+@app.command()
+@guarded
+def run(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to run.")],
+    resume: Annotated[bool, typer.Option(help="Continue from the newest complete checkpoint.")] = False,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: $RAY_ADDRESS or a local one).")] = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", help="Overrides trainer.output_dir.")] = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps", help="Stop after this many steps.")] = None,
+) -> None:
+    """Run a plan with the bundled runtime (FSDP2 + vLLM + Ray)."""
+    from rlplan.runtime.commands import run_command
+
+    raise typer.Exit(run_command(plan_path, resume=resume, address=address or os.environ.get("RAY_ADDRESS"),
+                                 output_dir=output_dir, max_steps=max_steps))
+
+
+@app.command()
+@guarded
+def demo(
+    output_dir: Annotated[str, typer.Option("--output-dir", help="Where the model, data and run go.")] = "runs/demo",
+    steps: Annotated[int, typer.Option(help="RL steps to run.")] = 12,
+) -> None:
+    """CPU demo: build the bundled tiny model and toy task, solve a plan for this machine, run it."""
+    from rlplan.runtime.commands import demo_command
+
+    raise typer.Exit(demo_command(output_dir, steps))
+
+
+@app.command()
+@guarded
+def measure(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to measure.")],
+    phase: Annotated[str, typer.Option(help="update | logprob.")] = "update",
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Emulate the plan's training step on the CPU (FSDP2 + fake tensors) and compare with the prediction."""
+    from rlplan.runtime.measure import measure_command
+
+    if phase not in ("update", "logprob"):
+        raise PlanError(field="--phase", message=f"{phase!r} is not update or logprob.", fix="pass --phase update")
+    raise typer.Exit(measure_command(plan_path, phase, json_output))
+
+
+@app.command()
+@guarded
+def calibrate(
+    plan_path: Annotated[str | None, typer.Argument(metavar="[PLAN]", help="plan.toml to run a short real step of.")] = None,
+    from_run: Annotated[str | None, typer.Option("--from-run", help="A finished run's metrics.jsonl.")] = None,
+    output: Annotated[str, typer.Option("-o", "--output", help="Profile TOML to write.")] = "profile.toml",
+) -> None:
+    """Fit a calibration profile on a GPU, or from a finished run's plan-vs-actual records."""
+    from rlplan.runtime.calibrate import calibrate_command
+
+    if plan_path is None and from_run is None:
+        raise PlanError(field="calibrate", message="needs a plan or --from-run.", fix="pass plan.toml or --from-run FILE")
+    raise typer.Exit(calibrate_command(plan_path, from_run, output))
+
+
+# --- interop -------------------------------------------------------------------------
+
+
+@import_app.command("verl")
+@guarded
+def import_verl(
+    script: Annotated[str, typer.Argument(help="verl launch script or a file of Hydra overrides.")],
+    gpu: Annotated[str | None, typer.Option(help="GPU preset the script runs on.")] = None,
+    gpu_mem: Annotated[float | None, typer.Option("--gpu-mem", help="GPU memory in GiB instead of a preset.")] = None,
+    host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
+) -> None:
+    """Import a verl launch script (python3 -m verl.trainer.main_ppo ...) into a plan."""
+    from rlplan.planner.interop_commands import import_command
+
+    raise typer.Exit(import_command(script, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
+                                    output=output))
+
+
+@app.command()
+@guarded
+def render(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to render.")],
+    target: Annotated[str, typer.Option(help="verl | slurm | ray-job.")] = "verl",
+    fmt: Annotated[str, typer.Option("--format", help="script | overrides (verl only).")] = "script",
+    output: Annotated[str | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
+) -> None:
+    """Render a plan as a verl launch script, Hydra overrides, a SLURM script or a Ray job."""
+    from rlplan.planner.interop_commands import render_command
+
+    raise typer.Exit(render_command(plan_path, target=target, fmt=fmt, output=output))
+
+
+def main() -> None:
+    try:
+        app()
+    except SystemExit as exc:
+        # click reports usage errors with exit 2 already; keep every code as is.
+        sys.exit(exc.code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""What `validate`, `explain`, `solve` and `presets` show: one JSON shape and rich tables built from it.
+
+Pure: builds dictionaries and rich renderables; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlplan.planner.layout import plan_layout
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.plan import Plan
+from rlplan.planner.profile import Profile
+from rlplan.planner.rules import check_plan
+from rlplan.planner.steptime import predict_step_time
+
+GIB = 2**30
+
+
+def gib(value: float) -> float:
+    return round(value / GIB, 3)
+
+
+def layout_json(plan: Plan) -> dict[str, Any]:
+    layout = plan_layout(plan)
+    roles = {}
+    for role in layout.roles:
+        roles[role.role] = {
+            "sequences_per_gpu": role.sequences_per_gpu,
+            "mini_batch_size_per_gpu": role.mini_batch_size_per_gpu,
+            "micro_batch_size_per_gpu": role.micro_batch_size_per_gpu,
+            "max_token_len_per_gpu": role.max_token_len_per_gpu,
+            "tokens_per_micro_batch": role.tokens_per_micro_batch,
+            "micro_batches_per_mini": role.micro_batches_per_mini,
+            "optimizer_steps_per_step": role.optimizer_steps_per_step,
+        }
+    parallel = layout.parallel
+    return {
+        "world_size": parallel.world_size,
+        "dp": parallel.dp,
+        "ulysses_sequence_parallel_size": parallel.ulysses_sequence_parallel_size,
+        "fsdp_shard_size": parallel.fsdp_shard_size,
+        "rollout_tensor_parallel_size": parallel.rollout_tensor_parallel_size,
+        "rollout_replicas": parallel.rollout_replicas,
+        "roles": roles,
+    }
+
+
+def validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
+    """`validate --json`: rules and memory verdicts, both computed whatever the other says."""
+    rules = check_plan(plan)
+    memory = predict_memory(plan, profile)
+    step = predict_step_time(plan, memory, profile)
+    binding = memory.binding_constraint
+    feasible = memory.fits and memory.rollout.holds_max_model_len
+    return {
+        "valid": rules.valid,
+        "feasible": feasible,
+        "errors": [{"rule": v.rule, "message": v.message, "fix": v.fix, "stage": v.stage,
+                    "suggested": v.suggested} for v in rules.errors],
+        "warnings": [{"rule": v.rule, "message": v.message, "fix": v.fix} for v in rules.warnings],
+        "phases": {
+            p.name: {
+                "peak_gib": gib(p.peak_bytes),
+                "peak_at": p.peak_at,
+                "components": {c.name: gib(c.bytes) for c in p.components},
+            }
+            for p in memory.phases
+        },
+        "gpu_mem_gib": gib(memory.gpu_capacity_bytes),
+        "gpu_peak_gib": gib(max(p.peak_bytes for p in memory.phases)),
+        "host": {
+            "per_node_gib": gib(memory.host.total_bytes),
+            "capacity_gib": gib(memory.host_capacity_bytes),
+            "components": {c.name: gib(c.bytes) for c in memory.host.components},
+        },
+        "rollout": {
+            "gpu_memory_utilization": plan.rollout.gpu_memory_utilization,
+            "kv_cache_gib": gib(max(memory.kv_cache_bytes, 0)),
+            "kv_cache_tokens": memory.kv_cache_tokens,
+            "max_concurrent_sequences": memory.max_concurrent_sequences,
+            "holds_max_model_len": memory.rollout.holds_max_model_len,
+        },
+        "binding": {
+            "resource": binding.resource, "where": binding.where, "component": binding.component,
+            "headroom_gib": gib(binding.headroom_bytes),
+        },
+        "step_time_s": round(step.total_seconds, 3),
+        "phase_seconds": {k: round(v, 3) for k, v in step.phase_seconds.items()},
+        "layout": layout_json(plan),
+        "notes": list(memory.notes),
+        "profile": profile.name,
+    }
+
+
+# --- rich rendering --------------------------------------------------------------
+
+
+def _verdict(payload: dict[str, Any]):
+    from rich.text import Text
+
+    if not payload["valid"]:
+        return Text(f"INVALID: {len(payload['errors'])} rule violation(s); verl would reject this plan.", style="bold red")
+    if not payload["feasible"]:
+        binding = payload["binding"]
+        return Text(
+            f"VALID but predicted NOT to fit: {binding['where']} ({binding['resource']}) is over by "
+            f"{-binding['headroom_gib']:.2f} GiB, mostly {binding['component']}.", style="bold yellow")
+    return Text(
+        f"VALID and fits: peak {payload['gpu_peak_gib']:.2f} of {payload['gpu_mem_gib']:.2f} GiB per GPU, "
+        f"host {payload['host']['per_node_gib']:.1f} of {payload['host']['capacity_gib']:.0f} GiB per node; "
+        f"step ~{payload['step_time_s']:.1f} s.", style="bold green")
+
+
+def violations_table(payload: dict[str, Any]):
+    from rich.table import Table
+
+    table = Table(title="Rule violations", show_lines=True, title_justify="left")
+    table.add_column("", no_wrap=True)
+    table.add_column("rule", style="bold", no_wrap=True)
+    table.add_column("what is wrong")
+    table.add_column("smallest fix")
+    for item in payload["errors"]:
+        table.add_row("[red]error[/]", item["rule"], item["message"], item["fix"])
+    for item in payload["warnings"]:
+        table.add_row("[yellow]warn[/]", item["rule"], item["message"], item["fix"])
+    return table
+
+
+def phase_table(payload: dict[str, Any], detailed: bool):
+    from rich.table import Table
+
+    table = Table(title=f"GPU memory per phase (GiB of {payload['gpu_mem_gib']:.2f})", title_justify="left")
+    table.add_column("phase", style="bold")
+    table.add_column("peak", justify="right")
+    table.add_column("at")
+    table.add_column("components" if detailed else "largest component")
+    capacity = payload["gpu_mem_gib"]
+    for name, phase in payload["phases"].items():
+        components = sorted(phase["components"].items(), key=lambda kv: -kv[1])
+        style = "red" if phase["peak_gib"] > capacity else ""
+        if detailed:
+            text = ", ".join(f"{k} {v:.2f}" for k, v in components if v >= 0.005)
+        else:
+            text = f"{components[0][0]} {components[0][1]:.2f}" if components else ""
+        table.add_row(name, f"[{style}]{phase['peak_gib']:.2f}[/]" if style else f"{phase['peak_gib']:.2f}",
+                      phase["peak_at"], text)
+    return table
+
+
+def component_matrix(payload: dict[str, Any]):
+    """Phases as columns, components as rows: where memory goes in each phase."""
+    from rich.table import Table
+
+    phases = list(payload["phases"])
+    names: list[str] = []
+    for phase in payload["phases"].values():
+        for name in phase["components"]:
+            if name not in names:
+                names.append(name)
+    table = Table(title="Where memory goes (GiB per GPU)", title_justify="left")
+    table.add_column("component", style="bold")
+    for phase in phases:
+        table.add_column(phase.replace("_", " "), justify="right")
+    for name in names:
+        row = [payload["phases"][p]["components"].get(name, 0.0) for p in phases]
+        if all(v < 0.005 for v in row):
+            continue
+        table.add_row(name, *[f"{v:.2f}" if v >= 0.005 else "" for v in row])
+    table.add_row("[bold]peak[/]", *[f"[bold]{payload['phases'][p]['peak_gib']:.2f}[/]" for p in phases])
+    return table
+
+
+def host_table(payload: dict[str, Any]):
+    from rich.table import Table
+
+    host = payload["host"]
+    table = Table(title=f"Host RAM per node (GiB of {host['capacity_gib']:.0f})", title_justify="left")
+    table.add_column("component", style="bold")
+    table.add_column("GiB", justify="right")
+    for name, value in sorted(host["components"].items(), key=lambda kv: -kv[1]):
+        if value >= 0.005:
+            table.add_row(name, f"{value:.2f}")
+    table.add_row("[bold]total[/]", f"[bold]{host['per_node_gib']:.2f}[/]")
+    return table
+
+
+def layout_table(payload: dict[str, Any]):
+    from rich.table import Table
+
+    layout = payload["layout"]
+    table = Table(
+        title=(f"Batch layout: {layout['world_size']} GPUs, dp {layout['dp']}, Ulysses "
+               f"{layout['ulysses_sequence_parallel_size']}, FSDP shard {layout['fsdp_shard_size']}, rollout TP "
+               f"{layout['rollout_tensor_parallel_size']} x {layout['rollout_replicas']} replicas"),
+        title_justify="left")
+    for column in ("pass", "seqs/GPU", "mini/GPU", "micro/GPU", "token budget", "tokens/micro", "micro/mini",
+                   "optim steps"):
+        table.add_column(column, justify="right" if column != "pass" else "left")
+    for name, role in layout["roles"].items():
+        def show(value: Any) -> str:
+            return "-" if value is None else str(value)
+
+        table.add_row(name, show(role["sequences_per_gpu"]), show(role["mini_batch_size_per_gpu"]),
+                      show(role["micro_batch_size_per_gpu"]), show(role["max_token_len_per_gpu"]),
+                      show(role["tokens_per_micro_batch"]), show(role["micro_batches_per_mini"]),
+                      show(role["optimizer_steps_per_step"] or None))
+    return table
+
+
+def time_table(payload: dict[str, Any]):
+    from rich.table import Table
+
+    table = Table(title=f"Step time estimate (roofline): {payload['step_time_s']:.2f} s", title_justify="left")
+    table.add_column("phase", style="bold")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    total = payload["step_time_s"] or 1.0
+    for name, seconds in payload["phase_seconds"].items():
+        table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%")
+    return table
+
+
+def knobs_table(plan: Plan):
+    from rich.table import Table
+
+    actor, rollout, model = plan.actor, plan.rollout, plan.model
+    rows = [
+        ("model", f"{model.name} ({model.arch.total_params / 1e9:.2f}B params, {model.arch.family})"),
+        ("cluster", f"{plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name} "
+                    f"({plan.cluster.gpu.memory_gib:g} GiB), host {plan.cluster.host_memory_gib:g} GiB/node"),
+        ("workload", f"{plan.algorithm.adv_estimator}: {plan.data.train_batch_size} prompts x n {rollout.n}, "
+                     f"prompt {plan.data.max_prompt_length} + response {plan.data.max_response_length} tokens, "
+                     f"mini batch {actor.ppo_mini_batch_size} prompts"),
+        ("LoRA", f"rank {model.lora.rank}, alpha {model.lora.alpha}" if model.lora.enabled else "off (full fine-tuning)"),
+        ("offload", f"params {actor.param_offload}, optimizer {actor.optimizer_offload}, "
+                    f"ref params {plan.ref.param_offload}"),
+        ("activations", f"checkpointing {model.gradient_checkpointing}, offload {model.activation_offload}, "
+                        f"remove padding {model.use_remove_padding}"),
+        ("micro batches", f"dynamic bsz, {actor.ppo_max_token_len_per_gpu} tokens/GPU (update), "
+                          f"{rollout.log_prob_max_token_len_per_gpu} (log-prob)" if actor.use_dynamic_bsz
+         else f"{actor.ppo_micro_batch_size_per_gpu} per GPU"),
+        ("parallel", f"Ulysses {actor.ulysses_sequence_parallel_size}, fsdp_size {actor.fsdp_size}"),
+        ("rollout", f"vLLM TP {rollout.tensor_model_parallel_size}, util {rollout.gpu_memory_utilization:.2f}, "
+                    f"max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens {rollout.max_num_batched_tokens}, "
+                    f"max_model_len {rollout.max_model_len}, sleep level {rollout.sleep_level}, "
+                    f"load_format {rollout.load_format}, layered_summon {rollout.layered_summon}"),
+    ]
+    table = Table(title="Plan", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def validation_tables(plan: Plan, profile: Profile, payload: dict[str, Any]) -> list[Any]:
+    out: list[Any] = [_verdict(payload)]
+    if payload["errors"] or payload["warnings"]:
+        out.append(violations_table(payload))
+    out.append(phase_table(payload, detailed=False))
+    return out
+
+
+def explain_tables(plan: Plan, profile: Profile) -> list[Any]:
+    payload = validation_json(plan, profile)
+    out: list[Any] = [knobs_table(plan), layout_table(payload), component_matrix(payload), host_table(payload),
+                      time_table(payload)]
+    rollout = payload["rollout"]
+    from rich.text import Text
+
+    out.append(Text(
+        f"KV cache per rank: {rollout['kv_cache_gib']:.2f} GiB = {rollout['kv_cache_tokens']} tokens, "
+        f"{rollout['max_concurrent_sequences']} full-length sequences at once (util "
+        f"{rollout['gpu_memory_utilization']:.2f})."))
+    for note in payload["notes"]:
+        out.append(Text(f"note: {note}", style="dim"))
+    if payload["errors"] or payload["warnings"]:
+        out.append(violations_table(payload))
+    out.append(_verdict(payload))
+    return out
+
+
+def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile) -> list[Any]:
+    from rich.text import Text
+
+    prediction = plan.prediction
+    assert prediction is not None
+    out: list[Any] = [knobs_table(plan)]
+    payload = validation_json(plan, profile)
+    out.append(phase_table(payload, detailed=False))
+    out.append(time_table(payload))
+    where = f"written to {output}" if output else "not written"
+    out.append(Text(
+        f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "
+        f"Peak {prediction.gpu_peak_gib:.2f} GiB per GPU, step ~{prediction.step_time_s:.1f} s.", style="bold green"))
+    return out
+
+
+def presets_json(kind: str) -> dict[str, Any]:
+    from rlplan.planner.presets import gpu_presets, model_presets
+
+    if kind == "gpus":
+        return {name: {"memory_gib": g.memory_gib, "bf16_tflops": g.bf16_tflops, "hbm_gbps": g.hbm_gbps,
+                       "pcie_gbps": g.pcie_gbps, "intranode_gbps": g.intranode_gbps}
+                for name, g in gpu_presets().items()}
+    return {name: {"params_b": round(p.arch.total_params / 1e9, 3),
+                   "active_params_b": round(p.arch.active_params / 1e9, 3),
+                   "family": p.arch.family, "repo_ids": list(p.repo_ids)}
+            for name, p in model_presets().items()}
+
+
+def preset_table(kind: str):
+    from rich.table import Table
+
+    data = presets_json(kind)
+    if kind == "gpus":
+        table = Table(title="GPU presets (--gpu)", title_justify="left")
+        for column in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "PCIe GB/s", "intra-node GB/s"):
+            table.add_column(column, justify="left" if column == "name" else "right")
+        for name, g in data.items():
+            table.add_row(name, f"{g['memory_gib']:g}", f"{g['bf16_tflops']:g}", f"{g['hbm_gbps']:g}",
+                          f"{g['pcie_gbps']:g}", f"{g['intranode_gbps']:g}")
+        return table
+    table = Table(title="Model presets (--model takes the name or any listed repo id)", title_justify="left")
+    for column in ("name", "family", "params B", "active B", "repo ids"):
+        table.add_column(column, justify="right" if "B" in column else "left")
+    for name, p in data.items():
+        active = f"{p['active_params_b']:.2f}" if p["active_params_b"] != p["params_b"] else ""
+        table.add_row(name, p["family"], f"{p['params_b']:.2f}", active, ", ".join(p["repo_ids"][:3])
+                      + (f" (+{len(p['repo_ids']) - 3})" if len(p["repo_ids"]) > 3 else ""))
+    return table

@@ -1,0 +1,142 @@
+"""The rlplan command line (planner/cli.py): exit codes, JSON shapes, one-paragraph errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlplan.planner.cli import app
+from rlplan.planner.planfile import plan_from_toml, plan_to_toml
+from tests.planner.plans import make_plan
+
+runner = CliRunner()
+
+SOLVE_7B = ["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--algo", "grpo",
+            "--prompt-len", "1024", "--response-len", "2048", "--train-batch-size", "256", "--n", "5"]
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def solved_plan(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("solve") / "plan.toml"
+    result = invoke(*SOLVE_7B, "-o", str(path))
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_solve_writes_a_plan_that_validates(solved_plan):
+    plan = plan_from_toml(solved_plan.read_text())
+    assert plan.prediction is not None and plan.prediction.step_time_s > 0
+    assert plan.rollout.max_model_len == 3072
+    result = invoke("validate", str(solved_plan))
+    assert result.exit_code == 0, result.output
+
+
+def test_validate_json_has_both_verdicts_and_every_phase(solved_plan):
+    result = invoke("validate", str(solved_plan), "--json")
+    payload = json.loads(result.output)
+    assert {"valid", "feasible", "errors", "warnings", "phases", "gpu_mem_gib", "host", "step_time_s"} <= set(payload)
+    assert payload["valid"] and payload["feasible"]
+    assert {"actor_update", "old_log_prob", "rollout", "weight_sync"} <= set(payload["phases"])
+    for phase in payload["phases"].values():
+        assert phase["peak_gib"] > 0 and phase["components"]
+
+
+def test_invalid_plan_exits_2_and_still_reports_feasibility(tmp_path):
+    plan = make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": 3})
+    path = tmp_path / "bad.toml"
+    path.write_text(plan_to_toml(plan))
+    result = invoke("validate", str(path), "--json")
+    assert result.exit_code == 2
+    payload = json.loads(result.output)
+    assert payload["valid"] is False
+    assert isinstance(payload["feasible"], bool)
+    assert payload["errors"][0]["rule"] and payload["errors"][0]["fix"]
+
+
+def test_valid_plan_that_does_not_fit_exits_1(tmp_path):
+    plan = make_plan(gpu_mem_gib=8.0, overrides={"rollout.gpu_memory_utilization": 0.5})
+    path = tmp_path / "oom.toml"
+    path.write_text(plan_to_toml(plan))
+    result = invoke("validate", str(path), "--json")
+    payload = json.loads(result.output)
+    assert payload["valid"] is True and payload["feasible"] is False
+    assert result.exit_code == 1
+
+
+def test_explain_prints_the_breakdown_tables(solved_plan):
+    result = invoke("explain", str(solved_plan))
+    assert result.exit_code == 0, result.output
+    for heading in ("Where memory goes", "Batch layout", "Step time estimate", "Host RAM per node"):
+        assert heading in result.output
+
+
+def test_infeasible_request_exits_1_and_names_the_smallest_change():
+    result = invoke("solve", "--model", "qwen2.5-72b", "--gpus", "1", "--gpu", "rtx4090-24g", "--prompt-len", "1024",
+                    "--response-len", "4096", "--lora", "off", "--json")
+    assert result.exit_code == 1, result.output
+    payload = json.loads(result.output)
+    assert payload["feasible"] is False
+    assert payload["binding"]
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["solve", "--model", "no-such-model", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "1",
+          "--response-len", "1"], "model"),
+        (["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h101", "--prompt-len", "1",
+          "--response-len", "1"], "gpu"),
+        (["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "1024",
+          "--response-len", "1024", "--train-batch-size", "-4"], "--train-batch-size"),
+        (["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "1024",
+          "--response-len", "1024", "--fix", "actor.param_ofload=true"], "actor.param_ofload"),
+        (["validate", "/nonexistent/plan.toml"], "plan"),
+    ],
+)
+def test_bad_input_is_one_paragraph_naming_the_field_with_exit_2(args, field):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert field in result.output
+    assert "Fix:" in result.output
+
+
+def test_malformed_toml_exits_2_without_traceback(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("[actor\nppo_mini_batch_size = ")
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2
+    assert "not valid TOML" in result.output
+
+
+def test_presets_list_models_and_gpus():
+    models = json.loads(invoke("presets", "models", "--json").output)
+    gpus = json.loads(invoke("presets", "gpus", "--json").output)
+    assert "qwen2.5-7b" in models and abs(models["qwen2.5-7b"]["params_b"] - 7.62) < 0.01
+    assert any(name.lower().startswith("h100") for name in gpus)
+
+
+def test_solve_respects_pinned_knobs(tmp_path):
+    path = tmp_path / "pinned.toml"
+    result = invoke(*SOLVE_7B, "--fix", "actor.param_offload=true", "--fix", "model.lora.rank=64", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    plan = plan_from_toml(path.read_text())
+    assert plan.actor.param_offload is True
+    assert plan.model.lora.rank == 64
+
+
+def test_planner_cli_imports_no_heavy_framework():
+    code = ("import sys, rlplan.planner.cli, rlplan.planner.solver, rlplan.planner.report; "
+            "print(sorted(m for m in ('torch','vllm','ray','transformers','peft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
