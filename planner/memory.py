@@ -1,0 +1,765 @@
+"""Per-GPU memory of every phase of a colocated verl step (FSDP2 trainer + vLLM rollout), and host RAM per node.
+
+The formulas are those of shared/reference/memory-model.md section 2, derived
+from the model's architecture (GQA KV width, tied embeddings, gated MLP width,
+MoE experts and active experts, vocabulary), never from a parameter count alone.
+A step runs these phases, each reported with its components:
+
+    weight_sync    trainer weights pushed into a waking vLLM (multi-stage wake: KV not yet resident)
+    rollout        vLLM generation inside util x GPU, beside what the trainer leaves on the GPU
+    old_log_prob   actor forward, no_grad
+    ref_log_prob   reference forward, no_grad (only when a KL term needs it)
+    critic_values  critic forward, no_grad (PPO/GAE only)
+    critic_update  critic training step (PPO/GAE only)
+    actor_update   actor training step: max(P_loss, P_bwd, P_opt)
+
+Every component has a scope.  "step" is what the phase itself allocates, the
+scope a PyTorch memory tracker measures (memory-model.md 3.6); "resident" is
+state other roles or the sleeping engine leave on the GPU; "overhead" is what
+no tracker sees: the CUDA context / NCCL budget and the fragmentation reserve.
+Component names are stable (the fidelity checks and `explain` key on them):
+
+    actor_params, actor_grads, actor_optimizer_state, optimizer_step_temporaries,
+    ref_params, critic_params, critic_grads, critic_optimizer_state,
+    activations                 saved activations (checkpointed layer inputs under AC)
+    layer_backward_workspace    one layer's activations recomputed / held in backward
+    loss_head_hidden            final norm and hidden state at the head, T x (8h + 4)
+    logits_head                 fp32 logits / log-softmax / entropy, c x T x V
+    forward_transients          layer-sized temporaries of a no_grad forward, T x (4h + 6I)
+    fsdp_all_gather_buffers     current + prefetched bf16 layer, 2 x 2 N_L
+    fsdp_reduce_scatter_buffer  fp32 gradient reduce-scatter input of one layer
+    root_group_unsharded        bf16 embedding (+ untied lm_head) gathered in late backward
+    vllm_weights, vllm_activation, vllm_non_torch, kv_cache, cuda_graph_pool,
+    vllm_context                what vLLM keeps on the GPU even asleep (context, NCCL)
+    weight_sync_gather          full tensors / buckets gathered to push into vLLM
+    cuda_context_and_nccl, fragmentation_reserve
+Host components (per node): actor_params_offloaded, actor_optimizer_offloaded,
+ref_params_offloaded, critic_params_offloaded, critic_optimizer_offloaded,
+activations_offloaded, vllm_sleep_weights, model_copy_shm, process_overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal, TypeVar
+
+from attrs import frozen
+
+from rlplan.planner.arch import Architecture
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
+from rlplan.planner.plan import Plan
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+
+GIB = 2**30
+MIB = 2**20
+
+Scope = Literal["step", "resident", "overhead"]
+T = TypeVar("T")
+
+
+@frozen
+class Component:
+    name: str
+    bytes: int
+    scope: Scope = "step"
+
+
+@frozen
+class PhaseMemory:
+    name: str
+    components: tuple[Component, ...]
+    # Which sub-phase set the peak (training: "loss", "backward" or "optimizer_step").
+    peak_at: str = ""
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(c.bytes for c in self.components)
+
+    def scope_bytes(self, scope: Scope) -> int:
+        return sum(c.bytes for c in self.components if c.scope == scope)
+
+    @property
+    def step_bytes(self) -> int:
+        """What this phase allocates itself: the total a PyTorch memory tracker reports."""
+        return self.scope_bytes("step")
+
+    def bytes_of(self, name: str) -> int:
+        return sum(c.bytes for c in self.components if c.name == name)
+
+    @property
+    def largest_component(self) -> Component:
+        return max(self.components, key=lambda c: c.bytes)
+
+
+@frozen
+class HostMemory:
+    """Host RAM one node needs (pinned offload copies, sleeping-engine weights, model files, processes)."""
+
+    components: tuple[Component, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.bytes for c in self.components)
+
+
+@frozen
+class BindingConstraint:
+    """The tightest limit: where, which component dominates there, and the headroom (negative: over by)."""
+
+    resource: Literal["gpu", "host", "kv_cache"]
+    where: str
+    component: str
+    headroom_bytes: int
+    capacity_bytes: int
+
+    @property
+    def relative_headroom(self) -> float:
+        return self.headroom_bytes / self.capacity_bytes if self.capacity_bytes else -math.inf
+
+
+@frozen
+class RolloutBudget:
+    """vLLM V1's KV sizing on one rank: requested = util x GPU, KV = requested - weights - activation - non-torch."""
+
+    requested_bytes: int
+    weights_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    kv_cache_bytes_per_token: int
+    block_size: int
+    max_model_len: int
+    sequence_length: int
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Negative when the weights and workspace alone exceed the budget (vLLM: 'No available memory')."""
+        return vllm_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.activation_bytes,
+                                   self.non_torch_bytes)
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return kv_tokens_from_bytes(self.kv_cache_bytes, self.kv_cache_bytes_per_token, self.block_size)
+
+    @property
+    def holds_max_model_len(self) -> bool:
+        """vLLM refuses to start unless num_blocks x block_size >= max_model_len."""
+        return self.kv_cache_tokens >= self.max_model_len
+
+    @property
+    def shortfall_tokens(self) -> int:
+        return max(0, self.max_model_len - self.kv_cache_tokens)
+
+    @property
+    def bytes_needed_for_max_model_len(self) -> int:
+        blocks = -(-self.max_model_len // self.block_size)
+        return blocks * self.block_size * self.kv_cache_bytes_per_token
+
+    @property
+    def max_concurrent_sequences(self) -> int:
+        """Full-length sequences (prompt + response) the cache holds at once, per replica."""
+        return self.kv_cache_tokens // self.sequence_length
+
+
+@frozen
+class MemoryReport:
+    phases: tuple[PhaseMemory, ...]
+    host: HostMemory
+    gpu_capacity_bytes: int
+    host_capacity_bytes: int
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    max_concurrent_sequences: int
+    rollout: RolloutBudget
+    notes: tuple[str, ...] = ()
+
+    def phase(self, name: str) -> PhaseMemory:
+        for phase in self.phases:
+            if phase.name == name:
+                return phase
+        raise KeyError(name)
+
+    @property
+    def peak_phase(self) -> PhaseMemory:
+        return max(self.phases, key=lambda p: p.peak_bytes)
+
+    @property
+    def gpu_peak_bytes(self) -> int:
+        return max(p.peak_bytes for p in self.phases)
+
+    @property
+    def kv_cache_holds_max_model_len(self) -> bool:
+        return self.rollout.holds_max_model_len
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.gpu_peak_bytes <= self.gpu_capacity_bytes and self.rollout.holds_max_model_len
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host.total_bytes <= self.host_capacity_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.gpu_capacity_bytes - self.gpu_peak_bytes
+
+    @property
+    def binding_constraint(self) -> BindingConstraint:
+        """The limit with the least headroom relative to its capacity."""
+        candidates = [
+            BindingConstraint("gpu", p.name, p.largest_component.name, self.gpu_capacity_bytes - p.peak_bytes,
+                              self.gpu_capacity_bytes)
+            for p in self.phases
+        ]
+        if self.host.components:
+            largest = max(self.host.components, key=lambda c: c.bytes)
+            candidates.append(BindingConstraint("host", "host", largest.name,
+                                                self.host_capacity_bytes - self.host.total_bytes,
+                                                self.host_capacity_bytes))
+        needed = self.rollout.bytes_needed_for_max_model_len
+        candidates.append(BindingConstraint("kv_cache", "rollout", "kv_cache", self.kv_cache_bytes - needed,
+                                            self.rollout.requested_bytes))
+        return min(candidates, key=lambda c: c.relative_headroom)
+
+
+# --- architecture facts -------------------------------------------------------
+
+
+@frozen
+class ModelFacts:
+    """Per-token and per-layer sizes of one architecture, derived once and cached."""
+
+    params: int
+    layer_params: int
+    layers: int
+    hidden: int
+    vocab: int
+    tied: bool
+    # Saved bytes per token summed over all layers without recompute, and the largest single layer.
+    activation_bytes_per_token: int
+    layer_activation_bytes_per_token: int
+    # No_grad forward temporaries per token, memory-model.md 2.5: 4h + 6I (I = active MLP width).
+    forward_transient_bytes_per_token: int
+    # Largest single weight tensor in elements (what one full_tensor() gathers at weight sync).
+    largest_tensor: int
+    critic_params: int
+    # Parameters of routed experts (decode reads only the experts a batch touches).
+    routed_expert_params: int
+
+
+def _layer_activation_bytes(arch: Architecture, mlp_width: int, routed: bool) -> int:
+    """Saved bytes per token of one HF decoder layer in bf16 with fp32 RMSNorm inputs (memory-model.md 2.2)."""
+    h = arch.hidden_size
+    nh = arch.num_attention_heads
+    # Each RMSNorm: fp32 input, fp32 rsqrt, bf16 normed and weighted outputs.
+    norms = arch.norms_per_layer * (8 * h + 4)
+    if arch.is_mla:
+        qk_head = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+        attention = 4 * nh * qk_head + 4 * nh * arch.v_head_dim + 2 * arch.kv_width + 2 * arch.q_lora_rank
+    else:
+        attention = 4 * arch.q_width + 4 * arch.kv_width
+    attention += 4 * nh
+    if arch.qk_norm:
+        attention += 6 * (arch.q_width + arch.kv_width)
+    mlp = 8 * mlp_width
+    if routed:
+        # fp32 router probabilities, and the hidden states permuted to and from the chosen experts.
+        mlp += 6 * arch.num_experts + 4 * arch.num_experts_per_token * h
+    return norms + attention + mlp
+
+
+# Caches keyed by architecture identity: the solver evaluates thousands of plans sharing one
+# Architecture, and hashing its thirty fields would cost more than the arithmetic it saves.
+_BY_ARCH: dict[tuple[int, object], tuple[Architecture, object]] = {}
+
+
+def _cached(arch: Architecture, key: object, compute: Callable[[], T]) -> T:
+    entry = _BY_ARCH.get((id(arch), key))
+    if entry is not None and entry[0] is arch:
+        return entry[1]  # type: ignore[return-value]
+    if len(_BY_ARCH) > 1024:
+        _BY_ARCH.clear()
+    value = compute()
+    _BY_ARCH[(id(arch), key)] = (arch, value)
+    return value
+
+
+def model_facts(arch: Architecture) -> ModelFacts:
+    return _cached(arch, None, lambda: _model_facts(arch))
+
+
+def _model_facts(arch: Architecture) -> ModelFacts:
+    h = arch.hidden_size
+    dense = _layer_activation_bytes(arch, arch.intermediate_size, routed=False)
+    active_moe_width = arch.num_experts_per_token * arch.moe_intermediate_size + arch.shared_expert_intermediate_size
+    moe = _layer_activation_bytes(arch, active_moe_width, routed=True) if arch.is_moe else 0
+    total = arch.num_dense_layers * dense + arch.num_moe_layers * moe
+    widest_mlp = active_moe_width if arch.num_moe_layers and not arch.num_dense_layers else arch.intermediate_size
+    largest_tensor = max(arch.vocab_size * h, arch.intermediate_size * h)
+    routed = 0
+    if arch.is_moe:
+        # transformers fuses each MoE layer's experts into one 3-D gate_up tensor.
+        largest_tensor = max(largest_tensor, arch.num_experts * 2 * arch.moe_intermediate_size * h)
+        routed = arch.num_moe_layers * arch.num_experts * 3 * h * arch.moe_intermediate_size
+    return ModelFacts(
+        params=arch.total_params,
+        layer_params=arch.largest_layer_params,
+        layers=arch.num_layers,
+        hidden=h,
+        vocab=arch.vocab_size,
+        tied=arch.tie_word_embeddings,
+        activation_bytes_per_token=total,
+        layer_activation_bytes_per_token=max(dense if arch.num_dense_layers else 0, moe),
+        forward_transient_bytes_per_token=4 * h + 6 * widest_mlp,
+        largest_tensor=largest_tensor,
+        critic_params=arch.total_params - arch.lm_head_params + h,
+        routed_expert_params=routed,
+    )
+
+
+def lora_params(plan: Plan) -> int:
+    lora = plan.model.lora
+    if not lora.enabled:
+        return 0
+    arch = plan.model.arch
+    targets = "all-linear" if lora.target_modules == ("all-linear",) else lora.target_modules
+    return _cached(arch, (lora.rank, targets), lambda: arch.lora_params(lora.rank, targets))
+
+
+# --- vLLM ---------------------------------------------------------------------
+
+
+def vllm_kv_cache_bytes(requested_bytes: float, weights_bytes: float, activation_bytes: float,
+                        non_torch_bytes: float) -> float:
+    """vLLM V1: KV = util x GPU - weights - profiled activation - non-torch (graphs come after, outside)."""
+    return requested_bytes - weights_bytes - activation_bytes - non_torch_bytes
+
+
+def kv_tokens_from_bytes(kv_cache_bytes: float, bytes_per_token: int, block_size: int = 16) -> int:
+    if kv_cache_bytes <= 0:
+        return 0
+    return int(kv_cache_bytes // (block_size * bytes_per_token)) * block_size
+
+
+def kv_cache_tokens(arch: Architecture, kv_cache_bytes: float, tensor_parallel_size: int, block_size: int = 16,
+                    dtype_bytes: int = 2) -> int:
+    """Tokens vLLM's cache holds on each rank: num_blocks = bytes // (block_size x per-token bytes)."""
+    per_token = arch.kv_cache_bytes_per_token(tensor_parallel_size, dtype_bytes)
+    return kv_tokens_from_bytes(kv_cache_bytes, per_token, block_size)
+
+
+def vllm_activation_bytes(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int,
+                          profile: Profile = DEFAULT_PROFILE) -> float:
+    """vLLM's profiled activation peak: dummy forward at max_num_batched_tokens plus the sampler dummy."""
+    return (
+        profile.vllm_activation_base_gib * GIB
+        + profile.vllm_activation_bytes_per_batched_token_hidden * max_num_batched_tokens * arch.hidden_size
+        + profile.vllm_sampler_bytes_per_seq_vocab * max_num_seqs * arch.vocab_size
+    )
+
+
+def vllm_non_torch_bytes(tensor_parallel_size: int, profile: Profile = DEFAULT_PROFILE) -> float:
+    gib = profile.vllm_non_torch_tp1_gib if tensor_parallel_size == 1 else profile.vllm_non_torch_tp_gib
+    return gib * GIB
+
+
+def rollout_max_model_len(plan: Plan) -> int:
+    """verl passes max_model_len, or prompt + response when it is unset."""
+    return plan.rollout.max_model_len or plan.data.max_sequence_length
+
+
+def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBudget:
+    """The vLLM budget of one rank; `holds_max_model_len` is vLLM's start-up rule the rules module reports."""
+    arch = plan.model.arch
+    rollout = plan.rollout
+    t = rollout.tensor_model_parallel_size
+    facts = model_facts(arch)
+    # verl starts vLLM with enable_lora, which holds one adapter at the plan's rank.
+    weights = 2 * (facts.params + lora_params(plan)) // t
+    return RolloutBudget(
+        requested_bytes=int(rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes),
+        weights_bytes=weights,
+        activation_bytes=int(vllm_activation_bytes(arch, rollout.max_num_batched_tokens, rollout.max_num_seqs,
+                                                   profile)),
+        non_torch_bytes=int(vllm_non_torch_bytes(t, profile)),
+        kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, 2),
+        block_size=profile.vllm_block_size,
+        max_model_len=rollout_max_model_len(plan),
+        sequence_length=plan.data.max_sequence_length,
+    )
+
+
+# --- trainer state ------------------------------------------------------------
+
+
+@frozen
+class TrainerState:
+    """Bytes per GPU of one role's sharded training state."""
+
+    params: float
+    grads: float
+    optimizer: float
+    optimizer_step: float
+    # fp32 reduce-scatter input of the largest layer's trainable parameters.
+    reduce_scatter: float
+
+
+def actor_state(plan: Plan, shard: int) -> TrainerState:
+    facts = model_facts(plan.model.arch)
+    n_lora = lora_params(plan)
+    if n_lora:
+        # bf16 frozen base + fp32 adapter with its grads and AdamW moments (memory-model.md 2.3, LoRA).
+        return TrainerState(params=(2 * facts.params + 4 * n_lora) / shard, grads=4 * n_lora / shard,
+                            optimizer=8 * n_lora / shard, optimizer_step=4 * n_lora / shard,
+                            reduce_scatter=4 * n_lora / facts.layers)
+    n = facts.params
+    return TrainerState(params=4 * n / shard, grads=4 * n / shard, optimizer=8 * n / shard,
+                        optimizer_step=4 * n / shard, reduce_scatter=4 * facts.layer_params)
+
+
+def critic_state(plan: Plan, shard: int) -> TrainerState:
+    facts = model_facts(plan.model.arch)
+    n = facts.critic_params
+    return TrainerState(params=4 * n / shard, grads=4 * n / shard, optimizer=8 * n / shard,
+                        optimizer_step=4 * n / shard, reduce_scatter=4 * facts.layer_params)
+
+
+def actor_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:
+    """verl's update computes entropy only when entropy_coeff != 0; chunking lowers it, checkpointing does not."""
+    actor = plan.actor
+    if actor.entropy_coeff == 0:
+        return profile.head_log_prob_bytes
+    if actor.entropy_from_logits_with_chunking:
+        return profile.head_chunked_entropy_bytes
+    return profile.head_entropy_bytes
+
+
+def training_components(
+    facts: ModelFacts,
+    state: TrainerState,
+    *,
+    tokens: int,
+    micro_batches_per_mini: int,
+    checkpointing: bool,
+    activation_offload: bool,
+    head_bytes_per_token_vocab: float,
+    root_group_bytes: float,
+    role: str,
+    profile: Profile = DEFAULT_PROFILE,
+) -> tuple[str, list[Component]]:
+    """max(P_loss, P_bwd, P_opt) of memory-model.md 2.3 for one FSDP2 training step, as components."""
+    t = tokens
+    layer_act = facts.layer_activation_bytes_per_token
+    kept_layers = min(facts.layers, profile.activation_offload_resident_layers)
+    if checkpointing:
+        per_layer = 2 * facts.hidden
+        saved = (kept_layers if activation_offload else facts.layers) * t * per_layer
+        saved_late = saved
+    else:
+        saved = kept_layers * t * layer_act if activation_offload else t * facts.activation_bytes_per_token
+        saved_late = t * layer_act
+    # Gradients persist across micro batches of gradient accumulation.
+    accumulating_grads = state.grads if micro_batches_per_mini >= 2 else 0.0
+    head = head_bytes_per_token_vocab * t * facts.vocab
+    hidden_at_head = t * (8 * facts.hidden + 4)
+    loss = state.params + state.optimizer + accumulating_grads + saved + hidden_at_head + head
+    gather = 4 * facts.layer_params
+    backward = (state.params + state.grads + state.optimizer + saved_late + t * layer_act + gather
+                + state.reduce_scatter + root_group_bytes)
+    optimizer_step = state.params + state.grads + state.optimizer + state.optimizer_step
+    params = Component(f"{role}_params", int(state.params))
+    optimizer = Component(f"{role}_optimizer_state", int(state.optimizer))
+    if loss >= backward and loss >= optimizer_step:
+        components = [params, optimizer]
+        if accumulating_grads:
+            components.append(Component(f"{role}_grads", int(accumulating_grads)))
+        components += [Component("activations", int(saved)), Component("loss_head_hidden", hidden_at_head)]
+        if head:
+            components.append(Component("logits_head", int(head)))
+        return "loss", components
+    grads = Component(f"{role}_grads", int(state.grads))
+    if backward >= optimizer_step:
+        return "backward", [
+            params, grads, optimizer,
+            Component("activations", int(saved_late)),
+            Component("layer_backward_workspace", t * layer_act),
+            Component("fsdp_all_gather_buffers", gather),
+            Component("fsdp_reduce_scatter_buffer", int(state.reduce_scatter)),
+            Component("root_group_unsharded", int(root_group_bytes)),
+        ]
+    return "optimizer_step", [params, grads, optimizer,
+                              Component("optimizer_step_temporaries", int(state.optimizer_step))]
+
+
+def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: str, tokens: int,
+                       head_bytes_per_token_vocab: float) -> list[Component]:
+    """A no_grad forward pass (memory-model.md 2.5): weights, gather buffers, transients, log-prob head."""
+    components = [
+        Component(params_name, int(params_bytes)),
+        Component("fsdp_all_gather_buffers", 4 * facts.layer_params),
+        Component("forward_transients", tokens * facts.forward_transient_bytes_per_token),
+    ]
+    if head_bytes_per_token_vocab:
+        components.append(Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab)))
+    return components
+
+
+# --- phases -------------------------------------------------------------------
+
+
+class _StepContext:
+    """What every phase of one plan shares; built once per predict_memory call."""
+
+    __slots__ = ("plan", "profile", "facts", "layout", "shard", "actor", "critic", "budget", "resident_by_role",
+                 "vllm_resident", "overhead_bytes")
+
+    def __init__(self, plan: Plan, profile: Profile, layout: PlanLayout) -> None:
+        self.plan = plan
+        self.profile = profile
+        self.facts = model_facts(plan.model.arch)
+        self.layout = layout
+        self.shard = max(1, layout.parallel.fsdp_shard_size)
+        self.actor = actor_state(plan, self.shard)
+        self.critic = critic_state(plan, self.shard) if plan.uses_critic else None
+        self.budget = rollout_budget(plan, profile)
+        self.overhead_bytes = int(profile.cuda_context_and_nccl_gib * GIB)
+        self.resident_by_role = self._resident_by_role()
+        self.vllm_resident = self._vllm_resident()
+
+    def _resident_by_role(self) -> dict[str, Component]:
+        """Trainer state left on the GPU while another phase runs, by name (verl offloads between phases)."""
+        plan = self.plan
+        resident: dict[str, Component] = {}
+        if not plan.actor.param_offload:
+            resident["actor_params"] = Component("actor_params", int(self.actor.params), "resident")
+        if not plan.actor.optimizer_offload:
+            resident["actor_optimizer_state"] = Component("actor_optimizer_state", int(self.actor.optimizer),
+                                                          "resident")
+        if plan.uses_reference and not plan.reference_is_actor and not plan.ref.param_offload:
+            resident["ref_params"] = Component(
+                "ref_params", self.profile.ref_param_bytes * self.facts.params // self.shard, "resident")
+        if self.critic is not None:
+            if not plan.critic.param_offload:
+                resident["critic_params"] = Component("critic_params", int(self.critic.params), "resident")
+            if not plan.critic.optimizer_offload:
+                resident["critic_optimizer_state"] = Component("critic_optimizer_state",
+                                                               int(self.critic.optimizer), "resident")
+        return resident
+
+    def _vllm_resident(self) -> list[Component]:
+        """vLLM's share of the GPU while the trainer runs: the sleep residue, or everything without sleep."""
+        profile = self.profile
+        components = [Component("vllm_context", int(profile.vllm_sleep_residual_gib * GIB), "resident")]
+        if not self.plan.rollout.enforce_eager:
+            components.append(Component("cuda_graph_pool", int(profile.cuda_graph_pool_gib * GIB), "resident"))
+        if not self.plan.rollout.free_cache_engine:
+            budget = self.budget
+            components += [
+                Component("vllm_weights", budget.weights_bytes, "resident"),
+                Component("vllm_activation", budget.activation_bytes, "resident"),
+                Component("vllm_non_torch", budget.non_torch_bytes, "resident"),
+                Component("kv_cache", max(0, budget.kv_cache_bytes), "resident"),
+            ]
+        return components
+
+    def phase(self, name: str, step: list[Component], *, loaded: tuple[str, ...], peak_at: str = "",
+              step_is_trainer: bool = True) -> PhaseMemory:
+        """A phase: its own components, the other roles' resident state, vLLM's share, and the overheads.
+
+        `loaded` names the resident state this phase has on the GPU as its own step components.
+        The fragmentation reserve covers the trainer's caching-allocator memory, not vLLM's pools.
+        """
+        resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
+        trainer_bytes = sum(c.bytes for c in resident)
+        components = step + resident
+        if step_is_trainer:
+            trainer_bytes += sum(c.bytes for c in step)
+            components += self.vllm_resident
+        components.append(Component("cuda_context_and_nccl", self.overhead_bytes, "overhead"))
+        components.append(
+            Component("fragmentation_reserve", int(self.profile.fragmentation_fraction * trainer_bytes), "overhead"))
+        return PhaseMemory(name, tuple(components), peak_at)
+
+
+def _actor_update(ctx: _StepContext) -> PhaseMemory:
+    plan, facts = ctx.plan, ctx.facts
+    role = ctx.layout.actor_update
+    peak_at, step = training_components(
+        facts,
+        ctx.actor,
+        tokens=role.tokens_per_micro_batch,
+        micro_batches_per_mini=role.micro_batches_per_mini,
+        checkpointing=plan.model.gradient_checkpointing,
+        activation_offload=plan.model.activation_offload,
+        head_bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, ctx.profile),
+        root_group_bytes=2 * facts.vocab * facts.hidden * (1 if facts.tied else 2),
+        role="actor",
+        profile=ctx.profile,
+    )
+    return ctx.phase("actor_update", step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
+
+
+def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout) -> PhaseMemory:
+    step = forward_components(ctx.facts, params_bytes=ctx.actor.params, params_name="actor_params",
+                              tokens=role.tokens_per_micro_batch,
+                              head_bytes_per_token_vocab=ctx.profile.head_forward_only_bytes)
+    return ctx.phase(name, step, loaded=("actor_params",))
+
+
+def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
+    if ctx.plan.reference_is_actor:
+        return _actor_forward(ctx, "ref_log_prob", role)
+    step = forward_components(ctx.facts, params_bytes=ctx.profile.ref_param_bytes * ctx.facts.params / ctx.shard,
+                              params_name="ref_params", tokens=role.tokens_per_micro_batch,
+                              head_bytes_per_token_vocab=ctx.profile.head_forward_only_bytes)
+    return ctx.phase("ref_log_prob", step, loaded=("ref_params",))
+
+
+def _critic_values(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
+    assert ctx.critic is not None
+    step = forward_components(ctx.facts, params_bytes=ctx.critic.params, params_name="critic_params",
+                              tokens=role.tokens_per_micro_batch, head_bytes_per_token_vocab=0.0)
+    return ctx.phase("critic_values", step, loaded=("critic_params",))
+
+
+def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
+    assert ctx.critic is not None
+    facts = ctx.facts
+    peak_at, step = training_components(
+        facts,
+        ctx.critic,
+        tokens=role.tokens_per_micro_batch,
+        micro_batches_per_mini=role.micro_batches_per_mini,
+        checkpointing=ctx.plan.critic.gradient_checkpointing,
+        activation_offload=False,
+        head_bytes_per_token_vocab=0.0,
+        # A value model keeps the embedding but has no lm_head.
+        root_group_bytes=2 * facts.vocab * facts.hidden,
+        role="critic",
+        profile=ctx.profile,
+    )
+    return ctx.phase("critic_update", step, loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
+
+
+def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -> int:
+    """What verl holds on the GPU at once to push weights into vLLM.
+
+    Full weights: one tensor's fp32 full_tensor() and its bf16 copy, plus one CUDA-IPC bucket.
+    LoRA with the base already loaded by vLLM (load_format != dummy) pushes adapters only: FSDP2
+    gathers them one tensor at a time, layered_summon one layer at a time (on FSDP1 with the layer's
+    base), and FSDP1's summon_full_params the whole model.  A dummy load format makes the first sync
+    push the bf16 base too.
+    """
+    n_lora = lora_params(plan)
+    full_bucket = min(bucket_bytes, 2 * facts.params)
+    if not n_lora:
+        return 6 * facts.largest_tensor + full_bucket
+    if plan.rollout.load_format == "dummy":
+        return 2 * facts.largest_tensor + full_bucket
+    arch = plan.model.arch
+    adapter_bucket = min(bucket_bytes, 2 * n_lora)
+    fsdp1 = plan.actor.strategy == "fsdp"
+    if plan.rollout.layered_summon:
+        layer_base = 2 * facts.layer_params if fsdp1 else 0
+        return layer_base + 6 * (n_lora // facts.layers) + adapter_bucket
+    if fsdp1:
+        return 2 * facts.params + 6 * n_lora + adapter_bucket
+    largest_adapter = plan.model.lora.rank * max(arch.hidden_size, arch.intermediate_size, arch.q_width)
+    return 6 * largest_adapter + adapter_bucket
+
+
+def _weight_sync(ctx: _StepContext) -> PhaseMemory:
+    budget = ctx.budget
+    rollout = ctx.plan.rollout
+    gather = weight_sync_gather_bytes(ctx.plan, ctx.facts, rollout.update_weights_bucket_megabytes * MIB)
+    step = [
+        Component("actor_params", int(ctx.actor.params)),
+        Component("weight_sync_gather", gather),
+    ]
+    phase = ctx.phase("weight_sync", step, loaded=("actor_params",))
+    if rollout.free_cache_engine:
+        # Multi-stage wake: vLLM's weights are resumed for the sync; its KV cache only afterwards.
+        extra = (Component("vllm_weights", budget.weights_bytes, "resident"),)
+        phase = PhaseMemory(phase.name, phase.components + extra, phase.peak_at)
+    return phase
+
+
+def _rollout(ctx: _StepContext) -> PhaseMemory:
+    budget = ctx.budget
+    profile = ctx.profile
+    step = [
+        Component("vllm_weights", budget.weights_bytes),
+        Component("vllm_activation", budget.activation_bytes),
+        Component("vllm_non_torch", budget.non_torch_bytes),
+        Component("kv_cache", max(0, budget.kv_cache_bytes)),
+        Component("vllm_context", int(profile.vllm_sleep_residual_gib * GIB)),
+    ]
+    if not ctx.plan.rollout.enforce_eager:
+        step.append(Component("cuda_graph_pool", int(profile.cuda_graph_pool_gib * GIB)))
+    return ctx.phase("rollout", step, loaded=(), step_is_trainer=False)
+
+
+def _host(ctx: _StepContext) -> HostMemory:
+    plan, facts, profile = ctx.plan, ctx.facts, ctx.profile
+    ranks = plan.cluster.gpus_per_node
+    components: list[Component] = []
+    if plan.actor.param_offload:
+        components.append(Component("actor_params_offloaded", int(ranks * ctx.actor.params)))
+    if plan.actor.optimizer_offload:
+        components.append(Component("actor_optimizer_offloaded", int(ranks * ctx.actor.optimizer)))
+    if plan.uses_reference and not plan.reference_is_actor and plan.ref.param_offload:
+        components.append(Component("ref_params_offloaded",
+                                    ranks * profile.ref_param_bytes * facts.params // ctx.shard))
+    if ctx.critic is not None:
+        if plan.critic.param_offload:
+            components.append(Component("critic_params_offloaded", int(ranks * ctx.critic.params)))
+        if plan.critic.optimizer_offload:
+            components.append(Component("critic_optimizer_offloaded", int(ranks * ctx.critic.optimizer)))
+    if plan.model.activation_offload:
+        tokens = ctx.layout.actor_update.tokens_per_micro_batch
+        offloaded_layers = max(0, facts.layers - profile.activation_offload_resident_layers)
+        per_layer = 2 * facts.hidden if plan.model.gradient_checkpointing else facts.layer_activation_bytes_per_token
+        components.append(Component("activations_offloaded", ranks * offloaded_layers * tokens * per_layer))
+    rollout = plan.rollout
+    if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
+        components.append(Component("vllm_sleep_weights", ranks * ctx.budget.weights_bytes))
+    if profile.shm_model_copies_per_node:
+        components.append(Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * facts.params))
+    components.append(Component("process_overhead", int(ranks * profile.host_process_gib_per_gpu * GIB)))
+    return HostMemory(tuple(components))
+
+
+def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanLayout | None = None) -> MemoryReport:
+    """Per-GPU peak of every phase, host RAM per node, and the rollout KV budget of one plan."""
+    layout = layout or plan_layout(plan)
+    ctx = _StepContext(plan, profile, layout)
+    phases = [_weight_sync(ctx), _rollout(ctx), _actor_forward(ctx, "old_log_prob", layout.old_log_prob)]
+    if layout.ref_log_prob is not None:
+        phases.append(_ref_forward(ctx, layout.ref_log_prob))
+    if ctx.critic is not None and layout.critic_values is not None and layout.critic_update is not None:
+        phases.append(_critic_values(ctx, layout.critic_values))
+        phases.append(_critic_update(ctx, layout.critic_update))
+    phases.append(_actor_update(ctx))
+    budget = ctx.budget
+    notes: list[str] = []
+    if budget.kv_cache_bytes <= 0:
+        notes.append("vLLM weights and workspace exceed gpu_memory_utilization x GPU: no room for a KV cache")
+    elif not budget.holds_max_model_len:
+        notes.append(f"the KV cache holds {budget.kv_cache_tokens} tokens, below max_model_len {budget.max_model_len}")
+    if plan.rollout.layered_summon and plan.rollout.sleep_level == 2 and plan.rollout.free_cache_engine:
+        notes.append("layered_summon forces vLLM sleep level 1: weights are copied to host RAM")
+    return MemoryReport(
+        phases=tuple(phases),
+        host=_host(ctx),
+        gpu_capacity_bytes=plan.cluster.gpu_memory_bytes,
+        host_capacity_bytes=plan.cluster.host_memory_bytes_per_node,
+        kv_cache_bytes=max(0, budget.kv_cache_bytes),
+        kv_cache_tokens=budget.kv_cache_tokens,
+        max_concurrent_sequences=budget.max_concurrent_sequences,
+        rollout=budget,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,151 @@
+"""The constants the memory and step-time models assume, in one named, editable place.
+
+Every number the models use that is not read from the plan (allocator margins,
+vLLM's profiled workspace, the loss-head coefficients, achieved MFU and
+bandwidth efficiencies) lives in `Profile`, each with the reason for its
+default.  A profile calibrated on a real cluster is a TOML file of these keys;
+`load_profile_toml` / `profile_to_toml` are pure text functions (the CLI reads
+and writes the files).
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from typing import Any
+
+import attrs
+import tomli_w
+from attrs import frozen
+
+from rlplan.planner.errors import PlanError
+
+
+def _check_range(low: float, high: float | None, *, open_low: bool = False):
+    def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
+        too_low = value <= low if open_low else value < low
+        if value != value or too_low or (high is not None and value > high):
+            bound = f"({low}, {high}]" if open_low else f"[{low}, {high if high is not None else 'inf'}]"
+            raise PlanError(
+                field=f"profile.{attribute.name}",
+                message=f"must lie in {bound}, got {value}.",
+                fix=f"set profile.{attribute.name} to a value in {bound}",
+            )
+
+    return check
+
+
+def _constant(default: float, why: str, low: float = 0.0, high: float | None = None, *, open_low: bool = False,
+              kind: type = float) -> Any:
+    return attrs.field(
+        default=default,
+        validator=_check_range(low, high, open_low=open_low),
+        converter=kind,
+        metadata={"why": why},
+    )
+
+
+@frozen(kw_only=True)
+class Profile:
+    """Calibration constants of the memory and step-time models (GiB = 2**30 bytes)."""
+
+    name: str = attrs.field(default="default", metadata={"why": "shown in explain and stored in a plan's prediction"})
+
+    # --- fixed per-GPU costs the CPU tracker cannot see (memory-model.md 2.8) ---
+    cuda_context_and_nccl_gib: float = _constant(
+        1.5, "CUDA context, cuBLAS workspace and NCCL buffers of the trainer process: 1-2 GiB per GPU", high=16.0)
+    fragmentation_fraction: float = _constant(
+        0.08, "caching-allocator reserve over allocated trainer memory: 5-15 % measured on GPUs", high=0.5)
+
+    # --- vLLM profile run (memory-model.md 2.6, llm-d G6-G8) ---
+    vllm_activation_base_gib: float = _constant(
+        0.03, "vLLM's profiled peak not explained by the two terms below (fit to llm-d G6/G7)", high=64.0)
+    vllm_activation_bytes_per_batched_token_hidden: float = _constant(
+        2.5, "dummy forward at max_num_batched_tokens: bytes per token x hidden (Qwen3-0.6B vs 32B, Llama 8B vs 70B)")
+    vllm_sampler_bytes_per_seq_vocab: float = _constant(
+        38.0, "sampler dummy at max_num_seqs x vocab: fp32 logits, probs and int64 sort indices; fits llm-d "
+              "Llama-3.1-8B 4.76, Qwen3 5.56-5.64, gpt-oss 7.38 GiB at 8192 tokens / 1024 seqs")
+    vllm_non_torch_tp1_gib: float = _constant(0.13, "non-torch memory vLLM profiles at TP 1 (llm-d G8)", high=16.0)
+    vllm_non_torch_tp_gib: float = _constant(
+        0.55, "non-torch memory at TP > 1: NCCL communicators and custom all-reduce buffers (llm-d G8)", high=16.0)
+    cuda_graph_pool_gib: float = _constant(
+        0.5, "CUDA-graph pool captured after the KV allocation, outside the budget and kept by sleep "
+             "(llm-d measured -0.9..+1.0 GiB)", high=16.0)
+    vllm_sleep_residual_gib: float = _constant(
+        1.0, "what a sleeping vLLM keeps per GPU: its context, NCCL and non-pool tensors (vLLM 0.13: 1.14 GB, G12)",
+        high=32.0)
+    vllm_block_size: int = _constant(16, "vLLM KV block size in tokens as verl launches it", low=1, kind=int)
+
+    # --- loss head, bytes per token x vocab (memory-model.md 2.4) ---
+    head_log_prob_bytes: float = _constant(16.0, "fp32 log-prob head with grad (verl update, entropy_coeff 0)")
+    head_entropy_bytes: float = _constant(28.0, "log-prob + full entropy with grad; entropy checkpointing does not "
+                                                "lower it (the peak is in the logsumexp backward)")
+    head_chunked_entropy_bytes: float = _constant(20.0, "log-prob + entropy chunked at 2048 rows, with grad")
+    head_forward_only_bytes: float = _constant(12.0, "no_grad log-prob + entropy (old-log-prob and ref passes)")
+
+    # --- trainer dtypes and layout facts verl does not expose per plan ---
+    ref_param_bytes: int = _constant(
+        4, "bytes per reference parameter: verl's fsdp.yaml sets model_dtype fp32 for the ref too (N8)", low=1, kind=int)
+    activation_offload_resident_layers: int = _constant(
+        2, "layers whose saved activations stay on the GPU under activation offload (in flight)", kind=int)
+    shm_model_copies_per_node: int = _constant(
+        1, "bf16 checkpoint copies per node in /dev/shm or page cache (use_shm, vLLM loading safetensors)", kind=int)
+    host_process_gib_per_gpu: float = _constant(
+        4.0, "host RSS of the trainer and rollout processes per GPU: CUDA/torch libraries, Python heaps")
+
+    # --- throughput (memory-model.md 2.9) ---
+    training_mfu: float = _constant(
+        0.35, "achieved MFU of FSDP training: torchtitan Llama-3.1-8B on H100 reaches 33-39 %", high=1.0, open_low=True)
+    prefill_mfu: float = _constant(
+        0.45, "achieved MFU of vLLM prefill: long dense GEMMs, no backward", high=1.0, open_low=True)
+    decode_hbm_efficiency: float = _constant(
+        0.7, "fraction of peak HBM bandwidth decode reaches reading weights and KV", high=1.0, open_low=True)
+    pcie_efficiency: float = _constant(
+        0.7, "fraction of PCIe bandwidth pinned host<->device copies reach", high=1.0, open_low=True)
+    collective_efficiency: float = _constant(
+        0.7, "fraction of link bandwidth NCCL all-gather / reduce-scatter reach", high=1.0, open_low=True)
+    tp_allreduce_latency_us: float = _constant(
+        10.0, "latency of one small tensor-parallel all-reduce in a decode step", high=10_000.0)
+
+    def why(self, key: str) -> str:
+        return attrs.fields_dict(type(self))[key].metadata["why"]
+
+
+DEFAULT_PROFILE = Profile()
+
+_KEYS = tuple(a.name for a in attrs.fields(Profile))
+
+
+def load_profile_toml(text: str, source: str = "profile.toml") -> Profile:
+    """A Profile from TOML text: top-level keys (or a [profile] table); missing keys keep their defaults."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(field="profile", message=f"{source} is not valid TOML: {exc}.",
+                        fix="fix the TOML syntax at the position given") from None
+    if set(data) == {"profile"} and isinstance(data["profile"], dict):
+        data = data["profile"]
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in _KEYS:
+            nearest = difflib.get_close_matches(key, _KEYS, n=1)
+            hint = f"did you mean `{nearest[0]}`?" if nearest else f"valid keys: {', '.join(_KEYS)}"
+            raise PlanError(field=f"profile.{key}", message=f"is not a profile key in {source}.", fix=hint)
+        expected = str if key == "name" else (int if isinstance(getattr(DEFAULT_PROFILE, key), int) else float)
+        if isinstance(value, bool) or not isinstance(value, (str,) if expected is str else (int, float)) or (
+            expected is int and isinstance(value, float) and not value.is_integer()
+        ):
+            raise PlanError(field=f"profile.{key}", message=f"expected {expected.__name__}, got {value!r}.",
+                            fix=f"set profile.{key} to a {expected.__name__}, e.g. {getattr(DEFAULT_PROFILE, key)!r}")
+        values[key] = value
+    return Profile(**values)
+
+
+def profile_to_toml(profile: Profile) -> str:
+    """TOML text of every key, each preceded by the reason for its value; load_profile_toml reads it back exactly."""
+    lines = []
+    for attribute in attrs.fields(Profile):
+        value = getattr(profile, attribute.name)
+        lines.append(f"# {attribute.metadata['why']}")
+        lines.append(tomli_w.dumps({attribute.name: value}).rstrip("\n"))
+    return "\n".join(lines) + "\n"
