@@ -1,0 +1,176 @@
+"""The solver (planner/solver.py): its plans validate, fit, and match brute force on small spaces."""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.plan import ModelSection
+from rlplan.planner.presets import resolve_model
+from rlplan.planner.rules import check_plan
+from rlplan.planner.solver import (
+    SolveRequest,
+    apply_training_choice,
+    skeleton_plan,
+    solve,
+    tensor_parallel_options,
+    training_choices,
+)
+from rlplan.planner.steptime import predict_step_time
+
+MODELS = {name: resolve_model(name) for name in ("qwen2.5-0.5b", "qwen2.5-7b", "llama-3.1-8b", "qwen3-8b")}
+
+
+def request_for(model: str, *, gpus: int, gpu_mem: float, prompt: int, response: int, batch: int, n: int,
+                lora="auto", pins=None, algorithm: str = "grpo") -> SolveRequest:
+    resolved = MODELS[model]
+    per_node = min(gpus, 8)
+    return SolveRequest(
+        model=ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch),
+        cluster=Cluster(gpu=GpuSpec(name="test", memory_gib=gpu_mem), nodes=gpus // per_node, gpus_per_node=per_node),
+        prompt_len=prompt, response_len=response, train_batch_size=batch, n=n, lora=lora, pins=pins or {},
+        algorithm=algorithm,
+    )
+
+
+@st.composite
+def requests(draw):
+    gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    n = draw(st.sampled_from([2, 4, 5, 8]))
+    # Whole sequences per GPU, so the request is divisible on this cluster and on twice as many GPUs.
+    batch = 2 * gpus * draw(st.integers(1, 16))
+    return request_for(
+        draw(st.sampled_from(sorted(MODELS))),
+        gpus=gpus,
+        gpu_mem=draw(st.sampled_from([24.0, 40.0, 80.0, 141.0])),
+        prompt=draw(st.sampled_from([256, 512, 1024, 2048])),
+        response=draw(st.sampled_from([256, 1024, 2048, 4096, 8192])),
+        batch=batch,
+        n=n,
+        lora=draw(st.sampled_from(["auto", "off", 32])),
+        algorithm=draw(st.sampled_from(["grpo", "gae"])),
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_solver_plans_always_validate_and_fit(request):
+    result = solve(request)
+    if result.best is None:
+        assert result.diagnosis is not None and result.diagnosis.message
+        return
+    plan = result.plan
+    assert check_plan(plan).valid, [v.message for v in check_plan(plan).errors]
+    report = predict_memory(plan, request.profile)
+    assert report.fits and report.rollout.holds_max_model_len
+    assert plan.rollout.max_model_len is not None
+    assert plan.prediction is not None
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_more_gpus_or_more_memory_never_turn_a_feasible_request_infeasible(request):
+    if solve(request).best is None:
+        return
+    more_gpus = attrs.evolve(request, cluster=attrs.evolve(
+        request.cluster, nodes=request.cluster.nodes * 2) if request.cluster.world_size >= 8 else attrs.evolve(
+        request.cluster, gpus_per_node=request.cluster.gpus_per_node * 2))
+    more_memory = attrs.evolve(request, cluster=attrs.evolve(
+        request.cluster, gpu=attrs.evolve(request.cluster.gpu, memory_gib=request.cluster.gpu.memory_gib * 1.5)))
+    assert solve(more_gpus).best is not None
+    assert solve(more_memory).best is not None
+
+
+def brute_force(request: SolveRequest):
+    """Every discrete choice x TP x token budget x utilization on a grid; the fastest feasible plan."""
+    skeleton = skeleton_plan(request, request.response_len)
+    sequence = skeleton.data.max_sequence_length
+    best = None
+    budgets = range(sequence, 8 * sequence + 1, 256)
+    for choice in training_choices(request, sequence):
+        if not (choice.gradient_checkpointing and not choice.activation_offload and not choice.ref_param_offload):
+            continue  # the pins of the small space below
+        base = apply_training_choice(skeleton, choice, request)
+        for tp, actor_budget, log_prob_budget, util in itertools.product(
+            tensor_parallel_options(request.model.arch, request.cluster), budgets, budgets,
+            [u / 100 for u in range(10, 91, 5)],
+        ):
+            plan = base.evolve(
+                actor=attrs.evolve(base.actor, ppo_max_token_len_per_gpu=actor_budget),
+                rollout=attrs.evolve(base.rollout, tensor_model_parallel_size=tp, gpu_memory_utilization=util,
+                                     log_prob_max_token_len_per_gpu=log_prob_budget,
+                                     max_num_seqs=request.train_batch_size * request.n),
+            )
+            report = predict_memory(plan, request.profile)
+            if not (report.fits and report.rollout.holds_max_model_len and check_plan(plan).valid):
+                continue
+            seconds = predict_step_time(plan, report, request.profile).total_seconds
+            if best is None or seconds < best:
+                best = seconds
+    return best
+
+
+@pytest.mark.parametrize("gpu_mem", [7.0, 8.0, 9.0, 24.0])
+def test_solver_finds_the_brute_force_optimum_on_a_small_space(gpu_mem):
+    pins = {"model.gradient_checkpointing": True, "model.activation_offload": False, "ref.param_offload": False}
+    request = request_for("qwen2.5-0.5b", gpus=2, gpu_mem=gpu_mem, prompt=128, response=128, batch=8, n=2,
+                          lora="off", pins=pins)
+    result = solve(request)
+    optimum = brute_force(request)
+    if optimum is None:
+        assert result.best is None
+        return
+    assert result.best is not None
+    # The solver takes each budget and the utilization as large as fits, on finer grids than the brute force.
+    assert result.best.step_time.total_seconds <= optimum * (1 + 1e-9)
+
+
+def test_infeasible_request_names_the_binding_constraint_and_a_change_that_fits():
+    request = request_for("qwen2.5-7b", gpus=1, gpu_mem=24.0, prompt=1024, response=8192, batch=8, n=4, lora="off")
+    result = solve(request)
+    assert result.best is None
+    diagnosis = result.diagnosis
+    assert diagnosis.binding
+    assert diagnosis.suggestions, diagnosis.message
+    change = diagnosis.suggestions[0].change
+    assert change.split()[0] in {"--gpus", "--gpu", "--response-len", "--train-batch-size", "--lora"}
+
+
+def test_max_response_len_finds_the_longest_response_that_fits():
+    request = attrs.evolve(
+        request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=1024, batch=64, n=4),
+        response_len=None, max_response_len=65536 - 1024,
+    )
+    result = solve(request)
+    assert result.best is not None
+    longest = result.plan.data.max_response_length
+    assert longest % 256 == 0 or longest == 65536 - 1024
+    beyond = attrs.evolve(request, response_len=longest + 256, max_response_len=None)
+    if longest + 256 + 1024 <= MODELS["qwen2.5-7b"].arch.max_position_embeddings:
+        assert solve(beyond).best is None
+
+
+def test_lora_auto_prefers_full_fine_tuning_when_it_fits():
+    result = solve(request_for("qwen2.5-0.5b", gpus=8, gpu_mem=80.0, prompt=512, response=512, batch=64, n=4))
+    assert result.plan.model.lora.rank == 0
+
+
+def test_lora_auto_falls_back_to_a_rank_of_at_least_32():
+    result = solve(request_for("qwen2.5-7b", gpus=1, gpu_mem=80.0, prompt=512, response=1024, batch=16, n=4))
+    assert result.best is not None
+    assert result.plan.model.lora.rank >= 32
+    assert result.plan.rollout.sleep_level == 1
+    assert result.plan.rollout.load_format == "safetensors"
+
+
+def test_bad_request_is_a_plan_error():
+    with pytest.raises(PlanError) as caught:
+        request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=-1, batch=8, n=4)
+    assert caught.value.field == "--response-len"
