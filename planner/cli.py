@@ -173,7 +173,8 @@ def solve(
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.planner.presets import custom_gpu, resolve_gpu
     from rlplan.planner.report import solve_summary
-    from rlplan.planner.solver import SolveRequest, solve as run_solver
+    from rlplan.planner.solver import SolveRequest
+    from rlplan.planner.solver import solve as run_solver
 
     base = load_plan(from_plan) if from_plan else None
     if model is None and base is None:
