@@ -514,8 +514,8 @@ def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: s
 class _StepContext:
     """What every phase of one plan shares; built once per predict_memory call."""
 
-    __slots__ = ("plan", "profile", "facts", "layout", "shard", "actor", "critic", "budget", "resident_by_role",
-                 "vllm_resident", "overhead_bytes")
+    __slots__ = ("plan", "profile", "facts", "layout", "shard", "actor", "critic", "_budget", "resident_by_role",
+                 "_vllm_resident", "overhead")
 
     def __init__(self, plan: Plan, profile: Profile, layout: PlanLayout) -> None:
         self.plan = plan
@@ -525,10 +525,22 @@ class _StepContext:
         self.shard = max(1, layout.parallel.fsdp_shard_size)
         self.actor = actor_state(plan, self.shard)
         self.critic = critic_state(plan, self.shard) if plan.uses_critic else None
-        self.budget = rollout_budget(plan, profile)
-        self.overhead_bytes = int(profile.cuda_context_and_nccl_gib * GIB)
+        self._budget: RolloutBudget | None = None
+        self._vllm_resident: list[Component] | None = None
+        self.overhead = Component("cuda_context_and_nccl", int(profile.cuda_context_and_nccl_gib * GIB), "overhead")
         self.resident_by_role = self._resident_by_role()
-        self.vllm_resident = self._vllm_resident()
+
+    @property
+    def budget(self) -> RolloutBudget:
+        if self._budget is None:
+            self._budget = rollout_budget(self.plan, self.profile)
+        return self._budget
+
+    @property
+    def vllm_resident(self) -> list[Component]:
+        if self._vllm_resident is None:
+            self._vllm_resident = self._vllm_components()
+        return self._vllm_resident
 
     def _resident_by_role(self) -> dict[str, Component]:
         """Trainer state left on the GPU while another phase runs, by name (verl offloads between phases)."""
@@ -550,7 +562,7 @@ class _StepContext:
                                                                int(self.critic.optimizer), "resident")
         return resident
 
-    def _vllm_resident(self) -> list[Component]:
+    def _vllm_components(self) -> list[Component]:
         """vLLM's share of the GPU while the trainer runs: the sleep residue, or everything without sleep."""
         profile = self.profile
         components = [Component("vllm_context", int(profile.vllm_sleep_residual_gib * GIB), "resident")]
@@ -567,7 +579,7 @@ class _StepContext:
         return components
 
     def phase(self, name: str, step: list[Component], *, loaded: tuple[str, ...], peak_at: str = "",
-              step_is_trainer: bool = True) -> PhaseMemory:
+              step_is_trainer: bool = True, vllm_extra: tuple[Component, ...] = ()) -> PhaseMemory:
         """A phase: its own components, the other roles' resident state, vLLM's share, and the overheads.
 
         `loaded` names the resident state this phase has on the GPU as its own step components.
@@ -579,7 +591,8 @@ class _StepContext:
         if step_is_trainer:
             trainer_bytes += sum(c.bytes for c in step)
             components += self.vllm_resident
-        components.append(Component("cuda_context_and_nccl", self.overhead_bytes, "overhead"))
+        components += vllm_extra
+        components.append(self.overhead)
         components.append(
             Component("fragmentation_reserve", int(self.profile.fragmentation_fraction * trainer_bytes), "overhead"))
         return PhaseMemory(name, tuple(components), peak_at)
@@ -673,19 +686,16 @@ def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -
 
 
 def _weight_sync(ctx: _StepContext) -> PhaseMemory:
-    budget = ctx.budget
     rollout = ctx.plan.rollout
     gather = weight_sync_gather_bytes(ctx.plan, ctx.facts, rollout.update_weights_bucket_megabytes * MIB)
     step = [
         Component("actor_params", int(ctx.actor.params)),
         Component("weight_sync_gather", gather),
     ]
-    phase = ctx.phase("weight_sync", step, loaded=("actor_params",))
-    if rollout.free_cache_engine:
-        # Multi-stage wake: vLLM's weights are resumed for the sync; its KV cache only afterwards.
-        extra = (Component("vllm_weights", budget.weights_bytes, "resident"),)
-        phase = PhaseMemory(phase.name, phase.components + extra, phase.peak_at)
-    return phase
+    # Multi-stage wake: vLLM's weights are resumed for the sync, its KV cache only afterwards.
+    # Without sleep, the whole vLLM budget is already among the resident components.
+    woken = (Component("vllm_weights", ctx.budget.weights_bytes, "resident"),) if rollout.free_cache_engine else ()
+    return ctx.phase("weight_sync", step, loaded=("actor_params",), vllm_extra=woken)
 
 
 def _rollout(ctx: _StepContext) -> PhaseMemory:
@@ -733,17 +743,37 @@ def _host(ctx: _StepContext) -> HostMemory:
     return HostMemory(tuple(components))
 
 
+def _step_phases(ctx: _StepContext) -> dict[str, Callable[[], PhaseMemory]]:
+    """The phases this plan's step runs, in order, each built on demand."""
+    layout = ctx.layout
+    phases: dict[str, Callable[[], PhaseMemory]] = {
+        "weight_sync": lambda: _weight_sync(ctx),
+        "rollout": lambda: _rollout(ctx),
+        "old_log_prob": lambda: _actor_forward(ctx, "old_log_prob", layout.old_log_prob),
+    }
+    ref, values, update = layout.ref_log_prob, layout.critic_values, layout.critic_update
+    if ref is not None:
+        phases["ref_log_prob"] = lambda: _ref_forward(ctx, ref)
+    if ctx.critic is not None and values is not None and update is not None:
+        phases["critic_values"] = lambda: _critic_values(ctx, values)
+        phases["critic_update"] = lambda: _critic_update(ctx, update)
+    phases["actor_update"] = lambda: _actor_update(ctx)
+    return phases
+
+
+def predict_phase(plan: Plan, name: str, profile: Profile = DEFAULT_PROFILE,
+                  layout: PlanLayout | None = None) -> PhaseMemory:
+    """One phase of predict_memory alone, for searches that bisect one phase's knob."""
+    builders = _step_phases(_StepContext(plan, profile, layout or plan_layout(plan)))
+    if name not in builders:
+        raise KeyError(f"{name!r} is not a phase of this plan's step: {', '.join(builders)}")
+    return builders[name]()
+
+
 def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanLayout | None = None) -> MemoryReport:
     """Per-GPU peak of every phase, host RAM per node, and the rollout KV budget of one plan."""
-    layout = layout or plan_layout(plan)
-    ctx = _StepContext(plan, profile, layout)
-    phases = [_weight_sync(ctx), _rollout(ctx), _actor_forward(ctx, "old_log_prob", layout.old_log_prob)]
-    if layout.ref_log_prob is not None:
-        phases.append(_ref_forward(ctx, layout.ref_log_prob))
-    if ctx.critic is not None and layout.critic_values is not None and layout.critic_update is not None:
-        phases.append(_critic_values(ctx, layout.critic_values))
-        phases.append(_critic_update(ctx, layout.critic_update))
-    phases.append(_actor_update(ctx))
+    ctx = _StepContext(plan, profile, layout or plan_layout(plan))
+    phases = [build() for build in _step_phases(ctx).values()]
     budget = ctx.budget
     notes: list[str] = []
     if budget.kv_cache_bytes <= 0:

@@ -122,8 +122,8 @@ def _update_pass(plan: Plan, role: RoleBatchLayout, rates: _Rates, shard: int, p
     if not critic and plan.model.activation_offload:
         offloaded_layers = max(0, facts.layers - profile.activation_offload_resident_layers)
         per_token = 2 * facts.hidden if checkpointing else facts.layer_activation_bytes_per_token
-        offloaded = offloaded_layers * role.tokens_per_micro_batch * per_token
-        seconds += role.micro_batches_per_step * 2.0 * offloaded / rates.pcie
+        # Every token's saved activations go to the host in forward and come back in backward.
+        seconds += 2.0 * offloaded_layers * per_token * tokens / rates.pcie
     return seconds
 
 

@@ -79,9 +79,12 @@ def test_gradient_checkpointing_is_slower_per_token_but_fits_bigger_micro_batche
 
 
 @settings(max_examples=40, deadline=None)
-@given(base=knobs(), micro=st.sampled_from([1, 2, 4, 8]), gpus=st.sampled_from([8, 16, 32]))
+@given(base=knobs(), micro=st.sampled_from([1, 2, 4, 8]), gpus=st.sampled_from([8, 16]))
 def test_smaller_micro_batches_never_make_an_update_faster(base, micro, gpus):
-    """Each micro batch re-gathers the weights; fewer, bigger ones amortise the collectives."""
+    """Each micro batch re-gathers the weights; fewer, bigger ones amortise the collectives.
+
+    256 prompts x 4 over at most 16 GPUs leave >= 16 sequences per mini batch, so 2 x micro divides it.
+    """
     def update_seconds(size):
         plan = make_plan(gpus=gpus, overrides={**base, "actor.ppo_micro_batch_size_per_gpu": size,
                                                "data.train_batch_size": 256, "actor.ppo_mini_batch_size": 64})
