@@ -36,7 +36,7 @@ def _coerce(value: Any, hint: Any, dotted: str) -> Any:
 
 def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
     if not attrs.has(type(obj)):
-        raise PlanError(field=dotted, message="is not a plan key.", fix="see `rlplan explain --keys`")
+        raise PlanError(field=dotted, message="goes below a plain value; only leaf keys can be pinned.", fix="pin a leaf key such as actor.param_offload or model.lora.rank")
     names = {f.name for f in attrs.fields(type(obj))}
     head = path[0]
     if head not in names:
