@@ -36,6 +36,12 @@ Component names are stable (the fidelity checks and `explain` key on them):
 Host components (per node): actor_params_offloaded, actor_optimizer_offloaded,
 ref_params_offloaded, critic_params_offloaded, critic_optimizer_offloaded,
 activations_offloaded, vllm_sleep_weights, model_copy_shm, process_overhead.
+
+Entry points: `predict_memory` (every phase, host, KV budget), `predict_phase` (one
+phase, for searches that bisect one knob), `rollout_budget` (vLLM's KV sizing and its
+start-up rule `holds_max_model_len`), `kv_cache_tokens` and `vllm_kv_cache_bytes`.
+The constants (allocator margins, vLLM workspace fit, head coefficients) come from
+the `Profile`, never from literals here.
 """
 
 from __future__ import annotations

@@ -169,11 +169,12 @@ def weight_sync_seconds(plan: Plan, rates: _Rates, shard: int) -> float:
     t = rollout.tensor_model_parallel_size
     n_lora = lora_params(plan)
     bandwidth = rates.collective(shard)
-    if n_lora and rollout.load_format != "dummy":
+    if n_lora:
+        # Once vLLM holds the base (loaded itself, or pushed at the first sync with a dummy format),
+        # each step pushes the fp32 adapter only.
         seconds = ring_seconds(4.0 * n_lora, shard, bandwidth) + 2.0 * n_lora / t / rates.hbm
     else:
-        param_bytes = 2.0 if n_lora else 4.0
-        seconds = ring_seconds(param_bytes * facts.params, shard, bandwidth) + 2.0 * facts.params / t / rates.hbm
+        seconds = ring_seconds(4.0 * facts.params, shard, bandwidth) + 2.0 * facts.params / t / rates.hbm
     if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
         # Level 1 copies vLLM's weights to host at sleep and back at wake.
         seconds += 2 * 2.0 * (facts.params + n_lora) / t / rates.pcie

@@ -22,6 +22,7 @@ from rlplan.planner.memory import (
     kv_cache_tokens,
     model_facts,
     predict_memory,
+    predict_phase,
     rollout_budget,
     vllm_activation_bytes,
     vllm_kv_cache_bytes,
@@ -100,6 +101,8 @@ TRACKER_ROWS = [
     ("qwen2.5-7b ws4 4k AC", lambda: tracker_plan(QWEN25_7B, ws=4), 36314, 36314),
     ("qwen2.5-7b ws8 4k AC LoRA r32", lambda: tracker_plan(QWEN25_7B, lora_rank=32), 9957, 9955),
     ("llama-3-8b ws8 4k AC", lambda: tracker_plan(LLAMA3_8B), 20152, 20793),
+    # Measured with a root-only wrap; its peak is at the loss, where the wrap does not matter (4, G13 cross-check).
+    ("qwen2.5-7b ws8 16k AC", lambda: tracker_plan(QWEN25_7B, seq=16384), 42999, 42990),
     ("qwen2.5-0.5b ws8 4k AC", lambda: tracker_plan(QWEN25_05B), 8026, 8025),
 ]
 
@@ -443,3 +446,13 @@ def test_gradient_checkpointing_lets_a_bigger_micro_batch_fit():
 def test_memory_prediction_takes_a_precomputed_layout():
     plan = make_plan()
     assert predict_memory(plan, layout=plan_layout(plan)) == predict_memory(plan)
+
+
+def test_one_phase_alone_equals_that_phase_of_the_full_report():
+    plan = make_plan(overrides={"actor.use_kl_loss": True, "algorithm.adv_estimator": "gae",
+                                "critic.ppo_micro_batch_size_per_gpu": 2})
+    report = predict_memory(plan)
+    for phase in report.phases:
+        assert predict_phase(plan, phase.name) == phase
+    with pytest.raises(KeyError, match="critic_update"):
+        predict_phase(make_plan(), "critic_update")
