@@ -140,8 +140,8 @@ class RolloutBudget:
     @property
     def kv_cache_bytes(self) -> int:
         """Negative when the weights and workspace alone exceed the budget (vLLM: 'No available memory')."""
-        return vllm_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.activation_bytes,
-                                   self.non_torch_bytes)
+        return int(vllm_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.activation_bytes,
+                                       self.non_torch_bytes))
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -255,6 +255,12 @@ class ModelFacts:
     critic_params: int
     # Parameters of routed experts (decode reads only the experts a batch touches).
     routed_expert_params: int
+    # Forward FLOPs per token: matmuls, plus attention per token of context (arch.forward_flops_per_token).
+    matmul_flops_per_token: float
+    attention_flops_per_context_token: float
+
+    def forward_flops_per_token(self, context_len: float) -> float:
+        return self.matmul_flops_per_token + self.attention_flops_per_context_token * context_len
 
 
 def _layer_activation_bytes(arch: Architecture, mlp_width: int, routed: bool) -> int:
@@ -324,6 +330,8 @@ def _model_facts(arch: Architecture) -> ModelFacts:
         largest_tensor=largest_tensor,
         critic_params=arch.total_params - arch.lm_head_params + h,
         routed_expert_params=routed,
+        matmul_flops_per_token=arch.forward_flops_per_token(0),
+        attention_flops_per_context_token=arch.forward_flops_per_token(1) - arch.forward_flops_per_token(0),
     )
 
 
@@ -592,10 +600,9 @@ class _StepContext:
         The fragmentation reserve covers the trainer's caching-allocator memory, not vLLM's pools.
         """
         resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
-        trainer_bytes = sum(c.bytes for c in resident)
         components = step + resident
+        trainer_bytes = sum([c.bytes for c in components]) if step_is_trainer else sum([c.bytes for c in resident])
         if step_is_trainer:
-            trainer_bytes += sum(c.bytes for c in step)
             components += self.vllm_resident
         components += vllm_extra
         components.append(self.overhead)

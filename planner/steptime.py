@@ -87,7 +87,7 @@ def _tokens_per_gpu(role: RoleBatchLayout) -> float:
 
 def _training_flops_per_token(plan: Plan, facts: ModelFacts, critic: bool) -> float:
     """Forward FLOPs per token at the average causal context of a full sequence."""
-    flops = plan.model.arch.forward_flops_per_token(plan.data.max_sequence_length // 2)
+    flops = facts.forward_flops_per_token(plan.data.max_sequence_length // 2)
     if critic:
         # A value head replaces the vocabulary projection.
         flops -= 2.0 * facts.vocab * facts.hidden
@@ -137,7 +137,7 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
     prompt, response = plan.data.max_prompt_length, plan.data.max_response_length
     sequences = plan.data.train_batch_size * rollout.n / replicas
     prompts = plan.data.train_batch_size / replicas if rollout.enable_prefix_caching else sequences
-    prefill = prompts * prompt * arch.forward_flops_per_token(prompt // 2) / (t * rates.prefill_flops)
+    prefill = prompts * prompt * facts.forward_flops_per_token(prompt // 2) / (t * rates.prefill_flops)
 
     concurrency = max(1.0, min(float(rollout.max_num_seqs), float(memory.max_concurrent_sequences),
                                math.ceil(sequences)))
@@ -150,7 +150,7 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
     weights = 2.0 * weight_params / t
     kv = concurrency * context * arch.kv_cache_bytes_per_token(t, 2)
     memory_seconds = (weights + kv) / rates.hbm
-    compute_seconds = concurrency * arch.forward_flops_per_token(int(context)) / (t * rates.prefill_flops)
+    compute_seconds = concurrency * facts.forward_flops_per_token(int(context)) / (t * rates.prefill_flops)
     step = max(memory_seconds, compute_seconds)
     if t > 1:
         # Two all-reduces of the running batch's hidden states per layer.

@@ -413,6 +413,7 @@ def with_cluster(plan: Plan, **changes) -> Plan:
 @given(arch=st.sampled_from(ARCHS), knobs=knob_overrides(), nodes=st.integers(1, 4), more=st.integers(1, 4),
        fsdp_size=st.sampled_from([-1, 4, 8, 16]), gpu_gib=st.sampled_from([24.0, 40.0, 80.0, 141.0]))
 def test_more_nodes_never_turn_a_feasible_plan_infeasible(arch, knobs, nodes, more, fsdp_size, gpu_gib):
+    """GPUs come as nodes: more GPUs in one node would rightly need more host RAM in that node."""
     plan = with_overrides(make_plan(arch, gpu_mem_gib=gpu_gib, overrides=knobs), {"actor.fsdp_size": fsdp_size})
     fewer = predict_memory(with_cluster(plan, nodes=nodes))
     bigger = predict_memory(with_cluster(plan, nodes=nodes + more))
