@@ -24,6 +24,7 @@ from rlplan.planner.errors import PlanError
 def _check_range(low: float, high: float | None, *, open_low: bool = False):
     def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
         too_low = value <= low if open_low else value < low
+        # NaN compares false with every bound, so it is named explicitly.
         if value != value or too_low or (high is not None and value > high):
             bound = f"({low}, {high}]" if open_low else f"[{low}, {high if high is not None else 'inf'}]"
             raise PlanError(
@@ -55,7 +56,7 @@ class Profile:
     cuda_context_and_nccl_gib: float = _constant(
         1.5, "CUDA context, cuBLAS workspace and NCCL buffers of the trainer process: 1-2 GiB per GPU", high=16.0)
     fragmentation_fraction: float = _constant(
-        0.08, "caching-allocator reserve over allocated trainer memory: 5-15 % measured on GPUs", high=0.5)
+        0.08, "caching-allocator reserve over allocated trainer memory (memory-model.md 2.8 budgets 5-15 %)", high=0.5)
 
     # --- vLLM profile run (memory-model.md 2.6, llm-d G6-G8) ---
     vllm_activation_base_gib: float = _constant(
@@ -116,6 +117,17 @@ DEFAULT_PROFILE = Profile()
 _KEYS = tuple(a.name for a in attrs.fields(Profile))
 
 
+def _has_type(value: Any, expected: type) -> bool:
+    """TOML's own types: integers are accepted for floats, integral floats for integers, booleans for neither."""
+    if isinstance(value, bool):
+        return False
+    if expected is str:
+        return isinstance(value, str)
+    if expected is int:
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return isinstance(value, int | float)
+
+
 def load_profile_toml(text: str, source: str = "profile.toml") -> Profile:
     """A Profile from TOML text: top-level keys (or a [profile] table); missing keys keep their defaults."""
     try:
@@ -131,10 +143,8 @@ def load_profile_toml(text: str, source: str = "profile.toml") -> Profile:
             nearest = difflib.get_close_matches(key, _KEYS, n=1)
             hint = f"did you mean `{nearest[0]}`?" if nearest else f"valid keys: {', '.join(_KEYS)}"
             raise PlanError(field=f"profile.{key}", message=f"is not a profile key in {source}.", fix=hint)
-        expected = str if key == "name" else (int if isinstance(getattr(DEFAULT_PROFILE, key), int) else float)
-        if isinstance(value, bool) or not isinstance(value, (str,) if expected is str else (int, float)) or (
-            expected is int and isinstance(value, float) and not value.is_integer()
-        ):
+        expected = type(getattr(DEFAULT_PROFILE, key))
+        if not _has_type(value, expected):
             raise PlanError(field=f"profile.{key}", message=f"expected {expected.__name__}, got {value!r}.",
                             fix=f"set profile.{key} to a {expected.__name__}, e.g. {getattr(DEFAULT_PROFILE, key)!r}")
         values[key] = value
