@@ -1,0 +1,192 @@
+"""Checkpoints that are either complete or invisible.
+
+A checkpoint for step N is written into `<output_dir>/checkpoints/.tmp-step-N`:
+- every rank writes its shards with torch.distributed.checkpoint (model and
+  optimizer through the distributed state-dict functions, so Adam moments are
+  kept, and the LR scheduler and RNG states per rank);
+- rank 0 adds the exported weights: the LoRA adapter in PEFT format
+  (`adapter/`, loadable with `PeftModel.from_pretrained`), or the full model as
+  Hugging Face safetensors (`hf/`);
+- the controller writes `trainer_state.json` (step, data-loader position) last
+  and renames the directory to `step-N`.
+
+Only `step-N` directories holding `trainer_state.json` count as checkpoints, so a
+crash at any point leaves at most a `.tmp-*` directory that resume ignores and
+the next save replaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS = "checkpoints"
+STAGING_PREFIX = ".tmp-step-"
+COMPLETE_PREFIX = "step-"
+TRAINER_STATE = "trainer_state.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_root(output_dir: str | os.PathLike[str]) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def staging_dir(output_dir: str | os.PathLike[str], step: int) -> Path:
+    return checkpoint_root(output_dir) / f"{STAGING_PREFIX}{step}"
+
+
+def complete_dir(output_dir: str | os.PathLike[str], step: int) -> Path:
+    return checkpoint_root(output_dir) / f"{COMPLETE_PREFIX}{step}"
+
+
+def complete_checkpoints(output_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint, oldest first."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and (entry / TRAINER_STATE).is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest_complete_checkpoint(output_dir: str | os.PathLike[str]) -> Path | None:
+    found = complete_checkpoints(output_dir)
+    return found[-1][1] if found else None
+
+
+def read_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+    return json.loads((Path(checkpoint) / TRAINER_STATE).read_text())
+
+
+def begin_checkpoint(output_dir: str | os.PathLike[str], step: int) -> Path:
+    """A fresh staging directory for step N (a leftover from a crashed save is discarded)."""
+    staging = staging_dir(output_dir, step)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def commit_checkpoint(
+    output_dir: str | os.PathLike[str], step: int, trainer_state: dict[str, Any], keep: int | None = None
+) -> Path:
+    """Write the controller's state last, make it durable, then rename staging -> step-N in one move."""
+    staging = staging_dir(output_dir, step)
+    (staging / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=2, sort_keys=True))
+    _fsync_tree(staging)
+    final = complete_dir(output_dir, step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(staging, final)
+    if keep is not None:
+        for _, old in complete_checkpoints(output_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# --- per-rank sharded state --------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_training_state(directory: Path, name: str, model: Any, optimizer: Any, scheduler: Any, rank: int) -> None:
+    """Collective: every rank writes its model and optimizer shards, plus its own scheduler and RNG."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory / name))
+    torch.save(
+        {"scheduler": scheduler.state_dict(), "rng": rng_state()},
+        directory / name / f"rank-{rank}.pt",
+    )
+
+
+def load_training_state(directory: Path, name: str, model: Any, optimizer: Any, scheduler: Any, rank: int) -> None:
+    """Collective: restore what `save_training_state` wrote, in place."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(directory / name))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    extra = torch.load(directory / name / f"rank-{rank}.pt", weights_only=False)
+    scheduler.load_state_dict(extra["scheduler"])
+    set_rng_state(extra["rng"])
+
+
+# --- exports usable outside rlplan ---------------------------------------------------------------
+
+
+def export_adapter(directory: Path, model: Any, rank: int) -> None:
+    """Collective gather; rank 0 writes adapter_model.safetensors + adapter_config.json (PEFT's layout)."""
+    from safetensors.torch import save_file
+
+    from rlplan.runtime.weights import adapter_config, adapter_tensors
+
+    tensors = adapter_tensors(model)
+    if rank != 0:
+        return
+    target = directory / "adapter"
+    target.mkdir(parents=True, exist_ok=True)
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(target / "adapter_model.safetensors"))
+    (target / "adapter_config.json").write_text(json.dumps(adapter_config(model), indent=2, sort_keys=True))
+
+
+def export_hf_model(directory: Path, model: Any, source_dir: str, rank: int, dtype: Any = None) -> None:
+    """Collective gather; rank 0 writes the merged model as HF safetensors beside the source's config and tokenizer."""
+    from safetensors.torch import save_file
+
+    from rlplan.runtime.weights import iter_hf_weights
+
+    weights = {}
+    for name, tensor in iter_hf_weights(model, mode="merged", dtype=dtype):
+        if rank == 0:
+            weights[name] = tensor.contiguous()
+    if rank != 0:
+        return
+    target = directory / "hf"
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    for entry in Path(source_dir).iterdir():
+        if entry.is_file() and (entry.suffix in (".json", ".jinja", ".txt", ".model") and entry.name != "model.safetensors.index.json"):
+            shutil.copy2(entry, target / entry.name)

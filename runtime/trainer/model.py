@@ -1,0 +1,155 @@
+"""Building one rank's model: load from a local directory, wrap in LoRA, shard with FSDP2.
+
+Sharding follows verl/torchtitan: `fully_shard` on every decoder layer, on the
+input embedding when it is not tied to the LM head, then on the root, so one
+layer's parameters are gathered at a time in forward and backward.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from attrs import frozen
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.plan import LoraConfig
+
+
+@frozen(kw_only=True)
+class ShardingSpec:
+    """How a model is sharded and where its tensors live."""
+
+    device_type: str
+    world_size: int
+    # Ranks per shard group; world_size means plain FSDP, fewer means HSDP (replicate across groups).
+    shard_group_size: int
+    mixed_precision: bool
+    param_offload: bool = False
+    reshard_after_forward: bool = True
+
+    @property
+    def replicate_group_count(self) -> int:
+        return self.world_size // self.shard_group_size
+
+
+def check_model_dir(path: str) -> None:
+    """The runtime loads only local directories: no hub downloads at run time."""
+    if not path:
+        raise PlanError(
+            field="model.path",
+            message="the plan names no model directory; the runtime loads weights from a local directory only.",
+            fix="set model.path to a directory holding config.json and the safetensors weights",
+        )
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        raise PlanError(
+            field="model.path",
+            message=f"{path!r} is not a local model directory with a config.json (the runtime never downloads from a hub).",
+            fix="download the model first (e.g. `huggingface-cli download <repo> --local-dir <dir>`) and set model.path to that directory",
+        )
+
+
+def lora_target_modules(target_modules: tuple[str, ...]) -> str | list[str]:
+    # peft spells "every linear layer but the LM head" as the string "all-linear", not a one-item list.
+    if tuple(target_modules) == ("all-linear",):
+        return "all-linear"
+    return list(target_modules)
+
+
+def lora_peft_config(lora: LoraConfig) -> Any:
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        target_modules=lora_target_modules(lora.target_modules),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_hf_model(path: str, *, value_head: bool, train_dtype: Any) -> Any:
+    """A causal LM, or for the critic the same backbone with a one-output token head."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    check_model_dir(path)
+    if value_head:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config.num_labels = 1
+        # Dropout in the value head would make values depend on the forward call.
+        config.classifier_dropout = 0.0
+        model = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=train_dtype, local_files_only=True
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=train_dtype, local_files_only=True)
+    model.config.use_cache = False
+    return model
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The repeated transformer blocks, found through the model's own `_no_split_modules`."""
+    names = set(getattr(_base(model), "_no_split_modules", None) or ())
+    layers = [module for module in model.modules() if type(module).__name__ in names]
+    if not layers:
+        raise PlanError(
+            field="model.path",
+            message=f"cannot find the decoder layers of {type(_base(model)).__name__} to shard them.",
+            fix="use a Hugging Face decoder model whose class lists _no_split_modules",
+        )
+    return layers
+
+
+def _base(model: Any) -> Any:
+    """The transformers model under a peft wrapper."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if get_base is not None else model
+
+
+def apply_lora(model: Any, lora: LoraConfig, *, gradient_checkpointing: bool) -> Any:
+    from peft import get_peft_model
+
+    if gradient_checkpointing:
+        # With a frozen embedding no input requires grad, and checkpointed layers would get no gradient.
+        model.enable_input_require_grads()
+    return get_peft_model(model, lora_peft_config(lora))
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    _base(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def device_mesh(spec: ShardingSpec) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if spec.replicate_group_count == 1:
+        return init_device_mesh(spec.device_type, (spec.world_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(
+        spec.device_type,
+        (spec.replicate_group_count, spec.shard_group_size),
+        mesh_dim_names=("replicate", "shard"),
+    )
+
+
+def shard_model(model: Any, spec: ShardingSpec, mesh: Any) -> Any:
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
+    if spec.mixed_precision:
+        # Reducing gradients in fp32 keeps small LoRA gradients from rounding away across ranks.
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    options["offload_policy"] = CPUOffloadPolicy(pin_memory=True) if spec.param_offload else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **options)
+    base = _base(model)
+    if not base.config.tie_word_embeddings:
+        # A tied embedding must stay in the root's group, together with the LM head that shares it.
+        fully_shard(base.get_input_embeddings(), **options)
+    fully_shard(model, **options)
+    return model
+
+
+def trainable_parameters(model: Any) -> list[Any]:
+    return [p for p in model.parameters() if p.requires_grad]

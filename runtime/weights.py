@@ -1,0 +1,134 @@
+"""Weights out of the sharded trainer, named the way Hugging Face (and so vLLM) names them.
+
+One generator walks the FSDP2 model and yields `(hf_name, full_tensor)` pairs,
+gathering one tensor at a time, or with `layered` one decoder layer at a time
+(a single all-gather per layer instead of one per parameter). Every rank must
+run the generator to the end, because each gather is a collective; only the
+ranks that keep the tensors (rank 0 for a sync) need to hold on to them.
+
+Modes:
+- merged: LoRA folded into the base weight, W + B A (alpha / r); the adapter keys vanish;
+- base: the frozen base weights only (what a rollout engine needs once before adapter syncs);
+- adapter-only: `adapter_tensors`, the peft state dict of the LoRA weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, Literal
+
+PEFT_PREFIX = "base_model.model."
+BASE_LAYER = ".base_layer"
+LORA_MARKER = "lora_"
+
+WeightMode = Literal["merged", "base"]
+
+
+def hf_name(name: str) -> str | None:
+    """The Hugging Face name of a trainer parameter, or None for a LoRA tensor (not part of the base model)."""
+    if LORA_MARKER in name:
+        return None
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX) :]
+    return name.replace(BASE_LAYER, "")
+
+
+def full(tensor: Any) -> Any:
+    """The whole tensor behind a DTensor shard (a collective), or the tensor itself."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _lora_layer(model: Any, parameter_name: str) -> Any | None:
+    """The peft LoRA module owning `...<module>.base_layer.weight`, if it is one."""
+    suffix = BASE_LAYER + ".weight"
+    if not parameter_name.endswith(suffix):
+        return None
+    module = model.get_submodule(parameter_name[: -len(suffix)])
+    return module if hasattr(module, "lora_A") else None
+
+
+def _merged_weight(layer: Any, base_weight: Any, read: Any) -> Any:
+    """W + B A scaling for every active adapter of a peft LoRA linear layer."""
+    merged = base_weight.float()
+    for adapter in layer.active_adapters:
+        if adapter not in layer.lora_A:
+            continue
+        lora_a = read(layer.lora_A[adapter].weight).float()
+        lora_b = read(layer.lora_B[adapter].weight).float()
+        merged = merged + (lora_b @ lora_a) * layer.scaling[adapter]
+    return merged.to(base_weight.dtype)
+
+
+def _named_in_module_order(model: Any) -> list[tuple[str, Any]]:
+    return list(model.named_parameters())
+
+
+def _layer_groups(model: Any, names: list[str]) -> list[tuple[Any | None, list[str]]]:
+    """Parameter names grouped by the FSDP-sharded decoder layer holding them (None: outside any layer)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    layer_prefixes = [
+        (prefix + ".", module)
+        for prefix, module in model.named_modules()
+        if prefix and isinstance(module, FSDPModule) and hasattr(module, "self_attn")
+    ]
+    groups: list[tuple[Any | None, list[str]]] = []
+    for name in names:
+        owner = next((module for prefix, module in layer_prefixes if name.startswith(prefix)), None)
+        if groups and groups[-1][0] is owner:
+            groups[-1][1].append(name)
+        else:
+            groups.append((owner, [name]))
+    return groups
+
+
+def iter_hf_weights(
+    model: Any, *, mode: WeightMode = "merged", layered: bool = False, dtype: Any = None, to_cpu: bool = True
+) -> Iterator[tuple[str, Any]]:
+    """(hf_name, full tensor) for every base-model parameter, in the model's order."""
+    parameters = dict(_named_in_module_order(model))
+    if layered:
+        groups = _layer_groups(model, list(parameters))
+    else:
+        groups = [(None, list(parameters))]
+    for layer, names in groups:
+        if layer is not None:
+            # One all-gather for the whole layer; the registered parameters become the unsharded ones.
+            layer.unshard()
+            current = dict(model.named_parameters())
+            # The unsharded storage is freed again by reshard(): hand out copies, never views of it.
+            read = lambda tensor: tensor.detach().clone()  # noqa: E731
+        else:
+            current = parameters
+            read = full
+        for name in names:
+            target = hf_name(name)
+            if target is None:
+                continue
+            tensor = read(current[name])
+            lora = _lora_layer(model, name) if mode == "merged" else None
+            if lora is not None:
+                tensor = _merged_weight(lora, tensor, read)
+            tensor = tensor.detach()
+            if dtype is not None:
+                tensor = tensor.to(dtype)
+            yield target, (tensor.cpu() if to_cpu else tensor)
+        if layer is not None:
+            layer.reshard()
+
+
+def adapter_tensors(model: Any, *, to_cpu: bool = True) -> dict[str, Any]:
+    """The LoRA weights as peft's state dict (`...q_proj.lora_A.weight`), the format `save_pretrained` writes."""
+    from peft import get_peft_model_state_dict
+
+    gathered = {name: full(p).detach() for name, p in model.named_parameters() if LORA_MARKER in name}
+    if to_cpu:
+        gathered = {name: t.cpu() for name, t in gathered.items()}
+    return get_peft_model_state_dict(model, state_dict=gathered)
+
+
+def adapter_config(model: Any) -> dict[str, Any]:
+    """The active adapter's adapter_config.json contents, JSON-ready."""
+    config = model.peft_config[model.active_adapter].to_dict()
+    return json.loads(json.dumps(config, default=lambda value: sorted(value) if isinstance(value, set) else str(value)))

@@ -1,0 +1,81 @@
+"""metrics.jsonl: one flushed JSON object per step; memory probes; the plan-versus-actual rows."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import pytest
+
+from rlplan.runtime.metrics import (
+    CPU_MEASURE,
+    METRICS_FILE,
+    MetricsLog,
+    PeakMemoryProbe,
+    measured,
+    plan_versus_actual,
+    read_metrics,
+)
+
+
+def test_each_step_is_one_json_line_readable_before_the_log_is_closed(tmp_path):
+    log = MetricsLog(tmp_path)
+    log.write({"step": 1, "reward_mean": 0.25, "sync_logprob_gap": 0.001, "time/rollout": 0.5})
+    # Flushed per step: a killed run keeps every finished step.
+    lines = (tmp_path / METRICS_FILE).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1]
+    log.write({"step": 2, "reward_mean": math.nan, "sync_logprob_gap": math.inf})
+    log.close()
+    records = read_metrics(tmp_path)
+    assert records[0]["reward_mean"] == 0.25 and records[0]["time/rollout"] == 0.5
+    # JSON has no NaN: non-finite numbers are written as null, and the file stays strict JSON.
+    assert records[1]["reward_mean"] is None and records[1]["sync_logprob_gap"] is None
+
+
+def test_resume_appends_and_a_fresh_run_truncates(tmp_path):
+    first = MetricsLog(tmp_path)
+    first.write({"step": 1})
+    first.close()
+    resumed = MetricsLog(tmp_path, resume=True)
+    resumed.write({"step": 2})
+    resumed.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    fresh = MetricsLog(tmp_path)
+    fresh.write({"step": 1})
+    fresh.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+
+
+def test_a_record_without_its_step_is_rejected(tmp_path):
+    log = MetricsLog(tmp_path)
+    with pytest.raises(ValueError, match="step"):
+        log.write({"reward_mean": 1.0})
+    log.close()
+
+
+def test_cpu_probe_sees_an_allocation_made_inside_the_phase():
+    size = 192 * 2**20
+
+    def allocate():
+        block = bytearray(size)
+        for offset in range(0, size, 4096):  # touch every page so it is resident; the loop lets the sampler run
+            block[offset] = 1
+        threading.Event().wait(0.05)  # hold the memory while the sampler thread gets the GIL
+        return len(block)
+
+    with PeakMemoryProbe("cpu") as idle:
+        pass
+    _, phase = measured("cpu", allocate)
+    assert phase.measure == CPU_MEASURE
+    assert phase.peak_bytes - idle.peak_bytes > size * 0.8
+    assert phase.seconds > 0
+
+
+def test_plan_versus_actual_lists_every_phase_either_side_knows():
+    rows = plan_versus_actual({"rollout": 2.0, "actor_update": 5.0}, {"actor_update": 3 * 2**30, "reward": 2**20}, CPU_MEASURE)
+    by_phase = {row["phase"]: row for row in rows}
+    assert [row["phase"] for row in rows] == ["rollout", "reward", "actor_update"]
+    assert by_phase["actor_update"]["predicted_gib"] == 5.0 and by_phase["actor_update"]["measured_gib"] == 3.0
+    assert by_phase["rollout"]["measured_gib"] is None and by_phase["reward"]["predicted_gib"] is None
+    assert all(row["measure"] == CPU_MEASURE for row in rows)
