@@ -27,7 +27,7 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs
-from rlplan.planner.memory import MemoryReport, predict_memory
+from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase
 from rlplan.planner.plan import (
     ActorSection,
     AlgorithmSection,
@@ -325,7 +325,8 @@ def phase_fits(report: MemoryReport, name: str) -> bool:
 
 
 def _phase_fits(plan: Plan, phase: str, profile: Profile) -> bool:
-    return phase_fits(predict_memory(plan, profile), phase)
+    """A training or forward phase alone: its peak depends on that pass's token budget only."""
+    return predict_phase(plan, phase, profile).peak_bytes <= plan.cluster.gpu_memory_bytes
 
 
 def _budget_floor(plan: Plan) -> int:
