@@ -1,0 +1,234 @@
+"""`rlplan run` and `rlplan demo`: load or build a plan, check it, run it, map failures to exit codes.
+
+Exit codes: 0 the run finished; 1 the run failed; 2 bad input (a PlanError:
+missing model directory, a knob this platform cannot run, an unknown reward
+function), reported as one paragraph with no traceback and before anything that
+looks like a checkpoint is written.
+
+The demo plan is written with the plan schema directly and is small enough for a
+2-core CPU: a few prompts per step, short responses, two trainer ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from rlplan.planner.arch import architecture_from_hf_config
+from rlplan.planner.errors import PlanError
+from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.plan import (
+    ActorSection,
+    AlgorithmSection,
+    CriticSection,
+    DataSection,
+    LoraConfig,
+    ModelSection,
+    Plan,
+    RefSection,
+    RewardSection,
+    RolloutSection,
+    TrainerSection,
+)
+from rlplan.runtime.loop import RunOptions
+
+DemoAlgorithm = Literal["grpo", "grpo_full", "ppo"]
+
+
+def cpu_cluster(world_size: int, host_memory_gib: float = 16.0) -> Cluster:
+    """A CPU machine described as `world_size` one-process 'devices' (one trainer rank each)."""
+    return Cluster(
+        gpu=GpuSpec(name="cpu", memory_gib=host_memory_gib / world_size),
+        nodes=1,
+        gpus_per_node=world_size,
+        host_memory_gib=host_memory_gib,
+    )
+
+
+def demo_plan(
+    model_dir: str | Path,
+    train_file: str | Path,
+    output_dir: str | Path,
+    *,
+    steps: int,
+    algorithm: DemoAlgorithm = "grpo",
+    world_size: int = 2,
+    train_batch_size: int = 8,
+    n: int = 8,
+    lr: float | None = None,
+    save_freq: int = -1,
+    seed: int = 1,
+) -> Plan:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    lora_rank = 8 if algorithm == "grpo" else 0
+    ppo = algorithm == "ppo"
+    return Plan(
+        model=ModelSection(
+            name="rlplan-tiny-qwen2",
+            arch=architecture_from_hf_config(config),
+            path=str(model_dir),
+            lora=LoraConfig(rank=lora_rank, alpha=16, target_modules=("all-linear",)),
+            gradient_checkpointing=False,
+            use_remove_padding=True,
+        ),
+        cluster=cpu_cluster(world_size),
+        data=DataSection(
+            train_batch_size=train_batch_size,
+            max_prompt_length=48,
+            max_response_length=8,
+            train_files=(str(train_file),),
+            truncation="error",
+            seed=seed,
+        ),
+        actor=ActorSection(
+            # Two optimizer steps per RL step: the toy task then learns within a handful of steps.
+            ppo_mini_batch_size=max(1, train_batch_size // 2),
+            ppo_micro_batch_size_per_gpu=4,
+            # LoRA learns with a larger step than full fine-tuning of the same tiny model.
+            lr=lr if lr is not None else (2e-2 if lora_rank else 1e-3),
+            weight_decay=0.0,
+            grad_clip=1.0,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            use_kl_loss=not ppo,
+            kl_loss_coef=0.001,
+            kl_loss_type="low_var_kl",
+        ),
+        ref=RefSection(log_prob_micro_batch_size_per_gpu=8),
+        rollout=RolloutSection(
+            n=1 if ppo else n,
+            gpu_memory_utilization=0.5,
+            max_num_seqs=64,
+            max_num_batched_tokens=2048,
+            max_model_len=64,
+            enforce_eager=True,
+            free_cache_engine=False,
+            load_format="safetensors",
+            temperature=1.0,
+            log_prob_micro_batch_size_per_gpu=8,
+        ),
+        critic=CriticSection(
+            enable=ppo,
+            ppo_micro_batch_size_per_gpu=4,
+            forward_micro_batch_size_per_gpu=8,
+            gradient_checkpointing=False,
+            lr=1e-3,
+        ),
+        algorithm=AlgorithmSection(adv_estimator="gae" if ppo else "grpo", gamma=1.0, lam=0.95),
+        reward=RewardSection(),
+        trainer=TrainerSection(
+            total_training_steps=steps,
+            save_freq=save_freq,
+            output_dir=str(output_dir),
+            seed=seed,
+        ),
+    )
+
+
+# --- the commands ------------------------------------------------------------------------------
+
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_BAD_INPUT = 2
+DEMO_PROMPTS = 64
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def load_plan(plan_path: str | Path) -> Plan:
+    from rlplan.planner.planfile import plan_from_toml
+
+    path = Path(plan_path)
+    if not path.is_file():
+        raise PlanError(field=str(plan_path), message="no such plan file.", fix="pass the path of a plan.toml written by `rlplan solve`")
+    return plan_from_toml(path.read_text(encoding="utf-8"), source=str(plan_path))
+
+
+def _plan_error_of(error: BaseException) -> PlanError | None:
+    """The PlanError behind an exception, also when it was raised inside a Ray actor."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, PlanError):
+            return current
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)
+        current = cause if isinstance(cause, BaseException) else current.__cause__
+    return None
+
+
+def _report_bad_input(console: Any, error: PlanError) -> int:
+    console.print(f"[bold red]error[/bold red] {error.paragraph()}", soft_wrap=True)
+    return EXIT_BAD_INPUT
+
+
+def execute(plan: Plan, options: RunOptions, console: Any) -> int:
+    """Check everything that can be checked up front, then run. Returns the exit code."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rlplan.runtime.loop import PromptSource, run_loop
+    from rlplan.runtime.metrics import plan_versus_actual_table
+    from rlplan.runtime.platform import check_plan_runnable, detect_platform
+    from rlplan.runtime.trainer.model import check_model_dir
+
+    try:
+        platform = detect_platform()
+        check_plan_runnable(plan, platform)
+        check_model_dir(plan.model.path)
+        data = PromptSource.from_plan(plan)
+    except PlanError as error:
+        return _report_bad_input(console, error)
+    dataset = data.dataset
+    console.print(
+        f"{len(dataset)} prompts ({dataset.num_filtered} filtered and {dataset.num_truncated} truncated "
+        f"at data.max_prompt_length = {plan.data.max_prompt_length})"
+    )
+    try:
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as progress:
+            summary = run_loop(plan, platform, options, data, console=console, progress=progress)
+    except Exception as error:  # noqa: BLE001 - every failure becomes an exit code and a message
+        plan_error = _plan_error_of(error)
+        if plan_error is not None:
+            return _report_bad_input(console, plan_error)
+        console.print_exception(show_locals=False)
+        console.print(f"[bold red]run failed[/bold red]: {type(error).__name__}: {error}", soft_wrap=True)
+        return EXIT_RUN_FAILED
+    console.print(plan_versus_actual_table(summary.plan_versus_actual))
+    console.print(f"finished {summary.last_step} steps; metrics in {Path(options.output_dir) / 'metrics.jsonl'}")
+    return EXIT_OK
+
+
+def run_command(
+    plan_path: str, *, resume: bool, address: str | None, output_dir: str | None, max_steps: int | None
+) -> int:
+    """`rlplan run plan.toml [--resume] [--address A] [--output-dir D] [--max-steps N]`."""
+    console = _console()
+    try:
+        plan = load_plan(plan_path)
+    except PlanError as error:
+        return _report_bad_input(console, error)
+    directory = Path(output_dir or plan.trainer.output_dir)
+    options = RunOptions(output_dir=directory, resume=resume, address=address, max_steps=max_steps)
+    return execute(plan, options, console)
+
+
+def demo_command(output_dir: str, steps: int) -> int:
+    """`rlplan demo`: the bundled tiny model and toy task, planned for this machine, run end to end."""
+    from rlplan.runtime.platform import detect_platform
+    from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
+
+    console = _console()
+    out = Path(output_dir)
+    model_dir = ensure_tiny_model(out / "model")
+    train_file, _ = write_toy_dataset(out / "data" / "train.parquet", DEMO_PROMPTS)
+    world_size = 1 if detect_platform().has_accelerator else 2
+    plan = demo_plan(model_dir, train_file, out / "run", steps=steps, world_size=world_size)
+    console.print(f"demo: tiny Qwen2 in {model_dir}, toy task in {train_file}, {steps} GRPO steps with LoRA")
+    return execute(plan, RunOptions(output_dir=out / "run"), console)

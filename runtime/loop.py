@@ -1,0 +1,404 @@
+"""The single controller: one RL iteration, top to bottom, like verl's hybrid engine.
+
+    1 rollout       vLLM samples n responses per prompt, with their sampling log-probs
+    2 reward        rule-based scores by data_source (or the plan's `module:function`)
+    3 log-probs     old log-probs + entropy (actor), reference log-probs, values (critic)
+    4 advantages    GRPO / RLOO / REINFORCE++ on the controller, GAE with the critic's values
+    5 update        the actor's PPO update (and the critic's)
+    6 weight sync   the LoRA adapter only, or the full weights, into every vLLM engine
+    7 metrics       one metrics.jsonl line; a checkpoint every save_freq steps
+
+The sync is checked, not trusted: step 3 of the next iteration scores the tokens
+the freshly synced engine sampled, and `sync_logprob_gap` = mean |trainer
+log-prob - vLLM log-prob| over them. A sync that never reached the engine shows
+up there as a gap that grows with every update.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+
+from rlplan.planner.layout import plan_layout
+from rlplan.planner.plan import Plan
+from rlplan.runtime import checkpoint
+from rlplan.runtime.metrics import MetricsLog, PhaseMeasurement, plan_versus_actual, predicted_phase_peaks
+from rlplan.runtime.platform import Platform
+from rlplan.runtime.trainer.token_batch import (
+    TokenBatch,
+    concat_batches,
+    response_aligned,
+    token_batch_from_sequences,
+)
+
+
+@frozen(kw_only=True)
+class RunOptions:
+    output_dir: Path
+    resume: bool = False
+    address: str | None = None
+    max_steps: int | None = None
+    # Test-only negative control: False leaves the rollout engines on their initial weights.
+    sync_weights: bool = True
+
+
+@frozen(kw_only=True)
+class RunSummary:
+    steps_done: int
+    last_step: int
+    plan_versus_actual: list[dict[str, Any]]
+
+
+class PromptSource:
+    """The controller's data side: tokenized prompts, the resumable sampler, the reward function."""
+
+    def __init__(self, dataset: Any, sampler: Any, reward: Any, tokenizer: Any) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+        self.reward = reward
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> PromptSource:
+        """Everything that can be wrong with the data or the reward surfaces here, before any worker starts."""
+        from transformers import AutoTokenizer
+
+        from rlplan.runtime.data import PromptSampler, load_prompt_dataset
+        from rlplan.runtime.rewards import RewardFunction
+
+        reward = RewardFunction.from_plan(plan.reward)
+        tokenizer = AutoTokenizer.from_pretrained(plan.model.path, local_files_only=True)
+        dataset = load_prompt_dataset(plan.data.train_files, tokenizer, plan.data)
+        reward.check_sources({record.data_source for record in dataset.records})
+        return cls(dataset, PromptSampler.for_plan(len(dataset), plan.data), reward, tokenizer)
+
+    @property
+    def size(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id or 0)
+
+    def next_batch(self) -> list[Any]:
+        return [self.dataset.records[i] for i in self.sampler.next_batch()]
+
+    def score(self, record: Any, response_ids: Any) -> float:
+        text = self.tokenizer.decode(list(response_ids), skip_special_tokens=True)
+        return self.reward(record.data_source, text, record.ground_truth, record.extra_info)
+
+    def state_dict(self) -> dict[str, int]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.sampler.load_state_dict(state)
+
+
+def total_steps(plan: Plan, dataset_size: int, max_steps: int | None) -> int:
+    """verl's rule: total_training_steps if set, else epochs x batches per epoch; --max-steps caps it."""
+    per_epoch = dataset_size // plan.data.train_batch_size
+    steps = plan.trainer.total_training_steps or plan.trainer.total_epochs * per_epoch
+    return min(steps, max_steps) if max_steps is not None else steps
+
+
+class Controller:
+    """Drives the workers through the steps of a run and records what happened."""
+
+    def __init__(self, plan: Plan, platform: Platform, options: RunOptions, workers: Any, data: Any, console: Any = None) -> None:
+        self.plan = plan
+        self.platform = platform
+        self.options = options
+        self.workers = workers
+        self.data = data
+        self.console = console
+        self.layout = plan_layout(plan)
+        self.peaks: dict[str, int] = {}
+        self.memory_measure = ""
+        self.engines_asleep = False
+
+    # --- fan-out helpers --------------------------------------------------------------------------
+    def _on_trainers(self, method: str, shards: list[TokenBatch] | None, *args: Any) -> list[Any]:
+        import ray
+
+        trainers = self.workers.trainers
+        calls = [
+            getattr(t, method).remote(*(([shards[rank].to_cpu()] if shards is not None else []) + list(args)))
+            for rank, t in enumerate(trainers)
+        ]
+        return ray.get(calls)
+
+    def _phase(self, name: str, results: list[tuple[Any, PhaseMeasurement]], record: dict[str, Any]) -> list[Any]:
+        """Record a phase's wall time (slowest worker) and peak memory (largest worker), return the values."""
+        values = [value for value, _ in results]
+        measurements = [m for _, m in results]
+        record[f"time/{name}"] = max(m.seconds for m in measurements)
+        peak = max(m.peak_bytes for m in measurements)
+        record[f"memory/{name}_peak_gib"] = peak / 2**30
+        self.peaks[name] = max(self.peaks.get(name, 0), peak)
+        self.memory_measure = measurements[0].measure
+        record["memory_measure"] = self.memory_measure
+        return values
+
+    # --- the step -------------------------------------------------------------------------------
+    def rollout(self, prompts: list[Any], record: dict[str, Any]) -> list[Any]:
+        import ray
+
+        engines = self.workers.rollouts
+        if self.engines_asleep:
+            ray.get([e.wake_up.remote(None) for e in engines])
+            self.engines_asleep = False
+        chunks = [list(range(i, len(prompts), len(engines))) for i in range(len(engines))]
+        calls = [
+            engine.generate.remote([prompts[i] for i in chunk], self.plan.rollout.n, self.plan.data.max_response_length)
+            for engine, chunk in zip(engines, chunks, strict=True)
+            if chunk
+        ]
+        results = ray.get(calls)
+        per_engine = self._phase("rollout", results, record)
+        samples = []
+        for chunk, engine_samples in zip([c for c in chunks if c], per_engine, strict=True):
+            for sample in engine_samples:
+                samples.append((chunk[sample.prompt_index], sample))
+        samples.sort(key=lambda pair: pair[0])
+        return samples
+
+    def step(self, step: int) -> dict[str, Any]:
+        import torch
+
+        from rlplan.runtime.batching import balanced_rank_partitions
+
+        plan = self.plan
+        record: dict[str, Any] = {"step": step}
+        step_start = time.perf_counter()
+
+        # 1 rollout
+        batch_rows = self.data.next_batch()
+        record["prompt_indices"] = [row.index for row in batch_rows]
+        samples = self.rollout([row.prompt_ids for row in batch_rows], record)
+        self.release_rollout_memory()
+
+        # 2 reward
+        reward_start = time.perf_counter()
+        scores = torch.tensor(
+            [self.data.score(batch_rows[prompt], sample.response_ids) for prompt, sample in samples], dtype=torch.float32
+        )
+        record["time/reward"] = time.perf_counter() - reward_start
+        batch = token_batch_from_sequences(
+            [s.prompt_ids for _, s in samples], [s.response_ids for _, s in samples], self.data.pad_token_id
+        )
+        mask = batch.response_mask
+        batch = batch.with_fields(rollout_log_probs=response_aligned([s.response_logprobs for _, s in samples], mask.shape[1]))
+        group_index = torch.tensor([prompt for prompt, _ in samples], dtype=torch.long)
+
+        # 3 old log-probs (+ entropy), reference log-probs, values; each rank takes a token-balanced share
+        partitions = balanced_rank_partitions(batch["sequence_lengths"].tolist(), self.layout.parallel.dp)
+        order = [index for part in partitions for index in part]
+        shards = [batch.select(part) for part in partitions]
+        outputs = self._phase("old_log_prob", self._on_trainers("compute_log_probs", shards), record)
+        old = concat_batches([_fields(shard, old_log_probs=lp, entropy=ent) for shard, (lp, ent) in zip(shards, outputs, strict=True)], order)
+        batch = batch.with_fields(old_log_probs=old["old_log_probs"][:, : mask.shape[1]], entropy=old["entropy"][:, : mask.shape[1]])
+        if plan.uses_reference:
+            refs = self._phase("ref_log_prob", self._on_trainers("compute_ref_log_probs", shards), record)
+            batch = batch.with_fields(ref_log_probs=_gather(shards, refs, order, mask.shape[1]))
+        if plan.uses_critic:
+            values = self._phase("critic_values", self._on_trainers("compute_values", shards), record)
+            batch = batch.with_fields(values=_gather(shards, values, order, mask.shape[1]))
+        gap = ((batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
+        record["sync_logprob_gap"] = float(gap)
+
+        # 4 advantages
+        advantage_start = time.perf_counter()
+        batch = self.with_advantages(batch, scores, group_index, record)
+        record["time/advantages"] = time.perf_counter() - advantage_start
+
+        # 5 actor (and critic) update
+        shards = [batch.select(part) for part in partitions]
+        if plan.uses_critic:
+            critic_metrics = self._phase("critic_update", self._on_trainers("update_critic", shards, step), record)
+            record.update(_mean_metrics(critic_metrics))
+        actor_metrics = self._phase("actor_update", self._on_trainers("update_actor", shards, step), record)
+        record.update(_mean_metrics(actor_metrics))
+
+        # 6 weight sync: the next rollout's gap (step 3) shows whether it arrived
+        if self.options.sync_weights:
+            record.update(self.sync_weights("adapter" if plan.model.lora.enabled else "merged"))
+
+        # 7 metrics
+        record.update(_batch_statistics(batch, scores, mask))
+        for phase in ("rollout", "old_log_prob", "actor_update"):
+            if record.get(f"time/{phase}"):
+                tokens = float(mask.sum()) if phase == "rollout" else float(batch["sequence_lengths"].sum())
+                record[f"throughput/{phase}_tokens_per_s"] = tokens / record[f"time/{phase}"]
+        record["time/step"] = time.perf_counter() - step_start
+        return record
+
+    def with_advantages(self, batch: TokenBatch, scores: Any, group_index: Any, record: dict[str, Any]) -> TokenBatch:
+        from rlplan.runtime import algorithms
+
+        plan = self.plan
+        mask = batch.response_mask
+        estimator = plan.algorithm.adv_estimator
+        kl = None
+        if plan.uses_reference:
+            kl = algorithms.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], plan.algorithm.kl_penalty) * mask
+            record["kl_ref"] = float(algorithms.masked_mean(kl, mask))
+        if estimator == "grpo":
+            advantages = algorithms.grpo_advantages(
+                scores,
+                group_index,
+                mask,
+                norm_by_std=plan.algorithm.norm_adv_by_std_in_grpo,
+                leave_one_out=plan.algorithm.grpo_leave_one_out,
+            )
+            return batch.with_fields(advantages=advantages)
+        if estimator == "rloo":
+            return batch.with_fields(advantages=algorithms.rloo_advantages(scores, group_index, mask))
+        in_reward = kl if plan.algorithm.use_kl_in_reward else None
+        token_rewards = algorithms.token_level_rewards(scores, mask, in_reward, plan.algorithm.kl_coef)
+        if estimator == "reinforce_plus_plus":
+            advantages = algorithms.reinforce_plus_plus_advantages(token_rewards, mask, plan.algorithm.gamma)
+            return batch.with_fields(advantages=advantages)
+        advantages, returns = algorithms.gae_advantages(
+            token_rewards, batch["values"], mask, plan.algorithm.gamma, plan.algorithm.lam
+        )
+        return batch.with_fields(advantages=advantages, returns=returns)
+
+    def sync_weights(self, what: str) -> dict[str, Any]:
+        """Trainer -> every engine. With sleep mode: wake the weights, load, then the KV cache."""
+        import ray
+
+        record: dict[str, Any] = {}
+
+        engines = self.workers.rollouts
+        sleeps = self.platform.supports_sleep_mode and self.plan.rollout.free_cache_engine
+        start = time.perf_counter()
+        if sleeps:
+            ray.get([e.wake_up.remote(["weights"]) for e in engines])
+        timings = self._phase(
+            "weight_sync", ray.get([t.push_weights.remote(engines, what) for t in self.workers.trainers]), record
+        )
+        if sleeps:
+            ray.get([e.wake_up.remote(["kv_cache"]) for e in engines])
+            self.engines_asleep = False
+        record["time/weight_sync"] = time.perf_counter() - start
+        record["time/weight_gather"] = max(t["gather_seconds"] for t in timings)
+        record["time/weight_load"] = max(t["load_seconds"] for t in timings)
+        return record
+
+    def initial_sync(self) -> None:
+        """Engines started from dummy weights get the base (or full) weights once before the first rollout."""
+        if self.plan.rollout.load_format == "dummy":
+            self.sync_weights("base" if self.plan.model.lora.enabled else "merged")
+
+    def release_rollout_memory(self) -> None:
+        """Sleep the engines so the trainer gets the GPU memory back (woken again by the next sync)."""
+        import ray
+
+        if self.platform.supports_sleep_mode and self.plan.rollout.free_cache_engine:
+            ray.get([e.sleep.remote() for e in self.workers.rollouts])
+            self.engines_asleep = True
+
+    def save(self, step: int) -> Path:
+        import ray
+
+        staging = checkpoint.begin_checkpoint(self.options.output_dir, step)
+        ray.get([t.save_checkpoint.remote(str(staging)) for t in self.workers.trainers])
+        return checkpoint.commit_checkpoint(
+            self.options.output_dir,
+            step,
+            {"data": self.data.state_dict()},
+            keep=self.plan.trainer.max_checkpoints_to_keep,
+        )
+
+    def restore(self, directory: Path) -> int:
+        import ray
+
+        ray.get([t.load_checkpoint.remote(str(directory)) for t in self.workers.trainers])
+        state = checkpoint.read_trainer_state(directory)
+        self.data.load_state_dict(state["data"])
+        return int(state["step"])
+
+    def plan_versus_actual(self) -> list[dict[str, Any]]:
+        return plan_versus_actual(predicted_phase_peaks(self.plan), self.peaks, self.memory_measure)
+
+
+def _fields(shard: TokenBatch, **fields: Any) -> TokenBatch:
+    return TokenBatch({"input_ids": shard["input_ids"], "prompt_lengths": shard["prompt_lengths"], "sequence_lengths": shard["sequence_lengths"], **fields})
+
+
+def _gather(shards: list[TokenBatch], values: list[Any], order: list[int], width: int) -> Any:
+    merged = concat_batches([_fields(shard, value=v) for shard, v in zip(shards, values, strict=True)], order)
+    out = merged["value"][:, :width]
+    if out.shape[1] < width:
+        import torch
+
+        out = torch.nn.functional.pad(out, (0, width - out.shape[1]))
+    return out
+
+
+def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    keys = per_rank[0].keys()
+    return {key: sum(m[key] for m in per_rank) / len(per_rank) for key in keys}
+
+
+def _batch_statistics(batch: TokenBatch, scores: Any, mask: Any) -> dict[str, float]:
+    from rlplan.runtime.algorithms import masked_mean
+
+    lengths = batch.response_lengths.float()
+    return {
+        "reward_mean": float(scores.mean()),
+        "reward_max": float(scores.max()),
+        "reward_min": float(scores.min()),
+        "entropy": float(masked_mean(batch["entropy"], mask)),
+        "response_length_mean": float(lengths.mean()),
+        "response_length_max": float(lengths.max()),
+        "response_length_min": float(lengths.min()),
+        "advantages_abs_mean": float(masked_mean(batch["advantages"].abs(), mask)),
+        "sequences": float(len(batch)),
+    }
+
+
+def run_loop(plan: Plan, platform: Platform, options: RunOptions, data: Any, console: Any = None, progress: Any = None) -> RunSummary:
+    """Start the workers, optionally restore, run the steps, checkpoint, shut down."""
+    import ray
+
+    from rlplan.runtime.workers import create_workers, start_ray
+
+    started = start_ray(options.address, platform, plan.cluster.world_size)
+    workers = None
+    log = None
+    try:
+        workers = create_workers(plan, platform)
+        controller = Controller(plan, platform, options, workers, data, console)
+        first_step = 1
+        if options.resume:
+            latest = checkpoint.latest_complete_checkpoint(options.output_dir)
+            if latest is not None:
+                first_step = controller.restore(latest) + 1
+                if console is not None:
+                    console.print(f"resumed from {latest} (continuing at step {first_step})")
+        last_step = total_steps(plan, data.size, options.max_steps)
+        log = MetricsLog(options.output_dir, console, resume=options.resume and first_step > 1)
+        controller.initial_sync()
+        task = progress.add_task("training", total=last_step, completed=first_step - 1) if progress else None
+        done = 0
+        for step in range(first_step, last_step + 1):
+            record = controller.step(step)
+            log.write(record)
+            done += 1
+            save_freq = plan.trainer.save_freq
+            if save_freq > 0 and (step % save_freq == 0 or step == last_step):
+                controller.save(step)
+            if progress is not None:
+                progress.update(task, completed=step)
+        return RunSummary(steps_done=done, last_step=last_step, plan_versus_actual=controller.plan_versus_actual())
+    finally:
+        if log is not None:
+            log.close()
+        if workers is not None:
+            workers.shutdown()
+        if started:
+            ray.shutdown()

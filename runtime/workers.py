@@ -1,0 +1,319 @@
+"""Ray actors: one trainer worker per rank, one rollout worker per vLLM engine.
+
+The trainer worker is a thin shell over the per-rank trainers (actor, critic):
+it joins the process group, runs the phase it is asked for under a timer and a
+memory probe, and does its part of the weight sync and of checkpointing. The
+controller (runtime.loop) only ever talks to these actors.
+
+Cluster: `--address`/RAY_ADDRESS joins a running cluster (multi-node is Ray's
+job); otherwise a local one is started on loopback only (127.0.0.2, which Ray
+does not rewrite to the external address), with no dashboard, a small object
+store and token auth off.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from attrs import frozen
+
+from rlplan.planner.plan import Plan
+from rlplan.runtime.platform import Platform
+
+LOOPBACK_NODE_IP = "127.0.0.2"
+LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
+
+
+
+def start_ray(address: str | None, platform: Platform, world_size: int) -> bool:
+    """Connect to `address` (or RAY_ADDRESS), else start a loopback-only local cluster. True if we started it."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    address = address or os.environ.get("RAY_ADDRESS")
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return False
+    # On a CPU machine every trainer rank and the rollout engine is one logical CPU, whatever the core count.
+    cpus = None if platform.has_accelerator else world_size + 1
+    ray.init(
+        _node_ip_address=LOOPBACK_NODE_IP,
+        include_dashboard=False,
+        object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+        num_cpus=cpus,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}},
+    )
+    return True
+
+
+@frozen(kw_only=True)
+class RendezVous:
+    address: str
+    port: int
+
+
+class TrainerWorker:
+    """One trainer rank (a Ray actor): the actor model, and the critic when the plan uses one."""
+
+    def __init__(self, plan: Plan, rank: int, world_size: int, platform: Platform) -> None:
+        import torch
+
+        self.plan = plan
+        self.rank = rank
+        self.world_size = world_size
+        self.platform = platform
+        if platform.has_accelerator:
+            # Ray exposes this actor's GPU as device 0.
+            torch.cuda.set_device(0)
+            self.device = torch.device("cuda", 0)
+        else:
+            # Ranks share the machine's cores: one intra-op thread each keeps them from fighting.
+            torch.set_num_threads(1)
+            self.device = torch.device("cpu")
+        self.policy: Any = None
+        self.critic: Any = None
+
+    def rendezvous(self) -> RendezVous:
+        """Rank 0's address and a free port there, for the process group."""
+        import ray
+
+        from rlplan.runtime.trainer.local_group import free_port
+
+        address = "127.0.0.1" if not self.platform.has_accelerator else ray.util.get_node_ip_address()
+        return RendezVous(address=address, port=free_port(address))
+
+    def setup(self, rendezvous: RendezVous) -> None:
+        from rlplan.runtime.trainer.critic import CriticTrainer
+        from rlplan.runtime.trainer.local_group import init_process_group
+        from rlplan.runtime.trainer.policy import PolicyTrainer
+
+        if not self.platform.has_accelerator:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        init_process_group(
+            self.rank, self.world_size, rendezvous.address, rendezvous.port, self.platform.process_group_backend
+        )
+        options = {"device": self.device, "device_type": self.platform.device_type, "rank": self.rank}
+        self.policy = PolicyTrainer(self.plan, **options)
+        if self.plan.uses_critic:
+            self.critic = CriticTrainer(self.plan, **options)
+
+    def _measured(self, work: Any) -> tuple[Any, Any]:
+        from rlplan.runtime.metrics import measured
+
+        return measured(self.platform.device_type, work)
+
+    # --- phases -------------------------------------------------------------------------------
+    def compute_log_probs(self, batch: Any) -> tuple[Any, Any]:
+        return self._measured(lambda: self.policy.compute_log_probs(batch))
+
+    def compute_ref_log_probs(self, batch: Any) -> tuple[Any, Any]:
+        return self._measured(lambda: self.policy.compute_ref_log_probs(batch))
+
+    def compute_values(self, batch: Any) -> tuple[Any, Any]:
+        return self._measured(lambda: self.critic.compute_values(batch))
+
+    def update_actor(self, batch: Any, step: int) -> tuple[Any, Any]:
+        return self._measured(lambda: self.policy.update(batch, step))
+
+    def update_critic(self, batch: Any, step: int) -> tuple[Any, Any]:
+        return self._measured(lambda: self.critic.update(batch, step))
+
+    # --- weight sync ----------------------------------------------------------------------------
+    def push_weights(self, rollouts: list[Any], what: str) -> tuple[dict[str, float], Any]:
+        return self._measured(lambda: self._push_weights(rollouts, what))
+
+    def _push_weights(self, rollouts: list[Any], what: str) -> dict[str, float]:
+        """Collective gather; rank 0 hands the result to every rollout engine.
+
+        what: "adapter" (LoRA tensors only), "base" (the frozen base weights, LoRA excluded) or
+        "merged" (full weights with any adapter folded in).
+        """
+        import time
+
+        import ray
+
+        from rlplan.runtime.weights import adapter_config, adapter_tensors, iter_hf_weights
+
+        start = time.perf_counter()
+        if what == "adapter":
+            payload: Any = adapter_tensors(self.policy.model)
+        else:
+            dtype = _torch_dtype(self.plan.rollout.dtype)
+            named = iter_hf_weights(
+                self.policy.model,
+                mode="base" if what == "base" else "merged",
+                layered=self.plan.rollout.layered_summon,
+                dtype=dtype,
+            )
+            payload = [(name, tensor) for name, tensor in named]
+        gather_seconds = time.perf_counter() - start
+        load_seconds = 0.0
+        if self.rank == 0:
+            reference = ray.put(payload)
+            if what == "adapter":
+                config = adapter_config(self.policy.model)
+                calls = [r.sync_lora_adapter.remote(reference, config) for r in rollouts]
+            else:
+                calls = [r.sync_full_weights.remote(reference) for r in rollouts]
+            load_seconds = max(ray.get(calls), default=0.0)
+        return {"gather_seconds": gather_seconds, "load_seconds": float(load_seconds)}
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def _trained_models(self) -> list[tuple[str, Any]]:
+        return [("actor", self.policy)] + ([("critic", self.critic)] if self.critic is not None else [])
+
+    def save_checkpoint(self, directory: str) -> None:
+        from pathlib import Path
+
+        from rlplan.runtime import checkpoint
+
+        path = Path(directory)
+        for name, trainer in self._trained_models():
+            checkpoint.save_training_state(path, name, trainer.model, trainer.optimizer, trainer.scheduler, self.rank)
+        if self.plan.model.lora.enabled:
+            checkpoint.export_adapter(path, self.policy.model, self.rank)
+        else:
+            dtype = _torch_dtype(self.plan.rollout.dtype)
+            checkpoint.export_hf_model(path, self.policy.model, self.plan.model.path, self.rank, dtype=dtype)
+
+    def load_checkpoint(self, directory: str) -> None:
+        from pathlib import Path
+
+        from rlplan.runtime import checkpoint
+
+        for name, trainer in self._trained_models():
+            checkpoint.load_training_state(
+                Path(directory), name, trainer.model, trainer.optimizer, trainer.scheduler, self.rank
+            )
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class RolloutWorker:
+    """One vLLM engine (a Ray actor), wrapping the rollout helper's VllmRollout."""
+
+    def __init__(self, model_dir: str, plan: Plan, seed: int) -> None:
+        from rlplan.runtime.rollout.engine import VllmRollout
+
+        self.engine = VllmRollout(model_dir, plan, seed=seed, lora_rank=plan.model.lora.rank)
+
+    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, greedy: bool = False) -> tuple[list[Any], Any]:
+        from rlplan.runtime.metrics import measured
+
+        return measured(
+            _device_type(), lambda: self.engine.generate(prompts, n, max_tokens=max_tokens, greedy=greedy)
+        )
+
+    def sync_full_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
+        return float(self.engine.sync_full_weights(named_tensors))
+
+    def sync_lora_adapter(self, tensors: dict[str, Any], config: dict[str, Any]) -> float:
+        return float(self.engine.sync_lora_adapter(tensors, config))
+
+    def supports_sleep(self) -> bool:
+        return bool(self.engine.supports_sleep)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine.wake_up(tags)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@frozen(kw_only=True)
+class WorkerGroup:
+    """The run's actors and the placement group holding them."""
+
+    trainers: list[Any]
+    rollouts: list[Any]
+    placement_group: Any
+
+    def shutdown(self) -> None:
+        import ray
+
+        for handle in [*self.rollouts]:
+            try:
+                ray.get(handle.shutdown.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - a dead engine has nothing left to release
+                pass
+        for handle in self.trainers:
+            try:
+                ray.get(handle.shutdown.remote(), timeout=60)
+            except Exception:  # noqa: BLE001
+                pass
+        for handle in [*self.rollouts, *self.trainers]:
+            ray.kill(handle)
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+
+
+def rollout_replicas(plan: Plan, platform: Platform) -> int:
+    """One engine per GPU (TP 1, checked at start); one engine for a whole CPU machine."""
+    return plan.cluster.world_size if platform.has_accelerator else 1
+
+
+def create_workers(plan: Plan, platform: Platform) -> WorkerGroup:
+    """One trainer actor per rank in a placement group, and the rollout engines beside them."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    world = plan.cluster.world_size
+    if platform.has_accelerator:
+        # Trainer and rollout share each GPU (colocated, like verl's hybrid engine): half a GPU each to Ray.
+        bundle = {"GPU": 1, "CPU": 1}
+        trainer_resources = {"num_gpus": 0.5, "num_cpus": 0.5}
+        rollout_resources = {"num_gpus": 0.5, "num_cpus": 0.5}
+    else:
+        bundle = {"CPU": 1}
+        trainer_resources = {"num_cpus": 1}
+        rollout_resources = {"num_cpus": 0}
+    group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
+    ray.get(group.ready(), timeout=600)
+
+    def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+    trainer_class = ray.remote(TrainerWorker)
+    trainers = [
+        trainer_class.options(scheduling_strategy=in_bundle(rank), **trainer_resources).remote(
+            plan, rank, world, platform
+        )
+        for rank in range(world)
+    ]
+    rendezvous = ray.get(trainers[0].rendezvous.remote())
+    ray.get([t.setup.remote(rendezvous) for t in trainers])
+    rollout_class = ray.remote(RolloutWorker)
+    rollouts = [
+        rollout_class.options(
+            scheduling_strategy=in_bundle(replica),
+            **rollout_resources,
+        ).remote(plan.model.path, plan, plan.trainer.seed + replica)
+        for replica in range(rollout_replicas(plan, platform))
+    ]
+    return WorkerGroup(trainers=trainers, rollouts=rollouts, placement_group=group)

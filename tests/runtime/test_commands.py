@@ -1,0 +1,83 @@
+"""`rlplan run` on bad input: exit 2, one paragraph naming the field, nothing that looks like a checkpoint."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+pytestmark = pytest.mark.runtime
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
+
+    root = tmp_path_factory.mktemp("commands")
+    model_dir = ensure_tiny_model(root / "models")
+    train_file, _ = write_toy_dataset(root / "data" / "train.parquet", 16)
+    return root, model_dir, train_file
+
+
+def _write_plan(path, plan) -> str:
+    from rlplan.planner.planfile import plan_to_toml
+
+    path.write_text(plan_to_toml(plan))
+    return str(path)
+
+
+def _run_bad(tmp_path, capsys, plan) -> str:
+    from rlplan.runtime.commands import EXIT_BAD_INPUT, run_command
+
+    output_dir = tmp_path / "out"
+    code = run_command(_write_plan(tmp_path / "plan.toml", plan), resume=False, address=None, output_dir=str(output_dir), max_steps=None)
+    printed = capsys.readouterr().out
+    assert code == EXIT_BAD_INPUT
+    assert "Traceback" not in printed
+    written = [p.name for p in output_dir.rglob("*")] if output_dir.exists() else []
+    assert not any(name.startswith(("step-", ".tmp-step-")) or name == "checkpoints" for name in written), written
+    return " ".join(printed.split())
+
+
+def _plan(workspace, **changes):
+    from rlplan.runtime.commands import demo_plan
+
+    root, model_dir, train_file = workspace
+    plan = demo_plan(model_dir, train_file, root / "unused", steps=2)
+    return plan.evolve(**changes) if changes else plan
+
+
+def test_missing_model_directory(workspace, tmp_path, capsys):
+    plan = _plan(workspace)
+    plan = plan.evolve(model=attrs.evolve(plan.model, path=str(tmp_path / "no-such-model")))
+    message = _run_bad(tmp_path, capsys, plan)
+    assert "model.path" in message and "no-such-model" in message and "Fix:" in message
+
+
+def test_offload_on_a_machine_without_an_accelerator(workspace, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the check is for machines without an accelerator; this one has CUDA")
+    plan = _plan(workspace)
+    plan = plan.evolve(actor=attrs.evolve(plan.actor, param_offload=True))
+    message = _run_bad(tmp_path, capsys, plan)
+    assert "actor.param_offload" in message and "set actor.param_offload = false" in message
+
+
+def test_unknown_reward_function(workspace, tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    plan = _plan(workspace)
+    plan = plan.evolve(reward=attrs.evolve(plan.reward, function="no_such_module_rlplan:score"))
+    message = _run_bad(tmp_path, capsys, plan)
+    assert "reward.function" in message and "no_such_module_rlplan" in message
+
+
+def test_missing_plan_file(tmp_path, capsys):
+    from rlplan.runtime.commands import EXIT_BAD_INPUT, run_command
+
+    code = run_command(str(tmp_path / "absent.toml"), resume=False, address=None, output_dir=str(tmp_path / "out"), max_steps=None)
+    assert code == EXIT_BAD_INPUT
+    assert "absent.toml" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
