@@ -1,0 +1,424 @@
+"""Regenerate docs/accuracy.md: the planner's memory model against measurement and published figures.
+
+    .venv/bin/python benchmarks/accuracy.py            # every row (tens of minutes on 2 cores)
+    .venv/bin/python benchmarks/accuracy.py --quick    # the small models only (a few minutes)
+
+Three parts:
+1. Training steps measured on the CPU (FSDPMemTracker over FSDP2 on fake tensors,
+   `rlplan.runtime.measure`) beside the planner's step-scope prediction.
+   Target: every row within 5 %, none under-predicted by more than 2 %.
+2. Published figures the model must reproduce: llm-d's vLLM KV-cache rows (exactly,
+   from their stated inputs) and torchtitan's Llama-3.1-8B full-AC rows (within 10 %).
+3. verl's device-tuning feasibility points: predicted fit at the published batch and
+   the predicted largest batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from attrs import frozen
+
+from rlplan.planner.arch import Architecture
+from rlplan.planner.hardware import Cluster
+from rlplan.planner.memory import (
+    GIB,
+    MIB,
+    TrainerState,
+    kv_cache_tokens,
+    model_facts,
+    predict_memory,
+    training_components,
+    vllm_kv_cache_bytes,
+)
+from rlplan.planner.plan import (
+    ActorSection,
+    DataSection,
+    LoraConfig,
+    ModelSection,
+    Plan,
+    RefSection,
+    RolloutSection,
+)
+from rlplan.planner.presets import gpu_presets, model_presets
+from rlplan.planner.profile import DEFAULT_PROFILE
+
+ROOT = Path(__file__).resolve().parent.parent
+UNDER_PREDICTION_LIMIT = -0.02
+ERROR_LIMIT = 0.05
+
+
+# --- part 1: measured training steps -------------------------------------------------
+
+
+@frozen(kw_only=True)
+class StepCase:
+    model: str
+    phase: str = "update"
+    shard_size: int = 8
+    tokens: int = 4096
+    checkpointing: bool = True
+    lora_rank: int = 0
+    entropy: str = "none"  # none | full | chunked
+    micro_batches: int = 1
+    quick: bool = False
+
+    @property
+    def label(self) -> str:
+        parts = [f"ws{self.shard_size}", f"T{self.tokens}", "AC" if self.checkpointing else "no AC"]
+        if self.lora_rank:
+            parts.append(f"LoRA r{self.lora_rank}")
+        if self.entropy != "none":
+            parts.append(f"entropy {self.entropy}")
+        if self.micro_batches > 1:
+            parts.append(f"{self.micro_batches} micro batches")
+        return ", ".join(parts)
+
+
+STEP_CASES = (
+    StepCase(model="qwen2.5-0.5b", quick=True),
+    StepCase(model="qwen2.5-0.5b", checkpointing=False, quick=True),
+    StepCase(model="qwen2.5-0.5b", tokens=8192, quick=True),
+    StepCase(model="qwen2.5-0.5b", shard_size=4, lora_rank=32, quick=True),
+    StepCase(model="qwen2.5-0.5b", entropy="full", quick=True),
+    StepCase(model="qwen2.5-0.5b", entropy="chunked", micro_batches=2, quick=True),
+    StepCase(model="qwen2.5-0.5b", phase="logprob", tokens=8192, quick=True),
+    StepCase(model="llama-3.2-1b", quick=True),
+    StepCase(model="llama-3.2-1b", shard_size=2, checkpointing=False, tokens=2048, quick=True),
+    StepCase(model="qwen3-0.6b", quick=True),
+    StepCase(model="qwen3-0.6b", shard_size=2, lora_rank=16, tokens=8192, quick=True),
+    StepCase(model="qwen2.5-7b"),
+    StepCase(model="qwen2.5-7b", checkpointing=False),
+    StepCase(model="qwen2.5-7b", tokens=8192),
+    StepCase(model="qwen2.5-7b", shard_size=4),
+    StepCase(model="qwen2.5-7b", lora_rank=32),
+    StepCase(model="qwen2.5-7b", phase="logprob", tokens=8192),
+    StepCase(model="llama-3.1-8b"),
+    StepCase(model="llama-3.1-8b", tokens=8192),
+    StepCase(model="llama-3.1-8b", shard_size=4, lora_rank=32),
+)
+
+
+def plan_for_case(case: StepCase) -> Plan:
+    """A one-node plan whose actor step is exactly the case: one sequence of `tokens` per micro batch."""
+    arch = model_presets()[case.model].arch
+    prompt = case.tokens // 4
+    sequences = case.shard_size * case.micro_batches
+    return Plan(
+        model=ModelSection(name=case.model, arch=arch, gradient_checkpointing=case.checkpointing,
+                           lora=LoraConfig(rank=case.lora_rank, alpha=max(1, 2 * case.lora_rank))),
+        cluster=Cluster(gpu=gpu_presets()["H100-80G"], gpus_per_node=case.shard_size, nodes=1),
+        data=DataSection(train_batch_size=sequences, max_prompt_length=prompt,
+                         max_response_length=case.tokens - prompt),
+        actor=ActorSection(ppo_mini_batch_size=sequences, ppo_micro_batch_size_per_gpu=1,
+                           entropy_coeff=0.0 if case.entropy == "none" else 0.001,
+                           entropy_from_logits_with_chunking=case.entropy == "chunked"),
+        rollout=RolloutSection(n=1, log_prob_micro_batch_size_per_gpu=1),
+    )
+
+
+def measured_rows(quick: bool) -> list[dict]:
+    from rlplan.runtime.measure import measure_plan
+
+    cases = [case for case in STEP_CASES if case.quick or not quick]
+    rows = []
+    for index, case in enumerate(cases, 1):
+        started = time.perf_counter()
+        print(f"[{index}/{len(cases)}] {case.model} {case.phase} {case.label} ...", end=" ", flush=True)
+        comparison = measure_plan(plan_for_case(case), case.phase)  # type: ignore[arg-type]
+        print(f"measured {comparison.measured.peak_bytes / MIB:,.0f} MiB, predicted "
+              f"{comparison.predicted_bytes / MIB:,.0f} MiB ({comparison.error:+.1%}) "
+              f"in {time.perf_counter() - started:.0f} s", flush=True)
+        rows.append({"case": case, "comparison": comparison})
+    return rows
+
+
+def measured_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| model | phase | configuration | measured MiB | predicted MiB | error | measured peak at | predicted peak at |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        case, comparison = row["case"], row["comparison"]
+        flag = "" if _row_ok(comparison.error) else " ✗"
+        lines.append(
+            f"| {case.model} | {comparison.planner_phase} | {case.label} | "
+            f"{comparison.measured.peak_bytes / MIB:,.0f} | {comparison.predicted_bytes / MIB:,.0f} | "
+            f"{comparison.error:+.1%}{flag} | {comparison.measured.location.stage} "
+            f"({comparison.measured.location.module or 'loss head'}) | {comparison.predicted_peak_at or 'forward'} |"
+        )
+    return lines
+
+
+def _row_ok(error: float) -> bool:
+    return abs(error) <= ERROR_LIMIT and error >= UNDER_PREDICTION_LIMIT
+
+
+# --- part 2a: llm-d vLLM KV-cache rows (memory-model.md G6/G7) ----------------------------
+
+H100_LLMD_GIB = 79.18
+
+
+@frozen(kw_only=True)
+class KvRow:
+    model: str
+    tp: int
+    util: float
+    weights: float
+    activation: float
+    non_torch: float
+    kv: float
+
+
+LLMD_ROWS = (
+    KvRow(model="Llama-3.1-8B", tp=1, util=0.9, weights=14.99, activation=4.76, non_torch=0.13, kv=51.38),
+    KvRow(model="Qwen3-32B", tp=1, util=0.9, weights=61.03, activation=5.64, non_torch=0.14, kv=4.45),
+    KvRow(model="Qwen3-32B", tp=2, util=0.9, weights=30.59, activation=5.64, non_torch=0.54, kv=34.49),
+    KvRow(model="Qwen3-0.6B", tp=1, util=0.9, weights=1.12, activation=5.56, non_torch=0.13, kv=64.45),
+    KvRow(model="Llama-3.3-70B-FP8", tp=2, util=0.9, weights=33.88, activation=4.84, non_torch=0.55, kv=32.00),
+    KvRow(model="gpt-oss-20b", tp=1, util=0.9, weights=13.47, activation=7.38, non_torch=0.13, kv=50.28),
+    KvRow(model="gpt-oss-120b", tp=1, util=0.95, weights=64.38, activation=7.38, non_torch=0.13, kv=3.33),
+    KvRow(model="Mistral-Small-24B", tp=1, util=0.95, weights=44.76, activation=2.12, non_torch=0.14, kv=28.20),
+)
+
+MISTRAL_SMALL_24B = Architecture(family="mistral", hidden_size=5120, num_layers=40, num_attention_heads=32,
+                                 num_kv_heads=8, head_dim=128, intermediate_size=32768, vocab_size=131072)
+
+
+def kv_table() -> tuple[list[str], bool]:
+    lines = [
+        "| model | TP | util | weights | activation | non-torch | published KV GiB | planner KV GiB | difference |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    exact = True
+    for row in LLMD_ROWS:
+        predicted = vllm_kv_cache_bytes(row.util * H100_LLMD_GIB * GIB, row.weights * GIB, row.activation * GIB,
+                                        row.non_torch * GIB) / GIB
+        difference = predicted - row.kv
+        # The published figures carry two decimals, so their identity holds to the rounding of four terms.
+        exact &= abs(difference) <= 0.02
+        lines.append(f"| {row.model} | {row.tp} | {row.util} | {row.weights} | {row.activation} | {row.non_torch} | "
+                     f"{row.kv:.2f} | {predicted:.2f} | {difference:+.2f} |")
+    per_token = MISTRAL_SMALL_24B.kv_cache_bytes_per_token(1)
+    lines.append("")
+    lines.append(f"KV bytes per token, Mistral-Small-24B (40 layers x 2 x 8 KV heads x 128 x 2 B): planner "
+                 f"{per_token:,} B, llm-d 163,840 B. With block 128, the 28.20 GiB cache holds "
+                 f"{kv_cache_tokens(MISTRAL_SMALL_24B, 28.20 * GIB, 1, 128):,} tokens.")
+    exact &= per_token == 163_840
+    return lines, exact
+
+
+# --- part 2b: torchtitan Llama-3.1-8B full-AC rows (memory-model.md G3) ------------------
+
+
+def torchtitan_rows() -> tuple[list[str], bool]:
+    """G3: Llama-3.1-8B, 8 H100 (95 GiB HBM2e), full AC, local batch 1, 32768 tokens per GPU after CP."""
+    arch = model_presets()["llama-3.1-8b"].arch
+    facts = model_facts(arch)
+    shard = 8  # torchtitan shards parameters over dp_shard x cp, 8 ranks in every G3 row
+    n = facts.params
+    state = TrainerState(params=4 * n / shard, grads=4 * n / shard, optimizer=8 * n / shard,
+                         optimizer_step=4 * n / shard, reduce_scatter=4 * facts.layer_params)
+    tokens = 32768
+    profile = DEFAULT_PROFILE
+    peak_at, components = training_components(
+        facts, state, tokens=tokens, micro_batches_per_mini=1, checkpointing=True, activation_offload=False,
+        head_bytes_per_token_vocab=profile.head_log_prob_bytes,
+        root_group_bytes=2 * facts.vocab * facts.hidden * 2, role="actor", profile=profile)
+    allocated = sum(c.bytes for c in components)
+    predicted = allocated * (1 + profile.fragmentation_fraction) + profile.cuda_context_and_nccl_gib * GIB
+    published = (("FSDP8, seq 32k", 83.9), ("FSDP4 x CP2, seq 64k", 84.2), ("FSDP2 x CP4, seq 128k", 84.0),
+                 ("CP8, seq 256k", 84.5))
+    lines = [
+        "| torchtitan run (G3) | published GiB (max reserved) | planner GiB | error |",
+        "|---|---|---|---|",
+    ]
+    within = True
+    for label, gib in published:
+        error = predicted / GIB / gib - 1
+        within &= abs(error) <= 0.10
+        lines.append(f"| {label} | {gib} | {predicted / GIB:.1f} | {error:+.1%} |")
+    lines.append("")
+    lines.append(
+        f"Planner peak at the {peak_at}: "
+        + ", ".join(f"{c.name} {c.bytes / GIB:.1f}" for c in components)
+        + f" GiB, plus {profile.fragmentation_fraction:.0%} fragmentation and "
+        f"{profile.cuda_context_and_nccl_gib} GiB context/NCCL."
+    )
+    return lines, within
+
+
+# --- part 3: verl device-tuning feasibility (verl-rules.md section 6) --------------------
+
+
+@frozen(kw_only=True)
+class TuningRow:
+    model: str
+    gpus: int
+    util: float
+    rollout_tp: int
+    ulysses: int
+    published_batch: int
+    note: str = ""
+
+
+# The LoRA MIN scripts: rank 32 all-linear, param + optimizer + ref offload, AC, remove padding,
+# n 5, prompt 512 + response 1024, micro = mini = train batch, entropy_coeff 0.001, layered summon.
+TUNING_ROWS = (
+    TuningRow(model="qwen2.5-3b", gpus=1, util=0.1, rollout_tp=1, ulysses=1, published_batch=62),
+    TuningRow(model="qwen2.5-7b", gpus=1, util=0.2, rollout_tp=1, ulysses=1, published_batch=16,
+              note="the script's bisection comment reaches 100 (101 fails)"),
+    TuningRow(model="qwen2.5-14b", gpus=2, util=0.25, rollout_tp=2, ulysses=2, published_batch=116),
+)
+
+
+def tuning_plan(row: TuningRow, batch: int) -> Plan:
+    arch = model_presets()[row.model].arch
+    return Plan(
+        model=ModelSection(name=row.model, arch=arch, gradient_checkpointing=True,
+                           lora=LoraConfig(rank=32, alpha=32)),
+        cluster=Cluster(gpu=gpu_presets()["H100-80G"], gpus_per_node=row.gpus, nodes=1),
+        data=DataSection(train_batch_size=batch, max_prompt_length=512, max_response_length=1024),
+        actor=ActorSection(ppo_mini_batch_size=batch, ppo_micro_batch_size=batch, param_offload=True,
+                           optimizer_offload=True, ulysses_sequence_parallel_size=row.ulysses,
+                           use_kl_loss=True, entropy_coeff=0.001),
+        ref=RefSection(param_offload=True, log_prob_micro_batch_size=batch),
+        rollout=RolloutSection(n=5, tensor_model_parallel_size=row.rollout_tp, gpu_memory_utilization=row.util,
+                               max_num_seqs=512, max_model_len=1536, max_num_batched_tokens=1536,
+                               enable_chunked_prefill=False, load_format="safetensors", layered_summon=True,
+                               log_prob_micro_batch_size=batch),
+    )
+
+
+def _fits_gpu(plan: Plan) -> bool:
+    return predict_memory(plan).fits_gpu
+
+
+def largest_fitting_batch(row: TuningRow) -> int:
+    step = row.gpus
+    if not _fits_gpu(tuning_plan(row, step)):
+        return 0
+    low, high = step, step
+    while _fits_gpu(tuning_plan(row, high)):
+        low, high = high, high * 2
+    while high - low > step:
+        middle = (low + high) // 2 // step * step
+        if _fits_gpu(tuning_plan(row, middle)):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def tuning_table() -> tuple[list[str], bool]:
+    lines = [
+        "| model | GPUs | util | published batch | predicted peak GiB at it | fits | predicted largest batch | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    all_fit = True
+    for row in TUNING_ROWS:
+        report = predict_memory(tuning_plan(row, row.published_batch))
+        all_fit &= report.fits_gpu
+        lines.append(f"| {row.model} | {row.gpus}x H100 | {row.util} | {row.published_batch} | "
+                     f"{report.gpu_peak_bytes / GIB:.1f} ({report.peak_phase.name}) | "
+                     f"{'yes' if report.fits_gpu else 'no'} | {largest_fitting_batch(row)} | {row.note} |")
+    return lines, all_fit
+
+
+# --- the document ----------------------------------------------------------------------
+
+
+def render(rows: list[dict], quick: bool) -> str:
+    errors = [row["comparison"].error for row in rows]
+    within = sum(_row_ok(error) for error in errors)
+    kv_lines, kv_exact = kv_table()
+    titan_lines, titan_within = torchtitan_rows()
+    tuning_lines, tuning_fit = tuning_table()
+    models = sorted({row["case"].model for row in rows})
+    out = [
+        "# Memory-model accuracy",
+        "",
+        "Generated by `benchmarks/accuracy.py`" + (" --quick" if quick else "") + "; do not edit by hand.",
+        "",
+        "## 1. Training steps: planner vs CPU measurement",
+        "",
+        "Measured: `rlplan.runtime.measure` runs the real HF model (shapes from the preset's config.json) under FSDP2",
+        "on a fake process group of the shard size, with FakeTensors on device cpu, inside PyTorch's FSDPMemTracker:",
+        "two iterations of forward, verl's naive fp32 log-prob head (entropy when the row says so), backward and",
+        "AdamW (memory-model.md section 3). Predicted: the planner's step-scope bytes of the same phase",
+        "(`predict_phase(...).step_bytes`: what a tracker sees, i.e. without CUDA context, NCCL and fragmentation).",
+        "Error = predicted / measured - 1; negative is an under-prediction.",
+        "",
+        f"{len(rows)} rows over {len(models)} architectures ({', '.join(models)}); "
+        f"{within} within 5 % and not under-predicted by more than 2 %; "
+        f"largest over-prediction {max(errors):+.1%}, largest under-prediction {min(errors):+.1%}.",
+        "",
+        *measured_table(rows),
+        "",
+        "MoE: not measured. The recipe is verified for dense decoder layers only (qwen2, llama, mistral, qwen3);",
+        "transformers' fused-expert MoE blocks are not part of it, so MoE rows would test an unverified emulation.",
+        "",
+        "## 2. Published figures",
+        "",
+        "### vLLM KV cache (llm-d, H100 79.18 GiB, vLLM 0.11; memory-model.md G6/G7)",
+        "",
+        "The planner's rollout formula `KV = util x GPU - weights - activation - non-torch`",
+        "(`planner.memory.vllm_kv_cache_bytes`) applied to each row's published inputs. "
+        + ("Every row is reproduced to the published rounding." if kv_exact else "NOT every row is reproduced."),
+        "The gpt-oss-120b row balances only at util 0.95 (memory-model.md section 4), used here.",
+        "",
+        *kv_lines,
+        "",
+        "### torchtitan Llama-3.1-8B, full activation checkpointing (memory-model.md G3)",
+        "",
+        "Stated differences and how they are accounted for: torchtitan reports max *reserved* memory, so the",
+        "planner adds its fragmentation fraction and the CUDA context/NCCL budget to the allocated peak; CP",
+        "shards the sequence, leaving 32768 tokens per GPU and parameters sharded over all 8 ranks in every row;",
+        "its loss is a plain fp32 cross-entropy over the logits, the planner's log-prob head; torch.compile and",
+        "fp8 change the matmul kernels, not which tensors are held, and are not modelled. The CP rows also",
+        "all-gather K/V per layer (a few hundred MiB), inside the spread of the four published values.",
+        "Rows with selective AC (G1, G2, G5) are not compared: the planner models AC on or off only.",
+        "",
+        *titan_lines,
+        "",
+        ("All rows within 10 %." if titan_within else "NOT all rows within 10 %."),
+        "",
+        "## 3. verl device-tuning feasibility (verl-rules.md section 6)",
+        "",
+        "The LoRA MIN scripts (Qwen2.5, rank 32 all-linear, param, optimizer and ref offload, AC, remove padding,",
+        "n 5, prompt 512 + response 1024, micro = mini = train batch, entropy_coeff 0.001, layered summon) with each",
+        "script's utilization, rollout TP and Ulysses size, on 80 GB H100s. The published batch is a point that",
+        "ran; the largest batch is the planner's bisection over train_batch_size in steps of the GPU count.",
+        "",
+        *tuning_lines,
+        "",
+        ("The planner predicts a fit at every published working configuration." if tuning_fit
+         else "The planner does NOT predict a fit at every published working configuration."),
+        "",
+        "Why the largest batch differs from the published one: the published MaxBatch is where the authors stopped",
+        "a manual bisection (the 7B script's own comment reaches 100 while the table ships 16), vLLM 0.8.3 sized",
+        "the KV cache from free memory while the planner uses vLLM V1's util x total rule, and the planner's",
+        "fragmentation reserve and context budget are conservative defaults until a GPU profile is calibrated.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="measure the small models only")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "accuracy.md"))
+    args = parser.parse_args(argv)
+    rows = measured_rows(args.quick)
+    text = render(rows, args.quick)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(text, encoding="utf-8")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

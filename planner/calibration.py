@@ -1,0 +1,223 @@
+"""Fit the profile's constants from measurements: pure functions from observations to a `Profile`.
+
+Two kinds of observation feed the fit:
+
+* memory: a phase's predicted *allocated* bytes (the planner's phase peak without its
+  overhead components) beside the GPU memory the process actually held at that phase's
+  peak (reserved memory plus CUDA context and NCCL).  The allocator model is
+  ``held = fixed + (1 + fragmentation) x allocated``, fitted by least squares: the
+  intercept is the context/NCCL budget, the slope minus one the fragmentation fraction.
+* time: a phase's predicted seconds at the profile's efficiency beside its measured
+  seconds.  Each phase is bound by one resource (planner/steptime.py), so the achieved
+  efficiency is the profile's value scaled by predicted / measured; phases of one kind
+  are pooled by time (total predicted work over total measured time).
+
+Where the records cannot determine a constant (one memory point cannot separate the
+intercept from the slope), the base profile's value is kept and the fit says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import attrs
+from attrs import field, frozen
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.plan import Plan
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+
+GIB = 2**30
+
+Efficiency = Literal["training_mfu", "prefill_mfu", "decode_hbm_efficiency"]
+
+# Which profile efficiency bounds each step-time phase (planner/steptime.py).
+EFFICIENCY_OF_PHASE: dict[str, Efficiency] = {
+    "actor_update": "training_mfu",
+    "critic_update": "training_mfu",
+    "old_log_prob": "training_mfu",
+    "ref_log_prob": "training_mfu",
+    "critic_values": "training_mfu",
+    "rollout": "decode_hbm_efficiency",
+}
+
+# What a GPU memory figure in a run's metrics means (runtime/metrics.py labels each row).
+HELD_MEASURE = "cuda_memory_held"
+ALLOCATED_MEASURE = "cuda_max_memory_allocated"
+
+
+def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not value > 0:
+        raise PlanError(field=f"calibration.{attribute.name}", message=f"must be positive, got {value}.",
+                        fix="drop the record: a phase with no bytes or no time carries no information")
+
+
+@frozen(kw_only=True)
+class MemoryObservation:
+    phase: str
+    allocated_bytes: float = field(validator=_positive)
+    held_bytes: float = field(validator=_positive)
+
+
+@frozen(kw_only=True)
+class TimeObservation:
+    phase: str
+    efficiency: Efficiency
+    # The efficiency the prediction was made with.
+    assumed: float = field(validator=_positive)
+    predicted_seconds: float = field(validator=_positive)
+    measured_seconds: float = field(validator=_positive)
+
+    @property
+    def achieved(self) -> float:
+        return self.assumed * self.predicted_seconds / self.measured_seconds
+
+
+@frozen(kw_only=True)
+class AllocatorFit:
+    fixed_bytes: float
+    fragmentation_fraction: float
+    # False when the records could fit the intercept only (one allocation size).
+    slope_fitted: bool
+    residual_bytes: float
+
+
+@frozen(kw_only=True)
+class Calibration:
+    profile: Profile
+    allocator: AllocatorFit | None
+    efficiencies: dict[str, float]
+    notes: tuple[str, ...] = ()
+
+
+def fit_allocator(observations: Sequence[MemoryObservation],
+                  default_fragmentation: float = DEFAULT_PROFILE.fragmentation_fraction) -> AllocatorFit:
+    """Least squares of held = fixed + (1 + fragmentation) x allocated."""
+    if not observations:
+        raise PlanError(field="calibration", message="no memory observations to fit.",
+                        fix="measure at least one phase's held GPU memory")
+    xs = [o.allocated_bytes for o in observations]
+    ys = [o.held_bytes for o in observations]
+    count = len(xs)
+    mean_x, mean_y = sum(xs) / count, sum(ys) / count
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    # Allocation sizes within 1 % of each other cannot separate the slope from the intercept.
+    if count >= 2 and spread > (0.01 * mean_x) ** 2 * count:
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+        fixed = mean_y - slope * mean_x
+        fitted = True
+    else:
+        slope = 1.0 + default_fragmentation
+        fixed = mean_y - slope * mean_x
+        fitted = False
+    residual = max(abs(y - (fixed + slope * x)) for x, y in zip(xs, ys, strict=True))
+    return AllocatorFit(fixed_bytes=fixed, fragmentation_fraction=slope - 1.0, slope_fitted=fitted,
+                        residual_bytes=residual)
+
+
+def fit_efficiencies(observations: Iterable[TimeObservation]) -> dict[str, float]:
+    """Achieved efficiency per kind, pooled by time: sum(assumed x predicted) / sum(measured)."""
+    work: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    for o in observations:
+        work[o.efficiency] = work.get(o.efficiency, 0.0) + o.assumed * o.predicted_seconds
+        seconds[o.efficiency] = seconds.get(o.efficiency, 0.0) + o.measured_seconds
+    return {key: work[key] / seconds[key] for key in work}
+
+
+def _clamped(key: str, value: float, notes: list[str]) -> float:
+    """Keep a fitted value inside the range the profile accepts, and say when it had to be moved."""
+    bounds = {"cuda_context_and_nccl_gib": (0.0, 16.0), "fragmentation_fraction": (0.0, 0.5)}
+    low, high = bounds.get(key, (1e-3, 1.0))
+    clamped = min(max(value, low), high)
+    if clamped != value:
+        notes.append(f"{key}: fitted {value:.4g} lies outside [{low}, {high}]; kept {clamped:.4g}")
+    return clamped
+
+
+def calibrate(memory: Sequence[MemoryObservation] = (), times: Sequence[TimeObservation] = (),
+              base: Profile = DEFAULT_PROFILE, name: str = "calibrated") -> Calibration:
+    """A profile with every constant the observations determine replaced by its fitted value."""
+    notes: list[str] = []
+    changes: dict[str, Any] = {"name": name}
+    allocator = None
+    if memory:
+        allocator = fit_allocator(memory, base.fragmentation_fraction)
+        changes["cuda_context_and_nccl_gib"] = _clamped("cuda_context_and_nccl_gib", allocator.fixed_bytes / GIB, notes)
+        if allocator.slope_fitted:
+            changes["fragmentation_fraction"] = _clamped("fragmentation_fraction", allocator.fragmentation_fraction, notes)
+        else:
+            notes.append("one allocation size: fragmentation_fraction kept, the fixed overhead fitted alone")
+    efficiencies = fit_efficiencies(times)
+    for key, value in efficiencies.items():
+        changes[key] = _clamped(key, value, notes)
+    if not memory and not times:
+        notes.append("no usable observations: the base profile is returned unchanged")
+    return Calibration(profile=attrs.evolve(base, **changes), allocator=allocator, efficiencies=efficiencies,
+                       notes=tuple(notes))
+
+
+# --- observations from plans and runs -------------------------------------------------------
+
+
+def memory_observation(plan: Plan, phase: str, held_bytes: float,
+                       profile: Profile = DEFAULT_PROFILE) -> MemoryObservation:
+    """A plan phase's predicted allocated bytes beside the GPU memory held at its peak."""
+    from rlplan.planner.memory import predict_phase
+
+    predicted = predict_phase(plan, phase, profile)
+    allocated = predicted.peak_bytes - predicted.scope_bytes("overhead")
+    return MemoryObservation(phase=phase, allocated_bytes=allocated, held_bytes=held_bytes)
+
+
+def time_observations(plan: Plan, measured_seconds: dict[str, float],
+                      profile: Profile = DEFAULT_PROFILE) -> list[TimeObservation]:
+    """Measured phase seconds beside the step-time model's, for the phases one efficiency bounds."""
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.steptime import predict_step_time
+
+    predicted = predict_step_time(plan, predict_memory(plan, profile), profile).phase_seconds
+    observations = []
+    for phase, seconds in measured_seconds.items():
+        efficiency = EFFICIENCY_OF_PHASE.get(phase)
+        if efficiency is None or seconds <= 0 or predicted.get(phase, 0.0) <= 0:
+            continue
+        observations.append(TimeObservation(phase=phase, efficiency=efficiency, assumed=getattr(profile, efficiency),
+                                            predicted_seconds=predicted[phase], measured_seconds=seconds))
+    return observations
+
+
+def observations_from_metrics(plan: Plan, rows: Sequence[dict[str, Any]], profile: Profile = DEFAULT_PROFILE,
+                              skip_steps: int = 1) -> tuple[list[MemoryObservation], list[TimeObservation], list[str]]:
+    """Observations from a run's metrics.jsonl rows (runtime/metrics.py keys), skipping warm-up steps.
+
+    Times come from `time/<phase>`. Memory rows count only when they measure what the GPU
+    held (`memory_measure` = cuda_memory_held): an allocator's max_memory_allocated lacks the
+    very context and fragmentation this fit is for, and a CPU process's RSS is not GPU memory.
+    """
+    notes: list[str] = []
+    used = [row for row in rows if int(row.get("step", 0)) > skip_steps] or list(rows)
+    memory: list[MemoryObservation] = []
+    times: list[TimeObservation] = []
+    skipped_measures: set[str] = set()
+    for row in used:
+        seconds = {key.removeprefix("time/"): float(value) for key, value in row.items()
+                   if key.startswith("time/") and isinstance(value, int | float)}
+        times += time_observations(plan, seconds, profile)
+        measure = row.get("memory_measure", "")
+        for key, value in row.items():
+            if not (key.startswith("memory/") and key.endswith("_peak_gib")) or not isinstance(value, int | float):
+                continue
+            if measure != HELD_MEASURE:
+                skipped_measures.add(str(measure) or "unlabelled")
+                continue
+            phase = key.removeprefix("memory/").removesuffix("_peak_gib")
+            try:
+                memory.append(memory_observation(plan, phase, value * GIB, profile))
+            except KeyError:
+                notes.append(f"phase {phase!r} is not in this plan's step; its memory rows are ignored")
+    for measure in sorted(skipped_measures):
+        notes.append(f"memory rows measured as {measure!r} do not show held GPU memory; not used for the "
+                     "allocator fit")
+    return memory, times, notes

@@ -1,0 +1,169 @@
+"""`rlplan calibrate`: write a profile TOML of constants measured on a GPU or fitted from a finished run.
+
+With a plan, on a machine with a CUDA GPU, the plan's actor update runs for real on
+one GPU: the same HF model and FSDP2 wrap as `rlplan measure`, over a fake process
+group of the plan's shard size, so every tensor has its true per-rank size while the
+collectives cost nothing.  What the GPU held at the peak (context, NCCL, reserved
+memory) against the planner's allocated bytes fits the context budget and the
+fragmentation fraction; the step's seconds against its FLOPs give the achieved MFU.
+
+With `--from-run`, the observations come from a run's metrics.jsonl and the plan
+beside it (or the plan given).  The fitting itself is `rlplan.planner.calibration`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from rlplan.planner.calibration import (
+    Calibration,
+    MemoryObservation,
+    TimeObservation,
+    calibrate,
+    memory_observation,
+    observations_from_metrics,
+)
+from rlplan.planner.errors import PlanError
+from rlplan.planner.plan import Plan
+from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+GPU_ITERATIONS = 3  # the first warms up kernels and creates AdamW's state; the others are timed
+
+
+def calibrate_command(plan_path: str | None, from_run: str | None, output: str) -> int:
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    errors = Console(stderr=True, highlight=False)
+    try:
+        plan = _load_plan(plan_path, from_run)
+        if from_run is not None:
+            result = calibrate_from_run(plan, _read_metrics(from_run), name=Path(output).stem)
+        else:
+            result = calibrate_on_gpu(plan, name=Path(output).stem)
+    except PlanError as error:
+        errors.print(f"[bold red]error[/] {error.paragraph()}")
+        return EXIT_BAD_INPUT
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(profile_to_toml(result.profile), encoding="utf-8")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    changed = {key: value for key, value in attrs.asdict(result.profile).items()
+               if key != "name" and value != getattr(DEFAULT_PROFILE, key)}
+    console.print(f"wrote {output}: " + (", ".join(f"{k} = {v:.4g}" for k, v in changed.items())
+                                         or "no constant changed"))
+    console.print(f"use it with `rlplan solve ... --profile {output}`")
+    return EXIT_OK
+
+
+def calibrate_from_run(plan: Plan, rows: list[dict[str, Any]], name: str = "calibrated") -> Calibration:
+    memory, times, notes = observations_from_metrics(plan, rows)
+    if not memory and not times:
+        raise PlanError(field="--from-run", message="the run's metrics hold no phase times or held-memory peaks.",
+                        fix="point --from-run at the metrics.jsonl of a run that finished at least two steps")
+    result = calibrate(memory, times, name=name)
+    return attrs.evolve(result, notes=tuple(notes) + result.notes)
+
+
+def calibrate_on_gpu(plan: Plan, name: str = "calibrated") -> Calibration:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise PlanError(field="calibrate", message="no CUDA GPU is visible, and calibrating memory and MFU needs one.",
+                        fix="run `rlplan calibrate plan.toml` on a GPU machine, or fit from a finished run "
+                            "with `--from-run runs/x/metrics.jsonl`")
+    held_bytes, seconds, flops = _real_update_step(plan)
+    memory: list[MemoryObservation] = [memory_observation(plan, "actor_update", held_bytes)]
+    mfu = DEFAULT_PROFILE.training_mfu
+    peak_flops = plan.cluster.gpu.bf16_tflops * 1e12
+    times = [TimeObservation(phase="actor_update", efficiency="training_mfu", assumed=mfu,
+                             predicted_seconds=flops / (mfu * peak_flops), measured_seconds=seconds)]
+    return calibrate(memory, times, name=name)
+
+
+def _real_update_step(plan: Plan) -> tuple[float, float, float]:
+    """(GPU bytes held at the peak, seconds per optimizer step, FLOPs per optimizer step) on this GPU."""
+    import torch
+
+    from rlplan.planner.memory import model_facts
+    from rlplan.runtime.measure import (
+        base_dtype,
+        build_sharded_model,
+        default_dtype,
+        faithful_emulation,
+        fake_process_group,
+        make_inputs,
+        make_optimizer,
+        training_step_of_plan,
+        update_iteration,
+    )
+
+    step = training_step_of_plan(plan, "update")
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    # What the process already holds before the model: CUDA context, cuBLAS and NCCL workspaces.
+    baseline = total - free
+    with fake_process_group(step.shard_size), faithful_emulation(), default_dtype(base_dtype(step)):
+        model = build_sharded_model(step, None, device="cuda")
+        optimizer = make_optimizer(model)
+        input_ids, position_ids = make_inputs(step, device="cuda")
+        torch.cuda.reset_peak_memory_stats()
+        timed: list[float] = []
+        for iteration in range(GPU_ITERATIONS):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            update_iteration(model, optimizer, step, input_ids, position_ids, lambda stage: None)
+            torch.cuda.synchronize()
+            if iteration:
+                timed.append(time.perf_counter() - started)
+        held = baseline + torch.cuda.max_memory_reserved()
+    facts = model_facts(plan.model.arch)
+    # Backward is 2x forward, 1x with a frozen base; recompute under checkpointing adds 1x.
+    multiplier = (2.0 if step.lora_rank else 3.0) + (1.0 if step.gradient_checkpointing else 0.0)
+    tokens = step.tokens_per_micro_batch * step.micro_batches
+    flops = tokens * facts.forward_flops_per_token(step.input_shape[1] / 2) * multiplier
+    return float(held), sum(timed) / len(timed), flops
+
+
+def _load_plan(plan_path: str | None, from_run: str | None) -> Plan:
+    from rlplan.planner.planfile import plan_from_toml
+
+    if plan_path is None and from_run is not None:
+        sibling = Path(from_run).with_name("plan.toml")
+        if not sibling.is_file():
+            raise PlanError(field="--from-run", message=f"no plan.toml beside {from_run}, and no plan was given.",
+                            fix="pass the run's plan too: `rlplan calibrate plan.toml --from-run metrics.jsonl`")
+        plan_path = str(sibling)
+    if plan_path is None:
+        raise PlanError(field="calibrate", message="needs a plan or --from-run.",
+                        fix="pass plan.toml or --from-run FILE")
+    try:
+        text = Path(plan_path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError(field="plan", message=f"cannot read {plan_path!r}: {exc.strerror}.",
+                        fix="pass the path of a plan.toml") from None
+    return plan_from_toml(text, source=plan_path)
+
+
+def _read_metrics(path: str) -> list[dict[str, Any]]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise PlanError(field="--from-run", message=f"cannot read {path!r}: {exc.strerror}.",
+                        fix="pass a run's metrics.jsonl") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise PlanError(field="--from-run", message=f"line {number} of {path} is not JSON ({exc.msg}).",
+                            fix="pass the metrics.jsonl a run wrote, unedited") from None
+    return rows

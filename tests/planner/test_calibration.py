@@ -1,0 +1,171 @@
+"""Profile calibration: records generated from known constants give those constants back."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlplan.planner.calibration import (
+    HELD_MEASURE,
+    MemoryObservation,
+    TimeObservation,
+    calibrate,
+    fit_allocator,
+    memory_observation,
+    observations_from_metrics,
+    time_observations,
+)
+from rlplan.planner.errors import PlanError
+from rlplan.planner.memory import predict_phase
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile, load_profile_toml, profile_to_toml
+from tests.planner.plans import make_plan
+
+GIB = 2**30
+
+
+def _held(allocated: float, fixed_gib: float, fragmentation: float) -> float:
+    return fixed_gib * GIB + (1 + fragmentation) * allocated
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    fixed_gib=st.floats(0.0, 8.0),
+    fragmentation=st.floats(0.0, 0.4),
+    sizes=st.lists(st.floats(1.0, 70.0), min_size=2, max_size=8, unique=True).filter(
+        lambda xs: max(xs) - min(xs) > 1.0),
+)
+def test_allocator_fit_recovers_the_constants_that_generated_the_records(fixed_gib, fragmentation, sizes):
+    observations = [MemoryObservation(phase="actor_update", allocated_bytes=gib * GIB,
+                                      held_bytes=_held(gib * GIB, fixed_gib, fragmentation)) for gib in sizes]
+    fit = fit_allocator(observations)
+    assert fit.slope_fitted
+    assert fit.fixed_bytes / GIB == pytest.approx(fixed_gib, abs=1e-6)
+    assert fit.fragmentation_fraction == pytest.approx(fragmentation, abs=1e-9)
+
+
+def test_one_allocation_size_fits_the_overhead_and_keeps_the_fragmentation():
+    observation = MemoryObservation(phase="actor_update", allocated_bytes=40 * GIB,
+                                    held_bytes=_held(40 * GIB, 2.5, DEFAULT_PROFILE.fragmentation_fraction))
+    result = calibrate([observation])
+    assert result.profile.fragmentation_fraction == DEFAULT_PROFILE.fragmentation_fraction
+    assert result.profile.cuda_context_and_nccl_gib == pytest.approx(2.5)
+    assert any("one allocation size" in note for note in result.notes)
+
+
+def test_efficiency_fit_recovers_mfu_pooled_over_phases_of_one_kind():
+    true_mfu, assumed = 0.42, 0.35
+    times = [
+        TimeObservation(phase=phase, efficiency="training_mfu", assumed=assumed, predicted_seconds=predicted,
+                        measured_seconds=predicted * assumed / true_mfu)
+        for phase, predicted in (("actor_update", 30.0), ("old_log_prob", 8.0), ("actor_update", 31.0))
+    ]
+    result = calibrate(times=times)
+    assert result.profile.training_mfu == pytest.approx(true_mfu)
+    assert result.profile.decode_hbm_efficiency == DEFAULT_PROFILE.decode_hbm_efficiency
+
+
+def test_a_fit_outside_the_profile_range_is_clamped_and_said():
+    observations = [MemoryObservation(phase="p", allocated_bytes=g * GIB, held_bytes=g * GIB * 2.0)
+                    for g in (10.0, 20.0)]
+    result = calibrate(observations)
+    assert result.profile.fragmentation_fraction == 0.5
+    assert any("fragmentation_fraction" in note for note in result.notes)
+
+
+def test_plan_records_recover_the_profile_that_produced_them():
+    """Synthetic GPU measurements of real plans, made with known constants, fit back to them."""
+    truth = Profile(name="truth", cuda_context_and_nccl_gib=1.8, fragmentation_fraction=0.11, training_mfu=0.41)
+    plans = [make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": micro}) for micro in (1, 2, 4)]
+    memory = []
+    for plan in plans:
+        phase = predict_phase(plan, "actor_update", truth)
+        allocated = phase.peak_bytes - phase.scope_bytes("overhead")
+        held = truth.cuda_context_and_nccl_gib * GIB + (1 + truth.fragmentation_fraction) * allocated
+        memory.append(memory_observation(plan, "actor_update", held))
+    # Seconds as the step-time model predicts them with the true MFU.
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.steptime import predict_step_time
+
+    times = []
+    for plan in plans:
+        true_seconds = predict_step_time(plan, predict_memory(plan, truth), truth).phase_seconds
+        times += time_observations(plan, {"actor_update": true_seconds["actor_update"]})
+    profile = calibrate(memory, times).profile
+    assert profile.cuda_context_and_nccl_gib == pytest.approx(1.8, abs=1e-3)
+    assert profile.fragmentation_fraction == pytest.approx(0.11, abs=1e-4)
+    # The update is compute-bound at these sizes, so its seconds scale exactly with 1 / MFU.
+    assert profile.training_mfu == pytest.approx(0.41, rel=0.02)
+    assert load_profile_toml(profile_to_toml(profile)) == profile
+
+
+def test_run_metrics_give_times_and_only_held_memory():
+    plan = make_plan()
+    rows = [
+        {"step": 1, "time/actor_update": 99.0, "memory_measure": HELD_MEASURE, "memory/actor_update_peak_gib": 50.0},
+        {"step": 2, "time/actor_update": 20.0, "time/rollout": 30.0, "memory_measure": HELD_MEASURE,
+         "memory/actor_update_peak_gib": 40.0, "memory/reward_peak_gib": 1.0},
+        {"step": 3, "time/actor_update": 22.0, "memory_measure": "cuda_max_memory_allocated",
+         "memory/actor_update_peak_gib": 30.0},
+    ]
+    memory, times, notes = observations_from_metrics(plan, rows)
+    assert [o.held_bytes for o in memory] == [40.0 * GIB]  # step 1 is warm-up, step 3 is allocated-only
+    assert sorted(o.phase for o in times) == ["actor_update", "actor_update", "rollout"]
+    assert any("cuda_max_memory_allocated" in note for note in notes)
+    assert any("'reward'" in note for note in notes)
+
+
+def test_no_observations_is_an_error_for_the_allocator_fit():
+    with pytest.raises(PlanError, match="no memory observations"):
+        fit_allocator([])
+
+
+def _write_run(tmp_path, plan, rows):
+    import json
+
+    from rlplan.planner.planfile import plan_to_toml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.toml").write_text(plan_to_toml(plan))
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return run
+
+
+def test_calibrate_from_run_writes_a_profile_solve_can_load(tmp_path):
+    from rlplan.runtime.calibrate import calibrate_command
+
+    plan = make_plan()
+    predicted = time_observations(plan, {"actor_update": 1.0})[0].predicted_seconds
+    # A run whose update took twice the predicted time: achieved MFU is half the assumed one.
+    rows = [{"step": step, "time/actor_update": 2 * predicted} for step in (1, 2, 3)]
+    run = _write_run(tmp_path, plan, rows)
+    output = tmp_path / "cluster.toml"
+    assert calibrate_command(None, str(run / "metrics.jsonl"), str(output)) == 0
+    profile = load_profile_toml(output.read_text())
+    assert profile.name == "cluster"
+    assert profile.training_mfu == pytest.approx(DEFAULT_PROFILE.training_mfu / 2)
+
+
+def test_calibrate_from_run_without_a_plan_or_usable_rows_is_bad_input(tmp_path):
+    from rlplan.runtime.calibrate import calibrate_command
+
+    lonely = tmp_path / "metrics.jsonl"
+    lonely.write_text("{}\n")
+    assert calibrate_command(None, str(lonely), str(tmp_path / "p.toml")) == 2
+    run = _write_run(tmp_path, make_plan(), [{"step": 1, "loss": 0.3}])
+    assert calibrate_command(None, str(run / "metrics.jsonl"), str(tmp_path / "p.toml")) == 2
+    assert not (tmp_path / "p.toml").exists()
+
+
+def test_calibrate_on_a_machine_without_a_gpu_says_so_and_exits_2(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the command would calibrate instead of refusing")
+    from rlplan.planner.planfile import plan_to_toml
+    from rlplan.runtime.calibrate import calibrate_command
+
+    plan_path = tmp_path / "plan.toml"
+    plan_path.write_text(plan_to_toml(make_plan()))
+    assert calibrate_command(str(plan_path), None, str(tmp_path / "p.toml")) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
