@@ -1,0 +1,123 @@
+"""`rlplan import verl` and `rlplan render`: the file reading and printing around the pure
+`verl_import` and `render` modules.  Each returns the process exit code: 0 done, 2 bad input
+(printed as one paragraph naming the field and the fix, never a traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlplan.planner.errors import PlanError
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _print_error(error: PlanError) -> int:
+    from rich.markup import escape
+
+    _stderr().print(f"[bold red]error[/] {escape(error.paragraph())}")
+    return EXIT_BAD_INPUT
+
+
+def parse_env_pins(items: list[str]) -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise PlanError(field="--env", message=f"{item!r} is not KEY=VALUE.", fix="pass e.g. --env NGPUS=8")
+        pins[name.strip()] = value
+    return pins
+
+
+def read_local_model_config(path: str) -> dict[str, Any] | None:
+    """The config.json at a local model directory (or the file itself); None for a hub repo id."""
+    candidate = Path(os.path.expanduser(path))
+    if candidate.is_dir():
+        candidate = candidate / "config.json"
+    if not candidate.is_file():
+        return None
+    from rlplan.planner.cli import read_text
+
+    try:
+        config = json.loads(read_text(str(candidate), "actor_rollout_ref.model.path"))
+    except json.JSONDecodeError as exc:
+        raise PlanError(field="actor_rollout_ref.model.path", message=f"{candidate} is not valid JSON ({exc}).",
+                        fix="point the model path at a Hugging Face model directory") from None
+    if not isinstance(config, dict):
+        raise PlanError(field="actor_rollout_ref.model.path", message=f"{candidate} is not a JSON object.",
+                        fix="point the model path at a Hugging Face model directory")
+    return config
+
+
+def _gpu(gpu: str | None, gpu_mem: float | None):
+    from rlplan.planner.presets import custom_gpu, resolve_gpu
+
+    if gpu is not None and gpu_mem is not None:
+        raise PlanError(field="--gpu", message="--gpu and --gpu-mem both describe the GPU.", fix="pass only one")
+    if gpu is not None:
+        return resolve_gpu(gpu)
+    if gpu_mem is not None:
+        return custom_gpu(gpu_mem)
+    raise PlanError(field="--gpu", message="verl scripts rarely say which GPU they run on, and the memory model "
+                    "needs it.", fix="pass --gpu h100-80g (see `rlplan presets gpus`) or --gpu-mem GiB")
+
+
+def import_command(script: str, *, gpu: str | None, gpu_mem: float | None, host_mem: float, env: list[str],
+                   output: str | None) -> int:
+    from rich.markup import escape
+
+    from rlplan.planner.cli import read_text, write_text
+    from rlplan.planner.planfile import plan_to_toml
+    from rlplan.planner.verl_import import import_verl_script
+
+    try:
+        result = import_verl_script(
+            read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
+            env=parse_env_pins(env), local_config_reader=read_local_model_config, environment=dict(os.environ),
+        )
+        text = plan_to_toml(result.plan)
+        if output:
+            write_text(output, text, "--output")
+        else:
+            sys.stdout.write(text)
+    except PlanError as error:
+        return _print_error(error)
+    console = _stderr()
+    for warning in result.warnings:
+        console.print(f"[yellow]warning[/] {escape(warning)}")
+    if output:
+        console.print(f"wrote {escape(output)}; check it with `rlplan validate {escape(output)}`")
+    return EXIT_OK
+
+
+def render_command(plan_path: str, *, target: str, fmt: str, output: str | None) -> int:
+    from rlplan.planner.cli import load_plan, write_text
+    from rlplan.planner.render import render_plan
+
+    try:
+        text = render_plan(load_plan(plan_path), target, fmt, plan_file=plan_path)
+        if output:
+            write_text(output, text, "--output")
+            if fmt == "script":
+                mode = os.stat(output).st_mode
+                os.chmod(output, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        else:
+            sys.stdout.write(text)
+    except PlanError as error:
+        return _print_error(error)
+    except OSError as exc:
+        return _print_error(PlanError(field="--output", message=f"cannot make {output!r} executable: {exc}.",
+                                      fix="choose a writable path"))
+    return EXIT_OK

@@ -1,0 +1,183 @@
+"""A plan -> a verl launch script, a file of Hydra overrides, a SLURM script or a Ray job.
+
+Templates live in rlplan.templates and render with StrictUndefined, so a template that
+names a missing value fails loudly instead of writing an empty string.  Every value that
+reaches a shell goes through the `shquote` filter (shlex.quote): a model path or an
+experiment name holding spaces, quotes, `$()`, backquotes or `;` stays one inert word.
+Values inside Hydra overrides are first written in Hydra's own syntax
+(`verl_keys.format_value`), so Hydra reads back the exact string.
+
+For verl the plan first gets what verl would otherwise default badly (`prepare_for_verl`):
+an explicit max_model_len, and load_format = safetensors when vLLM keeps its own base
+weights (LoRA, layered summon).
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+import re
+import shlex
+from importlib import resources
+from typing import Any, Literal
+
+import attrs
+import jinja2
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.hardware import Cluster
+from rlplan.planner.plan import Plan
+from rlplan.planner.verl_keys import (
+    BY_FIELD,
+    DEFAULT_REWARD_NAME,
+    RENDER_ALSO,
+    REWARD_NAME_KEY,
+    REWARD_PATH_KEY,
+    VERL_KEYS,
+    format_value,
+    render_str_list,
+    verl_sleep_level,
+)
+
+Target = Literal["verl", "slurm", "ray-job"]
+Format = Literal["script", "overrides"]
+TARGETS: tuple[str, ...] = ("verl", "slurm", "ray-job")
+FORMATS: tuple[str, ...] = ("script", "overrides")
+
+_TEMPLATES = {
+    ("verl", "script"): "verl.sh.j2",
+    ("verl", "overrides"): "verl_overrides.txt.j2",
+    ("slurm", "script"): "slurm.sh.j2",
+    ("ray-job", "script"): "ray_job.sh.j2",
+}
+
+
+def shquote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    def load(name: str) -> str:
+        return resources.files("rlplan.templates").joinpath(name).read_text(encoding="utf-8")
+
+    environment = jinja2.Environment(
+        loader=jinja2.FunctionLoader(load),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters["shquote"] = shquote
+    return environment
+
+
+def _field(plan: Plan, dotted: str) -> Any:
+    value: Any = plan
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def prepare_for_verl(plan: Plan) -> Plan:
+    """The plan with what verl would default badly made explicit; a PlanError for what verl cannot run."""
+    if plan.algorithm.grpo_leave_one_out:
+        raise PlanError(
+            field="algorithm.grpo_leave_one_out",
+            message="verl has no leave-one-out GRPO baseline, so a verl run would train differently.",
+            fix='set algorithm.grpo_leave_one_out = false, or algorithm.adv_estimator = "rloo"',
+        )
+    if not plan.model.path:
+        raise PlanError(
+            field="model.path",
+            message="is empty, and verl loads the model from a path or a hub repo id.",
+            fix="set model.path to the checkpoint directory or hub repo id",
+        )
+    rollout = plan.rollout
+    if rollout.max_model_len is None:
+        # verl would size vLLM for max_position_embeddings (often 32k-128k tokens) instead.
+        longest = min(plan.data.max_sequence_length, plan.model.arch.max_position_embeddings)
+        rollout = attrs.evolve(rollout, max_model_len=longest)
+    if (plan.model.lora.enabled or rollout.layered_summon) and rollout.load_format == "dummy":
+        # With dummy weights the first sync pushes the whole base model; verl's docs require safetensors.
+        rollout = attrs.evolve(rollout, load_format="safetensors")
+    return plan.evolve(rollout=rollout)
+
+
+def plan_as_verl_runs_it(plan: Plan) -> Plan:
+    """What importing the rendered verl script gives back: `prepare_for_verl`, with the fields
+    verl has no key for set the way an import sets them (verl_keys.RLPLAN_ONLY_FIELDS)."""
+    prepared = prepare_for_verl(plan)
+    rollout = attrs.evolve(prepared.rollout, sleep_level=verl_sleep_level(
+        prepared.model.lora.enabled, prepared.rollout.layered_summon))
+    cluster = Cluster(gpu=plan.cluster.gpu, nodes=plan.cluster.nodes, gpus_per_node=plan.cluster.gpus_per_node,
+                      host_memory_gib=plan.cluster.host_memory_gib)
+    return prepared.evolve(rollout=rollout, cluster=cluster, prediction=None)
+
+
+def verl_overrides(plan: Plan) -> list[str]:
+    """Every knob of the plan as verl Hydra overrides, then the passthrough keys verbatim."""
+    prepared = prepare_for_verl(plan)
+    overrides: list[str] = []
+    for entry in VERL_KEYS:
+        value = _field(prepared, entry.field)
+        if value is None:
+            continue
+        if entry.kind == "str_list":
+            value = render_str_list(value)
+        overrides.append(f"{entry.key}={format_value(value)}")
+    for key, field in RENDER_ALSO.items():
+        value = _field(prepared, BY_FIELD[field].field)
+        if value is not None and key not in prepared.passthrough:
+            overrides.append(f"{key}={format_value(value)}")
+    if prepared.reward.function:
+        path, _, name = prepared.reward.function.rpartition(":")
+        if not path:
+            path, name = name, DEFAULT_REWARD_NAME
+        overrides.append(f"{REWARD_PATH_KEY}={format_value(path)}")
+        overrides.append(f"{REWARD_NAME_KEY}={format_value(name)}")
+    for key, value in prepared.passthrough.items():
+        overrides.append(key if key.startswith("~") and value == "" else f"{key}={value}")
+    return overrides
+
+
+def _one_line_each(overrides: list[str]) -> None:
+    """Hydra has no escape for a line break, so a value holding one cannot live in a one-per-line file."""
+    for override in overrides:
+        if "\n" in override or "\r" in override:
+            key = override.partition("=")[0]
+            raise PlanError(field=key, message="holds a line break, which a file of one override per line "
+                            "cannot carry.", fix="render --format script instead, or remove the line break")
+
+
+def _job_name(plan: Plan) -> str:
+    """A scheduler job name from the experiment name, reduced to characters every scheduler takes."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", plan.trainer.experiment_name)[:64].strip("-.") or "rlplan"
+
+
+def render_plan(plan: Plan, target: str, fmt: str = "script", *, plan_file: str = "plan.toml") -> str:
+    """The text of one launch artifact. `plan_file` is the path `rlplan run` is given (SLURM, Ray job)."""
+    if target not in TARGETS:
+        raise PlanError(field="--target", message=f"{target!r} is not a render target.",
+                        fix=f"use one of {', '.join(TARGETS)}")
+    if fmt not in FORMATS:
+        raise PlanError(field="--format", message=f"{fmt!r} is not a format.", fix=f"use one of {', '.join(FORMATS)}")
+    template = _TEMPLATES.get((target, fmt))
+    if template is None:
+        raise PlanError(field="--format", message=f"the {target} target renders a script only.",
+                        fix="drop --format overrides, or render --target verl")
+    context: dict[str, Any] = {
+        "nodes": plan.cluster.nodes,
+        "gpus_per_node": plan.cluster.gpus_per_node,
+        "world_size": plan.cluster.world_size,
+        "job_name": _job_name(plan),
+        "plan_file": plan_file,
+        "plan_dir": posixpath.dirname(plan_file) or ".",
+        "plan_name": posixpath.basename(plan_file),
+    }
+    if target == "verl":
+        context["overrides"] = verl_overrides(plan)
+        if fmt == "overrides":
+            _one_line_each(context["overrides"])
+    return _environment().get_template(template).render(**context)

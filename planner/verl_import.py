@@ -1,0 +1,703 @@
+"""A verl launch script (or a file of Hydra overrides) -> a plan.
+
+Reads what verl users write: a bash script whose `python3 -m verl.trainer.main_ppo` (or
+`-m recipe....`) command carries Hydra overrides over many `\\`-continued lines, with
+comments, quotes, lists, `+key=value`, `~key`, and shell variables (`${VAR:-x}`, `${VAR}`,
+`$VAR`, `$((...))`) set by the script itself, by `--env KEY=VALUE`, or by the environment.
+A variable the verl command needs but nothing sets is a PlanError naming it.
+
+Every key `verl_keys` maps becomes a plan field, keys the script omits take verl's own
+defaults (so `rlplan validate` sees what verl would run), deprecated global micro-batch
+keys stay global (rules.py normalizes them as verl does), and every other key is kept
+verbatim in `plan.passthrough` and reported.  Pure: the CLI reads the files.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.plan import Plan
+from rlplan.planner.planfile import plan_from_dict
+from rlplan.planner.presets import resolve_model
+from rlplan.planner.verl_keys import (
+    BY_FIELD,
+    BY_KEY,
+    DEFAULT_REWARD_NAME,
+    KEY_ALIASES,
+    RENDER_ALSO,
+    REWARD_NAME_KEY,
+    REWARD_PATH_KEY,
+    VERL_KEYS,
+    Follows,
+    HydraSyntaxError,
+    Interpolation,
+    coerce,
+    parse_value,
+    verl_sleep_level,
+)
+
+LocalConfigReader = Callable[[str], "dict[str, Any] | None"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
+_PYTHON = re.compile(r"(.*/)?python(\d+(\.\d+)?)?")
+_VERL_MODULE = re.compile(r"(verl|recipe)(\.[A-Za-z0-9_]+)+")
+_SHELL_KEYWORDS = {"then", "do", "else", "elif", "{", "!", "time", "exec", "nohup", "env"}
+_ASSIGNING_BUILTINS = {"export", "declare", "local", "readonly", "typeset"}
+
+
+@frozen(kw_only=True)
+class ImportResult:
+    plan: Plan
+    warnings: tuple[str, ...]
+    passthrough_keys: tuple[str, ...]
+
+
+# --- shell: lexing ------------------------------------------------------------------------
+
+
+def _matching(text: str, start: int, opening: str, closing: str) -> int:
+    """Index just past the `closing` that balances the `opening` at text[start]."""
+    depth, i, quote = 0, start, ""
+    while i < len(text):
+        char = text[i]
+        if quote:
+            if char == "\\" and quote == '"':
+                i += 2
+                continue
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char == "\\":
+            i += 2
+            continue
+        elif text.startswith(opening, i):
+            depth += 1
+            i += len(opening)
+            continue
+        elif char == closing:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise PlanError(field="script", message=f"an opening {opening!r} is never closed.",
+                    fix="check the script's quotes and brackets")
+
+
+def shell_commands(text: str) -> Iterator[list[str]]:
+    """Simple commands as lists of raw words (quotes kept, line continuations removed)."""
+    text = re.sub(r"\\\r?\n", "", text)
+    words: list[str] = []
+    current: list[str] = []
+    skip_redirect_target = False
+    i = 0
+
+    def end_word() -> None:
+        nonlocal skip_redirect_target
+        if current:
+            if skip_redirect_target:
+                skip_redirect_target = False
+            else:
+                words.append("".join(current))
+            current.clear()
+
+    while i < len(text):
+        char = text[i]
+        if char == "#" and not current:
+            while i < len(text) and text[i] != "\n":
+                i += 1
+            continue
+        if char in " \t":
+            end_word()
+            i += 1
+            continue
+        if char in "\n;&|()":
+            end_word()
+            if words:
+                yield list(words)
+                words.clear()
+            i += 1
+            continue
+        if char in "<>":
+            if current and "".join(current).isdigit():
+                current.clear()
+            end_word()
+            while i < len(text) and text[i] in "<>&":
+                i += 1
+            if i < len(text) and text[i].isdigit() and text[i - 1] == "&":
+                i += 1
+            else:
+                skip_redirect_target = True
+            continue
+        if char in "'`":
+            # Single quotes and backquotes both run to the next of their kind, with no escapes.
+            end = text.find(char, i + 1)
+            if end < 0:
+                what = "single quote" if char == "'" else "backquote"
+                raise PlanError(field="script", message=f"a {what} is never closed.", fix=f"close the {what}")
+            current.append(text[i : end + 1])
+            i = end + 1
+            continue
+        if char == '"':
+            j = i + 1
+            while j < len(text) and text[j] != '"':
+                if text[j] == "\\":
+                    j += 1
+                elif text.startswith("$(", j):
+                    j = _matching(text, j + 1, "(", ")") - 1
+                elif text.startswith("${", j):
+                    j = _matching(text, j + 1, "{", "}") - 1
+                j += 1
+            if j >= len(text):
+                raise PlanError(field="script", message="a double quote is never closed.", fix="close the quote")
+            current.append(text[i : j + 1])
+            i = j + 1
+            continue
+        if char == "\\":
+            current.append(text[i : i + 2])
+            i += 2
+            continue
+        if text.startswith("$(", i):
+            end = _matching(text, i + 1, "(", ")")
+            current.append(text[i:end])
+            i = end
+            continue
+        if text.startswith("${", i):
+            end = _matching(text, i + 1, "{", "}")
+            current.append(text[i:end])
+            i = end
+            continue
+        current.append(char)
+        i += 1
+    end_word()
+    if words:
+        yield list(words)
+
+
+# --- shell: expansion ---------------------------------------------------------------------
+
+
+class _Unresolved(Exception):
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name)
+        self.name = name
+        self.reason = reason
+
+
+@frozen
+class _Unset:
+    """A variable the script assigns from something rlplan cannot evaluate (`$(nvidia-smi ...)`)."""
+
+    name: str
+    reason: str
+
+
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+               ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.Mod: operator.mod}
+
+
+class ShellScope:
+    """Variables as bash sees them: --env pins win over the script's assignments, which win over the environment."""
+
+    def __init__(self, pinned: dict[str, str], environment: dict[str, str]) -> None:
+        self.pinned = dict(pinned)
+        self.values: dict[str, str | _Unset] = dict(environment)
+        self.dropped_positional = False
+
+    def assign(self, name: str, value: str | _Unset) -> None:
+        if name not in self.pinned:
+            self.values[name] = value
+
+    def lookup(self, name: str) -> str | None:
+        if name in self.pinned:
+            return self.pinned[name]
+        value = self.values.get(name)
+        if isinstance(value, _Unset):
+            raise _Unresolved(name, value.reason)
+        return value
+
+    # A word's expansion: a list of fields (unquoted expansions split on whitespace).
+    def expand(self, raw: str, split: bool = True) -> list[str]:
+        if raw in ('"$@"', '"$*"'):
+            # The script's own arguments: nothing when rlplan reads it.
+            self.dropped_positional = True
+            return []
+        fields: list[str] = []
+        current: list[str] = []
+        has_content = False
+
+        def add_unquoted(value: str) -> None:
+            nonlocal has_content
+            if not split:
+                current.append(value)
+                has_content = has_content or bool(value)
+                return
+            pieces = value.split()
+            if not pieces:
+                return
+            if value[:1].isspace() and current:
+                fields.append("".join(current))
+                current.clear()
+            for index, piece in enumerate(pieces):
+                if index:
+                    fields.append("".join(current))
+                    current.clear()
+                current.append(piece)
+            has_content = True
+            if value[-1:].isspace():
+                fields.append("".join(current))
+                current.clear()
+                has_content = False
+
+        i = 0
+        while i < len(raw):
+            char = raw[i]
+            if char == "'":
+                end = raw.index("'", i + 1)
+                current.append(raw[i + 1 : end])
+                has_content = True
+                i = end + 1
+            elif char == '"':
+                end, value = self._double_quoted(raw, i + 1)
+                current.append(value)
+                has_content = True
+                i = end
+            elif char == "\\":
+                current.append(raw[i + 1 : i + 2])
+                has_content = True
+                i += 2
+            elif char == "$" or char == "`":
+                end, value, positional = self._dollar(raw, i)
+                if positional:
+                    self.dropped_positional = True
+                add_unquoted(value)
+                i = end
+            else:
+                current.append(char)
+                has_content = True
+                i += 1
+        if current or has_content:
+            fields.append("".join(current))
+        return fields
+
+    def _double_quoted(self, raw: str, start: int) -> tuple[int, str]:
+        out: list[str] = []
+        i = start
+        while raw[i] != '"':
+            char = raw[i]
+            if char == "\\" and raw[i + 1] in '$`"\\\n':
+                out.append(raw[i + 1])
+                i += 2
+            elif char in "$`":
+                i, value, positional = self._dollar(raw, i)
+                if positional:
+                    self.dropped_positional = True
+                out.append(value)
+            else:
+                out.append(char)
+                i += 1
+        return i + 1, "".join(out)
+
+    def _dollar(self, raw: str, i: int) -> tuple[int, str, bool]:
+        """Expand the `$...` (or backquote) at raw[i]: (end index, value, was it $@ / $*)."""
+        if raw[i] == "`":
+            end = raw.index("`", i + 1)
+            raise _Unresolved(raw[i : end + 1], "a command substitution rlplan cannot run")
+        if raw.startswith("$((", i):
+            end = _matching(raw, i + 1, "(", ")")
+            return end, str(self._arithmetic(raw[i + 3 : end - 2])), False
+        if raw.startswith("$(", i):
+            end = _matching(raw, i + 1, "(", ")")
+            raise _Unresolved(raw[i:end], "a command substitution rlplan cannot run")
+        if raw.startswith("${", i):
+            end = _matching(raw, i + 1, "{", "}")
+            return end, self._braced(raw[i + 2 : end - 1]), False
+        if i + 1 < len(raw) and raw[i + 1] in "@*":
+            return i + 2, "", True
+        if i + 1 < len(raw) and raw[i + 1].isdigit():
+            raise _Unresolved(f"${raw[i + 1]}", "a positional argument of the script")
+        match = _NAME.match(raw, i + 1)
+        if not match:
+            return i + 1, "$", False
+        return match.end(), self._value(match.group(0)), False
+
+    def _value(self, name: str) -> str:
+        value = self.lookup(name)
+        if value is None:
+            raise _Unresolved(name, "not set by the script, --env or the environment")
+        return value
+
+    def _braced(self, body: str) -> str:
+        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=?+])?(.*)", body, re.DOTALL)
+        if not match:
+            raise _Unresolved("${" + body + "}", "a parameter expansion rlplan does not evaluate")
+        name, operation, word = match.group(1), match.group(2), match.group(3)
+        if operation is None:
+            if word:
+                raise _Unresolved("${" + body + "}", "a parameter expansion rlplan does not evaluate")
+            return self._value(name)
+        value = self.lookup(name)
+        missing = value is None or (operation.startswith(":") and value == "")
+        kind = operation[-1]
+        if kind == "+":
+            return "" if missing else " ".join(self.expand(word, split=False))
+        if not missing:
+            return value or ""
+        if kind == "?":
+            raise _Unresolved(name, "the script requires it (${" + body + "})")
+        default = "".join(self.expand(word, split=False))
+        if kind == "=":
+            self.assign(name, default)
+        return default
+
+    def _arithmetic(self, expression: str) -> int:
+        def substitute(match: re.Match[str]) -> str:
+            return self._value(match.group(1) or match.group(2))
+
+        text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?|\b([A-Za-z_][A-Za-z0-9_]*)\b", substitute, expression)
+
+        def evaluate(node: ast.AST) -> int:
+            if isinstance(node, ast.Expression):
+                return evaluate(node.body)
+            if isinstance(node, ast.Constant) and isinstance(node.value, int):
+                return node.value
+            if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+                return _ARITHMETIC[type(node.op)](evaluate(node.left), evaluate(node.right))
+            if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+                return -evaluate(node.operand)
+            raise _Unresolved(f"$(({expression}))", "arithmetic rlplan does not evaluate")
+
+        try:
+            return evaluate(ast.parse(text.strip(), mode="eval"))
+        except (SyntaxError, ZeroDivisionError):
+            raise _Unresolved(f"$(({expression}))", "arithmetic rlplan does not evaluate") from None
+
+
+# --- finding the verl command ---------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class VerlCommand:
+    module: str
+    arguments: tuple[str, ...]
+
+
+def _run_assignments(scope: ShellScope, words: list[str]) -> int:
+    """Apply leading `NAME=value` / `export NAME=value` words; the index of the first other word."""
+    index = 0
+    while index < len(words) and words[index] in _SHELL_KEYWORDS:
+        index += 1
+    only_assignments = all(_ASSIGNMENT.match(word) for word in words[index:])
+    builtin = index < len(words) and words[index] in _ASSIGNING_BUILTINS
+    if builtin:
+        index += 1
+        while index < len(words) and words[index].startswith("-"):
+            index += 1
+    first_other = index
+    while first_other < len(words) and _ASSIGNMENT.match(words[first_other]):
+        first_other += 1
+    if builtin or only_assignments:
+        for word in words[index:first_other]:
+            name = _ASSIGNMENT.match(word).group(1)  # type: ignore[union-attr]
+            try:
+                value = "".join(scope.expand(word[len(name) + 1 :], split=False))
+            except _Unresolved as exc:
+                scope.assign(name, _Unset(name, f"assigned from {exc.name}: {exc.reason}"))
+                continue
+            scope.assign(name, value)
+    return first_other
+
+
+def _verl_command(scope: ShellScope, raw_words: list[str]) -> VerlCommand | None:
+    first = _run_assignments(scope, raw_words)
+    for start in range(first, len(raw_words)):
+        try:
+            head = scope.expand(raw_words[start])
+        except _Unresolved:
+            continue
+        if not head or not _PYTHON.fullmatch(head[0]):
+            continue
+        for offset in range(start + 1, min(start + 4, len(raw_words) - 1)):
+            if raw_words[offset] != "-m":
+                continue
+            module = raw_words[offset + 1]
+            if not _VERL_MODULE.fullmatch(module):
+                return None
+            arguments: list[str] = []
+            for raw in raw_words[offset + 2 :]:
+                try:
+                    arguments.extend(scope.expand(raw))
+                except _Unresolved as exc:
+                    raise PlanError(
+                        field=exc.name,
+                        message=f"the verl command uses {exc.name}, which is {exc.reason}.",
+                        fix=f"pass --env {exc.name.strip('${}')}=VALUE" if _NAME.fullmatch(exc.name.strip("${}"))
+                        else "replace it with its value in the script",
+                    ) from None
+            return VerlCommand(module=module, arguments=tuple(arguments))
+    return None
+
+
+def find_verl_command(text: str, scope: ShellScope) -> tuple[VerlCommand | None, int]:
+    """The first `python -m verl...` command and how many there are."""
+    found: VerlCommand | None = None
+    count = 0
+    for words in shell_commands(text):
+        command = _verl_command(scope, words)
+        if command is not None:
+            count += 1
+            found = found or command
+    return found, count
+
+
+# --- Hydra overrides -> plan ------------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class Override:
+    prefix: str  # "", "+", "++" or "~"
+    key: str
+    value: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> Override:
+        prefix = "++" if text.startswith("++") else text[:1] if text[:1] in "+~" else ""
+        body = text[len(prefix) :]
+        key, sep, value = body.partition("=")
+        key = key.strip()
+        if not key or (not sep and prefix != "~"):
+            raise PlanError(field=text, message="is not a Hydra override (key=value).",
+                            fix="write overrides as key=value, +key=value or ~key")
+        return cls(prefix=prefix, key=key, value=value if sep else None)
+
+    @property
+    def text(self) -> str:
+        return f"{self.prefix}{self.key}" + ("" if self.value is None else f"={self.value}")
+
+
+def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str, str],
+                           warnings: list[str]) -> list[str] | None:
+    scope = ShellScope(env, environment)
+    command, count = find_verl_command(text, scope)
+    if command is None:
+        return None
+    if count > 1:
+        warnings.append(f"the script runs verl {count} times; imported the first command ({command.module}).")
+    if command.module != "verl.trainer.main_ppo":
+        warnings.append(f"{command.module} is not verl.trainer.main_ppo; its keys are read with main_ppo's "
+                        "defaults (ppo_trainer.yaml).")
+    if scope.dropped_positional:
+        warnings.append("the command passes the script's own arguments ($@); they are not part of the import.")
+    overrides: list[str] = []
+    arguments = list(command.arguments)
+    while arguments:
+        argument = arguments.pop(0)
+        if argument.startswith("-") and not argument.startswith("--") or argument.startswith("--"):
+            name, _, value = argument.partition("=")
+            if name in ("--config-name", "-cn", "--config-path", "-cp") and not value and arguments:
+                value = arguments.pop(0)
+            if name in ("--config-name", "-cn") and value not in ("ppo_trainer", "ppo_trainer.yaml"):
+                warnings.append(f"--config-name {value}: read with ppo_trainer.yaml's defaults, which may differ.")
+            elif name not in ("--config-name", "-cn", "--config-path", "-cp"):
+                warnings.append(f"ignored the command-line flag {argument}.")
+            continue
+        overrides.append(argument)
+    return overrides
+
+
+_OVERRIDE_LINE = re.compile(r"(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][A-Za-z0-9_.@/-]*)(=.*)?", re.DOTALL)
+
+
+def _is_overrides_file(text: str) -> bool:
+    """Every line a comment, blank, or a Hydra override of a dotted key (`a.b=v`, `+a.b=v`, `~a.b`).
+
+    A shell script has a command line (`python3 -m ...`), and its variable assignments have no dots.
+    """
+    lines = [line.strip() for line in text.split("\n")]
+    overrides = [line for line in lines if line and not line.startswith("#")]
+
+    def is_override(line: str) -> bool:
+        match = _OVERRIDE_LINE.fullmatch(line)
+        return match is not None and (match.group("prefix") is not None or "." in match.group("key"))
+
+    return bool(overrides) and all(is_override(line) for line in overrides)
+
+
+def _overrides_from_file(text: str) -> list[str]:
+    lines = (line.strip() for line in text.split("\n"))
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+class _Values:
+    """The script's modeled values with verl's defaults behind them, interpolations resolved."""
+
+    def __init__(self, given: dict[str, str], passthrough: dict[str, str], scope: dict[str, str]) -> None:
+        self.given = given
+        self.passthrough = passthrough
+        self.scope = scope
+        self.resolving: set[str] = set()
+        self.resolved: dict[str, Any] = {}
+
+    def field_value(self, field: str) -> Any:
+        entry = BY_FIELD[field]
+        if field in self.resolved:
+            return self.resolved[field]
+        if entry.key in self.resolving:
+            raise PlanError(field=entry.key, message="refers to itself through interpolations.",
+                            fix="replace the interpolation with a value")
+        self.resolving.add(entry.key)
+        raw = self.given.get(entry.key)
+        if raw is None:
+            value: Any = entry.default
+            if isinstance(value, str) and "${" in value:
+                value = self._interpolate(Interpolation(value), entry.key)
+        else:
+            try:
+                parsed = parse_value(raw)
+            except HydraSyntaxError as exc:
+                raise PlanError(field=entry.key, message=f"has a value Hydra cannot parse ({exc}): {raw!r}.",
+                                fix="quote the value") from None
+            if isinstance(parsed, Interpolation):
+                parsed = self._interpolate(parsed, entry.key)
+                if isinstance(parsed, str) and entry.kind in ("int", "float", "bool"):
+                    parsed = parse_value(parsed)
+            value = coerce(entry, parsed, raw)
+        if isinstance(value, Follows):
+            value = self.field_value(value.field)
+        self.resolving.discard(entry.key)
+        self.resolved[field] = value
+        return value
+
+    def _interpolate(self, value: Interpolation, key: str) -> Any:
+        pieces = re.split(r"(\$\{[^{}]*\})", value.text)
+        resolved = [self._reference(piece[2:-1], key) if piece.startswith("${") else piece for piece in pieces]
+        meaningful = [piece for piece in resolved if piece != ""]
+        if len(meaningful) == 1 and len(pieces) == 3 and not pieces[0] and not pieces[2]:
+            return meaningful[0]
+        return "".join("" if piece is None else str(piece) for piece in resolved)
+
+    def _reference(self, expression: str, key: str) -> Any:
+        expression = expression.strip()
+        if expression.startswith("oc.env:"):
+            name, _, default = expression[len("oc.env:") :].partition(",")
+            value = self.scope.get(name.strip())
+            if value is None and not default:
+                raise PlanError(field=key, message=f"reads the environment variable {name.strip()}, which is not set.",
+                                fix=f"pass --env {name.strip()}=VALUE")
+            return value if value is not None else parse_value(default)
+        if expression in BY_KEY:
+            return self.field_value(BY_KEY[expression].field)
+        if expression in self.passthrough:
+            return parse_value(self.passthrough[expression])
+        raise PlanError(field=key, message=f"interpolates ${{{expression}}}, which rlplan cannot resolve.",
+                        fix="replace the interpolation with its value")
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        node = nested
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, model_path: str,
+                local_config_reader: LocalConfigReader) -> Plan:
+    resolved = resolve_model(model_path, local_config_reader(model_path))
+    data = _nest(fields)
+    data["model"].update(name=resolved.name, arch=attrs.asdict(resolved.arch))
+    data["cluster"].update(gpu=attrs.asdict(gpu), host_memory_gib=host_memory_gib)
+    try:
+        plan = plan_from_dict(data)
+    except PlanError as exc:
+        entry = BY_FIELD.get(exc.field)
+        if entry is None:
+            raise
+        raise PlanError(field=entry.key, message=exc.message, fix=f"correct {entry.key} (plan field {exc.field})") from None
+    try:
+        return plan.evolve(cluster=Cluster(gpu=gpu, nodes=plan.cluster.nodes,
+                                           gpus_per_node=plan.cluster.gpus_per_node,
+                                           host_memory_gib=host_memory_gib))
+    except PlanError as exc:
+        raise PlanError(field="--host-mem", message=exc.message, fix="pass --host-mem in GiB") from None
+
+
+def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: dict[str, str],
+                       local_config_reader: LocalConfigReader,
+                       environment: dict[str, str] | None = None) -> ImportResult:
+    """A verl launch script or a file of Hydra overrides -> plan, warnings, passthrough keys.
+
+    `env` holds --env KEY=VALUE pins (they win over the script's own assignments);
+    `environment` is the process environment the script would inherit.
+    """
+    warnings: list[str] = []
+    if _is_overrides_file(text):
+        overrides = _overrides_from_file(text)
+    else:
+        found = _overrides_from_script(text, env, environment or {}, warnings)
+        if found is None:
+            raise PlanError(field="script", message="has no `python -m verl...` / `-m recipe...` command, and is not "
+                            "a file of Hydra overrides (one key=value per line).",
+                            fix="import the script that launches verl.trainer.main_ppo")
+        overrides = found
+    given: dict[str, str] = {}
+    passthrough: dict[str, str] = {}
+    reward: dict[str, str] = {}
+    for raw in overrides:
+        override = Override.parse(raw)
+        key = KEY_ALIASES.get(override.key, override.key)
+        if key != override.key:
+            warnings.append(f"{override.key} is verl's older spelling of {key}; read as {key}.")
+        if override.prefix == "~" or override.value is None:
+            passthrough[f"~{override.key}"] = override.value or ""
+            continue
+        if key in BY_KEY:
+            given[key] = override.value
+        elif key in (REWARD_PATH_KEY, REWARD_NAME_KEY):
+            reward[key] = override.value
+        else:
+            passthrough[f"{override.prefix}{override.key}"] = override.value
+    scope = dict(environment or {}) | dict(env)
+    values = _Values(given, passthrough, scope)
+    fields = {entry.field: values.field_value(entry.field) for entry in VERL_KEYS}
+    for key, field in RENDER_ALSO.items():
+        # A render writes these from the plan; when they agree with it they carry nothing more.
+        if key in passthrough and parse_value(passthrough[key]) == fields[field]:
+            del passthrough[key]
+    model_path = fields.pop("model.path")
+    if not model_path:
+        raise PlanError(field="actor_rollout_ref.model.path", message="the script does not say which model it trains.",
+                        fix="add actor_rollout_ref.model.path=<hub repo id or local directory>")
+    fields["model.path"] = model_path
+    if "actor_rollout_ref.rollout.name" not in given:
+        warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
+    fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
+    fields["reward.function"] = _reward_function(reward)
+    plan = _build_plan(fields, gpu, host_memory_gib, str(model_path), local_config_reader)
+    kept = tuple(passthrough)
+    if kept:
+        warnings.append(f"kept {len(kept)} verl key(s) rlplan does not model, rendered back unchanged: {', '.join(kept)}.")
+    return ImportResult(plan=plan.evolve(passthrough=passthrough), warnings=tuple(warnings), passthrough_keys=kept)
+
+
+def _reward_function(reward: dict[str, str]) -> str:
+    path_raw = reward.get(REWARD_PATH_KEY)
+    path = parse_value(path_raw) if path_raw is not None else None
+    if not path:
+        return ""
+    name_raw = reward.get(REWARD_NAME_KEY)
+    name = parse_value(name_raw) if name_raw is not None else None
+    return f"{path}:{name or DEFAULT_REWARD_NAME}"

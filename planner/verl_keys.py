@@ -1,0 +1,450 @@
+"""The one table between plan fields and verl's Hydra keys, and Hydra's value syntax.
+
+Import (`planner.verl_import`) and render (`planner.render`) both read this table, so a
+knob mapped here is mapped both ways.  Each entry names the plan field, verl's key and
+verl's own default for it: the value of verl 0.9's ppo_trainer YAML, or, where that YAML
+interpolates another key (`${oc.select:actor_rollout_ref.actor.use_dynamic_bsz}`), the
+plan field it follows.  An import fills every key a script omits with that default, so
+`rlplan validate` judges what verl would actually run, not rlplan's own defaults.
+
+Plan fields with no verl key are listed in `RLPLAN_ONLY_FIELDS` with how an import sets
+them.  The Hydra value codec at the bottom writes values so that Hydra reads back the
+exact same value (quoting strings, escaping interpolations) and parses what users write.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from attrs import frozen
+
+from rlplan.planner.errors import PlanError
+
+Kind = Literal["int", "float", "bool", "str", "str_list"]
+
+ARF = "actor_rollout_ref"
+
+
+@frozen
+class Follows:
+    """A verl default that is another plan field's value (a YAML interpolation)."""
+
+    field: str
+
+
+@frozen(kw_only=True)
+class VerlKey:
+    field: str
+    key: str
+    kind: Kind
+    default: Any
+    # The plan may leave it unset (None): then it is not rendered and verl's default applies.
+    optional: bool = False
+
+
+def _k(field: str, key: str, kind: Kind, default: Any, optional: bool = False) -> VerlKey:
+    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional)
+
+
+VERL_KEYS: tuple[VerlKey, ...] = (
+    # --- model --------------------------------------------------------------
+    _k("model.path", f"{ARF}.model.path", "str", None),
+    _k("model.lora.rank", f"{ARF}.model.lora_rank", "int", 0),
+    _k("model.lora.alpha", f"{ARF}.model.lora_alpha", "int", 16),
+    _k("model.lora.target_modules", f"{ARF}.model.target_modules", "str_list", ("all-linear",)),
+    _k("model.gradient_checkpointing", f"{ARF}.model.enable_gradient_checkpointing", "bool", True),
+    _k("model.activation_offload", f"{ARF}.model.enable_activation_offload", "bool", False),
+    _k("model.use_remove_padding", f"{ARF}.model.use_remove_padding", "bool", True),
+    # --- cluster ------------------------------------------------------------
+    _k("cluster.nodes", "trainer.nnodes", "int", 1),
+    _k("cluster.gpus_per_node", "trainer.n_gpus_per_node", "int", 8),
+    # --- data ---------------------------------------------------------------
+    _k("data.train_batch_size", "data.train_batch_size", "int", 1024),
+    _k("data.max_prompt_length", "data.max_prompt_length", "int", 512),
+    _k("data.max_response_length", "data.max_response_length", "int", 512),
+    _k("data.train_files", "data.train_files", "str_list", ("~/data/rlhf/gsm8k/train.parquet",)),
+    _k("data.val_files", "data.val_files", "str_list", ("~/data/rlhf/gsm8k/test.parquet",)),
+    _k("data.prompt_key", "data.prompt_key", "str", "prompt"),
+    _k("data.truncation", "data.truncation", "str", "error"),
+    _k("data.filter_overlong_prompts", "data.filter_overlong_prompts", "bool", False),
+    _k("data.shuffle", "data.shuffle", "bool", True),
+    # verl's null seed leaves the sampler unseeded; a plan always carries one.
+    _k("data.seed", "data.seed", "int", 1),
+    # --- actor --------------------------------------------------------------
+    _k("actor.strategy", f"{ARF}.actor.strategy", "str", "fsdp"),
+    _k("actor.ppo_mini_batch_size", f"{ARF}.actor.ppo_mini_batch_size", "int", 256),
+    _k("actor.ppo_micro_batch_size_per_gpu", f"{ARF}.actor.ppo_micro_batch_size_per_gpu", "int", None, True),
+    _k("actor.ppo_micro_batch_size", f"{ARF}.actor.ppo_micro_batch_size", "int", None, True),
+    _k("actor.use_dynamic_bsz", f"{ARF}.actor.use_dynamic_bsz", "bool", False),
+    _k("actor.ppo_max_token_len_per_gpu", f"{ARF}.actor.ppo_max_token_len_per_gpu", "int", 16384),
+    _k("actor.ppo_epochs", f"{ARF}.actor.ppo_epochs", "int", 1),
+    _k("actor.shuffle", f"{ARF}.actor.shuffle", "bool", False),
+    _k("actor.ulysses_sequence_parallel_size", f"{ARF}.actor.ulysses_sequence_parallel_size", "int", 1),
+    _k("actor.fsdp_size", f"{ARF}.actor.fsdp_config.fsdp_size", "int", -1),
+    _k("actor.param_offload", f"{ARF}.actor.fsdp_config.param_offload", "bool", False),
+    _k("actor.optimizer_offload", f"{ARF}.actor.fsdp_config.optimizer_offload", "bool", False),
+    _k("actor.entropy_from_logits_with_chunking", f"{ARF}.actor.entropy_from_logits_with_chunking", "bool", False),
+    _k("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False),
+    _k("actor.lr", f"{ARF}.actor.optim.lr", "float", 1e-6),
+    _k("actor.weight_decay", f"{ARF}.actor.optim.weight_decay", "float", 0.01),
+    # verl's -1 means "use lr_warmup_steps_ratio", which defaults to 0: no warm-up.
+    _k("actor.lr_warmup_steps", f"{ARF}.actor.optim.lr_warmup_steps", "int", 0),
+    _k("actor.grad_clip", f"{ARF}.actor.grad_clip", "float", 1.0),
+    _k("actor.clip_ratio_low", f"{ARF}.actor.clip_ratio_low", "float", 0.2),
+    _k("actor.clip_ratio_high", f"{ARF}.actor.clip_ratio_high", "float", 0.2),
+    _k("actor.clip_ratio_c", f"{ARF}.actor.clip_ratio_c", "float", 3.0),
+    _k("actor.loss_agg_mode", f"{ARF}.actor.loss_agg_mode", "str", "token-mean"),
+    _k("actor.use_kl_loss", f"{ARF}.actor.use_kl_loss", "bool", False),
+    _k("actor.kl_loss_coef", f"{ARF}.actor.kl_loss_coef", "float", 0.001),
+    _k("actor.kl_loss_type", f"{ARF}.actor.kl_loss_type", "str", "low_var_kl"),
+    _k("actor.entropy_coeff", f"{ARF}.actor.entropy_coeff", "float", 0.0),
+    # --- reference ------------------------------------------------------------
+    _k("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
+    _k("ref.log_prob_micro_batch_size_per_gpu", f"{ARF}.ref.log_prob_micro_batch_size_per_gpu", "int", None, True),
+    _k("ref.log_prob_micro_batch_size", f"{ARF}.ref.log_prob_micro_batch_size", "int", None, True),
+    _k("ref.log_prob_use_dynamic_bsz", f"{ARF}.ref.log_prob_use_dynamic_bsz", "bool",
+       Follows("actor.use_dynamic_bsz")),
+    _k("ref.log_prob_max_token_len_per_gpu", f"{ARF}.ref.log_prob_max_token_len_per_gpu", "int",
+       Follows("actor.ppo_max_token_len_per_gpu")),
+    # --- rollout (verl passes these on to vLLM's engine arguments) ------------
+    _k("rollout.n", f"{ARF}.rollout.n", "int", 1),
+    _k("rollout.name", f"{ARF}.rollout.name", "str", "vllm"),
+    _k("rollout.tensor_model_parallel_size", f"{ARF}.rollout.tensor_model_parallel_size", "int", 2),
+    _k("rollout.gpu_memory_utilization", f"{ARF}.rollout.gpu_memory_utilization", "float", 0.5),
+    _k("rollout.max_num_seqs", f"{ARF}.rollout.max_num_seqs", "int", 256),
+    _k("rollout.max_num_batched_tokens", f"{ARF}.rollout.max_num_batched_tokens", "int", 8192),
+    _k("rollout.max_model_len", f"{ARF}.rollout.max_model_len", "int", None, True),
+    _k("rollout.enable_chunked_prefill", f"{ARF}.rollout.enable_chunked_prefill", "bool", True),
+    _k("rollout.enable_prefix_caching", f"{ARF}.rollout.enable_prefix_caching", "bool", True),
+    _k("rollout.enforce_eager", f"{ARF}.rollout.enforce_eager", "bool", False),
+    _k("rollout.free_cache_engine", f"{ARF}.rollout.free_cache_engine", "bool", True),
+    _k("rollout.layered_summon", f"{ARF}.rollout.layered_summon", "bool", False),
+    _k("rollout.load_format", f"{ARF}.rollout.load_format", "str", "dummy"),
+    _k("rollout.dtype", f"{ARF}.rollout.dtype", "str", "bfloat16"),
+    _k("rollout.temperature", f"{ARF}.rollout.temperature", "float", 1.0),
+    _k("rollout.top_p", f"{ARF}.rollout.top_p", "float", 1.0),
+    _k("rollout.top_k", f"{ARF}.rollout.top_k", "int", -1),
+    _k("rollout.log_prob_micro_batch_size_per_gpu", f"{ARF}.rollout.log_prob_micro_batch_size_per_gpu", "int",
+       None, True),
+    _k("rollout.log_prob_micro_batch_size", f"{ARF}.rollout.log_prob_micro_batch_size", "int", None, True),
+    _k("rollout.log_prob_use_dynamic_bsz", f"{ARF}.rollout.log_prob_use_dynamic_bsz", "bool",
+       Follows("actor.use_dynamic_bsz")),
+    _k("rollout.log_prob_max_token_len_per_gpu", f"{ARF}.rollout.log_prob_max_token_len_per_gpu", "int",
+       Follows("actor.ppo_max_token_len_per_gpu")),
+    _k("rollout.agent_num_workers", f"{ARF}.rollout.agent.num_workers", "int", 8),
+    _k("rollout.update_weights_bucket_megabytes",
+       f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048),
+    # --- critic ---------------------------------------------------------------
+    _k("critic.enable", "critic.enable", "bool", None, True),
+    _k("critic.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "int", None, True),
+    _k("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu", "int", None, True),
+    _k("critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size", "int", None, True),
+    _k("critic.forward_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu", "int", None, True),
+    _k("critic.use_dynamic_bsz", "critic.use_dynamic_bsz", "bool", Follows("actor.use_dynamic_bsz")),
+    _k("critic.ppo_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu", "int", 32768),
+    _k("critic.forward_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu", "int",
+       Follows("critic.ppo_max_token_len_per_gpu")),
+    _k("critic.ppo_epochs", "critic.ppo_epochs", "int", Follows("actor.ppo_epochs")),
+    _k("critic.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size", "int", 1),
+    _k("critic.param_offload", "critic.fsdp.param_offload", "bool", False),
+    _k("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False),
+    _k("critic.gradient_checkpointing", "critic.model.enable_gradient_checkpointing", "bool", True),
+    _k("critic.use_remove_padding", "critic.model.use_remove_padding", "bool", True),
+    _k("critic.lr", "critic.optim.lr", "float", 1e-5),
+    _k("critic.cliprange_value", "critic.cliprange_value", "float", 0.5),
+    _k("critic.grad_clip", "critic.grad_clip", "float", 1.0),
+    # --- algorithm ------------------------------------------------------------
+    _k("algorithm.adv_estimator", "algorithm.adv_estimator", "str", "gae"),
+    _k("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std_in_grpo", "bool", True),
+    _k("algorithm.gamma", "algorithm.gamma", "float", 1.0),
+    _k("algorithm.lam", "algorithm.lam", "float", 1.0),
+    _k("algorithm.use_kl_in_reward", "algorithm.use_kl_in_reward", "bool", False),
+    _k("algorithm.kl_penalty", "algorithm.kl_penalty", "str", "kl"),
+    _k("algorithm.kl_coef", "algorithm.kl_ctrl.kl_coef", "float", 0.001),
+    # --- trainer --------------------------------------------------------------
+    _k("trainer.total_epochs", "trainer.total_epochs", "int", 30),
+    _k("trainer.total_training_steps", "trainer.total_training_steps", "int", None, True),
+    _k("trainer.save_freq", "trainer.save_freq", "int", -1),
+    _k("trainer.test_freq", "trainer.test_freq", "int", -1),
+    _k("trainer.project_name", "trainer.project_name", "str", "verl_examples"),
+    _k("trainer.experiment_name", "trainer.experiment_name", "str", "gsm8k"),
+    # verl's default is `checkpoints/${trainer.project_name}/${trainer.experiment_name}`; the
+    # importer resolves that interpolation like any other.
+    _k("trainer.output_dir", "trainer.default_local_dir", "str",
+       "checkpoints/${trainer.project_name}/${trainer.experiment_name}"),
+    # The seed of the actor engine (model init, dropout): the closest verl has to one run seed.
+    _k("trainer.seed", f"{ARF}.actor.fsdp_config.seed", "int", 42),
+    _k("trainer.balance_batch", "trainer.balance_batch", "bool", True),
+    _k("trainer.val_before_train", "trainer.val_before_train", "bool", True),
+    _k("trainer.max_checkpoints_to_keep", "trainer.max_actor_ckpt_to_keep", "int", None, True),
+)
+
+BY_FIELD: dict[str, VerlKey] = {entry.field: entry for entry in VERL_KEYS}
+BY_KEY: dict[str, VerlKey] = {entry.key: entry for entry in VERL_KEYS}
+
+# The user's reward function `path:name` is two verl keys (verl 0.9 reads the `reward.` pair;
+# older scripts set the top-level pair, which the importer still reads).
+REWARD_PATH_KEY = "reward.custom_reward_function.path"
+REWARD_NAME_KEY = "reward.custom_reward_function.name"
+DEFAULT_REWARD_NAME = "compute_score"
+
+# Keys older verl versions spelled differently, read by the importer as today's key.
+KEY_ALIASES = {
+    "custom_reward_function.path": REWARD_PATH_KEY,
+    "custom_reward_function.name": REWARD_NAME_KEY,
+    "critic.model.fsdp_config.param_offload": "critic.fsdp.param_offload",
+    "critic.model.fsdp_config.optimizer_offload": "critic.fsdp.optimizer_offload",
+}
+
+# Keys a render also writes, for a consistent verl config, from the plan field named; an import
+# drops them when they agree with that field and keeps them in passthrough otherwise.
+RENDER_ALSO = {
+    # verl's ref and critic default their strategy to fsdp on their own.
+    "critic.strategy": "actor.strategy",
+    # rlplan's critic starts from the policy's weights, as verl's examples do.
+    "critic.model.path": "model.path",
+    "trainer.max_critic_ckpt_to_keep": "trainer.max_checkpoints_to_keep",
+}
+
+# Plan fields verl has no key for, and what an import sets them to.
+RLPLAN_ONLY_FIELDS: dict[str, str] = {
+    "model.name": "the model preset's name (or the local directory's), from the model path",
+    "model.arch": "the preset's architecture, or the local config.json's",
+    "cluster.gpu": "the --gpu flag",
+    "cluster.host_memory_gib": "the --host-mem flag",
+    "cluster.internode_gbps": "rlplan's default",
+    "rollout.sleep_level": "what verl picks: 1 with LoRA adapters or layered_summon, else 2",
+    "algorithm.grpo_leave_one_out": "false; verl has no leave-one-out GRPO baseline, so render refuses it",
+    "prediction": "none; `rlplan validate` recomputes it",
+}
+
+
+def verl_sleep_level(lora_enabled: bool, layered_summon: bool) -> int:
+    """verl 0.9 sleeps vLLM at level 1 when only adapters (or layers) are pushed back, else level 2."""
+    return 1 if lora_enabled or layered_summon else 2
+
+
+# --- Hydra's override value syntax --------------------------------------------------------
+
+# Characters Hydra accepts in an unquoted value with no meaning of their own.
+_PLAIN_STRING = re.compile(r"[A-Za-z0-9_./~+@%-][A-Za-z0-9_./~+@%:-]*")
+_INT = re.compile(r"[+-]?(0|[1-9][0-9_]*)")
+_FLOAT = re.compile(r"[+-]?((\d[\d_]*)?\.\d[\d_]*([eE][+-]?\d+)?|\d[\d_]*\.([eE][+-]?\d+)?|\d[\d_]*[eE][+-]?\d+"
+                    r"|inf|nan)", re.IGNORECASE)
+# Hydra's escapes in an unquoted value: a backslash before one of these stands for it.
+_UNQUOTED_ESCAPES = set("\\()[]{}:=, \t")
+
+
+class HydraSyntaxError(ValueError):
+    """A value Hydra's override grammar would not parse."""
+
+
+def _reads_as_other_type(text: str) -> bool:
+    lowered = text.lower()
+    return lowered in ("null", "true", "false") or bool(_INT.fullmatch(text) or _FLOAT.fullmatch(text))
+
+
+def _quote(text: str) -> str:
+    """A single-quoted Hydra string that Hydra and OmegaConf read back as exactly `text`.
+
+    Inside quotes Hydra treats backslashes as literal except in a run before a quote (or the
+    closing quote), where each one must be doubled; OmegaConf then reads `${` as an
+    interpolation unless escaped as `\\${`, and a backslash run before `${` is likewise doubled.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        j = i
+        while j < len(text) and text[j] == "\\":
+            j += 1
+        run = text[i:j]
+        nxt = text[j] if j < len(text) else ""
+        if run:
+            ends_before_special = j == len(text) or nxt == "'" or text.startswith("${", j)
+            out.append(run * 2 if ends_before_special else run)
+            i = j
+            continue
+        if text[i] == "'":
+            out.append("\\'")
+        elif text.startswith("${", i):
+            out.append("\\$")
+        else:
+            out.append(text[i])
+        i += 1
+    return "'" + "".join(out) + "'"
+
+
+def format_value(value: Any) -> str:
+    """Python value -> Hydra override value text."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(format_value(item) for item in value) + "]"
+    text = str(value)
+    if _PLAIN_STRING.fullmatch(text) and not _reads_as_other_type(text) and "${" not in text:
+        return text
+    return _quote(text)
+
+
+def _unquote(body: str, quote: str) -> str:
+    """Inverse of `_quote` (for either quote character)."""
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        j = i
+        while j < len(body) and body[j] == "\\":
+            j += 1
+        run_length = j - i
+        if run_length:
+            nxt = body[j] if j < len(body) else ""
+            if nxt == quote:
+                out.append("\\" * (run_length // 2))
+                if run_length % 2:
+                    out.append(quote)
+                    j += 1
+            elif body.startswith("${", j):
+                out.append("\\" * (run_length // 2))
+                if run_length % 2:
+                    out.append("${")
+                    j += 2
+            elif j == len(body):
+                out.append("\\" * (run_length // 2))
+            else:
+                out.append("\\" * run_length)
+            i = j
+            continue
+        if body[i] == quote:
+            raise HydraSyntaxError(f"unescaped {quote} inside a quoted value")
+        out.append(body[i])
+        i += 1
+    return "".join(out)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split a list body at commas outside quotes and brackets."""
+    parts: list[str] = []
+    depth, quote, start, i = 0, "", 0, 0
+    while i < len(text):
+        char = text[i]
+        if quote:
+            if char == "\\":
+                i += 2
+                continue
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        elif char == "\\":
+            i += 2
+            continue
+        i += 1
+    if quote or depth:
+        raise HydraSyntaxError("unbalanced quotes or brackets")
+    parts.append(text[start:])
+    return parts
+
+
+@frozen
+class Interpolation:
+    """An unquoted value containing `${...}`: resolved later against other keys or the environment."""
+
+    text: str
+
+
+def parse_value(text: str) -> Any:
+    """Hydra override value text -> Python value (str, int, float, bool, None, list, Interpolation)."""
+    stripped = text.strip(" \t")
+    if not stripped:
+        return ""
+    if stripped[0] == "[" and stripped.endswith("]"):
+        body = stripped[1:-1]
+        if not body.strip():
+            return []
+        return [parse_value(part) for part in _split_top_level(body)]
+    if len(stripped) >= 2 and stripped[0] in "'\"" and stripped[-1] == stripped[0]:
+        value = _unquote(stripped[1:-1], stripped[0])
+        return Interpolation(value) if _has_interpolation(stripped[1:-1]) else value
+    lowered = stripped.lower()
+    if lowered == "null":
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if _INT.fullmatch(stripped):
+        return int(stripped.replace("_", ""))
+    if _FLOAT.fullmatch(stripped):
+        return float(stripped.replace("_", ""))
+    if "${" in stripped:
+        return Interpolation(stripped)
+    out: list[str] = []
+    i = 0
+    while i < len(stripped):
+        if stripped[i] == "\\" and i + 1 < len(stripped) and stripped[i + 1] in _UNQUOTED_ESCAPES:
+            out.append(stripped[i + 1])
+            i += 2
+            continue
+        out.append(stripped[i])
+        i += 1
+    return "".join(out)
+
+
+def _has_interpolation(quoted_body: str) -> bool:
+    """Whether a quoted body holds an unescaped `${` (an even run of backslashes before it)."""
+    for match in re.finditer(r"(\\*)\$\{", quoted_body):
+        if len(match.group(1)) % 2 == 0:
+            return True
+    return False
+
+
+def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
+    """A parsed Hydra value as the plan field's type, or a PlanError naming verl's key."""
+
+    def bad(expected: str) -> PlanError:
+        return PlanError(field=entry.key, message=f"expects {expected}, got {raw!r}.",
+                         fix=f"set {entry.key} to {expected}")
+
+    if value is None:
+        if entry.optional:
+            return None
+        if isinstance(entry.default, Follows):
+            return entry.default
+        raise bad(f"{'an integer' if entry.kind == 'int' else 'a value'} (verl has no null for it)")
+    if entry.kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise bad("true or false")
+    if entry.kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise bad("an integer")
+        return int(value)
+    if entry.kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad("a number")
+        return float(value)
+    if entry.kind == "str_list":
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(item, list | dict) or item is None for item in items):
+            raise bad("a string or a list of strings")
+        return tuple(raw_item if isinstance(raw_item, str) else format_value(raw_item) for raw_item in items)
+    if isinstance(value, list | dict):
+        raise bad("a string")
+    # A number where a name is expected (experiment_name=7) is the text the user wrote.
+    return value if isinstance(value, str) else raw.strip()
+
+
+def render_str_list(value: tuple[str, ...]) -> Any:
+    """verl spells one module/file as a string and several (or none) as a list."""
+    return value[0] if len(value) == 1 else list(value)

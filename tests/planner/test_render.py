@@ -1,0 +1,215 @@
+"""Rendering plans for verl, SLURM and Ray jobs (planner/render.py), and the import round trip."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.plan import ModelSection, Plan
+from rlplan.planner.planfile import plan_to_dict, with_overrides
+from rlplan.planner.presets import resolve_gpu, resolve_model
+from rlplan.planner.render import plan_as_verl_runs_it, render_plan
+from rlplan.planner.verl_import import import_verl_script
+from rlplan.planner.verl_keys import format_value
+from tests.planner.plans import make_plan
+
+H100 = resolve_gpu("h100-80g")
+QWEN = resolve_model("qwen2.5-7b")
+needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to run rendered scripts")
+
+
+def preset_plan(overrides: dict | None = None) -> Plan:
+    plan = make_plan(QWEN.arch, overrides=overrides)
+    plan = plan.evolve(model=attrs.evolve(plan.model, name=QWEN.name, path=QWEN.path, arch=QWEN.arch),
+                       cluster=attrs.evolve(plan.cluster, gpu=H100))
+    return plan
+
+
+TINY_CONFIG = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000}
+
+
+def reimport(text: str, plan: Plan, local_config: dict | None = None) -> Plan:
+    return import_verl_script(text, gpu=plan.cluster.gpu, host_memory_gib=plan.cluster.host_memory_gib, env={},
+                              local_config_reader=lambda path: local_config).plan
+
+
+optional_int = st.none() | st.integers(1, 64)
+names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=20)
+
+
+@st.composite
+def schema_plans(draw) -> Plan:
+    """Plans with random valid knobs in every mapped section (no solver needed)."""
+    dynamic = draw(st.booleans())
+    overrides = {
+        "data.train_batch_size": draw(st.integers(1, 1024)),
+        "data.max_prompt_length": draw(st.integers(16, 4096)),
+        "data.max_response_length": draw(st.integers(16, 8192)),
+        "data.train_files": draw(st.lists(names, max_size=3)),
+        "data.truncation": draw(st.sampled_from(["error", "left", "right"])),
+        "data.filter_overlong_prompts": draw(st.booleans()),
+        "data.seed": draw(st.integers(0, 99)),
+        "model.lora.rank": draw(st.sampled_from([0, 8, 32, 128])),
+        "model.lora.alpha": draw(st.integers(1, 64)),
+        "model.lora.target_modules": draw(st.sampled_from([["all-linear"], ["q_proj", "v_proj"]])),
+        "model.gradient_checkpointing": draw(st.booleans()),
+        "model.activation_offload": draw(st.booleans()),
+        "actor.strategy": draw(st.sampled_from(["fsdp", "fsdp2"])),
+        "actor.ppo_mini_batch_size": draw(st.integers(1, 256)),
+        "actor.use_dynamic_bsz": dynamic,
+        "actor.ppo_max_token_len_per_gpu": draw(st.integers(1024, 65536)),
+        "actor.ulysses_sequence_parallel_size": draw(st.sampled_from([1, 2, 4])),
+        "actor.fsdp_size": draw(st.sampled_from([-1, 2, 8])),
+        "actor.param_offload": draw(st.booleans()),
+        "actor.optimizer_offload": draw(st.booleans()),
+        "actor.lr": draw(st.floats(1e-8, 1e-3)),
+        "actor.lr_warmup_steps": draw(st.integers(0, 100)),
+        "actor.use_kl_loss": draw(st.booleans()),
+        "actor.loss_agg_mode": draw(st.sampled_from(["token-mean", "seq-mean-token-sum"])),
+        "ref.param_offload": draw(st.booleans()),
+        "ref.log_prob_use_dynamic_bsz": dynamic,
+        "rollout.n": draw(st.integers(1, 16)),
+        "rollout.tensor_model_parallel_size": draw(st.sampled_from([1, 2, 4])),
+        "rollout.gpu_memory_utilization": draw(st.floats(0.1, 0.95)),
+        "rollout.max_num_seqs": draw(st.integers(1, 1024)),
+        "rollout.max_num_batched_tokens": draw(st.integers(256, 65536)),
+        "rollout.max_model_len": draw(st.none() | st.integers(1024, 32768)),
+        "rollout.enforce_eager": draw(st.booleans()),
+        "rollout.layered_summon": draw(st.booleans()),
+        "rollout.load_format": draw(st.sampled_from(["dummy", "safetensors", "auto"])),
+        "rollout.log_prob_use_dynamic_bsz": dynamic,
+        "rollout.agent_num_workers": draw(st.integers(1, 16)),
+        "critic.enable": draw(st.none() | st.booleans()),
+        "critic.ppo_mini_batch_size": draw(optional_int),
+        "critic.forward_micro_batch_size_per_gpu": draw(optional_int),
+        "critic.ppo_max_token_len_per_gpu": draw(st.integers(1024, 65536)),
+        "algorithm.adv_estimator": draw(st.sampled_from(["grpo", "gae", "rloo", "reinforce_plus_plus"])),
+        "algorithm.use_kl_in_reward": draw(st.booleans()),
+        "trainer.experiment_name": draw(names),
+        "trainer.output_dir": draw(names),
+        "trainer.total_training_steps": draw(optional_int),
+        "trainer.max_checkpoints_to_keep": draw(optional_int),
+        "reward.function": draw(st.sampled_from(["", "rewards/math.py:score"])),
+    }
+    plan = preset_plan({k: v for k, v in overrides.items() if v is not None})
+    micro, log_prob_micro = draw(st.integers(1, 32)), draw(st.integers(1, 32))
+    use_global = draw(st.booleans())
+    actor = attrs.evolve(plan.actor, ppo_micro_batch_size=micro if use_global else None,
+                         ppo_micro_batch_size_per_gpu=None if use_global else micro)
+    rollout = attrs.evolve(plan.rollout, log_prob_micro_batch_size=log_prob_micro if use_global else None,
+                           log_prob_micro_batch_size_per_gpu=None if use_global else log_prob_micro)
+    plan = plan.evolve(actor=actor, rollout=rollout,
+                       passthrough=draw(st.sampled_from([{}, {"trainer.logger": "[console]",
+                                                              "+actor_rollout_ref.model.override_config.x": "1"}])))
+    return plan.evolve(cluster=attrs.evolve(plan.cluster, nodes=draw(st.integers(1, 4)),
+                                            gpus_per_node=draw(st.sampled_from([1, 2, 4, 8]))))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema_plans(), st.sampled_from(["script", "overrides"]))
+def test_render_then_import_gives_back_the_plan_verl_runs(plan, fmt):
+    if fmt == "overrides" and any("\n" in s or "\r" in s for s in (plan.trainer.experiment_name,
+                                                                    plan.trainer.output_dir, *plan.data.train_files)):
+        with pytest.raises(PlanError):
+            render_plan(plan, "verl", fmt)
+        return
+    back = reimport(render_plan(plan, "verl", fmt), plan)
+    assert plan_to_dict(back) == plan_to_dict(plan_as_verl_runs_it(plan))
+
+
+def test_render_fixes_what_verl_defaults_badly():
+    plan = preset_plan({"model.lora.rank": 32, "rollout.load_format": "dummy"})
+    plan = plan.evolve(rollout=attrs.evolve(plan.rollout, max_model_len=None))
+    script = render_plan(plan, "verl")
+    assert "actor_rollout_ref.rollout.max_model_len=1536 " in script
+    assert "actor_rollout_ref.rollout.load_format=safetensors " in script
+    assert "ppo_micro_batch_size_per_gpu=2" in script and "actor.ppo_micro_batch_size=" not in script
+
+
+def test_solver_plans_round_trip():
+    solver = pytest.importorskip("rlplan.planner.solver")
+    for gpus, n in ((8, 5), (16, 8), (4, 4)):
+        request = solver.SolveRequest(
+            model=ModelSection(name=QWEN.name, arch=QWEN.arch, path=QWEN.path),
+            cluster=attrs.evolve(preset_plan().cluster, gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8)),
+            prompt_len=512, response_len=1024, train_batch_size=64, n=n)
+        plan = solver.solve(request).plan
+        assert plan is not None
+        assert plan_to_dict(reimport(render_plan(plan, "verl"), plan)) == plan_to_dict(plan_as_verl_runs_it(plan))
+
+
+def bash_arguments(script: str) -> list[str]:
+    """The argv bash itself hands to `python3` when it runs the script."""
+    printer = 'python3() { printf "%s\\0" "$@"; }; source /dev/stdin'
+    output = subprocess.run(["bash", "-c", printer], input=script.encode(), capture_output=True, check=True,
+                            env={"PATH": "/usr/bin:/bin", "RAY_ADDRESS": "http://head:8265"})
+    return output.stdout.decode().split("\0")[:-1]
+
+
+hostile = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="\x00"),
+                  min_size=1, max_size=40) | st.sampled_from(
+    ["$(touch /tmp/rlplan-pwned)", "`id`", "a; rm -rf ~", "it's \"q\"", "${HOME}", "x\ny", "-rf", "a\\", "*"])
+
+
+@needs_bash
+@settings(max_examples=40, deadline=None)
+@given(hostile)
+def test_hostile_strings_arrive_as_one_inert_word(text):
+    plan = preset_plan({"trainer.experiment_name": text}).evolve(
+        model=attrs.evolve(preset_plan().model, path=text))
+    script = render_plan(plan, "verl")
+    subprocess.run(["bash", "-n"], input=script.encode(), check=True)
+    arguments = bash_arguments(script)
+    assert f"trainer.experiment_name={format_value(text)}" in arguments
+    assert f"actor_rollout_ref.model.path={format_value(text)}" in arguments
+    back = reimport(script, plan, local_config=TINY_CONFIG)
+    assert back.trainer.experiment_name == text and back.model.path == text
+
+
+@needs_bash
+@settings(max_examples=20, deadline=None)
+@given(hostile)
+def test_launch_scripts_quote_the_plan_path(path):
+    plan = preset_plan({"trainer.experiment_name": path})
+    for target in ("slurm", "ray-job"):
+        script = render_plan(plan, target, plan_file=path)
+        subprocess.run(["bash", "-n"], input=script.encode(), check=True)
+        assert "rlplan run" in script
+
+
+def test_slurm_starts_head_and_workers_and_runs_the_plan():
+    plan = preset_plan().evolve(cluster=attrs.evolve(preset_plan().cluster, nodes=4, gpus_per_node=8))
+    script = render_plan(plan, "slurm", plan_file="plans/my plan.toml")
+    assert "#SBATCH --nodes=4" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "ray start --head" in script and 'ray start --address="$RAY_ADDRESS"' in script
+    assert "PLAN='plans/my plan.toml'" in script and 'rlplan run "$PLAN"' in script
+
+
+@needs_bash
+def test_ray_job_entrypoint_survives_rays_own_shell():
+    script = render_plan(preset_plan(), "ray-job", plan_file="/runs/a b/plan 1.toml")
+    words = bash_arguments(script.replace("ray job submit", "python3"))
+    assert words[words.index("--working-dir") + 1] == "/runs/a b"
+    entrypoint = " ".join(words[words.index("--") + 1 :])
+    assert bash_arguments(entrypoint.replace("rlplan run", "python3")) == ["plan 1.toml"]
+
+
+@pytest.mark.parametrize(("target", "fmt", "field"), [("slurm", "overrides", "--format"), ("k8s", "script", "--target"),
+                                                     ("verl", "yaml", "--format")])
+def test_bad_target_or_format_is_a_plan_error(target, fmt, field):
+    with pytest.raises(PlanError) as error:
+        render_plan(preset_plan(), target, fmt)
+    assert error.value.field == field
+
+
+def test_leave_one_out_grpo_has_no_verl_form():
+    with pytest.raises(PlanError) as error:
+        render_plan(with_overrides(preset_plan(), {"algorithm.grpo_leave_one_out": True}), "verl")
+    assert error.value.field == "algorithm.grpo_leave_one_out"

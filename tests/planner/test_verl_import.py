@@ -1,0 +1,126 @@
+"""Importing verl launch scripts and Hydra override files (planner/verl_import.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlplan.planner.errors import PlanError
+from rlplan.planner.presets import resolve_gpu
+from rlplan.planner.rules import check_plan
+from rlplan.planner.verl_import import import_verl_script
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
+H100 = resolve_gpu("h100-80g")
+
+# file -> (--env pins, environment, expected error rules or None for valid). Why: see the README there.
+EXPECTED = {
+    "grpo_lora_shell_vars.sh": ({"NGPUS": "8"}, {"HOME": "/home/u"}, {"actor_micro_batch_divides_mini"}),
+    "ppo_offload_deprecated_globals.sh": ({}, {"DATA_DIR": "/data"}, None),
+    "dynamic_bsz_ulysses.sh": ({}, {}, {"token_budget_fits_longest_sequence"}),
+    "overrides_lora_valid.txt": ({}, {}, None),
+}
+
+
+def load(text: str, env: dict[str, str] | None = None, environment: dict[str, str] | None = None,
+         local_config=None):
+    return import_verl_script(text, gpu=H100, host_memory_gib=512.0, env=env or {},
+                              local_config_reader=lambda path: local_config, environment=environment or {})
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_scripts_get_their_documented_verdict(name):
+    env, environment, expected = EXPECTED[name]
+    result = load((SCRIPTS / name).read_text(), env, environment)
+    errors = {violation.rule for violation in check_plan(result.plan).errors}
+    assert errors == (expected or set())
+
+
+def test_shell_variables_defaults_quotes_and_lists_resolve():
+    result = load((SCRIPTS / "grpo_lora_shell_vars.sh").read_text(), {"NGPUS": "8"}, {"HOME": "/home/u"})
+    plan = result.plan
+    assert plan.model.path == "Qwen/Qwen2.5-7B-Instruct" and plan.model.name == "qwen2.5-7b"
+    assert plan.cluster.gpus_per_node == 8 and plan.cluster.host_memory_gib == 512.0
+    assert plan.data.train_files == ("/home/u/data/gsm8k/train.parquet",)
+    assert plan.data.val_files == ("/home/u/data/gsm8k/test.parquet", "/home/u/data/math/test.parquet")
+    assert plan.trainer.experiment_name == "qwen2.5_7b_lora 64"
+    assert plan.model.lora.rank == 64 and plan.rollout.sleep_level == 1 and plan.actor.lr == 3e-6
+    assert set(result.passthrough_keys) == {"trainer.critic_warmup", "trainer.logger"}
+    assert plan.passthrough["trainer.logger"] == '["console","wandb"]'
+    assert any("$@" in warning for warning in result.warnings)
+
+
+def test_unresolved_variable_is_an_error_naming_it():
+    with pytest.raises(PlanError) as error:
+        load((SCRIPTS / "grpo_lora_shell_vars.sh").read_text(), {}, {"HOME": "/home/u"})
+    assert error.value.field == "NGPUS" and "--env NGPUS=" in error.value.fix
+
+
+def test_env_pins_win_over_script_assignments_and_environment():
+    script = "TBS=8\npython3 -m verl.trainer.main_ppo data.train_batch_size=$TBS trainer.nnodes=${NN:-3} " \
+             "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
+    assert load(script).plan.data.train_batch_size == 8
+    assert load(script, {"TBS": "16"}).plan.data.train_batch_size == 16
+    assert load(script, environment={"NN": "2"}).plan.cluster.nodes == 2
+    assert load(script).plan.cluster.nodes == 3
+
+
+def test_deprecated_globals_stay_global_and_aliases_are_read():
+    plan = load((SCRIPTS / "ppo_offload_deprecated_globals.sh").read_text(), environment={"DATA_DIR": "/d"}).plan
+    assert plan.actor.ppo_micro_batch_size == 16 and plan.actor.ppo_micro_batch_size_per_gpu is None
+    assert plan.rollout.log_prob_micro_batch_size == 64 and plan.rollout.log_prob_micro_batch_size_per_gpu is None
+    assert plan.critic.param_offload and plan.critic.optimizer_offload and plan.uses_critic
+    assert plan.cluster.nodes == 2 and plan.data.train_files == ("/d/train.parquet",)
+
+
+def test_omitted_keys_take_verls_defaults_not_rlplans():
+    plan = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nactor_rollout_ref.rollout.name=vllm\n").plan
+    assert plan.rollout.tensor_model_parallel_size == 2 and plan.rollout.gpu_memory_utilization == 0.5
+    assert plan.rollout.max_num_seqs == 256 and plan.rollout.max_num_batched_tokens == 8192
+    assert plan.rollout.load_format == "dummy" and plan.rollout.max_model_len is None
+    assert plan.model.use_remove_padding and plan.model.gradient_checkpointing
+    assert plan.actor.strategy == "fsdp" and plan.actor.ppo_max_token_len_per_gpu == 16384
+    assert plan.algorithm.adv_estimator == "gae" and plan.uses_critic
+    assert plan.critic.ppo_max_token_len_per_gpu == 32768 and plan.data.train_batch_size == 1024
+    assert plan.trainer.output_dir == "checkpoints/verl_examples/gsm8k"
+
+
+def test_log_prob_budgets_follow_the_actors_when_omitted():
+    plan = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
+                "actor_rollout_ref.actor.use_dynamic_bsz=true\n"
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000\n"
+                "critic.ppo_max_token_len_per_gpu=50000\n").plan
+    assert plan.rollout.log_prob_use_dynamic_bsz and plan.ref.log_prob_use_dynamic_bsz and plan.critic.use_dynamic_bsz
+    assert plan.rollout.log_prob_max_token_len_per_gpu == 24000 == plan.ref.log_prob_max_token_len_per_gpu
+    assert plan.critic.forward_max_token_len_per_gpu == 50000
+
+
+def test_local_model_directory_reads_its_config():
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 512,
+              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
+              "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 2048}
+    plan = load("actor_rollout_ref.model.path=/models/tiny\n", local_config=config).plan
+    assert plan.model.name == "tiny" and plan.model.arch.hidden_size == 512 and plan.model.path == "/models/tiny"
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("data.train_batch_size=abc\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
+    ("actor_rollout_ref.rollout.name=sglang\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
+     "actor_rollout_ref.rollout.name"),
+    ("data.train_batch_size=-4\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
+    ("data.train_batch_size=8\n", "actor_rollout_ref.model.path"),
+    ("python3 -m verl.trainer.main_ppo trainer.nnodes=$(cat n)\n", "$(cat n)"),
+    ("python3 -m verl.trainer.main_ppo 'unterminated\n", "script"),
+])
+def test_bad_input_is_a_plan_error_naming_the_key(text, field):
+    with pytest.raises(PlanError) as error:
+        load(text)
+    assert error.value.field == field
+
+
+def test_tilde_and_plus_keys_pass_through_verbatim():
+    result = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n~trainer.logger\n"
+                  "+actor_rollout_ref.model.override_config.attention_dropout=0.\n")
+    assert result.plan.passthrough == {"~trainer.logger": "",
+                                       "+actor_rollout_ref.model.override_config.attention_dropout": "0."}
