@@ -171,7 +171,7 @@ class PeakLocation:
     iteration: int
 
     def describe(self) -> str:
-        where = self.module or "outside the model"
+        where = self.module or "the loss head, outside the model's modules"
         return f"{self.stage} of iteration {self.iteration}, in {where}"
 
 
