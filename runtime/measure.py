@@ -39,12 +39,14 @@ Phase = Literal["update", "logprob"]
 PHASES: tuple[Phase, ...] = ("update", "logprob")
 Stage = Literal["forward", "loss", "backward", "optimizer"]
 
-# HF config classes the tracker recipe is verified on (dense decoder layers, SDPA attention).
+# HF config classes the tracker recipe is verified on (SDPA attention; Qwen3-MoE experts via grouped_mm,
+# whose memory does not depend on the routing fake tensors cannot know).
 _CONFIG_CLASSES = {
     "qwen2": "Qwen2Config",
     "llama": "LlamaConfig",
     "mistral": "MistralConfig",
     "qwen3": "Qwen3Config",
+    "qwen3_moe": "Qwen3MoeConfig",
 }
 MEASURABLE_FAMILIES = tuple(_CONFIG_CLASSES)
 
@@ -517,6 +519,11 @@ def hf_config(arch: Architecture) -> Any:
     )
     if arch.family == "llama":
         config.attention_bias = arch.qkv_bias
+    if arch.is_moe:
+        config.moe_intermediate_size = arch.moe_intermediate_size
+        config.num_experts = arch.num_experts
+        config.num_experts_per_tok = arch.num_experts_per_token
+        config.mlp_only_layers = list(range(arch.first_dense_layers))
     config._attn_implementation = "sdpa"
     return config
 
