@@ -27,7 +27,7 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.plan import Plan
 from rlplan.planner.planfile import plan_from_dict
-from rlplan.planner.presets import resolve_model
+from rlplan.planner.presets import ResolvedModel, resolve_model
 from rlplan.planner.verl_keys import (
     BY_FIELD,
     BY_KEY,
@@ -614,9 +614,29 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, model_path: str,
-                local_config_reader: LocalConfigReader) -> Plan:
-    resolved = resolve_model(model_path, local_config_reader(model_path))
+def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warnings: list[str]) -> ResolvedModel:
+    """A preset by repo id, a local config.json, or - for a local path not on this machine (scripts
+    are often imported away from the cluster) - the preset its directory name is a repo name of."""
+    config = local_config_reader(model_path)
+    try:
+        return resolve_model(model_path, config)
+    except PlanError as error:
+        directory = model_path.rstrip("/").rpartition("/")[2]
+        if config is None and directory and directory != model_path:
+            try:
+                resolved = resolve_model(directory)
+            except PlanError:
+                pass
+            else:
+                warnings.append(f"{model_path} is not readable here; its name matches the preset {resolved.name}, "
+                                "whose architecture the plan uses.")
+                return resolved
+        raise PlanError(field="actor_rollout_ref.model.path", message=error.message,
+                        fix="run the import where the model directory is readable, or use a hub repo id a preset "
+                        "lists") from None
+
+
+def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, resolved: ResolvedModel) -> Plan:
     data = _nest(fields)
     data["model"].update(name=resolved.name, arch=attrs.asdict(resolved.arch))
     data["cluster"].update(gpu=attrs.asdict(gpu), host_memory_gib=host_memory_gib)
@@ -686,7 +706,8 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
     fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
     fields["reward.function"] = _reward_function(reward)
-    plan = _build_plan(fields, gpu, host_memory_gib, str(model_path), local_config_reader)
+    resolved = _resolve_model(str(model_path), local_config_reader, warnings)
+    plan = _build_plan(fields, gpu, host_memory_gib, resolved)
     kept = tuple(passthrough)
     if kept:
         warnings.append(f"kept {len(kept)} verl key(s) rlplan does not model, rendered back unchanged: {', '.join(kept)}.")

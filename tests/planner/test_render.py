@@ -15,6 +15,7 @@ from rlplan.planner.plan import ModelSection, Plan
 from rlplan.planner.planfile import plan_to_dict, with_overrides
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.render import plan_as_verl_runs_it, render_plan
+from rlplan.planner.solver import SolveRequest, solve
 from rlplan.planner.verl_import import import_verl_script
 from rlplan.planner.verl_keys import format_value
 from tests.planner.plans import make_plan
@@ -133,15 +134,20 @@ def test_render_fixes_what_verl_defaults_badly():
     assert "ppo_micro_batch_size_per_gpu=2" in script and "actor.ppo_micro_batch_size=" not in script
 
 
-def test_solver_plans_round_trip():
-    solver = pytest.importorskip("rlplan.planner.solver")
-    for gpus, n in ((8, 5), (16, 8), (4, 4)):
-        request = solver.SolveRequest(
-            model=ModelSection(name=QWEN.name, arch=QWEN.arch, path=QWEN.path),
-            cluster=attrs.evolve(preset_plan().cluster, gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8)),
-            prompt_len=512, response_len=1024, train_batch_size=64, n=n)
-        plan = solver.solve(request).plan
-        assert plan is not None
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["qwen2.5-0.5b", "qwen2.5-7b"]), st.sampled_from([(1, 4), (1, 8), (2, 8)]),
+       st.sampled_from([256, 1024]), st.sampled_from([512, 2048]), st.sampled_from([32, 128]),
+       st.integers(2, 8), st.sampled_from(["grpo", "gae"]))
+def test_solver_plans_round_trip(preset, nodes_gpus, prompt_len, response_len, train_batch_size, n, algorithm):
+    model = resolve_model(preset)
+    nodes, gpus_per_node = nodes_gpus
+    request = SolveRequest(
+        model=ModelSection(name=model.name, arch=model.arch, path=model.path),
+        cluster=attrs.evolve(preset_plan().cluster, nodes=nodes, gpus_per_node=gpus_per_node),
+        prompt_len=prompt_len, response_len=response_len, train_batch_size=train_batch_size, n=n,
+        algorithm=algorithm)
+    plan = solve(request).plan
+    if plan is not None:
         assert plan_to_dict(reimport(render_plan(plan, "verl"), plan)) == plan_to_dict(plan_as_verl_runs_it(plan))
 
 

@@ -104,12 +104,19 @@ def test_local_model_directory_reads_its_config():
     assert plan.model.name == "tiny" and plan.model.arch.hidden_size == 512 and plan.model.path == "/models/tiny"
 
 
+def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists():
+    result = load("actor_rollout_ref.model.path=/home/u/models/Qwen2.5-7B-Instruct\n")
+    assert result.plan.model.name == "qwen2.5-7b" and result.plan.model.path == "/home/u/models/Qwen2.5-7B-Instruct"
+    assert any("not readable here" in warning for warning in result.warnings)
+
+
 @pytest.mark.parametrize(("text", "field"), [
     ("data.train_batch_size=abc\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
     ("actor_rollout_ref.rollout.name=sglang\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
      "actor_rollout_ref.rollout.name"),
     ("data.train_batch_size=-4\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
     ("data.train_batch_size=8\n", "actor_rollout_ref.model.path"),
+    ("actor_rollout_ref.model.path=/models/my-own-llm\n", "actor_rollout_ref.model.path"),
     ("python3 -m verl.trainer.main_ppo trainer.nnodes=$(cat n)\n", "$(cat n)"),
     ("python3 -m verl.trainer.main_ppo 'unterminated\n", "script"),
 ])

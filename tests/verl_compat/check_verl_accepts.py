@@ -34,6 +34,9 @@ Usage: python tests/verl_compat/check_verl_accepts.py [--examples N]
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
+import math
 import os
 import subprocess
 import sys
@@ -79,7 +82,24 @@ KNOWN_GAPS = {
         "micro size divides it; the legacy worker accepted a ragged last micro batch",
         "a runtime-stage rule: (train_batch_size * n / dp) % log_prob_micro_batch_size_per_gpu == 0",
     ),
+    "micro_checked_under_dynamic_bsz": (
+        "rlplan is stricter here: verl 0.8's legacy worker asserted mini % micro even with dynamic batch "
+        "size whenever a micro-batch key was set; verl 0.9's engine ignores the micro keys under dynamic bsz",
+        "actor/critic_micro_batch_divides_mini skipping a role whose use_dynamic_bsz is on, when targeting "
+        "verl >= 0.9 (or a warning: the key is dead there)",
+    ),
 }
+
+# rlplan rules that, under dynamic batch size, check micro-batch keys verl 0.9 ignores.
+_MICRO_RULE_ROLE = {"actor_micro_batch_divides_mini": "actor", "critic_micro_batch_divides_mini": "critic"}
+
+
+def stricter_gap(plan: Plan, batch_errors: list[str]) -> str | None:
+    """The KNOWN_GAPS entry for a plan rlplan rejects and verl 0.9 accepts, if it is a known one."""
+    dynamic = {"actor": plan.actor.use_dynamic_bsz, "critic": plan.critic.use_dynamic_bsz}
+    if batch_errors and all(rule in _MICRO_RULE_ROLE and dynamic[_MICRO_RULE_ROLE[rule]] for rule in batch_errors):
+        return "micro_checked_under_dynamic_bsz"
+    return None
 
 
 class Rejected(Exception):
@@ -110,12 +130,41 @@ def _config_dir() -> str:
     return str(resources.files("verl.trainer").joinpath("config"))
 
 
-def compose(overrides: list[str]):
+def full_compose(overrides: list[str]):
+    """Exactly what `@hydra.main(config_name="ppo_trainer")` builds from these command-line overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=_config_dir(), version_base=None):
         return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+
+
+@functools.cache
+def _base_config():
+    return full_compose([])
+
+
+FAST_COMPOSE_CHECKS = 5
+
+
+def compose(overrides: list[str]):
+    """full_compose, faster: verl's ~30 YAML files are read once, then hydra's own override step
+    (the one compose applies to value overrides) runs on a copy.  Only used when no override names a
+    config group (every key is dotted), and checked against full_compose on the first cases."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if any("." not in override.key_or_group for override in parsed):
+        return full_compose(overrides)
+    config = copy.deepcopy(_base_config())
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, config)
+    if STATS["fast_compose_checked"] < FAST_COMPOSE_CHECKS:
+        reference = full_compose(overrides)
+        assert OmegaConf.to_yaml(reference) == OmegaConf.to_yaml(config), "fast compose differs from hydra's"
+        STATS["fast_compose_checked"] += 1
+    return config
 
 
 def script_arguments(script: str) -> list[str]:
@@ -193,6 +242,9 @@ def verl_verdict(overrides: list[str]) -> None:
         passes.append(("critic", critic.ppo_mini_batch_size, critic.ulysses_sequence_parallel_size,
                        critic.use_dynamic_bsz, critic.ppo_micro_batch_size_per_gpu))
     for role, mini, sp, dynamic, micro in passes:
+        # The FSDP engine's (dp, sp) device mesh (verl/workers/engine/fsdp): sp must divide the world.
+        if world % sp:
+            raise Rejected("engine_ulysses_mesh", f"{role}: world {world} % ulysses sp {sp}")
         dp = world // sp
         # TrainingWorker.train_mini_batch, lines 266-270.
         if (mini * n) % dp:
@@ -253,6 +305,42 @@ def batch_plans(draw) -> Plan:
 
 
 @st.composite
+def divisible_plans(draw) -> Plan:
+    """Batch layouts built to divide evenly, so most are valid: the "verl accepts" direction."""
+    gpus_per_node = draw(st.sampled_from([1, 2, 4, 8]))
+    nodes = draw(st.sampled_from([1, 2]))
+    world = gpus_per_node * nodes
+    sp = draw(st.sampled_from([d for d in (1, 2, 4) if world % d == 0]))
+    dp = world // sp
+    n = draw(st.integers(2, 8))
+    # mini * n is then a multiple of the world (verl's real-batch rule) and so of dp.
+    multiple = world * draw(st.integers(1, 8))
+    mini = multiple // math.gcd(multiple, n)
+    mini_sequences_per_gpu = mini * n // dp
+    micro = draw(st.sampled_from([d for d in range(1, mini_sequences_per_gpu + 1) if mini_sequences_per_gpu % d == 0]))
+    train = mini * draw(st.integers(1, 4))
+    per_gpu = train * n // dp
+    log_prob_micro = draw(st.sampled_from([d for d in range(1, per_gpu + 1) if per_gpu % d == 0]))
+    dynamic = draw(st.booleans())
+    lora_rank = draw(st.sampled_from([0, 32]))
+    plan = make_plan(overrides={
+        "model.path": str(TINY_MODEL), "data.train_batch_size": train, "rollout.n": n,
+        "actor.ppo_mini_batch_size": mini, "actor.ulysses_sequence_parallel_size": sp,
+        "actor.use_dynamic_bsz": dynamic, "rollout.log_prob_use_dynamic_bsz": dynamic,
+        "ref.log_prob_use_dynamic_bsz": dynamic, "critic.use_dynamic_bsz": dynamic,
+        "actor.ppo_micro_batch_size_per_gpu": micro, "rollout.log_prob_micro_batch_size_per_gpu": log_prob_micro,
+        "ref.log_prob_micro_batch_size_per_gpu": log_prob_micro, "critic.ppo_micro_batch_size_per_gpu": micro,
+        "critic.ulysses_sequence_parallel_size": sp,
+        "rollout.tensor_model_parallel_size": draw(st.sampled_from([d for d in (1, 2, 4) if world % d == 0])),
+        "rollout.agent_num_workers": 1, "actor.use_kl_loss": draw(st.booleans()),
+        "algorithm.adv_estimator": draw(st.sampled_from(["grpo", "gae"])),
+        "model.lora.rank": lora_rank, "rollout.sleep_level": 1 if lora_rank else 2,
+        "actor.param_offload": draw(st.booleans()),
+    })
+    return _with_cluster(plan, nodes, gpus_per_node)
+
+
+@st.composite
 def solver_plans(draw) -> Plan | None:
     from rlplan.planner.plan import ModelSection
     from rlplan.planner.presets import model_presets, resolve_gpu, resolve_model
@@ -304,6 +392,10 @@ def judge(plan: Plan, label: str) -> None:
     elif batch_errors:
         STATS[f"{label}_rlplan_batch_rejected"] += 1
         if rejected_by is None:
+            gap = stricter_gap(plan, batch_errors)
+            if gap is not None:
+                STATS[f"known_gap:{gap}"] += 1
+                return
             FAILURES.append(f"[{label}] rlplan rejects with {batch_errors}, verl accepts the plan")
 
 
@@ -323,7 +415,13 @@ def run_property_checks(examples: int) -> None:
         if plan is not None:
             judge(plan, "solver")
 
+    @common
+    @given(divisible_plans())
+    def divisible_layouts(plan: Plan) -> None:
+        judge(plan, "divisible")
+
     batch_layouts()
+    divisible_layouts()
     solved()
 
 
