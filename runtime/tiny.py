@@ -158,7 +158,7 @@ def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0, num_layers:
         **tiny_model_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, num_layers)
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = Qwen2ForCausalLM(config).bfloat16()
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
     )

@@ -53,6 +53,20 @@ def _prepare_environment(plan: Plan) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
+def _sampled_token_logprobs(token_ids: tuple[int, ...], positions: Any) -> tuple[float, ...]:
+    """The log-prob of each sampled token; logprobs=0 returns exactly that entry per position."""
+    if positions is None or len(positions) != len(token_ids):
+        raise RuntimeError(
+            "vLLM returned no log-prob for some sampled tokens although the request asked for them"
+        )
+    values = []
+    for position, token in zip(positions, token_ids, strict=True):
+        if position is None or token not in position:
+            raise RuntimeError(f"vLLM returned no log-prob for sampled token {token}")
+        values.append(float(position[token].logprob))
+    return tuple(values)
+
+
 def _scratch_dir(prefix: str) -> Path:
     """A private directory in memory-backed storage where there is one (adapters are rewritten every step)."""
     shm = Path("/dev/shm")
@@ -83,7 +97,7 @@ class VllmRollout:
                 "vLLM runs on the CPU: rollout.gpu_memory_utilization does not apply; the KV cache is "
                 f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB of host memory.",
             )
-        self._llm = vllm.LLM(**kwargs)
+        self._llm: vllm.LLM | None = vllm.LLM(**kwargs)
         # With load_format "dummy" the engine starts from random weights until the first full sync.
         self._has_real_weights = plan.rollout.load_format != "dummy"
         self._adapter_root = _scratch_dir("rlplan-rollout-")
@@ -120,6 +134,7 @@ class VllmRollout:
         temperature 0 and needs n == 1. lora=False samples the base model.
         """
         from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
 
         if self.needs_full_weights:
             raise RuntimeError(
@@ -140,8 +155,8 @@ class VllmRollout:
                 max_tokens=max_tokens,
                 logprobs=0,
             )
-        outputs = self._llm.generate(
-            [{"prompt_token_ids": list(prompt)} for prompt in prompts],
+        outputs = self._engine.generate(
+            [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts],
             params,
             use_tqdm=False,
             lora_request=self._adapter_request if lora else None,
@@ -150,17 +165,12 @@ class VllmRollout:
         for prompt_index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
             for completion in output.outputs:
                 response_ids = tuple(completion.token_ids)
-                # logprobs=0 returns exactly the sampled token's entry at each position.
-                logprobs = tuple(
-                    float(position[token].logprob)
-                    for position, token in zip(completion.logprobs, response_ids, strict=True)
-                )
                 samples.append(
                     GeneratedSample(
                         prompt_index=prompt_index,
                         prompt_ids=tuple(prompt),
                         response_ids=response_ids,
-                        response_logprobs=logprobs,
+                        response_logprobs=_sampled_token_logprobs(response_ids, completion.logprobs),
                         finish_reason=str(completion.finish_reason),
                     )
                 )
@@ -172,17 +182,17 @@ class VllmRollout:
         start = time.perf_counter()
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         if self._in_process:
-            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self._engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         else:
             # A multi-process engine cannot receive tensors as RPC arguments; hand it a path.
             weights_dir = _scratch_dir("rlplan-weights-")
             try:
                 write_safetensors_weights(weights_dir, weights)
-                self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+                self._engine.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
             finally:
                 shutil.rmtree(weights_dir, ignore_errors=True)
         # Cached prefixes hold KV computed with the old weights.
-        self._llm.reset_prefix_cache()
+        self._engine.reset_prefix_cache()
         self._has_real_weights = True
         return time.perf_counter() - start
 
@@ -213,12 +223,12 @@ class VllmRollout:
         adapter_dir = self._adapter_root / f"adapter-{adapter_id}"
         write_peft_adapter(adapter_dir, adapter_tensors, peft_config)
         if previous is not None:
-            self._llm.llm_engine.remove_lora(previous.lora_int_id)
+            self._engine.llm_engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)
         self._adapter_request = LoRARequest(f"policy-{adapter_id}", adapter_id, str(adapter_dir))
         # Load now, so a bad adapter fails here and the time is part of the sync.
-        self._llm.llm_engine.add_lora(self._adapter_request)
-        self._llm.reset_prefix_cache()
+        self._engine.llm_engine.add_lora(self._adapter_request)
+        self._engine.reset_prefix_cache()
         return time.perf_counter() - start
 
     # --- memory -----------------------------------------------------------------------------
@@ -227,14 +237,14 @@ class VllmRollout:
         if not self.supports_sleep:
             self._log_once("sleep", self._no_sleep_reason())
             return
-        self._llm.sleep(level=self._plan.rollout.sleep_level)
+        self._engine.sleep(level=self._plan.rollout.sleep_level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Bring back "weights" and/or "kv_cache" (all when tags is None); a logged no-op elsewhere."""
         if not self.supports_sleep:
             self._log_once("sleep", self._no_sleep_reason())
             return
-        self._llm.wake_up(tags)
+        self._engine.wake_up(tags)
 
     def shutdown(self) -> None:
         llm = getattr(self, "_llm", None)
@@ -244,6 +254,12 @@ class VllmRollout:
         shutil.rmtree(self._adapter_root, ignore_errors=True)
 
     # --- helpers ----------------------------------------------------------------------------
+    @property
+    def _engine(self) -> Any:
+        if self._llm is None:
+            raise RuntimeError("the rollout engine was shut down")
+        return self._llm
+
     def _no_sleep_reason(self) -> str:
         if not self._on_gpu:
             return "vLLM runs on the CPU, where sleep mode does not exist; sleep/wake_up do nothing."

@@ -399,6 +399,19 @@ def test_a_second_adapter_replaces_the_first(engine, base_model, prompts):
 
 @pytest.mark.runtime
 @pytest.mark.vllm
+def test_the_adapter_survives_a_later_full_weight_sync(engine, base_model, prompts):
+    # A LoRA run may resend base weights (load_format "dummy", a resume); vLLM resets its
+    # adapter state on reload, and the next generation must still apply the adapter.
+    policy = _peft_policy(base_model, seed=7)
+    engine.sync_full_weights(_hf_names(base_model))
+    _sync_adapter(engine, policy)
+    engine.sync_full_weights(_hf_names(base_model))
+    samples = engine.generate(prompts, 2, max_tokens=6)
+    assert _mean_logprob_gap(policy, samples) < LOGPROB_TOLERANCE
+
+
+@pytest.mark.runtime
+@pytest.mark.vllm
 def test_sleep_and_wake_up_are_no_ops_on_cpu_and_generation_continues(engine, base_model, prompts, caplog):
     from vllm.platforms import current_platform
 
