@@ -55,6 +55,8 @@ BUDGET_GRANULARITY = 256
 MAX_BUDGET_MULTIPLE_OF_SEQUENCE = 8
 MAX_GPU_MEMORY_UTILIZATION = 0.9
 MAX_NUM_SEQS_CAP = 1024
+# Feasible plans kept after the best, for `solve --verify` to measure in order.
+RUNNERS_UP = 2
 
 
 @frozen(kw_only=True)
@@ -127,6 +129,8 @@ class SolveResult:
     evaluated: int
     feasible: int
     diagnosis: Diagnosis | None = None
+    # The next-best feasible candidates after `best`, in order (for `solve --verify`).
+    runners_up: tuple[Candidate, ...] = ()
 
     @property
     def plan(self) -> Plan | None:
@@ -507,8 +511,8 @@ def _savings(choice: TrainingChoice) -> tuple[int, ...]:
 
 
 def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool = False,
-            ) -> tuple[Candidate | None, int, int, Candidate | None]:
-    """Best feasible candidate, evaluations, feasible count, and the least-infeasible candidate.
+            ) -> tuple[list[Candidate], int, int, Candidate | None]:
+    """Feasible candidates best first, evaluations, feasible count, and the least-infeasible candidate.
 
     Two caches keep this fast: the rollout side (util, max_num_seqs) depends only on what
     the trainer leaves resident, and checkpointing variants of a choice whose token
@@ -523,7 +527,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
     if pinned_tp is not None:
         tp_options = [int(pinned_tp)]
     evaluated = feasible = 0
-    best: Candidate | None = None
+    ranked: list[Candidate] = []
     closest: Candidate | None = None
     full_ft_feasible = False
     rollout_cache: dict[tuple, RolloutSection | None] = {}
@@ -566,12 +570,11 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             if choice.lora_rank == 0:
                 full_ft_feasible = True
             if feasibility_only:
-                return Candidate(plan=solved, memory=report, step_time=StepTime(phase_seconds={})), evaluated, 1, None
-            candidate = Candidate(plan=solved, memory=report,
-                                  step_time=predict_step_time(solved, report, request.profile))
-            if best is None or _prefer(candidate, best, request):
-                best = candidate
-    return best, evaluated, feasible, closest
+                return [Candidate(plan=solved, memory=report, step_time=StepTime(phase_seconds={}))], evaluated, 1, None
+            ranked.append(Candidate(plan=solved, memory=report,
+                                    step_time=predict_step_time(solved, report, request.profile)))
+    ranked.sort(key=lambda c: _preference_key(c, request))
+    return ranked, evaluated, feasible, closest
 
 
 def _budgets_reach_caps(plan: Plan) -> bool:
@@ -579,12 +582,10 @@ def _budgets_reach_caps(plan: Plan) -> bool:
     return plan.actor.ppo_max_token_len_per_gpu >= actor_cap
 
 
-def _prefer(candidate: Candidate, incumbent: Candidate, request: SolveRequest) -> bool:
-    if request.lora == "auto":
-        # Full fine-tuning whenever it fits; LoRA only as the fallback.
-        if (candidate.plan.model.lora.rank == 0) != (incumbent.plan.model.lora.rank == 0):
-            return candidate.plan.model.lora.rank == 0
-    return _rank_key(candidate, request.objective) < _rank_key(incumbent, request.objective)
+def _preference_key(candidate: Candidate, request: SolveRequest) -> tuple[float, ...]:
+    # With --lora auto, full fine-tuning whenever it fits; LoRA only as the fallback.
+    lora_last = float(request.lora == "auto" and candidate.plan.model.lora.enabled)
+    return (lora_last, *_rank_key(candidate, request.objective))
 
 
 def _closer(current: Candidate | None, plan: Plan, request: SolveRequest) -> Candidate:
@@ -616,11 +617,12 @@ def solve(request: SolveRequest) -> SolveResult:
     evaluated_total = 0
     if response_len is None:
         response_len, evaluated_total = _longest_fitting_response(request)
-    best, evaluated, feasible, closest = _search(request, response_len)
+    ranked, evaluated, feasible, closest = _search(request, response_len)
     evaluated_total += evaluated
-    if best is not None:
-        return SolveResult(best=attrs.evolve(best, plan=finalize(best, request.profile)),
-                           evaluated=evaluated_total, feasible=feasible)
+    if ranked:
+        finalized = [attrs.evolve(c, plan=finalize(c, request.profile)) for c in ranked[:RUNNERS_UP + 1]]
+        return SolveResult(best=finalized[0], evaluated=evaluated_total, feasible=feasible,
+                           runners_up=tuple(finalized[1:]))
     return SolveResult(best=None, evaluated=evaluated_total, feasible=0,
                        diagnosis=diagnose(request, closest, response_len))
 
@@ -638,9 +640,9 @@ def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:
     lo, hi, found = 0, len(lengths) - 1, lengths[0]
     while lo <= hi:
         mid = (lo + hi) // 2
-        best, evaluated, _, _ = _search(request, lengths[mid], feasibility_only=True)
+        ranked, evaluated, _, _ = _search(request, lengths[mid], feasibility_only=True)
         evaluated_total += evaluated
-        if best is not None:
+        if ranked:
             found, lo = lengths[mid], mid + 1
         else:
             hi = mid - 1
@@ -651,8 +653,8 @@ def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:
 
 
 def _fits(request: SolveRequest, response_len: int) -> bool:
-    best, _, _, _ = _search(request, response_len, feasibility_only=True)
-    return best is not None
+    ranked, _, _, _ = _search(request, response_len, feasibility_only=True)
+    return bool(ranked)
 
 
 def diagnose(request: SolveRequest, closest: Candidate | None, response_len: int) -> Diagnosis:
