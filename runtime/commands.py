@@ -97,7 +97,7 @@ def demo_plan(
         ),
         ref=RefSection(log_prob_micro_batch_size_per_gpu=8),
         rollout=RolloutSection(
-            n=1 if ppo else n,
+            n=n,
             gpu_memory_utilization=0.5,
             max_num_seqs=64,
             max_num_batched_tokens=2048,

@@ -118,6 +118,8 @@ class Controller:
         self.peaks: dict[str, int] = {}
         self.memory_measure = ""
         self.engines_asleep = False
+        # Plan versus actual: the planner's per-phase prediction travels with every step's measurement.
+        self.predicted_gib = predicted_phase_peaks(plan)
 
     # --- fan-out helpers --------------------------------------------------------------------------
     def _on_trainers(self, method: str, shards: list[TokenBatch] | None, *args: Any) -> list[Any]:
@@ -232,6 +234,7 @@ class Controller:
             if record.get(f"time/{phase}"):
                 tokens = float(mask.sum()) if phase == "rollout" else float(batch["sequence_lengths"].sum())
                 record[f"throughput/{phase}_tokens_per_s"] = tokens / record[f"time/{phase}"]
+        record.update({f"memory/{phase}_predicted_gib": gib for phase, gib in self.predicted_gib.items()})
         record["time/step"] = time.perf_counter() - step_start
         return record
 
@@ -322,7 +325,7 @@ class Controller:
         return int(state["step"])
 
     def plan_versus_actual(self) -> list[dict[str, Any]]:
-        return plan_versus_actual(predicted_phase_peaks(self.plan), self.peaks, self.memory_measure)
+        return plan_versus_actual(self.predicted_gib, self.peaks, self.memory_measure)
 
 
 def _fields(shard: TokenBatch, **fields: Any) -> TokenBatch:
@@ -383,6 +386,9 @@ def run_loop(plan: Plan, platform: Platform, options: RunOptions, data: Any, con
         last_step = total_steps(plan, data.size, options.max_steps)
         log = MetricsLog(options.output_dir, console, resume=options.resume and first_step > 1)
         controller.initial_sync()
+        if first_step > 1:
+            # The engines loaded the initial weights; the restored policy must reach them before step one.
+            controller.sync_weights("adapter" if plan.model.lora.enabled else "merged")
         task = progress.add_task("training", total=last_step, completed=first_step - 1) if progress else None
         done = 0
         for step in range(first_step, last_step + 1):
