@@ -86,7 +86,12 @@ class VllmRollout:
         self._plan = plan
         self._on_gpu = not current_platform.is_cpu()
         self._lora_rank = lora_rank or plan.model.lora.rank
-        self._in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        # Tensors reach the model by reference only when the engine core and its one worker
+        # live in this process; otherwise collective_rpc serialises them (into lists).
+        self._weights_by_reference = (
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+            and plan.rollout.tensor_model_parallel_size == 1
+        )
         self._logged_once: set[str] = set()
         kwargs = vllm_engine_kwargs(
             plan, str(model_dir), on_gpu=self._on_gpu, seed=seed, lora_rank=self._lora_rank
@@ -181,10 +186,10 @@ class VllmRollout:
         """Load the trainer's weights (Hugging Face names) in place; returns the seconds it took."""
         start = time.perf_counter()
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
-        if self._in_process:
+        if self._weights_by_reference:
             self._engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         else:
-            # A multi-process engine cannot receive tensors as RPC arguments; hand it a path.
+            # Worker processes cannot receive tensors as RPC arguments; hand them a file.
             weights_dir = _scratch_dir("rlplan-weights-")
             try:
                 write_safetensors_weights(weights_dir, weights)

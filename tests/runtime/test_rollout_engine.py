@@ -302,7 +302,7 @@ def test_full_weight_sync_through_a_weights_file_serves_the_new_weights(
 ):
     # The route a multi-process engine (tensor parallel on GPUs) takes.
     moved = _perturbed(base_model, seed=2)
-    monkeypatch.setattr(engine, "_in_process", False)
+    monkeypatch.setattr(engine, "_weights_by_reference", False)
     engine.sync_full_weights(_hf_names(moved))
     samples = engine.generate(prompts, 2, max_tokens=6, lora=False)
     assert _mean_logprob_gap(moved, samples) < LOGPROB_TOLERANCE
