@@ -23,7 +23,8 @@ def _plan(model_dir: str, **actor_changes):
     from rlplan.runtime.commands import demo_plan
 
     plan = demo_plan(model_dir, "unused.parquet", "unused-output", steps=1, train_batch_size=4, n=4)
-    return plan.evolve(actor=attrs.evolve(plan.actor, **actor_changes))
+    # One mini batch per update: 4 prompts x 4 samples / 2 ranks = the 8 sequences each rank holds.
+    return plan.evolve(actor=attrs.evolve(plan.actor, **{"ppo_mini_batch_size": 4, **actor_changes}))
 
 
 def _batch(rank: int, with_training_fields: bool = True):
