@@ -228,7 +228,7 @@ def verl_sleep_level(lora_enabled: bool, layered_summon: bool) -> int:
 # --- Hydra's override value syntax --------------------------------------------------------
 
 # Characters Hydra accepts in an unquoted value with no meaning of their own.
-_PLAIN_STRING = re.compile(r"[A-Za-z0-9_./~+@%-][A-Za-z0-9_./~+@%:-]*")
+_PLAIN_STRING = re.compile(r"[A-Za-z0-9_./+@%-][A-Za-z0-9_./+@%:-]*")
 _INT = re.compile(r"[+-]?(0|[1-9][0-9_]*)")
 _FLOAT = re.compile(r"[+-]?((\d[\d_]*)?\.\d[\d_]*([eE][+-]?\d+)?|\d[\d_]*\.([eE][+-]?\d+)?|\d[\d_]*[eE][+-]?\d+"
                     r"|inf|nan)", re.IGNORECASE)

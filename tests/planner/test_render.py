@@ -161,7 +161,7 @@ def bash_arguments(script: str) -> list[str]:
 
 hostile = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="\x00"),
                   min_size=1, max_size=40) | st.sampled_from(
-    ["$(touch /tmp/rlplan-pwned)", "`id`", "a; rm -rf ~", "it's \"q\"", "${HOME}", "x\ny", "-rf", "a\\", "*"])
+    ["$(touch /tmp/rlplan-pwned)", "`id`", "a; rm -rf ~", "it's \"q\"", "${HOME}", "x\ny", "-rf", "a\\", "*", "~/m"])
 
 
 @needs_bash
@@ -219,3 +219,13 @@ def test_leave_one_out_grpo_has_no_verl_form():
     with pytest.raises(PlanError) as error:
         render_plan(with_overrides(preset_plan(), {"algorithm.grpo_leave_one_out": True}), "verl")
     assert error.value.field == "algorithm.grpo_leave_one_out"
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    ("~/data/x.parquet", "'~/data/x.parquet'"),  # Hydra reads `~` only as the delete prefix of a key
+    ("123", "'123'"), ("true", "'true'"), ("a b", "'a b'"), ("${x}", "'\\${x}'"), ("it's", "'it\\'s'"),
+    ("end\\", "'end\\\\'"), ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B"), (1e-06, "1e-06"), (None, "null"),
+    (["a", "b c"], "[a,'b c']"),
+])
+def test_hydra_values_are_written_as_hydra_reads_them(value, text):
+    assert format_value(value) == text

@@ -18,7 +18,9 @@ to Python (shlex), and then runs what verl runs before any GPU is touched:
              `verl.workers.engine.utils.prepare_micro_batches` on a TensorDict of the per-GPU
              size.  HFModelConfig (actor and critic) is built for real on a tiny local model
              (a 2-layer Qwen2 config.json and a word-level tokenizer written at start-up), since
-             it loads the config and tokenizer from model.path.
+             it loads the config and tokenizer from model.path.  Without vLLM installed, the
+             LoRA-rank check of validate_config is served from verl's own source
+             (load_lora_rank_check_without_vllm).
 
 Two properties, over hypothesis-generated plans (solver plans and random batch layouts):
 - every plan rlplan calls valid passes all four stages;
@@ -34,6 +36,7 @@ Usage: python tests/verl_compat/check_verl_accepts.py [--examples N]
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import functools
 import math
@@ -41,6 +44,8 @@ import os
 import subprocess
 import sys
 import time
+import types
+import typing
 import warnings
 from collections import Counter
 from importlib import resources
@@ -124,6 +129,32 @@ def write_tiny_model(directory: Path) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>",
                             unk_token="<unk>").save_pretrained(directory)
+
+
+def load_lora_rank_check_without_vllm() -> None:
+    """validate_config's LoRA check (V10) imports verl/workers/rollout/vllm_rollout/utils.py, whose
+    package imports vLLM at the top, though the check itself, get_vllm_max_lora_rank, needs only
+    vLLM's list of ranks and carries its own copy when vLLM is absent.  Without vLLM, that one
+    function is compiled from verl's own file and served under the module name validate_config
+    imports; nothing of it is re-written here."""
+    try:
+        import vllm  # noqa: F401
+        return
+    except ImportError:
+        pass
+    package = "verl.workers.rollout.vllm_rollout"
+    source = resources.files("verl.workers.rollout").joinpath("vllm_rollout", "utils.py")
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    function = next(node for node in tree.body
+                    if isinstance(node, ast.FunctionDef) and node.name == "get_vllm_max_lora_rank")
+    namespace: dict[str, object] = {"Literal": typing.Literal, "get_args": typing.get_args}
+    exec(compile(ast.Module(body=[function], type_ignores=[]), str(source), "exec"), namespace)
+    stand_in = types.ModuleType(f"{package}.utils")
+    stand_in.get_vllm_max_lora_rank = namespace["get_vllm_max_lora_rank"]  # type: ignore[attr-defined]
+    parent = types.ModuleType(package)
+    parent.__path__ = []  # type: ignore[attr-defined]
+    sys.modules.setdefault(package, parent)
+    sys.modules[f"{package}.utils"] = stand_in
 
 
 def _config_dir() -> str:
@@ -284,7 +315,9 @@ def batch_plans(draw) -> Plan:
         "rollout.agent_num_workers": 1,
         "actor.use_kl_loss": draw(st.booleans()),
         "algorithm.adv_estimator": draw(st.sampled_from(["grpo", "gae"])),
+        "model.lora.rank": draw(st.sampled_from([0, 0, 32, 1024])),
     }
+    overrides["rollout.sleep_level"] = 1 if overrides["model.lora.rank"] else 2
     overrides["rollout.log_prob_use_dynamic_bsz"] = overrides["actor.use_dynamic_bsz"]
     overrides["ref.log_prob_use_dynamic_bsz"] = overrides["actor.use_dynamic_bsz"]
     overrides["critic.use_dynamic_bsz"] = overrides["actor.use_dynamic_bsz"]
@@ -430,7 +463,7 @@ def check_hostile_strings(examples: int) -> None:
     alphabet = st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="\x00")
     hostile = st.text(alphabet=alphabet, min_size=1, max_size=30) | st.sampled_from(
         ["$(touch /tmp/pwned)", "`id`", "a; rm -rf ~", "it's", "${oc.env:HOME}", "\\${x}", "a\\", "true", "1e3",
-         "[a,b]", "x=y", "null", " lead", "q\"uote", "new\nline"])
+         "[a,b]", "x=y", "null", " lead", "q\"uote", "new\nline", "~/models/x", "a~b", "@x", "%s"])
 
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
@@ -453,6 +486,7 @@ def main() -> int:
 
     started = time.perf_counter()
     write_tiny_model(TINY_MODEL)
+    load_lora_rank_check_without_vllm()
     check_hostile_strings(max(20, args.examples // 5))
     run_property_checks(args.examples)
     elapsed = time.perf_counter() - started
