@@ -4,7 +4,7 @@ The recipe is memory-model.md section 3: the plan's real architecture is built o
 the meta device, sharded with FSDP2 over a fake process group of the plan's shard
 size, materialised as FakeTensors on device ``cpu`` and run under PyTorch's
 ``FSDPMemTracker``.  Nothing is allocated, yet every tensor the step would create
-is counted with its real size, so a 7-8B model measures in seconds.
+is counted with its real size; a 7-8B model measures in tens of seconds on a CPU.
 
 Three patches keep the emulation faithful (memory-model.md section 3.3); they are
 applied only for the duration of a measurement:
@@ -590,7 +590,9 @@ def make_optimizer(model: Any) -> Any:
     import torch
 
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
-    return torch.optim.AdamW(trainable, lr=1e-6, weight_decay=0.01)
+    # PyTorch picks the foreach implementation for CUDA parameters (verl's default AdamW on a GPU) but the
+    # per-tensor loop for CPU ones; the emulation on device cpu must ask for foreach to hold its temporaries.
+    return torch.optim.AdamW(trainable, lr=1e-6, weight_decay=0.01, foreach=True)
 
 
 def make_inputs(step: TrainingStep, device: str = "cpu") -> tuple[Any, Any]:
