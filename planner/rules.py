@@ -431,6 +431,63 @@ def _log_prob_micro_batch_positive(ctx: RuleContext) -> Iterator[Violation]:
             )
 
 
+@rule("dynamic_bsz_flags_agree", "worker",
+      "[2e] verl's engine worker asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz")
+def _dynamic_bsz_flags_agree(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    if plan.actor.use_dynamic_bsz != plan.rollout.log_prob_use_dynamic_bsz:
+        yield _violation(
+            "dynamic_bsz_flags_agree", "worker",
+            f"actor.use_dynamic_bsz = {str(plan.actor.use_dynamic_bsz).lower()} but "
+            f"rollout.log_prob_use_dynamic_bsz = {str(plan.rollout.log_prob_use_dynamic_bsz).lower()}; verl's "
+            "engine worker (the default since 0.9) asserts they agree.",
+            f"set rollout.log_prob_use_dynamic_bsz = {str(plan.actor.use_dynamic_bsz).lower()}",
+            rollout__log_prob_use_dynamic_bsz=plan.actor.use_dynamic_bsz,
+        )
+
+
+@rule("mini_batch_divisible_by_dp", "worker",
+      "[2e] ppo_mini_batch_size * n splits evenly over the dp ranks (engine worker's train_mini_batch)")
+def _mini_batch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    pairs = [("actor", plan.actor.ppo_mini_batch_size, ctx.layout.parallel.dp)]
+    if plan.uses_critic and ctx.layout.critic_parallel is not None:
+        critic_mini = plan.critic.ppo_mini_batch_size
+        pairs.append(("critic", critic_mini if critic_mini is not None else plan.actor.ppo_mini_batch_size,
+                      ctx.layout.critic_parallel.dp))
+    n = plan.rollout.n
+    for section, mini, dp in pairs:
+        if dp > 0 and (mini * n) % dp:
+            better = _next_multiple(mini, dp // math.gcd(dp, n))
+            yield _violation(
+                "mini_batch_divisible_by_dp", "worker",
+                f"{section}.ppo_mini_batch_size * n = {mini} * {n} = {mini * n} sequences per optimizer step do "
+                f"not split evenly over {dp} data-parallel ranks (verl 0.8 silently floor-divides, 0.9 asserts).",
+                f"set {section}.ppo_mini_batch_size = {better}",
+                **{f"{section}__ppo_mini_batch_size": better},
+            )
+
+
+@rule("deprecated_global_micro_batch_keys", "config",
+      "[N4, N6] global micro-batch keys are normalized by verl 0.8 but rejected by verl >= 0.9")
+def _deprecated_global_micro_batch_keys(ctx: RuleContext) -> Iterator[Violation]:
+    plan, dp = ctx.plan, max(ctx.layout.parallel.dp, 1)
+    keys = [("actor.ppo_micro_batch_size", plan.actor.ppo_micro_batch_size, "actor.ppo_micro_batch_size_per_gpu"),
+            ("rollout.log_prob_micro_batch_size", plan.rollout.log_prob_micro_batch_size,
+             "rollout.log_prob_micro_batch_size_per_gpu"),
+            ("ref.log_prob_micro_batch_size", plan.ref.log_prob_micro_batch_size,
+             "ref.log_prob_micro_batch_size_per_gpu")]
+    for key, value, per_gpu_key in keys:
+        if value is not None:
+            per_gpu = max(1, value // dp)
+            yield _violation(
+                "deprecated_global_micro_batch_keys", "config",
+                f"{key} = {value} is a deprecated global key: verl 0.8 turns it into {per_gpu} per GPU "
+                f"(divided by dp = {dp}, not multiplied by n); verl 0.9's engine worker rejects it.",
+                f"replace it with {per_gpu_key} = {per_gpu}", severity="warning",
+            )
+
+
 # --- runtime stage: dispatch, dynamic batching, Ulysses, vLLM [4] --------------
 
 
@@ -473,6 +530,27 @@ def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
             f"do not split evenly over {dp} data-parallel ranks.",
             f"set data.train_batch_size = {better}", data__train_batch_size=better,
         )
+
+
+@rule("log_prob_micro_batch_divides_batch", "runtime",
+      "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)")
+def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    roles = [("rollout", ctx.layout.old_log_prob)]
+    if ctx.layout.ref_log_prob is not None:
+        roles.append(("ref", ctx.layout.ref_log_prob))
+    for section, role in roles:
+        micro = role.micro_batch_size_per_gpu
+        if micro is None or micro <= 0 or role.sequences_per_gpu <= 0:
+            continue
+        if role.sequences_per_gpu % micro:
+            better = _largest_divisor_at_most(role.sequences_per_gpu, micro)
+            yield _violation(
+                "log_prob_micro_batch_divides_batch", "runtime",
+                f"{role.sequences_per_gpu} sequences per GPU do not split into log-prob micro batches of {micro}.",
+                f"set {section}.log_prob_micro_batch_size_per_gpu = {better}",
+                **{f"{section}__log_prob_micro_batch_size_per_gpu": better},
+            )
 
 
 @rule("agent_loop_chunks_evenly", "runtime",

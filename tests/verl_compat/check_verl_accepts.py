@@ -73,20 +73,6 @@ KNOWN_GAPS = {
         "a config-stage error for actor.ppo_micro_batch_size / rollout.log_prob_micro_batch_size without "
         "their _per_gpu key when targeting verl >= 0.9",
     ),
-    "engine_dynamic_bsz_match": (
-        "the engine worker asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz",
-        "a worker-stage rule: rollout.log_prob_use_dynamic_bsz must equal actor.use_dynamic_bsz",
-    ),
-    "engine_mini_batch_split": (
-        "TrainingWorker.train_mini_batch asserts ppo_mini_batch_size * n % dp == 0; the legacy worker "
-        "floor-divided instead",
-        "a worker-stage rule: actor (and critic) ppo_mini_batch_size * rollout.n divisible by dp",
-    ),
-    "engine_log_prob_split": (
-        "the engine splits each rank's whole batch into log-prob micro batches with an assert that the "
-        "micro size divides it; the legacy worker accepted a ragged last micro batch",
-        "a runtime-stage rule: (train_batch_size * n / dp) % log_prob_micro_batch_size_per_gpu == 0",
-    ),
     "micro_checked_under_dynamic_bsz": (
         "rlplan is stricter here: verl 0.8's legacy worker asserted mini % micro even with dynamic batch "
         "size whenever a micro-batch key was set; verl 0.9's engine ignores the micro keys under dynamic bsz",
