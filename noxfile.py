@@ -66,3 +66,24 @@ def bench(session: nox.Session) -> None:
     """Planner benchmarks: solve time of whole `rlplan solve` processes beside a bare interpreter start."""
     session.install("-e", ".")
     session.run("python", "benchmarks/solve_time.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def verl_compat(session: nox.Session) -> None:
+    """verl 0.9 accepts rendered plans and rejects what rlplan rejects for a batch rule.
+
+    Its own environment: verl pins transformers < 5.11, which the runtime's vLLM cannot share.
+    """
+    session.install("torch==2.13.0", "-e", ".", "hypothesis>=6.100")
+    session.install("--no-deps", "verl==0.9.1")
+    session.install("hydra-core", "transformers>=5.5.3,<5.11,!=5.6.0", "tensordict>=0.8,<=0.10,!=0.9.0",
+                    "ray>=2.41", "datasets", "pillow", "peft", "codetiming")
+    session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs,
+                env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"})
+
+
+@nox.session(python=PYTHON)
+def accuracy(session: nox.Session) -> None:
+    """Regenerate docs/accuracy.md: planner predictions against FSDP2 steps measured on fake tensors."""
+    install_runtime(session)
+    session.run("python", "benchmarks/accuracy.py", *session.posargs)
