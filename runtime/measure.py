@@ -172,9 +172,15 @@ class PeakLocation:
     module: str
     iteration: int
 
+    @property
+    def place(self) -> str:
+        """The module, or what runs outside every module at that stage."""
+        if self.module:
+            return self.module
+        return "the AdamW step" if self.stage == "optimizer" else "the loss head"
+
     def describe(self) -> str:
-        where = self.module or "the loss head, outside the model's modules"
-        return f"{self.stage} of iteration {self.iteration}, in {where}"
+        return f"{self.stage} of iteration {self.iteration}, in {self.place}"
 
 
 @frozen(kw_only=True)
