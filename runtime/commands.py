@@ -219,8 +219,51 @@ def run_command(
     return execute(plan, options, console)
 
 
+# What the CPU runtime cannot do (or does not need) is pinned; `rlplan solve` picks the rest.
+DEMO_CPU_PINS = {
+    "actor.param_offload": False,
+    "actor.optimizer_offload": False,
+    "ref.param_offload": False,
+    "model.activation_offload": False,
+    "actor.ulysses_sequence_parallel_size": 1,
+    "rollout.tensor_model_parallel_size": 1,
+    "rollout.enforce_eager": True,
+    "rollout.free_cache_engine": False,
+    "rollout.load_format": "safetensors",
+    "actor.use_dynamic_bsz": True,
+    "rollout.log_prob_use_dynamic_bsz": True,
+    "ref.log_prob_use_dynamic_bsz": True,
+}
+
+
+def solve_demo_plan(workload: Plan) -> Plan:
+    """The demo's knobs as `rlplan solve --from` picks them for this machine, keeping the workload."""
+    from rlplan.planner.solver import SolveRequest, solve
+
+    request = SolveRequest(
+        model=workload.model,
+        cluster=workload.cluster,
+        prompt_len=workload.data.max_prompt_length,
+        response_len=workload.data.max_response_length,
+        train_batch_size=workload.data.train_batch_size,
+        n=workload.rollout.n,
+        algorithm=workload.algorithm.adv_estimator,
+        ppo_mini_batch_size=workload.actor.ppo_mini_batch_size,
+        lora=workload.model.lora.rank or "off",
+        pins=DEMO_CPU_PINS,
+        base=workload,
+    )
+    result = solve(request)
+    if result.plan is None:
+        assert result.diagnosis is not None
+        raise PlanError(field="demo", message=result.diagnosis.message,
+                        fix="free memory on this machine, or run `rlplan run` with a hand-made plan")
+    return result.plan
+
+
 def demo_command(output_dir: str, steps: int) -> int:
-    """`rlplan demo`: the bundled tiny model and toy task, planned for this machine, run end to end."""
+    """`rlplan demo`: the bundled tiny model and toy task, solved for this machine, run end to end."""
+    from rlplan.planner.planfile import plan_to_toml
     from rlplan.runtime.platform import detect_platform
     from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
 
@@ -229,6 +272,17 @@ def demo_command(output_dir: str, steps: int) -> int:
     model_dir = ensure_tiny_model(out / "model")
     train_file, _ = write_toy_dataset(out / "data" / "train.parquet", DEMO_PROMPTS)
     world_size = 1 if detect_platform().has_accelerator else 2
-    plan = demo_plan(model_dir, train_file, out / "run", steps=steps, world_size=world_size)
-    console.print(f"demo: tiny Qwen2 in {model_dir}, toy task in {train_file}, {steps} GRPO steps with LoRA")
+    try:
+        workload = demo_plan(model_dir, train_file, out / "run", steps=steps, world_size=world_size,
+                             algorithm="grpo_full")
+        plan = solve_demo_plan(workload)
+    except PlanError as error:
+        return _report_bad_input(console, error)
+    plan_file = out / "plan.toml"
+    plan_file.write_text(plan_to_toml(plan), encoding="utf-8")
+    console.print(
+        f"demo: tiny Qwen2 in {model_dir}, toy task in {train_file}; plan solved for {world_size} CPU rank(s) "
+        f"and written to {plan_file} (update token budget {plan.actor.ppo_max_token_len_per_gpu} per rank); "
+        f"{steps} GRPO steps, full fine-tuning"
+    )
     return execute(plan, RunOptions(output_dir=out / "run"), console)

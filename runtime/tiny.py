@@ -35,13 +35,14 @@ CHAT_TEMPLATE = (
 )
 
 # The toy task: "copy the letter". The answer is in the prompt, so the policy only has to
-# learn to look back at it. Few letters plus partial credit for answering with any of them
-# give a random policy's samples a spread of rewards from the first step on, which is what
-# GRPO learns from (measured: full fine-tuning, lr 1e-3, 8 prompts x 8 samples, 3 response
-# tokens: mean reward 0.02 -> 0.35 in 20 steps on the tiny model).
+# learn to look back at it. The score is dense, per letter of the response: half for each
+# letter of the task alphabet (a format reward a random policy can raise without reading
+# the prompt), half for each copy of the requested letter (which depends on the prompt).
+# A random tiny model's samples then spread from the first step on, which is what GRPO
+# learns from; an exact-first-letter score stayed flat for ten steps in the runtime's
+# end-to-end runs.
 TOY_DATA_SOURCE = "rlplan/toy_copy_letter"
 TOY_LETTERS = "abcd"
-TOY_PARTIAL_CREDIT = 0.2
 _CORPUS_LETTERS = "abcdefghij"
 TOY_ABILITY = "copy"
 TOY_SYSTEM_PROMPT = "You copy letters."
@@ -207,17 +208,14 @@ def toy_messages(letter: str) -> list[dict[str, str]]:
 
 
 def toy_score(solution_str: str, ground_truth: str) -> float:
-    """1.0 if the answer starts with the requested letter, partial credit for another task letter.
-
-    The partial credit is a format reward: it lets the policy first learn to answer with a
-    letter at all, then which one, instead of waiting for a rare exact hit.
-    """
-    answer = solution_str.strip()
-    if not answer:
+    """In [0, 1]: half the share of the response's letters in the task alphabet, half the share that
+    are the requested letter. 1.0 only for a response of nothing but the requested letter."""
+    letters = [c for c in solution_str.lower() if c.isalpha()]
+    if not letters:
         return 0.0
-    if answer[0] == ground_truth:
-        return 1.0
-    return TOY_PARTIAL_CREDIT if answer[0] in TOY_LETTERS else 0.0
+    alphabet = sum(c in _CORPUS_LETTERS for c in letters) / len(letters)
+    requested = sum(c == ground_truth for c in letters) / len(letters)
+    return 0.5 * alphabet + 0.5 * requested
 
 
 def toy_records(num_prompts: int, seed: int) -> list[dict[str, Any]]:

@@ -93,14 +93,16 @@ def test_ensure_tiny_model_reuses_the_built_directory(model_dir):
     ("answer", "letter", "expected"),
     [
         ("c", "c", 1.0),
-        (" cc and more", "c", 1.0),
-        ("a", "c", tiny.TOY_PARTIAL_CREDIT),
+        ("c c c", "c", 1.0),
+        (" cc and more", "c", 0.5 * 5 / 9 + 0.5 * 2 / 9),
+        ("a", "c", 0.5),
         ("z", "c", 0.0),
         ("", "c", 0.0),
+        ("123", "c", 0.0),
     ],
 )
-def test_toy_score_rewards_the_prompted_letter(answer, letter, expected):
-    assert tiny.toy_score(answer, letter) == expected
+def test_toy_score_gives_credit_per_letter_and_most_for_the_prompted_one(answer, letter, expected):
+    assert tiny.toy_score(answer, letter) == pytest.approx(expected)
 
 
 def test_toy_dataset_parquet_and_jsonl_hold_the_same_verl_rows(tmp_path):
