@@ -81,3 +81,21 @@ def test_missing_plan_file(tmp_path, capsys):
     assert code == EXIT_BAD_INPUT
     assert "absent.toml" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
+
+
+def test_demo_plan_is_solved_for_this_machine_with_cpu_limits_pinned(tmp_path):
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.rules import check_plan
+    from rlplan.runtime.commands import DEMO_CPU_PINS, demo_plan, solve_demo_plan
+    from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
+
+    model_dir = ensure_tiny_model(tmp_path / "model")
+    train_file, _ = write_toy_dataset(tmp_path / "data" / "train.parquet", 16)
+    workload = demo_plan(model_dir, train_file, tmp_path / "run", steps=2, algorithm="grpo_full")
+    plan = solve_demo_plan(workload)
+    assert check_plan(plan).valid
+    assert predict_memory(plan).fits
+    assert plan.prediction is not None
+    assert plan.actor.param_offload is False and plan.rollout.tensor_model_parallel_size == 1
+    assert plan.actor.use_dynamic_bsz and plan.actor.ppo_max_token_len_per_gpu >= plan.data.max_sequence_length
+    assert set(DEMO_CPU_PINS) and plan.data.train_files == workload.data.train_files
