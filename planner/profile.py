@@ -78,11 +78,14 @@ class Profile:
     vllm_block_size: int = _constant(16, "vLLM KV block size in tokens as verl launches it", low=1, kind=int)
 
     # --- loss head, bytes per token x vocab (memory-model.md 2.4) ---
-    head_log_prob_bytes: float = _constant(16.0, "fp32 log-prob head with grad (verl update, entropy_coeff 0)")
-    head_entropy_bytes: float = _constant(28.0, "log-prob + full entropy with grad; entropy checkpointing does not "
-                                                "lower it (the peak is in the logsumexp backward)")
-    head_chunked_entropy_bytes: float = _constant(20.0, "log-prob + entropy chunked at 2048 rows, with grad")
-    head_forward_only_bytes: float = _constant(12.0, "no_grad log-prob + entropy (old-log-prob and ref passes)")
+    head_log_prob_bytes: float = _constant(12.0, "fp32 log-prob head with grad (verl update, entropy_coeff 0); "
+                                                 "tracker-measured at h 64, V 65536, T 4096")
+    head_entropy_bytes: float = _constant(32.0, "log-prob + full entropy with grad (tracker-measured); entropy "
+                                                "checkpointing does not lower it (the peak is in the logsumexp backward)")
+    head_chunked_entropy_bytes: float = _constant(24.0, "log-prob + entropy chunked at 2048 rows, with grad "
+                                                        "(tracker-measured)")
+    head_forward_only_bytes: float = _constant(14.0, "no_grad log-prob + entropy (old-log-prob and ref passes), "
+                                                     "tracker-measured")
 
     # --- trainer dtypes and layout facts verl does not expose per plan ---
     ref_param_bytes: int = _constant(

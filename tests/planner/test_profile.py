@@ -24,8 +24,9 @@ def test_defaults_lie_in_the_bands_the_references_measured():
     assert 0.05 <= profile.fragmentation_fraction <= 0.15
     assert 0.33 <= profile.training_mfu <= 0.39  # torchtitan Llama-3.1-8B FSDP on H100
     assert (profile.vllm_non_torch_tp1_gib, profile.vllm_non_torch_tp_gib) == (0.13, 0.55)
+    # Measured with the CPU tracker on an isolated loss head (h 64, V 65536, T 4096).
     assert (profile.head_log_prob_bytes, profile.head_entropy_bytes, profile.head_chunked_entropy_bytes,
-            profile.head_forward_only_bytes) == (16, 28, 20, 12)
+            profile.head_forward_only_bytes) == (12, 32, 24, 14)
 
 
 @st.composite
