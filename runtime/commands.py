@@ -184,6 +184,14 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
     except PlanError as error:
         return _report_bad_input(console, error)
     dataset = data.dataset
+    # The plan as run sits beside its metrics: `rlplan calibrate --from-run` and readers of a
+    # finished run need both. Written only after every up-front check passed.
+    from rlplan.planner.planfile import plan_to_toml
+
+    options.output_dir.mkdir(parents=True, exist_ok=True)
+    plan_copy = options.output_dir / "plan.toml"
+    plan_copy.with_name(".plan.toml.partial").write_text(plan_to_toml(plan), encoding="utf-8")
+    plan_copy.with_name(".plan.toml.partial").replace(plan_copy)
     console.print(
         f"{len(dataset)} prompts ({dataset.num_filtered} filtered and {dataset.num_truncated} truncated "
         f"at data.max_prompt_length = {plan.data.max_prompt_length})"
