@@ -38,7 +38,9 @@ from rlplan.planner.plan import (
     Plan,
     Prediction,
     RefSection,
+    RewardSection,
     RolloutSection,
+    TrainerSection,
 )
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.rules import VLLM_LORA_RANKS, check_plan
@@ -248,7 +250,7 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
     if base is not None:
         rollout = attrs.evolve(base.rollout, n=request.n, max_model_len=max_model_len,
                                agent_num_workers=math.gcd(total, base.rollout.agent_num_workers))
-    plan = Plan(
+    return Plan(
         model=request.model,
         cluster=request.cluster,
         data=data,
@@ -257,11 +259,10 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
         ref=base.ref if base is not None else RefSection(log_prob_use_dynamic_bsz=True),
         critic=base.critic if base is not None else CriticSection(use_dynamic_bsz=True),
         algorithm=algorithm,
-        reward=base.reward if base is not None else Plan.__attrs_attrs__.reward.default,
-        trainer=base.trainer if base is not None else Plan.__attrs_attrs__.trainer.default,
+        reward=base.reward if base is not None else RewardSection(),
+        trainer=base.trainer if base is not None else TrainerSection(),
         passthrough=base.passthrough if base is not None else {},
     )
-    return plan
 
 
 def apply_training_choice(plan: Plan, choice: TrainingChoice, request: SolveRequest) -> Plan:
