@@ -109,10 +109,27 @@ SMALL_QWEN = attrs.evolve(model_presets()["qwen2.5-0.5b"].arch, num_layers=4)
     ids=["ac", "no-ac"],
 )
 @pytest.mark.slow
-def test_planner_prediction_is_within_5_percent_of_the_measured_peak(overrides):
+def test_planner_prediction_is_within_5_percent_of_the_measured_peak(overrides, tmp_path):
+    """Measured the way users measure: `rlplan measure --json` in a fresh process.
+
+    The tracker sees frees through weakref callbacks, so tensors in reference cycles are counted
+    until Python's collector runs; deep in a long pytest session that timing differs from a fresh
+    process (seen: -5.5 % vs -0.0 % for the same plan), so the comparison runs in its own process.
+    """
+    import json
+    import subprocess
+    import sys
+
+    from rlplan.planner.planfile import plan_to_toml
+
     plan = make_plan(SMALL_QWEN, overrides={"actor.ppo_mini_batch_size": 2, **overrides})
-    comparison = measure_plan(plan, "update")
-    assert abs(comparison.error) <= 0.05, comparison.to_dict()
+    path = tmp_path / "plan.toml"
+    path.write_text(plan_to_toml(plan))
+    done = subprocess.run([sys.executable, "-m", "rlplan.planner.cli", "measure", str(path), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    comparison = json.loads(done.stdout)
+    assert abs(comparison["error"]) <= 0.05, comparison
 
 
 def test_measure_command_prints_json_and_rejects_a_missing_plan(tmp_path, capsys):
