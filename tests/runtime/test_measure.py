@@ -16,7 +16,6 @@ pytest.importorskip("peft")
 from rlplan.runtime.measure import (  # noqa: E402
     TrainingStep,
     measure_command,
-    measure_plan,
     measure_training_step,
     training_step_of_plan,
 )
