@@ -27,6 +27,7 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase
 from rlplan.planner.plan import (
     ActorSection,
@@ -355,45 +356,71 @@ def _budget_caps(plan: Plan) -> tuple[int, int]:
     return rounded(min(limit, max(mini_tokens, minimum))), rounded(min(limit, per_gpu_sequences * sequence_len // sp))
 
 
-def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
-    """Largest token budget per pass that fits its phase; None if one sequence does not fit."""
-    minimum = _budget_floor(plan)
-    cap, forward_cap = _budget_caps(plan)
+def _largest_fitting_divisor(total: int, fits) -> int | None:
+    """Largest micro batch that divides `total` sequences (verl N5) and fits its phase."""
+    for size in sorted((d for d in range(1, total + 1) if total % d == 0), reverse=True):
+        if fits(size):
+            return size
+    return None
+
+
+def _solve_pass(plan: Plan, request: SolveRequest, *, phase: str, dynamic: bool, chunk: int, cap: int,
+                with_budget, with_micro) -> Plan | None:
+    """One pass's micro batches: the largest token budget (dynamic bsz) or the largest fixed micro batch."""
     profile = request.profile
-
-    def with_actor(budget: int) -> Plan:
-        return plan.evolve(actor=attrs.evolve(plan.actor, ppo_max_token_len_per_gpu=budget))
-
-    actor_budget = _largest_fitting(minimum, cap, lambda b: _phase_fits(with_actor(b), "actor_update", profile))
-    if actor_budget is None:
+    if dynamic:
+        budget = _largest_fitting(_budget_floor(plan), cap,
+                                  lambda b: _phase_fits(with_budget(plan, b), phase, profile))
+        return None if budget is None else with_budget(plan, budget)
+    if chunk <= 0:
         return None
-    plan = with_actor(actor_budget)
+    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(plan, m), phase, profile))
+    return None if micro is None else with_micro(plan, micro)
 
-    def with_log_prob(budget: int) -> Plan:
-        return plan.evolve(rollout=attrs.evolve(plan.rollout, log_prob_max_token_len_per_gpu=budget))
 
-    log_prob_budget = _largest_fitting(minimum, forward_cap,
-                                       lambda b: _phase_fits(with_log_prob(b), "old_log_prob", profile))
-    if log_prob_budget is None:
+def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
+    """Per pass, the largest token budget (or fixed micro batch) that fits its phase; None if nothing does."""
+    cap, forward_cap = _budget_caps(plan)
+    layout = plan_layout(plan)
+    actor_mini = layout.actor_update.mini_batch_size_per_gpu or 0
+    plan = _solve_pass(
+        plan, request, phase="actor_update", dynamic=plan.actor.use_dynamic_bsz, chunk=actor_mini, cap=cap,
+        with_budget=lambda p, b: p.evolve(actor=attrs.evolve(p.actor, ppo_max_token_len_per_gpu=b)),
+        with_micro=lambda p, m: p.evolve(actor=attrs.evolve(p.actor, ppo_micro_batch_size_per_gpu=m,
+                                                            ppo_micro_batch_size=None)),
+    )
+    if plan is None:
         return None
-    plan = with_log_prob(log_prob_budget)
+    plan = _solve_pass(
+        plan, request, phase="old_log_prob", dynamic=plan.rollout.log_prob_use_dynamic_bsz,
+        chunk=layout.old_log_prob.sequences_per_gpu, cap=forward_cap,
+        with_budget=lambda p, b: p.evolve(rollout=attrs.evolve(p.rollout, log_prob_max_token_len_per_gpu=b)),
+        with_micro=lambda p, m: p.evolve(rollout=attrs.evolve(p.rollout, log_prob_micro_batch_size_per_gpu=m,
+                                                              log_prob_micro_batch_size=None)),
+    )
+    if plan is None:
+        return None
     if plan.uses_reference:
-        def with_ref(budget: int) -> Plan:
-            return plan.evolve(ref=attrs.evolve(plan.ref, log_prob_max_token_len_per_gpu=budget))
-
-        ref_budget = _largest_fitting(minimum, forward_cap, lambda b: _phase_fits(with_ref(b), "ref_log_prob", profile))
-        if ref_budget is None:
+        plan = _solve_pass(
+            plan, request, phase="ref_log_prob", dynamic=plan.ref.log_prob_use_dynamic_bsz,
+            chunk=layout.old_log_prob.sequences_per_gpu, cap=forward_cap,
+            with_budget=lambda p, b: p.evolve(ref=attrs.evolve(p.ref, log_prob_max_token_len_per_gpu=b)),
+            with_micro=lambda p, m: p.evolve(ref=attrs.evolve(p.ref, log_prob_micro_batch_size_per_gpu=m,
+                                                              log_prob_micro_batch_size=None)),
+        )
+        if plan is None:
             return None
-        plan = with_ref(ref_budget)
     if plan.uses_critic:
-        def with_critic(budget: int) -> Plan:
-            return plan.evolve(critic=attrs.evolve(plan.critic, ppo_max_token_len_per_gpu=budget,
-                                                   forward_max_token_len_per_gpu=budget))
-
-        critic_budget = _largest_fitting(minimum, cap, lambda b: _phase_fits(with_critic(b), "critic_update", profile))
-        if critic_budget is None:
-            return None
-        plan = with_critic(critic_budget)
+        critic_mini = layout.critic_update.mini_batch_size_per_gpu if layout.critic_update else 0
+        plan = _solve_pass(
+            plan, request, phase="critic_update", dynamic=plan.critic.use_dynamic_bsz, chunk=critic_mini or 0,
+            cap=cap,
+            with_budget=lambda p, b: p.evolve(critic=attrs.evolve(p.critic, ppo_max_token_len_per_gpu=b,
+                                                                  forward_max_token_len_per_gpu=b)),
+            with_micro=lambda p, m: p.evolve(critic=attrs.evolve(p.critic, ppo_micro_batch_size_per_gpu=m,
+                                                                 ppo_micro_batch_size=None,
+                                                                 forward_micro_batch_size_per_gpu=m)),
+        )
     return plan
 
 

@@ -174,3 +174,22 @@ def test_bad_request_is_a_plan_error():
     with pytest.raises(PlanError) as caught:
         request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=-1, batch=8, n=4)
     assert caught.value.field == "--response-len"
+
+
+def test_pinning_fixed_micro_batches_solves_the_largest_micro_batch_that_divides_and_fits():
+    pins = {"actor.use_dynamic_bsz": False, "rollout.log_prob_use_dynamic_bsz": False}
+    result = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5,
+                               pins=pins))
+    plan = result.plan
+    assert plan is not None and check_plan(plan).valid
+    assert not plan.actor.use_dynamic_bsz
+    mini_per_gpu = plan.actor.ppo_mini_batch_size * plan.rollout.n // plan.cluster.world_size
+    micro = plan.actor.ppo_micro_batch_size_per_gpu
+    assert micro is not None and mini_per_gpu % micro == 0
+    # The next larger divisor of the mini batch would not fit the update phase.
+    from rlplan.planner.memory import predict_phase
+
+    larger = [d for d in range(micro + 1, mini_per_gpu + 1) if mini_per_gpu % d == 0]
+    if larger:
+        bigger = plan.evolve(actor=attrs.evolve(plan.actor, ppo_micro_batch_size_per_gpu=larger[0]))
+        assert predict_phase(bigger, "actor_update").peak_bytes > plan.cluster.gpu_memory_bytes
