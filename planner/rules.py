@@ -535,7 +535,6 @@ def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
 @rule("log_prob_micro_batch_divides_batch", "runtime",
       "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)")
 def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]:
-    plan = ctx.plan
     roles = [("rollout", ctx.layout.old_log_prob)]
     if ctx.layout.ref_log_prob is not None:
         roles.append(("ref", ctx.layout.ref_log_prob))
