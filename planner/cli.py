@@ -183,6 +183,7 @@ def solve(
     if base is not None and model is None:
         model_section = base.model
     else:
+        assert model is not None
         resolved = resolve_model_arg(model)
         model_section = ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch)
     if gpu is not None and gpu_mem is not None:

@@ -12,7 +12,7 @@ rules live in ``planner.rules``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 from attrs import field, frozen
@@ -286,5 +286,5 @@ class Plan:
         """With LoRA the reference is the actor with its adapter disabled: no separate model."""
         return self.model.lora.enabled
 
-    def evolve(self, **changes: object) -> Plan:
+    def evolve(self, **changes: Any) -> Plan:
         return attrs.evolve(self, **changes)

@@ -133,8 +133,10 @@ def _smallest_train_batch(train_batch: int, n: int, divisor: int) -> int:
     return _next_multiple(train_batch, step)
 
 
-def _violation(name: str, stage: Stage, message: str, fix: str, severity: Severity = "error",
+def _violation(name: str, stage: Stage, message: str, fix: str, severity: Any = "error",
                **suggested: Any) -> Violation:
+    # `severity` is typed loosely only because fixes arrive as **{"section__key": value} mappings.
+    assert severity in ("error", "warning"), severity
     return Violation(
         rule=name, stage=stage, message=message, fix=fix, severity=severity,
         suggested={k.replace("__", "."): v for k, v in suggested.items()},
