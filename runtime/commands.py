@@ -188,8 +188,9 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
     # finished run need both. Written only after every up-front check passed.
     from rlplan.planner.planfile import plan_to_toml
 
-    options.output_dir.mkdir(parents=True, exist_ok=True)
-    plan_copy = options.output_dir / "plan.toml"
+    run_dir = Path(options.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan_copy = run_dir / "plan.toml"
     plan_copy.with_name(".plan.toml.partial").write_text(plan_to_toml(plan), encoding="utf-8")
     plan_copy.with_name(".plan.toml.partial").replace(plan_copy)
     console.print(
