@@ -76,7 +76,7 @@ def verl_compat(session: nox.Session) -> None:
     """
     session.install("torch==2.13.0", "-e", ".", "hypothesis>=6.100")
     session.install("--no-deps", "verl==0.9.1")
-    session.install("hydra-core", "transformers>=5.5.3,<5.11,!=5.6.0", "tensordict>=0.8,<=0.10,!=0.9.0",
+    session.install("hydra-core", "pydantic", "transformers>=5.5.3,<5.11,!=5.6.0", "tensordict>=0.8,<=0.10,!=0.9.0",
                     "ray>=2.41", "datasets", "pillow", "peft", "codetiming")
     session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs,
                 env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"})
