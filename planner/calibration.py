@@ -192,9 +192,11 @@ def observations_from_metrics(plan: Plan, rows: Sequence[dict[str, Any]], profil
                               skip_steps: int = 1) -> tuple[list[MemoryObservation], list[TimeObservation], list[str]]:
     """Observations from a run's metrics.jsonl rows (runtime/metrics.py keys), skipping warm-up steps.
 
-    Times come from `time/<phase>`. Memory rows count only when they measure what the GPU
-    held (`memory_measure` = cuda_memory_held): an allocator's max_memory_allocated lacks the
-    very context and fragmentation this fit is for, and a CPU process's RSS is not GPU memory.
+    Times come from `time/<phase>`. Memory comes from `memory/<phase>_held_gib`, what the GPU
+    held at the phase's peak (reserved pool plus context and NCCL; runtime/metrics.py writes it
+    on CUDA where NVML can tell), or from `memory/<phase>_peak_gib` in rows whose
+    `memory_measure` is cuda_memory_held. An allocator's max_memory_allocated lacks the very
+    context and fragmentation this fit is for, and a CPU process's RSS is not GPU memory.
     """
     notes: list[str] = []
     used = [row for row in rows if int(row.get("step", 0)) > skip_steps] or list(rows)
@@ -205,19 +207,29 @@ def observations_from_metrics(plan: Plan, rows: Sequence[dict[str, Any]], profil
         seconds = {key.removeprefix("time/"): float(value) for key, value in row.items()
                    if key.startswith("time/") and isinstance(value, int | float)}
         times += time_observations(plan, seconds, profile)
-        measure = row.get("memory_measure", "")
-        for key, value in row.items():
-            if not (key.startswith("memory/") and key.endswith("_peak_gib")) or not isinstance(value, int | float):
-                continue
-            if measure != HELD_MEASURE:
-                skipped_measures.add(str(measure) or "unlabelled")
-                continue
-            phase = key.removeprefix("memory/").removesuffix("_peak_gib")
+        for phase, held_gib in _held_memory(row, skipped_measures).items():
             try:
-                memory.append(memory_observation(plan, phase, value * GIB, profile))
+                memory.append(memory_observation(plan, phase, held_gib * GIB, profile))
             except KeyError:
                 notes.append(f"phase {phase!r} is not in this plan's step; its memory rows are ignored")
     for measure in sorted(skipped_measures):
         notes.append(f"memory rows measured as {measure!r} do not show held GPU memory; not used for the "
                      "allocator fit")
     return memory, times, notes
+
+
+def _held_memory(row: dict[str, Any], skipped_measures: set[str]) -> dict[str, float]:
+    """Phase -> GiB held, from one metrics row; the measures that show something else are noted."""
+    held: dict[str, float] = {}
+    peak_is_held = row.get("memory_measure", "") == HELD_MEASURE
+    for key, value in row.items():
+        if not key.startswith("memory/") or not isinstance(value, int | float):
+            continue
+        name = key.removeprefix("memory/")
+        if name.endswith("_held_gib"):
+            held[name.removesuffix("_held_gib")] = float(value)
+        elif name.endswith("_peak_gib") and peak_is_held:
+            held.setdefault(name.removesuffix("_peak_gib"), float(value))
+    if not held and any(key.startswith("memory/") and key.endswith("_peak_gib") for key in row):
+        skipped_measures.add(str(row.get("memory_measure", "")) or "unlabelled")
+    return held

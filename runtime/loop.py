@@ -142,6 +142,9 @@ class Controller:
         self.peaks[name] = max(self.peaks.get(name, 0), peak)
         self.memory_measure = measurements[0].measure
         record["memory_measure"] = self.memory_measure
+        held = [m.held_bytes for m in measurements if m.held_bytes is not None]
+        if held:
+            record[f"memory/{name}_held_gib"] = max(held) / 2**30
         return values
 
     # --- the step -------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ numbers go to a rich console line and, when the `tensorboard` package is
 installed, to TensorBoard.
 
 Memory per phase is measured where it is spent: on GPU as
-`torch.cuda.max_memory_allocated` over the phase; on CPU, where PyTorch keeps no
+`torch.cuda.max_memory_allocated` over the phase, and beside it what the process
+held at that peak (`memory/<phase>_held_gib`: the caching allocator's reserved
+peak plus the CUDA context and NCCL buffers the driver counts for the process,
+which is what `rlplan calibrate --from-run` fits the allocator model to); on CPU, where PyTorch keeps no
 allocator statistics, as the peak resident set size of the worker process,
 sampled every few milliseconds during the phase. The label travels with the
 number (`memory_measure`), because RSS includes the interpreter and libraries
@@ -28,6 +31,7 @@ from attrs import frozen
 METRICS_FILE = "metrics.jsonl"
 GPU_MEASURE = "cuda_max_memory_allocated"
 CPU_MEASURE = "cpu_process_rss_sampled_peak"
+HELD_MEASURE = "cuda_memory_held"
 # The planner's phase names (planner.memory), in step order.
 PHASES = ("rollout", "reward", "old_log_prob", "ref_log_prob", "critic_values", "advantages", "critic_update", "actor_update", "weight_sync")
 
@@ -37,6 +41,41 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def held_at_peak(max_reserved_bytes: int, reserved_now_bytes: int, process_used_now_bytes: int) -> int:
+    """GPU bytes the process held at its allocator peak.
+
+    The driver's per-process figure includes the CUDA context, cuBLAS and NCCL buffers, which
+    the allocator does not see; they do not change during a phase, so what the process holds
+    beyond its reserved pool now is added to the pool's peak.
+    """
+    non_allocator = max(0, process_used_now_bytes - reserved_now_bytes)
+    return max_reserved_bytes + non_allocator
+
+
+def _process_gpu_bytes() -> int | None:
+    """What the driver counts for this process on its current GPU, or None where NVML cannot tell.
+
+    NVML (nvidia-ml-py, which torch's CUDA builds use for `torch.cuda.list_gpu_processes`) lists
+    processes by pid; inside a PID namespace the pids differ and the figure is unavailable.
+    """
+    import torch
+
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == os.getpid() and process.usedGpuMemory is not None:
+                return int(process.usedGpuMemory)
+    except pynvml.NVMLError:
+        return None
+    return None
+
+
 class PeakMemoryProbe:
     """Peak memory over a `with` block, by the best measure this device offers."""
 
@@ -44,6 +83,8 @@ class PeakMemoryProbe:
         self.device_type = device_type
         self.interval_s = interval_s
         self.peak_bytes = 0
+        # GPU only: what the process held at the allocator peak (None where NVML cannot tell).
+        self.held_bytes: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -74,6 +115,11 @@ class PeakMemoryProbe:
 
             torch.cuda.synchronize()
             self.peak_bytes = int(torch.cuda.max_memory_allocated())
+            process_used = _process_gpu_bytes()
+            if process_used is not None:
+                self.held_bytes = held_at_peak(
+                    int(torch.cuda.max_memory_reserved()), int(torch.cuda.memory_reserved()), process_used
+                )
         else:
             self._stop.set()
             if self._thread is not None:
@@ -88,6 +134,7 @@ class PhaseMeasurement:
     seconds: float
     peak_bytes: int
     measure: str
+    held_bytes: int | None = None
 
 
 def measured(device_type: str, work: Any) -> tuple[Any, PhaseMeasurement]:
@@ -96,7 +143,9 @@ def measured(device_type: str, work: Any) -> tuple[Any, PhaseMeasurement]:
     start = time.perf_counter()
     with probe:
         result = work()
-    return result, PhaseMeasurement(seconds=time.perf_counter() - start, peak_bytes=probe.peak_bytes, measure=probe.measure)
+    return result, PhaseMeasurement(
+        seconds=time.perf_counter() - start, peak_bytes=probe.peak_bytes, measure=probe.measure, held_bytes=probe.held_bytes
+    )
 
 
 def _finite(value: Any) -> Any:

@@ -115,6 +115,19 @@ def test_run_metrics_give_times_and_only_held_memory():
     assert any("'reward'" in note for note in notes)
 
 
+def test_a_gpu_runs_held_figure_is_fitted_and_its_allocated_peak_is_not():
+    # What runtime/metrics.py writes on CUDA: the allocator peak labelled as such, the held figure beside it.
+    plan = make_plan()
+    rows = [
+        {"step": 2, "time/actor_update": 20.0, "memory_measure": "cuda_max_memory_allocated",
+         "memory/actor_update_peak_gib": 30.0, "memory/actor_update_held_gib": 34.5,
+         "memory/old_log_prob_peak_gib": 12.0},
+    ]
+    memory, _, notes = observations_from_metrics(plan, rows)
+    assert [(o.phase, o.held_bytes) for o in memory] == [("actor_update", 34.5 * GIB)]
+    assert notes == []
+
+
 def test_no_observations_is_an_error_for_the_allocator_fit():
     with pytest.raises(PlanError, match="no memory observations"):
         fit_allocator([])

@@ -13,6 +13,7 @@ from rlplan.runtime.metrics import (
     METRICS_FILE,
     MetricsLog,
     PeakMemoryProbe,
+    held_at_peak,
     measured,
     plan_versus_actual,
     read_metrics,
@@ -70,6 +71,19 @@ def test_cpu_probe_sees_an_allocation_made_inside_the_phase():
     assert phase.measure == CPU_MEASURE
     assert phase.peak_bytes - idle.peak_bytes > size * 0.8
     assert phase.seconds > 0
+
+
+def test_cpu_phases_carry_no_held_gpu_figure():
+    _, phase = measured("cpu", lambda: None)
+    assert phase.held_bytes is None
+
+
+def test_held_memory_adds_what_the_driver_counts_beyond_the_pool_to_the_pools_peak():
+    gib = 2**30
+    # Pool peaked at 40 GiB, now 36 GiB reserved; the driver counts 37.2 GiB: 1.2 GiB context + NCCL.
+    assert held_at_peak(40 * gib, 36 * gib, int(37.2 * gib)) == 40 * gib + int(1.2 * gib)
+    # A driver figure below the pool (NVML sampled before a late allocation) adds nothing negative.
+    assert held_at_peak(40 * gib, 36 * gib, 35 * gib) == 40 * gib
 
 
 def test_plan_versus_actual_lists_every_phase_either_side_knows():
