@@ -495,6 +495,11 @@ def training_components(
     optimizer_step = state.params + state.grads + state.optimizer + state.optimizer_step
     params = Component(f"{role}_params", int(state.params))
     optimizer = Component(f"{role}_optimizer_state", int(state.optimizer))
+    # A caching allocator keeps the bf16 logits' block once they are freed, but the head's backward
+    # then asks for fp32 blocks twice that size, which the cached block cannot serve: the GPU holds
+    # the block on top of the allocated peak (torchtitan's G3 rows: reserved ~ allocated + 2 T V).
+    # No tracker sees it, so it is overhead; it only shows where the head's peak is the step's peak.
+    cached_logits = max(0.0, loss + (2 * t * facts.vocab if head else 0) - max(loss, backward, optimizer_step))
     if loss >= backward and loss >= optimizer_step:
         components = [params, optimizer]
         if accumulating_grads:
@@ -504,8 +509,11 @@ def training_components(
             components.append(Component("logits_head", int(head)))
         if root_at_loss_bytes:
             components.append(Component("root_group_unsharded", int(root_at_loss_bytes)))
+        if cached_logits:
+            components.append(Component("cached_logits_block", int(cached_logits), "overhead"))
         return "loss", components
     grads = Component(f"{role}_grads", int(state.grads))
+    cached = [Component("cached_logits_block", int(cached_logits), "overhead")] if cached_logits else []
     if backward >= optimizer_step:
         return "backward", [
             params, grads, optimizer,
@@ -514,9 +522,10 @@ def training_components(
             Component("fsdp_all_gather_buffers", gather),
             Component("fsdp_reduce_scatter_buffer", int(state.reduce_scatter)),
             Component("root_group_unsharded", int(root_group_bytes)),
+            *cached,
         ]
     return "optimizer_step", [params, grads, optimizer,
-                              Component("optimizer_step_temporaries", int(state.optimizer_step))]
+                              Component("optimizer_step_temporaries", int(state.optimizer_step)), *cached]
 
 
 def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: str, tokens: int,
@@ -624,7 +633,7 @@ class _StepContext:
         """
         resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
         components = step + resident
-        trainer_bytes = sum([c.bytes for c in components]) if step_is_trainer else sum([c.bytes for c in resident])
+        trainer_bytes = sum(c.bytes for c in (components if step_is_trainer else resident) if c.scope != "overhead")
         if step_is_trainer:
             components += self.vllm_resident
         components += vllm_extra

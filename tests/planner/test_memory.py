@@ -132,6 +132,18 @@ def test_training_peak_moves_from_backward_to_loss_as_logits_grow():
     assert ws4.phase("actor_update").peak_at == "optimizer_step"
 
 
+def test_cached_logits_block_is_overhead_the_tracker_never_sees_and_only_where_the_head_binds():
+    at_loss = predict_memory(tracker_plan(QWEN25_7B, seq=8192), TRACKER_PROFILE).phase("actor_update")
+    arch = QWEN25_7B
+    assert at_loss.peak_at == "loss"
+    # The freed bf16 logits' block: 2 bytes x tokens x vocab, held by the allocator, not allocated.
+    assert at_loss.bytes_of("cached_logits_block") == 2 * 8192 * arch.vocab_size
+    assert "cached_logits_block" not in [c.name for c in at_loss.components if c.scope == "step"]
+    # Where the optimizer step binds by more than the block, the block is never the binding demand.
+    ws4 = predict_memory(tracker_plan(QWEN25_7B, ws=4), TRACKER_PROFILE).phase("actor_update")
+    assert ws4.peak_at == "optimizer_step" and ws4.bytes_of("cached_logits_block") == 0
+
+
 def test_phase_total_is_step_plus_resident_plus_overhead():
     report = predict_memory(tracker_plan(QWEN25_7B))
     for phase in report.phases:
