@@ -126,11 +126,17 @@ class Controller:
         import ray
 
         trainers = self.workers.trainers
+        # The sp ranks of one Ulysses group share their dp shard: rank // sp is its index.
+        sp = self.layout.parallel.ulysses_sequence_parallel_size
         calls = [
-            getattr(t, method).remote(*(([shards[rank].to_cpu()] if shards is not None else []) + list(args)))
+            getattr(t, method).remote(*(([shards[rank // sp].to_cpu()] if shards is not None else []) + list(args)))
             for rank, t in enumerate(trainers)
         ]
         return ray.get(calls)
+
+    def _per_shard(self, values: list[Any]) -> list[Any]:
+        """One result per dp shard: every rank of a Ulysses group returns the same numbers."""
+        return values[:: self.layout.parallel.ulysses_sequence_parallel_size]
 
     def _phase(self, name: str, results: list[tuple[Any, PhaseMeasurement]], record: dict[str, Any]) -> list[Any]:
         """Record a phase's wall time (slowest worker) and peak memory (largest worker), return the values."""
@@ -203,14 +209,14 @@ class Controller:
         order = [index for part in partitions for index in part]
         shards = [batch.select(part) for part in partitions]
         outputs = self._phase("old_log_prob", self._on_trainers("compute_log_probs", shards), record)
-        old = concat_batches([_fields(shard, old_log_probs=lp, entropy=ent) for shard, (lp, ent) in zip(shards, outputs, strict=True)], order)
+        old = concat_batches([_fields(shard, old_log_probs=lp, entropy=ent) for shard, (lp, ent) in zip(shards, self._per_shard(outputs), strict=True)], order)
         batch = batch.with_fields(old_log_probs=old["old_log_probs"][:, : mask.shape[1]], entropy=old["entropy"][:, : mask.shape[1]])
         if plan.uses_reference:
             refs = self._phase("ref_log_prob", self._on_trainers("compute_ref_log_probs", shards), record)
-            batch = batch.with_fields(ref_log_probs=_gather(shards, refs, order, mask.shape[1]))
+            batch = batch.with_fields(ref_log_probs=_gather(shards, self._per_shard(refs), order, mask.shape[1]))
         if plan.uses_critic:
             values = self._phase("critic_values", self._on_trainers("compute_values", shards), record)
-            batch = batch.with_fields(values=_gather(shards, values, order, mask.shape[1]))
+            batch = batch.with_fields(values=_gather(shards, self._per_shard(values), order, mask.shape[1]))
         gap = ((batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
         record["sync_logprob_gap"] = float(gap)
 

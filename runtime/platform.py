@@ -113,18 +113,19 @@ def unrunnable_knobs(plan: Plan, platform: Platform) -> list[PlanError]:
                 fix=f"re-solve the plan for {platform.accelerator_count} GPUs, or run it on a machine that has them",
             )
         )
-    for section, size in (
-        ("actor", plan.actor.ulysses_sequence_parallel_size),
-        ("critic", plan.critic.ulysses_sequence_parallel_size if plan.uses_critic else 1),
-    ):
-        if size > 1:
-            errors.append(
-                PlanError(
-                    field=f"{section}.ulysses_sequence_parallel_size",
-                    message="the bundled runtime does not implement Ulysses sequence parallelism.",
-                    fix=f"set {section}.ulysses_sequence_parallel_size = 1, or render the plan for verl (`rlplan render`)",
-                )
+    actor_sp = plan.actor.ulysses_sequence_parallel_size
+    critic_sp = plan.critic.ulysses_sequence_parallel_size
+    if plan.uses_critic and critic_sp != actor_sp:
+        errors.append(
+            PlanError(
+                field="critic.ulysses_sequence_parallel_size",
+                message=(
+                    f"the bundled runtime deals every phase's samples out by one Ulysses grouping; the actor "
+                    f"uses {actor_sp}, the critic {critic_sp}."
+                ),
+                fix=f"set critic.ulysses_sequence_parallel_size = {actor_sp}",
             )
+        )
     if plan.actor.strategy != "fsdp2":
         errors.append(
             PlanError(

@@ -22,6 +22,7 @@ from rlplan.runtime.trainer.model import (
 )
 from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer, ppo_update
 from rlplan.runtime.trainer.policy import concat_rows
+from rlplan.runtime.trainer.sequence_parallel import new_sequence_parallel_group, use_ulysses_attention
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
@@ -36,8 +37,14 @@ class CriticTrainer:
         if self.layout.critic_update is None or self.layout.critic_values is None or self.layout.critic_parallel is None:
             raise ValueError("the plan uses no critic")
         critic = plan.critic
-        self.forward_options = ForwardOptions(remove_padding=critic.use_remove_padding)
         parallel = self.layout.critic_parallel
+        self.sequence_parallel = new_sequence_parallel_group(
+            parallel.world_size, parallel.ulysses_sequence_parallel_size, rank
+        )
+        self.data_rank = self.sequence_parallel.dp_index if self.sequence_parallel is not None else rank
+        self.forward_options = ForwardOptions(
+            remove_padding=critic.use_remove_padding, sequence_parallel=self.sequence_parallel
+        )
         spec = ShardingSpec(
             device_type=device_type,
             world_size=parallel.world_size,
@@ -48,6 +55,8 @@ class CriticTrainer:
         # The fresh value head is drawn per rank: the same seed everywhere keeps the shards of one tensor.
         torch.manual_seed(plan.trainer.seed + 1)
         model = load_hf_model(plan.model.path, value_head=True, train_dtype=torch.float32)
+        if self.sequence_parallel is not None:
+            use_ulysses_attention(model, self.sequence_parallel.size)
         if critic.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.model = shard_model(model if spec.param_offload else model.to(device), spec, device_mesh(spec))
@@ -91,7 +100,7 @@ class CriticTrainer:
     def update(self, batch: TokenBatch, step: int) -> dict[str, float]:
         import torch
 
-        generator = torch.Generator().manual_seed(self.plan.trainer.seed * 7919 + step * 31 + self.rank)
+        generator = torch.Generator().manual_seed(self.plan.trainer.seed * 7919 + step * 31 + self.data_rank)
         summary = ppo_update(
             model=self.model,
             optimizer=self.optimizer,
@@ -100,7 +109,7 @@ class CriticTrainer:
             batch=batch,
             role=self.layout.critic_update,
             loss_agg_mode=self.plan.actor.loss_agg_mode,
-            dp=self.layout.critic_parallel.dp if self.layout.critic_parallel else 1,
+            world_size=self.layout.critic_parallel.world_size if self.layout.critic_parallel else 1,
             device=self.device,
             shuffle=self.plan.actor.shuffle,
             generator=generator,

@@ -10,6 +10,11 @@ Two input layouts give the same numbers:
 
 Only the rows that predict response tokens are kept before the fp32 cast, so the
 full (tokens, vocab) logits never exist in fp32.
+
+With Ulysses sequence parallelism (runtime/trainer/sequence_parallel.py) the packed
+stream is split over the sp group: each rank runs the model on its slice, scores every
+position of it, and the per-position results are gathered before the response rows are
+picked, so every rank of the group returns the whole micro batch's numbers.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class ForwardOptions:
     entropy_checkpointing: bool = False
     # The rollout's sampling temperature: vLLM reports log-probs of logits / T, so the trainer scores the same.
     temperature: float = 1.0
+    # This rank's Ulysses group (a SequenceParallelGroup), None without sequence parallelism.
+    sequence_parallel: Any = None
 
 
 def model_inputs(micro: TokenBatch, device: Any, *, remove_padding: bool) -> tuple[dict[str, Any], Any]:
@@ -94,6 +101,8 @@ def policy_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardO
     """Log-probs of the response tokens, and their entropy when asked, both (b, R) in fp32."""
     from rlplan.runtime.algorithms import log_probs_from_logits
 
+    if options.sequence_parallel is not None:
+        return _policy_forward_sequence_parallel(model, micro, device, options, with_entropy=with_entropy)
     inputs, rows = model_inputs(micro, device, remove_padding=options.remove_padding)
     logits = model(**inputs, use_cache=False).logits
     # bf16 rows stay bf16 here: the log-prob and entropy functions upcast chunk by chunk.
@@ -106,8 +115,51 @@ def policy_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardO
     return log_probs, entropy
 
 
+def _sequence_parallel_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardOptions) -> tuple[Any, Any, Any]:
+    """(this rank's (S_pad/sp, out) model outputs, its shard, the response rows of the packed stream)."""
+    from rlplan.runtime.trainer.sequence_parallel import UlyssesAttentionInputs, shard_packed
+
+    if not options.remove_padding:
+        raise ValueError("Ulysses sequence parallelism needs packed inputs (use_remove_padding)")
+    inputs, rows = model_inputs(micro, device, remove_padding=True)
+    group = options.sequence_parallel
+    shard = shard_packed(inputs["input_ids"], inputs["position_ids"], group)
+    outputs = model(
+        input_ids=shard.input_ids,
+        position_ids=shard.position_ids,
+        attention_mask=None,
+        use_cache=False,
+        ulysses=UlyssesAttentionInputs(group=group, attention=shard.attention),
+    ).logits
+    return outputs.reshape(-1, outputs.shape[-1]), shard, rows
+
+
+def _policy_forward_sequence_parallel(
+    model: Any, micro: TokenBatch, device: Any, options: ForwardOptions, *, with_entropy: bool
+) -> tuple[Any, Any]:
+    from rlplan.runtime.algorithms import log_probs_from_logits
+    from rlplan.runtime.trainer.sequence_parallel import gather_tokens
+
+    logits, shard, rows = _sequence_parallel_forward(model, micro, device, options)
+    if options.temperature > 0 and options.temperature != 1.0:
+        logits = logits / options.temperature
+    chunk = options.entropy_chunk_size or None
+    group = options.sequence_parallel
+    log_probs = gather_tokens(log_probs_from_logits(logits, shard.labels, chunk), group).index_select(0, rows)
+    entropy = None
+    if with_entropy:
+        entropy = scatter_to_responses(gather_tokens(_entropy(logits, options), group).index_select(0, rows), micro)
+    return scatter_to_responses(log_probs, micro), entropy
+
+
 def value_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardOptions) -> Any:
     """The critic's value of the state before each response token, (b, R) in fp32."""
+    if options.sequence_parallel is not None:
+        from rlplan.runtime.trainer.sequence_parallel import gather_tokens
+
+        values, _, rows = _sequence_parallel_forward(model, micro, device, options)
+        gathered = gather_tokens(values.reshape(-1).float(), options.sequence_parallel)
+        return scatter_to_responses(gathered.index_select(0, rows), micro)
     inputs, rows = model_inputs(micro, device, remove_padding=options.remove_padding)
     values = model(**inputs, use_cache=False).logits
     return scatter_to_responses(values.reshape(-1).index_select(0, rows).float(), micro)

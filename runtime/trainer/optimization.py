@@ -106,7 +106,7 @@ def ppo_update(
     batch: Any,
     role: Any,
     loss_agg_mode: str,
-    dp: int,
+    world_size: int,
     device: Any,
     shuffle: bool,
     generator: Any,
@@ -128,8 +128,10 @@ def ppo_update(
         for mini_rows in mini_batch_indices(len(batch), role.chunk_size, shuffle=shuffle, generator=generator):
             mini = batch.select(mini_rows)
             local = loss_normalizer(mini.response_mask, loss_agg_mode)
-            # FSDP averages gradients over dp ranks: the global count / dp turns that average into the global mean.
-            normalizer = max(all_reduce_sum(local, device), 1.0) / dp
+            # FSDP averages gradients over all ranks, and the all-reduced count holds each sample once per
+            # rank of its Ulysses group (sp x the global count): dividing by the world size turns that
+            # average into the mean over the global mini batch, with or without sequence parallelism.
+            normalizer = max(all_reduce_sum(local, device), 1.0) / world_size
             groups = micro_batch_indices(mini, role, device)
             for index, rows in enumerate(groups):
                 model.set_requires_gradient_sync(index == len(groups) - 1)

@@ -23,6 +23,7 @@ from rlplan.runtime.trainer.model import (
     trainable_parameters,
 )
 from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer, ppo_update
+from rlplan.runtime.trainer.sequence_parallel import new_sequence_parallel_group, use_ulysses_attention
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
@@ -58,17 +59,26 @@ class PolicyTrainer:
         self.device = device
         self.rank = rank
         self.layout: PlanLayout = plan_layout(plan)
+        parallel = self.layout.parallel
+        self.sequence_parallel = new_sequence_parallel_group(
+            parallel.world_size, parallel.ulysses_sequence_parallel_size, rank
+        )
+        # Ranks of one Ulysses group hold the same samples and must cut and shuffle them alike.
+        self.data_rank = self.sequence_parallel.dp_index if self.sequence_parallel is not None else rank
         self.forward_options = ForwardOptions(
             remove_padding=plan.model.use_remove_padding,
             entropy_chunk_size=2048 if plan.actor.entropy_from_logits_with_chunking else 0,
             entropy_checkpointing=plan.actor.entropy_checkpointing,
             temperature=plan.rollout.temperature,
+            sequence_parallel=self.sequence_parallel,
         )
         spec = sharding_spec(plan, device_type, param_offload=plan.actor.param_offload)
         self.mesh = device_mesh(spec)
         # Every rank must draw the same fresh LoRA weights before sharding splits them.
         torch.manual_seed(plan.trainer.seed)
         model = load_hf_model(plan.model.path, value_head=False, train_dtype=torch.float32)
+        if self.sequence_parallel is not None:
+            use_ulysses_attention(model, self.sequence_parallel.size)
         if plan.model.lora.enabled:
             model = apply_lora(model, plan.model.lora, gradient_checkpointing=plan.model.gradient_checkpointing)
         if plan.model.gradient_checkpointing:
@@ -79,6 +89,8 @@ class PolicyTrainer:
             reference_spec = sharding_spec(plan, device_type, param_offload=plan.ref.param_offload)
             reference = load_hf_model(plan.model.path, value_head=False, train_dtype=torch.float32)
             reference.requires_grad_(False)
+            if self.sequence_parallel is not None:
+                use_ulysses_attention(reference, self.sequence_parallel.size)
             self.reference = shard_model(
                 reference if reference_spec.param_offload else reference.to(device), reference_spec, self.mesh
             )
@@ -162,7 +174,7 @@ class PolicyTrainer:
         """ppo_epochs x mini batches of optimizer steps on this rank's share of the batch."""
         import torch
 
-        generator = torch.Generator().manual_seed(self.plan.trainer.seed * 1_000_003 + step * 1009 + self.rank)
+        generator = torch.Generator().manual_seed(self.plan.trainer.seed * 1_000_003 + step * 1009 + self.data_rank)
         summary = ppo_update(
             model=self.model,
             optimizer=self.optimizer,
@@ -171,7 +183,7 @@ class PolicyTrainer:
             batch=batch,
             role=self.layout.actor_update,
             loss_agg_mode=self.plan.actor.loss_agg_mode,
-            dp=self.layout.parallel.dp,
+            world_size=self.layout.parallel.world_size,
             device=self.device,
             shuffle=self.plan.actor.shuffle,
             generator=generator,

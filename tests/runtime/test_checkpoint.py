@@ -35,14 +35,6 @@ def test_a_new_save_replaces_a_crashed_staging_directory_and_old_checkpoints_are
     assert [step for step, _ in checkpoint.complete_checkpoints(tmp_path)] == [2, 3]
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    pytest.importorskip("peft")
-    from rlplan.runtime.tiny import ensure_tiny_model
-
-    return str(ensure_tiny_model(tmp_path_factory.mktemp("models")))
-
-
 def _save_and_restore_on_rank(rank: int, world_size: int, model_dir: str, directory: str, lora_rank: int) -> dict:
     """Train 1 step, save, train 1 more; a fresh trainer restored from the save must redo step 2 exactly."""
     from pathlib import Path

@@ -66,6 +66,17 @@ def test_offload_on_a_machine_without_an_accelerator(workspace, tmp_path, capsys
     assert "actor.param_offload" in message and "set actor.param_offload = false" in message
 
 
+def test_a_critic_split_unlike_the_actors_is_refused_before_anything_starts(workspace, tmp_path, capsys):
+    plan = _plan(workspace)
+    plan = plan.evolve(
+        algorithm=attrs.evolve(plan.algorithm, adv_estimator="gae"),
+        actor=attrs.evolve(plan.actor, ulysses_sequence_parallel_size=2),
+        critic=attrs.evolve(plan.critic, enable=True, ulysses_sequence_parallel_size=1),
+    )
+    message = _run_bad(tmp_path, capsys, plan)
+    assert "critic.ulysses_sequence_parallel_size" in message and "set critic.ulysses_sequence_parallel_size = 2" in message
+
+
 def test_unknown_reward_function(workspace, tmp_path, capsys):
     pytest.importorskip("pyarrow")
     plan = _plan(workspace)

@@ -109,6 +109,17 @@ def test_ppo_with_a_critic_learns(workspace):
     assert all("critic/vf_loss" in r for r in records)
 
 
+def test_ulysses_sequence_parallel_actor_and_reference_score_like_vllm_after_every_sync(workspace):
+    # sp 2 over the 2 ranks: one dp shard, each rank runs half of every packed micro batch. A wrong
+    # split (attention over half the stream, a misplaced gather) would show as a gap from step 1 on.
+    plan = _plan(workspace, "ulysses", "grpo_full", steps=3)
+    plan = plan.evolve(actor=attrs.evolve(plan.actor, ulysses_sequence_parallel_size=2))
+    records = _execute(plan)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    _assert_every_sync_arrived(records)
+    assert records[-1]["kl_ref"] > 0  # the updates moved the policy away from its reference
+
+
 def test_without_the_weight_sync_the_gap_grows(workspace):
     records = _execute(_plan(workspace, "no-sync", "grpo", steps=5), sync_weights=False)
     gaps = [r["sync_logprob_gap"] for r in records]

@@ -12,13 +12,6 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.runtime
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from rlplan.runtime.tiny import ensure_tiny_model
-
-    return str(ensure_tiny_model(tmp_path_factory.mktemp("models")))
-
-
 def _plan(model_dir: str, **actor_changes):
     from rlplan.runtime.commands import demo_plan
 

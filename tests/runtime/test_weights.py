@@ -16,14 +16,6 @@ def test_hf_name_strips_peft_wrapping_and_drops_lora_tensors():
     assert hf_name("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight") is None
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    pytest.importorskip("peft")
-    from rlplan.runtime.tiny import ensure_tiny_model
-
-    return str(ensure_tiny_model(tmp_path_factory.mktemp("models")))
-
-
 def _export_on_rank(rank: int, world_size: int, model_dir: str, adapter_dir: str) -> dict:
     import torch
     from safetensors.torch import save_file

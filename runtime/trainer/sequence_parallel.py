@@ -1,0 +1,219 @@
+"""Ulysses sequence parallelism: the sp ranks of a group share one packed micro batch, 1/sp of its tokens each.
+
+Everything in a decoder layer but attention works token by token, so it runs on the local
+shard. Around attention an all-to-all trades the sequence split for a head split
+(DeepSpeed-Ulysses, as verl does it): q, k, v of (1, heads, S/sp, d) become (1, heads/sp, S, d),
+attention runs over the whole packed stream with its block-diagonal causal mask, and a second
+all-to-all returns (1, S/sp, heads, d). The per-token results (log-probs, entropy, values) are
+all-gathered over the group, so every rank of it computes the same loss.
+
+Gradients: each rank's backward reaches the parameters only through its own tokens, and FSDP
+averages gradients over all dp x sp ranks; the gather's backward multiplies its slice by sp so
+that the sum over the group is the gradient of the whole micro batch (verl's grad scaler).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import frozen
+
+ATTENTION_IMPLEMENTATION = "rlplan_ulysses"
+
+
+@frozen(kw_only=True)
+class SequenceParallelGroup:
+    """This rank's Ulysses group: contiguous world ranks [dp_index * size, (dp_index + 1) * size)."""
+
+    size: int
+    rank: int
+    dp_index: int
+    process_group: Any
+
+
+def new_sequence_parallel_group(world_size: int, size: int, rank: int) -> SequenceParallelGroup | None:
+    """Every rank creates every group (torch.distributed requires it) and keeps its own; None for sp = 1."""
+    import torch.distributed as dist
+
+    if size <= 1:
+        return None
+    if world_size % size:
+        raise ValueError(f"world size {world_size} is not a multiple of the Ulysses size {size}")
+    mine = None
+    for dp_index in range(world_size // size):
+        ranks = list(range(dp_index * size, (dp_index + 1) * size))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = SequenceParallelGroup(size=size, rank=rank - ranks[0], dp_index=dp_index, process_group=group)
+    assert mine is not None
+    return mine
+
+
+def _all_to_all(tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    inputs = [part.contiguous() for part in tensor.chunk(group.size, dim=scatter_dim)]
+    outputs = [torch.empty_like(part) for part in inputs]
+    dist.all_to_all(outputs, inputs, group=group.process_group)
+    return torch.cat(outputs, dim=gather_dim)
+
+
+def _autograd_functions() -> tuple[Any, Any]:
+    import torch
+    import torch.distributed as dist
+
+    class AllToAll(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Any:
+            ctx.dims, ctx.group = (scatter_dim, gather_dim), group
+            return _all_to_all(tensor, scatter_dim, gather_dim, group)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            scatter_dim, gather_dim = ctx.dims
+            return _all_to_all(grad, gather_dim, scatter_dim, ctx.group), None, None, None
+
+    class GatherTokens(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, local: Any, group: SequenceParallelGroup) -> Any:
+            ctx.group = group
+            parts = [torch.empty_like(local) for _ in range(group.size)]
+            dist.all_gather(parts, local.contiguous(), group=group.process_group)
+            return torch.cat(parts, dim=0)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            group = ctx.group
+            return grad.chunk(group.size, dim=0)[group.rank] * group.size, None
+
+    return AllToAll, GatherTokens
+
+
+_FUNCTIONS: tuple[Any, Any] | None = None
+
+
+def _functions() -> tuple[Any, Any]:
+    global _FUNCTIONS
+    if _FUNCTIONS is None:
+        _FUNCTIONS = _autograd_functions()
+    return _FUNCTIONS
+
+
+def all_to_all(tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Any:
+    """Split `scatter_dim` over the group, concatenate what arrives along `gather_dim` (differentiable)."""
+    return _functions()[0].apply(tensor, scatter_dim, gather_dim, group)
+
+
+def gather_tokens(local: Any, group: SequenceParallelGroup) -> Any:
+    """(S/sp, ...) per rank -> (S, ...) on every rank, in rank order (differentiable, grad scaled by sp)."""
+    return _functions()[1].apply(local, group)
+
+
+@frozen(kw_only=True)
+class PackedShard:
+    """This rank's slice of a packed micro batch, padded to a multiple of sp."""
+
+    input_ids: Any  # (1, S_pad / sp)
+    position_ids: Any  # (1, S_pad / sp)
+    labels: Any  # (S_pad / sp,) the next token of each local position
+    attention: Any  # the mask handed to attention: (1, 1, S_pad, S_pad) bool, block-diagonal causal
+    total_tokens: int  # S, before padding
+
+
+def shard_packed(input_ids: Any, position_ids: Any, group: SequenceParallelGroup) -> PackedShard:
+    """Pad the (1, S) packed stream to a multiple of sp and keep this rank's contiguous slice.
+
+    The padding is its own sequence (positions restart at 0), so no real token attends to it.
+    """
+    import torch
+
+    total = input_ids.shape[1]
+    padded = -(-total // group.size) * group.size
+    extra = padded - total
+    ids = torch.nn.functional.pad(input_ids, (0, extra))
+    positions = torch.cat([position_ids, torch.arange(extra, device=position_ids.device).unsqueeze(0)], dim=1)
+    labels = torch.roll(ids[0], -1)
+    width = padded // group.size
+    local = slice(group.rank * width, (group.rank + 1) * width)
+    return PackedShard(
+        input_ids=ids[:, local],
+        position_ids=positions[:, local],
+        labels=labels[local],
+        attention=packed_causal_mask(positions[0]),
+        total_tokens=total,
+    )
+
+
+def packed_causal_mask(positions: Any) -> Any:
+    """(1, 1, S, S) bool: token i sees token j when both belong to one sequence and j <= i.
+
+    A sequence starts wherever the position id restarts at 0, as transformers reads packed inputs.
+    """
+    import torch
+
+    sequence_ids = torch.cumsum((positions == 0).long(), dim=0)
+    index = torch.arange(positions.shape[0], device=positions.device)
+    causal = index.unsqueeze(1) >= index.unsqueeze(0)
+    same = sequence_ids.unsqueeze(1) == sequence_ids.unsqueeze(0)
+    return (causal & same).unsqueeze(0).unsqueeze(0)
+
+
+@frozen(kw_only=True)
+class UlyssesAttentionInputs:
+    """What attention needs beyond the local q, k, v; travels to it as a model keyword argument."""
+
+    group: SequenceParallelGroup
+    attention: Any
+
+
+def ulysses_attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    *,
+    ulysses: UlyssesAttentionInputs,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """transformers' attention interface: sdpa over the whole packed stream, on heads/sp heads per rank."""
+    import torch
+
+    if sliding_window is not None or dropout:
+        raise ValueError("Ulysses attention here supports neither sliding windows nor attention dropout")
+    group = ulysses.group
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if kv_heads % group.size:
+        # Fewer KV heads than ranks (sp a multiple of them): give every query head its own copy.
+        key, value = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (key, value))
+    # (1, heads, S/sp, d) -> (1, heads/sp, S, d)
+    query, key, value = (all_to_all(x, 1, 2, group) for x in (query, key, value))
+    if key.shape[1] != query.shape[1]:
+        repeats = query.shape[1] // key.shape[1]
+        key, value = (x.repeat_interleave(repeats, dim=1) for x in (key, value))
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=ulysses.attention, scale=scaling
+    )
+    # (1, heads/sp, S, d) -> (1, S, heads/sp, d) -> (1, S/sp, heads, d)
+    return all_to_all(output.transpose(1, 2), 1, 2, group), None
+
+
+def use_ulysses_attention(model: Any, size: int) -> None:
+    """Route the model's attention through `ulysses_attention` (registered once per process)."""
+    from transformers import AttentionInterface
+
+    check_heads_divide(model.config, size)
+    AttentionInterface.register(ATTENTION_IMPLEMENTATION, ulysses_attention)
+    model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+
+
+def check_heads_divide(config: Any, size: int) -> None:
+    """Ulysses splits the attention heads over the group, and the KV heads or copies of them (rule R5)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if heads % size or (kv_heads % size and size % kv_heads):
+        raise ValueError(f"Ulysses size {size} does not split {heads} attention heads and {kv_heads} KV heads")
