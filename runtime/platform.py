@@ -83,14 +83,6 @@ def unrunnable_knobs(plan: Plan, platform: Platform) -> list[PlanError]:
                     fix="set rollout.free_cache_engine = false for a run on this machine",
                 )
             )
-        if plan.rollout.tensor_model_parallel_size > 1:
-            errors.append(
-                PlanError(
-                    field="rollout.tensor_model_parallel_size",
-                    message="the CPU rollout engine runs one process; tensor parallelism needs accelerators.",
-                    fix="set rollout.tensor_model_parallel_size = 1 for a run on this machine",
-                )
-            )
     elif plan.rollout.tensor_model_parallel_size > 1:
         errors.append(
             PlanError(

@@ -273,7 +273,7 @@ class WorkerGroup:
 
 
 def rollout_replicas(plan: Plan, platform: Platform) -> int:
-    """One engine per GPU (TP 1, checked at start); one engine for a whole CPU machine."""
+    """One engine per GPU (TP 1, checked at start); one engine for a whole CPU machine, whatever its TP."""
     return plan.cluster.world_size if platform.has_accelerator else 1
 
 

@@ -50,15 +50,6 @@ def cpu_kv_cache_gib(plan: Plan) -> int:
 def check_rollout_platform(plan: Plan, *, on_gpu: bool, lora_rank: int) -> None:
     """Raise for rollout knobs this platform cannot honour."""
     rollout = plan.rollout
-    if not on_gpu and rollout.tensor_model_parallel_size > 1:
-        raise PlanError(
-            field="rollout.tensor_model_parallel_size",
-            message=(
-                f"is {rollout.tensor_model_parallel_size}, but vLLM runs on the CPU here and the CPU backend "
-                "serves the model from one process."
-            ),
-            fix="set rollout.tensor_model_parallel_size = 1 on a machine without GPUs",
-        )
     if on_gpu and rollout.free_cache_engine and lora_rank > 0 and rollout.sleep_level == 2:
         raise PlanError(
             field="rollout.sleep_level",
@@ -116,6 +107,9 @@ def vllm_engine_kwargs(
         # Log-probs after temperature scaling: what the trainer recomputes from logits / temperature.
         "logprobs_mode": "processed_logprobs",
     }
+    if rollout.tensor_model_parallel_size > 1:
+        # One worker process per TP rank beside the engine core (on CPU they talk through shared memory).
+        kwargs["distributed_executor_backend"] = "mp"
     if on_gpu:
         kwargs["gpu_memory_utilization"] = rollout.gpu_memory_utilization
         kwargs["enable_sleep_mode"] = rollout.free_cache_engine

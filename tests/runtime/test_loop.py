@@ -120,6 +120,18 @@ def test_ulysses_sequence_parallel_actor_and_reference_score_like_vllm_after_eve
     assert records[-1]["kl_ref"] > 0  # the updates moved the policy away from its reference
 
 
+@pytest.mark.parametrize("algorithm", ["grpo_full", "grpo"], ids=["full-weights", "lora-adapter"])
+def test_tensor_parallel_rollout_engine_takes_every_sync(workspace, algorithm):
+    # vLLM with TP 2: two worker processes beside the engine core, each holding half of every layer;
+    # full weights then travel through a safetensors file that every worker reloads its shard from,
+    # adapters as a PEFT directory each worker loads.
+    plan = _plan(workspace, f"rollout-tp2-{algorithm}", algorithm, steps=2)
+    plan = plan.evolve(rollout=attrs.evolve(plan.rollout, tensor_model_parallel_size=2))
+    records = _execute(plan)
+    assert [r["step"] for r in records] == [1, 2]
+    _assert_every_sync_arrived(records)
+
+
 def test_without_the_weight_sync_the_gap_grows(workspace):
     records = _execute(_plan(workspace, "no-sync", "grpo", steps=5), sync_weights=False)
     gaps = [r["sync_logprob_gap"] for r in records]

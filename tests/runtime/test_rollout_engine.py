@@ -79,7 +79,6 @@ def test_lora_rank_above_vllms_largest_is_a_plan_error():
 @pytest.mark.parametrize(
     ("changes", "on_gpu", "lora_rank", "field"),
     [
-        ({"tensor_model_parallel_size": 2}, False, 0, "rollout.tensor_model_parallel_size"),
         ({"free_cache_engine": True, "sleep_level": 2}, True, 8, "rollout.sleep_level"),
         (
             {"enable_chunked_prefill": False, "max_num_batched_tokens": 16},
