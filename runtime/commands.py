@@ -86,8 +86,10 @@ def demo_plan(
             ppo_mini_batch_size=max(1, train_batch_size // 2),
             ppo_micro_batch_size_per_gpu=4,
             # LoRA learns with a larger step than full fine-tuning of the same tiny model (verl's LoRA
-            # guide: an order of magnitude); 2e-2 overshot, with a quarter of the tokens clipped.
-            lr=lr if lr is not None else (5e-3 if lora_rank else 1e-3),
+            # guide: an order of magnitude); 2e-2 overshot, with a quarter of the tokens clipped. Full
+            # fine-tuning at 1e-3 collapsed the policy to one answer (entropy 0) by step 6 of the demo;
+            # at 3e-4 the reward rose from 0.24 to 0.56 over 12 steps with the entropy still ~0.6.
+            lr=lr if lr is not None else (5e-3 if lora_rank else 3e-4),
             weight_decay=0.0,
             grad_clip=1.0,
             clip_ratio_low=0.2,
