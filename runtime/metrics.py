@@ -18,6 +18,7 @@ and is not comparable with a GPU allocator peak.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -52,12 +53,9 @@ def held_at_peak(max_reserved_bytes: int, reserved_now_bytes: int, process_used_
     return max_reserved_bytes + non_allocator
 
 
-def _process_gpu_bytes() -> int | None:
-    """What the driver counts for this process on its current GPU, or None where NVML cannot tell.
-
-    NVML (nvidia-ml-py, which torch's CUDA builds use for `torch.cuda.list_gpu_processes`) lists
-    processes by pid; inside a PID namespace the pids differ and the figure is unavailable.
-    """
+@functools.cache
+def _nvml_device(device_index: int) -> Any:
+    """NVML's handle of a CUDA device, or None without NVML; initialised once per process."""
     import torch
 
     try:
@@ -66,8 +64,25 @@ def _process_gpu_bytes() -> int | None:
         return None
     try:
         pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except pynvml.NVMLError:
+        return None
+
+
+def _process_gpu_bytes() -> int | None:
+    """What the driver counts for this process on its current GPU, or None where NVML cannot tell.
+
+    NVML (nvidia-ml-py, which torch's CUDA builds use for `torch.cuda.list_gpu_processes`) lists
+    processes by pid; inside a PID namespace the pids differ and the figure is unavailable.
+    """
+    import pynvml
+    import torch
+
+    handle = _nvml_device(torch.cuda.current_device())
+    if handle is None:
+        return None
+    try:
         for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if process.pid == os.getpid() and process.usedGpuMemory is not None:
                 return int(process.usedGpuMemory)

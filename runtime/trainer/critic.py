@@ -22,7 +22,11 @@ from rlplan.runtime.trainer.model import (
 )
 from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer, ppo_update
 from rlplan.runtime.trainer.policy import concat_rows
-from rlplan.runtime.trainer.sequence_parallel import new_sequence_parallel_group, use_ulysses_attention
+from rlplan.runtime.trainer.sequence_parallel import (
+    data_parallel_rank,
+    new_sequence_parallel_group,
+    use_ulysses_attention,
+)
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
@@ -41,7 +45,7 @@ class CriticTrainer:
         self.sequence_parallel = new_sequence_parallel_group(
             parallel.world_size, parallel.ulysses_sequence_parallel_size, rank
         )
-        self.data_rank = self.sequence_parallel.dp_index if self.sequence_parallel is not None else rank
+        self.data_rank = data_parallel_rank(self.sequence_parallel, rank)
         self.forward_options = ForwardOptions(
             remove_padding=critic.use_remove_padding, sequence_parallel=self.sequence_parallel
         )

@@ -23,7 +23,11 @@ from rlplan.runtime.trainer.model import (
     trainable_parameters,
 )
 from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer, ppo_update
-from rlplan.runtime.trainer.sequence_parallel import new_sequence_parallel_group, use_ulysses_attention
+from rlplan.runtime.trainer.sequence_parallel import (
+    data_parallel_rank,
+    new_sequence_parallel_group,
+    use_ulysses_attention,
+)
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
@@ -63,8 +67,7 @@ class PolicyTrainer:
         self.sequence_parallel = new_sequence_parallel_group(
             parallel.world_size, parallel.ulysses_sequence_parallel_size, rank
         )
-        # Ranks of one Ulysses group hold the same samples and must cut and shuffle them alike.
-        self.data_rank = self.sequence_parallel.dp_index if self.sequence_parallel is not None else rank
+        self.data_rank = data_parallel_rank(self.sequence_parallel, rank)
         self.forward_options = ForwardOptions(
             remove_padding=plan.model.use_remove_padding,
             entropy_chunk_size=2048 if plan.actor.entropy_from_logits_with_chunking else 0,

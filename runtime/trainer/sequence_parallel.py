@@ -14,6 +14,7 @@ that the sum over the group is the gradient of the whole micro batch (verl's gra
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from attrs import frozen
@@ -49,6 +50,11 @@ def new_sequence_parallel_group(world_size: int, size: int, rank: int) -> Sequen
     return mine
 
 
+def data_parallel_rank(group: SequenceParallelGroup | None, rank: int) -> int:
+    """Which dp shard this rank works on: ranks of one Ulysses group hold, cut and shuffle the same samples."""
+    return group.dp_index if group is not None else rank
+
+
 def _all_to_all(tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Any:
     import torch
     import torch.distributed as dist
@@ -59,6 +65,7 @@ def _all_to_all(tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceP
     return torch.cat(outputs, dim=gather_dim)
 
 
+@functools.cache
 def _autograd_functions() -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
@@ -90,24 +97,14 @@ def _autograd_functions() -> tuple[Any, Any]:
     return AllToAll, GatherTokens
 
 
-_FUNCTIONS: tuple[Any, Any] | None = None
-
-
-def _functions() -> tuple[Any, Any]:
-    global _FUNCTIONS
-    if _FUNCTIONS is None:
-        _FUNCTIONS = _autograd_functions()
-    return _FUNCTIONS
-
-
 def all_to_all(tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Any:
     """Split `scatter_dim` over the group, concatenate what arrives along `gather_dim` (differentiable)."""
-    return _functions()[0].apply(tensor, scatter_dim, gather_dim, group)
+    return _autograd_functions()[0].apply(tensor, scatter_dim, gather_dim, group)
 
 
 def gather_tokens(local: Any, group: SequenceParallelGroup) -> Any:
     """(S/sp, ...) per rank -> (S, ...) on every rank, in rank order (differentiable, grad scaled by sp)."""
-    return _functions()[1].apply(local, group)
+    return _autograd_functions()[1].apply(local, group)
 
 
 @frozen(kw_only=True)

@@ -29,22 +29,11 @@ pytestmark = [pytest.mark.runtime, pytest.mark.vllm, pytest.mark.slow]
 SYNCED_GAP = 0.03
 
 
-TOY_LETTERS = set("abcdefghij")
-
-
 def dense_letter_reward(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    """The toy task with partial credit, so that a randomly initialised policy learns within ten steps.
+    """The toy task's own score, reached through the plan's `reward.function`: the user-function path."""
+    from rlplan.runtime.tiny import toy_score
 
-    Half the score is the share of the response's letters that are toy letters (a-j), which a policy can
-    raise without reading the prompt; the other half is the share that is the requested letter, which
-    depends on the prompt. Used through the plan's `reward.function`, the user-function path.
-    """
-    letters = [c for c in solution_str.lower() if c.isalpha()]
-    if not letters:
-        return 0.0
-    toy = sum(c in TOY_LETTERS for c in letters) / len(letters)
-    requested = sum(c == ground_truth for c in letters) / len(letters)
-    return 0.5 * toy + 0.5 * requested
+    return toy_score(solution_str, ground_truth)
 
 
 @pytest.fixture(scope="module")
