@@ -203,25 +203,43 @@ def _final_hidden_states(decoder, prompts, answers):
     return torch.cat(states)
 
 
-def _confident_lm_head(lm_head, features, answers, steps: int = 60):
-    """Fit the lm_head so the hidden states predict the answers by a wide margin.
+def _planted_lm_head_weight(weight, features, labels, margin_factor: float = 8.0):
+    """The lm_head weight that makes each feature row predict its label by a wide, known margin.
+
+    Minimum-norm interpolation: W + U with F @ U.T = M * onehot(labels), so each row's label gains
+    exactly M over the base logits and no other token moves on these rows. M is `margin_factor`
+    times the largest base logit, so the winning margin is about (margin_factor - 2) / margin_factor
+    of the logit scale. An unregularized fit (what this test used before) stops wherever its
+    optimizer is after a fixed number of steps: margins down to 1.5 % of logits of ~400, whose bf16
+    spacing is 2, so another ISA's kernels flip a token now and then.
+    """
+    import torch
+
+    base_logits = features @ weight.T
+    target = torch.zeros_like(base_logits)
+    target[torch.arange(len(labels)), labels] = margin_factor * base_logits.abs().max()
+    return weight + (torch.linalg.pinv(features) @ target).T
+
+
+def _confident_lm_head(lm_head, features, answers):
+    """Plant an lm_head under which the hidden states predict the answers by a wide margin.
 
     Greedy decoding is only comparable across kernels where the top token wins clearly: a
     random model's logits are nearly tied everywhere, a trained policy's are not. The hidden
-    states do not depend on the lm_head, so this is a quick convex fit, not a training run.
+    states do not depend on the lm_head, so this is a closed-form choice, not a training run.
     """
     import torch
 
     labels = torch.tensor([token for answer in answers for token in answer])
-    weight = lm_head.weight.detach().float().clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([weight], lr=0.1)
-    for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(features @ weight.T, labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    planted = _planted_lm_head_weight(lm_head.weight.detach().float(), features, labels)
     with torch.no_grad():
-        lm_head.weight.copy_(weight.to(lm_head.weight.dtype))
+        lm_head.weight.copy_(planted.to(lm_head.weight.dtype))
+    # The premise of every greedy comparison: the answer wins by most of the logit scale (another
+    # ISA's bf16 kernels move hidden states by ~1 %, and logits of ~400 are spaced 2 apart in bf16).
+    logits = features @ lm_head.weight.float().T
+    top_two = logits.topk(2).values
+    assert (logits.argmax(-1) == labels).all()
+    assert ((top_two[:, 0] - top_two[:, 1]) / top_two[:, 0].abs()).min() > 0.5
 
 
 def _greedy(engine, prompts, *, lora: bool) -> list[tuple[int, ...]]:
