@@ -89,6 +89,9 @@ def tracker_plan(arch, *, ws: int = 8, micro: int = 1, seq: int = 4096, checkpoi
         "actor.ppo_micro_batch_size_per_gpu": micro,
         "model.gradient_checkpointing": checkpointing,
         "model.lora.rank": lora_rank,
+        # The tracker measured rlplan's runtime: the naive fp32 head and a LoRA base held in bf16.
+        "actor.loss_head": "naive",
+        "actor.model_dtype": "bf16" if lora_rank else "fp32",
     }
     return make_plan(arch, gpus=ws, overrides=overrides)
 
@@ -314,7 +317,7 @@ def test_lora_reference_is_the_actor_with_its_adapter_off():
 
 def test_entropy_in_the_loss_grows_the_head_and_chunking_shrinks_it():
     def head(overrides):
-        plan = make_plan(overrides={"model.gradient_checkpointing": True, **overrides})
+        plan = make_plan(overrides={"model.gradient_checkpointing": True, "actor.loss_head": "naive", **overrides})
         return predict_memory(plan).phase("actor_update").bytes_of("logits_head")
 
     log_prob = head({})
