@@ -111,9 +111,8 @@ def plan_for_case(case: StepCase) -> Plan:
         cluster=Cluster(gpu=gpu_presets()["H100-80G"], gpus_per_node=case.shard_size, nodes=1),
         data=DataSection(train_batch_size=sequences, max_prompt_length=prompt,
                          max_response_length=case.tokens - prompt),
-        # The tracker measures rlplan's runtime: the naive fp32 head, a LoRA base held in bf16.
-        actor=ActorSection(ppo_mini_batch_size=sequences, ppo_micro_batch_size_per_gpu=1, loss_head="naive",
-                           model_dtype="bf16" if case.lora_rank else "fp32",
+        # predicted_step prices it as the emulation runs (runtime.measure.as_emulated: naive head).
+        actor=ActorSection(ppo_mini_batch_size=sequences, ppo_micro_batch_size_per_gpu=1,
                            entropy_coeff=0.0 if case.entropy == "none" else 0.001,
                            entropy_from_logits_with_chunking=case.entropy == "chunked"),
         rollout=RolloutSection(n=1, log_prob_micro_batch_size_per_gpu=1),
