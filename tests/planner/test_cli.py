@@ -168,3 +168,14 @@ def test_expected_length_flag_above_the_maximum_exits_2_naming_the_key(tmp_path)
     result = invoke("validate", str(path), "--expected-response-len", "4096")
     assert result.exit_code == 2
     assert "data.expected_response_length" in result.output
+
+
+def test_import_verl_writes_the_expected_lengths_given_as_flags(tmp_path):
+    script = tmp_path / "overrides.txt"
+    script.write_text("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n")
+    out = tmp_path / "plan.toml"
+    result = invoke("import", "verl", str(script), "--gpu", "h100", "-o", str(out),
+                    "--expected-prompt-len", "105", "--expected-response-len", "300")
+    assert result.exit_code == 0, result.output
+    data = plan_from_toml(out.read_text()).data
+    assert (data.expected_prompt_length, data.expected_response_length) == (105, 300)
