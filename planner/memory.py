@@ -506,16 +506,19 @@ ENTROPY_FORWARD_BYTES = {"compiled": 0.0, "eager": 4.0, "checkpointed": 4.0, "ch
 
 
 def resolved_loss_head(plan: Plan) -> str:
-    """The head kernel a plan runs: the plan's choice, or what verl would run ("auto").
+    """The head kernel the plan is priced with: its own choice, or what its runtime would run ("auto")."""
+    head = plan.actor.loss_head
+    return head if head != "auto" else runtime_loss_head(plan)
+
+
+def runtime_loss_head(plan: Plan) -> str:
+    """The head the plan's runtime runs: verl's on GPUs, rlplan's own on its CPU ranks.
 
     verl's fused kernels replace the head; rlplan's bundled runtime on CPU runs the naive fp32
     head; a GPU plan with remove padding imports flash_attn (bert_padding), so verl's
     logprobs_from_logits finds its triton CE; without it flash-attn may be absent and verl
     falls back to the row-wise torch log-prob.
     """
-    head = plan.actor.loss_head
-    if head != "auto":
-        return head
     if plan.model.use_fused_kernels:
         return "fused"
     if plan.cluster.gpu.is_cpu:
