@@ -14,18 +14,12 @@ import attrs
 import pytest
 from attrs import frozen
 
-from rlplan.planner.hardware import Cluster
 from rlplan.planner.memory import longest_expected_response_that_fits, predict_memory, resolved_loss_head
 from rlplan.planner.plan import (
-    ActorSection,
-    DataSection,
-    LoraConfig,
-    ModelSection,
     Plan,
-    RefSection,
-    RolloutSection,
 )
-from rlplan.planner.presets import gpu_presets, model_presets
+from rlplan.planner.presets import gpu_presets
+from rlplan.planner.verl_import import import_verl_script
 
 GSM8K_PROMPT_MEAN = 105
 # "A few hundred tokens": Qwen2.5-Instruct GSM8K responses average 200-400 tokens in verl's logs (the
@@ -46,6 +40,9 @@ class TuningScript:
     fails_per_gpu: int
 
 
+MODEL_PATHS = {"qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-14b": "Qwen/Qwen2.5-14B-Instruct",
+               "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct", "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct"}
+
 # nproc_per_gpu from each script's bisection comment (√ the largest that ran, × the smallest that failed).
 # 32B's comment reads "40√ → 44√ → 46× → 45×": 45 failed, although the published table lists 180 = 45 x 4.
 SCRIPTS = (
@@ -56,24 +53,43 @@ SCRIPTS = (
 )
 
 
-def script_plan(script: TuningScript, per_gpu: int) -> Plan:
-    """The plan `rlplan import verl` builds from the script (verl defaults for every key it omits)."""
+def script_overrides(script: TuningScript, per_gpu: int) -> str:
+    """The Hydra overrides of examples/tuning/<size>/qwen2-<size>_grpo-lora_<gpus>_h100_fsdp_vllm.sh (memory keys)."""
     batch = per_gpu * script.gpus
-    return Plan(
-        model=ModelSection(name=script.model, arch=model_presets()[script.model].arch, gradient_checkpointing=True,
-                           lora=LoraConfig(rank=32, alpha=32)),
-        cluster=Cluster(gpu=gpu_presets()["H100-80G"], gpus_per_node=script.gpus, nodes=1),
-        data=DataSection(train_batch_size=batch, max_prompt_length=512, max_response_length=1024,
-                         expected_prompt_length=GSM8K_PROMPT_MEAN),
-        actor=ActorSection(ppo_mini_batch_size=batch, ppo_micro_batch_size=batch, param_offload=True,
-                           optimizer_offload=True, ulysses_sequence_parallel_size=script.ulysses,
-                           use_kl_loss=True, entropy_coeff=0.001),
-        ref=RefSection(param_offload=True, log_prob_micro_batch_size=batch),
-        rollout=RolloutSection(n=5, tensor_model_parallel_size=script.rollout_tp,
-                               gpu_memory_utilization=script.util, max_num_seqs=512, max_model_len=1536,
-                               max_num_batched_tokens=1536, enable_chunked_prefill=False,
-                               load_format="safetensors", layered_summon=True, log_prob_micro_batch_size=batch),
-    )
+    return "\n".join([
+        "algorithm.adv_estimator=grpo",
+        f"data.train_batch_size={batch}", "data.max_prompt_length=512", "data.max_response_length=1024",
+        "data.filter_overlong_prompts=True", "data.truncation=error", "data.shuffle=False",
+        f"actor_rollout_ref.model.path={MODEL_PATHS[script.model]}",
+        "actor_rollout_ref.model.use_shm=True", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.model.lora_alpha=32",
+        "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.model.use_remove_padding=True",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}", f"actor_rollout_ref.actor.ppo_micro_batch_size={batch}",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0.001",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={script.ulysses}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size={batch}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={script.rollout_tp}",
+        "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.gpu_memory_utilization={script.util}",
+        "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.rollout.max_num_seqs=512",
+        "actor_rollout_ref.rollout.max_model_len=1536", "actor_rollout_ref.rollout.max_num_batched_tokens=1536",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=False", "actor_rollout_ref.rollout.load_format=safetensors",
+        "actor_rollout_ref.rollout.layered_summon=True",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size={batch}", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "algorithm.kl_ctrl.kl_coef=0.001", "algorithm.use_kl_in_reward=False",
+        f"trainer.n_gpus_per_node={script.gpus}", "trainer.nnodes=1",
+    ]) + "\n"
+
+
+def script_plan(script: TuningScript, per_gpu: int) -> Plan:
+    """The plan `rlplan import verl` builds from the script on H100s, at GSM8K's mean prompt length."""
+    plan = import_verl_script(script_overrides(script, per_gpu), gpu=gpu_presets()["H100-80G"],
+                              host_memory_gib=1024.0, env={}, local_config_reader=lambda path: None,
+                              environment={}).plan
+    return plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=GSM8K_PROMPT_MEAN))
 
 
 def row_numbers(script: TuningScript) -> dict[str, object]:
