@@ -299,6 +299,10 @@ def explain_tables(plan: Plan, profile: Profile) -> list[Any]:
         f"KV cache per rank: {rollout['kv_cache_gib']:.2f} GiB = {rollout['kv_cache_tokens']} tokens, "
         f"{rollout['max_concurrent_sequences']} full-length sequences at once (util "
         f"{rollout['gpu_memory_utilization']:.2f})."))
+    out.append(Text(
+        f"Loss head priced: {payload['loss_head']}; fixed micro batches at {payload['expected_prompt_length']} prompt + "
+        f"{payload['expected_response_length']} response tokens per sequence on average "
+        f"(max {plan.data.max_prompt_length} + {payload['max_response_length']})."))
     for note in payload["notes"]:
         out.append(Text(f"note: {note}", style="dim"))
     if payload["errors"] or payload["warnings"]:

@@ -179,3 +179,10 @@ def test_import_verl_writes_the_expected_lengths_given_as_flags(tmp_path):
     assert result.exit_code == 0, result.output
     data = plan_from_toml(out.read_text()).data
     assert (data.expected_prompt_length, data.expected_response_length) == (105, 300)
+
+
+def test_explain_names_the_priced_head_and_the_lengths_the_flags_set(solved_plan):
+    result = invoke("explain", str(solved_plan), "--expected-prompt-len", "100", "--expected-response-len", "300")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "Loss head priced: flash_attn_ce" in text and "100 prompt + 300 response tokens" in text
