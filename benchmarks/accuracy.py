@@ -111,6 +111,7 @@ def plan_for_case(case: StepCase) -> Plan:
         cluster=Cluster(gpu=gpu_presets()["H100-80G"], gpus_per_node=case.shard_size, nodes=1),
         data=DataSection(train_batch_size=sequences, max_prompt_length=prompt,
                          max_response_length=case.tokens - prompt),
+        # predicted_step prices it as the emulation runs (runtime.measure.as_emulated: naive head).
         actor=ActorSection(ppo_mini_batch_size=sequences, ppo_micro_batch_size_per_gpu=1,
                            entropy_coeff=0.0 if case.entropy == "none" else 0.001,
                            entropy_from_logits_with_chunking=case.entropy == "chunked"),

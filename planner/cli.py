@@ -81,6 +81,15 @@ def load_profile(path: str | None):
     return load_profile_toml(read_text(path, "--profile"), source=path)
 
 
+def with_expected_lengths(plan, prompt: int | None, response: int | None):
+    """The plan with the --expected-prompt-len / --expected-response-len flags applied (None: keep the plan's)."""
+    from rlplan.planner.planfile import with_overrides
+
+    overrides = {f"data.expected_{name}_length": value for name, value in (("prompt", prompt), ("response", response))
+                 if value is not None}
+    return with_overrides(plan, overrides) if overrides else plan
+
+
 def resolve_model_arg(spec: str):
     from rlplan.planner.presets import resolve_model
 
@@ -167,6 +176,10 @@ def solve(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     verify: Annotated[bool, typer.Option(help="Measure the top candidates' training step with the CPU tracker "
                                          "(needs the runtime extra) and keep the first that fits.")] = False,
+    expected_prompt_len: Annotated[int | None, typer.Option(
+        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
+    expected_response_len: Annotated[int | None, typer.Option(
+        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
 ) -> None:
     """Solve every knob for a model, a cluster and a workload; write plan.toml."""
     from rlplan.planner.hardware import Cluster
@@ -239,6 +252,7 @@ def solve(
         algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
         lora=int(lora) if lora.isdigit() else lora, objective=objective, pins=parse_fixes(fix or []),
         base=base, profile=load_profile(profile),
+        expected_prompt_len=expected_prompt_len, expected_response_len=expected_response_len,
     )
     result = run_solver(request)
     if result.best is None:
@@ -330,12 +344,16 @@ def validate(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to check.")],
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     profile: Annotated[str | None, typer.Option(help="Calibration profile TOML.")] = None,
+    expected_prompt_len: Annotated[int | None, typer.Option(
+        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
+    expected_response_len: Annotated[int | None, typer.Option(
+        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
 ) -> None:
     """Check a plan against verl's rules and the memory model. Exit 0 ok, 1 predicted OOM, 2 invalid."""
     from rlplan.planner.report import validation_json, validation_tables
 
     prof = load_profile(profile)
-    plan = load_plan(plan_path)
+    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len)
     payload = validation_json(plan, prof)
     if json_output:
         print(json.dumps(payload, indent=2))
@@ -355,12 +373,16 @@ def explain(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to explain.")],
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     profile: Annotated[str | None, typer.Option(help="Calibration profile TOML.")] = None,
+    expected_prompt_len: Annotated[int | None, typer.Option(
+        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
+    expected_response_len: Annotated[int | None, typer.Option(
+        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
 ) -> None:
     """Per-phase, per-component memory table, the batch layout and the step-time estimate."""
     from rlplan.planner.report import explain_tables, validation_json
 
     prof = load_profile(profile)
-    plan = load_plan(plan_path)
+    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len)
     if json_output:
         print(json.dumps(validation_json(plan, prof), indent=2))
         return
@@ -459,12 +481,16 @@ def import_verl(
     host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
+    expected_prompt_len: Annotated[int | None, typer.Option(
+        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
+    expected_response_len: Annotated[int | None, typer.Option(
+        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
 ) -> None:
     """Import a verl launch script (python3 -m verl.trainer.main_ppo ...) into a plan."""
     from rlplan.planner.interop_commands import import_command
 
     raise typer.Exit(import_command(script, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
-                                    output=output))
+                                    output=output, expected_lengths=(expected_prompt_len, expected_response_len)))
 
 
 @app.command()

@@ -35,6 +35,11 @@ class GpuSpec:
     # Intra-node GPU<->GPU bandwidth per GPU (NVLink / Infinity Fabric / PCIe).
     intranode_gbps: float = attrs.field(default=450.0, validator=_positive_number("cluster.gpu"))
 
+    @property
+    def is_cpu(self) -> bool:
+        """rlplan's bundled runtime on CPU ranks names its device "cpu" (runtime.commands, runtime.tiny)."""
+        return self.name.lower() == "cpu"
+
 
 @frozen(kw_only=True)
 class Cluster:

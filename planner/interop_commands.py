@@ -75,10 +75,10 @@ def _gpu(gpu: str | None, gpu_mem: float | None):
 
 
 def import_command(script: str, *, gpu: str | None, gpu_mem: float | None, host_mem: float, env: list[str],
-                   output: str | None) -> int:
+                   output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None)) -> int:
     from rich.markup import escape
 
-    from rlplan.planner.cli import read_text, write_text
+    from rlplan.planner.cli import read_text, with_expected_lengths, write_text
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.planner.verl_import import import_verl_script
 
@@ -87,7 +87,7 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: float | None, host_
             read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
             env=parse_env_pins(env), local_config_reader=read_local_model_config, environment=dict(os.environ),
         )
-        text = plan_to_toml(result.plan)
+        text = plan_to_toml(with_expected_lengths(result.plan, *expected_lengths))
         if output:
             write_text(output, text, "--output")
         else:

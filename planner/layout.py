@@ -77,6 +77,8 @@ class RoleBatchLayout:
     role: Role
     sequences_per_gpu: int
     max_sequence_length: int
+    # Mean prompt + response tokens of the data (data.expected_*_length); the maximum if unstated.
+    expected_sequence_length: int | None = None
     sequence_parallel_size: int = 1
     mini_batch_size_per_gpu: int | None = None
     micro_batch_size_per_gpu: int | None = None
@@ -96,13 +98,17 @@ class RoleBatchLayout:
         """T: tokens one GPU holds in one micro batch, after the Ulysses split.
 
         Dynamic bsz packs up to max_token_len_per_gpu * sp tokens per sp group, which
-        Ulysses splits over sp ranks. Fixed micro batches are sized for the longest
-        sequences (remove-padding only ever makes them shorter).
+        Ulysses splits over sp ranks. Fixed micro batches hold real sequences (remove padding
+        packs them), priced at the expected mean length: a micro batch of m sequences holds
+        m x mean tokens.  The spread around the mean is not added: over m sequences it shrinks
+        like 1/sqrt(m), and for small m a batch of long sequences can exceed this, which is why
+        validate also reports the verdict at the maximum length and the longest mean that fits.
         """
         if self.max_token_len_per_gpu is not None:
             return self.max_token_len_per_gpu
         micro = self.micro_batch_size_per_gpu or 1
-        return math.ceil(micro * self.max_sequence_length / self.sequence_parallel_size)
+        length = self.expected_sequence_length or self.max_sequence_length
+        return math.ceil(micro * min(length, self.max_sequence_length) / self.sequence_parallel_size)
 
     @property
     def token_budget_per_sp_group(self) -> int | None:
@@ -193,6 +199,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
             role=name,
             sequences_per_gpu=plan.data.train_batch_size * n // dp_size,
             max_sequence_length=seq_len,
+            expected_sequence_length=plan.data.expected_sequence_length,
             sequence_parallel_size=sp_size,
             mini_batch_size_per_gpu=mini,
             micro_batch_size_per_gpu=None if dynamic else micro,

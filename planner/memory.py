@@ -24,7 +24,7 @@ Component names are stable (the fidelity checks and `explain` key on them):
     activations                 saved activations (checkpointed layer inputs under AC)
     layer_backward_workspace    one layer's activations recomputed / held in backward
     loss_head_hidden            final norm and hidden state at the head, T x (8h + 4)
-    logits_head                 fp32 logits / log-softmax / entropy, c x T x V
+    logits_head                 the loss head's logits / log-softmax / entropy, c x T x V (c per kernel)
     forward_transients          layer-sized temporaries of a no_grad forward, T x (4h + 6I)
     fsdp_all_gather_buffers     current + prefetched bf16 layer, 2 x 2 N_L
     fsdp_reduce_scatter_buffer  fp32 gradient reduce-scatter input of one layer
@@ -50,6 +50,7 @@ import math
 from collections.abc import Callable
 from typing import Literal, TypeVar
 
+import attrs
 from attrs import frozen
 
 from rlplan.planner.arch import Architecture
@@ -427,17 +428,31 @@ class TrainerState:
     reduce_scatter: float
 
 
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
 def actor_state(plan: Plan, shard: int) -> TrainerState:
+    """The actor's shards in verl's fsdp_config.model_dtype (N8: fp32 by default, LoRA or not).
+
+    Gradients and AdamW moments follow the parameters' dtype. PEFT keeps adapters in fp32 over a
+    bf16 base (autocast_adapter_dtype), so a LoRA adapter is fp32 whatever the base dtype is.
+    """
     facts = model_facts(plan.model.arch)
     n_lora = lora_params(plan)
+    d = DTYPE_BYTES[plan.actor.model_dtype]
     if n_lora:
-        # bf16 frozen base + fp32 adapter with its grads and AdamW moments (memory-model.md 2.3, LoRA).
-        return TrainerState(params=(2 * facts.params + 4 * n_lora) / shard, grads=4 * n_lora / shard,
+        # frozen base in model_dtype + fp32 adapter with its grads and AdamW moments (memory-model.md 2.3, LoRA).
+        return TrainerState(params=(d * facts.params + 4 * n_lora) / shard, grads=4 * n_lora / shard,
                             optimizer=8 * n_lora / shard, optimizer_step=4 * n_lora / shard,
                             reduce_scatter=4 * n_lora / facts.layers)
     n = facts.params
-    return TrainerState(params=4 * n / shard, grads=4 * n / shard, optimizer=8 * n / shard,
-                        optimizer_step=4 * n / shard, reduce_scatter=4 * facts.layer_params)
+    return TrainerState(params=d * n / shard, grads=d * n / shard, optimizer=2 * d * n / shard,
+                        optimizer_step=d * n / shard, reduce_scatter=4 * facts.layer_params)
+
+
+def ref_param_bytes(plan: Plan, facts: ModelFacts, shard: int) -> int:
+    """The reference's shards in its own fsdp_config.model_dtype (fp32 with verl's default YAML, N8)."""
+    return DTYPE_BYTES[plan.ref.model_dtype] * facts.params // shard
 
 
 def critic_state(plan: Plan, shard: int) -> TrainerState:
@@ -447,14 +462,109 @@ def critic_state(plan: Plan, shard: int) -> TrainerState:
                         optimizer_step=4 * n / shard, reduce_scatter=4 * facts.layer_params)
 
 
-def actor_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:
-    """verl's update computes entropy only when entropy_coeff != 0; chunking lowers it, checkpointing does not."""
+# --- the loss head, per kernel ------------------------------------------------
+#
+# What each kernel holds per token x vocab, read from the code verl runs
+# (verl/workers/actor/dp_actor.py::_forward_micro_batch, verl/utils/torch_functional.py,
+# flash_attn/ops/triton/cross_entropy.py).  Logits leave the model in bf16 (2 bytes per
+# T V; transformers no longer upcasts them) and are divided by the temperature in place, so
+# every GPU head starts from one bf16 T x V tensor:
+#
+#   flash_attn_ce   CrossEntropyLoss.forward allocates three fp32 vectors of one value per row
+#                   (losses, lse, z_losses) and saves (logits, lse, labels): no copy of the logits.
+#                   backward writes dlogits into the saved logits when inplace_backward, else into
+#                   torch.empty_like(logits) (bf16).  verl sets inplace_backward = not calculate_entropy,
+#                   so: 2 without entropy, 2 + 2 with it.  The per-row vectors are O(T), not O(T V).
+#   torch_logprob   logprobs_from_logits_v2 on bf16 logits loops over rows: each row's log_softmax
+#                   output is saved for backward (2 over all rows), and backward builds the gradient
+#                   of the logits (2): 2 + 2 + 2.  verl/utils/kernel's compute_token_logprob holds no
+#                   more than this row-wise fallback.
+#   fused           model.use_fused_kernels computes log-probs (and entropy) from the hidden states
+#                   chunk by chunk inside the lm_head: no T x V tensor at all.
+#   naive           rlplan's own CPU runtime: fp32 log-softmax (+ entropy), tracker-measured
+#                   coefficients in the Profile (memory-model.md 2.4).
+#
+# Entropy in the update (entropy_coeff != 0), on top of the log-prob head and its gradient buffer:
+#   compiled        torch.compile(entropy_from_logits) (actor.use_torch_compile, verl's default):
+#                   inductor fuses softmax, logsumexp and the sum into row reductions, saves only
+#                   its input (the logits, already counted) and writes one bf16 gradient: + 2.
+#                   Checkpointing or chunking a compiled function leaves that unchanged.
+#   eager           softmax's output pd is saved (2); its backward holds dL/dpd = g * logits, the
+#                   softmax backward's output and g * pd at once (3 x 2): + 8.
+#   checkpointed    saves nothing in forward, but backward recomputes pd and then runs the eager
+#                   backward, so the peak is the eager one: + 8 (the naive tracker measured the same).
+#   chunked         each 2048-row chunk's fp32 copy and fp32 softmax stay saved until backward
+#                   (4 + 4 over all rows), and the .float() cast's backward writes a bf16 gradient: + 10.
+# The no_grad passes hold the logits (2); the old-log-prob pass computes entropy too (verl logs
+# it), which compiled adds nothing to (a fused reduction) and eager adds pd and pd * logits (+ 4).
+
+LOGITS_BYTES = 2.0
+FLASH_CE_GRAD_BYTES = 2.0
+TORCH_LOGPROB_SAVED_AND_GRAD_BYTES = 4.0
+ENTROPY_UPDATE_BYTES = {"compiled": 2.0, "eager": 8.0, "checkpointed": 8.0, "chunked": 10.0}
+ENTROPY_FORWARD_BYTES = {"compiled": 0.0, "eager": 4.0, "checkpointed": 4.0, "chunked": 8.0}
+
+
+def resolved_loss_head(plan: Plan) -> str:
+    """The head kernel the plan is priced with: its own choice, or what its runtime would run ("auto")."""
+    head = plan.actor.loss_head
+    return head if head != "auto" else runtime_loss_head(plan)
+
+
+def runtime_loss_head(plan: Plan) -> str:
+    """The head the plan's runtime runs: verl's on GPUs, rlplan's own on its CPU ranks.
+
+    verl's fused kernels replace the head; rlplan's bundled runtime on CPU runs the naive fp32
+    head; a GPU plan with remove padding imports flash_attn (bert_padding), so verl's
+    logprobs_from_logits finds its triton CE; without it flash-attn may be absent and verl
+    falls back to the row-wise torch log-prob.
+    """
+    if plan.model.use_fused_kernels:
+        return "fused"
+    if plan.cluster.gpu.is_cpu:
+        return "naive"
+    return "flash_attn_ce" if plan.model.use_remove_padding else "torch_logprob"
+
+
+def entropy_variant(plan: Plan) -> str:
+    """How verl computes entropy: compiled unless use_torch_compile is off, then chunked / checkpointed / eager."""
     actor = plan.actor
-    if actor.entropy_coeff == 0:
-        return profile.head_log_prob_bytes
+    if actor.use_torch_compile:
+        return "compiled"
     if actor.entropy_from_logits_with_chunking:
-        return profile.head_chunked_entropy_bytes
-    return profile.head_entropy_bytes
+        return "chunked"
+    return "checkpointed" if actor.entropy_checkpointing else "eager"
+
+
+def actor_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:
+    """Bytes per token x vocab the update's head holds; verl computes entropy only when entropy_coeff != 0."""
+    head = resolved_loss_head(plan)
+    entropy = plan.actor.entropy_coeff != 0
+    if head == "naive":
+        if not entropy:
+            return profile.head_log_prob_bytes
+        if plan.actor.entropy_from_logits_with_chunking:
+            return profile.head_chunked_entropy_bytes
+        return profile.head_entropy_bytes
+    if head == "fused":
+        return 0.0
+    extra = ENTROPY_UPDATE_BYTES[entropy_variant(plan)] if entropy else 0.0
+    if head == "flash_attn_ce":
+        # in-place backward only without entropy: then the logits are their own gradient buffer.
+        return LOGITS_BYTES + (FLASH_CE_GRAD_BYTES + extra if entropy else 0.0)
+    return LOGITS_BYTES + TORCH_LOGPROB_SAVED_AND_GRAD_BYTES + extra
+
+
+def forward_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE, *,
+                                       entropy: bool) -> float:
+    """The no_grad head of the old-log-prob (entropy computed) and ref (log-probs only) passes."""
+    head = resolved_loss_head(plan)
+    if head == "naive":
+        return profile.head_forward_only_bytes
+    if head == "fused":
+        return 0.0
+    # flash CE and the row-wise fallback allocate only per-row values beside the logits without grad.
+    return LOGITS_BYTES + (ENTROPY_FORWARD_BYTES[entropy_variant(plan)] if entropy else 0.0)
 
 
 def training_components(
@@ -470,6 +580,7 @@ def training_components(
     role: str,
     root_at_loss_bytes: float = 0.0,
     profile: Profile = DEFAULT_PROFILE,
+    fp32_head: bool = True,
 ) -> tuple[str, list[Component]]:
     """max(P_loss, P_bwd, P_opt) of memory-model.md 2.3 for one FSDP2 training step, as components."""
     t = tokens
@@ -499,7 +610,9 @@ def training_components(
     # then asks for fp32 blocks twice that size, which the cached block cannot serve: the GPU holds
     # the block on top of the allocated peak (torchtitan's G3 rows: reserved ~ allocated + 2 T V).
     # No tracker sees it, so it is overhead; it only shows where the head's peak is the step's peak.
-    cached_logits = max(0.0, loss + (2 * t * facts.vocab if head else 0) - max(loss, backward, optimizer_step))
+    # A head that stays in bf16 (flash CE, the torch fallback) reuses the block: nothing cached.
+    cached_block = 2 * t * facts.vocab if head and fp32_head else 0
+    cached_logits = max(0.0, loss + cached_block - max(loss, backward, optimizer_step))
     if loss >= backward and loss >= optimizer_step:
         components = [params, optimizer]
         if accumulating_grads:
@@ -599,7 +712,7 @@ class _StepContext:
                                                           "resident")
         if plan.uses_reference and not plan.reference_is_actor and not plan.ref.param_offload:
             resident["ref_params"] = Component(
-                "ref_params", self.profile.ref_param_bytes * self.facts.params // self.shard, "resident")
+                "ref_params", ref_param_bytes(plan, self.facts, self.shard), "resident")
         if self.critic is not None:
             if not plan.critic.param_offload:
                 resident["critic_params"] = Component("critic_params", int(self.critic.params), "resident")
@@ -654,6 +767,7 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
         checkpointing=plan.model.gradient_checkpointing,
         activation_offload=plan.model.activation_offload,
         head_bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, ctx.profile),
+        fp32_head=resolved_loss_head(plan) == "naive",
         root_group_bytes=2 * facts.vocab * facts.hidden * (1 if facts.tied else 2),
         root_at_loss_bytes=2 * facts.vocab * facts.hidden,
         role="actor",
@@ -662,19 +776,21 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
     return ctx.phase("actor_update", step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
 
 
-def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout) -> PhaseMemory:
+def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entropy: bool) -> PhaseMemory:
     step = forward_components(ctx.facts, params_bytes=ctx.actor.params, params_name="actor_params",
                               tokens=role.tokens_per_micro_batch,
-                              head_bytes_per_token_vocab=ctx.profile.head_forward_only_bytes)
+                              head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
+                                  ctx.plan, ctx.profile, entropy=entropy))
     return ctx.phase(name, step, loaded=("actor_params",))
 
 
 def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     if ctx.plan.reference_is_actor:
-        return _actor_forward(ctx, "ref_log_prob", role)
-    step = forward_components(ctx.facts, params_bytes=ctx.profile.ref_param_bytes * ctx.facts.params / ctx.shard,
+        return _actor_forward(ctx, "ref_log_prob", role, entropy=False)
+    step = forward_components(ctx.facts, params_bytes=ref_param_bytes(ctx.plan, ctx.facts, ctx.shard),
                               params_name="ref_params", tokens=role.tokens_per_micro_batch,
-                              head_bytes_per_token_vocab=ctx.profile.head_forward_only_bytes)
+                              head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
+                                  ctx.plan, ctx.profile, entropy=False))
     return ctx.phase("ref_log_prob", step, loaded=("ref_params",))
 
 
@@ -769,7 +885,7 @@ def _host(ctx: _StepContext) -> HostMemory:
         components.append(Component("actor_optimizer_offloaded", int(ranks * ctx.actor.optimizer)))
     if plan.uses_reference and not plan.reference_is_actor and plan.ref.param_offload:
         components.append(Component("ref_params_offloaded",
-                                    ranks * profile.ref_param_bytes * facts.params // ctx.shard))
+                                    ranks * ref_param_bytes(plan, facts, ctx.shard)))
     if ctx.critic is not None:
         if plan.critic.param_offload:
             components.append(Component("critic_params_offloaded", int(ranks * ctx.critic.params)))
@@ -795,7 +911,7 @@ def _step_phases(ctx: _StepContext) -> dict[str, Callable[[], PhaseMemory]]:
     phases: dict[str, Callable[[], PhaseMemory]] = {
         "weight_sync": lambda: _weight_sync(ctx),
         "rollout": lambda: _rollout(ctx),
-        "old_log_prob": lambda: _actor_forward(ctx, "old_log_prob", layout.old_log_prob),
+        "old_log_prob": lambda: _actor_forward(ctx, "old_log_prob", layout.old_log_prob, entropy=True),
     }
     ref, values, update = layout.ref_log_prob, layout.critic_values, layout.critic_update
     if ref is not None:
@@ -839,3 +955,35 @@ def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanL
         rollout=budget,
         notes=tuple(notes),
     )
+
+
+def at_max_length(plan: Plan) -> Plan:
+    """The plan with its expected lengths dropped: every sequence priced at the maximum (worst case)."""
+    return plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=None, expected_response_length=None))
+
+
+def longest_expected_response_that_fits(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> int:
+    """The largest mean response length (at the plan's expected prompt length) the plan fits at.
+
+    0 when even one-token responses do not fit; max_response_length when it fits at full length.
+    Memory grows monotonically with the mean length (fixed micro batches hold m x mean tokens),
+    so a bisection over predict_memory finds the boundary in log2(max_response_length) calls.
+    """
+
+    def fits(response: int) -> bool:
+        data = attrs.evolve(plan.data, expected_response_length=response)
+        return predict_memory(plan.evolve(data=data), profile).fits
+
+    high = plan.data.max_response_length
+    if fits(high):
+        return high
+    if not fits(1):
+        return 0
+    low = 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low

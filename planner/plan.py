@@ -28,6 +28,11 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 KlLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 LoadFormat = Literal["dummy", "safetensors", "auto"]
 Truncation = Literal["error", "left", "right", "middle", "filter"]
+# The kernel that turns the actor's logits into log-probs (memory.py prices each from its own
+# allocations): "auto" is what verl would run for the plan (planner.memory.resolved_loss_head).
+LossHead = Literal["auto", "flash_attn_ce", "torch_logprob", "fused", "naive"]
+# verl's fsdp_config.model_dtype: the dtype FSDP holds the shards in (compute runs in bf16 either way).
+ModelDtype = Literal["fp32", "bf16"]
 
 
 def _at_least(minimum: float, section: str):
@@ -79,6 +84,8 @@ class ModelSection:
     gradient_checkpointing: bool = True
     activation_offload: bool = False
     use_remove_padding: bool = True
+    # verl's model.use_fused_kernels: the lm_head fused with the log-prob, never holding full logits.
+    use_fused_kernels: bool = False
 
 
 @frozen(kw_only=True)
@@ -93,10 +100,31 @@ class DataSection:
     filter_overlong_prompts: bool = True
     shuffle: bool = True
     seed: int = 1
+    # Mean tokens per sequence the data really has (rlplan only); None = the maximum, the worst case.
+    expected_prompt_length: int | None = field(default=None, validator=_at_least(1, "data"))
+    expected_response_length: int | None = field(default=None, validator=_at_least(1, "data"))
+
+    def __attrs_post_init__(self) -> None:
+        for name, maximum in (("prompt", self.max_prompt_length), ("response", self.max_response_length)):
+            expected = getattr(self, f"expected_{name}_length")
+            if expected is not None and expected > maximum:
+                raise PlanError(
+                    field=f"data.expected_{name}_length",
+                    message=f"is a mean length and cannot exceed max_{name}_length {maximum}, got {expected}.",
+                    fix=f"set data.expected_{name}_length to at most {maximum}, or leave it unset (= the maximum)",
+                )
 
     @property
     def max_sequence_length(self) -> int:
         return self.max_prompt_length + self.max_response_length
+
+    @property
+    def expected_sequence_length(self) -> int:
+        """Mean prompt + response tokens; the maxima where the plan states no expectation."""
+        prompt = self.expected_prompt_length if self.expected_prompt_length is not None else self.max_prompt_length
+        response = (self.expected_response_length if self.expected_response_length is not None
+                    else self.max_response_length)
+        return prompt + response
 
 
 @frozen(kw_only=True)
@@ -118,6 +146,10 @@ class ActorSection:
     optimizer_offload: bool = False
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
+    # verl wraps entropy_from_logits in torch.compile unless this is false (verl default true).
+    use_torch_compile: bool = True
+    loss_head: LossHead = "auto"
+    model_dtype: ModelDtype = "fp32"
     lr: float = field(default=1e-6, validator=_at_least(0.0, "actor"))
     weight_decay: float = field(default=0.01, validator=_at_least(0.0, "actor"))
     lr_warmup_steps: int = field(default=0, validator=_at_least(0, "actor"))
@@ -137,6 +169,8 @@ class RefSection:
     """The frozen reference policy (verl: actor_rollout_ref.ref.*). With LoRA it is the actor, adapter off."""
 
     param_offload: bool = False
+    # verl's ref.fsdp_config.model_dtype: fp32 with the default YAML (verl-rules.md N8).
+    model_dtype: ModelDtype = "fp32"
     log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "ref"))
     log_prob_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "ref"))
     log_prob_use_dynamic_bsz: bool = False

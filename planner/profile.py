@@ -87,9 +87,7 @@ class Profile:
     head_forward_only_bytes: float = _constant(14.0, "no_grad log-prob + entropy (old-log-prob and ref passes), "
                                                      "tracker-measured")
 
-    # --- trainer dtypes and layout facts verl does not expose per plan ---
-    ref_param_bytes: int = _constant(
-        4, "bytes per reference parameter: verl's fsdp.yaml sets model_dtype fp32 for the ref too (N8)", low=1, kind=int)
+    # --- layout facts verl does not expose per plan (shard dtypes are plan keys: actor/ref.model_dtype) ---
     activation_offload_resident_layers: int = _constant(
         2, "layers whose saved activations stay on the GPU under activation offload (in flight)", kind=int)
     shm_model_copies_per_node: int = _constant(

@@ -8,7 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from rlplan.planner.layout import plan_layout
-from rlplan.planner.memory import predict_memory
+from rlplan.planner.memory import (
+    at_max_length,
+    longest_expected_response_that_fits,
+    predict_memory,
+    resolved_loss_head,
+)
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import check_plan
@@ -53,9 +58,18 @@ def validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
     step = predict_step_time(plan, memory, profile)
     binding = memory.binding_constraint
     feasible = memory.fits and memory.rollout.holds_max_model_len
+    worst = memory if plan.data.expected_sequence_length == plan.data.max_sequence_length else predict_memory(
+        at_max_length(plan), profile)
     return {
         "valid": rules.valid,
         "feasible": feasible,
+        # `feasible` is the verdict at the expected lengths; these say how far the data may grow.
+        "feasible_at_max_length": worst.fits,
+        "longest_expected_response_that_fits": longest_expected_response_that_fits(plan, profile),
+        "expected_prompt_length": plan.data.expected_prompt_length or plan.data.max_prompt_length,
+        "expected_response_length": plan.data.expected_response_length or plan.data.max_response_length,
+        "max_response_length": plan.data.max_response_length,
+        "loss_head": resolved_loss_head(plan),
         "errors": [{"rule": v.rule, "message": v.message, "fix": v.fix, "stage": v.stage,
                     "suggested": v.suggested} for v in rules.errors],
         "warnings": [{"rule": v.rule, "message": v.message, "fix": v.fix} for v in rules.warnings],
@@ -96,6 +110,17 @@ def validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
 # --- rich rendering --------------------------------------------------------------
 
 
+def length_verdict(payload: dict[str, Any]) -> str:
+    """How the verdict depends on the response lengths the data has (empty when it does not)."""
+    longest, maximum = payload["longest_expected_response_that_fits"], payload["max_response_length"]
+    if payload["feasible_at_max_length"] or longest >= maximum:
+        return ""
+    if longest == 0:
+        return " It does not fit at any response length."
+    return (f" It fits while responses average <= {longest} tokens (at {payload['expected_prompt_length']}-token "
+            f"prompts); OOM once they reach {maximum}.")
+
+
 def _verdict(payload: dict[str, Any]):
     from rich.text import Text
 
@@ -105,11 +130,12 @@ def _verdict(payload: dict[str, Any]):
         binding = payload["binding"]
         return Text(
             f"VALID but predicted NOT to fit: {binding['where']} ({binding['resource']}) is over by "
-            f"{-binding['headroom_gib']:.2f} GiB, mostly {binding['component']}.", style="bold yellow")
+            f"{-binding['headroom_gib']:.2f} GiB, mostly {binding['component']}." + length_verdict(payload),
+            style="bold yellow")
     return Text(
         f"VALID and fits: peak {payload['gpu_peak_gib']:.2f} of {payload['gpu_mem_gib']:.2f} GiB per GPU, "
         f"host {payload['host']['per_node_gib']:.1f} of {payload['host']['capacity_gib']:.0f} GiB per node; "
-        f"step ~{payload['step_time_s']:.1f} s.", style="bold green")
+        f"step ~{payload['step_time_s']:.1f} s." + length_verdict(payload), style="bold green")
 
 
 def violations_table(payload: dict[str, Any]):
@@ -273,6 +299,10 @@ def explain_tables(plan: Plan, profile: Profile) -> list[Any]:
         f"KV cache per rank: {rollout['kv_cache_gib']:.2f} GiB = {rollout['kv_cache_tokens']} tokens, "
         f"{rollout['max_concurrent_sequences']} full-length sequences at once (util "
         f"{rollout['gpu_memory_utilization']:.2f})."))
+    out.append(Text(
+        f"Loss head priced: {payload['loss_head']}; fixed micro batches at {payload['expected_prompt_length']} prompt + "
+        f"{payload['expected_response_length']} response tokens per sequence on average "
+        f"(max {plan.data.max_prompt_length} + {payload['max_response_length']})."))
     for note in payload["notes"]:
         out.append(Text(f"note: {note}", style="dim"))
     if payload["errors"] or payload["warnings"]:

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
+from rlplan.planner.memory import runtime_loss_head
 from rlplan.planner.plan import Plan
 
 Severity = Literal["error", "warning"]
@@ -312,6 +313,22 @@ def _lora_rank_within_vllm_limit(ctx: RuleContext) -> Iterator[Violation]:
             "lora_rank_within_vllm_limit", "config",
             f"model.lora.rank = {rank} exceeds vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}).",
             f"set model.lora.rank <= {VLLM_LORA_RANKS[-1]}", model__lora__rank=VLLM_LORA_RANKS[-1],
+        )
+
+
+@rule("loss_head_is_what_the_runtime_runs", "config",
+      "[2.4b] a pinned actor.loss_head should be the head the rendered config runs")
+def _loss_head_is_what_the_runtime_runs(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    runs = runtime_loss_head(plan)
+    if plan.actor.loss_head not in ("auto", runs):
+        fix = ("set model.use_fused_kernels = true" if plan.actor.loss_head == "fused"
+               else 'set actor.loss_head = "auto"')
+        yield _violation(
+            "loss_head_is_what_the_runtime_runs", "config",
+            f'actor.loss_head = "{plan.actor.loss_head}" prices a head this config does not run: '
+            f"verl (or rlplan's CPU runtime) runs {runs} for it, so the memory verdict may not hold.",
+            fix, severity="warning", actor__loss_head="auto",
         )
 
 

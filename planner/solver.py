@@ -80,6 +80,9 @@ class SolveRequest:
     pins: dict[str, Any] = field(factory=dict)
     base: Plan | None = None
     profile: Profile = DEFAULT_PROFILE
+    # Mean tokens the data has (data.expected_*_length); None: the maximum lengths.
+    expected_prompt_len: int | None = None
+    expected_response_len: int | None = None
 
     @prompt_len.validator
     def _check_prompt_len(self, attribute: attrs.Attribute, value: int) -> None:
@@ -238,7 +241,16 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
                        max_response_length=response_len)
     if base is not None:
         data = attrs.evolve(base.data, train_batch_size=request.train_batch_size,
-                            max_prompt_length=request.prompt_len, max_response_length=response_len)
+                            max_prompt_length=request.prompt_len, max_response_length=response_len,
+                            expected_prompt_length=None, expected_response_length=None)
+    # A mean cannot exceed the maximum the search tries, so an expectation is capped at it.
+    expected_prompt = request.expected_prompt_len or (base.data.expected_prompt_length if base else None)
+    expected_response = request.expected_response_len or (base.data.expected_response_length if base else None)
+    data = attrs.evolve(
+        data,
+        expected_prompt_length=min(expected_prompt, request.prompt_len) if expected_prompt else None,
+        expected_response_length=min(expected_response, response_len) if expected_response else None,
+    )
     algorithm = base.algorithm if base is not None else AlgorithmSection()
     algorithm = attrs.evolve(algorithm, adv_estimator=request.algorithm)
     actor = ActorSection(ppo_mini_batch_size=1, use_dynamic_bsz=True, entropy_from_logits_with_chunking=True)

@@ -29,6 +29,7 @@ from rlplan.planner.memory import (
     critic_state,
     lora_params,
     model_facts,
+    ref_param_bytes,
 )
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
@@ -191,7 +192,7 @@ def offload_seconds(plan: Plan, rates: _Rates, shard: int, profile: Profile) -> 
     if plan.actor.optimizer_offload:
         moved += 2 * actor.optimizer
     if plan.uses_reference and not plan.reference_is_actor and plan.ref.param_offload:
-        moved += 2 * profile.ref_param_bytes * model_facts(plan.model.arch).params / shard
+        moved += 2 * ref_param_bytes(plan, model_facts(plan.model.arch), shard)
     if plan.uses_critic:
         critic = critic_state(plan, shard)
         if plan.critic.param_offload:

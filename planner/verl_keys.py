@@ -56,6 +56,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("model.gradient_checkpointing", f"{ARF}.model.enable_gradient_checkpointing", "bool", True),
     _k("model.activation_offload", f"{ARF}.model.enable_activation_offload", "bool", False),
     _k("model.use_remove_padding", f"{ARF}.model.use_remove_padding", "bool", True),
+    _k("model.use_fused_kernels", f"{ARF}.model.use_fused_kernels", "bool", False),
     # --- cluster ------------------------------------------------------------
     _k("cluster.nodes", "trainer.nnodes", "int", 1),
     _k("cluster.gpus_per_node", "trainer.n_gpus_per_node", "int", 8),
@@ -86,6 +87,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("actor.optimizer_offload", f"{ARF}.actor.fsdp_config.optimizer_offload", "bool", False),
     _k("actor.entropy_from_logits_with_chunking", f"{ARF}.actor.entropy_from_logits_with_chunking", "bool", False),
     _k("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False),
+    _k("actor.use_torch_compile", f"{ARF}.actor.use_torch_compile", "bool", True),
+    _k("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32"),
     _k("actor.lr", f"{ARF}.actor.optim.lr", "float", 1e-6),
     _k("actor.weight_decay", f"{ARF}.actor.optim.weight_decay", "float", 0.01),
     # verl's -1 means "use lr_warmup_steps_ratio", which defaults to 0: no warm-up.
@@ -101,6 +104,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("actor.entropy_coeff", f"{ARF}.actor.entropy_coeff", "float", 0.0),
     # --- reference ------------------------------------------------------------
     _k("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
+    _k("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32"),
     _k("ref.log_prob_micro_batch_size_per_gpu", f"{ARF}.ref.log_prob_micro_batch_size_per_gpu", "int", None, True),
     _k("ref.log_prob_micro_batch_size", f"{ARF}.ref.log_prob_micro_batch_size", "int", None, True),
     _k("ref.log_prob_use_dynamic_bsz", f"{ARF}.ref.log_prob_use_dynamic_bsz", "bool",
@@ -217,6 +221,9 @@ RLPLAN_ONLY_FIELDS: dict[str, str] = {
     "rollout.sleep_level": "what verl picks: 1 with LoRA adapters or layered_summon, else 2",
     "algorithm.grpo_leave_one_out": "false; verl has no leave-one-out GRPO baseline, so render refuses it",
     "prediction": "none; `rlplan validate` recomputes it",
+    "actor.loss_head": "auto: the head verl runs for the plan (model.use_fused_kernels, use_remove_padding)",
+    "data.expected_prompt_length": "the --expected-prompt-len flag (unset: max_prompt_length)",
+    "data.expected_response_length": "the --expected-response-len flag (unset: max_response_length)",
 }
 
 

@@ -350,12 +350,25 @@ def training_step_of_plan(plan: Plan, phase: Phase) -> TrainingStep:
     )
 
 
+def with_runtime_head(plan: Plan) -> Plan:
+    """The plan priced with the head rlplan's runtime runs (the naive fp32 one), whatever its GPU would run
+    under verl (flash-attn CE); the runtime has no lean head yet."""
+    return plan.evolve(actor=attrs.evolve(plan.actor, loss_head="naive"))
+
+
+def as_emulated(plan: Plan) -> Plan:
+    """The plan priced as this emulation runs it: the runtime's head and base_dtype's shards (fp32 for full
+    fine-tuning, a bf16 frozen base under LoRA)."""
+    plan = with_runtime_head(plan)
+    return plan.evolve(actor=attrs.evolve(plan.actor, model_dtype="bf16" if plan.model.lora.enabled else "fp32"))
+
+
 def predicted_step(plan: Plan, phase: Phase, profile: Any = None) -> tuple[int, dict[str, int], str]:
     """The planner's step-scope bytes of a phase (what a tracker sees), grouped like the measurement."""
     from rlplan.planner.memory import predict_phase
     from rlplan.planner.profile import DEFAULT_PROFILE
 
-    memory = predict_phase(plan, PLANNER_PHASE[phase], profile or DEFAULT_PROFILE)
+    memory = predict_phase(as_emulated(plan), PLANNER_PHASE[phase], profile or DEFAULT_PROFILE)
     groups = dict.fromkeys(GROUPS, 0)
     for component in memory.components:
         if component.scope == "step":

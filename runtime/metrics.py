@@ -236,12 +236,18 @@ def read_metrics(output_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def predicted_phase_peaks(plan: Any) -> dict[str, float]:
-    """The planner's predicted per-GPU peak per phase in GiB, when the memory model is available."""
+    """The planner's predicted per-GPU peak per phase in GiB, when the memory model is available.
+
+    Priced with the head this runtime runs (naive), not the one verl would run for the plan, so
+    plan-vs-actual and `calibrate --from-run` compare like with like.  The runtime loads the policy in
+    fp32, as verl's default actor.model_dtype prices it.
+    """
     try:
         from rlplan.planner.memory import predict_memory
+        from rlplan.runtime.measure import with_runtime_head
     except ImportError:
         return {}
-    return {phase.name: phase.peak_bytes / 2**30 for phase in predict_memory(plan).phases}
+    return {phase.name: phase.peak_bytes / 2**30 for phase in predict_memory(with_runtime_head(plan)).phases}
 
 
 def plan_versus_actual(predicted_gib: dict[str, float], measured_bytes: dict[str, int], measure: str) -> list[dict[str, Any]]:

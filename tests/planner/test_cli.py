@@ -140,3 +140,49 @@ def test_planner_cli_imports_no_heavy_framework():
             "print(sorted(m for m in ('torch','vllm','ray','transformers','peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_validate_reports_the_verdict_at_expected_and_at_max_lengths(tmp_path):
+    # Fixed micro batches of 16 sequences on 40 GiB: OOM at 1536 tokens, fine at GSM8K-like means.
+    plan = make_plan(gpu_mem_gib=40.0, overrides={"actor.ppo_micro_batch_size_per_gpu": 16,
+                                                  "actor.ppo_mini_batch_size": 64, "actor.entropy_coeff": 0.001})
+    path = tmp_path / "plan.toml"
+    path.write_text(plan_to_toml(plan))
+    at_max = json.loads(invoke("validate", str(path), "--json").output)
+    assert at_max["feasible"] is False and at_max["feasible_at_max_length"] is False
+    longest = at_max["longest_expected_response_that_fits"]
+    assert 0 < longest < 1024
+    result = invoke("validate", str(path), "--json", "--expected-prompt-len", "105",
+                    "--expected-response-len", str(longest // 2))
+    payload = json.loads(result.output)
+    assert result.exit_code == 0, result.output
+    assert payload["feasible"] is True and payload["feasible_at_max_length"] is False
+    assert payload["longest_expected_response_that_fits"] >= longest
+    text = invoke("validate", str(path), "--expected-response-len", str(longest // 2)).output
+    assert "fits while responses average <= " in text and "OOM once they reach 1024" in text
+
+
+def test_expected_length_flag_above_the_maximum_exits_2_naming_the_key(tmp_path):
+    path = tmp_path / "plan.toml"
+    path.write_text(plan_to_toml(make_plan()))
+    result = invoke("validate", str(path), "--expected-response-len", "4096")
+    assert result.exit_code == 2
+    assert "data.expected_response_length" in result.output
+
+
+def test_import_verl_writes_the_expected_lengths_given_as_flags(tmp_path):
+    script = tmp_path / "overrides.txt"
+    script.write_text("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n")
+    out = tmp_path / "plan.toml"
+    result = invoke("import", "verl", str(script), "--gpu", "h100", "-o", str(out),
+                    "--expected-prompt-len", "105", "--expected-response-len", "300")
+    assert result.exit_code == 0, result.output
+    data = plan_from_toml(out.read_text()).data
+    assert (data.expected_prompt_length, data.expected_response_length) == (105, 300)
+
+
+def test_explain_names_the_priced_head_and_the_lengths_the_flags_set(solved_plan):
+    result = invoke("explain", str(solved_plan), "--expected-prompt-len", "100", "--expected-response-len", "300")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "Loss head priced: flash_attn_ce" in text and "100 prompt + 300 response tokens" in text

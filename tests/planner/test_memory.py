@@ -14,16 +14,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlplan.planner.arch import architecture_from_hf_config
+from rlplan.planner.errors import PlanError
+from rlplan.planner.hardware import GpuSpec
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import (
     GIB,
     MIB,
     RolloutBudget,
+    actor_head_bytes_per_token_vocab,
     forward_components,
     kv_cache_tokens,
+    longest_expected_response_that_fits,
     model_facts,
     predict_memory,
     predict_phase,
+    resolved_loss_head,
     rollout_budget,
     vllm_activation_bytes,
     vllm_kv_cache_bytes,
@@ -89,6 +94,9 @@ def tracker_plan(arch, *, ws: int = 8, micro: int = 1, seq: int = 4096, checkpoi
         "actor.ppo_micro_batch_size_per_gpu": micro,
         "model.gradient_checkpointing": checkpointing,
         "model.lora.rank": lora_rank,
+        # The tracker measured rlplan's runtime: the naive fp32 head and a LoRA base held in bf16.
+        "actor.loss_head": "naive",
+        "actor.model_dtype": "bf16" if lora_rank else "fp32",
     }
     return make_plan(arch, gpus=ws, overrides=overrides)
 
@@ -314,7 +322,7 @@ def test_lora_reference_is_the_actor_with_its_adapter_off():
 
 def test_entropy_in_the_loss_grows_the_head_and_chunking_shrinks_it():
     def head(overrides):
-        plan = make_plan(overrides={"model.gradient_checkpointing": True, **overrides})
+        plan = make_plan(overrides={"model.gradient_checkpointing": True, "actor.loss_head": "naive", **overrides})
         return predict_memory(plan).phase("actor_update").bytes_of("logits_head")
 
     log_prob = head({})
@@ -476,3 +484,102 @@ def test_one_phase_alone_equals_that_phase_of_the_full_report():
         assert predict_phase(plan, phase.name) == phase
     with pytest.raises(KeyError, match="critic_update"):
         predict_phase(make_plan(), "critic_update")
+
+
+# --- the loss head per kernel, the actor dtype, the expected lengths ---------------------
+
+
+def _update_head(overrides) -> float:
+    """Bytes per token x vocab the update's head holds (the phase shows it only where the loss is the peak)."""
+    return actor_head_bytes_per_token_vocab(make_plan(overrides=overrides))
+
+
+def test_auto_head_is_flash_attn_on_gpus_with_remove_padding_and_naive_on_rlplans_cpu_runtime():
+    assert resolved_loss_head(make_plan()) == "flash_attn_ce"
+    assert resolved_loss_head(make_plan(overrides={"model.use_remove_padding": False})) == "torch_logprob"
+    assert resolved_loss_head(make_plan(overrides={"model.use_fused_kernels": True})) == "fused"
+    cpu = make_plan().evolve(cluster=attrs.evolve(make_plan().cluster, gpu=GpuSpec(name="cpu", memory_gib=8)))
+    assert resolved_loss_head(cpu) == "naive"
+    assert resolved_loss_head(make_plan(overrides={"actor.loss_head": "torch_logprob"})) == "torch_logprob"
+
+
+def test_flash_attn_head_holds_the_bf16_logits_and_a_second_buffer_only_when_entropy_blocks_inplace_backward():
+    assert _update_head({}) == 2
+    # entropy_coeff != 0: not in place (2 + 2) plus the compiled entropy's gradient (2).
+    assert _update_head({"actor.entropy_coeff": 0.001}) == 6
+    # Where the loss is the update's peak, the component is that coefficient x T x V.
+    plan = make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": 16, "actor.entropy_coeff": 0.001})
+    tokens = plan_layout(plan).actor_update.tokens_per_micro_batch
+    update = predict_memory(plan).phase("actor_update")
+    assert update.peak_at == "loss"
+    assert update.bytes_of("logits_head") == 6 * tokens * QWEN25_7B.vocab_size
+
+
+def test_entropy_variants_order_compiled_below_eager_equal_to_checkpointed_below_chunked():
+    entropy = {"actor.entropy_coeff": 0.001}
+    compiled = _update_head(entropy)
+    eager = _update_head({**entropy, "actor.use_torch_compile": False})
+    checkpointed = _update_head({**entropy, "actor.use_torch_compile": False, "actor.entropy_checkpointing": True})
+    chunked = _update_head({**entropy, "actor.use_torch_compile": False,
+                            "actor.entropy_from_logits_with_chunking": True})
+    assert compiled < eager == checkpointed < chunked
+
+
+def test_gpu_heads_hold_less_than_the_naive_fp32_head_and_fused_holds_no_logits():
+    naive = _update_head({"actor.loss_head": "naive"})
+    torch_logprob = _update_head({"actor.loss_head": "torch_logprob"})
+    flash = _update_head({"actor.loss_head": "flash_attn_ce"})
+    assert _update_head({"model.use_fused_kernels": True}) == 0
+    assert flash < torch_logprob < naive
+
+
+def test_actor_model_dtype_halves_a_lora_base_and_full_shards_in_bf16():
+    lora = {"model.lora.rank": 32}
+    fp32 = predict_memory(make_plan(overrides=lora)).phase("actor_update").bytes_of("actor_params")
+    bf16 = predict_memory(make_plan(overrides={**lora, "actor.model_dtype": "bf16"})).phase(
+        "actor_update").bytes_of("actor_params")
+    n = QWEN25_7B.total_params
+    assert fp32 - bf16 == pytest.approx(2 * n / 8, rel=1e-6)
+    full = predict_memory(make_plan(overrides={"actor.model_dtype": "bf16"})).phase("actor_update")
+    assert full.bytes_of("actor_params") == pytest.approx(2 * n / 8, rel=1e-6)
+
+
+def test_ref_model_dtype_sets_the_reference_shards():
+    kl = {"actor.use_kl_loss": True}
+    fp32 = predict_memory(make_plan(overrides=kl)).phase("ref_log_prob").bytes_of("ref_params")
+    bf16 = predict_memory(make_plan(overrides={**kl, "ref.model_dtype": "bf16"})).phase(
+        "ref_log_prob").bytes_of("ref_params")
+    assert fp32 == 2 * bf16
+
+
+def test_fixed_micro_batches_are_priced_at_expected_lengths_and_token_budgets_are_not():
+    fixed = plan_layout(make_plan(overrides={"data.expected_prompt_length": 100,
+                                             "data.expected_response_length": 300}))
+    assert fixed.actor_update.tokens_per_micro_batch == 2 * 400
+    dynamic = plan_layout(make_plan(overrides={"actor.use_dynamic_bsz": True, "data.expected_response_length": 300}))
+    assert dynamic.actor_update.tokens_per_micro_batch == 16384
+
+
+def test_expected_length_above_the_maximum_is_refused_naming_the_field():
+    with pytest.raises(PlanError) as error:
+        make_plan(overrides={"data.expected_response_length": 2048})
+    assert error.value.field == "data.expected_response_length"
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(min_value=1, max_value=1024))
+def test_longest_expected_response_that_fits_fits_and_one_more_token_does_not(gpu_mem_tenths):
+    plan = make_plan(gpu_mem_gib=20 + gpu_mem_tenths / 10, overrides={"actor.ppo_micro_batch_size_per_gpu": 16,
+                                                                      "actor.ppo_mini_batch_size": 64})
+    longest = longest_expected_response_that_fits(plan)
+    maximum = plan.data.max_response_length
+
+    def fits(response):
+        return predict_memory(plan.evolve(data=attrs.evolve(plan.data, expected_response_length=response))).fits
+
+    if 0 < longest < maximum:
+        assert fits(longest) and not fits(longest + 1)
+    elif longest == maximum:
+        assert fits(maximum)
+    else:
+        assert not fits(1)

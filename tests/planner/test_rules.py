@@ -195,3 +195,13 @@ def test_rollout_tp_must_divide_heads_and_world():
     plan = make_plan(overrides={"rollout.tensor_model_parallel_size": 3})
     rules = {v.rule for v in check_plan(plan).errors}
     assert {"rollout_tp_divides_world", "rollout_tp_divides_heads"} <= rules
+
+
+def test_a_pinned_loss_head_the_config_does_not_run_is_a_warning_naming_the_fix():
+    assert not [v for v in check_plan(make_plan()).warnings if v.rule == "loss_head_is_what_the_runtime_runs"]
+    report = check_plan(make_plan(overrides={"actor.loss_head": "fused"}))
+    warnings = [v for v in report.warnings if v.rule == "loss_head_is_what_the_runtime_runs"]
+    assert report.valid and len(warnings) == 1 and "use_fused_kernels" in warnings[0].fix
+    # Pinning the head the GPU config runs anyway is no warning.
+    pinned = check_plan(make_plan(overrides={"actor.loss_head": "flash_attn_ce"}))
+    assert all(v.rule != "loss_head_is_what_the_runtime_runs" for v in pinned.warnings)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.memory import resolved_loss_head
 from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.rules import check_plan
 from rlplan.planner.verl_import import import_verl_script
@@ -131,3 +132,18 @@ def test_tilde_and_plus_keys_pass_through_verbatim():
                   "+actor_rollout_ref.model.override_config.attention_dropout=0.\n")
     assert result.plan.passthrough == {"~trainer.logger": "",
                                        "+actor_rollout_ref.model.override_config.attention_dropout": "0."}
+
+
+def test_head_and_dtype_keys_import_as_verl_runs_them():
+    base = "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
+    plan = load(base).plan
+    assert plan.actor.model_dtype == "fp32" and plan.ref.model_dtype == "fp32"
+    assert plan.actor.use_torch_compile and not plan.model.use_fused_kernels
+    assert resolved_loss_head(plan) == "flash_attn_ce"
+    plan = load(base + "actor_rollout_ref.model.use_fused_kernels=True\n"
+                       "actor_rollout_ref.actor.use_torch_compile=False\n"
+                       "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16\n"
+                       "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16\n").plan
+    assert resolved_loss_head(plan) == "fused" and not plan.actor.use_torch_compile
+    assert plan.actor.model_dtype == "bf16" and plan.ref.model_dtype == "bf16"
+    assert not plan.passthrough
