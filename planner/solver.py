@@ -365,9 +365,16 @@ def _largest_fitting_divisor(total: int, fits) -> int | None:
 
 
 def _solve_pass(plan: Plan, request: SolveRequest, *, phase: str, dynamic: bool, chunk: int, cap: int,
-                with_budget, with_micro) -> Plan | None:
-    """One pass's micro batches: the largest token budget (dynamic bsz) or the largest fixed micro batch."""
+                with_budget, with_micro, pinned_keys: tuple[str, str]) -> Plan | None:
+    """One pass's micro batches: the largest token budget (dynamic bsz) or the largest fixed micro batch.
+
+    `pinned_keys` are the pass's (token budget, micro batch) keys: a pinned one is already in
+    `plan` and is an input here, so the pass only checks that its phase fits with it.
+    """
     profile = request.profile
+    budget_key, micro_key = pinned_keys
+    if (budget_key if dynamic else micro_key) in request.pins:
+        return plan if _phase_fits(plan, phase, profile) else None
     if dynamic:
         budget = _largest_fitting(_budget_floor(plan), cap,
                                   lambda b: _phase_fits(with_budget(plan, b), phase, profile))
@@ -388,6 +395,7 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
         with_budget=lambda p, b: p.evolve(actor=attrs.evolve(p.actor, ppo_max_token_len_per_gpu=b)),
         with_micro=lambda p, m: p.evolve(actor=attrs.evolve(p.actor, ppo_micro_batch_size_per_gpu=m,
                                                             ppo_micro_batch_size=None)),
+        pinned_keys=("actor.ppo_max_token_len_per_gpu", "actor.ppo_micro_batch_size_per_gpu"),
     )
     if plan is None:
         return None
@@ -397,6 +405,7 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
         with_budget=lambda p, b: p.evolve(rollout=attrs.evolve(p.rollout, log_prob_max_token_len_per_gpu=b)),
         with_micro=lambda p, m: p.evolve(rollout=attrs.evolve(p.rollout, log_prob_micro_batch_size_per_gpu=m,
                                                               log_prob_micro_batch_size=None)),
+        pinned_keys=("rollout.log_prob_max_token_len_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu"),
     )
     if plan is None:
         return None
@@ -407,6 +416,7 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
             with_budget=lambda p, b: p.evolve(ref=attrs.evolve(p.ref, log_prob_max_token_len_per_gpu=b)),
             with_micro=lambda p, m: p.evolve(ref=attrs.evolve(p.ref, log_prob_micro_batch_size_per_gpu=m,
                                                               log_prob_micro_batch_size=None)),
+            pinned_keys=("ref.log_prob_max_token_len_per_gpu", "ref.log_prob_micro_batch_size_per_gpu"),
         )
         if plan is None:
             return None
@@ -420,55 +430,67 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
             with_micro=lambda p, m: p.evolve(critic=attrs.evolve(p.critic, ppo_micro_batch_size_per_gpu=m,
                                                                  ppo_micro_batch_size=None,
                                                                  forward_micro_batch_size_per_gpu=m)),
+            pinned_keys=("critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu"),
         )
     return plan
 
 
+def _rollout_sizes(plan: Plan, pins: dict[str, Any], max_num_seqs: int) -> RolloutSection:
+    """max_num_seqs and max_num_batched_tokens derived from `max_num_seqs`, unless pinned (then the pin)."""
+    seqs = int(pins.get("rollout.max_num_seqs", max_num_seqs))
+    tokens = int(pins.get("rollout.max_num_batched_tokens", max(8192, seqs)))
+    return attrs.evolve(plan.rollout, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+
+
 def solve_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -> Plan | None:
-    """gpu_memory_utilization as high as the rollout and sync phases allow; max_num_seqs from the KV cache."""
-    profile = request.profile
+    """gpu_memory_utilization as high as the rollout and sync phases allow; max_num_seqs from the KV cache.
+
+    Pinned rollout knobs are inputs: a pinned utilization is checked rather than searched, and
+    max_num_seqs is derived from the KV cache that the pinned utilization leaves.
+    """
+    profile, pins = request.profile, request.pins
     replicas = plan.cluster.world_size // tensor_parallel_size
     sequences_per_replica = math.ceil(plan.data.train_batch_size * plan.rollout.n / replicas)
-    max_num_seqs = max(1, min(MAX_NUM_SEQS_CAP, sequences_per_replica))
-    rollout = attrs.evolve(
-        plan.rollout, tensor_model_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max(8192, max_num_seqs),
-    )
-    plan = plan.evolve(rollout=rollout)
+    plan = plan.evolve(rollout=attrs.evolve(plan.rollout, tensor_model_parallel_size=tensor_parallel_size))
+    plan = plan.evolve(rollout=_rollout_sizes(plan, pins, max(1, min(MAX_NUM_SEQS_CAP, sequences_per_replica))))
 
     def with_util(hundredths: int) -> Plan:
         return plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=hundredths / 100))
 
-    def fits(hundredths: int) -> bool:
+    def fits(candidate: Plan) -> bool:
         # The rollout phase grows with util (vLLM takes util x GPU beside what the trainer leaves),
         # so "fits" is monotone and bisection finds the largest util; whether that util leaves room
         # for one max_model_len sequence of KV is checked after.
-        report = predict_memory(with_util(hundredths), profile)
+        report = predict_memory(candidate, profile)
         return _peak_within_gpu(report, "rollout") and _peak_within_gpu(report, "weight_sync")
 
-    low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)
-    if not fits(low):
-        return None
-    lo, hi = low, high
-    if fits(hi):
-        lo = hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    if not predict_memory(with_util(lo), profile).rollout.holds_max_model_len:
-        return None
-    plan = with_util(lo)
+    if "rollout.gpu_memory_utilization" in pins:
+        if not fits(plan):
+            return None
+    else:
+        low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)
+        if not fits(with_util(low)):
+            return None
+        lo, hi = low, high
+        if fits(with_util(hi)):
+            lo = hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(with_util(mid)):
+                lo = mid
+            else:
+                hi = mid
+        plan = with_util(lo)
     report = predict_memory(plan, profile)
+    if not report.rollout.holds_max_model_len:
+        return None
     # More sequences than the KV cache holds only makes vLLM preempt; fewer idles the GPU.
     concurrency = max(1, report.max_concurrent_sequences)
     max_num_seqs = max(1, min(MAX_NUM_SEQS_CAP, sequences_per_replica, concurrency))
-    if max_num_seqs != plan.rollout.max_num_seqs:
-        plan = plan.evolve(rollout=attrs.evolve(plan.rollout, max_num_seqs=max_num_seqs,
-                                                max_num_batched_tokens=max(8192, max_num_seqs)))
-    return plan
+    resized = plan.evolve(rollout=_rollout_sizes(plan, pins, max_num_seqs))
+    if resized.rollout != plan.rollout and not fits(resized):
+        return None
+    return resized
 
 
 # --- search -------------------------------------------------------------------------
@@ -586,10 +608,11 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 closest = _closer(closest, trained.evolve(
                     rollout=attrs.evolve(trained.rollout, tensor_model_parallel_size=tp)), request)
                 continue
-            solved = apply_knobs(trained.evolve(rollout=attrs.evolve(
+            # Pins were inputs to every pass above: nothing is re-applied over derived values here.
+            solved = trained.evolve(rollout=attrs.evolve(
                 trained.rollout, tensor_model_parallel_size=tp,
                 gpu_memory_utilization=cached.gpu_memory_utilization, max_num_seqs=cached.max_num_seqs,
-                max_num_batched_tokens=cached.max_num_batched_tokens)), pins)
+                max_num_batched_tokens=cached.max_num_batched_tokens))
             report = predict_memory(solved, request.profile)
             if not (report.fits and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
                 closest = _closer(closest, solved, request)
@@ -643,6 +666,8 @@ def finalize(candidate: Candidate, profile: Profile) -> Plan:
 def solve(request: SolveRequest) -> SolveResult:
     response_len = request.response_len
     evaluated_total = 0
+    # A pin of the wrong type or an unknown key is bad input, whether or not any candidate gets built.
+    apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
     if response_len is None:
         response_len, evaluated_total = _longest_fitting_response(request)
     ranked, evaluated, feasible, closest = _search(request, response_len)

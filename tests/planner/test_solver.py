@@ -14,6 +14,7 @@ from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.plan import ModelSection
 from rlplan.planner.presets import resolve_model
+from rlplan.planner.profile import DEFAULT_PROFILE
 from rlplan.planner.rules import check_plan
 from rlplan.planner.solver import (
     SolveRequest,
@@ -193,3 +194,31 @@ def test_pinning_fixed_micro_batches_solves_the_largest_micro_batch_that_divides
     if larger:
         bigger = plan.evolve(actor=attrs.evolve(plan.actor, ppo_micro_batch_size_per_gpu=larger[0]))
         assert predict_phase(bigger, "actor_update").peak_bytes > plan.cluster.gpu_memory_bytes
+
+
+def test_pinned_rollout_utilization_sizes_max_num_seqs_from_the_kv_cache_it_leaves():
+    pins = {"rollout.gpu_memory_utilization": 0.3}
+    plan = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5,
+                             pins=pins)).plan
+    assert plan is not None and plan.rollout.gpu_memory_utilization == 0.3
+    report = predict_memory(plan, DEFAULT_PROFILE)
+    # Sized for the pinned 0.3, not for the ~0.8 the solver would pick (640 sequences per replica there).
+    assert plan.rollout.max_num_seqs <= report.max_concurrent_sequences < 640
+    unpinned = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5)).plan
+    assert unpinned is not None and unpinned.rollout.max_num_seqs > plan.rollout.max_num_seqs
+
+
+def test_pinned_max_num_seqs_derives_max_num_batched_tokens_and_is_kept():
+    pins = {"rollout.max_num_seqs": 9000}
+    plan = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5,
+                             pins=pins)).plan
+    assert plan is not None and plan.rollout.max_num_seqs == 9000
+    assert plan.rollout.max_num_batched_tokens >= 9000
+
+
+def test_pinned_token_budget_is_an_input_to_its_pass():
+    pins = {"actor.ppo_max_token_len_per_gpu": 4096}
+    plan = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5,
+                             pins=pins)).plan
+    assert plan is not None and plan.actor.ppo_max_token_len_per_gpu == 4096
+    assert predict_memory(plan, DEFAULT_PROFILE).fits
