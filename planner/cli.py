@@ -99,7 +99,7 @@ def resolve_model_arg(spec: str):
 
 
 def parse_fixes(fixes: list[str]) -> dict[str, Any]:
-    from rlplan.planner.planfile import parse_override_value
+    from rlplan.planner.knobs import parse_pin
 
     pins: dict[str, Any] = {}
     for item in fixes:
@@ -107,7 +107,8 @@ def parse_fixes(fixes: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise PlanError(field="--fix", message=f"{item!r} is not key=value.",
                             fix="pass e.g. --fix actor.param_offload=true")
-        pins[key.strip()] = parse_override_value(raw.strip())
+        field, value = parse_pin(key.strip(), raw.strip())
+        pins[field] = value
     return pins
 
 
@@ -177,6 +178,20 @@ def solve(
     from rlplan.planner.solver import SolveRequest
     from rlplan.planner.solver import solve as run_solver
 
+    # A zero or negative count is a mistake, never a request for the default.
+    for flag, value in (("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
+                        ("--train-batch-size", train_batch_size), ("--n", n),
+                        ("--ppo-mini-batch-size", ppo_mini_batch_size), ("--prompt-len", prompt_len),
+                        ("--response-len", response_len), ("--max-response-len", max_response_len)):
+        if value is not None and value < 1:
+            raise PlanError(field=flag, message=f"must be >= 1, got {value}.", fix=f"pass a positive {flag} or leave "
+                            "it out for the default")
+    if not 0 < host_mem < float("inf"):
+        raise PlanError(field="--host-mem", message=f"must be a positive number of GiB, got {host_mem}.",
+                        fix="pass --host-mem 1024")
+    if gpu_mem is not None and not 0 < gpu_mem < float("inf"):
+        raise PlanError(field="--gpu-mem", message=f"must be a positive number of GiB, got {gpu_mem}.",
+                        fix="pass --gpu-mem 80")
     base = load_plan(from_plan) if from_plan else None
     if model is None and base is None:
         raise PlanError(field="--model", message="no model given.", fix="pass --model qwen2.5-7b (or --from plan.toml)")
@@ -191,8 +206,6 @@ def solve(
     if gpu is not None:
         gpu_spec = resolve_gpu(gpu)
     elif gpu_mem is not None:
-        if gpu_mem <= 0:
-            raise PlanError(field="--gpu-mem", message=f"must be positive, got {gpu_mem}.", fix="pass --gpu-mem 80")
         gpu_spec = custom_gpu(gpu_mem)
     elif base is not None:
         gpu_spec = base.cluster.gpu
@@ -223,19 +236,21 @@ def solve(
         raise PlanError(field="--objective", message=f"{objective!r} is not throughput or memory.",
                         fix="pass --objective throughput")
     if base is not None:
-        prompt_len = prompt_len or base.data.max_prompt_length
+        prompt_len = base.data.max_prompt_length if prompt_len is None else prompt_len
         if response_len is None and max_response_len is None:
             response_len = base.data.max_response_length
-        train_batch_size = train_batch_size or base.data.train_batch_size
-        n = n or base.rollout.n
-        ppo_mini_batch_size = ppo_mini_batch_size or base.actor.ppo_mini_batch_size
+        train_batch_size = base.data.train_batch_size if train_batch_size is None else train_batch_size
+        n = base.rollout.n if n is None else n
+        if ppo_mini_batch_size is None:
+            ppo_mini_batch_size = base.actor.ppo_mini_batch_size
         if algo == "grpo" and base.algorithm.adv_estimator != "grpo":
             algorithm = base.algorithm.adv_estimator
     if prompt_len is None:
         raise PlanError(field="--prompt-len", message="the prompt length is needed.", fix="pass --prompt-len 1024")
     request = SolveRequest(
         model=model_section, cluster=cluster, prompt_len=prompt_len, response_len=response_len,
-        max_response_len=max_response_len, train_batch_size=train_batch_size or 256, n=n or 5,
+        max_response_len=max_response_len, train_batch_size=256 if train_batch_size is None else train_batch_size,
+        n=5 if n is None else n,
         algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
         lora=int(lora) if lora.isdigit() else lora, objective=objective, pins=parse_fixes(fix or []),
         base=base, profile=load_profile(profile),

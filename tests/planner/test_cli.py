@@ -140,3 +140,44 @@ def test_planner_cli_imports_no_heavy_framework():
             "print(sorted(m for m in ('torch','vllm','ray','transformers','peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("pin", [
+    "actor.param_offload=True",
+    "actor.param_offload=true",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+])
+def test_fix_accepts_verl_and_hydra_spellings(tmp_path, pin):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "--fix", pin, "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert plan_from_toml(path.read_text()).actor.param_offload is True
+
+
+@pytest.mark.parametrize(("pin", "key"), [
+    ("actor.param_offload=3", "actor.param_offload"),
+    ("actor_rollout_ref.actor.fsdp_config.param_offload=yes", "actor_rollout_ref.actor.fsdp_config.param_offload"),
+    ("rollout.load_format=bogus", "rollout.load_format"),
+    ("rollout.sleep_level=3", "rollout.sleep_level"),
+    ("actor.lr=nan", "actor.lr"),
+    ("actor.lr=inf", "actor.lr"),
+    ("actor.lr=fast", "actor.lr"),
+    ("rollout.max_num_seqs=${oc.env:N}", "rollout.max_num_seqs"),
+])
+def test_fix_of_the_wrong_type_or_choice_is_bad_input_naming_the_key(tmp_path, pin, key):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "--fix", pin, "-o", str(path))
+    assert result.exit_code == 2, result.output
+    assert key in result.output.replace("\n", "")
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--n", "0"), ("--train-batch-size", "0"), ("--nodes", "0"), ("--gpus-per-node", "0"), ("--n", "-1"),
+    ("--ppo-mini-batch-size", "0"), ("--host-mem", "0"), ("--host-mem", "nan"),
+])
+def test_zero_or_negative_solve_flags_are_bad_input_not_defaults(flag, value):
+    result = invoke(*SOLVE_7B, flag, value)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
