@@ -44,7 +44,7 @@ from rlplan.planner.plan import (
     TrainerSection,
 )
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-from rlplan.planner.rules import VLLM_LORA_RANKS, check_plan
+from rlplan.planner.rules import VLLM_LORA_RANKS, Violation, check_plan
 from rlplan.planner.steptime import StepTime, predict_step_time
 
 GIB = 2**30
@@ -676,8 +676,9 @@ def solve(request: SolveRequest) -> SolveResult:
         finalized = [attrs.evolve(c, plan=finalize(c, request.profile)) for c in ranked[:RUNNERS_UP + 1]]
         return SolveResult(best=finalized[0], evaluated=evaluated_total, feasible=feasible,
                            runners_up=tuple(finalized[1:]))
-    return SolveResult(best=None, evaluated=evaluated_total, feasible=0,
-                       diagnosis=diagnose(request, closest, response_len))
+    broken = request_rule_violations(request, response_len)
+    diagnosis = diagnose_rules(request, broken, response_len) if broken else diagnose(request, closest, response_len)
+    return SolveResult(best=None, evaluated=evaluated_total, feasible=0, diagnosis=diagnosis)
 
 
 def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:
@@ -703,6 +704,99 @@ def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:
 
 
 # --- when nothing fits --------------------------------------------------------------
+
+# Knobs the search itself sets: a rule whose every fix is one of these is the search's business,
+# not a fault of the request.
+SOLVER_SET_KEYS = frozenset({
+    "actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size", "actor.ppo_max_token_len_per_gpu",
+    "rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size",
+    "rollout.log_prob_max_token_len_per_gpu", "ref.log_prob_micro_batch_size_per_gpu",
+    "ref.log_prob_micro_batch_size", "ref.log_prob_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size", "critic.forward_micro_batch_size_per_gpu", "critic.ppo_max_token_len_per_gpu",
+    "rollout.max_num_seqs", "rollout.max_num_batched_tokens", "rollout.gpu_memory_utilization",
+    "rollout.agent_num_workers",
+})
+
+
+def request_rule_violations(request: SolveRequest, response_len: int) -> list[Violation]:
+    """verl's rules that the request itself breaks (batch, layout, pinned parallelism), whatever the search sets.
+
+    Checked on the workload with the pins and the most memory-saving training choice: a batch
+    that does not split over the ranks fails every candidate, and memory is then beside the point.
+    """
+    skeleton = skeleton_plan(request, response_len)
+    choices = _choices_for(request, skeleton.data.max_sequence_length, feasibility_only=True)
+    if not choices:
+        return []
+    plan = apply_knobs(apply_training_choice(skeleton, choices[0], request), request.pins)
+    if "rollout.tensor_model_parallel_size" not in request.pins:
+        plan = plan.evolve(rollout=attrs.evolve(plan.rollout, tensor_model_parallel_size=1))
+    broken = [v for v in check_plan(plan).errors if not (v.suggested and set(v.suggested) <= SOLVER_SET_KEYS)]
+    # The solver picked the mini batch when the user did not: name the rule the user's own values break first.
+    solver_mini = {"actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size"}
+    return sorted(broken, key=lambda v: request.ppo_mini_batch_size is None and bool(v.suggested)
+                  and set(v.suggested) <= solver_mini)
+
+
+def _nearest_valid(value: int, valid) -> list[int]:
+    """The nearest values below and above `value` (within a factor of two) for which `valid(v)` holds."""
+    found = []
+    for step in (-1, 1):
+        candidate = value + step
+        while 1 <= candidate <= 2 * value + 8:
+            if valid(candidate):
+                found.append(candidate)
+                break
+            candidate += step
+    return found
+
+
+def _rule_fixed_requests(request: SolveRequest, broken: list[Violation],
+                         response_len: int) -> list[tuple[str, SolveRequest]]:
+    """Requests at the nearest values that satisfy the broken rules, each with the flags that say it."""
+
+    def clean(candidate: SolveRequest) -> bool:
+        return not request_rule_violations(candidate, response_len)
+
+    fixed: list[tuple[str, SolveRequest]] = []
+    pins = dict(request.pins)
+    pinned_fixes = {k: v for violation in broken for k, v in violation.suggested.items() if k in pins}
+    if pinned_fixes:
+        candidate = attrs.evolve(request, pins={**pins, **pinned_fixes})
+        if clean(candidate):
+            fixed.append((" ".join(f"--fix {k}={v}" for k, v in pinned_fixes.items()), candidate))
+    if request.ppo_mini_batch_size is not None:
+        for mini in _nearest_valid(request.ppo_mini_batch_size, lambda m: m <= request.train_batch_size and clean(
+                attrs.evolve(request, ppo_mini_batch_size=m))):
+            fixed.append((f"--ppo-mini-batch-size {mini}", attrs.evolve(request, ppo_mini_batch_size=mini)))
+
+    def with_batch(size: int) -> SolveRequest:
+        mini = None if request.ppo_mini_batch_size is None else min(request.ppo_mini_batch_size, size)
+        return attrs.evolve(request, train_batch_size=size, ppo_mini_batch_size=mini)
+
+    for size in _nearest_valid(request.train_batch_size, lambda b: clean(with_batch(b))):
+        fixed.append((f"--train-batch-size {size}", with_batch(size)))
+    return fixed
+
+
+def diagnose_rules(request: SolveRequest, broken: list[Violation], response_len: int) -> Diagnosis:
+    """Name the verl rule the request breaks and the nearest valid values that also fit (re-solved)."""
+    first = broken[0]
+    binding = f"verl rule `{first.rule}`: {first.message}"
+    if len(broken) > 1:
+        binding += " Also broken: " + ", ".join(f"`{v.rule}`" for v in broken[1:]) + "."
+    suggestions = []
+    for change, fixed in _rule_fixed_requests(request, broken, response_len):
+        if _fits(fixed, response_len):
+            suggestions.append(Suggestion(change=change, detail="the nearest value verl accepts; re-solved, it fits",
+                                          relative_change=0.0))
+    if suggestions:
+        message = (f"Nothing fits: {binding} The nearest valid values that fit: "
+                   + "; ".join(s.change for s in suggestions) + ".")
+    else:
+        message = f"Nothing fits: {binding} Fix: {first.fix}."
+    return Diagnosis(binding=binding, message=message, suggestions=tuple(suggestions))
+
 
 
 def _fits(request: SolveRequest, response_len: int) -> bool:

@@ -222,3 +222,28 @@ def test_pinned_token_budget_is_an_input_to_its_pass():
                              pins=pins)).plan
     assert plan is not None and plan.actor.ppo_max_token_len_per_gpu == 4096
     assert predict_memory(plan, DEFAULT_PROFILE).fits
+
+
+@pytest.mark.parametrize(("changes", "rule", "fixed"), [
+    ({"train_batch_size": 100, "n": 3}, "dispatch_divisible_by_dp", [{"train_batch_size": 96}, {"train_batch_size": 104}]),
+    ({"train_batch_size": 1, "n": 5}, "actor_micro_batch_divides_mini", [{"train_batch_size": 8}]),
+    ({"ppo_mini_batch_size": 7}, "mini_batch_divisible_by_dp", [{"ppo_mini_batch_size": 8}]),
+    ({"pins": {"rollout.tensor_model_parallel_size": 3}}, "rollout_tp_divides_world",
+     [{"pins": {"rollout.tensor_model_parallel_size": 2}}]),
+])
+def test_a_broken_batch_rule_is_named_before_memory_with_the_nearest_valid_values_that_fit(changes, rule, fixed):
+    request = attrs.evolve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256,
+                                       n=5), **changes)
+    result = solve(request)
+    assert result.best is None and result.diagnosis is not None
+    assert result.diagnosis.binding.startswith(f"verl rule `{rule}`")
+    assert "kv_cache" not in result.diagnosis.message
+    for change in fixed:
+        flag, value = next(iter(change.items()))
+        if flag == "pins":
+            key, number = next(iter(value.items()))
+            assert any(s.change == f"--fix {key}={number}" for s in result.diagnosis.suggestions)
+        else:
+            assert any(s.change == f"--{flag.replace('_', '-')} {value}" for s in result.diagnosis.suggestions)
+        repaired = solve(attrs.evolve(request, **change))
+        assert repaired.plan is not None and check_plan(repaired.plan).valid
