@@ -16,6 +16,7 @@ model on 64 GPUs to a few thousand model evaluations.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -155,6 +156,10 @@ class TrainingChoice:
     ulysses: int
     fsdp_size: int
     ref_param_offload: bool
+    # The critic's own memory knobs (verl: critic.model.fsdp_config.*, critic.model.enable_gradient_checkpointing).
+    critic_param_offload: bool
+    critic_optimizer_offload: bool
+    critic_gradient_checkpointing: bool
 
 
 def default_lora_rank(arch: Architecture) -> int:
@@ -193,8 +198,19 @@ def tensor_parallel_options(arch: Architecture, cluster: Cluster) -> list[int]:
     return options or [1]
 
 
+# The critic's (param_offload, optimizer_offload, gradient_checkpointing): each offload step trades
+# host traffic for GPU memory; recompute off only where memory is plentiful.
+CRITIC_OPTIONS = ((False, False, False), (False, False, True), (False, True, True), (True, True, True))
+
+
+def request_uses_critic(request: SolveRequest) -> bool:
+    """verl's need_critic for the request, with its pins (critic.enable may be pinned)."""
+    return apply_knobs(skeleton_plan(request, request.response_len or 1), request.pins).uses_critic
+
+
 def training_choices(request: SolveRequest, sequence_len: int) -> Iterator[TrainingChoice]:
     arch, cluster = request.model.arch, request.cluster
+    uses_critic = request_uses_critic(request)
     fsdp_options = [-1]
     if cluster.nodes > 1:
         fsdp_options.append(cluster.gpus_per_node)  # HSDP keeps all-gathers inside a node
@@ -203,14 +219,18 @@ def training_choices(request: SolveRequest, sequence_len: int) -> Iterator[Train
         ref_offload_options = [False, True] if rank == 0 else [False]
         for param_offload, optimizer_offload in ((False, False), (False, True), (True, True)):
             for checkpointing, activation_offload in ((False, False), (True, False), (True, True)):
-                for ulysses in ulysses_options(arch, cluster, sequence_len):
-                    for fsdp_size in fsdp_options:
-                        for ref_offload in ref_offload_options:
-                            yield TrainingChoice(
-                                lora_rank=rank, param_offload=param_offload, optimizer_offload=optimizer_offload,
-                                gradient_checkpointing=checkpointing, activation_offload=activation_offload,
-                                ulysses=ulysses, fsdp_size=fsdp_size, ref_param_offload=ref_offload,
-                            )
+                # Without a critic its knobs change nothing: one option, the actor's, keeps the space small.
+                critic_options = CRITIC_OPTIONS if uses_critic else ((param_offload, optimizer_offload, checkpointing),)
+                for ulysses, fsdp_size, ref_offload, critic in itertools.product(
+                        ulysses_options(arch, cluster, sequence_len), fsdp_options, ref_offload_options,
+                        critic_options):
+                    yield TrainingChoice(
+                        lora_rank=rank, param_offload=param_offload, optimizer_offload=optimizer_offload,
+                        gradient_checkpointing=checkpointing, activation_offload=activation_offload,
+                        ulysses=ulysses, fsdp_size=fsdp_size, ref_param_offload=ref_offload,
+                        critic_param_offload=critic[0], critic_optimizer_offload=critic[1],
+                        critic_gradient_checkpointing=critic[2],
+                    )
 
 
 # --- building plans --------------------------------------------------------------
@@ -281,8 +301,8 @@ def apply_training_choice(plan: Plan, choice: TrainingChoice, request: SolveRequ
         ppo_mini_batch_size=_mini_batch_size(request, dp), lr=lr,
     )
     critic = attrs.evolve(
-        plan.critic, param_offload=choice.param_offload, optimizer_offload=choice.optimizer_offload,
-        gradient_checkpointing=choice.gradient_checkpointing, ulysses_sequence_parallel_size=choice.ulysses,
+        plan.critic, param_offload=choice.critic_param_offload, optimizer_offload=choice.critic_optimizer_offload,
+        gradient_checkpointing=choice.critic_gradient_checkpointing, ulysses_sequence_parallel_size=choice.ulysses,
     )
     rollout = attrs.evolve(
         plan.rollout,
@@ -511,6 +531,8 @@ def _choice_text(plan: Plan) -> str:
     parts = [f"LoRA r{plan.model.lora.rank}" if plan.model.lora.enabled else "full fine-tuning"]
     if actor.param_offload or actor.optimizer_offload:
         parts.append("param+optimizer offload" if actor.param_offload else "optimizer offload")
+    if plan.uses_critic and (plan.critic.param_offload or plan.critic.optimizer_offload):
+        parts.append("critic " + ("param+optimizer offload" if plan.critic.param_offload else "optimizer offload"))
     if plan.model.gradient_checkpointing:
         parts.append("checkpointing" + (" + activation offload" if plan.model.activation_offload else ""))
     if actor.ulysses_sequence_parallel_size > 1:
@@ -529,6 +551,9 @@ def _pinned_choice_ok(choice: TrainingChoice, pins: dict[str, Any]) -> bool:
         "actor.ulysses_sequence_parallel_size": choice.ulysses,
         "actor.fsdp_size": choice.fsdp_size,
         "ref.param_offload": choice.ref_param_offload,
+        "critic.param_offload": choice.critic_param_offload,
+        "critic.optimizer_offload": choice.critic_optimizer_offload,
+        "critic.gradient_checkpointing": choice.critic_gradient_checkpointing,
     }
     return all(expected[key] == value for key, value in pins.items() if key in expected)
 
@@ -557,7 +582,8 @@ def _choices_for(request: SolveRequest, sequence_len: int, feasibility_only: boo
 
 def _savings(choice: TrainingChoice) -> tuple[int, ...]:
     return (choice.param_offload + choice.optimizer_offload + choice.ref_param_offload
-            + choice.gradient_checkpointing + choice.activation_offload,)
+            + choice.gradient_checkpointing + choice.activation_offload + choice.critic_param_offload
+            + choice.critic_optimizer_offload + choice.critic_gradient_checkpointing,)
 
 
 def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool = False,
@@ -586,7 +612,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
         if request.lora == "auto" and choice.lora_rank and full_ft_feasible:
             continue  # full fine-tuning fits: LoRA is only the fallback
         resident_key = (choice.lora_rank, choice.param_offload, choice.optimizer_offload, choice.ref_param_offload,
-                        choice.fsdp_size, choice.ulysses)
+                        choice.fsdp_size, choice.critic_param_offload, choice.critic_optimizer_offload,
+                        choice.ulysses)
         if choice.gradient_checkpointing and resident_key in budgets_at_cap:
             continue  # recompute would only slow a step whose budgets are already as large as useful
         plan = apply_knobs(apply_training_choice(skeleton, choice, request), pins)
@@ -599,7 +626,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             budgets_at_cap.add(resident_key)
         for tp in tp_options:
             evaluated += 1
-            rollout_key = (*resident_key[:5], tp)
+            rollout_key = (*resident_key[:-1], tp)
             if rollout_key not in rollout_cache:
                 solved_rollout = solve_rollout(trained, tp, request)
                 rollout_cache[rollout_key] = solved_rollout.rollout if solved_rollout is not None else None

@@ -247,3 +247,22 @@ def test_a_broken_batch_rule_is_named_before_memory_with_the_nearest_valid_value
             assert any(s.change == f"--{flag.replace('_', '-')} {value}" for s in result.diagnosis.suggestions)
         repaired = solve(attrs.evolve(request, **change))
         assert repaired.plan is not None and check_plan(repaired.plan).valid
+
+
+def test_critic_memory_knobs_are_searched_apart_from_the_actors():
+    request = request_for("llama-3.1-8b", gpus=8, gpu_mem=24.0, prompt=512, response=512, batch=32, n=1,
+                          algorithm="gae")
+    choices = list(training_choices(request, 1024))
+    critic_knobs = {(c.critic_param_offload, c.critic_optimizer_offload, c.critic_gradient_checkpointing)
+                    for c in choices if not c.param_offload and not c.optimizer_offload}
+    # The critic may offload while the actor keeps its state on the GPU.
+    assert (True, True, True) in critic_knobs and (False, False, False) in critic_knobs
+    plan = solve(request).plan
+    assert plan is not None and check_plan(plan).valid and predict_memory(plan, DEFAULT_PROFILE).fits
+
+
+def test_pinned_critic_offload_is_kept():
+    pins = {"critic.optimizer_offload": True, "critic.param_offload": False}
+    plan = solve(request_for("qwen2.5-0.5b", gpus=2, gpu_mem=24.0, prompt=256, response=256, batch=8, n=2,
+                             algorithm="gae", pins=pins)).plan
+    assert plan is not None and plan.critic.optimizer_offload and not plan.critic.param_offload
