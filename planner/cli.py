@@ -261,14 +261,13 @@ def solve(
         if json_output:
             print(json.dumps({
                 "feasible": False, "binding": result.diagnosis.binding, "message": result.diagnosis.message,
-                "suggestions": [{"change": s.change, "detail": s.detail} for s in result.diagnosis.suggestions],
+                "suggestions": [{"change": s.change, "detail": s.detail, "step_time_s": s.step_time_s,
+                                 "gpus": s.gpus} for s in result.diagnosis.suggestions],
                 "evaluated": result.evaluated,
             }, indent=2))
         else:
             console = _console(stderr=True)
             console.print(f"[bold red]no feasible plan[/] {result.diagnosis.message}", markup=True)
-            for suggestion in result.diagnosis.suggestions[1:]:
-                console.print(f"  also fits: {suggestion.change} ({suggestion.detail})")
         raise typer.Exit(EXIT_INFEASIBLE)
     plan = result.plan
     verification: list[dict[str, Any]] = []

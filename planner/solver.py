@@ -113,11 +113,16 @@ class Candidate:
 
 @frozen(kw_only=True)
 class Suggestion:
-    """One change to the request that makes it fit."""
+    """One change to the request that makes it fit, re-solved: its predicted step and the GPUs it takes."""
 
     change: str
     detail: str
-    relative_change: float
+    step_time_s: float | None = None
+    gpus: int = 0
+    # GPUs x GiB each: the hardware bill's proxy (a bigger GPU is a pricier one).
+    gpu_memory_gib: float = 0.0
+    # False for changes to what is trained (LoRA, lengths, batch) rather than to the hardware.
+    keeps_workload: bool = True
 
 
 @frozen(kw_only=True)
@@ -338,8 +343,17 @@ def _largest_fitting(low: int, high: int, fits) -> int | None:
     return lo
 
 
-def _peak_within_gpu(report: MemoryReport, name: str) -> bool:
-    return all(p.peak_bytes <= report.gpu_capacity_bytes for p in report.phases if p.name == name)
+# `--objective memory` keeps this share of each GPU free rather than filling it with KV cache and budgets.
+MEMORY_OBJECTIVE_HEADROOM = 0.1
+
+
+def usable_gpu_bytes(capacity_bytes: int, objective: Objective) -> int:
+    return int(capacity_bytes * (1 - MEMORY_OBJECTIVE_HEADROOM)) if objective == "memory" else capacity_bytes
+
+
+def _peak_within_gpu(report: MemoryReport, name: str, objective: Objective = "throughput") -> bool:
+    limit = usable_gpu_bytes(report.gpu_capacity_bytes, objective)
+    return all(p.peak_bytes <= limit for p in report.phases if p.name == name)
 
 
 def phase_fits(report: MemoryReport, name: str) -> bool:
@@ -350,9 +364,10 @@ def phase_fits(report: MemoryReport, name: str) -> bool:
     return fits
 
 
-def _phase_fits(plan: Plan, phase: str, profile: Profile) -> bool:
+def _phase_fits(plan: Plan, phase: str, request: SolveRequest) -> bool:
     """A training or forward phase alone: its peak depends on that pass's token budget only."""
-    return predict_phase(plan, phase, profile).peak_bytes <= plan.cluster.gpu_memory_bytes
+    peak = predict_phase(plan, phase, request.profile).peak_bytes
+    return peak <= usable_gpu_bytes(plan.cluster.gpu_memory_bytes, request.objective)
 
 
 def _budget_floor(plan: Plan) -> int:
@@ -391,17 +406,16 @@ def _solve_pass(plan: Plan, request: SolveRequest, *, phase: str, dynamic: bool,
     `pinned_keys` are the pass's (token budget, micro batch) keys: a pinned one is already in
     `plan` and is an input here, so the pass only checks that its phase fits with it.
     """
-    profile = request.profile
     budget_key, micro_key = pinned_keys
     if (budget_key if dynamic else micro_key) in request.pins:
-        return plan if _phase_fits(plan, phase, profile) else None
+        return plan if _phase_fits(plan, phase, request) else None
     if dynamic:
         budget = _largest_fitting(_budget_floor(plan), cap,
-                                  lambda b: _phase_fits(with_budget(plan, b), phase, profile))
+                                  lambda b: _phase_fits(with_budget(plan, b), phase, request))
         return None if budget is None else with_budget(plan, budget)
     if chunk <= 0:
         return None
-    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(plan, m), phase, profile))
+    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(plan, m), phase, request))
     return None if micro is None else with_micro(plan, micro)
 
 
@@ -482,7 +496,7 @@ def solve_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) 
         # so "fits" is monotone and bisection finds the largest util; whether that util leaves room
         # for one max_model_len sequence of KV is checked after.
         report = predict_memory(candidate, profile)
-        return _peak_within_gpu(report, "rollout") and _peak_within_gpu(report, "weight_sync")
+        return all(_peak_within_gpu(report, phase, request.objective) for phase in ("rollout", "weight_sync"))
 
     if "rollout.gpu_memory_utilization" in pins:
         if not fits(plan):
@@ -641,7 +655,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 gpu_memory_utilization=cached.gpu_memory_utilization, max_num_seqs=cached.max_num_seqs,
                 max_num_batched_tokens=cached.max_num_batched_tokens))
             report = predict_memory(solved, request.profile)
-            if not (report.fits and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
+            within = _gpu_peak(report) <= usable_gpu_bytes(report.gpu_capacity_bytes, request.objective)
+            if not (report.fits and within and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
                 closest = _closer(closest, solved, request)
                 continue
             feasible += 1
@@ -816,7 +831,8 @@ def diagnose_rules(request: SolveRequest, broken: list[Violation], response_len:
     for change, fixed in _rule_fixed_requests(request, broken, response_len):
         if _fits(fixed, response_len):
             suggestions.append(Suggestion(change=change, detail="the nearest value verl accepts; re-solved, it fits",
-                                          relative_change=0.0))
+                                          gpus=fixed.cluster.world_size,
+                                          gpu_memory_gib=fixed.cluster.world_size * fixed.cluster.gpu.memory_gib))
     if suggestions:
         message = (f"Nothing fits: {binding} The nearest valid values that fit: "
                    + "; ".join(s.change for s in suggestions) + ".")
@@ -831,7 +847,86 @@ def _fits(request: SolveRequest, response_len: int) -> bool:
     return bool(ranked)
 
 
+# Suggestions shown when nothing fits: the best few, so the user can weigh them.
+SUGGESTIONS_SHOWN = 3
+# How far each axis is stretched looking for a fit.
+GPU_COUNT_FACTORS = (2, 4, 8, 16, 32, 64)
+HOST_MEMORY_FACTORS = (2, 4, 8)
+HARDWARE_TIER_STEP = 0.1
+
+
+def _scaled_cluster(cluster: Cluster, factor: int, gpu: Any = None) -> Cluster:
+    """`factor` x the GPUs, filling nodes of up to 8 (or the current node size) first."""
+    total = cluster.world_size * factor
+    per_node = min(total, max(cluster.gpus_per_node, 8))
+    if total % per_node:
+        per_node = cluster.gpus_per_node
+    return attrs.evolve(cluster, gpu=gpu or cluster.gpu, nodes=total // per_node, gpus_per_node=per_node)
+
+
+def _change_candidates(request: SolveRequest, response_len: int) -> Iterator[tuple[str, str, bool, SolveRequest]]:
+    """(flags, detail, keeps_workload, request) for each axis, at the smallest step along it that fits."""
+    from rlplan.planner.presets import gpu_presets  # late: only a failed solve needs the table
+
+    cluster = request.cluster
+    # The same GPU kind or one at least as fast (a bigger but slower GPU is not a fix a user wants),
+    # each at the fewest GPUs that fit.
+    kinds = [cluster.gpu] + sorted((g for g in gpu_presets().values() if g.name != cluster.gpu.name
+                                    and g.memory_gib > cluster.gpu.memory_gib
+                                    and g.bf16_tflops >= cluster.gpu.bf16_tflops), key=lambda g: g.memory_gib)
+    for gpu in kinds:
+        for factor in (1, *GPU_COUNT_FACTORS):
+            if gpu is cluster.gpu and factor == 1:
+                continue
+            bigger = _scaled_cluster(cluster, factor, gpu)
+            candidate = attrs.evolve(request, cluster=bigger)
+            if _fits(candidate, response_len):
+                flags = ([] if gpu is cluster.gpu else [f"--gpu {gpu.name}"]) + (
+                    [f"--gpus {bigger.world_size}"] if factor > 1 else [])
+                yield " ".join(flags), f"{bigger.world_size} x {gpu.name} ({gpu.memory_gib:g} GiB)", True, candidate
+                break
+    for factor in HOST_MEMORY_FACTORS:
+        host = cluster.host_memory_gib * factor
+        candidate = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=host))
+        if _fits(candidate, response_len):
+            yield f"--host-mem {host:g}", f"{host:g} GiB of host RAM per node", True, candidate
+            break
+    if request.lora == "off" or request.lora == 0:
+        rank = default_lora_rank(request.model.arch)
+        candidate = attrs.evolve(request, lora=rank)
+        if _fits(candidate, response_len):
+            yield f"--lora {rank}", f"LoRA rank {rank} instead of full fine-tuning", False, candidate
+    shorter = response_len
+    while shorter > 256:
+        shorter //= 2
+        candidate = attrs.evolve(request, response_len=shorter, max_response_len=None)
+        if _fits(candidate, shorter):
+            yield f"--response-len {shorter}", f"responses of {shorter} tokens instead of {response_len}", False, \
+                candidate
+            break
+    smaller = request.train_batch_size
+    while smaller > 1:
+        smaller //= 2
+        mini = None if request.ppo_mini_batch_size is None else min(request.ppo_mini_batch_size, smaller)
+        candidate = attrs.evolve(request, train_batch_size=smaller, ppo_mini_batch_size=mini)
+        if _fits(candidate, response_len):
+            yield f"--train-batch-size {smaller}", f"{smaller} prompts per step instead of " \
+                f"{request.train_batch_size}", False, candidate
+            break
+
+
+def _hardware_tier(suggestion: Suggestion) -> int:
+    """GPU memory bought, in steps of 10 %: hardware within one step costs about the same."""
+    return math.floor(math.log(max(suggestion.gpu_memory_gib, 1.0)) / math.log(1 + HARDWARE_TIER_STEP))
+
+
 def diagnose(request: SolveRequest, closest: Candidate | None, response_len: int) -> Diagnosis:
+    """The binding constraint, and the changes along each axis that fit, ranked by what they cost the user.
+
+    Each change is re-solved in full: hardware changes, which keep the run the user asked for,
+    come before changes to what is trained; within each, less GPU memory bought (GPUs x GiB, the
+    price proxy), then the shorter predicted step.
+    """
     if closest is not None:
         limit = closest.memory.binding_constraint
         over = -limit.headroom_bytes / GIB
@@ -842,50 +937,25 @@ def diagnose(request: SolveRequest, closest: Candidate | None, response_len: int
     else:
         binding = "no candidate satisfied the pinned knobs and verl's rules"
     suggestions: list[Suggestion] = []
-    cluster = request.cluster
-    for factor in (2, 4, 8):
-        bigger = attrs.evolve(cluster, nodes=cluster.nodes * factor) if cluster.world_size >= cluster.gpus_per_node \
-            else attrs.evolve(cluster, gpus_per_node=cluster.gpus_per_node * factor)
-        if _fits(attrs.evolve(request, cluster=bigger), response_len):
-            suggestions.append(Suggestion(change=f"--gpus {bigger.world_size}",
-                                          detail=f"{factor}x the GPUs ({bigger.world_size})",
-                                          relative_change=float(factor - 1)))
-            break
-    from rlplan.planner.presets import gpu_presets  # late: only a failed solve needs the table
-
-    larger = sorted((g for g in gpu_presets().values() if g.memory_gib > cluster.gpu.memory_gib),
-                    key=lambda g: g.memory_gib)
-    for gpu in larger:
-        if _fits(attrs.evolve(request, cluster=attrs.evolve(cluster, gpu=gpu)), response_len):
-            suggestions.append(Suggestion(change=f"--gpu {gpu.name}", detail=f"{gpu.memory_gib:g} GiB per GPU",
-                                          relative_change=gpu.memory_gib / cluster.gpu.memory_gib - 1))
-            break
-    shorter = response_len
-    while shorter > 256:
-        shorter //= 2
-        if _fits(request, shorter):
-            suggestions.append(Suggestion(change=f"--response-len {shorter}",
-                                          detail=f"responses of {shorter} tokens instead of {response_len}",
-                                          relative_change=1 - shorter / response_len))
-            break
-    smaller = request.train_batch_size
-    while smaller > 1:
-        smaller //= 2
-        mini = None if request.ppo_mini_batch_size is None else min(request.ppo_mini_batch_size, smaller)
-        if _fits(attrs.evolve(request, train_batch_size=smaller, ppo_mini_batch_size=mini), response_len):
-            suggestions.append(Suggestion(change=f"--train-batch-size {smaller}",
-                                          detail=f"{smaller} prompts per step instead of {request.train_batch_size}",
-                                          relative_change=1 - smaller / request.train_batch_size))
-            break
-    if request.lora == "off" or (isinstance(request.lora, int) and request.lora == 0):
-        rank = default_lora_rank(request.model.arch)
-        if _fits(attrs.evolve(request, lora=rank), response_len):
-            suggestions.append(Suggestion(change=f"--lora {rank}", detail=f"LoRA rank {rank} instead of full "
-                                          "fine-tuning", relative_change=0.5))
-    suggestions.sort(key=lambda s: s.relative_change)
+    for change, detail, keeps_workload, candidate in _change_candidates(request, response_len):
+        solved = solve(candidate)
+        if solved.best is None:
+            continue
+        suggestions.append(Suggestion(change=change, detail=detail, keeps_workload=keeps_workload,
+                                      step_time_s=round(solved.best.step_time.total_seconds, 1),
+                                      gpus=candidate.cluster.world_size,
+                                      gpu_memory_gib=candidate.cluster.world_size * candidate.cluster.gpu.memory_gib))
+    suggestions.sort(key=lambda s: (not s.keeps_workload, _hardware_tier(s), s.step_time_s))
+    # One suggestion per tier: three variants of "4 x 80 GiB" are one choice for the user, not three.
+    shown: dict[tuple[bool, int], Suggestion] = {}
+    for suggestion in suggestions:
+        shown.setdefault((suggestion.keeps_workload, _hardware_tier(suggestion)), suggestion)
+    suggestions = list(shown.values())[:SUGGESTIONS_SHOWN]
     if suggestions:
-        message = f"Nothing fits: {binding}. The smallest change that fits: {suggestions[0].change} ({suggestions[0].detail})."
+        ranked = "; ".join(f"{s.change} ({s.detail}, ~{s.step_time_s:g} s per step)" for s in suggestions)
+        message = f"Nothing fits: {binding}. Changes that fit, best first (each re-solved): {ranked}."
     else:
-        message = f"Nothing fits: {binding}. No single change tried (8x GPUs, a bigger GPU, shorter responses, a " \
-                  "smaller batch, LoRA) makes it fit."
+        message = (f"Nothing fits: {binding}. No change tried ({GPU_COUNT_FACTORS[-1]}x the GPUs, a bigger GPU "
+                   f"at least as fast, {HOST_MEMORY_FACTORS[-1]}x the host RAM, LoRA, shorter responses, a "
+                   "smaller batch) makes it fit.")
     return Diagnosis(binding=binding, message=message, suggestions=tuple(suggestions))

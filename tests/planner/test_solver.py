@@ -266,3 +266,64 @@ def test_pinned_critic_offload_is_kept():
     plan = solve(request_for("qwen2.5-0.5b", gpus=2, gpu_mem=24.0, prompt=256, response=256, batch=8, n=2,
                              algorithm="gae", pins=pins)).plan
     assert plan is not None and plan.critic.optimizer_offload and not plan.critic.param_offload
+
+
+def preset_request(model: str, gpu: str, gpus: int, *, host_mem: float = 1024.0, **changes) -> SolveRequest:
+    from rlplan.planner.presets import resolve_gpu
+
+    resolved = resolve_model(model)
+    per_node = min(gpus, 8)
+    return SolveRequest(
+        model=ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch),
+        cluster=Cluster(gpu=resolve_gpu(gpu), nodes=gpus // per_node, gpus_per_node=per_node,
+                        host_memory_gib=host_mem),
+        prompt_len=1024, response_len=2048, **changes,
+    )
+
+
+def _apply_suggestion(request: SolveRequest, change: str) -> SolveRequest:
+    """A suggestion's flags applied to the request, as the CLI would read them."""
+    from rlplan.planner.presets import resolve_gpu
+    from rlplan.planner.solver import _scaled_cluster
+
+    flags = dict(zip(change.split()[::2], change.split()[1::2], strict=True))
+    cluster = request.cluster
+    if "--gpu" in flags:
+        cluster = attrs.evolve(cluster, gpu=resolve_gpu(flags["--gpu"]))
+    if "--gpus" in flags:
+        cluster = _scaled_cluster(cluster, int(flags["--gpus"]) // cluster.world_size)
+    if "--host-mem" in flags:
+        cluster = attrs.evolve(cluster, host_memory_gib=float(flags["--host-mem"]))
+    return attrs.evolve(request, cluster=cluster)
+
+
+@pytest.mark.parametrize(("model", "gpu", "gpus", "host_mem", "lora", "expected_flag"), [
+    ("llama-3.1-70b", "h100-80g", 16, 1024.0, "off", "--gpus"),
+    ("qwen2.5-72b", "rtx4090-24g", 1, 1024.0, "auto", "--gpu"),
+    ("llama-3.1-405b", "h100-80g", 64, 512.0, "auto", "--host-mem"),
+])
+def test_nothing_fits_suggests_changes_that_fit_on_a_gpu_at_least_as_fast(model, gpu, gpus, host_mem, lora,
+                                                                        expected_flag):
+    from rlplan.planner.presets import resolve_gpu
+
+    request = preset_request(model, gpu, gpus, host_mem=host_mem, lora=lora)
+    diagnosis = solve(request).diagnosis
+    assert diagnosis is not None and 1 <= len(diagnosis.suggestions) <= 3, diagnosis
+    assert any(expected_flag in s.change.split() for s in diagnosis.suggestions), diagnosis.message
+    for suggestion in diagnosis.suggestions:
+        fixed = _apply_suggestion(request, suggestion.change)
+        assert fixed.cluster.gpu.bf16_tflops >= resolve_gpu(gpu).bf16_tflops  # never a slower GPU
+        plan = solve(fixed).plan
+        assert plan is not None and check_plan(plan).valid, suggestion.change
+
+
+def test_objective_memory_leaves_headroom_on_every_phase():
+    from rlplan.planner.solver import MEMORY_OBJECTIVE_HEADROOM
+
+    request = preset_request("qwen2.5-7b", "a100-40g", 8, objective="memory")
+    plan = solve(request).plan
+    assert plan is not None
+    report = predict_memory(plan, DEFAULT_PROFILE)
+    assert max(p.peak_bytes for p in report.phases) <= (1 - MEMORY_OBJECTIVE_HEADROOM) * report.gpu_capacity_bytes
+    filled = solve(attrs.evolve(request, objective="throughput")).plan
+    assert filled is not None and filled.prediction.gpu_peak_gib > plan.prediction.gpu_peak_gib
