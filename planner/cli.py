@@ -166,6 +166,8 @@ def solve(
     from_plan: Annotated[str | None, typer.Option("--from", help="Keep this plan's workload; solve the knobs.")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    top: Annotated[int | None, typer.Option("--top", help="Also list the N best candidates (knobs, peak GiB per "
+                                            "phase, step time).")] = None,
     verify: Annotated[bool, typer.Option(help="Measure the top candidates' training step with the CPU tracker "
                                          "(needs the runtime extra) and keep the first that fits.")] = False,
 ) -> None:
@@ -175,11 +177,11 @@ def solve(
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.planner.presets import custom_gpu, resolve_gpu
     from rlplan.planner.report import solve_summary
-    from rlplan.planner.solver import SolveRequest
+    from rlplan.planner.solver import RUNNERS_UP, SolveRequest, searched_knobs
     from rlplan.planner.solver import solve as run_solver
 
     # A zero or negative count is a mistake, never a request for the default.
-    for flag, value in (("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
+    for flag, value in (("--top", top), ("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
                         ("--train-batch-size", train_batch_size), ("--n", n),
                         ("--ppo-mini-batch-size", ppo_mini_batch_size), ("--prompt-len", prompt_len),
                         ("--response-len", response_len), ("--max-response-len", max_response_len)):
@@ -255,7 +257,11 @@ def solve(
         lora=int(lora) if lora.isdigit() else lora, objective=objective, pins=parse_fixes(fix or []),
         base=base, profile=load_profile(profile),
     )
-    result = run_solver(request)
+    result = run_solver(request, keep=max(top or 0, RUNNERS_UP + 1))
+    ranked = [result.best, *result.runners_up][:top or 0] if result.best is not None else []
+    top_rows = [{"rank": rank, "step_time_s": c.plan.prediction.step_time_s, "gpu_peak_gib": c.plan.prediction.gpu_peak_gib,
+                 "phase_peak_gib": c.plan.prediction.phase_peak_gib, "knobs": searched_knobs(c.plan)}
+                for rank, c in enumerate(ranked, start=1)]
     if result.best is None:
         assert result.diagnosis is not None
         if json_output:
@@ -285,10 +291,17 @@ def solve(
     if output:
         write_text(output, plan_to_toml(plan), "--output")
     if json_output:
+        from rlplan.planner.planfile import plan_to_dict
         from rlplan.planner.report import validation_json
 
         payload = validation_json(plan, request.profile)
-        payload.update({"plan_file": output, "evaluated": result.evaluated, "feasible_candidates": result.feasible})
+        knobs = plan_to_dict(plan)
+        knobs["model"].pop("arch", None)  # the architecture is an input, not a knob; --json stays readable
+        knobs.pop("prediction", None)
+        payload.update({"plan_file": output, "evaluated": result.evaluated, "feasible_candidates": result.feasible,
+                        "plan": knobs})
+        if top:
+            payload["top"] = top_rows
         if verify:
             payload["verification"] = verification
         print(json.dumps(payload, indent=2))
@@ -296,6 +309,10 @@ def solve(
         console = _console()
         for renderable in solve_summary(plan, result, output, request.profile):
             console.print(renderable)
+        if top:
+            from rlplan.planner.report import top_candidates_table
+
+            console.print(top_candidates_table(top_rows))
         if not output:
             console.print("(plan not written: pass -o plan.toml)")
 

@@ -705,7 +705,35 @@ def finalize(candidate: Candidate, profile: Profile) -> Plan:
     return candidate.plan.evolve(prediction=prediction)
 
 
-def solve(request: SolveRequest) -> SolveResult:
+# The knobs the search sets, as `solve --top` shows each candidate's.
+SEARCHED_KNOBS = (
+    "model.lora.rank", "actor.param_offload", "actor.optimizer_offload", "model.gradient_checkpointing",
+    "model.activation_offload", "actor.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.param_offload",
+    "critic.param_offload", "critic.optimizer_offload", "critic.gradient_checkpointing",
+    "actor.ppo_max_token_len_per_gpu", "actor.ppo_micro_batch_size_per_gpu",
+    "rollout.log_prob_max_token_len_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu",
+    "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
+    "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.max_num_seqs",
+    "rollout.max_num_batched_tokens",
+)
+
+
+def searched_knobs(plan: Plan) -> dict[str, Any]:
+    """The searched knobs of a plan by dotted key; the critic's and the reference's only when the plan has one."""
+    knobs = {}
+    for dotted in SEARCHED_KNOBS:
+        if (dotted.startswith("critic.") and not plan.uses_critic) or (
+                dotted.startswith("ref.") and not plan.uses_reference):
+            continue
+        value: Any = plan
+        for name in dotted.split("."):
+            value = getattr(value, name)
+        knobs[dotted] = value
+    return knobs
+
+
+def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1) -> SolveResult:
+    """The best plan, and up to `keep` - 1 runners-up best first (for --verify and --top)."""
     response_len = request.response_len
     evaluated_total = 0
     # A pin of the wrong type or an unknown key is bad input, whether or not any candidate gets built.
@@ -715,7 +743,7 @@ def solve(request: SolveRequest) -> SolveResult:
     ranked, evaluated, feasible, closest = _search(request, response_len)
     evaluated_total += evaluated
     if ranked:
-        finalized = [attrs.evolve(c, plan=finalize(c, request.profile)) for c in ranked[:RUNNERS_UP + 1]]
+        finalized = [attrs.evolve(c, plan=finalize(c, request.profile)) for c in ranked[:max(keep, 1)]]
         return SolveResult(best=finalized[0], evaluated=evaluated_total, feasible=feasible,
                            runners_up=tuple(finalized[1:]))
     broken = request_rule_violations(request, response_len)

@@ -181,3 +181,33 @@ def test_zero_or_negative_solve_flags_are_bad_input_not_defaults(flag, value):
     result = invoke(*SOLVE_7B, flag, value)
     assert result.exit_code == 2, result.output
     assert flag in result.output
+
+
+def test_solve_top_lists_the_best_candidates_with_knobs_phases_and_step_time():
+    result = invoke(*SOLVE_7B, "--top", "3", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    top = payload["top"]
+    assert [row["rank"] for row in top] == [1, 2, 3]
+    assert [row["step_time_s"] for row in top] == sorted(row["step_time_s"] for row in top)
+    for row in top:
+        assert {"actor_update", "rollout"} <= set(row["phase_peak_gib"])
+        assert {"rollout.tensor_model_parallel_size", "actor.param_offload"} <= set(row["knobs"])
+    # The first is the chosen plan.
+    assert top[0]["knobs"]["rollout.max_num_seqs"] == payload["plan"]["rollout"]["max_num_seqs"]
+    table = invoke(*SOLVE_7B, "--top", "2")
+    assert table.exit_code == 0 and "The 2 best candidates" in table.output
+
+
+def test_solve_json_carries_the_chosen_plans_knobs(solved_plan):
+    result = invoke(*SOLVE_7B, "--json")
+    knobs = json.loads(result.output)["plan"]
+    written = plan_from_toml(solved_plan.read_text())
+    assert knobs["actor"]["ppo_max_token_len_per_gpu"] == written.actor.ppo_max_token_len_per_gpu
+    assert knobs["rollout"]["gpu_memory_utilization"] == written.rollout.gpu_memory_utilization
+    assert "arch" not in knobs["model"]
+
+
+def test_solve_top_zero_is_bad_input():
+    result = invoke(*SOLVE_7B, "--top", "0")
+    assert result.exit_code == 2 and "--top" in result.output
