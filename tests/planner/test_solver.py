@@ -327,3 +327,52 @@ def test_objective_memory_leaves_headroom_on_every_phase():
     assert max(p.peak_bytes for p in report.phases) <= (1 - MEMORY_OBJECTIVE_HEADROOM) * report.gpu_capacity_bytes
     filled = solve(attrs.evolve(request, objective="throughput")).plan
     assert filled is not None and filled.prediction.gpu_peak_gib > plan.prediction.gpu_peak_gib
+
+
+PIN_CHOICES = {
+    "actor.param_offload": st.booleans(),
+    "actor.optimizer_offload": st.booleans(),
+    "model.gradient_checkpointing": st.booleans(),
+    "ref.param_offload": st.booleans(),
+    "critic.optimizer_offload": st.booleans(),
+    "model.lora.rank": st.sampled_from([0, 32]),
+    "rollout.gpu_memory_utilization": st.sampled_from([0.3, 0.5, 0.7]),
+    "rollout.tensor_model_parallel_size": st.sampled_from([1, 2]),
+    "rollout.max_num_seqs": st.sampled_from([16, 64, 256]),
+    "actor.ppo_max_token_len_per_gpu": st.sampled_from([4096, 8192]),
+    "actor.use_kl_loss": st.booleans(),
+}
+
+
+@st.composite
+def pinned_requests(draw):
+    gpus = draw(st.sampled_from([2, 4, 8]))
+    keys = draw(st.lists(st.sampled_from(sorted(PIN_CHOICES)), max_size=3, unique=True))
+    pins = {key: draw(PIN_CHOICES[key]) for key in keys}
+    return request_for(
+        draw(st.sampled_from(["qwen2.5-0.5b", "qwen2.5-7b"])), gpus=gpus,
+        gpu_mem=draw(st.sampled_from([24.0, 80.0])), prompt=draw(st.sampled_from([256, 1024])),
+        response=draw(st.sampled_from([512, 2048])), batch=2 * gpus * draw(st.integers(1, 8)),
+        n=draw(st.sampled_from([2, 4])), lora=draw(st.sampled_from(["auto", "off"])),
+        algorithm=draw(st.sampled_from(["grpo", "gae"])), pins=pins,
+    )
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pinned_requests())
+def test_every_plan_solve_writes_passes_validate_and_keeps_every_pinned_value(request):
+    from rlplan.planner.planfile import plan_from_toml, plan_to_toml
+    from rlplan.planner.report import validation_json
+
+    result = solve(request)
+    if result.best is None:
+        assert result.diagnosis is not None and result.diagnosis.message
+        return
+    written = plan_from_toml(plan_to_toml(result.plan))  # what `solve -o` writes and `validate` reads
+    verdict = validation_json(written, request.profile)
+    assert verdict["valid"] and verdict["feasible"], (verdict["errors"], request.pins)
+    for dotted, value in request.pins.items():
+        actual: object = written
+        for name in dotted.split("."):
+            actual = getattr(actual, name)
+        assert actual == value, (dotted, actual, value)
