@@ -174,7 +174,7 @@ def solve(
     """Solve every knob for a model, a cluster and a workload; write plan.toml."""
     from rlplan.planner.hardware import Cluster
     from rlplan.planner.plan import ModelSection
-    from rlplan.planner.planfile import plan_to_toml
+    from rlplan.planner.planfile import plan_from_toml, plan_to_toml
     from rlplan.planner.presets import custom_gpu, resolve_gpu
     from rlplan.planner.report import solve_summary
     from rlplan.planner.solver import RUNNERS_UP, SolveRequest, searched_knobs
@@ -289,7 +289,10 @@ def solve(
                 _console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
             raise typer.Exit(EXIT_INFEASIBLE)
     if output:
-        write_text(output, plan_to_toml(plan), "--output")
+        text = plan_to_toml(plan)
+        # Read back as `validate` will: a plan it would reject (a pin its strict reader refuses) is not written.
+        plan_from_toml(text, source="the solved plan")
+        write_text(output, text, "--output")
     if json_output:
         from rlplan.planner.planfile import plan_to_dict
         from rlplan.planner.report import validation_json

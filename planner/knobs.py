@@ -49,6 +49,8 @@ def _coerce(value: Any, hint: Any, dotted: str) -> Any:
         raise PlanError(field=dotted, message=f"expects true or false, got {value!r}.", fix=f"pass {dotted}=true")
     if target is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise PlanError(field=dotted, message=f"expects an integer, got {value!r}.", fix=f"pass {dotted}=<integer>")
+    if target is str and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)  # a name that reads as a number (experiment_name=7) is the text the user wrote
     if target is str and not isinstance(value, str):
         raise PlanError(field=dotted, message=f"expects a string, got {value!r}.", fix=f'pass {dotted}="<text>"')
     return value

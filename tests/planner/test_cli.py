@@ -211,3 +211,14 @@ def test_solve_json_carries_the_chosen_plans_knobs(solved_plan):
 def test_solve_top_zero_is_bad_input():
     result = invoke(*SOLVE_7B, "--top", "0")
     assert result.exit_code == 2 and "--top" in result.output
+
+
+def test_fix_string_and_list_values_in_hydra_syntax_round_trip(tmp_path):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "--fix", "trainer.experiment_name=7", "--fix", "model.lora.target_modules=[q_proj,v_proj]",
+                    "--fix", "model.lora.rank=32", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    plan = plan_from_toml(path.read_text())
+    assert plan.trainer.experiment_name == "7"
+    assert plan.model.lora.target_modules == ("q_proj", "v_proj")
+    assert invoke("validate", str(path)).exit_code == 0
