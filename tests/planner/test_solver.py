@@ -376,3 +376,18 @@ def test_every_plan_solve_writes_passes_validate_and_keeps_every_pinned_value(re
         for name in dotted.split("."):
             actual = getattr(actual, name)
         assert actual == value, (dotted, actual, value)
+
+
+def test_ppo_8b_on_four_24g_gpus_names_the_critic_update_and_changes_that_fit():
+    # The full-parameter critic's update needs its fp32 params, grads and AdamW state on the GPU
+    # even when offloaded between steps (verl reloads them for the step): ~43 GiB on 4 ranks.
+    request = request_for("llama-3.1-8b", gpus=4, gpu_mem=24.0, prompt=512, response=512, batch=32, n=1,
+                          algorithm="gae")
+    result = solve(request)
+    assert result.best is None and result.diagnosis is not None
+    assert "critic_update" in result.diagnosis.binding
+    assert result.diagnosis.suggestions
+    for suggestion in result.diagnosis.suggestions:
+        fixed = _apply_suggestion(request, suggestion.change)
+        plan = solve(fixed).plan
+        assert plan is not None and check_plan(plan).valid, suggestion.change
