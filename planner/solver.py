@@ -902,17 +902,27 @@ def _change_candidates(request: SolveRequest, response_len: int) -> Iterator[tup
     kinds = [cluster.gpu] + sorted((g for g in gpu_presets().values() if g.name != cluster.gpu.name
                                     and g.memory_gib > cluster.gpu.memory_gib
                                     and g.bf16_tflops >= cluster.gpu.bf16_tflops), key=lambda g: g.memory_gib)
+    # More or bigger GPUs may also need more host RAM (a large model's shared-memory copy per node):
+    # each GPU step tries the host steps too, so a change needing both is still found.
     for gpu in kinds:
-        for factor in (1, *GPU_COUNT_FACTORS):
+        found = False
+        for factor, host_factor in itertools.product((1, *GPU_COUNT_FACTORS), (1, *HOST_MEMORY_FACTORS)):
             if gpu is cluster.gpu and factor == 1:
                 continue
-            bigger = _scaled_cluster(cluster, factor, gpu)
+            host = cluster.host_memory_gib * host_factor
+            bigger = attrs.evolve(_scaled_cluster(cluster, factor, gpu), host_memory_gib=host)
             candidate = attrs.evolve(request, cluster=bigger)
             if _fits(candidate, response_len):
                 flags = ([] if gpu is cluster.gpu else [f"--gpu {gpu.name}"]) + (
-                    [f"--gpus {bigger.world_size}"] if factor > 1 else [])
-                yield " ".join(flags), f"{bigger.world_size} x {gpu.name} ({gpu.memory_gib:g} GiB)", True, candidate
+                    [f"--gpus {bigger.world_size}"] if factor > 1 else []) + (
+                    [f"--host-mem {host:g}"] if host_factor > 1 else [])
+                detail = f"{bigger.world_size} x {gpu.name} ({gpu.memory_gib:g} GiB)" + (
+                    f", {host:g} GiB host RAM per node" if host_factor > 1 else "")
+                yield " ".join(flags), detail, True, candidate
+                found = True
                 break
+        if found:
+            continue
     for factor in HOST_MEMORY_FACTORS:
         host = cluster.host_memory_gib * factor
         candidate = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=host))
