@@ -857,8 +857,10 @@ def diagnose_rules(request: SolveRequest, broken: list[Violation], response_len:
         binding += " Also broken: " + ", ".join(f"`{v.rule}`" for v in broken[1:]) + "."
     suggestions = []
     for change, fixed in _rule_fixed_requests(request, broken, response_len):
-        if _fits(fixed, response_len):
+        solved = solve(fixed) if _fits(fixed, response_len) else None
+        if solved is not None and solved.best is not None:
             suggestions.append(Suggestion(change=change, detail="the nearest value verl accepts; re-solved, it fits",
+                                          step_time_s=round(solved.best.step_time.total_seconds, 1),
                                           gpus=fixed.cluster.world_size,
                                           gpu_memory_gib=fixed.cluster.world_size * fixed.cluster.gpu.memory_gib))
     if suggestions:
