@@ -108,7 +108,7 @@ def resolve_model_arg(spec: str):
 
 
 def parse_fixes(fixes: list[str]) -> dict[str, Any]:
-    from rlplan.planner.planfile import parse_override_value
+    from rlplan.planner.knobs import parse_pin
 
     pins: dict[str, Any] = {}
     for item in fixes:
@@ -116,7 +116,8 @@ def parse_fixes(fixes: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise PlanError(field="--fix", message=f"{item!r} is not key=value.",
                             fix="pass e.g. --fix actor.param_offload=true")
-        pins[key.strip()] = parse_override_value(raw.strip())
+        field, value = parse_pin(key.strip(), raw.strip())
+        pins[field] = value
     return pins
 
 
@@ -174,6 +175,8 @@ def solve(
     from_plan: Annotated[str | None, typer.Option("--from", help="Keep this plan's workload; solve the knobs.")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    top: Annotated[int | None, typer.Option("--top", help="Also list the N best candidates (knobs, peak GiB per "
+                                            "phase, step time).")] = None,
     verify: Annotated[bool, typer.Option(help="Measure the top candidates' training step with the CPU tracker "
                                          "(needs the runtime extra) and keep the first that fits.")] = False,
     expected_prompt_len: Annotated[int | None, typer.Option(
@@ -184,12 +187,26 @@ def solve(
     """Solve every knob for a model, a cluster and a workload; write plan.toml."""
     from rlplan.planner.hardware import Cluster
     from rlplan.planner.plan import ModelSection
-    from rlplan.planner.planfile import plan_to_toml
+    from rlplan.planner.planfile import plan_from_toml, plan_to_toml
     from rlplan.planner.presets import custom_gpu, resolve_gpu
     from rlplan.planner.report import solve_summary
-    from rlplan.planner.solver import SolveRequest
+    from rlplan.planner.solver import RUNNERS_UP, SolveRequest, searched_knobs
     from rlplan.planner.solver import solve as run_solver
 
+    # A zero or negative count is a mistake, never a request for the default.
+    for flag, value in (("--top", top), ("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
+                        ("--train-batch-size", train_batch_size), ("--n", n),
+                        ("--ppo-mini-batch-size", ppo_mini_batch_size), ("--prompt-len", prompt_len),
+                        ("--response-len", response_len), ("--max-response-len", max_response_len)):
+        if value is not None and value < 1:
+            raise PlanError(field=flag, message=f"must be >= 1, got {value}.", fix=f"pass a positive {flag} or leave "
+                            "it out for the default")
+    if not 0 < host_mem < float("inf"):
+        raise PlanError(field="--host-mem", message=f"must be a positive number of GiB, got {host_mem}.",
+                        fix="pass --host-mem 1024")
+    if gpu_mem is not None and not 0 < gpu_mem < float("inf"):
+        raise PlanError(field="--gpu-mem", message=f"must be a positive number of GiB, got {gpu_mem}.",
+                        fix="pass --gpu-mem 80")
     base = load_plan(from_plan) if from_plan else None
     if model is None and base is None:
         raise PlanError(field="--model", message="no model given.", fix="pass --model qwen2.5-7b (or --from plan.toml)")
@@ -204,8 +221,6 @@ def solve(
     if gpu is not None:
         gpu_spec = resolve_gpu(gpu)
     elif gpu_mem is not None:
-        if gpu_mem <= 0:
-            raise PlanError(field="--gpu-mem", message=f"must be positive, got {gpu_mem}.", fix="pass --gpu-mem 80")
         gpu_spec = custom_gpu(gpu_mem)
     elif base is not None:
         gpu_spec = base.cluster.gpu
@@ -236,38 +251,43 @@ def solve(
         raise PlanError(field="--objective", message=f"{objective!r} is not throughput or memory.",
                         fix="pass --objective throughput")
     if base is not None:
-        prompt_len = prompt_len or base.data.max_prompt_length
+        prompt_len = base.data.max_prompt_length if prompt_len is None else prompt_len
         if response_len is None and max_response_len is None:
             response_len = base.data.max_response_length
-        train_batch_size = train_batch_size or base.data.train_batch_size
-        n = n or base.rollout.n
-        ppo_mini_batch_size = ppo_mini_batch_size or base.actor.ppo_mini_batch_size
+        train_batch_size = base.data.train_batch_size if train_batch_size is None else train_batch_size
+        n = base.rollout.n if n is None else n
+        if ppo_mini_batch_size is None:
+            ppo_mini_batch_size = base.actor.ppo_mini_batch_size
         if algo == "grpo" and base.algorithm.adv_estimator != "grpo":
             algorithm = base.algorithm.adv_estimator
     if prompt_len is None:
         raise PlanError(field="--prompt-len", message="the prompt length is needed.", fix="pass --prompt-len 1024")
     request = SolveRequest(
         model=model_section, cluster=cluster, prompt_len=prompt_len, response_len=response_len,
-        max_response_len=max_response_len, train_batch_size=train_batch_size or 256, n=n or 5,
+        max_response_len=max_response_len, train_batch_size=256 if train_batch_size is None else train_batch_size,
+        n=5 if n is None else n,
         algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
         lora=int(lora) if lora.isdigit() else lora, objective=objective, pins=parse_fixes(fix or []),
         base=base, profile=load_profile(profile),
         expected_prompt_len=expected_prompt_len, expected_response_len=expected_response_len,
     )
-    result = run_solver(request)
+    result = run_solver(request, keep=max(top or 0, RUNNERS_UP + 1))
+    ranked = [result.best, *result.runners_up][:top or 0] if result.best is not None else []
+    top_rows = [{"rank": rank, "step_time_s": c.plan.prediction.step_time_s, "gpu_peak_gib": c.plan.prediction.gpu_peak_gib,
+                 "phase_peak_gib": c.plan.prediction.phase_peak_gib, "knobs": searched_knobs(c.plan)}
+                for rank, c in enumerate(ranked, start=1)]
     if result.best is None:
         assert result.diagnosis is not None
         if json_output:
             print(json.dumps({
                 "feasible": False, "binding": result.diagnosis.binding, "message": result.diagnosis.message,
-                "suggestions": [{"change": s.change, "detail": s.detail} for s in result.diagnosis.suggestions],
+                "suggestions": [{"change": s.change, "detail": s.detail, "step_time_s": s.step_time_s,
+                                 "gpus": s.gpus} for s in result.diagnosis.suggestions],
                 "evaluated": result.evaluated,
             }, indent=2))
         else:
             console = _console(stderr=True)
             console.print(f"[bold red]no feasible plan[/] {result.diagnosis.message}", markup=True)
-            for suggestion in result.diagnosis.suggestions[1:]:
-                console.print(f"  also fits: {suggestion.change} ({suggestion.detail})")
         raise typer.Exit(EXIT_INFEASIBLE)
     plan = result.plan
     verification: list[dict[str, Any]] = []
@@ -283,12 +303,22 @@ def solve(
                 _console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
             raise typer.Exit(EXIT_INFEASIBLE)
     if output:
-        write_text(output, plan_to_toml(plan), "--output")
+        text = plan_to_toml(plan)
+        # Read back as `validate` will: a plan it would reject (a pin its strict reader refuses) is not written.
+        plan_from_toml(text, source="the solved plan")
+        write_text(output, text, "--output")
     if json_output:
+        from rlplan.planner.planfile import plan_to_dict
         from rlplan.planner.report import validation_json
 
         payload = validation_json(plan, request.profile)
-        payload.update({"plan_file": output, "evaluated": result.evaluated, "feasible_candidates": result.feasible})
+        knobs = plan_to_dict(plan)
+        knobs["model"].pop("arch", None)  # the architecture is an input, not a knob; --json stays readable
+        knobs.pop("prediction", None)
+        payload.update({"plan_file": output, "evaluated": result.evaluated, "feasible_candidates": result.feasible,
+                        "plan": knobs})
+        if top:
+            payload["top"] = top_rows
         if verify:
             payload["verification"] = verification
         print(json.dumps(payload, indent=2))
@@ -296,6 +326,10 @@ def solve(
         console = _console()
         for renderable in solve_summary(plan, result, output, request.profile):
             console.print(renderable)
+        if top:
+            from rlplan.planner.report import top_candidates_table
+
+            console.print(top_candidates_table(top_rows))
         if not output:
             console.print("(plan not written: pass -o plan.toml)")
 

@@ -8,6 +8,7 @@ frozen classes with attrs.evolve instead and lets their validators check values.
 from __future__ import annotations
 
 import difflib
+import math
 import types
 import typing
 from typing import Any
@@ -19,11 +20,28 @@ from rlplan.planner.plan import Plan
 
 
 def _coerce(value: Any, hint: Any, dotted: str) -> Any:
-    """`--fix` values arrive as TOML scalars: accept an int for a float, a list for a tuple."""
+    """A pinned value as the field's type (an int for a float, a list for a tuple), or a PlanError naming the key.
+
+    attrs does not check types or Literal choices, so this is where a pin of the wrong type
+    stops, before the solver writes a plan that `validate` would reject.
+    """
     origin = typing.get_origin(hint)
     args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if value is None and type(None) in typing.get_args(hint):
+        return None
     target = args[0] if origin in (typing.Union, types.UnionType) and len(args) == 1 else hint
-    if target is float and isinstance(value, int) and not isinstance(value, bool):
+    if typing.get_origin(target) is typing.Literal:
+        choices = typing.get_args(target)
+        if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
+            raise PlanError(field=dotted, message=f"must be one of {', '.join(map(repr, choices))}, got {value!r}.",
+                            fix=f"pass {dotted}={choices[0]!r}".replace("'", ""))
+        return value
+    if target is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PlanError(field=dotted, message=f"expects a number, got {value!r}.", fix=f"pass {dotted}=<number>")
+        if not math.isfinite(value):
+            raise PlanError(field=dotted, message=f"must be a finite number, got {value!r}.",
+                            fix=f"pass {dotted}=<finite number>")
         return float(value)
     if typing.get_origin(target) is tuple and isinstance(value, list | tuple):
         return tuple(value)
@@ -31,7 +49,30 @@ def _coerce(value: Any, hint: Any, dotted: str) -> Any:
         raise PlanError(field=dotted, message=f"expects true or false, got {value!r}.", fix=f"pass {dotted}=true")
     if target is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise PlanError(field=dotted, message=f"expects an integer, got {value!r}.", fix=f"pass {dotted}=<integer>")
+    if target is str and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)  # a name that reads as a number (experiment_name=7) is the text the user wrote
+    if target is str and not isinstance(value, str):
+        raise PlanError(field=dotted, message=f"expects a string, got {value!r}.", fix=f'pass {dotted}="<text>"')
     return value
+
+
+def parse_pin(key: str, raw: str) -> tuple[str, Any]:
+    """One `--fix key=value` as (plan key, value), in verl's habits as well as rlplan's.
+
+    The value is read with Hydra's syntax (`True`, `false`, `null`, quoted strings), as every
+    verl script writes it; a verl key (`actor_rollout_ref.actor.fsdp_config.param_offload`) is
+    mapped to its plan field through the importer's key table and typed by it.
+    """
+    from rlplan.planner.verl_keys import BY_KEY, KEY_ALIASES, Interpolation, coerce, parse_value
+
+    value = parse_value(raw)
+    if isinstance(value, Interpolation):
+        raise PlanError(field=key, message=f"is pinned to an interpolation {raw!r}, which only Hydra resolves.",
+                        fix=f"pass the value itself, e.g. {key}=true")
+    entry = BY_KEY.get(KEY_ALIASES.get(key, key))
+    if entry is None:
+        return key, value
+    return entry.field, coerce(entry, value, raw)
 
 
 def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:

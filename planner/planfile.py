@@ -185,14 +185,6 @@ def plan_from_toml(text: str, source: str = "plan.toml") -> Plan:
     return plan_from_dict(data)
 
 
-def parse_override_value(raw: str) -> Any:
-    """A `--fix key=value` value, read as a TOML value when it is one, else as a string."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
 def with_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
     """A copy of the plan with dotted keys replaced; each key must exist in the schema."""
     data = plan_to_dict(plan)

@@ -327,6 +327,31 @@ def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile)
     return out
 
 
+def top_candidates_table(rows: list[dict[str, Any]]):
+    """`solve --top N`: each candidate's knobs, peak GiB per phase and step time, best first.
+
+    The best shows every searched knob; the others only where they differ from it, so the
+    trade-off each one makes is readable at a glance.
+    """
+    from rich.table import Table
+
+    def shown(value: Any) -> str:
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    table = Table(title=f"The {len(rows)} best candidates", title_justify="left")
+    table.add_column("#")
+    table.add_column("step s", justify="right")
+    table.add_column("peak GiB per phase", overflow="fold")
+    table.add_column("knobs (after #1: what differs)", overflow="fold")
+    best = rows[0]["knobs"] if rows else {}
+    for row in rows:
+        phases = "\n".join(f"{name} {peak:.1f}" for name, peak in row["phase_peak_gib"].items())
+        knobs = "\n".join(f"{key} = {shown(value)}" for key, value in row["knobs"].items()
+                          if value is not None and (row["rank"] == 1 or best.get(key) != value))
+        table.add_row(str(row["rank"]), f"{row['step_time_s']:.1f}", phases, knobs or "(same knobs)")
+    return table
+
+
 def presets_json(kind: str) -> dict[str, Any]:
     from rlplan.planner.presets import gpu_presets, model_presets
 

@@ -16,6 +16,7 @@ model on 64 GPUs to a few thousand model evaluations.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -44,7 +45,7 @@ from rlplan.planner.plan import (
     TrainerSection,
 )
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-from rlplan.planner.rules import VLLM_LORA_RANKS, check_plan
+from rlplan.planner.rules import VLLM_LORA_RANKS, Violation, check_plan
 from rlplan.planner.steptime import StepTime, predict_step_time
 
 GIB = 2**30
@@ -115,11 +116,16 @@ class Candidate:
 
 @frozen(kw_only=True)
 class Suggestion:
-    """One change to the request that makes it fit."""
+    """One change to the request that makes it fit, re-solved: its predicted step and the GPUs it takes."""
 
     change: str
     detail: str
-    relative_change: float
+    step_time_s: float | None = None
+    gpus: int = 0
+    # GPUs x GiB each: the hardware bill's proxy (a bigger GPU is a pricier one).
+    gpu_memory_gib: float = 0.0
+    # False for changes to what is trained (LoRA, lengths, batch) rather than to the hardware.
+    keeps_workload: bool = True
 
 
 @frozen(kw_only=True)
@@ -158,6 +164,10 @@ class TrainingChoice:
     ulysses: int
     fsdp_size: int
     ref_param_offload: bool
+    # The critic's own memory knobs (verl: critic.model.fsdp_config.*, critic.model.enable_gradient_checkpointing).
+    critic_param_offload: bool
+    critic_optimizer_offload: bool
+    critic_gradient_checkpointing: bool
 
 
 def default_lora_rank(arch: Architecture) -> int:
@@ -196,8 +206,19 @@ def tensor_parallel_options(arch: Architecture, cluster: Cluster) -> list[int]:
     return options or [1]
 
 
+# The critic's (param_offload, optimizer_offload, gradient_checkpointing): each offload step trades
+# host traffic for GPU memory; recompute off only where memory is plentiful.
+CRITIC_OPTIONS = ((False, False, False), (False, False, True), (False, True, True), (True, True, True))
+
+
+def request_uses_critic(request: SolveRequest) -> bool:
+    """verl's need_critic for the request, with its pins (critic.enable may be pinned)."""
+    return apply_knobs(skeleton_plan(request, request.response_len or 1), request.pins).uses_critic
+
+
 def training_choices(request: SolveRequest, sequence_len: int) -> Iterator[TrainingChoice]:
     arch, cluster = request.model.arch, request.cluster
+    uses_critic = request_uses_critic(request)
     fsdp_options = [-1]
     if cluster.nodes > 1:
         fsdp_options.append(cluster.gpus_per_node)  # HSDP keeps all-gathers inside a node
@@ -206,14 +227,18 @@ def training_choices(request: SolveRequest, sequence_len: int) -> Iterator[Train
         ref_offload_options = [False, True] if rank == 0 else [False]
         for param_offload, optimizer_offload in ((False, False), (False, True), (True, True)):
             for checkpointing, activation_offload in ((False, False), (True, False), (True, True)):
-                for ulysses in ulysses_options(arch, cluster, sequence_len):
-                    for fsdp_size in fsdp_options:
-                        for ref_offload in ref_offload_options:
-                            yield TrainingChoice(
-                                lora_rank=rank, param_offload=param_offload, optimizer_offload=optimizer_offload,
-                                gradient_checkpointing=checkpointing, activation_offload=activation_offload,
-                                ulysses=ulysses, fsdp_size=fsdp_size, ref_param_offload=ref_offload,
-                            )
+                # Without a critic its knobs change nothing: one option, the actor's, keeps the space small.
+                critic_options = CRITIC_OPTIONS if uses_critic else ((param_offload, optimizer_offload, checkpointing),)
+                for ulysses, fsdp_size, ref_offload, critic in itertools.product(
+                        ulysses_options(arch, cluster, sequence_len), fsdp_options, ref_offload_options,
+                        critic_options):
+                    yield TrainingChoice(
+                        lora_rank=rank, param_offload=param_offload, optimizer_offload=optimizer_offload,
+                        gradient_checkpointing=checkpointing, activation_offload=activation_offload,
+                        ulysses=ulysses, fsdp_size=fsdp_size, ref_param_offload=ref_offload,
+                        critic_param_offload=critic[0], critic_optimizer_offload=critic[1],
+                        critic_gradient_checkpointing=critic[2],
+                    )
 
 
 # --- building plans --------------------------------------------------------------
@@ -293,8 +318,8 @@ def apply_training_choice(plan: Plan, choice: TrainingChoice, request: SolveRequ
         ppo_mini_batch_size=_mini_batch_size(request, dp), lr=lr,
     )
     critic = attrs.evolve(
-        plan.critic, param_offload=choice.param_offload, optimizer_offload=choice.optimizer_offload,
-        gradient_checkpointing=choice.gradient_checkpointing, ulysses_sequence_parallel_size=choice.ulysses,
+        plan.critic, param_offload=choice.critic_param_offload, optimizer_offload=choice.critic_optimizer_offload,
+        gradient_checkpointing=choice.critic_gradient_checkpointing, ulysses_sequence_parallel_size=choice.ulysses,
     )
     rollout = attrs.evolve(
         plan.rollout,
@@ -330,8 +355,17 @@ def _largest_fitting(low: int, high: int, fits) -> int | None:
     return lo
 
 
-def _peak_within_gpu(report: MemoryReport, name: str) -> bool:
-    return all(p.peak_bytes <= report.gpu_capacity_bytes for p in report.phases if p.name == name)
+# `--objective memory` keeps this share of each GPU free rather than filling it with KV cache and budgets.
+MEMORY_OBJECTIVE_HEADROOM = 0.1
+
+
+def usable_gpu_bytes(capacity_bytes: int, objective: Objective) -> int:
+    return int(capacity_bytes * (1 - MEMORY_OBJECTIVE_HEADROOM)) if objective == "memory" else capacity_bytes
+
+
+def _peak_within_gpu(report: MemoryReport, name: str, objective: Objective = "throughput") -> bool:
+    limit = usable_gpu_bytes(report.gpu_capacity_bytes, objective)
+    return all(p.peak_bytes <= limit for p in report.phases if p.name == name)
 
 
 def phase_fits(report: MemoryReport, name: str) -> bool:
@@ -342,9 +376,10 @@ def phase_fits(report: MemoryReport, name: str) -> bool:
     return fits
 
 
-def _phase_fits(plan: Plan, phase: str, profile: Profile) -> bool:
+def _phase_fits(plan: Plan, phase: str, request: SolveRequest) -> bool:
     """A training or forward phase alone: its peak depends on that pass's token budget only."""
-    return predict_phase(plan, phase, profile).peak_bytes <= plan.cluster.gpu_memory_bytes
+    peak = predict_phase(plan, phase, request.profile).peak_bytes
+    return peak <= usable_gpu_bytes(plan.cluster.gpu_memory_bytes, request.objective)
 
 
 def _budget_floor(plan: Plan) -> int:
@@ -377,16 +412,22 @@ def _largest_fitting_divisor(total: int, fits) -> int | None:
 
 
 def _solve_pass(plan: Plan, request: SolveRequest, *, phase: str, dynamic: bool, chunk: int, cap: int,
-                with_budget, with_micro) -> Plan | None:
-    """One pass's micro batches: the largest token budget (dynamic bsz) or the largest fixed micro batch."""
-    profile = request.profile
+                with_budget, with_micro, pinned_keys: tuple[str, str]) -> Plan | None:
+    """One pass's micro batches: the largest token budget (dynamic bsz) or the largest fixed micro batch.
+
+    `pinned_keys` are the pass's (token budget, micro batch) keys: a pinned one is already in
+    `plan` and is an input here, so the pass only checks that its phase fits with it.
+    """
+    budget_key, micro_key = pinned_keys
+    if (budget_key if dynamic else micro_key) in request.pins:
+        return plan if _phase_fits(plan, phase, request) else None
     if dynamic:
         budget = _largest_fitting(_budget_floor(plan), cap,
-                                  lambda b: _phase_fits(with_budget(plan, b), phase, profile))
+                                  lambda b: _phase_fits(with_budget(plan, b), phase, request))
         return None if budget is None else with_budget(plan, budget)
     if chunk <= 0:
         return None
-    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(plan, m), phase, profile))
+    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(plan, m), phase, request))
     return None if micro is None else with_micro(plan, micro)
 
 
@@ -400,6 +441,7 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
         with_budget=lambda p, b: p.evolve(actor=attrs.evolve(p.actor, ppo_max_token_len_per_gpu=b)),
         with_micro=lambda p, m: p.evolve(actor=attrs.evolve(p.actor, ppo_micro_batch_size_per_gpu=m,
                                                             ppo_micro_batch_size=None)),
+        pinned_keys=("actor.ppo_max_token_len_per_gpu", "actor.ppo_micro_batch_size_per_gpu"),
     )
     if plan is None:
         return None
@@ -409,6 +451,7 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
         with_budget=lambda p, b: p.evolve(rollout=attrs.evolve(p.rollout, log_prob_max_token_len_per_gpu=b)),
         with_micro=lambda p, m: p.evolve(rollout=attrs.evolve(p.rollout, log_prob_micro_batch_size_per_gpu=m,
                                                               log_prob_micro_batch_size=None)),
+        pinned_keys=("rollout.log_prob_max_token_len_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu"),
     )
     if plan is None:
         return None
@@ -419,6 +462,7 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
             with_budget=lambda p, b: p.evolve(ref=attrs.evolve(p.ref, log_prob_max_token_len_per_gpu=b)),
             with_micro=lambda p, m: p.evolve(ref=attrs.evolve(p.ref, log_prob_micro_batch_size_per_gpu=m,
                                                               log_prob_micro_batch_size=None)),
+            pinned_keys=("ref.log_prob_max_token_len_per_gpu", "ref.log_prob_micro_batch_size_per_gpu"),
         )
         if plan is None:
             return None
@@ -432,55 +476,67 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
             with_micro=lambda p, m: p.evolve(critic=attrs.evolve(p.critic, ppo_micro_batch_size_per_gpu=m,
                                                                  ppo_micro_batch_size=None,
                                                                  forward_micro_batch_size_per_gpu=m)),
+            pinned_keys=("critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu"),
         )
     return plan
 
 
+def _rollout_sizes(plan: Plan, pins: dict[str, Any], max_num_seqs: int) -> RolloutSection:
+    """max_num_seqs and max_num_batched_tokens derived from `max_num_seqs`, unless pinned (then the pin)."""
+    seqs = int(pins.get("rollout.max_num_seqs", max_num_seqs))
+    tokens = int(pins.get("rollout.max_num_batched_tokens", max(8192, seqs)))
+    return attrs.evolve(plan.rollout, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+
+
 def solve_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -> Plan | None:
-    """gpu_memory_utilization as high as the rollout and sync phases allow; max_num_seqs from the KV cache."""
-    profile = request.profile
+    """gpu_memory_utilization as high as the rollout and sync phases allow; max_num_seqs from the KV cache.
+
+    Pinned rollout knobs are inputs: a pinned utilization is checked rather than searched, and
+    max_num_seqs is derived from the KV cache that the pinned utilization leaves.
+    """
+    profile, pins = request.profile, request.pins
     replicas = plan.cluster.world_size // tensor_parallel_size
     sequences_per_replica = math.ceil(plan.data.train_batch_size * plan.rollout.n / replicas)
-    max_num_seqs = max(1, min(MAX_NUM_SEQS_CAP, sequences_per_replica))
-    rollout = attrs.evolve(
-        plan.rollout, tensor_model_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max(8192, max_num_seqs),
-    )
-    plan = plan.evolve(rollout=rollout)
+    plan = plan.evolve(rollout=attrs.evolve(plan.rollout, tensor_model_parallel_size=tensor_parallel_size))
+    plan = plan.evolve(rollout=_rollout_sizes(plan, pins, max(1, min(MAX_NUM_SEQS_CAP, sequences_per_replica))))
 
     def with_util(hundredths: int) -> Plan:
         return plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=hundredths / 100))
 
-    def fits(hundredths: int) -> bool:
+    def fits(candidate: Plan) -> bool:
         # The rollout phase grows with util (vLLM takes util x GPU beside what the trainer leaves),
         # so "fits" is monotone and bisection finds the largest util; whether that util leaves room
         # for one max_model_len sequence of KV is checked after.
-        report = predict_memory(with_util(hundredths), profile)
-        return _peak_within_gpu(report, "rollout") and _peak_within_gpu(report, "weight_sync")
+        report = predict_memory(candidate, profile)
+        return all(_peak_within_gpu(report, phase, request.objective) for phase in ("rollout", "weight_sync"))
 
-    low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)
-    if not fits(low):
-        return None
-    lo, hi = low, high
-    if fits(hi):
-        lo = hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    if not predict_memory(with_util(lo), profile).rollout.holds_max_model_len:
-        return None
-    plan = with_util(lo)
+    if "rollout.gpu_memory_utilization" in pins:
+        if not fits(plan):
+            return None
+    else:
+        low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)
+        if not fits(with_util(low)):
+            return None
+        lo, hi = low, high
+        if fits(with_util(hi)):
+            lo = hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(with_util(mid)):
+                lo = mid
+            else:
+                hi = mid
+        plan = with_util(lo)
     report = predict_memory(plan, profile)
+    if not report.rollout.holds_max_model_len:
+        return None
     # More sequences than the KV cache holds only makes vLLM preempt; fewer idles the GPU.
     concurrency = max(1, report.max_concurrent_sequences)
     max_num_seqs = max(1, min(MAX_NUM_SEQS_CAP, sequences_per_replica, concurrency))
-    if max_num_seqs != plan.rollout.max_num_seqs:
-        plan = plan.evolve(rollout=attrs.evolve(plan.rollout, max_num_seqs=max_num_seqs,
-                                                max_num_batched_tokens=max(8192, max_num_seqs)))
-    return plan
+    resized = plan.evolve(rollout=_rollout_sizes(plan, pins, max_num_seqs))
+    if resized.rollout != plan.rollout and not fits(resized):
+        return None
+    return resized
 
 
 # --- search -------------------------------------------------------------------------
@@ -501,6 +557,8 @@ def _choice_text(plan: Plan) -> str:
     parts = [f"LoRA r{plan.model.lora.rank}" if plan.model.lora.enabled else "full fine-tuning"]
     if actor.param_offload or actor.optimizer_offload:
         parts.append("param+optimizer offload" if actor.param_offload else "optimizer offload")
+    if plan.uses_critic and (plan.critic.param_offload or plan.critic.optimizer_offload):
+        parts.append("critic " + ("param+optimizer offload" if plan.critic.param_offload else "optimizer offload"))
     if plan.model.gradient_checkpointing:
         parts.append("checkpointing" + (" + activation offload" if plan.model.activation_offload else ""))
     if actor.ulysses_sequence_parallel_size > 1:
@@ -519,6 +577,9 @@ def _pinned_choice_ok(choice: TrainingChoice, pins: dict[str, Any]) -> bool:
         "actor.ulysses_sequence_parallel_size": choice.ulysses,
         "actor.fsdp_size": choice.fsdp_size,
         "ref.param_offload": choice.ref_param_offload,
+        "critic.param_offload": choice.critic_param_offload,
+        "critic.optimizer_offload": choice.critic_optimizer_offload,
+        "critic.gradient_checkpointing": choice.critic_gradient_checkpointing,
     }
     return all(expected[key] == value for key, value in pins.items() if key in expected)
 
@@ -547,7 +608,8 @@ def _choices_for(request: SolveRequest, sequence_len: int, feasibility_only: boo
 
 def _savings(choice: TrainingChoice) -> tuple[int, ...]:
     return (choice.param_offload + choice.optimizer_offload + choice.ref_param_offload
-            + choice.gradient_checkpointing + choice.activation_offload,)
+            + choice.gradient_checkpointing + choice.activation_offload + choice.critic_param_offload
+            + choice.critic_optimizer_offload + choice.critic_gradient_checkpointing,)
 
 
 def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool = False,
@@ -576,7 +638,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
         if request.lora == "auto" and choice.lora_rank and full_ft_feasible:
             continue  # full fine-tuning fits: LoRA is only the fallback
         resident_key = (choice.lora_rank, choice.param_offload, choice.optimizer_offload, choice.ref_param_offload,
-                        choice.fsdp_size, choice.ulysses)
+                        choice.fsdp_size, choice.critic_param_offload, choice.critic_optimizer_offload,
+                        choice.ulysses)
         if choice.gradient_checkpointing and resident_key in budgets_at_cap:
             continue  # recompute would only slow a step whose budgets are already as large as useful
         plan = apply_knobs(apply_training_choice(skeleton, choice, request), pins)
@@ -589,7 +652,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             budgets_at_cap.add(resident_key)
         for tp in tp_options:
             evaluated += 1
-            rollout_key = (*resident_key[:5], tp)
+            rollout_key = (*resident_key[:-1], tp)
             if rollout_key not in rollout_cache:
                 solved_rollout = solve_rollout(trained, tp, request)
                 rollout_cache[rollout_key] = solved_rollout.rollout if solved_rollout is not None else None
@@ -598,12 +661,14 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 closest = _closer(closest, trained.evolve(
                     rollout=attrs.evolve(trained.rollout, tensor_model_parallel_size=tp)), request)
                 continue
-            solved = apply_knobs(trained.evolve(rollout=attrs.evolve(
+            # Pins were inputs to every pass above: nothing is re-applied over derived values here.
+            solved = trained.evolve(rollout=attrs.evolve(
                 trained.rollout, tensor_model_parallel_size=tp,
                 gpu_memory_utilization=cached.gpu_memory_utilization, max_num_seqs=cached.max_num_seqs,
-                max_num_batched_tokens=cached.max_num_batched_tokens)), pins)
+                max_num_batched_tokens=cached.max_num_batched_tokens))
             report = predict_memory(solved, request.profile)
-            if not (report.fits and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
+            within = _gpu_peak(report) <= usable_gpu_bytes(report.gpu_capacity_bytes, request.objective)
+            if not (report.fits and within and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
                 closest = _closer(closest, solved, request)
                 continue
             feasible += 1
@@ -652,19 +717,50 @@ def finalize(candidate: Candidate, profile: Profile) -> Plan:
     return candidate.plan.evolve(prediction=prediction)
 
 
-def solve(request: SolveRequest) -> SolveResult:
+# The knobs the search sets, as `solve --top` shows each candidate's.
+SEARCHED_KNOBS = (
+    "model.lora.rank", "actor.param_offload", "actor.optimizer_offload", "model.gradient_checkpointing",
+    "model.activation_offload", "actor.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.param_offload",
+    "critic.param_offload", "critic.optimizer_offload", "critic.gradient_checkpointing",
+    "actor.ppo_max_token_len_per_gpu", "actor.ppo_micro_batch_size_per_gpu",
+    "rollout.log_prob_max_token_len_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu",
+    "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
+    "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.max_num_seqs",
+    "rollout.max_num_batched_tokens",
+)
+
+
+def searched_knobs(plan: Plan) -> dict[str, Any]:
+    """The searched knobs of a plan by dotted key; the critic's and the reference's only when the plan has one."""
+    knobs = {}
+    for dotted in SEARCHED_KNOBS:
+        if (dotted.startswith("critic.") and not plan.uses_critic) or (
+                dotted.startswith("ref.") and not plan.uses_reference):
+            continue
+        value: Any = plan
+        for name in dotted.split("."):
+            value = getattr(value, name)
+        knobs[dotted] = value
+    return knobs
+
+
+def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1) -> SolveResult:
+    """The best plan, and up to `keep` - 1 runners-up best first (for --verify and --top)."""
     response_len = request.response_len
     evaluated_total = 0
+    # A pin of the wrong type or an unknown key is bad input, whether or not any candidate gets built.
+    apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
     if response_len is None:
         response_len, evaluated_total = _longest_fitting_response(request)
     ranked, evaluated, feasible, closest = _search(request, response_len)
     evaluated_total += evaluated
     if ranked:
-        finalized = [attrs.evolve(c, plan=finalize(c, request.profile)) for c in ranked[:RUNNERS_UP + 1]]
+        finalized = [attrs.evolve(c, plan=finalize(c, request.profile)) for c in ranked[:max(keep, 1)]]
         return SolveResult(best=finalized[0], evaluated=evaluated_total, feasible=feasible,
                            runners_up=tuple(finalized[1:]))
-    return SolveResult(best=None, evaluated=evaluated_total, feasible=0,
-                       diagnosis=diagnose(request, closest, response_len))
+    broken = request_rule_violations(request, response_len)
+    diagnosis = diagnose_rules(request, broken, response_len) if broken else diagnose(request, closest, response_len)
+    return SolveResult(best=None, evaluated=evaluated_total, feasible=0, diagnosis=diagnosis)
 
 
 def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:
@@ -691,13 +787,198 @@ def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:
 
 # --- when nothing fits --------------------------------------------------------------
 
+# Knobs the search itself sets: a rule whose every fix is one of these is the search's business,
+# not a fault of the request.
+SOLVER_SET_KEYS = frozenset({
+    "actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size", "actor.ppo_max_token_len_per_gpu",
+    "rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size",
+    "rollout.log_prob_max_token_len_per_gpu", "ref.log_prob_micro_batch_size_per_gpu",
+    "ref.log_prob_micro_batch_size", "ref.log_prob_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size", "critic.forward_micro_batch_size_per_gpu", "critic.ppo_max_token_len_per_gpu",
+    "rollout.max_num_seqs", "rollout.max_num_batched_tokens", "rollout.gpu_memory_utilization",
+    "rollout.agent_num_workers",
+})
+
+
+def request_rule_violations(request: SolveRequest, response_len: int) -> list[Violation]:
+    """verl's rules that the request itself breaks (batch, layout, pinned parallelism), whatever the search sets.
+
+    Checked on the workload with the pins and the most memory-saving training choice: a batch
+    that does not split over the ranks fails every candidate, and memory is then beside the point.
+    """
+    skeleton = skeleton_plan(request, response_len)
+    choices = _choices_for(request, skeleton.data.max_sequence_length, feasibility_only=True)
+    if not choices:
+        return []
+    plan = apply_knobs(apply_training_choice(skeleton, choices[0], request), request.pins)
+    if "rollout.tensor_model_parallel_size" not in request.pins:
+        plan = plan.evolve(rollout=attrs.evolve(plan.rollout, tensor_model_parallel_size=1))
+    broken = [v for v in check_plan(plan).errors if not (v.suggested and set(v.suggested) <= SOLVER_SET_KEYS)]
+    # The solver picked the mini batch when the user did not: name the rule the user's own values break first.
+    solver_mini = {"actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size"}
+    return sorted(broken, key=lambda v: request.ppo_mini_batch_size is None and bool(v.suggested)
+                  and set(v.suggested) <= solver_mini)
+
+
+def _nearest_valid(value: int, valid) -> list[int]:
+    """The nearest values below and above `value` (within a factor of two) for which `valid(v)` holds."""
+    found = []
+    for step in (-1, 1):
+        candidate = value + step
+        while 1 <= candidate <= 2 * value + 8:
+            if valid(candidate):
+                found.append(candidate)
+                break
+            candidate += step
+    return found
+
+
+def _rule_fixed_requests(request: SolveRequest, broken: list[Violation],
+                         response_len: int) -> list[tuple[str, SolveRequest]]:
+    """Requests at the nearest values that satisfy the broken rules, each with the flags that say it."""
+
+    def clean(candidate: SolveRequest) -> bool:
+        return not request_rule_violations(candidate, response_len)
+
+    fixed: list[tuple[str, SolveRequest]] = []
+    pins = dict(request.pins)
+    pinned_fixes = {k: v for violation in broken for k, v in violation.suggested.items() if k in pins}
+    if pinned_fixes:
+        candidate = attrs.evolve(request, pins={**pins, **pinned_fixes})
+        if clean(candidate):
+            fixed.append((" ".join(f"--fix {k}={v}" for k, v in pinned_fixes.items()), candidate))
+    if request.ppo_mini_batch_size is not None:
+        for mini in _nearest_valid(request.ppo_mini_batch_size, lambda m: m <= request.train_batch_size and clean(
+                attrs.evolve(request, ppo_mini_batch_size=m))):
+            fixed.append((f"--ppo-mini-batch-size {mini}", attrs.evolve(request, ppo_mini_batch_size=mini)))
+
+    def with_batch(size: int) -> SolveRequest:
+        mini = None if request.ppo_mini_batch_size is None else min(request.ppo_mini_batch_size, size)
+        return attrs.evolve(request, train_batch_size=size, ppo_mini_batch_size=mini)
+
+    for size in _nearest_valid(request.train_batch_size, lambda b: clean(with_batch(b))):
+        fixed.append((f"--train-batch-size {size}", with_batch(size)))
+    return fixed
+
+
+def diagnose_rules(request: SolveRequest, broken: list[Violation], response_len: int) -> Diagnosis:
+    """Name the verl rule the request breaks and the nearest valid values that also fit (re-solved)."""
+    first = broken[0]
+    binding = f"verl rule `{first.rule}`: {first.message}"
+    if len(broken) > 1:
+        binding += " Also broken: " + ", ".join(f"`{v.rule}`" for v in broken[1:]) + "."
+    suggestions = []
+    for change, fixed in _rule_fixed_requests(request, broken, response_len):
+        solved = solve(fixed) if _fits(fixed, response_len) else None
+        if solved is not None and solved.best is not None:
+            suggestions.append(Suggestion(change=change, detail="the nearest value verl accepts; re-solved, it fits",
+                                          step_time_s=round(solved.best.step_time.total_seconds, 1),
+                                          gpus=fixed.cluster.world_size,
+                                          gpu_memory_gib=fixed.cluster.world_size * fixed.cluster.gpu.memory_gib))
+    if suggestions:
+        message = (f"Nothing fits: {binding} The nearest valid values that fit: "
+                   + "; ".join(s.change for s in suggestions) + ".")
+    else:
+        message = f"Nothing fits: {binding} Fix: {first.fix}."
+    return Diagnosis(binding=binding, message=message, suggestions=tuple(suggestions))
+
+
 
 def _fits(request: SolveRequest, response_len: int) -> bool:
     ranked, _, _, _ = _search(request, response_len, feasibility_only=True)
     return bool(ranked)
 
 
+# Suggestions shown when nothing fits: the best few, so the user can weigh them.
+SUGGESTIONS_SHOWN = 3
+# How far each axis is stretched looking for a fit.
+GPU_COUNT_FACTORS = (2, 4, 8, 16, 32, 64)
+HOST_MEMORY_FACTORS = (2, 4, 8)
+HARDWARE_TIER_STEP = 0.1
+
+
+def _scaled_cluster(cluster: Cluster, factor: int, gpu: Any = None) -> Cluster:
+    """`factor` x the GPUs, filling nodes of up to 8 (or the current node size) first."""
+    total = cluster.world_size * factor
+    per_node = min(total, max(cluster.gpus_per_node, 8))
+    if total % per_node:
+        per_node = cluster.gpus_per_node
+    return attrs.evolve(cluster, gpu=gpu or cluster.gpu, nodes=total // per_node, gpus_per_node=per_node)
+
+
+def _change_candidates(request: SolveRequest, response_len: int) -> Iterator[tuple[str, str, bool, SolveRequest]]:
+    """(flags, detail, keeps_workload, request) for each axis, at the smallest step along it that fits."""
+    from rlplan.planner.presets import gpu_presets  # late: only a failed solve needs the table
+
+    cluster = request.cluster
+    # The same GPU kind or one at least as fast (a bigger but slower GPU is not a fix a user wants),
+    # each at the fewest GPUs that fit.
+    kinds = [cluster.gpu] + sorted((g for g in gpu_presets().values() if g.name != cluster.gpu.name
+                                    and g.memory_gib > cluster.gpu.memory_gib
+                                    and g.bf16_tflops >= cluster.gpu.bf16_tflops), key=lambda g: g.memory_gib)
+    # More or bigger GPUs may also need more host RAM (a large model's shared-memory copy per node):
+    # each GPU step tries the host steps too, so a change needing both is still found.
+    for gpu in kinds:
+        found = False
+        for factor, host_factor in itertools.product((1, *GPU_COUNT_FACTORS), (1, *HOST_MEMORY_FACTORS)):
+            if gpu is cluster.gpu and factor == 1:
+                continue
+            host = cluster.host_memory_gib * host_factor
+            bigger = attrs.evolve(_scaled_cluster(cluster, factor, gpu), host_memory_gib=host)
+            candidate = attrs.evolve(request, cluster=bigger)
+            if _fits(candidate, response_len):
+                flags = ([] if gpu is cluster.gpu else [f"--gpu {gpu.name}"]) + (
+                    [f"--gpus {bigger.world_size}"] if factor > 1 else []) + (
+                    [f"--host-mem {host:g}"] if host_factor > 1 else [])
+                detail = f"{bigger.world_size} x {gpu.name} ({gpu.memory_gib:g} GiB)" + (
+                    f", {host:g} GiB host RAM per node" if host_factor > 1 else "")
+                yield " ".join(flags), detail, True, candidate
+                found = True
+                break
+        if found:
+            continue
+    for factor in HOST_MEMORY_FACTORS:
+        host = cluster.host_memory_gib * factor
+        candidate = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=host))
+        if _fits(candidate, response_len):
+            yield f"--host-mem {host:g}", f"{host:g} GiB of host RAM per node", True, candidate
+            break
+    if request.lora == "off" or request.lora == 0:
+        rank = default_lora_rank(request.model.arch)
+        candidate = attrs.evolve(request, lora=rank)
+        if _fits(candidate, response_len):
+            yield f"--lora {rank}", f"LoRA rank {rank} instead of full fine-tuning", False, candidate
+    shorter = response_len
+    while shorter > 256:
+        shorter //= 2
+        candidate = attrs.evolve(request, response_len=shorter, max_response_len=None)
+        if _fits(candidate, shorter):
+            yield f"--response-len {shorter}", f"responses of {shorter} tokens instead of {response_len}", False, \
+                candidate
+            break
+    smaller = request.train_batch_size
+    while smaller > 1:
+        smaller //= 2
+        mini = None if request.ppo_mini_batch_size is None else min(request.ppo_mini_batch_size, smaller)
+        candidate = attrs.evolve(request, train_batch_size=smaller, ppo_mini_batch_size=mini)
+        if _fits(candidate, response_len):
+            yield f"--train-batch-size {smaller}", f"{smaller} prompts per step instead of " \
+                f"{request.train_batch_size}", False, candidate
+            break
+
+
+def _hardware_tier(suggestion: Suggestion) -> int:
+    """GPU memory bought, in steps of 10 %: hardware within one step costs about the same."""
+    return math.floor(math.log(max(suggestion.gpu_memory_gib, 1.0)) / math.log(1 + HARDWARE_TIER_STEP))
+
+
 def diagnose(request: SolveRequest, closest: Candidate | None, response_len: int) -> Diagnosis:
+    """The binding constraint, and the changes along each axis that fit, ranked by what they cost the user.
+
+    Each change is re-solved in full: hardware changes, which keep the run the user asked for,
+    come before changes to what is trained; within each, less GPU memory bought (GPUs x GiB, the
+    price proxy), then the shorter predicted step.
+    """
     if closest is not None:
         limit = closest.memory.binding_constraint
         over = -limit.headroom_bytes / GIB
@@ -708,50 +989,25 @@ def diagnose(request: SolveRequest, closest: Candidate | None, response_len: int
     else:
         binding = "no candidate satisfied the pinned knobs and verl's rules"
     suggestions: list[Suggestion] = []
-    cluster = request.cluster
-    for factor in (2, 4, 8):
-        bigger = attrs.evolve(cluster, nodes=cluster.nodes * factor) if cluster.world_size >= cluster.gpus_per_node \
-            else attrs.evolve(cluster, gpus_per_node=cluster.gpus_per_node * factor)
-        if _fits(attrs.evolve(request, cluster=bigger), response_len):
-            suggestions.append(Suggestion(change=f"--gpus {bigger.world_size}",
-                                          detail=f"{factor}x the GPUs ({bigger.world_size})",
-                                          relative_change=float(factor - 1)))
-            break
-    from rlplan.planner.presets import gpu_presets  # late: only a failed solve needs the table
-
-    larger = sorted((g for g in gpu_presets().values() if g.memory_gib > cluster.gpu.memory_gib),
-                    key=lambda g: g.memory_gib)
-    for gpu in larger:
-        if _fits(attrs.evolve(request, cluster=attrs.evolve(cluster, gpu=gpu)), response_len):
-            suggestions.append(Suggestion(change=f"--gpu {gpu.name}", detail=f"{gpu.memory_gib:g} GiB per GPU",
-                                          relative_change=gpu.memory_gib / cluster.gpu.memory_gib - 1))
-            break
-    shorter = response_len
-    while shorter > 256:
-        shorter //= 2
-        if _fits(request, shorter):
-            suggestions.append(Suggestion(change=f"--response-len {shorter}",
-                                          detail=f"responses of {shorter} tokens instead of {response_len}",
-                                          relative_change=1 - shorter / response_len))
-            break
-    smaller = request.train_batch_size
-    while smaller > 1:
-        smaller //= 2
-        mini = None if request.ppo_mini_batch_size is None else min(request.ppo_mini_batch_size, smaller)
-        if _fits(attrs.evolve(request, train_batch_size=smaller, ppo_mini_batch_size=mini), response_len):
-            suggestions.append(Suggestion(change=f"--train-batch-size {smaller}",
-                                          detail=f"{smaller} prompts per step instead of {request.train_batch_size}",
-                                          relative_change=1 - smaller / request.train_batch_size))
-            break
-    if request.lora == "off" or (isinstance(request.lora, int) and request.lora == 0):
-        rank = default_lora_rank(request.model.arch)
-        if _fits(attrs.evolve(request, lora=rank), response_len):
-            suggestions.append(Suggestion(change=f"--lora {rank}", detail=f"LoRA rank {rank} instead of full "
-                                          "fine-tuning", relative_change=0.5))
-    suggestions.sort(key=lambda s: s.relative_change)
+    for change, detail, keeps_workload, candidate in _change_candidates(request, response_len):
+        solved = solve(candidate)
+        if solved.best is None:
+            continue
+        suggestions.append(Suggestion(change=change, detail=detail, keeps_workload=keeps_workload,
+                                      step_time_s=round(solved.best.step_time.total_seconds, 1),
+                                      gpus=candidate.cluster.world_size,
+                                      gpu_memory_gib=candidate.cluster.world_size * candidate.cluster.gpu.memory_gib))
+    suggestions.sort(key=lambda s: (not s.keeps_workload, _hardware_tier(s), s.step_time_s))
+    # One suggestion per tier: three variants of "4 x 80 GiB" are one choice for the user, not three.
+    shown: dict[tuple[bool, int], Suggestion] = {}
+    for suggestion in suggestions:
+        shown.setdefault((suggestion.keeps_workload, _hardware_tier(suggestion)), suggestion)
+    suggestions = list(shown.values())[:SUGGESTIONS_SHOWN]
     if suggestions:
-        message = f"Nothing fits: {binding}. The smallest change that fits: {suggestions[0].change} ({suggestions[0].detail})."
+        ranked = "; ".join(f"{s.change} ({s.detail}, ~{s.step_time_s:g} s per step)" for s in suggestions)
+        message = f"Nothing fits: {binding}. Changes that fit, best first (each re-solved): {ranked}."
     else:
-        message = f"Nothing fits: {binding}. No single change tried (8x GPUs, a bigger GPU, shorter responses, a " \
-                  "smaller batch, LoRA) makes it fit."
+        message = (f"Nothing fits: {binding}. No change tried ({GPU_COUNT_FACTORS[-1]}x the GPUs, a bigger GPU "
+                   f"at least as fast, {HOST_MEMORY_FACTORS[-1]}x the host RAM, LoRA, shorter responses, a "
+                   "smaller batch) makes it fit.")
     return Diagnosis(binding=binding, message=message, suggestions=tuple(suggestions))

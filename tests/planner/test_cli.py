@@ -186,3 +186,85 @@ def test_explain_names_the_priced_head_and_the_lengths_the_flags_set(solved_plan
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "Loss head priced: flash_attn_ce" in text and "100 prompt + 300 response tokens" in text
+
+
+@pytest.mark.parametrize("pin", [
+    "actor.param_offload=True",
+    "actor.param_offload=true",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+])
+def test_fix_accepts_verl_and_hydra_spellings(tmp_path, pin):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "--fix", pin, "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert plan_from_toml(path.read_text()).actor.param_offload is True
+
+
+@pytest.mark.parametrize(("pin", "key"), [
+    ("actor.param_offload=3", "actor.param_offload"),
+    ("actor_rollout_ref.actor.fsdp_config.param_offload=yes", "actor_rollout_ref.actor.fsdp_config.param_offload"),
+    ("rollout.load_format=bogus", "rollout.load_format"),
+    ("rollout.sleep_level=3", "rollout.sleep_level"),
+    ("actor.lr=nan", "actor.lr"),
+    ("actor.lr=inf", "actor.lr"),
+    ("actor.lr=fast", "actor.lr"),
+    ("rollout.max_num_seqs=${oc.env:N}", "rollout.max_num_seqs"),
+])
+def test_fix_of_the_wrong_type_or_choice_is_bad_input_naming_the_key(tmp_path, pin, key):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "--fix", pin, "-o", str(path))
+    assert result.exit_code == 2, result.output
+    assert key in result.output.replace("\n", "")
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--n", "0"), ("--train-batch-size", "0"), ("--nodes", "0"), ("--gpus-per-node", "0"), ("--n", "-1"),
+    ("--ppo-mini-batch-size", "0"), ("--host-mem", "0"), ("--host-mem", "nan"),
+])
+def test_zero_or_negative_solve_flags_are_bad_input_not_defaults(flag, value):
+    result = invoke(*SOLVE_7B, flag, value)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
+
+
+def test_solve_top_lists_the_best_candidates_with_knobs_phases_and_step_time():
+    result = invoke(*SOLVE_7B, "--top", "3", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    top = payload["top"]
+    assert [row["rank"] for row in top] == [1, 2, 3]
+    assert [row["step_time_s"] for row in top] == sorted(row["step_time_s"] for row in top)
+    for row in top:
+        assert {"actor_update", "rollout"} <= set(row["phase_peak_gib"])
+        assert {"rollout.tensor_model_parallel_size", "actor.param_offload"} <= set(row["knobs"])
+    # The first is the chosen plan.
+    assert top[0]["knobs"]["rollout.max_num_seqs"] == payload["plan"]["rollout"]["max_num_seqs"]
+    table = invoke(*SOLVE_7B, "--top", "2")
+    assert table.exit_code == 0 and "The 2 best candidates" in table.output
+
+
+def test_solve_json_carries_the_chosen_plans_knobs(solved_plan):
+    result = invoke(*SOLVE_7B, "--json")
+    knobs = json.loads(result.output)["plan"]
+    written = plan_from_toml(solved_plan.read_text())
+    assert knobs["actor"]["ppo_max_token_len_per_gpu"] == written.actor.ppo_max_token_len_per_gpu
+    assert knobs["rollout"]["gpu_memory_utilization"] == written.rollout.gpu_memory_utilization
+    assert "arch" not in knobs["model"]
+
+
+def test_solve_top_zero_is_bad_input():
+    result = invoke(*SOLVE_7B, "--top", "0")
+    assert result.exit_code == 2 and "--top" in result.output
+
+
+def test_fix_string_and_list_values_in_hydra_syntax_round_trip(tmp_path):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "--fix", "trainer.experiment_name=7", "--fix", "model.lora.target_modules=[q_proj,v_proj]",
+                    "--fix", "model.lora.rank=32", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    plan = plan_from_toml(path.read_text())
+    assert plan.trainer.experiment_name == "7"
+    assert plan.model.lora.target_modules == ("q_proj", "v_proj")
+    assert invoke("validate", str(path)).exit_code == 0

@@ -14,6 +14,7 @@ from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.plan import ModelSection
 from rlplan.planner.presets import resolve_model
+from rlplan.planner.profile import DEFAULT_PROFILE
 from rlplan.planner.rules import check_plan
 from rlplan.planner.solver import (
     SolveRequest,
@@ -193,3 +194,200 @@ def test_pinning_fixed_micro_batches_solves_the_largest_micro_batch_that_divides
     if larger:
         bigger = plan.evolve(actor=attrs.evolve(plan.actor, ppo_micro_batch_size_per_gpu=larger[0]))
         assert predict_phase(bigger, "actor_update").peak_bytes > plan.cluster.gpu_memory_bytes
+
+
+def test_pinned_rollout_utilization_sizes_max_num_seqs_from_the_kv_cache_it_leaves():
+    pins = {"rollout.gpu_memory_utilization": 0.3}
+    plan = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5,
+                             pins=pins)).plan
+    assert plan is not None and plan.rollout.gpu_memory_utilization == 0.3
+    report = predict_memory(plan, DEFAULT_PROFILE)
+    # Sized for the pinned 0.3, not for the ~0.8 the solver would pick (640 sequences per replica there).
+    assert plan.rollout.max_num_seqs <= report.max_concurrent_sequences < 640
+    unpinned = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5)).plan
+    assert unpinned is not None and unpinned.rollout.max_num_seqs > plan.rollout.max_num_seqs
+
+
+def test_pinned_max_num_seqs_derives_max_num_batched_tokens_and_is_kept():
+    pins = {"rollout.max_num_seqs": 9000}
+    plan = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5,
+                             pins=pins)).plan
+    assert plan is not None and plan.rollout.max_num_seqs == 9000
+    assert plan.rollout.max_num_batched_tokens >= 9000
+
+
+def test_pinned_token_budget_is_an_input_to_its_pass():
+    pins = {"actor.ppo_max_token_len_per_gpu": 4096}
+    plan = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5,
+                             pins=pins)).plan
+    assert plan is not None and plan.actor.ppo_max_token_len_per_gpu == 4096
+    assert predict_memory(plan, DEFAULT_PROFILE).fits
+
+
+@pytest.mark.parametrize(("changes", "rule", "fixed"), [
+    ({"train_batch_size": 100, "n": 3}, "dispatch_divisible_by_dp", [{"train_batch_size": 96}, {"train_batch_size": 104}]),
+    ({"train_batch_size": 1, "n": 5}, "actor_micro_batch_divides_mini", [{"train_batch_size": 8}]),
+    ({"ppo_mini_batch_size": 7}, "mini_batch_divisible_by_dp", [{"ppo_mini_batch_size": 8}]),
+    ({"pins": {"rollout.tensor_model_parallel_size": 3}}, "rollout_tp_divides_world",
+     [{"pins": {"rollout.tensor_model_parallel_size": 2}}]),
+])
+def test_a_broken_batch_rule_is_named_before_memory_with_the_nearest_valid_values_that_fit(changes, rule, fixed):
+    request = attrs.evolve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256,
+                                       n=5), **changes)
+    result = solve(request)
+    assert result.best is None and result.diagnosis is not None
+    assert result.diagnosis.binding.startswith(f"verl rule `{rule}`")
+    assert "kv_cache" not in result.diagnosis.message
+    for change in fixed:
+        flag, value = next(iter(change.items()))
+        if flag == "pins":
+            key, number = next(iter(value.items()))
+            assert any(s.change == f"--fix {key}={number}" for s in result.diagnosis.suggestions)
+        else:
+            assert any(s.change == f"--{flag.replace('_', '-')} {value}" for s in result.diagnosis.suggestions)
+        repaired = solve(attrs.evolve(request, **change))
+        assert repaired.plan is not None and check_plan(repaired.plan).valid
+
+
+def test_critic_memory_knobs_are_searched_apart_from_the_actors():
+    request = request_for("llama-3.1-8b", gpus=8, gpu_mem=24.0, prompt=512, response=512, batch=32, n=1,
+                          algorithm="gae")
+    choices = list(training_choices(request, 1024))
+    critic_knobs = {(c.critic_param_offload, c.critic_optimizer_offload, c.critic_gradient_checkpointing)
+                    for c in choices if not c.param_offload and not c.optimizer_offload}
+    # The critic may offload while the actor keeps its state on the GPU.
+    assert (True, True, True) in critic_knobs and (False, False, False) in critic_knobs
+    plan = solve(request).plan
+    assert plan is not None and check_plan(plan).valid and predict_memory(plan, DEFAULT_PROFILE).fits
+
+
+def test_pinned_critic_offload_is_kept():
+    pins = {"critic.optimizer_offload": True, "critic.param_offload": False}
+    plan = solve(request_for("qwen2.5-0.5b", gpus=2, gpu_mem=24.0, prompt=256, response=256, batch=8, n=2,
+                             algorithm="gae", pins=pins)).plan
+    assert plan is not None and plan.critic.optimizer_offload and not plan.critic.param_offload
+
+
+def preset_request(model: str, gpu: str, gpus: int, *, host_mem: float = 1024.0, **changes) -> SolveRequest:
+    from rlplan.planner.presets import resolve_gpu
+
+    resolved = resolve_model(model)
+    per_node = min(gpus, 8)
+    return SolveRequest(
+        model=ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch),
+        cluster=Cluster(gpu=resolve_gpu(gpu), nodes=gpus // per_node, gpus_per_node=per_node,
+                        host_memory_gib=host_mem),
+        prompt_len=1024, response_len=2048, **changes,
+    )
+
+
+def _apply_suggestion(request: SolveRequest, change: str) -> SolveRequest:
+    """A suggestion's flags applied to the request, as the CLI would read them."""
+    from rlplan.planner.presets import resolve_gpu
+    from rlplan.planner.solver import _scaled_cluster
+
+    flags = dict(zip(change.split()[::2], change.split()[1::2], strict=True))
+    cluster = request.cluster
+    if "--gpu" in flags:
+        cluster = attrs.evolve(cluster, gpu=resolve_gpu(flags["--gpu"]))
+    if "--gpus" in flags:
+        cluster = _scaled_cluster(cluster, int(flags["--gpus"]) // cluster.world_size)
+    if "--host-mem" in flags:
+        cluster = attrs.evolve(cluster, host_memory_gib=float(flags["--host-mem"]))
+    return attrs.evolve(request, cluster=cluster)
+
+
+@pytest.mark.parametrize(("model", "gpu", "gpus", "host_mem", "lora", "expected_flag"), [
+    ("llama-3.1-70b", "h100-80g", 16, 1024.0, "off", "--gpus"),
+    ("qwen2.5-72b", "rtx4090-24g", 1, 1024.0, "auto", "--gpu"),
+    ("llama-3.1-405b", "h100-80g", 64, 512.0, "auto", "--host-mem"),
+])
+def test_nothing_fits_suggests_changes_that_fit_on_a_gpu_at_least_as_fast(model, gpu, gpus, host_mem, lora,
+                                                                        expected_flag):
+    from rlplan.planner.presets import resolve_gpu
+
+    request = preset_request(model, gpu, gpus, host_mem=host_mem, lora=lora)
+    diagnosis = solve(request).diagnosis
+    assert diagnosis is not None and 1 <= len(diagnosis.suggestions) <= 3, diagnosis
+    assert any(expected_flag in s.change.split() for s in diagnosis.suggestions), diagnosis.message
+    for suggestion in diagnosis.suggestions:
+        fixed = _apply_suggestion(request, suggestion.change)
+        assert fixed.cluster.gpu.bf16_tflops >= resolve_gpu(gpu).bf16_tflops  # never a slower GPU
+        plan = solve(fixed).plan
+        assert plan is not None and check_plan(plan).valid, suggestion.change
+
+
+def test_objective_memory_leaves_headroom_on_every_phase():
+    from rlplan.planner.solver import MEMORY_OBJECTIVE_HEADROOM
+
+    request = preset_request("qwen2.5-7b", "a100-40g", 8, objective="memory")
+    plan = solve(request).plan
+    assert plan is not None
+    report = predict_memory(plan, DEFAULT_PROFILE)
+    assert max(p.peak_bytes for p in report.phases) <= (1 - MEMORY_OBJECTIVE_HEADROOM) * report.gpu_capacity_bytes
+    filled = solve(attrs.evolve(request, objective="throughput")).plan
+    assert filled is not None and filled.prediction.gpu_peak_gib > plan.prediction.gpu_peak_gib
+
+
+PIN_CHOICES = {
+    "actor.param_offload": st.booleans(),
+    "actor.optimizer_offload": st.booleans(),
+    "model.gradient_checkpointing": st.booleans(),
+    "ref.param_offload": st.booleans(),
+    "critic.optimizer_offload": st.booleans(),
+    "model.lora.rank": st.sampled_from([0, 32]),
+    "rollout.gpu_memory_utilization": st.sampled_from([0.3, 0.5, 0.7]),
+    "rollout.tensor_model_parallel_size": st.sampled_from([1, 2]),
+    "rollout.max_num_seqs": st.sampled_from([16, 64, 256]),
+    "actor.ppo_max_token_len_per_gpu": st.sampled_from([4096, 8192]),
+    "actor.use_kl_loss": st.booleans(),
+}
+
+
+@st.composite
+def pinned_requests(draw):
+    gpus = draw(st.sampled_from([2, 4, 8]))
+    keys = draw(st.lists(st.sampled_from(sorted(PIN_CHOICES)), max_size=3, unique=True))
+    pins = {key: draw(PIN_CHOICES[key]) for key in keys}
+    return request_for(
+        draw(st.sampled_from(["qwen2.5-0.5b", "qwen2.5-7b"])), gpus=gpus,
+        gpu_mem=draw(st.sampled_from([24.0, 80.0])), prompt=draw(st.sampled_from([256, 1024])),
+        response=draw(st.sampled_from([512, 2048])), batch=2 * gpus * draw(st.integers(1, 8)),
+        n=draw(st.sampled_from([2, 4])), lora=draw(st.sampled_from(["auto", "off"])),
+        algorithm=draw(st.sampled_from(["grpo", "gae"])), pins=pins,
+    )
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pinned_requests())
+def test_every_plan_solve_writes_passes_validate_and_keeps_every_pinned_value(request):
+    from rlplan.planner.planfile import plan_from_toml, plan_to_toml
+    from rlplan.planner.report import validation_json
+
+    result = solve(request)
+    if result.best is None:
+        assert result.diagnosis is not None and result.diagnosis.message
+        return
+    written = plan_from_toml(plan_to_toml(result.plan))  # what `solve -o` writes and `validate` reads
+    verdict = validation_json(written, request.profile)
+    assert verdict["valid"] and verdict["feasible"], (verdict["errors"], request.pins)
+    for dotted, value in request.pins.items():
+        actual: object = written
+        for name in dotted.split("."):
+            actual = getattr(actual, name)
+        assert actual == value, (dotted, actual, value)
+
+
+def test_ppo_8b_on_four_24g_gpus_names_the_critic_update_and_changes_that_fit():
+    # The full-parameter critic's update needs its fp32 params, grads and AdamW state on the GPU
+    # even when offloaded between steps (verl reloads them for the step): ~43 GiB on 4 ranks.
+    request = request_for("llama-3.1-8b", gpus=4, gpu_mem=24.0, prompt=512, response=512, batch=32, n=1,
+                          algorithm="gae")
+    result = solve(request)
+    assert result.best is None and result.diagnosis is not None
+    assert "critic_update" in result.diagnosis.binding
+    assert result.diagnosis.suggestions
+    for suggestion in result.diagnosis.suggestions:
+        fixed = _apply_suggestion(request, suggestion.change)
+        plan = solve(fixed).plan
+        assert plan is not None and check_plan(plan).valid, suggestion.change
