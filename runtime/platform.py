@@ -8,6 +8,8 @@ names the field and the fix, before any worker starts or anything is written.
 
 from __future__ import annotations
 
+import os
+
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
@@ -33,6 +35,24 @@ class Platform:
     def supports_sleep_mode(self) -> bool:
         # vLLM's CPU backend rejects enable_sleep_mode and turns sleep()/wake_up() into no-ops.
         return self.has_accelerator
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_threads_per_rank(world_size: int, cores: int | None = None) -> int:
+    """Intra-op threads for one CPU trainer rank: its share of the machine's cores.
+
+    Trainer ranks run their passes at the same time and the rollout engine runs between them, never
+    beside them, so the ranks split the cores between them; one thread per rank left a one-rank
+    run on a 2-core machine training on half the machine (issue 12).
+    """
+    return max(1, (cores if cores is not None else available_cores()) // max(1, world_size))
 
 
 def detect_platform() -> Platform:

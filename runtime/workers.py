@@ -71,8 +71,10 @@ class TrainerWorker:
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
         else:
-            # Ranks share the machine's cores: one intra-op thread each keeps them from fighting.
-            torch.set_num_threads(1)
+            # Ranks split the machine's cores, so they neither fight over them nor leave them idle.
+            from rlplan.runtime.platform import cpu_threads_per_rank
+
+            torch.set_num_threads(cpu_threads_per_rank(world_size))
             self.device = torch.device("cpu")
         self.policy: Any = None
         self.critic: Any = None
