@@ -55,13 +55,15 @@ def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
     return f"{text[:keep]} ...[{len(text) - 2 * keep} characters left out]... {text[-keep:]}"
 
 
-def print_error(error: PlanError) -> None:
-    """The one place errors are printed: user text escaped (rich markup in a key or path is text) and cut short."""
+def print_error(error: PlanError, console: Any = None) -> None:
+    """The one place errors are printed (stderr unless a command's console is given): user text escaped,
+    so rich markup in a key or path is text, and cut short."""
     from rich.markup import escape
 
     shortened = PlanError(field=shorten(error.field), message=shorten(error.message, 4 * ECHO_LIMIT),
                           fix=shorten(error.fix, 2 * ECHO_LIMIT))
-    _console(stderr=True).print(f"[bold red]error[/] {escape(shortened.paragraph())}", markup=True, highlight=False)
+    (console or _console(stderr=True)).print(f"[bold red]error[/] {escape(shortened.paragraph())}", markup=True,
+                                             highlight=False)
 
 
 def fail(error: PlanError, code: int = EXIT_BAD_INPUT) -> NoReturn:
