@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -39,20 +39,9 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
-# Echoed user values are cut to this many characters: rich wraps long lines in quadratic time, so a
-# 20 MB string in a field would otherwise make printing one error take minutes.
-ECHO_LIMIT = 200
 # Plans, profiles, launch scripts and config.json files are small; anything larger is not one of them
 # (or is /dev/zero), and reading it whole would exhaust memory.
 MAX_INPUT_BYTES = 16 * 2**20
-
-
-def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
-    """Keep the start and the end of a long text, which name the field and the problem."""
-    if len(text) <= limit:
-        return text
-    keep = limit // 2
-    return f"{text[:keep]} ...[{len(text) - 2 * keep} characters left out]... {text[-keep:]}"
 
 
 def print_error(error: PlanError, console: Any = None) -> None:

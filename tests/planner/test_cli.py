@@ -237,3 +237,10 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(solved_plan, tmp_pa
         assert [p.name for p in directory.iterdir()] == ["plan.sh"]
     finally:
         os.chmod(directory, 0o700)
+
+
+def test_rich_markup_in_a_model_name_is_shown_as_text_by_explain(solved_plan, tmp_path):
+    path = tmp_path / "markup-name.toml"
+    path.write_text(solved_plan.read_text().replace('name = "qwen2.5-7b"', 'name = "[/]"', 1))
+    result = invoke("explain", str(path))
+    assert result.exit_code == 0 and "[/]" in result.output, result.output
