@@ -32,8 +32,9 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=timedelta(seconds=300), derandom
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large])
 
-# A refusal is one paragraph "error FIELD: message", or click's usage error naming the option.
-NAMES_A_FIELD = re.compile(r"error\s+\S.*?:|Invalid value for|No such option|Missing (option|argument)|"
+# A refusal is one paragraph "error FIELD: message", validate's table of violated rules (each names its
+# keys), or click's usage error naming the option.
+NAMES_A_FIELD = re.compile(r"error\s+\S.*?:|INVALID: \d+ rule violation|.rule.: |Invalid value for|No such option|Missing (option|argument)|"
                            r"requires an argument|Got unexpected extra", re.S)
 
 QWEN_CONFIG = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
