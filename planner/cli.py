@@ -233,7 +233,8 @@ def guarded(function):
         except ModuleNotFoundError as exc:
             if (exc.name or "").split(".")[0] not in RUNTIME_MODULES:
                 raise
-            fail(PlanError(field=function.__name__, message=f"needs the runtime extra ({exc.name} is not installed).",
+            needs = "--verify" if function.__name__ == "solve" else function.__name__  # solve needs it only to verify
+            fail(PlanError(field=needs, message=f"needs the runtime extra ({exc.name} is not installed).",
                            fix="pip install 'rlplan[runtime]'"))
         except Exception as exc:  # a bug in rlplan, not bad input: say so, keep the trace behind a flag
             if os.environ.get("RLPLAN_DEBUG"):

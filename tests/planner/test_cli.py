@@ -244,3 +244,14 @@ def test_rich_markup_in_a_model_name_is_shown_as_text_by_explain(solved_plan, tm
     path.write_text(solved_plan.read_text().replace('name = "qwen2.5-7b"', 'name = "[/]"', 1))
     result = invoke("explain", str(path))
     assert result.exit_code == 0 and "[/]" in result.output, result.output
+
+
+def test_a_missing_runtime_extra_is_bad_input_with_the_install_command(solved_plan, monkeypatch):
+    import sys
+
+    # As on a planner-only install: importing torch fails however the runtime modules were loaded before.
+    monkeypatch.setitem(sys.modules, "torch", None)
+    for name in [m for m in sys.modules if m.startswith("rlplan.runtime")]:
+        monkeypatch.delitem(sys.modules, name)
+    result = invoke("measure", str(solved_plan))
+    assert result.exit_code == 2 and "rlplan[runtime]" in result.output, result.output
