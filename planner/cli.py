@@ -176,13 +176,22 @@ def load_profile(path: str | None):
     return load_profile_toml(read_text(path, "--profile"), source=path)
 
 
+def local_config_path(spec: str) -> Path | None:
+    """The config.json a model spec names on disk (the file or its directory); None for a preset or hub id."""
+    candidate = Path(os.path.expanduser(spec))
+    try:
+        if candidate.is_dir():
+            candidate = candidate / "config.json"
+        return candidate if candidate.is_file() else None
+    except (OSError, ValueError):  # a name too long or with a NUL byte is no local path
+        return None
+
+
 def resolve_model_arg(spec: str):
     from rlplan.planner.presets import resolve_model
 
-    candidate = Path(spec)
-    if candidate.is_dir():
-        candidate = candidate / "config.json"
-    if candidate.is_file():
+    candidate = local_config_path(spec)
+    if candidate is not None:
         text = read_text(str(candidate), "--model")
         try:
             config = json.loads(text)

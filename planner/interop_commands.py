@@ -9,7 +9,6 @@ import json
 import os
 import stat
 import sys
-from pathlib import Path
 from typing import Any
 
 from rlplan.planner.errors import PlanError
@@ -43,12 +42,11 @@ def parse_env_pins(items: list[str]) -> dict[str, str]:
 
 def read_local_model_config(path: str) -> dict[str, Any] | None:
     """The config.json at a local model directory (or the file itself); None for a hub repo id."""
-    candidate = Path(os.path.expanduser(path))
-    if candidate.is_dir():
-        candidate = candidate / "config.json"
-    if not candidate.is_file():
+    from rlplan.planner.cli import local_config_path, read_text
+
+    candidate = local_config_path(path)
+    if candidate is None:
         return None
-    from rlplan.planner.cli import read_text
 
     try:
         config = json.loads(read_text(str(candidate), "actor_rollout_ref.model.path"))
