@@ -301,11 +301,31 @@ class Architecture:
         return matmul + attention
 
 
+# config.json keys read as whole numbers (sizes, counts, ranks).
+_INTEGER_KEYS = frozenset({
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "n_routed_experts", "num_experts",
+    "num_local_experts", "moe_intermediate_size", "intermediate_size", "n_shared_experts",
+    "shared_expert_intermediate_size", "num_key_value_heads", "head_dim", "v_head_dim", "max_position_embeddings",
+    "num_experts_per_tok", "experts_per_token", "first_k_dense_replace", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim",
+})
+
+
 def architecture_from_hf_config(config: dict[str, Any], source: str = "config.json") -> Architecture:
     """Read an Architecture from a Hugging Face config.json dictionary."""
+    if not isinstance(config, dict):
+        raise PlanError(field="model", message=f"{source} is a JSON {type(config).__name__}, not an object of "
+                        "architecture numbers.", fix="point --model at a Hugging Face model's config.json")
     if "text_config" in config and "hidden_size" not in config:
+        if not isinstance(config["text_config"], dict):
+            raise PlanError(field="model.text_config", message=f"{source}'s text_config is not an object.",
+                            fix="point --model at a Hugging Face model's config.json")
         config = {**config["text_config"]}
-    model_type = str(config.get("model_type", "")).lower()
+    model_type = config.get("model_type", "")
+    if not isinstance(model_type, str):
+        raise PlanError(field="model.model_type", message=f"{source}'s model_type is not a string.",
+                        fix="set model_type to the architecture name, e.g. \"qwen2\"")
+    model_type = model_type.lower()
     missing = [
         key
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -320,10 +340,30 @@ def architecture_from_hf_config(config: dict[str, Any], source: str = "config.js
 
     def get(key: str, default: Any = 0) -> Any:
         value = config.get(key)
-        return default if value is None else value
+        if value is None:
+            return default
+        if isinstance(value, bool) and not isinstance(default, bool):
+            value = int(value)
+        if isinstance(default, bool) or key not in _INTEGER_KEYS:
+            return value
+        # Sizes and counts are whole numbers: "abc", NaN, 2048.9 or 7.5 experts are a broken file, not a model.
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+            value = int(value)
+        if not isinstance(value, int) or abs(value) >= 2**63:
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "..."
+            raise PlanError(field=f"model.{key}", message=f"{source} gives {key} = {shown}, not a whole number.",
+                            fix=f"set {key} to the integer in the model's config.json")
+        return value
 
-    hidden = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
+    hidden = get("hidden_size")
+    heads = get("num_attention_heads")
+    if heads <= 0:
+        raise PlanError(field="model.num_attention_heads", message=f"{source} gives {heads} attention heads.",
+                        fix="set num_attention_heads to the model's positive head count")
+    if not (get("head_dim", 0) or get("v_head_dim", 0)) and hidden % heads != 0:
+        raise PlanError(field="model.hidden_size", message=f"{source}'s hidden_size {hidden} is not divisible by "
+                        f"num_attention_heads {heads}, and no head_dim is given.",
+                        fix="set head_dim, or correct hidden_size / num_attention_heads")
     num_experts = int(get("n_routed_experts", 0) or get("num_experts", 0) or get("num_local_experts", 0))
     is_mla = bool(get("kv_lora_rank", 0))
     family = {
@@ -347,12 +387,12 @@ def architecture_from_hf_config(config: dict[str, Any], source: str = "config.js
     return Architecture(
         family=family,
         hidden_size=hidden,
-        num_layers=int(config["num_hidden_layers"]),
+        num_layers=get("num_hidden_layers"),
         num_attention_heads=heads,
         num_kv_heads=int(get("num_key_value_heads", heads)),
         head_dim=int(get("head_dim", 0) or get("v_head_dim", 0) or hidden // heads),
         intermediate_size=int(get("intermediate_size", 4 * hidden)),
-        vocab_size=int(config["vocab_size"]),
+        vocab_size=get("vocab_size"),
         tie_word_embeddings=bool(get("tie_word_embeddings", family == "gemma2")),  # transformers defaults Gemma to tied
         max_position_embeddings=int(get("max_position_embeddings", 32768)),
         qkv_bias=bool(get("attention_bias", family == "qwen2")) or family in ("qwen2", "qwen2_moe"),

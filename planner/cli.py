@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -39,32 +39,127 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
+# Plans, profiles, launch scripts and config.json files are small; anything larger is not one of them
+# (or is /dev/zero), and reading it whole would exhaust memory.
+MAX_INPUT_BYTES = 16 * 2**20
+
+
+def print_error(error: PlanError, console: Any = None) -> None:
+    """The one place errors are printed (stderr unless a command's console is given): user text escaped,
+    so rich markup in a key or path is text, and cut short."""
+    from rich.markup import escape
+
+    shortened = PlanError(field=shorten(error.field), message=shorten(error.message, 4 * ECHO_LIMIT),
+                          fix=shorten(error.fix, 2 * ECHO_LIMIT))
+    (console or _console(stderr=True)).print(f"[bold red]error[/] {escape(shortened.paragraph())}", markup=True,
+                                             highlight=False)
+
+
 def fail(error: PlanError, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    _console(stderr=True).print(f"[bold red]error[/] {error.paragraph()}", markup=True, highlight=False)
+    print_error(error)
     raise typer.Exit(code)
 
 
 def read_text(path: str, what: str) -> str:
+    """Read a small regular file as UTF-8; FIFOs, devices, directories and huge files are refused, not read."""
+    import stat
+
+    shown = shorten(path)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        # O_NONBLOCK so that opening a FIFO with no writer cannot block; the fstat below then refuses it.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise PlanError(field=what, message=f"file {path!r} does not exist.", fix="check the path") from None
+        raise PlanError(field=what, message=f"file {shown!r} does not exist.", fix="check the path") from None
     except IsADirectoryError:
-        raise PlanError(field=what, message=f"{path!r} is a directory, not a file.", fix="pass the file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(field=what, message=f"cannot read {path!r}: {exc}.", fix="check the file") from None
+        raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file") from None
+    except (OSError, ValueError) as exc:
+        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the path") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file")
+        if not stat.S_ISREG(info.st_mode):
+            raise PlanError(field=what, message=f"{shown!r} is not a regular file (a pipe, socket or device).",
+                            fix="save the content to a file and pass that")
+        if info.st_size > MAX_INPUT_BYTES:
+            raise PlanError(field=what, message=f"{shown!r} is {info.st_size} bytes, more than the "
+                            f"{MAX_INPUT_BYTES // 2**20} MiB limit for this input.", fix="check that this is the right file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise PlanError(field=what, message=f"{shown!r} is more than {MAX_INPUT_BYTES // 2**20} MiB.",
+                            fix="check that this is the right file")
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(field=what, message=f"{shown!r} is not UTF-8 text ({exc.reason} at byte {exc.start}).",
+                        fix="save the file as UTF-8") from None
+    except OSError as exc:
+        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the file") from None
+    finally:
+        os.close(fd)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_overwriting_input(output: str, input_path: str, what: str = "--output") -> None:
+    """`-o` naming the file being read would replace the input with a different kind of file."""
+    if _same_file(output, input_path):
+        raise PlanError(field=what, message=f"{shorten(output)!r} is the input file; writing it would destroy the input.",
+                        fix="pass a different -o path")
 
 
 def write_text(path: str, text: str, what: str) -> None:
-    """Write via a temporary file and rename, so an interrupted write never leaves half a plan."""
-    target = Path(path)
+    """Every writer's one path to disk: write a unique temporary file beside the target, fsync, rename over it.
+
+    An interrupted or failed write leaves the target as it was and no temporary behind; concurrent writers
+    never share a temporary name; a symlink is written through (its target is replaced, the link kept);
+    directories and device nodes are refused rather than renamed over.
+    """
+    import stat
+    import tempfile
+
+    shown = shorten(path)
     try:
+        target = Path(os.path.realpath(path))
+        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+            kind = "a directory" if target.is_dir() else "not a regular file (a device, pipe or socket)"
+            raise PlanError(field=what, message=f"{shown!r} is {kind}.", fix="pass a file path, e.g. -o plan.toml")
+        if str(path).endswith(os.sep) or path in ("", ".", ".."):
+            raise PlanError(field=what, message=f"{shown!r} names a directory.", fix="pass a file path, e.g. -o plan.toml")
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.partial")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(target)
-    except OSError as exc:
-        raise PlanError(field=what, message=f"cannot write {path!r}: {exc}.", fix="choose a writable path") from None
+        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+        # A short temporary name, so a target name near the 255-byte limit still has room.
+        fd, partial = tempfile.mkstemp(prefix=".rlp", suffix=".tmp", dir=target.parent)
+    except PlanError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise PlanError(field=what, message=f"cannot write {shown!r}: {exc}.", fix="choose a writable path") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(partial, mode if mode is not None else 0o666 & ~_umask())
+        os.replace(partial, target)
+    except BaseException as exc:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        if isinstance(exc, (OSError, ValueError)):
+            raise PlanError(field=what, message=f"cannot write {shown!r}: {exc}.", fix="choose a writable path") from None
+        raise
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def load_plan(path: str):
@@ -90,18 +185,27 @@ def with_expected_lengths(plan, prompt: int | None, response: int | None):
     return with_overrides(plan, overrides) if overrides else plan
 
 
+def local_config_path(spec: str) -> Path | None:
+    """The config.json a model spec names on disk (the file or its directory); None for a preset or hub id."""
+    candidate = Path(os.path.expanduser(spec))
+    try:
+        if candidate.is_dir():
+            candidate = candidate / "config.json"
+        return candidate if candidate.is_file() else None
+    except (OSError, ValueError):  # a name too long or with a NUL byte is no local path
+        return None
+
+
 def resolve_model_arg(spec: str):
     from rlplan.planner.presets import resolve_model
 
-    candidate = Path(spec)
-    if candidate.is_dir():
-        candidate = candidate / "config.json"
-    if candidate.is_file():
+    candidate = local_config_path(spec)
+    if candidate is not None:
         text = read_text(str(candidate), "--model")
         try:
             config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(field="--model", message=f"{candidate} is not valid JSON ({exc}).",
+        except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+            raise PlanError(field="--model", message=f"{shorten(str(candidate))} is not valid JSON ({shorten(str(exc))}).",
                             fix="point --model at a Hugging Face config.json or its directory") from None
         return resolve_model(spec, local_config=config)
     return resolve_model(spec)
@@ -121,6 +225,11 @@ def parse_fixes(fixes: list[str]) -> dict[str, Any]:
     return pins
 
 
+# Modules only the runtime extra installs: a command that needs one fails as bad setup (exit 2), not as a bug.
+RUNTIME_MODULES = frozenset({"torch", "vllm", "ray", "transformers", "peft", "datasets", "accelerate", "safetensors",
+                             "numpy", "pynvml", "tensordict", "tokenizers", "pyarrow"})
+
+
 def guarded(function):
     """Turn PlanError into the one-paragraph message and exit 2; other failures into exit 3 without a traceback."""
     import functools
@@ -136,12 +245,24 @@ def guarded(function):
         except KeyboardInterrupt:
             _console(stderr=True).print("interrupted")
             raise typer.Exit(130) from None
+        except RecursionError:
+            # Only a hostile input (TOML, JSON or ${A:-${A:-...}} nested thousands deep) recurses this far.
+            fail(PlanError(field=function.__name__, message="the input is nested too deeply to read.",
+                           fix="flatten the nested tables, lists or variable defaults"))
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in RUNTIME_MODULES:
+                raise
+            needs = "--verify" if function.__name__ == "solve" else function.__name__  # solve needs it only to verify
+            fail(PlanError(field=needs, message=f"needs the runtime extra ({exc.name} is not installed).",
+                           fix="pip install 'rlplan[runtime]'"))
         except Exception as exc:  # a bug in rlplan, not bad input: say so, keep the trace behind a flag
             if os.environ.get("RLPLAN_DEBUG"):
                 raise
+            from rich.markup import escape
+
             _console(stderr=True).print(
-                f"[bold red]internal error[/] {type(exc).__name__}: {exc}. This is a bug in rlplan, not in your "
-                "input; rerun with RLPLAN_DEBUG=1 for the traceback and report it.", markup=True)
+                f"[bold red]internal error[/] {type(exc).__name__}: {escape(shorten(str(exc)))}. This is a bug in "
+                "rlplan, not in your input; rerun with RLPLAN_DEBUG=1 for the traceback and report it.", markup=True)
             raise typer.Exit(EXIT_INTERNAL) from None
 
     return wrapper
@@ -245,7 +366,7 @@ def solve(
     if algorithm not in ("grpo", "gae", "rloo", "reinforce_plus_plus"):
         raise PlanError(field="--algo", message=f"unknown algorithm {algo!r}.",
                         fix="pass grpo, ppo, rloo or reinforce_plus_plus")
-    if lora not in ("off", "auto") and not lora.isdigit():
+    if lora not in ("off", "auto") and not (lora.isascii() and lora.isdigit()):
         raise PlanError(field="--lora", message=f"{lora!r} is not off, auto or a rank.", fix="pass --lora 64")
     if objective not in ("throughput", "memory"):
         raise PlanError(field="--objective", message=f"{objective!r} is not throughput or memory.",
@@ -267,7 +388,7 @@ def solve(
         max_response_len=max_response_len, train_batch_size=256 if train_batch_size is None else train_batch_size,
         n=5 if n is None else n,
         algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
-        lora=int(lora) if lora.isdigit() else lora, objective=objective, pins=parse_fixes(fix or []),
+        lora=int(lora) if lora.isascii() and lora.isdigit() else lora, objective=objective, pins=parse_fixes(fix or []),
         base=base, profile=load_profile(profile),
         expected_prompt_len=expected_prompt_len, expected_response_len=expected_response_len,
     )
@@ -286,8 +407,11 @@ def solve(
                 "evaluated": result.evaluated,
             }, indent=2))
         else:
+            from rich.markup import escape
+
             console = _console(stderr=True)
-            console.print(f"[bold red]no feasible plan[/] {result.diagnosis.message}", markup=True)
+            console.print(f"[bold red]no feasible plan[/] {escape(shorten(result.diagnosis.message, 4 * ECHO_LIMIT))}",
+                          markup=True)
         raise typer.Exit(EXIT_INFEASIBLE)
     plan = result.plan
     verification: list[dict[str, Any]] = []
@@ -302,11 +426,10 @@ def solve(
             else:
                 _console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
             raise typer.Exit(EXIT_INFEASIBLE)
-    if output:
-        text = plan_to_toml(plan)
-        # Read back as `validate` will: a plan it would reject (a pin its strict reader refuses) is not written.
-        plan_from_toml(text, source="the solved plan")
-        write_text(output, text, "--output")
+    # Everything that can fail runs before the plan is written, so a written plan means a finished solve.
+    plan_text = plan_to_toml(plan)
+    # Read back as `validate` will: a plan it would reject (a pin its strict reader refuses) is not written.
+    plan_from_toml(plan_text, source="the solved plan")
     if json_output:
         from rlplan.planner.planfile import plan_to_dict
         from rlplan.planner.report import validation_json
@@ -321,15 +444,21 @@ def solve(
             payload["top"] = top_rows
         if verify:
             payload["verification"] = verification
-        print(json.dumps(payload, indent=2))
+        report_text = json.dumps(payload, indent=2)
+        if output:
+            write_text(output, plan_text, "--output")
+        print(report_text)
     else:
-        console = _console()
-        for renderable in solve_summary(plan, result, output, request.profile):
-            console.print(renderable)
+        renderables = list(solve_summary(plan, result, output, request.profile))
         if top:
             from rlplan.planner.report import top_candidates_table
 
-            console.print(top_candidates_table(top_rows))
+            renderables.append(top_candidates_table(top_rows))
+        if output:
+            write_text(output, plan_text, "--output")
+        console = _console()
+        for renderable in renderables:
+            console.print(renderable)
         if not output:
             console.print("(plan not written: pass -o plan.toml)")
 

@@ -25,3 +25,16 @@ class PlanError(Exception):
 
     def as_dict(self) -> dict[str, str]:
         return {"field": self.field, "message": self.message, "fix": self.fix}
+
+
+# Echoed user values are cut to this many characters: rich wraps long lines in quadratic time, so a
+# 20 MB string in a field would otherwise make printing one error take minutes.
+ECHO_LIMIT = 200
+
+
+def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
+    """Keep the start and the end of a long text, which name the field and the problem."""
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]} ...[{len(text) - 2 * keep} characters left out]... {text[-keep:]}"

@@ -9,13 +9,16 @@ from attrs import frozen
 
 from rlplan.planner.errors import PlanError
 
+# No GPU, node count or link speed comes near this; beyond it byte counts overflow float arithmetic.
+_IMPLAUSIBLY_LARGE = 1e9
+
 
 def _positive_number(field_prefix: str):
     def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
-        if not math.isfinite(value) or value <= 0:
+        if not math.isfinite(value) or value <= 0 or value > _IMPLAUSIBLY_LARGE:
             raise PlanError(
                 field=f"{field_prefix}.{attribute.name}",
-                message=f"must be positive, got {value}.",
+                message=f"must be positive and below {_IMPLAUSIBLY_LARGE:g}, got {value}.",
                 fix=f"set {field_prefix}.{attribute.name} to a positive number",
             )
 

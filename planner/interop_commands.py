@@ -9,7 +9,6 @@ import json
 import os
 import stat
 import sys
-from pathlib import Path
 from typing import Any
 
 from rlplan.planner.errors import PlanError
@@ -25,9 +24,9 @@ def _stderr():
 
 
 def _print_error(error: PlanError) -> int:
-    from rich.markup import escape
+    from rlplan.planner.cli import print_error
 
-    _stderr().print(f"[bold red]error[/] {escape(error.paragraph())}")
+    print_error(error)
     return EXIT_BAD_INPUT
 
 
@@ -43,16 +42,15 @@ def parse_env_pins(items: list[str]) -> dict[str, str]:
 
 def read_local_model_config(path: str) -> dict[str, Any] | None:
     """The config.json at a local model directory (or the file itself); None for a hub repo id."""
-    candidate = Path(os.path.expanduser(path))
-    if candidate.is_dir():
-        candidate = candidate / "config.json"
-    if not candidate.is_file():
+    from rlplan.planner.cli import local_config_path, read_text
+
+    candidate = local_config_path(path)
+    if candidate is None:
         return None
-    from rlplan.planner.cli import read_text
 
     try:
         config = json.loads(read_text(str(candidate), "actor_rollout_ref.model.path"))
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
         raise PlanError(field="actor_rollout_ref.model.path", message=f"{candidate} is not valid JSON ({exc}).",
                         fix="point the model path at a Hugging Face model directory") from None
     if not isinstance(config, dict):
@@ -78,11 +76,13 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: float | None, host_
                    output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None)) -> int:
     from rich.markup import escape
 
-    from rlplan.planner.cli import read_text, with_expected_lengths, write_text
+    from rlplan.planner.cli import read_text, refuse_overwriting_input, with_expected_lengths, write_text
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.planner.verl_import import import_verl_script
 
     try:
+        if output:
+            refuse_overwriting_input(output, script)
         result = import_verl_script(
             read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
             env=parse_env_pins(env), local_config_reader=read_local_model_config, environment=dict(os.environ),
@@ -103,10 +103,12 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: float | None, host_
 
 
 def render_command(plan_path: str, *, target: str, fmt: str, output: str | None) -> int:
-    from rlplan.planner.cli import load_plan, write_text
+    from rlplan.planner.cli import load_plan, refuse_overwriting_input, write_text
     from rlplan.planner.render import render_plan
 
     try:
+        if output:
+            refuse_overwriting_input(output, plan_path)
         text = render_plan(load_plan(plan_path), target, fmt, plan_file=plan_path)
         if output:
             write_text(output, text, "--output")

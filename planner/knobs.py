@@ -86,6 +86,9 @@ def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
         hint = f"did you mean `{prefix}{near[0]}`?" if near else f"valid keys here: {', '.join(sorted(names))}"
         raise PlanError(field=dotted, message="is not a plan key.", fix=hint)
     if len(path) == 1:
+        if attrs.has(type(getattr(obj, head))):
+            raise PlanError(field=dotted, message="is a section, not a knob; only leaf keys can be pinned.",
+                            fix=f"pin a key inside it, e.g. {dotted}.{attrs.fields(type(getattr(obj, head)))[0].name}")
         hint = typing.get_type_hints(type(obj))[head]
         return attrs.evolve(obj, **{head: _coerce(value, hint, dotted)})
     return attrs.evolve(obj, **{head: set_knob(getattr(obj, head), path[1:], value, dotted)})

@@ -12,6 +12,7 @@ rules live in ``planner.rules``.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import attrs
@@ -39,7 +40,7 @@ def _at_least(minimum: float, section: str):
     """A validator that names the plan field and the fix."""
 
     def check(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
-        if value is not None and value < minimum:
+        if value is not None and (not math.isfinite(value) or value < minimum):
             raise PlanError(
                 field=f"{section}.{attribute.name}",
                 message=f"must be >= {minimum}, got {value}.",
@@ -51,7 +52,7 @@ def _at_least(minimum: float, section: str):
 
 def _fraction(section: str):
     def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
-        if not 0.0 < value <= 1.0:
+        if not 0.0 < value <= 1.0:  # also false for NaN
             raise PlanError(
                 field=f"{section}.{attribute.name}",
                 message=f"is a fraction of GPU memory and must lie in (0, 1], got {value}.",

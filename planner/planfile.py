@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import tomllib
 import types
 import typing
@@ -28,17 +29,25 @@ def _strict_bool(value: Any, _type: type) -> bool:
     raise TypeError(f"expected true or false, got {value!r}")
 
 
+# TOML's own integer range; a float such as 1e308 is no integer a plan can mean.
+_INT_LIMIT = 2**63
+
+
 def _strict_int(value: Any, _type: type) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and abs(value) < _INT_LIMIT:
             return int(value)
         raise TypeError(f"expected an integer, got {value!r}")
+    if abs(value) >= _INT_LIMIT:
+        raise TypeError(f"expected an integer below 2**63, got {value!r}")
     return value
 
 
 def _strict_float(value: Any, _type: type) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise TypeError(f"expected a finite number, got {value!r}")
     return float(value)
 
 
@@ -152,6 +161,9 @@ def _check_keys(data: Any, cls: Any, path: list[str]) -> None:
     hints = typing.get_type_hints(cls)
     valid = {f.name for f in attrs.fields(cls)}
     for key, value in data.items():
+        if key in valid and attrs.has(_unwrap_optional(hints[key])) and not isinstance(value, dict):
+            raise PlanError(field=".".join([*path, key]), message=f"is a section, not a value (got {value!r}).",
+                            fix=f"write it as a [{'.'.join([*path, key])}] table, as `rlplan solve` does")
         if key not in valid:
             near = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)
             hint = f"did you mean `{'.'.join([*path, near[0]])}`?" if near else f"valid keys here: {', '.join(sorted(valid))}"
@@ -176,7 +188,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
 def plan_from_toml(text: str, source: str = "plan.toml") -> Plan:
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer too long to convert
         raise PlanError(
             field=source,
             message=f"is not valid TOML ({exc}).",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlplan.planner.errors import ECHO_LIMIT, shorten
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import (
     at_max_length,
@@ -138,6 +139,12 @@ def _verdict(payload: dict[str, Any]):
         f"step ~{payload['step_time_s']:.1f} s." + length_verdict(payload), style="bold green")
 
 
+def _plain(*texts: str) -> list[Any]:
+    from rich.text import Text
+
+    return [Text(shorten(text, 4 * ECHO_LIMIT)) for text in texts]
+
+
 def violations_table(payload: dict[str, Any]):
     from rich.table import Table
 
@@ -146,10 +153,11 @@ def violations_table(payload: dict[str, Any]):
     table.add_column("rule", style="bold", no_wrap=True)
     table.add_column("what is wrong")
     table.add_column("smallest fix")
+    # Messages quote plan values: plain Text (not markup), cut short.
     for item in payload["errors"]:
-        table.add_row("[red]error[/]", item["rule"], item["message"], item["fix"])
+        table.add_row("[red]error[/]", *_plain(item["rule"], item["message"], item["fix"]))
     for item in payload["warnings"]:
-        table.add_row("[yellow]warn[/]", item["rule"], item["message"], item["fix"])
+        table.add_row("[yellow]warn[/]", *_plain(item["rule"], item["message"], item["fix"]))
     return table
 
 
@@ -276,7 +284,7 @@ def knobs_table(plan: Plan):
     table.add_column(style="bold")
     table.add_column()
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, *_plain(value))  # names and paths from the plan are text, never markup
     return table
 
 

@@ -623,6 +623,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
     skeleton = skeleton_plan(request, response_len)
     sequence_len = skeleton.data.max_sequence_length
     pins = request.pins
+    # Type-check every pin against the schema once, before the choices below read them as numbers.
+    apply_knobs(skeleton, pins)
     choices = _choices_for(request, sequence_len, feasibility_only)
     tp_options = tensor_parallel_options(request.model.arch, request.cluster)
     pinned_tp = pins.get("rollout.tensor_model_parallel_size")

@@ -15,6 +15,7 @@ verbatim in `plan.passthrough` and reported.  Pure: the CLI reads the files.
 from __future__ import annotations
 
 import ast
+import difflib
 import operator
 import re
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ from rlplan.planner.verl_keys import (
     verl_sleep_level,
 )
 
+KNOWN_KEYS = sorted({*BY_KEY, REWARD_PATH_KEY, REWARD_NAME_KEY})
 LocalConfigReader = Callable[[str], "dict[str, Any] | None"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -94,12 +96,30 @@ def _matching(text: str, start: int, opening: str, closing: str) -> int:
                     fix="check the script's quotes and brackets")
 
 
+_HEREDOC = re.compile(r"<<(?P<dash>-)?[ \t]*(?P<delimiter>'[^'\n]*'|\"[^\"\n]*\"|[A-Za-z0-9_]+)")
+
+
+def _skip_heredoc_bodies(text: str, start: int, heredocs: list[tuple[str, bool]]) -> int:
+    """The index after the bodies of the heredocs opened on the line that ended at `start`."""
+    position = start
+    for delimiter, strip_tabs in heredocs:
+        while position < len(text):
+            end = text.find("\n", position)
+            end = len(text) if end < 0 else end
+            line = text[position:end]
+            position = end + 1
+            if (line.lstrip("\t") if strip_tabs else line) == delimiter:
+                break
+    return min(position, len(text))
+
+
 def shell_commands(text: str) -> Iterator[list[str]]:
     """Simple commands as lists of raw words (quotes kept, line continuations removed)."""
     text = re.sub(r"\\\r?\n", "", text)
     words: list[str] = []
     current: list[str] = []
     skip_redirect_target = False
+    heredocs: list[tuple[str, bool]] = []
     i = 0
 
     def end_word() -> None:
@@ -127,6 +147,16 @@ def shell_commands(text: str) -> Iterator[list[str]]:
                 yield list(words)
                 words.clear()
             i += 1
+            if char == "\n" and heredocs:
+                i = _skip_heredoc_bodies(text, i, heredocs)
+                heredocs.clear()
+            continue
+        heredoc = _HEREDOC.match(text, i) if char == "<" else None
+        if heredoc:
+            # `<<EOF` / `<<-'EOF'`: the body after this line is input to the command, not script to lex.
+            end_word()
+            heredocs.append((heredoc.group("delimiter").strip("'\""), bool(heredoc.group("dash"))))
+            i = heredoc.end()
             continue
         if char in "<>":
             if current and "".join(current).isdigit():
@@ -213,15 +243,24 @@ class ShellScope:
         self.pinned = dict(pinned)
         self.values: dict[str, str | _Unset] = dict(environment)
         self.dropped_positional = False
+        # Names assigned inside if/case: the script branches and the import cannot tell which branch runs.
+        self.branch_assigned: set[str] = set()
+        # Names whose value came from the process environment (not --env, not the script), per expansion.
+        self.assigned_by_script: set[str] = set()
+        self.environment_used: list[str] = []
+        self.kept_references: list[str] = []
 
     def assign(self, name: str, value: str | _Unset) -> None:
         if name not in self.pinned:
             self.values[name] = value
+            self.assigned_by_script.add(name)
 
     def lookup(self, name: str) -> str | None:
         if name in self.pinned:
             return self.pinned[name]
         value = self.values.get(name)
+        if value is not None and name not in self.assigned_by_script:
+            self.environment_used.append(name)
         if isinstance(value, _Unset):
             raise _Unresolved(name, value.reason)
         return value
@@ -435,8 +474,12 @@ def _verl_command(scope: ShellScope, raw_words: list[str]) -> VerlCommand | None
                 return None
             arguments: list[str] = []
             for raw in raw_words[offset + 2 :]:
+                scope.environment_used.clear()
                 try:
-                    arguments.extend(scope.expand(raw))
+                    expanded = scope.expand(raw)
+                    if scope.environment_used:
+                        expanded = [_environment_reference(word, raw, scope) for word in expanded]
+                    arguments.extend(expanded)
                 except _Unresolved as exc:
                     raise PlanError(
                         field=exc.name,
@@ -448,11 +491,38 @@ def _verl_command(scope: ShellScope, raw_words: list[str]) -> VerlCommand | None
     return None
 
 
+_SINGLE_REFERENCE = re.compile(r"""["']?\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?["']?""")
+
+
+def _environment_reference(word: str, raw: str, scope: ShellScope) -> str:
+    """An override whose value is exactly one environment variable keeps `${oc.env:NAME}`, not the value.
+
+    A secret (an API key, a token) in the environment must not end up in a plan file; verl reads the
+    placeholder from the same environment when it runs. Modeled keys need the value to plan, so they keep it.
+    """
+    key, sep, _ = word.partition("=")
+    raw_key, raw_sep, raw_value = raw.strip("\"'").partition("=")
+    reference = _SINGLE_REFERENCE.fullmatch(raw_value) if sep and raw_sep else None
+    bare_key = key.lstrip("+~")
+    if reference is None or KEY_ALIASES.get(bare_key, bare_key) in BY_KEY or reference.group(1) in scope.pinned:
+        return word
+    scope.kept_references.append(f"{bare_key}=${{oc.env:{reference.group(1)}}}")
+    return f"{key}=${{oc.env:{reference.group(1)}}}"
+
+
 def find_verl_command(text: str, scope: ShellScope) -> tuple[VerlCommand | None, int]:
     """The first `python -m verl...` command and how many there are."""
     found: VerlCommand | None = None
     count = 0
+    depth = 0
     for words in shell_commands(text):
+        if words[0] in ("if", "case"):
+            depth += 1
+        elif words[0] in ("fi", "esac") and depth:
+            depth -= 1
+        if depth:
+            scope.branch_assigned.update(
+                match.group(1) for word in words if (match := _ASSIGNMENT.match(word)) and word[0] != "-")
         command = _verl_command(scope, words)
         if command is not None:
             count += 1
@@ -498,6 +568,13 @@ def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str
                         "defaults (ppo_trainer.yaml).")
     if scope.dropped_positional:
         warnings.append("the command passes the script's own arguments ($@); they are not part of the import.")
+    if scope.branch_assigned:
+        names = sorted(scope.branch_assigned)
+        warnings.append(f"the script branches (if/case) and assigns {', '.join(names)} there; the import read the "
+                        f"assignments in order. Pass --env {names[0]}=VALUE to choose the branch's value.")
+    if scope.kept_references:
+        warnings.append(f"values from the environment are kept as references, not copied into the plan: "
+                        f"{', '.join(scope.kept_references)}.")
     overrides: list[str] = []
     arguments = list(command.arguments)
     while arguments:
@@ -676,11 +753,15 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     given: dict[str, str] = {}
     passthrough: dict[str, str] = {}
     reward: dict[str, str] = {}
+    seen: dict[str, str | None] = {}
     for raw in overrides:
         override = Override.parse(raw)
         key = KEY_ALIASES.get(override.key, override.key)
         if key != override.key:
             warnings.append(f"{override.key} is verl's older spelling of {key}; read as {key}.")
+        if key in seen and seen[key] != override.value:
+            warnings.append(f"{key} is set twice ({seen[key]} and {override.value}); the last one wins, as in Hydra.")
+        seen[key] = override.value
         if override.prefix == "~" or override.value is None:
             passthrough[f"~{override.key}"] = override.value or ""
             continue
@@ -689,6 +770,9 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         elif key in (REWARD_PATH_KEY, REWARD_NAME_KEY):
             reward[key] = override.value
         else:
+            near = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.9)
+            if near:
+                warnings.append(f"{key} is not a verl key rlplan models; did you mean {near[0]}? Kept as passthrough.")
             passthrough[f"{override.prefix}{override.key}"] = override.value
     scope = dict(environment or {}) | dict(env)
     values = _Values(given, passthrough, scope)

@@ -14,6 +14,7 @@ exact same value (quoting strings, escaping interpolations) and parses what user
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -434,12 +435,13 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
             return value
         raise bad("true or false")
     if entry.kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+                or int(value) != value):
             raise bad("an integer")
         return int(value)
     if entry.kind == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad("a number")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise bad("a finite number")
         return float(value)
     if entry.kind == "str_list":
         items = value if isinstance(value, list) else [value]

@@ -28,6 +28,7 @@ from rlplan.planner.calibration import (
     memory_observation,
     observations_from_metrics,
 )
+from rlplan.planner.cli import print_error, read_text, write_text
 from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
@@ -40,18 +41,16 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str) 
     from rich.console import Console
 
     console = Console(highlight=False)
-    errors = Console(stderr=True, highlight=False)
     try:
         plan = _load_plan(plan_path, from_run)
         if from_run is not None:
             result = calibrate_from_run(plan, _read_metrics(from_run), name=Path(output).stem)
         else:
             result = calibrate_on_gpu(plan, name=Path(output).stem)
+        write_text(output, profile_to_toml(result.profile), "--output")
     except PlanError as error:
-        errors.print(f"[bold red]error[/] {error.paragraph()}")
+        print_error(error)
         return EXIT_BAD_INPUT
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(profile_to_toml(result.profile), encoding="utf-8")
     for note in result.notes:
         console.print(f"note: {note}")
     changed = {key: value for key, value in attrs.asdict(result.profile).items()
@@ -143,12 +142,7 @@ def _load_plan(plan_path: str | None, from_run: str | None) -> Plan:
     if plan_path is None:
         raise PlanError(field="calibrate", message="needs a plan or --from-run.",
                         fix="pass plan.toml or --from-run FILE")
-    try:
-        text = Path(plan_path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanError(field="plan", message=f"cannot read {plan_path!r}: {exc.strerror}.",
-                        fix="pass the path of a plan.toml") from None
-    return plan_from_toml(text, source=plan_path)
+    return plan_from_toml(read_text(plan_path, "plan"), source=plan_path)
 
 
 def _read_metrics(path: str) -> list[dict[str, Any]]:

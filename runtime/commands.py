@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlplan.planner.arch import architecture_from_hf_config
+from rlplan.planner.cli import print_error, read_text, write_text
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.plan import (
@@ -146,10 +147,7 @@ def _console() -> Any:
 def load_plan(plan_path: str | Path) -> Plan:
     from rlplan.planner.planfile import plan_from_toml
 
-    path = Path(plan_path)
-    if not path.is_file():
-        raise PlanError(field=str(plan_path), message="no such plan file.", fix="pass the path of a plan.toml written by `rlplan solve`")
-    return plan_from_toml(path.read_text(encoding="utf-8"), source=str(plan_path))
+    return plan_from_toml(read_text(str(plan_path), "plan"), source=str(plan_path))
 
 
 def _plan_error_of(error: BaseException) -> PlanError | None:
@@ -166,7 +164,7 @@ def _plan_error_of(error: BaseException) -> PlanError | None:
 
 
 def _report_bad_input(console: Any, error: PlanError) -> int:
-    console.print(f"[bold red]error[/bold red] {error.paragraph()}", soft_wrap=True)
+    print_error(error, console)
     return EXIT_BAD_INPUT
 
 
@@ -193,9 +191,7 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
 
     run_dir = Path(options.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan_copy = run_dir / "plan.toml"
-    plan_copy.with_name(".plan.toml.partial").write_text(plan_to_toml(plan), encoding="utf-8")
-    plan_copy.with_name(".plan.toml.partial").replace(plan_copy)
+    write_text(str(run_dir / "plan.toml"), plan_to_toml(plan), "trainer.output_dir")
     console.print(
         f"{len(dataset)} prompts ({dataset.num_filtered} filtered and {dataset.num_truncated} truncated "
         f"at data.max_prompt_length = {plan.data.max_prompt_length})"
@@ -291,7 +287,7 @@ def demo_command(output_dir: str, steps: int) -> int:
     except PlanError as error:
         return _report_bad_input(console, error)
     plan_file = out / "plan.toml"
-    plan_file.write_text(plan_to_toml(plan), encoding="utf-8")
+    write_text(str(plan_file), plan_to_toml(plan), "--output-dir")
     console.print(
         f"demo: tiny Qwen2 in {model_dir}, toy task in {train_file}; plan solved for {world_size} CPU rank(s) "
         f"and written to {plan_file} (update token budget {plan.actor.ppo_max_token_len_per_gpu} per rank); "

@@ -268,3 +268,118 @@ def test_fix_string_and_list_values_in_hydra_syntax_round_trip(tmp_path):
     assert plan.trainer.experiment_name == "7"
     assert plan.model.lora.target_modules == ("q_proj", "v_proj")
     assert invoke("validate", str(path)).exit_code == 0
+
+
+# --- hostile input: escaped errors, bounded reads, safe writes (issue 11) ---------------------------------
+
+
+def test_rich_markup_in_a_plan_value_is_printed_as_text_with_exit_2(solved_plan, tmp_path):
+    path = tmp_path / "markup.toml"
+    path.write_text(solved_plan.read_text().replace("schema_version = 1", 'schema_version = "[/]"'))
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2 and "schema_version" in result.output and "[/]" in result.output
+
+
+def test_a_10_mb_value_is_echoed_cut_short(solved_plan, tmp_path):
+    path = tmp_path / "huge.toml"
+    path.write_text(solved_plan.read_text().replace("schema_version = 1", f'schema_version = "{"x" * 10_000_000}"'))
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2 and "characters left out" in result.output and len(result.output) < 5000
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_only_regular_files_are_read(kind, tmp_path):
+    import os
+
+    path = {"fifo": tmp_path / "pipe", "device": Path("/dev/zero"), "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    result = invoke("explain", str(path))
+    assert result.exit_code == 2 and "error plan:" in result.output
+
+
+@pytest.mark.parametrize("config", ["[1]", "null", '"x"', '{"hidden_size": 2048.9, "num_hidden_layers": 2, '
+                                    '"num_attention_heads": 16, "vocab_size": 100}',
+                                    '{"hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 0, '
+                                    '"vocab_size": 100}', '{"hidden_size": 2050, "num_hidden_layers": 2, '
+                                    '"num_attention_heads": 16, "vocab_size": NaN}', '{"text_config": [1]}',
+                                    "[" * 100_000 + "]" * 100_000])
+def test_hostile_config_json_is_bad_input_naming_a_field(config, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(config)
+    result = invoke("solve", "--model", str(path), "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "512",
+                    "--response-len", "512")
+    assert result.exit_code == 2 and "error " in result.output, result.output
+
+
+@pytest.mark.parametrize("flags", [["--gpu-mem", "1e308"], ["--lora", "\u00b2"], ["--fix", "actor=5"],
+                                   ["--fix", "[/red]=1"], ["-o", "."]])
+def test_hostile_solve_flags_are_bad_input(flags):
+    base = ["solve", "--model", "qwen2.5-0.5b", "--gpus", "8", "--prompt-len", "512", "--response-len", "512"]
+    result = invoke(*base, *([] if flags[0] == "--gpu-mem" else ["--gpu", "h100-80g"]), *flags)
+    assert result.exit_code == 2 and "error " in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ["render", "import"])
+def test_output_equal_to_the_input_is_refused_and_the_input_kept(command, solved_plan, tmp_path):
+    if command == "render":
+        path = tmp_path / "plan.toml"
+        path.write_text(solved_plan.read_text())
+        args = ["render", str(path), "-o", str(path)]
+    else:
+        path = tmp_path / "run.sh"
+        path.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n")
+        args = ["import", "verl", str(path), "--gpu", "h100-80g", "-o", str(path)]
+    before = path.read_text()
+    result = invoke(*args)
+    assert result.exit_code == 2 and "is the input file" in " ".join(result.output.split())
+    assert path.read_text() == before
+
+
+def test_writes_go_through_symlinks_leave_no_temporary_and_allow_long_names(solved_plan, tmp_path):
+    target = tmp_path / "real.sh"
+    target.write_text("old")
+    link = tmp_path / "link.sh"
+    link.symlink_to(target)
+    assert invoke("render", str(solved_plan), "-o", str(link)).exit_code == 0
+    assert link.is_symlink() and target.read_text().startswith("#!")
+    long_name = tmp_path / ("r" * 250 + ".sh")
+    assert invoke("render", str(solved_plan), "-o", str(long_name)).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["real.sh", "link.sh", long_name.name])
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(solved_plan, tmp_path):
+    import os
+
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    (directory / "plan.sh").write_text("old")
+    os.chmod(directory, 0o500)
+    try:
+        result = invoke("render", str(solved_plan), "-o", str(directory / "plan.sh"))
+        if os.access(directory, os.W_OK):  # root ignores the mode; the write then simply succeeds
+            assert result.exit_code == 0
+        else:
+            assert result.exit_code == 2 and "--output" in result.output
+            assert (directory / "plan.sh").read_text() == "old"
+        assert [p.name for p in directory.iterdir()] == ["plan.sh"]
+    finally:
+        os.chmod(directory, 0o700)
+
+
+def test_rich_markup_in_a_model_name_is_shown_as_text_by_explain(solved_plan, tmp_path):
+    path = tmp_path / "markup-name.toml"
+    path.write_text(solved_plan.read_text().replace('name = "qwen2.5-7b"', 'name = "[/]"', 1))
+    result = invoke("explain", str(path))
+    assert result.exit_code == 0 and "[/]" in result.output, result.output
+
+
+def test_a_missing_runtime_extra_is_bad_input_with_the_install_command(solved_plan, monkeypatch):
+    import sys
+
+    # As on a planner-only install: importing torch fails however the runtime modules were loaded before.
+    monkeypatch.setitem(sys.modules, "torch", None)
+    for name in [m for m in sys.modules if m.startswith("rlplan.runtime")]:
+        monkeypatch.delitem(sys.modules, name)
+    result = invoke("measure", str(solved_plan))
+    assert result.exit_code == 2 and "rlplan[runtime]" in result.output, result.output

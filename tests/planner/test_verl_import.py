@@ -147,3 +147,46 @@ def test_head_and_dtype_keys_import_as_verl_runs_them():
     assert resolved_loss_head(plan) == "fused" and not plan.actor.use_torch_compile
     assert plan.actor.model_dtype == "bf16" and plan.ref.model_dtype == "bf16"
     assert not plan.passthrough
+
+
+
+BRANCHING_SCRIPT = """cat > notes.txt <<END
+it's a note: python3 -m verl.trainer.main_ppo data.train_batch_size=3
+END
+if [ "$BIG" = 1 ]; then
+  TBS=64
+else
+  TBS=16
+fi
+python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct \\
+  data.train_batch_size=$TBS trainer.n_gpus_per_node=8 actor_rollout_ref.actor.ppo_mini_batch_size=16 \\
+  trainer.wandb_key=$SECRET actor_rollout_ref.acotr.ppo_epochs=2 actor_rollout_ref.rollout.n=4 \\
+  actor_rollout_ref.rollout.n=5
+"""
+
+
+def test_a_verl_line_inside_a_heredoc_is_not_the_command_and_its_quote_does_not_break_lexing():
+    result = load(BRANCHING_SCRIPT, environment={"SECRET": "hunter2"})
+    assert result.plan.data.train_batch_size == 16
+    assert not any("runs verl 2 times" in warning for warning in result.warnings)
+
+
+def test_an_if_else_assignment_warns_that_the_script_branches_and_env_picks_the_branch():
+    result = load(BRANCHING_SCRIPT, environment={"SECRET": "hunter2"})
+    assert any("branches" in warning and "--env TBS=" in warning for warning in result.warnings)
+    assert load(BRANCHING_SCRIPT, {"TBS": "64"}, {"SECRET": "x"}).plan.data.train_batch_size == 64
+
+
+def test_a_key_set_twice_warns_and_a_misspelled_key_gets_did_you_mean():
+    result = load(BRANCHING_SCRIPT, environment={"SECRET": "hunter2"})
+    assert any("actor_rollout_ref.rollout.n is set twice" in warning for warning in result.warnings)
+    assert result.plan.rollout.n == 5
+    assert any("did you mean actor_rollout_ref.actor.ppo_epochs" in warning for warning in result.warnings)
+
+
+def test_an_environment_secret_is_kept_as_a_reference_not_copied_into_the_plan():
+    result = load(BRANCHING_SCRIPT, environment={"SECRET": "hunter2"})
+    assert result.plan.passthrough["trainer.wandb_key"] == "${oc.env:SECRET}"
+    assert "hunter2" not in repr(result.plan)
+    # Asked for with --env, the value is the user's to persist.
+    assert load(BRANCHING_SCRIPT, {"SECRET": "given"}).plan.passthrough["trainer.wandb_key"] == "given"

@@ -1,0 +1,275 @@
+"""Hostile input never crashes the CLI (issue 11): mutated plans, config.json files, launch scripts and flags.
+
+Every case runs the real command in-process and must end with exit 0, 1 or 2, print no traceback, name a
+field when it refuses, finish within a generous deadline (a hang or a quadratic blow-up, not a slow
+machine), and change no file but the requested output.  The example count is small by default so the
+suite stays fast; `RLPLAN_FUZZ_EXAMPLES=3000` runs a thorough search.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import tomllib
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from rlplan.planner.cli import app
+
+EXAMPLES = int(os.environ.get("RLPLAN_FUZZ_EXAMPLES", "25"))
+# The deadline catches hangs and quadratic blow-ups, not a slow shared machine: a case takes well under 5 s.
+FUZZ = settings(max_examples=EXAMPLES, deadline=timedelta(seconds=300), derandomize=EXAMPLES <= 25,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                       HealthCheck.data_too_large])
+
+# A refusal is one paragraph "error FIELD: message", validate's table of violated rules (each names its
+# keys), or click's usage error naming the option.
+NAMES_A_FIELD = re.compile(r"error\s+\S.*?:|INVALID: \d+ rule violation|.rule.: |Invalid value for|No such option|Missing (option|argument)|"
+                           r"requires an argument|Got unexpected extra", re.S)
+
+QWEN_CONFIG = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+               "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+               "max_position_embeddings": 32768, "tie_word_embeddings": True}
+
+SEED_SOLVES = {
+    "grpo-0.5b": ["--model", "qwen2.5-0.5b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "512",
+                  "--response-len", "1024"],
+    "ppo-7b": ["--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--algo", "ppo", "--prompt-len", "1024",
+               "--response-len", "2048"],
+    "lora-7b-a100": ["--model", "qwen2.5-7b", "--gpus", "4", "--gpu-mem", "40", "--lora", "32", "--prompt-len",
+                     "512", "--response-len", "512"],
+}
+
+runner = CliRunner()
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(directory.rglob("*"))}
+
+
+def run_cli(directory: Path, args: list[str], output: Path | None = None):
+    """Run one command in `directory`; check the promises every command makes for any input."""
+    before = snapshot(directory)
+    previous = os.getcwd()
+    os.chdir(directory)
+    try:
+        result = runner.invoke(app, args)
+    finally:
+        os.chdir(previous)
+    text = result.output
+    assert result.exit_code in (0, 1, 2), (args, result.exit_code, text[-2000:])
+    assert result.exception is None or isinstance(result.exception, SystemExit), (args, repr(result.exception))
+    assert "Traceback" not in text and "internal error" not in text, (args, text[-2000:])
+    if result.exit_code == 2:
+        assert NAMES_A_FIELD.search(text), (args, text[-2000:])
+    after = snapshot(directory)
+    if output is not None:
+        # The requested output and the folders -o asked to create for it.
+        relative = output.relative_to(directory)
+        for name in [str(relative), *(str(parent) for parent in relative.parents if str(parent) != ".")]:
+            before.pop(name, None)
+            after.pop(name, None)
+    assert after == before, (args, set(after.items()) ^ set(before.items()))
+    return result
+
+
+@pytest.fixture(scope="module")
+def seed_plans(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    """Plans solved by the CLI itself: the mutations start from what users actually hold."""
+    directory = tmp_path_factory.mktemp("seeds")
+    plans = {}
+    for name, args in SEED_SOLVES.items():
+        path = directory / f"{name}.toml"
+        result = runner.invoke(app, ["solve", *args, "-o", str(path)])
+        assert result.exit_code == 0, result.output
+        plans[name] = tomllib.loads(path.read_text())
+    return plans
+
+
+def _leaves(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            found.extend(_leaves(value, (*prefix, key)))
+        else:
+            found.append((*prefix, key))
+    return found
+
+
+markup = st.sampled_from(["[/]", "[bold]x", "[/red]", "[link=x]y[/link]", "\\[", "[", "]"])
+hostile_text = st.one_of(
+    markup, st.text(max_size=40),
+    st.builds(lambda n: "a" * n, st.sampled_from([1000, 200_000])),
+    st.sampled_from(["", " ", "²", "nan", "inf", "-1", "1e308", "0x10", "true", "${HOME}", "\x00", "é" * 3]),
+)
+hostile_number = st.one_of(
+    st.sampled_from([0, -1, 1, 3, 2**62, 2**63 - 1, -(2**63)]),
+    st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e308, -1e308, 2048.9, 7.5, 0.0, 1e-300]),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1), st.floats(allow_nan=True, allow_infinity=True),
+)
+hostile_value = st.recursive(
+    st.one_of(hostile_number, hostile_text, st.booleans()),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=6,
+)
+
+
+def _deep(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+@st.composite
+def mutated_plan(draw, seeds: dict[str, dict[str, Any]]) -> str:
+    data = copy.deepcopy(seeds[draw(st.sampled_from(sorted(seeds)))])
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        path = draw(st.sampled_from(_leaves(data)))
+        node = data
+        for part in path[:-1]:
+            node = node[part]
+        action = draw(st.sampled_from(["replace", "replace", "replace", "delete", "add", "section"]))
+        if action == "replace":
+            node[path[-1]] = draw(hostile_value)
+        elif action == "delete":
+            node.pop(path[-1], None)
+        elif action == "add":
+            node[draw(st.one_of(markup, st.text(min_size=1, max_size=10)))] = draw(hostile_value)
+        else:
+            data[path[0]] = draw(st.one_of(hostile_number, hostile_text))
+    try:
+        text = tomli_w.dumps(data)
+    except (TypeError, ValueError):  # a value TOML cannot hold (NUL in a key): try a deep nesting instead
+        text = ""
+    if draw(st.integers(min_value=0, max_value=9)) == 0:
+        depth = draw(st.sampled_from([50, 5000]))
+        text += "deep = " + "[" * depth + "]" * depth + "\n"
+    return text
+
+
+PLAN_COMMANDS = st.sampled_from(["validate", "explain", "render", "render-o", "solve-from", "validate-json"])
+
+
+@FUZZ
+@given(data=st.data())
+def test_mutated_plans_exit_0_1_or_2_with_a_named_field_and_touch_no_other_file(data, seed_plans, tmp_path):
+    (tmp_path / "plan.toml").write_text(data.draw(mutated_plan(seed_plans)), encoding="utf-8")
+    command = data.draw(PLAN_COMMANDS)
+    output = None
+    if command == "render-o":
+        output = tmp_path / "run.sh"
+        args = ["render", "plan.toml", "-o", "run.sh"]
+    elif command == "solve-from":
+        args = ["solve", "--from", "plan.toml"]
+    elif command == "validate-json":
+        args = ["validate", "plan.toml", "--json"]
+    else:
+        args = [command, "plan.toml"]
+    run_cli(tmp_path, args, output)
+
+
+@st.composite
+def hostile_config(draw) -> str:
+    kind = draw(st.sampled_from(["mutate", "mutate", "mutate", "top", "text_config", "deep", "raw"]))
+    if kind == "top":
+        return json.dumps(draw(st.one_of(st.lists(hostile_number, max_size=3), hostile_text, st.none())))
+    if kind == "deep":
+        depth = draw(st.sampled_from([100, 100_000]))
+        return "[" * depth + "]" * depth
+    if kind == "raw":
+        return draw(st.sampled_from(["", "{", "{\"hidden_size\": 1" + "0" * 5000 + "}", "\ufeff{}", "NaN"]))
+    config = dict(QWEN_CONFIG)
+    if kind == "text_config":
+        config = {"model_type": draw(hostile_value), "text_config": draw(st.one_of(hostile_value, st.just(config)))}
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        key = draw(st.sampled_from([*QWEN_CONFIG, "head_dim", "num_experts", "num_experts_per_tok",
+                                    "moe_intermediate_size", "kv_lora_rank", "first_k_dense_replace"]))
+        if draw(st.booleans()):
+            config[key] = draw(hostile_value)
+        else:
+            config.pop(key, None)
+    return json.dumps(config)  # NaN and Infinity come out as the bare words Python's reader accepts
+
+
+@FUZZ
+@given(config=hostile_config(), with_output=st.booleans())
+def test_hostile_config_json_exits_0_1_or_2_with_a_named_field(config, with_output, tmp_path):
+    (tmp_path / "config.json").write_text(config, encoding="utf-8")
+    args = ["solve", "--model", "config.json", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "512",
+            "--response-len", "512"]
+    output = tmp_path / "plan.toml" if with_output else None
+    run_cli(tmp_path, [*args, "-o", "plan.toml"] if with_output else args, output)
+
+
+SCRIPT_PIECES = st.sampled_from([
+    "python3 -m verl.trainer.main_ppo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
+    "data.train_batch_size=$TBS", "data.train_batch_size=${TBS:-${TBS:-8}}", "trainer.n_gpus_per_node=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.rollout.n=5", "\\\n", "'", '"', "$(",
+    "<<EOF\nit's python3 -m verl.trainer.main_ppo data.train_batch_size=3\nEOF\n", "if [ x ]; then\nTBS=4\nelse\nTBS=2\nfi\n",
+    "TBS=16\n", "data.max_prompt_length=nan", "data.max_response_length=1e308", "trainer.nnodes=0",
+    "actor_rollout_ref.actor.optim.lr=inf", "${oc.env:SECRET}", "$SECRET", "actor_rollout_ref.acotr.ppo_epochs=2",
+    "[/]", "[bold]x=1", "data.train_batch_size=8 data.train_batch_size=16", "#", ";", "&&", "\n", " ",
+])
+
+
+@FUZZ
+@given(pieces=st.lists(st.one_of(SCRIPT_PIECES, hostile_text), max_size=14),
+       nested=st.sampled_from([0, 0, 0, 3000]), with_output=st.booleans())
+def test_hostile_launch_scripts_import_with_exit_0_or_2_and_a_named_field(pieces, nested, with_output, tmp_path):
+    script = " ".join(pieces)
+    if nested:
+        script += " trainer.nnodes=" + "${A:-" * nested + "1" + "}" * nested
+    (tmp_path / "run.sh").write_text(script, encoding="utf-8")
+    args = ["import", "verl", "run.sh", "--gpu", "h100-80g"]
+    output = tmp_path / "plan.toml" if with_output else None
+    run_cli(tmp_path, [*args, "-o", "plan.toml"] if with_output else args, output)
+
+
+FLAG_VALUES = st.one_of(hostile_text, st.sampled_from(["8", "0", "-1", "3", "1e308", "nan", "inf", "2048.9"]))
+SOLVE_FLAGS = ["--gpus", "--gpu", "--gpu-mem", "--nodes", "--gpus-per-node", "--host-mem", "--algo", "--prompt-len",
+               "--response-len", "--max-response-len", "--train-batch-size", "--n", "--ppo-mini-batch-size", "--lora",
+               "--objective", "--fix", "--profile", "--from", "--model", "-o"]
+FIX_KEYS = st.sampled_from(["actor", "cluster.gpus_per_node", "actor.param_offload", "rollout.tensor_model_parallel_size",
+                            "model.lora.rank", "[/red]", "actor.ppo_epochs", "data", "cluster.gpu.memory_gib"])
+
+
+# Output paths that stay inside the test's directory: hostile names, long names, the directory itself.
+OUTPUT_NAMES = ["plan.toml", ".", "", "..", "[/].toml", "a" * 250 + ".toml", "p" * 260]
+
+
+@FUZZ
+@given(changes=st.lists(st.tuples(st.sampled_from(SOLVE_FLAGS), FLAG_VALUES, FIX_KEYS), max_size=3))
+def test_hostile_solve_flags_exit_0_1_or_2_with_a_named_field(changes, tmp_path):
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # a fresh folder per example: outputs must not carry over
+    flags = {"--model": "qwen2.5-0.5b", "--gpus": "8", "--gpu": "h100-80g", "--prompt-len": "512",
+             "--response-len": "512"}
+    fixes = []
+    for flag, value, fix_key in changes:
+        if flag == "--fix":
+            fixes += ["--fix", f"{fix_key}={value}"]
+        elif flag == "--gpu-mem":
+            flags.pop("--gpu", None)
+            flags[flag] = value
+        else:
+            flags[flag] = value
+    output = None
+    if "-o" in flags:
+        flags["-o"] = OUTPUT_NAMES[len(flags["-o"]) % len(OUTPUT_NAMES)]
+        if flags["-o"] not in ("", ".", ".."):
+            output = tmp_path / flags["-o"]
+    args = ["solve", *[part for pair in flags.items() for part in pair], *fixes]
+    run_cli(tmp_path, args, output)
