@@ -325,7 +325,8 @@ def test_local_config_without_an_architecture_is_a_plan_error_on_model():
 def test_the_required_gpus_are_covered():
     required = set(
         "H100-80G H100-PCIE-80G H200-141G H800-80G H20-96G A100-40G A100-80G L40S-48G RTX4090-24G "
-        "MI300X-192G B200-180G".split()
+        "MI300X-192G B200-180G H100-NVL-94G H20-141G A100-PCIE-80G A800-80G L20-48G L4-24G A10G-24G "
+        "RTX-A6000-48G RTX6000-ADA-48G RTX5090-32G RTX3090-24G GB200-186G B300-288G MI325X-256G MI355X-288G".split()
     )
     assert required <= set(GPU_PRESETS)
 
@@ -361,6 +362,11 @@ def test_h100_memory_is_the_llm_d_measurement():
         ("NVIDIA GeForce RTX 4090", "RTX4090-24G"),
         ("AMD Instinct MI300X", "MI300X-192G"),
         ("b200", "B200-180G"),
+        ("NVIDIA A100 80GB PCIe", "A100-PCIE-80G"),
+        ("NVIDIA H100 NVL", "H100-NVL-94G"),
+        ("NVIDIA GeForce RTX 5090", "RTX5090-32G"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX6000-ADA-48G"),
+        ("AMD Instinct MI355X", "MI355X-288G"),
     ],
 )
 def test_gpu_aliases_and_device_names_resolve(alias, name):
