@@ -55,8 +55,17 @@ def print_error(error: PlanError, console: Any = None) -> None:
                                              highlight=False)
 
 
-def fail(error: PlanError, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    print_error(error)
+def print_error_json(error: PlanError) -> None:
+    """A --json command's error: one JSON object on stdout, so a script's json.load reads it like a result."""
+    print(json.dumps({"error": {"field": shorten(error.field), "message": shorten(error.message, 4 * ECHO_LIMIT),
+                                "fix": shorten(error.fix, 2 * ECHO_LIMIT)}}, indent=2))
+
+
+def fail(error: PlanError, code: int = EXIT_BAD_INPUT, *, as_json: bool = False) -> NoReturn:
+    if as_json:
+        print_error_json(error)
+    else:
+        print_error(error)
     raise typer.Exit(code)
 
 
@@ -236,10 +245,11 @@ def guarded(function):
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
+        as_json = bool(kwargs.get("json_output"))
         try:
             return function(*args, **kwargs)
         except PlanError as error:
-            fail(error)
+            fail(error, as_json=as_json)
         except typer.Exit:
             raise
         except KeyboardInterrupt:
@@ -248,18 +258,21 @@ def guarded(function):
         except RecursionError:
             # Only a hostile input (TOML, JSON or ${A:-${A:-...}} nested thousands deep) recurses this far.
             fail(PlanError(field=function.__name__, message="the input is nested too deeply to read.",
-                           fix="flatten the nested tables, lists or variable defaults"))
+                           fix="flatten the nested tables, lists or variable defaults"), as_json=as_json)
         except ModuleNotFoundError as exc:
             if (exc.name or "").split(".")[0] not in RUNTIME_MODULES:
                 raise
             needs = "--verify" if function.__name__ == "solve" else function.__name__  # solve needs it only to verify
             fail(PlanError(field=needs, message=f"needs the runtime extra ({exc.name} is not installed).",
-                           fix="pip install 'rlplan[runtime]'"))
+                           fix="pip install 'rlplan[runtime]'"), as_json=as_json)
         except Exception as exc:  # a bug in rlplan, not bad input: say so, keep the trace behind a flag
             if os.environ.get("RLPLAN_DEBUG"):
                 raise
             from rich.markup import escape
 
+            if as_json:
+                print_error_json(PlanError(field="internal", message=f"{type(exc).__name__}: {exc}",
+                                           fix="a bug in rlplan: rerun with RLPLAN_DEBUG=1 and report the traceback"))
             _console(stderr=True).print(
                 f"[bold red]internal error[/] {type(exc).__name__}: {escape(shorten(str(exc)))}. This is a bug in "
                 "rlplan, not in your input; rerun with RLPLAN_DEBUG=1 for the traceback and report it.", markup=True)
@@ -277,7 +290,11 @@ def solve(
     model: Annotated[str | None, typer.Option(help="Preset name, Hugging Face repo id, or local config.json / dir.")] = None,
     gpus: Annotated[int | None, typer.Option(help="Total number of GPUs.")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU preset, e.g. h100-80g (see `rlplan presets gpus`).")] = None,
-    gpu_mem: Annotated[float | None, typer.Option("--gpu-mem", help="GPU memory in GiB, for a GPU without a preset.")] = None,
+    gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory for a GPU without a preset: GiB, or "
+                                                "with a unit (80GB, 81559MiB).")] = None,
+    gpu_tflops: Annotated[float | None, typer.Option("--gpu-tflops", help="Dense BF16 TFLOPS of a --gpu-mem GPU.")] = None,
+    gpu_bandwidth: Annotated[float | None, typer.Option("--gpu-bandwidth",
+                                                        help="Memory bandwidth of a --gpu-mem GPU, GB/s.")] = None,
     nodes: Annotated[int | None, typer.Option(help="Number of nodes (default: gpus / gpus-per-node).")] = None,
     gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: min(gpus, 8)).")] = None,
     host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
@@ -309,7 +326,7 @@ def solve(
     from rlplan.planner.hardware import Cluster
     from rlplan.planner.plan import ModelSection
     from rlplan.planner.planfile import plan_from_toml, plan_to_toml
-    from rlplan.planner.presets import custom_gpu, resolve_gpu
+    from rlplan.planner.presets import custom_gpu, defaulted_speeds, parse_gpu_memory, resolve_gpu
     from rlplan.planner.report import solve_summary
     from rlplan.planner.solver import RUNNERS_UP, SolveRequest, searched_knobs
     from rlplan.planner.solver import solve as run_solver
@@ -325,9 +342,6 @@ def solve(
     if not 0 < host_mem < float("inf"):
         raise PlanError(field="--host-mem", message=f"must be a positive number of GiB, got {host_mem}.",
                         fix="pass --host-mem 1024")
-    if gpu_mem is not None and not 0 < gpu_mem < float("inf"):
-        raise PlanError(field="--gpu-mem", message=f"must be a positive number of GiB, got {gpu_mem}.",
-                        fix="pass --gpu-mem 80")
     base = load_plan(from_plan) if from_plan else None
     if model is None and base is None:
         raise PlanError(field="--model", message="no model given.", fix="pass --model qwen2.5-7b (or --from plan.toml)")
@@ -342,7 +356,9 @@ def solve(
     if gpu is not None:
         gpu_spec = resolve_gpu(gpu)
     elif gpu_mem is not None:
-        gpu_spec = custom_gpu(gpu_mem)
+        gpu_spec = custom_gpu(parse_gpu_memory(gpu_mem), bf16_tflops=gpu_tflops, hbm_gbps=gpu_bandwidth)
+        if defaulted_speeds(gpu_tflops, gpu_bandwidth) and not json_output:
+            _console(stderr=True).print(f"note: {defaulted_speeds(gpu_tflops, gpu_bandwidth)}.", markup=False)
     elif base is not None:
         gpu_spec = base.cluster.gpu
     else:
@@ -640,7 +656,8 @@ def calibrate(
 def import_verl(
     script: Annotated[str, typer.Argument(help="verl launch script or a file of Hydra overrides.")],
     gpu: Annotated[str | None, typer.Option(help="GPU preset the script runs on.")] = None,
-    gpu_mem: Annotated[float | None, typer.Option("--gpu-mem", help="GPU memory in GiB instead of a preset.")] = None,
+    gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory instead of a preset: GiB, or with a "
+                                                "unit (80GB, 81559MiB).")] = None,
     host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,

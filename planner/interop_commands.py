@@ -59,20 +59,20 @@ def read_local_model_config(path: str) -> dict[str, Any] | None:
     return config
 
 
-def _gpu(gpu: str | None, gpu_mem: float | None):
-    from rlplan.planner.presets import custom_gpu, resolve_gpu
+def _gpu(gpu: str | None, gpu_mem: str | None):
+    from rlplan.planner.presets import custom_gpu, parse_gpu_memory, resolve_gpu
 
     if gpu is not None and gpu_mem is not None:
         raise PlanError(field="--gpu", message="--gpu and --gpu-mem both describe the GPU.", fix="pass only one")
     if gpu is not None:
         return resolve_gpu(gpu)
     if gpu_mem is not None:
-        return custom_gpu(gpu_mem)
+        return custom_gpu(parse_gpu_memory(gpu_mem))
     raise PlanError(field="--gpu", message="verl scripts rarely say which GPU they run on, and the memory model "
                     "needs it.", fix="pass --gpu h100-80g (see `rlplan presets gpus`) or --gpu-mem GiB")
 
 
-def import_command(script: str, *, gpu: str | None, gpu_mem: float | None, host_mem: float, env: list[str],
+def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_mem: float, env: list[str],
                    output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None)) -> int:
     from rich.markup import escape
 

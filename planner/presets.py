@@ -235,19 +235,59 @@ def resolve_gpu(name: str) -> GpuSpec:
     raise PlanError(field="cluster.gpu", message=message, fix=fix)
 
 
-def custom_gpu(memory_gib: float) -> GpuSpec:
-    """A GPU known only by its usable memory (--gpu-mem), with deliberately modest speeds."""
-    if not math.isfinite(memory_gib):
-        raise PlanError(
-            field="cluster.gpu.memory_gib",
-            message=f"must be a finite number of GiB, got {memory_gib}.",
-            fix="pass the memory the driver reports, e.g. --gpu-mem 79.18 for an H100 80GB",
-        )
+# Bytes per unit a --gpu-mem value may carry; a bare number is GiB.
+_MEMORY_UNITS = {"": 2**30, "g": 2**30, "gi": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "ti": 2**40,
+                 "tib": 2**40, "tb": 10**12, "m": 2**20, "mi": 2**20, "mib": 2**20, "mb": 10**6}
+# No accelerator has less or more than this; a bare number above it is almost surely MiB (nvidia-smi's unit).
+GPU_MEMORY_GIB_RANGE = (1.0, 2048.0)
+
+
+def parse_gpu_memory(text: str | float, flag: str = "--gpu-mem") -> float:
+    """GiB from `80`, `79.18GiB`, `80GB`, `81559MiB` (as nvidia-smi prints it) or `0.5TiB`."""
+    raw = str(text).strip()
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ")
+    unit = raw[len(number):].strip().lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    if unit not in _MEMORY_UNITS or not math.isfinite(value):
+        raise PlanError(field=flag, message=f"{raw[:40]!r} is not an amount of memory.",
+                        fix=f"pass the memory the driver reports, e.g. {flag} 79.18 (GiB), {flag} 81559MiB or {flag} 80GB")
+    gib = value * _MEMORY_UNITS[unit] / 2**30
+    low, high = GPU_MEMORY_GIB_RANGE
+    if not low <= gib <= high:
+        hint = (f"; {value:g} looks like MiB, as nvidia-smi prints it: pass {flag} {value:g}MiB"
+                if not unit and high < value <= high * 1024 else "")
+        raise PlanError(field=flag, message=f"{gib:g} GiB is not the memory of one GPU (expected {low:g} to {high:g} GiB).",
+                        fix=f"pass the memory of one GPU in GiB, or with a unit (80GB, 81559MiB){hint}")
+    return gib
+
+
+def custom_gpu(memory_gib: float, *, bf16_tflops: float | None = None, hbm_gbps: float | None = None) -> GpuSpec:
+    """A GPU known by its usable memory (--gpu-mem); speeds the user does not give are modest defaults
+    (an A100 40GB's), which `defaulted_speeds` names so the user can be told."""
+    memory_gib = parse_gpu_memory(memory_gib)
+    for flag, value in (("--gpu-tflops", bf16_tflops), ("--gpu-bandwidth", hbm_gbps)):
+        if value is not None and not (math.isfinite(value) and 0 < value <= 1e6):
+            raise PlanError(field=flag, message=f"must be a positive, finite number, got {value}.",
+                            fix=f"pass the datasheet's figure, e.g. {flag} {989 if flag == '--gpu-tflops' else 3350}")
     return GpuSpec(
         name=f"custom-{memory_gib:g}g",
         memory_gib=memory_gib,
-        bf16_tflops=CUSTOM_GPU_BF16_TFLOPS,
-        hbm_gbps=CUSTOM_GPU_HBM_GBPS,
+        bf16_tflops=CUSTOM_GPU_BF16_TFLOPS if bf16_tflops is None else bf16_tflops,
+        hbm_gbps=CUSTOM_GPU_HBM_GBPS if hbm_gbps is None else hbm_gbps,
         pcie_gbps=CUSTOM_GPU_PCIE_GBPS,
         intranode_gbps=CUSTOM_GPU_INTRANODE_GBPS,
     )
+
+
+def defaulted_speeds(bf16_tflops: float | None, hbm_gbps: float | None) -> str:
+    """The sentence telling a --gpu-mem user which speeds step times assume; empty when both were given."""
+    missing = [f"{CUSTOM_GPU_BF16_TFLOPS:g} BF16 TFLOPS (--gpu-tflops)" if bf16_tflops is None else "",
+               f"{CUSTOM_GPU_HBM_GBPS:g} GB/s memory bandwidth (--gpu-bandwidth)" if hbm_gbps is None else ""]
+    missing = [item for item in missing if item]
+    if not missing:
+        return ""
+    return ("step times assume the default " + " and ".join(missing)
+            + " for this GPU (an A100 40GB's); pass its datasheet figures for real estimates")

@@ -383,3 +383,25 @@ def test_a_missing_runtime_extra_is_bad_input_with_the_install_command(solved_pl
         monkeypatch.delitem(sys.modules, name)
     result = invoke("measure", str(solved_plan))
     assert result.exit_code == 2 and "rlplan[runtime]" in result.output, result.output
+
+
+@pytest.mark.parametrize("args", [
+    ("validate", "/no/such/plan.toml", "--json"),
+    ("solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-mem", "80000", "--prompt-len", "512",
+     "--response-len", "512", "--json"),
+])
+def test_json_commands_print_their_errors_as_json_on_stdout(args):
+    result = invoke(*args)
+    assert result.exit_code == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["field"] and error["message"] and error["fix"]
+
+
+def test_gpu_mem_takes_nvidia_smis_mib_and_says_which_speeds_it_assumed():
+    result = invoke("solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-mem", "81559MiB", "--prompt-len", "512",
+                    "--response-len", "512", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["gpu_mem_gib"] == pytest.approx(81559 / 1024, abs=0.01)
+    text = invoke("solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-mem", "81559MiB", "--prompt-len", "512",
+                  "--response-len", "512")
+    assert "--gpu-tflops" in " ".join(text.output.split())

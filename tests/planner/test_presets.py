@@ -15,8 +15,10 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import GpuSpec
 from rlplan.planner.presets import (
     custom_gpu,
+    defaulted_speeds,
     gpu_presets,
     model_presets,
+    parse_gpu_memory,
     resolve_gpu,
     resolve_model,
 )
@@ -418,4 +420,33 @@ def test_custom_gpu_is_named_for_its_memory_with_modest_speeds(memory_gib, name)
 def test_custom_gpu_rejects_memory_that_is_not_a_positive_finite_size(memory_gib):
     with pytest.raises(PlanError) as raised:
         custom_gpu(memory_gib)
-    assert raised.value.field == "cluster.gpu.memory_gib"
+    assert raised.value.field == "--gpu-mem"
+
+
+@pytest.mark.parametrize(("text", "gib"), [("80", 80.0), ("79.18GiB", 79.18), ("80GB", 80e9 / 2**30),
+                                           ("81559MiB", 81559 / 1024), ("81559 MiB", 81559 / 1024), ("0.25TiB", 256.0)])
+def test_gpu_memory_takes_gib_or_a_unit(text, gib):
+    assert parse_gpu_memory(text) == pytest.approx(gib)
+
+
+@pytest.mark.parametrize("text", ["80000", "0.5", "3000GB", "80 furlongs", "abc", "", "nan", "inf"])
+def test_gpu_memory_that_no_gpu_has_is_bad_input_naming_the_flag(text):
+    with pytest.raises(PlanError) as raised:
+        parse_gpu_memory(text)
+    assert raised.value.field == "--gpu-mem"
+
+
+def test_a_bare_number_in_mib_gets_the_mib_spelling_as_its_fix():
+    with pytest.raises(PlanError) as raised:
+        parse_gpu_memory("80000")
+    assert "--gpu-mem 80000MiB" in raised.value.fix
+
+
+def test_custom_gpu_takes_given_speeds_and_names_the_defaults_it_used():
+    gpu = custom_gpu(80, bf16_tflops=500.0, hbm_gbps=2000.0)
+    assert (gpu.bf16_tflops, gpu.hbm_gbps) == (500.0, 2000.0)
+    assert defaulted_speeds(500.0, 2000.0) == ""
+    assert "--gpu-tflops" in defaulted_speeds(None, 2000.0) and "--gpu-bandwidth" not in defaulted_speeds(None, 2000.0)
+    with pytest.raises(PlanError) as raised:
+        custom_gpu(80, bf16_tflops=float("nan"))
+    assert raised.value.field == "--gpu-tflops"
