@@ -147,3 +147,14 @@ def test_head_and_dtype_keys_import_as_verl_runs_them():
     assert resolved_loss_head(plan) == "fused" and not plan.actor.use_torch_compile
     assert plan.actor.model_dtype == "bf16" and plan.ref.model_dtype == "bf16"
     assert not plan.passthrough
+
+
+def test_offload_policy_imports_from_verls_fsdp_config_keys():
+    base = "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nalgorithm.adv_estimator=gae\n"
+    plan = load(base).plan
+    assert not plan.actor.offload_policy and not plan.critic.offload_policy
+    plan = load(base + "actor_rollout_ref.actor.strategy=fsdp2\ncritic.strategy=fsdp2\n"
+                       "actor_rollout_ref.actor.fsdp_config.offload_policy=True\n"
+                       "critic.model.fsdp_config.offload_policy=true\n").plan
+    assert plan.actor.offload_policy and plan.critic.offload_policy
+    assert not plan.passthrough
