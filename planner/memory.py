@@ -33,8 +33,8 @@ Component names are stable (the fidelity checks and `explain` key on them):
     vllm_context                what vLLM keeps on the GPU even asleep (context, NCCL)
     weight_sync_gather          full tensors / buckets gathered to push into vLLM
     cuda_context_and_nccl, fragmentation_reserve
-Host components (per node): actor_params_offloaded, actor_optimizer_offloaded,
-ref_params_offloaded, critic_params_offloaded, critic_optimizer_offloaded,
+Host components (per node): actor_params_offloaded, actor_grads_offloaded, actor_optimizer_offloaded,
+ref_params_offloaded, critic_params_offloaded, critic_grads_offloaded, critic_optimizer_offloaded,
 activations_offloaded, vllm_sleep_weights, model_copy_shm, process_overhead.
 
 Entry points: `predict_memory` (every phase, host, KV budget), `predict_phase` (one
@@ -455,6 +455,28 @@ def ref_param_bytes(plan: Plan, facts: ModelFacts, shard: int) -> int:
     return DTYPE_BYTES[plan.ref.model_dtype] * facts.params // shard
 
 
+def offloaded_by_policy(plan: Plan, role: Literal["actor", "critic"]) -> bool:
+    """Whether FSDP2's CPUOffloadPolicy keeps this role's state in host RAM (verl's fsdp_config.offload_policy).
+
+    verl reads offload_policy only on its fsdp2 branch (fsdp_workers.py, ActorRolloutRefWorker._build_model_optimizer
+    and CriticWorker._build_critic_model_optimizer); the critic's strategy follows the actor's in a rendered plan.
+    """
+    section = plan.actor if role == "actor" else plan.critic
+    return section.offload_policy and plan.actor.strategy == "fsdp2"
+
+
+def on_gpu(state: TrainerState, offloaded: bool) -> TrainerState:
+    """What of a role's state the GPU holds: all of it, or under CPUOffloadPolicy none but the gradient buffer.
+
+    CPUOffloadPolicy keeps the sharded fp32 params, their grads and AdamW's moments on the host and
+    runs the optimizer step there; the GPU sees each layer's shard only inside its all-gather and the
+    fp32 reduce-scatter input before the reduced shard is copied back to host.
+    """
+    if not offloaded:
+        return state
+    return TrainerState(params=0.0, grads=0.0, optimizer=0.0, optimizer_step=0.0, reduce_scatter=state.reduce_scatter)
+
+
 def critic_state(plan: Plan, shard: int) -> TrainerState:
     facts = model_facts(plan.model.arch)
     n = facts.critic_params
@@ -673,8 +695,8 @@ def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: s
 class _StepContext:
     """What every phase of one plan shares; built once per predict_memory call."""
 
-    __slots__ = ("plan", "profile", "facts", "layout", "shard", "actor", "critic", "_budget", "resident_by_role",
-                 "_vllm_resident", "overhead")
+    __slots__ = ("plan", "profile", "facts", "layout", "shard", "actor", "critic", "actor_gpu", "critic_gpu",
+                 "_budget", "resident_by_role", "_vllm_resident", "overhead")
 
     def __init__(self, plan: Plan, profile: Profile, layout: PlanLayout) -> None:
         self.plan = plan
@@ -684,6 +706,9 @@ class _StepContext:
         self.shard = max(1, layout.parallel.fsdp_shard_size)
         self.actor = actor_state(plan, self.shard)
         self.critic = critic_state(plan, self.shard) if plan.uses_critic else None
+        # The part of each role's state on the GPU (none of it under CPUOffloadPolicy).
+        self.actor_gpu = on_gpu(self.actor, offloaded_by_policy(plan, "actor"))
+        self.critic_gpu = on_gpu(self.critic, offloaded_by_policy(plan, "critic")) if self.critic else None
         self._budget: RolloutBudget | None = None
         self._vllm_resident: list[Component] | None = None
         self.overhead = Component("cuda_context_and_nccl", int(profile.cuda_context_and_nccl_gib * GIB), "overhead")
@@ -705,20 +730,21 @@ class _StepContext:
         """Trainer state left on the GPU while another phase runs, by name (verl offloads between phases)."""
         plan = self.plan
         resident: dict[str, Component] = {}
-        if not plan.actor.param_offload:
-            resident["actor_params"] = Component("actor_params", int(self.actor.params), "resident")
-        if not plan.actor.optimizer_offload:
-            resident["actor_optimizer_state"] = Component("actor_optimizer_state", int(self.actor.optimizer),
+        # Under offload_policy verl turns param_offload / optimizer_offload off: nothing to offload between phases.
+        if not plan.actor.param_offload and self.actor_gpu.params:
+            resident["actor_params"] = Component("actor_params", int(self.actor_gpu.params), "resident")
+        if not plan.actor.optimizer_offload and self.actor_gpu.optimizer:
+            resident["actor_optimizer_state"] = Component("actor_optimizer_state", int(self.actor_gpu.optimizer),
                                                           "resident")
         if plan.uses_reference and not plan.reference_is_actor and not plan.ref.param_offload:
             resident["ref_params"] = Component(
                 "ref_params", ref_param_bytes(plan, self.facts, self.shard), "resident")
-        if self.critic is not None:
-            if not plan.critic.param_offload:
-                resident["critic_params"] = Component("critic_params", int(self.critic.params), "resident")
-            if not plan.critic.optimizer_offload:
+        if self.critic_gpu is not None:
+            if not plan.critic.param_offload and self.critic_gpu.params:
+                resident["critic_params"] = Component("critic_params", int(self.critic_gpu.params), "resident")
+            if not plan.critic.optimizer_offload and self.critic_gpu.optimizer:
                 resident["critic_optimizer_state"] = Component("critic_optimizer_state",
-                                                               int(self.critic.optimizer), "resident")
+                                                               int(self.critic_gpu.optimizer), "resident")
         return resident
 
     def _vllm_components(self) -> list[Component]:
@@ -761,7 +787,7 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
     role = ctx.layout.actor_update
     peak_at, step = training_components(
         facts,
-        ctx.actor,
+        ctx.actor_gpu,
         tokens=role.tokens_per_micro_batch,
         micro_batches_per_mini=role.micro_batches_per_mini,
         checkpointing=plan.model.gradient_checkpointing,
@@ -777,7 +803,7 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
 
 
 def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entropy: bool) -> PhaseMemory:
-    step = forward_components(ctx.facts, params_bytes=ctx.actor.params, params_name="actor_params",
+    step = forward_components(ctx.facts, params_bytes=ctx.actor_gpu.params, params_name="actor_params",
                               tokens=role.tokens_per_micro_batch,
                               head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
                                   ctx.plan, ctx.profile, entropy=entropy))
@@ -795,18 +821,18 @@ def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
 
 
 def _critic_values(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
-    assert ctx.critic is not None
-    step = forward_components(ctx.facts, params_bytes=ctx.critic.params, params_name="critic_params",
+    assert ctx.critic_gpu is not None
+    step = forward_components(ctx.facts, params_bytes=ctx.critic_gpu.params, params_name="critic_params",
                               tokens=role.tokens_per_micro_batch, head_bytes_per_token_vocab=0.0)
     return ctx.phase("critic_values", step, loaded=("critic_params",))
 
 
 def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
-    assert ctx.critic is not None
+    assert ctx.critic_gpu is not None
     facts = ctx.facts
     peak_at, step = training_components(
         facts,
-        ctx.critic,
+        ctx.critic_gpu,
         tokens=role.tokens_per_micro_batch,
         micro_batches_per_mini=role.micro_batches_per_mini,
         checkpointing=ctx.plan.critic.gradient_checkpointing,
@@ -851,7 +877,7 @@ def _weight_sync(ctx: _StepContext) -> PhaseMemory:
     rollout = ctx.plan.rollout
     gather = weight_sync_gather_bytes(ctx.plan, ctx.facts, rollout.update_weights_bucket_megabytes * MIB)
     step = [
-        Component("actor_params", int(ctx.actor.params)),
+        Component("actor_params", int(ctx.actor_gpu.params)),
         Component("weight_sync_gather", gather),
     ]
     # Multi-stage wake: vLLM's weights are resumed for the sync, its KV cache only afterwards.
@@ -875,18 +901,32 @@ def _rollout(ctx: _StepContext) -> PhaseMemory:
     return ctx.phase("rollout", step, loaded=(), step_is_trainer=False)
 
 
+def _policy_offloaded(role: str, state: TrainerState, ranks: int) -> list[Component]:
+    """A node's pinned host copies under CPUOffloadPolicy: every rank's param, grad and AdamW shards."""
+    return [
+        Component(f"{role}_params_offloaded", int(ranks * state.params)),
+        Component(f"{role}_grads_offloaded", int(ranks * state.grads)),
+        Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)),
+    ]
+
+
 def _host(ctx: _StepContext) -> HostMemory:
     plan, facts, profile = ctx.plan, ctx.facts, ctx.profile
     ranks = plan.cluster.gpus_per_node
     components: list[Component] = []
-    if plan.actor.param_offload:
-        components.append(Component("actor_params_offloaded", int(ranks * ctx.actor.params)))
-    if plan.actor.optimizer_offload:
-        components.append(Component("actor_optimizer_offloaded", int(ranks * ctx.actor.optimizer)))
+    if offloaded_by_policy(plan, "actor"):
+        components += _policy_offloaded("actor", ctx.actor, ranks)
+    else:
+        if plan.actor.param_offload:
+            components.append(Component("actor_params_offloaded", int(ranks * ctx.actor.params)))
+        if plan.actor.optimizer_offload:
+            components.append(Component("actor_optimizer_offloaded", int(ranks * ctx.actor.optimizer)))
     if plan.uses_reference and not plan.reference_is_actor and plan.ref.param_offload:
         components.append(Component("ref_params_offloaded",
                                     ranks * ref_param_bytes(plan, facts, ctx.shard)))
-    if ctx.critic is not None:
+    if ctx.critic is not None and offloaded_by_policy(plan, "critic"):
+        components += _policy_offloaded("critic", ctx.critic, ranks)
+    elif ctx.critic is not None:
         if plan.critic.param_offload:
             components.append(Component("critic_params_offloaded", int(ranks * ctx.critic.params)))
         if plan.critic.optimizer_offload:

@@ -145,6 +145,9 @@ class ActorSection:
     fsdp_size: int = -1
     param_offload: bool = False
     optimizer_offload: bool = False
+    # verl's fsdp_config.offload_policy (FSDP2's CPUOffloadPolicy): params, grads and AdamW state live in
+    # host RAM and the optimizer steps on the CPU; verl then ignores param_offload / optimizer_offload.
+    offload_policy: bool = False
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
     # verl wraps entropy_from_logits in torch.compile unless this is false (verl default true).
@@ -224,6 +227,8 @@ class CriticSection:
     ulysses_sequence_parallel_size: int = field(default=1, validator=_at_least(1, "critic"))
     param_offload: bool = False
     optimizer_offload: bool = False
+    # critic.model.fsdp_config.offload_policy, as the actor's.
+    offload_policy: bool = False
     gradient_checkpointing: bool = True
     use_remove_padding: bool = True
     lr: float = field(default=1e-5, validator=_at_least(0.0, "critic"))

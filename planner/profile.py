@@ -104,6 +104,11 @@ class Profile:
         0.7, "fraction of peak HBM bandwidth decode reaches reading weights and KV", high=1.0, open_low=True)
     pcie_efficiency: float = _constant(
         0.7, "fraction of PCIe bandwidth pinned host<->device copies reach", high=1.0, open_low=True)
+    cpu_adam_params_per_s: float = _constant(
+        0.8e9, "fp32 parameters per second one node's CPUs step with torch's AdamW under FSDP2 CPUOffloadPolicy, "
+               "shared by the node's ranks: memory-bound at ~28 B/param over several passes; ZeRO-Offload (Ren et "
+               "al. 2021) measured PyTorch's CPU Adam at ~1.4 s per 1B params, torch's foreach AdamW is faster",
+        open_low=True)
     collective_efficiency: float = _constant(
         0.7, "fraction of link bandwidth NCCL all-gather / reduce-scatter reach", high=1.0, open_low=True)
     tp_allreduce_latency_us: float = _constant(

@@ -268,7 +268,9 @@ def knobs_table(plan: Plan):
                      f"mini batch {actor.ppo_mini_batch_size} prompts"),
         ("LoRA", f"rank {model.lora.rank}, alpha {model.lora.alpha}" if model.lora.enabled else "off (full fine-tuning)"),
         ("offload", f"params {actor.param_offload}, optimizer {actor.optimizer_offload}, "
-                    f"ref params {plan.ref.param_offload}"),
+                    f"policy {actor.offload_policy}, ref params {plan.ref.param_offload}"
+                    + (f"; critic params {plan.critic.param_offload}, optimizer {plan.critic.optimizer_offload}, "
+                       f"policy {plan.critic.offload_policy}" if plan.uses_critic else "")),
         ("activations", f"checkpointing {model.gradient_checkpointing}, offload {model.activation_offload}, "
                         f"remove padding {model.use_remove_padding}"),
         ("micro batches", f"dynamic bsz, {actor.ppo_max_token_len_per_gpu} tokens/GPU (update), "

@@ -332,6 +332,50 @@ def _loss_head_is_what_the_runtime_runs(ctx: RuleContext) -> Iterator[Violation]
         )
 
 
+@rule("offload_policy_needs_fsdp2", "worker", "fsdp_config.offload_policy takes effect only with strategy fsdp2")
+def _offload_policy_needs_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
+    """verl reads offload_policy only on its fsdp2 branch and builds FSDP1 without any CPU offload.
+
+    verl/workers/fsdp_workers.py: ActorRolloutRefWorker._build_model_optimizer (`if role == "actor" and
+    fsdp_config.offload_policy: cpu_offload = CPUOffloadPolicy(pin_memory=True)` under `fsdp_strategy ==
+    "fsdp2"`) and CriticWorker._build_critic_model_optimizer (`cpu_offload=None` under `config.strategy ==
+    "fsdp"`). An FSDP1 plan asking for it would keep its whole state on the GPU.
+    """
+    plan = ctx.plan
+    if plan.actor.strategy == "fsdp2":
+        return
+    for section, wanted in (("actor", plan.actor.offload_policy),
+                            ("critic", plan.critic.offload_policy and plan.uses_critic)):
+        if wanted:
+            yield _violation(
+                "offload_policy_needs_fsdp2", "worker",
+                f"{section}.offload_policy is true, but verl builds the {section} with FSDP1 for strategy "
+                f'"{plan.actor.strategy}" and ignores it: params, grads and optimizer state stay on the GPU.',
+                'set actor.strategy = "fsdp2"', actor__strategy="fsdp2",
+            )
+
+
+@rule("offload_policy_supersedes_offloads", "worker",
+      "with fsdp_config.offload_policy verl turns param_offload and optimizer_offload off")
+def _offload_policy_supersedes_offloads(ctx: RuleContext) -> Iterator[Violation]:
+    """fsdp_workers.py sets `self._is_offload_param = self._is_offload_optimizer = False` when offload_policy is on.
+
+    (ActorRolloutRefWorker._build_model_optimizer and CriticWorker._build_critic_model_optimizer, fsdp2 branch.)
+    """
+    plan = ctx.plan
+    if plan.actor.strategy != "fsdp2":
+        return
+    for section, config, active in (("actor", plan.actor, True), ("critic", plan.critic, plan.uses_critic)):
+        if active and config.offload_policy and (config.param_offload or config.optimizer_offload):
+            yield _violation(
+                "offload_policy_supersedes_offloads", "worker",
+                f"{section}.offload_policy keeps the {section}'s state in host RAM for the whole step, so verl "
+                f"ignores {section}.param_offload / optimizer_offload.",
+                f"set {section}.param_offload = false and {section}.optimizer_offload = false", severity="warning",
+                **{f"{section}__param_offload": False, f"{section}__optimizer_offload": False},
+            )
+
+
 # --- worker stage: global -> per-GPU normalization [2a, 2b] --------------------
 
 

@@ -168,6 +168,9 @@ class TrainingChoice:
     critic_param_offload: bool
     critic_optimizer_offload: bool
     critic_gradient_checkpointing: bool
+    # FSDP2's CPUOffloadPolicy per role (verl: fsdp_config.offload_policy; supersedes the two offloads above).
+    offload_policy: bool = False
+    critic_offload_policy: bool = False
 
 
 def default_lora_rank(arch: Architecture) -> int:
@@ -206,9 +209,13 @@ def tensor_parallel_options(arch: Architecture, cluster: Cluster) -> list[int]:
     return options or [1]
 
 
-# The critic's (param_offload, optimizer_offload, gradient_checkpointing): each offload step trades
-# host traffic for GPU memory; recompute off only where memory is plentiful.
-CRITIC_OPTIONS = ((False, False, False), (False, False, True), (False, True, True), (True, True, True))
+# The actor's (param_offload, optimizer_offload, offload_policy): each step trades host traffic for GPU
+# memory; offload_policy last, as it also moves the optimizer step onto the CPU.
+ACTOR_OFFLOAD_OPTIONS = ((False, False, False), (False, True, False), (True, True, False), (False, False, True))
+# The critic's (param_offload, optimizer_offload, gradient_checkpointing, offload_policy); recompute off
+# only where memory is plentiful.
+CRITIC_OPTIONS = ((False, False, False, False), (False, False, True, False), (False, True, True, False),
+                  (True, True, True, False), (False, False, True, True))
 
 
 def request_uses_critic(request: SolveRequest) -> bool:
@@ -216,19 +223,28 @@ def request_uses_critic(request: SolveRequest) -> bool:
     return apply_knobs(skeleton_plan(request, request.response_len or 1), request.pins).uses_critic
 
 
+def request_allows_offload_policy(request: SolveRequest) -> bool:
+    """verl reads fsdp_config.offload_policy only with strategy fsdp2 (rule offload_policy_needs_fsdp2)."""
+    return apply_knobs(skeleton_plan(request, request.response_len or 1), request.pins).actor.strategy == "fsdp2"
+
+
 def training_choices(request: SolveRequest, sequence_len: int) -> Iterator[TrainingChoice]:
     arch, cluster = request.model.arch, request.cluster
     uses_critic = request_uses_critic(request)
+    policy_allowed = request_allows_offload_policy(request)
+    actor_offloads = [o for o in ACTOR_OFFLOAD_OPTIONS if policy_allowed or not o[2]]
+    critic_offloads = [o for o in CRITIC_OPTIONS if policy_allowed or not o[3]]
     fsdp_options = [-1]
     if cluster.nodes > 1:
         fsdp_options.append(cluster.gpus_per_node)  # HSDP keeps all-gathers inside a node
     for rank in lora_ranks(request):
         # With LoRA the reference is the actor with its adapter off: there is no separate model to offload.
         ref_offload_options = [False, True] if rank == 0 else [False]
-        for param_offload, optimizer_offload in ((False, False), (False, True), (True, True)):
+        for param_offload, optimizer_offload, offload_policy in actor_offloads:
             for checkpointing, activation_offload in ((False, False), (True, False), (True, True)):
                 # Without a critic its knobs change nothing: one option, the actor's, keeps the space small.
-                critic_options = CRITIC_OPTIONS if uses_critic else ((param_offload, optimizer_offload, checkpointing),)
+                critic_options = critic_offloads if uses_critic else (
+                    (param_offload, optimizer_offload, checkpointing, offload_policy),)
                 for ulysses, fsdp_size, ref_offload, critic in itertools.product(
                         ulysses_options(arch, cluster, sequence_len), fsdp_options, ref_offload_options,
                         critic_options):
@@ -237,7 +253,8 @@ def training_choices(request: SolveRequest, sequence_len: int) -> Iterator[Train
                         gradient_checkpointing=checkpointing, activation_offload=activation_offload,
                         ulysses=ulysses, fsdp_size=fsdp_size, ref_param_offload=ref_offload,
                         critic_param_offload=critic[0], critic_optimizer_offload=critic[1],
-                        critic_gradient_checkpointing=critic[2],
+                        critic_gradient_checkpointing=critic[2], offload_policy=offload_policy,
+                        critic_offload_policy=critic[3],
                     )
 
 
@@ -314,11 +331,13 @@ def apply_training_choice(plan: Plan, choice: TrainingChoice, request: SolveRequ
     lr = plan.actor.lr * 10 if choice.lora_rank and request.base is None else plan.actor.lr
     actor = attrs.evolve(
         plan.actor, param_offload=choice.param_offload, optimizer_offload=choice.optimizer_offload,
+        offload_policy=choice.offload_policy,
         ulysses_sequence_parallel_size=choice.ulysses, fsdp_size=choice.fsdp_size,
         ppo_mini_batch_size=_mini_batch_size(request, dp), lr=lr,
     )
     critic = attrs.evolve(
         plan.critic, param_offload=choice.critic_param_offload, optimizer_offload=choice.critic_optimizer_offload,
+        offload_policy=choice.critic_offload_policy,
         gradient_checkpointing=choice.critic_gradient_checkpointing, ulysses_sequence_parallel_size=choice.ulysses,
     )
     rollout = attrs.evolve(
@@ -555,9 +574,13 @@ def _rank_key(candidate: Candidate, objective: Objective) -> tuple[float, ...]:
 def _choice_text(plan: Plan) -> str:
     actor = plan.actor
     parts = [f"LoRA r{plan.model.lora.rank}" if plan.model.lora.enabled else "full fine-tuning"]
-    if actor.param_offload or actor.optimizer_offload:
+    if actor.offload_policy:
+        parts.append("CPU offload policy")
+    elif actor.param_offload or actor.optimizer_offload:
         parts.append("param+optimizer offload" if actor.param_offload else "optimizer offload")
-    if plan.uses_critic and (plan.critic.param_offload or plan.critic.optimizer_offload):
+    if plan.uses_critic and plan.critic.offload_policy:
+        parts.append("critic CPU offload policy")
+    elif plan.uses_critic and (plan.critic.param_offload or plan.critic.optimizer_offload):
         parts.append("critic " + ("param+optimizer offload" if plan.critic.param_offload else "optimizer offload"))
     if plan.model.gradient_checkpointing:
         parts.append("checkpointing" + (" + activation offload" if plan.model.activation_offload else ""))
@@ -580,6 +603,8 @@ def _pinned_choice_ok(choice: TrainingChoice, pins: dict[str, Any]) -> bool:
         "critic.param_offload": choice.critic_param_offload,
         "critic.optimizer_offload": choice.critic_optimizer_offload,
         "critic.gradient_checkpointing": choice.critic_gradient_checkpointing,
+        "actor.offload_policy": choice.offload_policy,
+        "critic.offload_policy": choice.critic_offload_policy,
     }
     return all(expected[key] == value for key, value in pins.items() if key in expected)
 
@@ -609,7 +634,9 @@ def _choices_for(request: SolveRequest, sequence_len: int, feasibility_only: boo
 def _savings(choice: TrainingChoice) -> tuple[int, ...]:
     return (choice.param_offload + choice.optimizer_offload + choice.ref_param_offload
             + choice.gradient_checkpointing + choice.activation_offload + choice.critic_param_offload
-            + choice.critic_optimizer_offload + choice.critic_gradient_checkpointing,)
+            + choice.critic_optimizer_offload + choice.critic_gradient_checkpointing
+            # The policy offloads params, grads and optimizer state: more than both offloads together.
+            + 3 * choice.offload_policy + 3 * choice.critic_offload_policy,)
 
 
 def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool = False,
@@ -641,7 +668,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             continue  # full fine-tuning fits: LoRA is only the fallback
         resident_key = (choice.lora_rank, choice.param_offload, choice.optimizer_offload, choice.ref_param_offload,
                         choice.fsdp_size, choice.critic_param_offload, choice.critic_optimizer_offload,
-                        choice.ulysses)
+                        choice.offload_policy, choice.critic_offload_policy, choice.ulysses)
         if choice.gradient_checkpointing and resident_key in budgets_at_cap:
             continue  # recompute would only slow a step whose budgets are already as large as useful
         plan = apply_knobs(apply_training_choice(skeleton, choice, request), pins)
@@ -723,8 +750,8 @@ def finalize(candidate: Candidate, profile: Profile) -> Plan:
 SEARCHED_KNOBS = (
     "model.lora.rank", "actor.param_offload", "actor.optimizer_offload", "model.gradient_checkpointing",
     "model.activation_offload", "actor.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.param_offload",
-    "critic.param_offload", "critic.optimizer_offload", "critic.gradient_checkpointing",
-    "actor.ppo_max_token_len_per_gpu", "actor.ppo_micro_batch_size_per_gpu",
+    "critic.param_offload", "critic.optimizer_offload", "critic.gradient_checkpointing", "actor.offload_policy",
+    "critic.offload_policy", "actor.ppo_max_token_len_per_gpu", "actor.ppo_micro_batch_size_per_gpu",
     "rollout.log_prob_max_token_len_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu",
     "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.max_num_seqs",

@@ -25,10 +25,12 @@ from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
 from rlplan.planner.memory import (
     MemoryReport,
     ModelFacts,
+    TrainerState,
     actor_state,
     critic_state,
     lora_params,
     model_facts,
+    offloaded_by_policy,
     ref_param_bytes,
 )
 from rlplan.planner.plan import Plan
@@ -100,7 +102,14 @@ def _forward_pass(plan: Plan, role: RoleBatchLayout, rates: _Rates, shard: int, 
     compute = _tokens_per_gpu(role) * _training_flops_per_token(plan, facts, critic) / rates.train_flops
     params = facts.critic_params if critic else facts.params
     gather = ring_seconds(2.0 * params, shard, rates.collective(shard))
+    if offloaded_by_policy(plan, "critic" if critic else "actor"):
+        # CPUOffloadPolicy copies each layer's host shard to the GPU before its all-gather.
+        gather += _policy_state(plan, shard, critic).params / rates.pcie
     return fsdp_pass_seconds(compute, role.micro_batches_per_step, gather)
+
+
+def _policy_state(plan: Plan, shard: int, critic: bool) -> TrainerState:
+    return critic_state(plan, shard) if critic else actor_state(plan, shard)
 
 
 def _update_pass(plan: Plan, role: RoleBatchLayout, rates: _Rates, shard: int, profile: Profile, *,
@@ -117,9 +126,20 @@ def _update_pass(plan: Plan, role: RoleBatchLayout, rates: _Rates, shard: int, p
     bandwidth = rates.collective(shard)
     # bf16 all-gather in forward and again in backward (reshard after forward), fp32 reduce-scatter.
     collectives = 2 * ring_seconds(2.0 * params, shard, bandwidth) + ring_seconds(4.0 * trainable, shard, bandwidth)
+    policy = offloaded_by_policy(plan, "critic" if critic else "actor")
+    if policy:
+        # CPUOffloadPolicy: the host shards cross PCIe into the forward and the backward all-gathers of
+        # every micro batch, and each reduced gradient shard goes back to the host to accumulate there.
+        state = _policy_state(plan, shard, critic)
+        collectives += (2.0 * state.params + state.grads) / rates.pcie
     seconds = fsdp_pass_seconds(compute, role.micro_batches_per_step, collectives)
-    # AdamW reads params, grads and both moments and writes three of them back, all fp32.
-    seconds += role.optimizer_steps_per_step * 28.0 * trainable / shard / rates.hbm
+    if policy:
+        # The optimizer steps on the CPU, whose AdamW rate the node's ranks share.
+        seconds += (role.optimizer_steps_per_step * trainable / shard * rates.gpus_per_node
+                    / profile.cpu_adam_params_per_s)
+    else:
+        # AdamW reads params, grads and both moments and writes three of them back, all fp32.
+        seconds += role.optimizer_steps_per_step * 28.0 * trainable / shard / rates.hbm
     if not critic and plan.model.activation_offload:
         offloaded_layers = max(0, facts.layers - profile.activation_offload_resident_layers)
         per_token = 2 * facts.hidden if checkpointing else facts.layer_activation_bytes_per_token
@@ -176,6 +196,9 @@ def weight_sync_seconds(plan: Plan, rates: _Rates, shard: int) -> float:
         seconds = ring_seconds(4.0 * n_lora, shard, bandwidth) + 2.0 * n_lora / t / rates.hbm
     else:
         seconds = ring_seconds(4.0 * facts.params, shard, bandwidth) + 2.0 * facts.params / t / rates.hbm
+    if offloaded_by_policy(plan, "actor"):
+        # The shards the sync gathers live in host RAM under CPUOffloadPolicy.
+        seconds += actor_state(plan, shard).params / rates.pcie
     if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
         # Level 1 copies vLLM's weights to host at sleep and back at wake.
         seconds += 2 * 2.0 * (facts.params + n_lora) / t / rates.pcie
@@ -186,14 +209,16 @@ def offload_seconds(plan: Plan, rates: _Rates, shard: int, profile: Profile) -> 
     """PCIe traffic of verl's between-phase offload: each load and each offload moves the shard once."""
     moved = 0.0
     actor = actor_state(plan, shard)
-    if plan.actor.param_offload:
+    # Under offload_policy verl turns the between-phase offloads off; its traffic is priced in each pass.
+    actor_moves = not offloaded_by_policy(plan, "actor")
+    if plan.actor.param_offload and actor_moves:
         # Loaded and offloaded around the old-log-prob pass, the update and the weight sync.
         moved += 3 * 2 * actor.params
-    if plan.actor.optimizer_offload:
+    if plan.actor.optimizer_offload and actor_moves:
         moved += 2 * actor.optimizer
     if plan.uses_reference and not plan.reference_is_actor and plan.ref.param_offload:
         moved += 2 * ref_param_bytes(plan, model_facts(plan.model.arch), shard)
-    if plan.uses_critic:
+    if plan.uses_critic and not offloaded_by_policy(plan, "critic"):
         critic = critic_state(plan, shard)
         if plan.critic.param_offload:
             moved += 2 * 2 * critic.params  # values pass and update

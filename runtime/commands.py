@@ -231,6 +231,8 @@ def run_command(
 DEMO_CPU_PINS = {
     "actor.param_offload": False,
     "actor.optimizer_offload": False,
+    "actor.offload_policy": False,
+    "critic.offload_policy": False,
     "ref.param_offload": False,
     "model.activation_offload": False,
     "actor.ulysses_sequence_parallel_size": 1,

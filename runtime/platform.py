@@ -84,6 +84,8 @@ def unrunnable_knobs(plan: Plan, platform: Platform) -> list[PlanError]:
             ("ref.param_offload", plan.ref.param_offload and plan.uses_reference and not plan.reference_is_actor),
             ("critic.param_offload", plan.critic.param_offload and plan.uses_critic),
             ("critic.optimizer_offload", plan.critic.optimizer_offload and plan.uses_critic),
+            ("actor.offload_policy", plan.actor.offload_policy),
+            ("critic.offload_policy", plan.critic.offload_policy and plan.uses_critic),
         ):
             if wanted:
                 errors.append(_offload_error(field))

@@ -54,7 +54,8 @@ class CriticTrainer:
             world_size=parallel.world_size,
             shard_group_size=parallel.fsdp_shard_size,
             mixed_precision=device_type != "cpu",
-            param_offload=critic.param_offload,
+            # CPUOffloadPolicy either way: see PolicyTrainer.
+            param_offload=critic.param_offload or critic.offload_policy,
         )
         # The fresh value head is drawn per rank: the same seed everywhere keeps the shards of one tensor.
         torch.manual_seed(plan.trainer.seed + 1)
@@ -67,7 +68,7 @@ class CriticTrainer:
         self.optimizer_settings = OptimizerSettings(
             lr=critic.lr,
             grad_clip=critic.grad_clip,
-            offload_state=critic.optimizer_offload and device_type != "cpu",
+            offload_state=critic.optimizer_offload and not critic.offload_policy and device_type != "cpu",
         )
         self.optimizer, self.scheduler = build_optimizer(trainable_parameters(self.model), self.optimizer_settings)
 

@@ -75,7 +75,9 @@ class PolicyTrainer:
             temperature=plan.rollout.temperature,
             sequence_parallel=self.sequence_parallel,
         )
-        spec = sharding_spec(plan, device_type, param_offload=plan.actor.param_offload)
+        # This runtime's param_offload already shards with FSDP2's CPUOffloadPolicy, which is what verl's
+        # offload_policy turns on (the optimizer then steps on the host-resident shards).
+        spec = sharding_spec(plan, device_type, param_offload=plan.actor.param_offload or plan.actor.offload_policy)
         self.mesh = device_mesh(spec)
         # Every rank must draw the same fresh LoRA weights before sharding splits them.
         torch.manual_seed(plan.trainer.seed)
@@ -103,7 +105,7 @@ class PolicyTrainer:
             weight_decay=plan.actor.weight_decay,
             warmup_steps=plan.actor.lr_warmup_steps,
             grad_clip=plan.actor.grad_clip,
-            offload_state=plan.actor.optimizer_offload and device_type != "cpu",
+            offload_state=plan.actor.optimizer_offload and not plan.actor.offload_policy and device_type != "cpu",
         )
         self.optimizer, self.scheduler = build_optimizer(trainable_parameters(self.model), self.optimizer_settings)
 

@@ -34,7 +34,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=timedelta(seconds=300), derandom
 
 # A refusal is one paragraph "error FIELD: message", validate's table of violated rules (each names its
 # keys), or click's usage error naming the option.
-NAMES_A_FIELD = re.compile(r"error\s+\S.*?:|INVALID: \d+ rule violation|.rule.: |Invalid value for|No such option|Missing (option|argument)|"
+# A --json command names the field in its error object: {"error": {"field": ...}}.
+NAMES_A_FIELD = re.compile(r"error\s+\S.*?:|\"field\": \"[^\"]+\"|INVALID: \d+ rule violation|.rule.: |Invalid value for|No such option|Missing (option|argument)|"
                            r"requires an argument|Got unexpected extra", re.S)
 
 QWEN_CONFIG = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,

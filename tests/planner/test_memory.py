@@ -22,6 +22,7 @@ from rlplan.planner.memory import (
     MIB,
     RolloutBudget,
     actor_head_bytes_per_token_vocab,
+    critic_state,
     forward_components,
     kv_cache_tokens,
     longest_expected_response_that_fits,
@@ -583,3 +584,39 @@ def test_longest_expected_response_that_fits_fits_and_one_more_token_does_not(gp
         assert fits(maximum)
     else:
         assert not fits(1)
+
+
+def test_cpu_offload_policy_moves_params_grads_and_adam_to_host_and_leaves_the_gpu_the_layer_buffers():
+    ppo = {"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 2}
+    base = predict_memory(make_plan(overrides=ppo))
+    policy = {**ppo, "actor.offload_policy": True, "critic.offload_policy": True}
+    offloaded = predict_memory(make_plan(overrides=policy))
+    n = QWEN25_7B.total_params
+    n_critic = model_facts(QWEN25_7B).critic_params
+    host = {c.name: c.bytes for c in offloaded.host.components}
+    # 8 ranks on the node, each with its fp32 shard of N/8 params, their grads and two AdamW moments.
+    assert host["actor_params_offloaded"] == pytest.approx(4 * n, abs=8)
+    assert host["actor_grads_offloaded"] == pytest.approx(4 * n, abs=8)
+    assert host["actor_optimizer_offloaded"] == pytest.approx(8 * n, abs=8)
+    assert host["critic_params_offloaded"] == pytest.approx(4 * n_critic, abs=8)
+    assert host["critic_optimizer_offloaded"] == pytest.approx(8 * n_critic, abs=8)
+    state_names = ("params", "grads", "optimizer_state")
+    for phase in offloaded.phases:
+        assert all(phase.bytes_of(f"{role}_{name}") == 0 for role in ("actor", "critic") for name in state_names)
+    # The update keeps its layer buffers on the GPU: the all-gather of two bf16 layers and the fp32 reduce-scatter.
+    update = predict_phase(make_plan(overrides={**policy, "model.gradient_checkpointing": True}), "critic_update")
+    if update.peak_at == "backward":
+        assert update.bytes_of("fsdp_all_gather_buffers") == 4 * model_facts(QWEN25_7B).layer_params
+        assert update.bytes_of("fsdp_reduce_scatter_buffer") == int(critic_state(make_plan(overrides=ppo), 8)
+                                                                    .reduce_scatter)
+    for name in ("critic_update", "actor_update", "rollout"):
+        assert offloaded.phase(name).peak_bytes < base.phase(name).peak_bytes
+    # verl turns param_offload / optimizer_offload off under the policy: nothing is counted twice.
+    both = predict_memory(make_plan(overrides={**policy, "actor.param_offload": True, "actor.optimizer_offload": True}))
+    assert both.host.total_bytes == offloaded.host.total_bytes
+
+
+def test_offload_policy_is_ignored_on_fsdp1_as_verl_ignores_it():
+    plain = predict_memory(make_plan(overrides={"actor.strategy": "fsdp"}))
+    asked = predict_memory(make_plan(overrides={"actor.strategy": "fsdp", "actor.offload_policy": True}))
+    assert asked.gpu_peak_bytes == plain.gpu_peak_bytes and asked.host.total_bytes == plain.host.total_bytes

@@ -70,6 +70,8 @@ def schema_plans(draw) -> Plan:
         "actor.fsdp_size": draw(st.sampled_from([-1, 2, 8])),
         "actor.param_offload": draw(st.booleans()),
         "actor.optimizer_offload": draw(st.booleans()),
+        "actor.offload_policy": draw(st.booleans()),
+        "critic.offload_policy": draw(st.booleans()),
         "actor.use_torch_compile": draw(st.booleans()),
         "actor.model_dtype": draw(st.sampled_from(["fp32", "bf16"])),
         "ref.model_dtype": draw(st.sampled_from(["fp32", "bf16"])),

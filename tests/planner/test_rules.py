@@ -205,3 +205,14 @@ def test_a_pinned_loss_head_the_config_does_not_run_is_a_warning_naming_the_fix(
     # Pinning the head the GPU config runs anyway is no warning.
     pinned = check_plan(make_plan(overrides={"actor.loss_head": "flash_attn_ce"}))
     assert all(v.rule != "loss_head_is_what_the_runtime_runs" for v in pinned.warnings)
+
+
+def test_offload_policy_on_fsdp1_is_an_error_and_beside_phase_offloads_a_warning():
+    fsdp1 = check_plan(make_plan(overrides={"actor.strategy": "fsdp", "actor.offload_policy": True}))
+    [violation] = [v for v in fsdp1.violations if v.rule == "offload_policy_needs_fsdp2"]
+    assert violation.severity == "error" and violation.suggested == {"actor.strategy": "fsdp2"}
+    both = check_plan(make_plan(overrides={"actor.offload_policy": True, "actor.param_offload": True}))
+    [warning] = [v for v in both.violations if v.rule == "offload_policy_supersedes_offloads"]
+    assert warning.severity == "warning" and warning.suggested["actor.param_offload"] is False
+    assert not [v for v in check_plan(make_plan(overrides={"actor.offload_policy": True})).violations
+                if v.rule.startswith("offload_policy")]

@@ -134,7 +134,9 @@ def test_solver_finds_the_brute_force_optimum_on_a_small_space(gpu_mem):
 
 
 def test_infeasible_request_names_the_binding_constraint_and_a_change_that_fits():
-    request = request_for("qwen2.5-7b", gpus=1, gpu_mem=24.0, prompt=1024, response=8192, batch=8, n=4, lora="off")
+    # With FSDP2's CPU offload policy the whole training state would move to host RAM; without it, nothing fits.
+    request = request_for("qwen2.5-7b", gpus=1, gpu_mem=24.0, prompt=1024, response=8192, batch=8, n=4, lora="off",
+                          pins={"actor.offload_policy": False})
     result = solve(request)
     assert result.best is None
     diagnosis = result.diagnosis
@@ -164,7 +166,9 @@ def test_lora_auto_prefers_full_fine_tuning_when_it_fits():
 
 
 def test_lora_auto_falls_back_to_a_rank_of_at_least_32():
-    result = solve(request_for("qwen2.5-7b", gpus=1, gpu_mem=80.0, prompt=512, response=1024, batch=16, n=4))
+    # Full fine-tuning would fit with its whole state in host RAM (CPU offload policy); without it, LoRA.
+    result = solve(request_for("qwen2.5-7b", gpus=1, gpu_mem=80.0, prompt=512, response=1024, batch=16, n=4,
+                               pins={"actor.offload_policy": False}))
     assert result.best is not None
     assert result.plan.model.lora.rank >= 32
     assert result.plan.rollout.sleep_level == 1
@@ -306,7 +310,8 @@ def test_nothing_fits_suggests_changes_that_fit_on_a_gpu_at_least_as_fast(model,
                                                                         expected_flag):
     from rlplan.planner.presets import resolve_gpu
 
-    request = preset_request(model, gpu, gpus, host_mem=host_mem, lora=lora)
+    # Without the CPU offload policy, which would fit the 70B's full fine-tuning state into host RAM.
+    request = preset_request(model, gpu, gpus, host_mem=host_mem, lora=lora, pins={"actor.offload_policy": False})
     diagnosis = solve(request).diagnosis
     assert diagnosis is not None and 1 <= len(diagnosis.suggestions) <= 3, diagnosis
     assert any(expected_flag in s.change.split() for s in diagnosis.suggestions), diagnosis.message
@@ -335,6 +340,8 @@ PIN_CHOICES = {
     "model.gradient_checkpointing": st.booleans(),
     "ref.param_offload": st.booleans(),
     "critic.optimizer_offload": st.booleans(),
+    "actor.offload_policy": st.booleans(),
+    "critic.offload_policy": st.booleans(),
     "model.lora.rank": st.sampled_from([0, 32]),
     "rollout.gpu_memory_utilization": st.sampled_from([0.3, 0.5, 0.7]),
     "rollout.tensor_model_parallel_size": st.sampled_from([1, 2]),
@@ -378,11 +385,30 @@ def test_every_plan_solve_writes_passes_validate_and_keeps_every_pinned_value(re
         assert actual == value, (dotted, actual, value)
 
 
-def test_ppo_8b_on_four_24g_gpus_names_the_critic_update_and_changes_that_fit():
-    # The full-parameter critic's update needs its fp32 params, grads and AdamW state on the GPU
-    # even when offloaded between steps (verl reloads them for the step): ~43 GiB on 4 ranks.
+def test_ppo_8b_on_four_24g_gpus_solves_with_the_critic_state_in_host_ram():
+    # The full-parameter critic's fp32 params, grads and AdamW state are ~30 GiB per rank on 4 ranks:
+    # only FSDP2's CPUOffloadPolicy (verl's fsdp_config.offload_policy) takes them off the GPU for the update.
+    from rlplan.planner.planfile import plan_from_toml, plan_to_dict, plan_to_toml
+    from rlplan.planner.render import plan_as_verl_runs_it, render_plan
+    from rlplan.planner.verl_import import import_verl_script
+
     request = request_for("llama-3.1-8b", gpus=4, gpu_mem=24.0, prompt=512, response=512, batch=32, n=1,
                           algorithm="gae")
+    plan = solve(request).plan
+    assert plan is not None and plan.uses_critic and plan.critic.offload_policy
+    assert check_plan(plan).valid and predict_memory(plan, DEFAULT_PROFILE).fits
+    assert plan_to_dict(plan_from_toml(plan_to_toml(plan))) == plan_to_dict(plan)
+    back = import_verl_script(render_plan(plan, "verl"), gpu=plan.cluster.gpu,
+                              host_memory_gib=plan.cluster.host_memory_gib, env={},
+                              local_config_reader=lambda path: None).plan
+    assert plan_to_dict(back) == plan_to_dict(plan_as_verl_runs_it(plan))
+    assert "critic.model.fsdp_config.offload_policy=true" in render_plan(plan, "verl", "overrides")
+
+
+def test_ppo_8b_on_four_24g_gpus_without_the_offload_policy_names_the_critic_update_and_changes_that_fit():
+    # Offloaded between steps, the critic's state still comes back to the GPU for its update (~43 GiB on 4 ranks).
+    request = request_for("llama-3.1-8b", gpus=4, gpu_mem=24.0, prompt=512, response=512, batch=32, n=1,
+                          algorithm="gae", pins={"critic.offload_policy": False, "actor.offload_policy": False})
     result = solve(request)
     assert result.best is None and result.diagnosis is not None
     assert "critic_update" in result.diagnosis.binding

@@ -127,3 +127,15 @@ def test_step_phases_mirror_the_memory_phases_plus_offload_traffic():
     assert set(seconds) == {p.name for p in memory.phases} | {"offload"}
     assert all(value >= 0 for value in seconds.values())
     assert predict_step_time(plan, memory).total_seconds == pytest.approx(sum(seconds.values()))
+
+
+@settings(max_examples=30, deadline=None)
+@given(base=knobs(), role=st.sampled_from(["actor", "critic"]))
+def test_cpu_offload_policy_never_makes_a_step_faster_and_slows_its_roles_update(base, role):
+    plan = make_plan(overrides=base)
+    on = step_time(make_plan(overrides={**base, f"{role}.offload_policy": True}))
+    off = step_time(plan)
+    assert on.total_seconds >= off.total_seconds
+    if role == "actor" or plan.uses_critic:
+        # The optimizer steps on the CPU and every pass copies the host shards in.
+        assert on.phase_seconds[f"{role}_update"] > off.phase_seconds[f"{role}_update"]

@@ -190,3 +190,14 @@ def test_an_environment_secret_is_kept_as_a_reference_not_copied_into_the_plan()
     assert "hunter2" not in repr(result.plan)
     # Asked for with --env, the value is the user's to persist.
     assert load(BRANCHING_SCRIPT, {"SECRET": "given"}).plan.passthrough["trainer.wandb_key"] == "given"
+
+
+def test_offload_policy_imports_from_verls_fsdp_config_keys():
+    base = "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nalgorithm.adv_estimator=gae\n"
+    plan = load(base).plan
+    assert not plan.actor.offload_policy and not plan.critic.offload_policy
+    plan = load(base + "actor_rollout_ref.actor.strategy=fsdp2\ncritic.strategy=fsdp2\n"
+                       "actor_rollout_ref.actor.fsdp_config.offload_policy=True\n"
+                       "critic.model.fsdp_config.offload_policy=true\n").plan
+    assert plan.actor.offload_policy and plan.critic.offload_policy
+    assert not plan.passthrough

@@ -1,4 +1,4 @@
-"""What this machine runs: CPU threads per trainer rank."""
+"""The runtime's platform (runtime/platform.py): knobs this machine cannot honour, and CPU threads per rank."""
 
 from __future__ import annotations
 
@@ -6,7 +6,22 @@ import os
 
 import pytest
 
-from rlplan.runtime.platform import available_cores, cpu_threads_per_rank
+from rlplan.runtime.platform import Platform, available_cores, cpu_threads_per_rank, unrunnable_knobs
+from tests.planner.plans import make_plan
+
+CPU = Platform(device_type="cpu")
+GPU = Platform(device_type="cuda", accelerator_count=8)
+
+
+@pytest.mark.parametrize("field", ["actor.offload_policy", "critic.offload_policy"])
+def test_cpu_offload_policy_is_refused_without_an_accelerator_naming_the_field(field):
+    # FSDP2's CPUOffloadPolicy raises on a machine without an accelerator (runtime-facts.md).
+    plan = make_plan(overrides={"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 2,
+                                "rollout.free_cache_engine": False, field: True})
+    errors = unrunnable_knobs(plan, CPU)
+    assert [e.field for e in errors] == [field] and errors[0].fix
+    # On GPUs the trainer shards with CPUOffloadPolicy, as verl does for this key.
+    assert field not in {e.field for e in unrunnable_knobs(plan, GPU)}
 
 
 @pytest.mark.parametrize(("world_size", "cores", "threads"), [(1, 2, 2), (2, 2, 1), (4, 2, 1), (2, 16, 8), (3, 16, 5)])
