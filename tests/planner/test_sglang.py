@@ -13,6 +13,7 @@ from rlplan.planner.plan import ActorSection, DataSection, ModelSection, Plan, R
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.render import verl_overrides
 from rlplan.planner.rules import check_plan
+from rlplan.planner.solver import SolveRequest, solve_engines, solve_rollout
 from rlplan.planner.verl_import import import_verl_script
 from tests.planner.plans import make_plan
 
@@ -130,3 +131,33 @@ def test_vllm_only_rollout_keys_warn_with_sglang_and_not_with_vllm():
     assert len(sglang) == 1 and sglang[0].severity == "warning"
     assert "enable_prefix_caching" in sglang[0].message and "max_num_batched_tokens" in sglang[0].message
     assert not [v for v in check_plan(plan).violations if v.rule == "sglang_ignores_vllm_keys"]
+
+
+def sync_bound_request(plan: Plan, pins: dict) -> SolveRequest:
+    return SolveRequest(model=plan.model, cluster=plan.cluster, prompt_len=1024, response_len=1024,
+                        train_batch_size=64, n=4, pins={"rollout.gpu_memory_utilization": 0.9, **pins}, base=plan)
+
+
+def test_solver_turns_multi_stage_wake_up_on_only_when_it_is_the_difference_between_fitting_and_oom():
+    unstaged = h200_plan("qwen2.5-32b", util=0.9, multi_stage_wake_up=False)
+    solved = solve_rollout(unstaged, 1, sync_bound_request(unstaged, {}))
+    assert solved is not None and solved.rollout.multi_stage_wake_up
+    # Pinned off, the same rollout does not fit.
+    assert solve_rollout(unstaged, 1, sync_bound_request(unstaged, {"rollout.multi_stage_wake_up": False})) is None
+    # Where the unstaged sync fits (a 7B model), the plan's own setting is kept.
+    small = h200_plan("qwen2.5-7b", util=0.9, multi_stage_wake_up=False)
+    kept = solve_rollout(small, 1, sync_bound_request(small, {}))
+    assert kept is not None and not kept.rollout.multi_stage_wake_up
+
+
+@pytest.mark.parametrize("engines", [("sglang",), ("vllm", "sglang")])
+def test_solve_engines_returns_a_valid_fitting_plan_on_one_of_the_engines_asked(engines):
+    request = SolveRequest(model=ModelSection(name="qwen2.5-7b", arch=resolve_model("qwen2.5-7b").arch),
+                           cluster=Cluster(gpu=resolve_gpu("h200"), gpus_per_node=8), prompt_len=512,
+                           response_len=1024, train_batch_size=64, n=4, lora=0)
+    result = solve_engines(request, engines)
+    assert result.plan is not None and result.plan.rollout.name in engines
+    assert not check_plan(result.plan).errors and predict_memory(result.plan).fits
+    if len(engines) == 2:
+        single = [solve_engines(request, (engine,)) for engine in engines]
+        assert result.evaluated == sum(r.evaluated for r in single)
