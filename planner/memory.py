@@ -1013,7 +1013,8 @@ def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanL
         notes.append(f"the KV cache holds {budget.kv_cache_tokens} tokens, below max_model_len {budget.max_model_len}")
     if plan.rollout.free_cache_engine and not plan.rollout.multi_stage_wake_up:
         notes.append("without multi_stage_wake_up the KV cache is resumed before the weight sync: trainer weights, "
-                     "rollout weights and KV cache are on the GPU at once")
+                     f"rollout weights and KV cache are on the GPU at once; rollout.multi_stage_wake_up = true keeps "
+                     f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
     if (plan.rollout.name == "vllm" and plan.rollout.layered_summon and plan.rollout.sleep_level == 2
             and plan.rollout.free_cache_engine):
         notes.append("layered_summon forces vLLM sleep level 1: weights are copied to host RAM")
