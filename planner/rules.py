@@ -630,8 +630,12 @@ def _rollout_tp_divides_world(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
-@rule("rollout_tp_divides_heads", "runtime", "[R8] vLLM's TP must divide the attention heads (and KV heads, or be a multiple)")
+@rule("rollout_tp_divides_heads", "runtime",
+      "[R8] the engine's TP must divide the attention heads (and KV heads, or be a multiple)")
 def _rollout_tp_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
+    """vLLM's and SGLang's attention layers both shard heads over TP: heads % tp == 0, and KV heads either
+    split (kv % tp == 0) or are replicated (tp % kv == 0) (the same asserts in the attention constructors of
+    sglang python/sglang/srt/models/*)."""
     arch, tp = ctx.plan.model.arch, ctx.plan.rollout.tensor_model_parallel_size
     heads_ok = arch.num_attention_heads % tp == 0
     kv_ok = arch.is_mla or arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
@@ -769,6 +773,34 @@ def _sglang_ignores_vllm_keys(ctx: RuleContext) -> Iterator[Violation]:
             "set SGLang's own knobs (chunked_prefill_size, disable_radix_cache) under "
             "actor_rollout_ref.rollout.engine_kwargs.sglang in the passthrough, or drop these keys",
             severity="warning",
+        )
+
+
+# Where a verl script turns on SGLang's dp-attention and sets the rollout's data-parallel size.
+SGLANG_DP_ATTENTION_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang.enable_dp_attention"
+ROLLOUT_DP_KEY = "actor_rollout_ref.rollout.data_parallel_size"
+
+
+@rule("sglang_dp_attention_needs_rollout_dp", "rlplan",
+      "[R9] SGLang drops dp-attention when verl's rollout data_parallel_size is 1")
+def _sglang_dp_attention_needs_rollout_dp(ctx: RuleContext) -> Iterator[Violation]:
+    """verl passes tp_size = tensor_model_parallel_size x data_parallel_size and dp_size =
+    data_parallel_size (sglang_rollout/async_sglang_server.py), so SGLang's `tp_size % dp_size == 0`
+    always holds; but SGLang's ServerArgs._handle_data_parallelism sets enable_dp_attention = False
+    when dp_size == 1, silently.
+    """
+    passthrough = ctx.plan.passthrough
+    wanted = str(passthrough.get(SGLANG_DP_ATTENTION_KEY, "false")).lower() == "true"
+    dp_text = str(passthrough.get(ROLLOUT_DP_KEY, "1"))
+    # A value rlplan cannot read (an interpolation) is not judged.
+    dp = int(dp_text) if dp_text.isdigit() else None
+    if ctx.plan.rollout.name == "sglang" and wanted and dp is not None and dp <= 1:
+        yield _violation(
+            "sglang_dp_attention_needs_rollout_dp", "rlplan",
+            f"{SGLANG_DP_ATTENTION_KEY} is on, but the rollout's data_parallel_size is {dp}: SGLang turns "
+            "dp-attention off when dp_size is 1.",
+            f"set {ROLLOUT_DP_KEY} > 1 (SGLang then runs TP = tensor_model_parallel_size x data_parallel_size), "
+            "or drop the key", severity="warning",
         )
 
 

@@ -161,3 +161,11 @@ def test_solve_engines_returns_a_valid_fitting_plan_on_one_of_the_engines_asked(
     if len(engines) == 2:
         single = [solve_engines(request, (engine,)) for engine in engines]
         assert result.evaluated == sum(r.evaluated for r in single)
+
+
+def test_dp_attention_without_rollout_dp_warns_because_sglang_drops_it():
+    plan = with_engine(make_plan(), "sglang").evolve(
+        passthrough={"actor_rollout_ref.rollout.engine_kwargs.sglang.enable_dp_attention": "true"})
+    assert "sglang_dp_attention_needs_rollout_dp" in {v.rule for v in check_plan(plan).warnings}
+    with_dp = plan.evolve(passthrough={**plan.passthrough, "actor_rollout_ref.rollout.data_parallel_size": "2"})
+    assert "sglang_dp_attention_needs_rollout_dp" not in {v.rule for v in check_plan(with_dp).violations}
