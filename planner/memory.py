@@ -1,12 +1,13 @@
-"""Per-GPU memory of every phase of a colocated verl step (FSDP2 trainer + vLLM rollout), and host RAM per node.
+"""Per-GPU memory of every phase of a colocated verl step (FSDP2 trainer + vLLM or SGLang rollout), and host RAM.
 
 The formulas are those of shared/reference/memory-model.md section 2, derived
 from the model's architecture (GQA KV width, tied embeddings, gated MLP width,
 MoE experts and active experts, vocabulary), never from a parameter count alone.
 A step runs these phases, each reported with its components:
 
-    weight_sync    trainer weights pushed into a waking vLLM (multi-stage wake: KV not yet resident)
-    rollout        vLLM generation inside util x GPU, beside what the trainer leaves on the GPU
+    weight_sync    trainer weights pushed into the waking engine (multi-stage wake: KV not yet resident)
+    rollout        generation: vLLM inside util x GPU; SGLang's weights + KV inside it, buffers and
+                   CUDA graphs beside it; with what the trainer leaves on the GPU
     old_log_prob   actor forward, no_grad
     ref_log_prob   reference forward, no_grad (only when a KL term needs it)
     critic_values  critic forward, no_grad (PPO/GAE only)
@@ -31,6 +32,8 @@ Component names are stable (the fidelity checks and `explain` key on them):
     root_group_unsharded        bf16 embedding (+ untied lm_head) gathered in late backward
     vllm_weights, vllm_activation, vllm_non_torch, kv_cache, cuda_graph_pool,
     vllm_context                what vLLM keeps on the GPU even asleep (context, NCCL)
+    sglang_weights, sglang_activation, sglang_non_torch, sglang_context
+                                the same for an SGLang rollout (rollout.name = "sglang")
     weight_sync_gather          full tensors / buckets gathered to push into vLLM
     cuda_context_and_nccl, fragmentation_reserve
 Host components (per node): actor_params_offloaded, actor_optimizer_offloaded,
@@ -38,8 +41,8 @@ ref_params_offloaded, critic_params_offloaded, critic_optimizer_offloaded,
 activations_offloaded, vllm_sleep_weights, model_copy_shm, process_overhead.
 
 Entry points: `predict_memory` (every phase, host, KV budget), `predict_phase` (one
-phase, for searches that bisect one knob), `rollout_budget` (vLLM's KV sizing and its
-start-up rule `holds_max_model_len`), `kv_cache_tokens` and `vllm_kv_cache_bytes`.
+phase, for searches that bisect one knob), `rollout_budget` (the engine's KV sizing and its
+start-up rule `holds_max_model_len`), `kv_cache_tokens`, `vllm_kv_cache_bytes` and `sglang_kv_cache_bytes`.
 The constants (allocator margins, vLLM workspace fit, head coefficients) come from
 the `Profile`, never from literals here.
 """
