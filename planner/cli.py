@@ -308,6 +308,9 @@ def solve(
     ppo_mini_batch_size: Annotated[int | None, typer.Option("--ppo-mini-batch-size", help="Prompts per optimizer step.")] = None,
     lora: Annotated[str, typer.Option(help="off | auto | RANK.")] = "auto",
     objective: Annotated[str, typer.Option(help="throughput | memory.")] = "throughput",
+    rollout: Annotated[str | None, typer.Option(
+        "--rollout", help="Rollout engine: vllm | sglang | auto (the better of both; default: the --from plan's "
+                          "engine, else vllm).")] = None,
     fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a knob, e.g. actor.param_offload=true (repeatable).")] = None,
     profile: Annotated[str | None, typer.Option(help="Calibration profile TOML (`rlplan calibrate`).")] = None,
     from_plan: Annotated[str | None, typer.Option("--from", help="Keep this plan's workload; solve the knobs.")] = None,
@@ -328,8 +331,7 @@ def solve(
     from rlplan.planner.planfile import plan_from_toml, plan_to_toml
     from rlplan.planner.presets import custom_gpu, defaulted_speeds, parse_gpu_memory, resolve_gpu
     from rlplan.planner.report import solve_summary
-    from rlplan.planner.solver import RUNNERS_UP, SolveRequest, searched_knobs
-    from rlplan.planner.solver import solve as run_solver
+    from rlplan.planner.solver import RUNNERS_UP, SolveRequest, searched_knobs, solve_engines
 
     # A zero or negative count is a mistake, never a request for the default.
     for flag, value in (("--top", top), ("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
@@ -384,6 +386,13 @@ def solve(
                         fix="pass grpo, ppo, rloo or reinforce_plus_plus")
     if lora not in ("off", "auto") and not (lora.isascii() and lora.isdigit()):
         raise PlanError(field="--lora", message=f"{lora!r} is not off, auto or a rank.", fix="pass --lora 64")
+    if rollout is not None and rollout not in ("vllm", "sglang", "auto"):
+        raise PlanError(field="--rollout", message=f"{rollout!r} is not vllm, sglang or auto.",
+                        fix="pass --rollout vllm (the bundled runtime's engine), sglang or auto")
+    pins = parse_fixes(fix or [])
+    if rollout is not None and "rollout.name" in pins:
+        raise PlanError(field="--rollout", message="both --rollout and --fix rollout.name are given.",
+                        fix="pass only --rollout")
     if objective not in ("throughput", "memory"):
         raise PlanError(field="--objective", message=f"{objective!r} is not throughput or memory.",
                         fix="pass --objective throughput")
@@ -404,11 +413,15 @@ def solve(
         max_response_len=max_response_len, train_batch_size=256 if train_batch_size is None else train_batch_size,
         n=5 if n is None else n,
         algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
-        lora=int(lora) if lora.isascii() and lora.isdigit() else lora, objective=objective, pins=parse_fixes(fix or []),
+        lora=int(lora) if lora.isascii() and lora.isdigit() else lora, objective=objective, pins=pins,
         base=base, profile=load_profile(profile),
         expected_prompt_len=expected_prompt_len, expected_response_len=expected_response_len,
     )
-    result = run_solver(request, keep=max(top or 0, RUNNERS_UP + 1))
+    if rollout == "auto":
+        engines: tuple[Any, ...] = ("vllm", "sglang")
+    else:
+        engines = (rollout or pins.get("rollout.name") or (base.rollout.name if base is not None else "vllm"),)
+    result = solve_engines(request, engines, keep=max(top or 0, RUNNERS_UP + 1))
     ranked = [result.best, *result.runners_up][:top or 0] if result.best is not None else []
     top_rows = [{"rank": rank, "step_time_s": c.plan.prediction.step_time_s, "gpu_peak_gib": c.plan.prediction.gpu_peak_gib,
                  "phase_peak_gib": c.plan.prediction.phase_peak_gib, "knobs": searched_knobs(c.plan)}

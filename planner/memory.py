@@ -1,12 +1,13 @@
-"""Per-GPU memory of every phase of a colocated verl step (FSDP2 trainer + vLLM rollout), and host RAM per node.
+"""Per-GPU memory of every phase of a colocated verl step (FSDP2 trainer + vLLM or SGLang rollout), and host RAM.
 
 The formulas are those of shared/reference/memory-model.md section 2, derived
 from the model's architecture (GQA KV width, tied embeddings, gated MLP width,
 MoE experts and active experts, vocabulary), never from a parameter count alone.
 A step runs these phases, each reported with its components:
 
-    weight_sync    trainer weights pushed into a waking vLLM (multi-stage wake: KV not yet resident)
-    rollout        vLLM generation inside util x GPU, beside what the trainer leaves on the GPU
+    weight_sync    trainer weights pushed into the waking engine (multi-stage wake: KV not yet resident)
+    rollout        generation: vLLM inside util x GPU; SGLang's weights + KV inside it, buffers and
+                   CUDA graphs beside it; with what the trainer leaves on the GPU
     old_log_prob   actor forward, no_grad
     ref_log_prob   reference forward, no_grad (only when a KL term needs it)
     critic_values  critic forward, no_grad (PPO/GAE only)
@@ -31,6 +32,8 @@ Component names are stable (the fidelity checks and `explain` key on them):
     root_group_unsharded        bf16 embedding (+ untied lm_head) gathered in late backward
     vllm_weights, vllm_activation, vllm_non_torch, kv_cache, cuda_graph_pool,
     vllm_context                what vLLM keeps on the GPU even asleep (context, NCCL)
+    sglang_weights, sglang_activation, sglang_non_torch, sglang_context
+                                the same for an SGLang rollout (rollout.name = "sglang")
     weight_sync_gather          full tensors / buckets gathered to push into vLLM
     cuda_context_and_nccl, fragmentation_reserve
 Host components (per node): actor_params_offloaded, actor_grads_offloaded, actor_optimizer_offloaded,
@@ -38,8 +41,8 @@ ref_params_offloaded, critic_params_offloaded, critic_grads_offloaded, critic_op
 activations_offloaded, vllm_sleep_weights, model_copy_shm, process_overhead.
 
 Entry points: `predict_memory` (every phase, host, KV budget), `predict_phase` (one
-phase, for searches that bisect one knob), `rollout_budget` (vLLM's KV sizing and its
-start-up rule `holds_max_model_len`), `kv_cache_tokens` and `vllm_kv_cache_bytes`.
+phase, for searches that bisect one knob), `rollout_budget` (the engine's KV sizing and its
+start-up rule `holds_max_model_len`), `kv_cache_tokens`, `vllm_kv_cache_bytes` and `sglang_kv_cache_bytes`.
 The constants (allocator margins, vLLM workspace fit, head coefficients) come from
 the `Profile`, never from literals here.
 """
@@ -55,7 +58,7 @@ from attrs import frozen
 
 from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import Plan, RolloutEngine
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 
 GIB = 2**30
@@ -127,7 +130,12 @@ class BindingConstraint:
 
 @frozen
 class RolloutBudget:
-    """vLLM V1's KV sizing on one rank: requested = util x GPU, KV = requested - weights - activation - non-torch."""
+    """The rollout engine's KV sizing on one rank.
+
+    vLLM V1: requested = util x GPU, KV = requested - weights - activation - non-torch.
+    SGLang: requested = mem_fraction_static x GPU bounds weights + KV pool only (static memory);
+    the activation buffers and CUDA graphs live in the rest of the GPU, outside the budget.
+    """
 
     requested_bytes: int
     weights_bytes: int
@@ -137,12 +145,20 @@ class RolloutBudget:
     block_size: int
     max_model_len: int
     sequence_length: int
+    engine: RolloutEngine = "vllm"
 
     @property
     def kv_cache_bytes(self) -> int:
         """Negative when the weights and workspace alone exceed the budget (vLLM: 'No available memory')."""
+        if self.engine == "sglang":
+            return int(sglang_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.non_torch_bytes))
         return int(vllm_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.activation_bytes,
                                        self.non_torch_bytes))
+
+    @property
+    def outside_budget_bytes(self) -> int:
+        """What the engine allocates beyond requested_bytes while generating (SGLang's buffers)."""
+        return self.activation_bytes if self.engine == "sglang" else 0
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -150,7 +166,10 @@ class RolloutBudget:
 
     @property
     def usable_kv_cache_tokens(self) -> int:
-        """vLLM (0.32) holds one block back as its null block; requests get the rest."""
+        """vLLM (0.32) holds one block back as its null block; requests get the rest.
+
+        SGLang (page size 1) caps a request at max_total_num_tokens - 1 (scheduler max_req_input_len).
+        """
         return max(0, self.kv_cache_tokens - self.block_size)
 
     @property
@@ -359,6 +378,17 @@ def vllm_kv_cache_bytes(requested_bytes: float, weights_bytes: float, activation
     return requested_bytes - weights_bytes - activation_bytes - non_torch_bytes
 
 
+def sglang_kv_cache_bytes(static_bytes: float, weights_bytes: float, pre_load_bytes: float) -> float:
+    """SGLang: KV pool = mem_fraction_static x GPU - weights - what was in use before the load.
+
+    sglang python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py (profile_max_num_token):
+    rest_memory = available_gpu_memory - total_gpu_memory * (1 - mem_fraction_static), where the
+    available memory is measured after the weights are loaded; the CUDA context and NCCL buffers were
+    already in use then.  Activations and CUDA graphs are not part of it.
+    """
+    return static_bytes - weights_bytes - pre_load_bytes
+
+
 def kv_tokens_from_bytes(kv_cache_bytes: float, bytes_per_token: int, block_size: int = 16) -> int:
     if kv_cache_bytes <= 0:
         return 0
@@ -393,21 +423,29 @@ def rollout_max_model_len(plan: Plan) -> int:
 
 
 def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBudget:
-    """The vLLM budget of one rank; `holds_max_model_len` is vLLM's start-up rule the rules module reports."""
+    """The rollout engine's budget of one rank; `holds_max_model_len` is the start-up rule the rules module reports.
+
+    SGLang's buffers are priced with vLLM's profile-run terms: the prefill chunk (the plan's
+    max_num_batched_tokens; SGLang's chunked_prefill_size) and the sampler's logits at
+    max_running_requests (verl passes max_num_seqs).
+    """
     arch = plan.model.arch
     rollout = plan.rollout
     t = rollout.tensor_model_parallel_size
     facts = model_facts(arch)
-    # verl starts vLLM with enable_lora, which holds one adapter at the plan's rank.
-    weights = 2 * (facts.params + lora_params(plan)) // t
+    sglang = rollout.name == "sglang"
+    # verl starts vLLM with enable_lora, which holds one adapter at the plan's rank; SGLang gets
+    # no LoRA arguments (async_sglang_server.py server args) and holds the base weights only.
+    weights = 2 * (facts.params + (0 if sglang else lora_params(plan))) // t
     return RolloutBudget(
+        engine=rollout.name,
         requested_bytes=int(rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes),
         weights_bytes=weights,
         activation_bytes=int(vllm_activation_bytes(arch, rollout.max_num_batched_tokens, rollout.max_num_seqs,
                                                    profile)),
         non_torch_bytes=int(vllm_non_torch_bytes(t, profile)),
         kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, 2),
-        block_size=profile.vllm_block_size,
+        block_size=profile.sglang_page_size if sglang else profile.vllm_block_size,
         max_model_len=rollout_max_model_len(plan),
         sequence_length=plan.data.max_sequence_length,
     )
@@ -748,17 +786,24 @@ class _StepContext:
         return resident
 
     def _vllm_components(self) -> list[Component]:
-        """vLLM's share of the GPU while the trainer runs: the sleep residue, or everything without sleep."""
+        """The engine's share of the GPU while the trainer runs: the sleep residue, or everything without sleep.
+
+        Asleep, vLLM keeps its context and CUDA-graph pool.  SGLang's memory saver pauses only the
+        "weights" and "kv_cache" regions (verl async_sglang_server.py sleep: release tags
+        ["kv_cache", "weights"]); its context and CUDA graphs stay, its buffers are freed to the allocator.
+        """
         profile = self.profile
-        components = [Component("vllm_context", int(profile.vllm_sleep_residual_gib * GIB), "resident")]
+        engine = self.plan.rollout.name
+        components = [Component(f"{engine}_context", int(profile.vllm_sleep_residual_gib * GIB), "resident")]
         if not self.plan.rollout.enforce_eager:
-            components.append(Component("cuda_graph_pool", int(profile.cuda_graph_pool_gib * GIB), "resident"))
+            components.append(Component("cuda_graph_pool", int(cuda_graph_pool_bytes(self.plan, profile)),
+                                        "resident"))
         if not self.plan.rollout.free_cache_engine:
             budget = self.budget
             components += [
-                Component("vllm_weights", budget.weights_bytes, "resident"),
-                Component("vllm_activation", budget.activation_bytes, "resident"),
-                Component("vllm_non_torch", budget.non_torch_bytes, "resident"),
+                Component(f"{engine}_weights", budget.weights_bytes, "resident"),
+                Component(f"{engine}_activation", budget.activation_bytes, "resident"),
+                Component(f"{engine}_non_torch", budget.non_torch_bytes, "resident"),
                 Component("kv_cache", max(0, budget.kv_cache_bytes), "resident"),
             ]
         return components
@@ -873,6 +918,24 @@ def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -
     return 6 * largest_adapter + adapter_bucket
 
 
+def woken_for_weight_sync(plan: Plan, budget: RolloutBudget) -> tuple[Component, ...]:
+    """The sleeping engine's memory resumed before the trainer's weights are pushed into it.
+
+    Multi-stage wake (verl fsdp_workers.py rollout_mode: resume(tags=["weights"]), update_weights,
+    empty_cache, then resume(tags=["kv_cache"])): only the engine's weights are back during the sync.
+    Without it both regions are resumed at once, so trainer weights, engine weights and the KV cache
+    meet (sglang issue 7009, memory-model.md 5.6, G11).  Without sleep, the whole engine budget is
+    already among the resident components.
+    """
+    rollout = plan.rollout
+    if not rollout.free_cache_engine:
+        return ()
+    woken = [Component(f"{rollout.name}_weights", budget.weights_bytes, "resident")]
+    if not rollout.multi_stage_wake_up:
+        woken.append(Component("kv_cache", max(0, budget.kv_cache_bytes), "resident"))
+    return tuple(woken)
+
+
 def _weight_sync(ctx: _StepContext) -> PhaseMemory:
     rollout = ctx.plan.rollout
     gather = weight_sync_gather_bytes(ctx.plan, ctx.facts, rollout.update_weights_bucket_megabytes * MIB)
@@ -880,24 +943,31 @@ def _weight_sync(ctx: _StepContext) -> PhaseMemory:
         Component("actor_params", int(ctx.actor_gpu.params)),
         Component("weight_sync_gather", gather),
     ]
-    # Multi-stage wake: vLLM's weights are resumed for the sync, its KV cache only afterwards.
-    # Without sleep, the whole vLLM budget is already among the resident components.
-    woken = (Component("vllm_weights", ctx.budget.weights_bytes, "resident"),) if rollout.free_cache_engine else ()
-    return ctx.phase("weight_sync", step, loaded=("actor_params",), vllm_extra=woken)
+    return ctx.phase("weight_sync", step, loaded=("actor_params",),
+                     vllm_extra=woken_for_weight_sync(ctx.plan, ctx.budget))
+
+
+def cuda_graph_pool_bytes(plan: Plan, profile: Profile) -> float:
+    """The engine's captured CUDA graphs, outside its memory budget (0 with enforce_eager)."""
+    if plan.rollout.enforce_eager:
+        return 0.0
+    gib = profile.sglang_cuda_graph_pool_gib if plan.rollout.name == "sglang" else profile.cuda_graph_pool_gib
+    return gib * GIB
 
 
 def _rollout(ctx: _StepContext) -> PhaseMemory:
     budget = ctx.budget
     profile = ctx.profile
+    engine = ctx.plan.rollout.name
     step = [
-        Component("vllm_weights", budget.weights_bytes),
-        Component("vllm_activation", budget.activation_bytes),
-        Component("vllm_non_torch", budget.non_torch_bytes),
+        Component(f"{engine}_weights", budget.weights_bytes),
+        Component(f"{engine}_activation", budget.activation_bytes),
+        Component(f"{engine}_non_torch", budget.non_torch_bytes),
         Component("kv_cache", max(0, budget.kv_cache_bytes)),
-        Component("vllm_context", int(profile.vllm_sleep_residual_gib * GIB)),
+        Component(f"{engine}_context", int(profile.vllm_sleep_residual_gib * GIB)),
     ]
     if not ctx.plan.rollout.enforce_eager:
-        step.append(Component("cuda_graph_pool", int(profile.cuda_graph_pool_gib * GIB)))
+        step.append(Component("cuda_graph_pool", int(cuda_graph_pool_bytes(ctx.plan, profile))))
     return ctx.phase("rollout", step, loaded=(), step_is_trainer=False)
 
 
@@ -937,7 +1007,8 @@ def _host(ctx: _StepContext) -> HostMemory:
         per_layer = 2 * facts.hidden if plan.model.gradient_checkpointing else facts.layer_activation_bytes_per_token
         components.append(Component("activations_offloaded", ranks * offloaded_layers * tokens * per_layer))
     rollout = plan.rollout
-    if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
+    # SGLang's memory saver discards paused contents (verl enables no CPU backup in hybrid mode).
+    if rollout.name == "vllm" and rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
         components.append(Component("vllm_sleep_weights", ranks * ctx.budget.weights_bytes))
     if profile.shm_model_copies_per_node:
         components.append(Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * facts.params))
@@ -979,10 +1050,16 @@ def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanL
     budget = ctx.budget
     notes: list[str] = []
     if budget.kv_cache_bytes <= 0:
-        notes.append("vLLM weights and workspace exceed gpu_memory_utilization x GPU: no room for a KV cache")
+        notes.append(f"{plan.rollout.name} weights and workspace exceed gpu_memory_utilization x GPU: "
+                     "no room for a KV cache")
     elif not budget.holds_max_model_len:
         notes.append(f"the KV cache holds {budget.kv_cache_tokens} tokens, below max_model_len {budget.max_model_len}")
-    if plan.rollout.layered_summon and plan.rollout.sleep_level == 2 and plan.rollout.free_cache_engine:
+    if plan.rollout.free_cache_engine and not plan.rollout.multi_stage_wake_up:
+        notes.append("without multi_stage_wake_up the KV cache is resumed before the weight sync: trainer weights, "
+                     f"rollout weights and KV cache are on the GPU at once; rollout.multi_stage_wake_up = true keeps "
+                     f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
+    if (plan.rollout.name == "vllm" and plan.rollout.layered_summon and plan.rollout.sleep_level == 2
+            and plan.rollout.free_cache_engine):
         notes.append("layered_summon forces vLLM sleep level 1: weights are copied to host RAM")
     return MemoryReport(
         phases=tuple(phases),

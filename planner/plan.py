@@ -34,6 +34,7 @@ Truncation = Literal["error", "left", "right", "middle", "filter"]
 LossHead = Literal["auto", "flash_attn_ce", "torch_logprob", "fused", "naive"]
 # verl's fsdp_config.model_dtype: the dtype FSDP holds the shards in (compute runs in bf16 either way).
 ModelDtype = Literal["fp32", "bf16"]
+RolloutEngine = Literal["vllm", "sglang"]
 
 
 def _at_least(minimum: float, section: str):
@@ -183,10 +184,14 @@ class RefSection:
 
 @frozen(kw_only=True)
 class RolloutSection:
-    """The vLLM rollout engine (verl: actor_rollout_ref.rollout.*)."""
+    """The rollout engine, vLLM or SGLang (verl: actor_rollout_ref.rollout.*).
+
+    With SGLang verl passes gpu_memory_utilization as mem_fraction_static and max_num_seqs as
+    max_running_requests (verl sglang_rollout/async_sglang_server.py, the server args).
+    """
 
     n: int = field(validator=_at_least(1, "rollout"))
-    name: Literal["vllm"] = "vllm"
+    name: RolloutEngine = "vllm"
     tensor_model_parallel_size: int = field(default=1, validator=_at_least(1, "rollout"))
     gpu_memory_utilization: float = field(default=0.5, validator=_fraction("rollout"))
     max_num_seqs: int = field(default=256, validator=_at_least(1, "rollout"))
@@ -197,6 +202,9 @@ class RolloutSection:
     enforce_eager: bool = False
     free_cache_engine: bool = True
     sleep_level: Literal[1, 2] = 2
+    # Wake the weights, sync, offload the trainer, then wake the KV cache, so the KV cache is not
+    # resident during the sync.  Off: weights and KV cache are resumed together before the sync.
+    multi_stage_wake_up: bool = True
     layered_summon: bool = False
     load_format: LoadFormat = "dummy"
     dtype: Literal["bfloat16", "float16"] = "bfloat16"

@@ -76,6 +76,12 @@ class Profile:
         1.0, "what a sleeping vLLM keeps per GPU: its context, NCCL and non-pool tensors (vLLM 0.13: 1.14 GB, G12)",
         high=32.0)
     vllm_block_size: int = _constant(16, "vLLM KV block size in tokens as verl launches it", low=1, kind=int)
+    # --- SGLang rollout (memory-model.md 5.6, the SGLang/verl memory blog G13) ---
+    sglang_cuda_graph_pool_gib: float = _constant(
+        2.0, "SGLang's CUDA graphs up to cuda_graph_max_bs, outside mem_fraction_static and kept while paused "
+             "(blog G13: 1-3 GB for Qwen2.5-7B on H200)", high=16.0)
+    sglang_page_size: int = _constant(
+        1, "SGLang's KV page size in tokens (server_args.page_size default; verl does not set it)", low=1, kind=int)
 
     # --- loss head, bytes per token x vocab (memory-model.md 2.4) ---
     head_log_prob_bytes: float = _constant(12.0, "fp32 log-prob head with grad (verl update, entropy_coeff 0); "

@@ -277,9 +277,11 @@ def knobs_table(plan: Plan):
                           f"{rollout.log_prob_max_token_len_per_gpu} (log-prob)" if actor.use_dynamic_bsz
          else f"{actor.ppo_micro_batch_size_per_gpu} per GPU"),
         ("parallel", f"Ulysses {actor.ulysses_sequence_parallel_size}, fsdp_size {actor.fsdp_size}"),
-        ("rollout", f"vLLM TP {rollout.tensor_model_parallel_size}, util {rollout.gpu_memory_utilization:.2f}, "
+        ("rollout", f"{'SGLang' if rollout.name == 'sglang' else 'vLLM'} TP {rollout.tensor_model_parallel_size}, "
+                    f"util {rollout.gpu_memory_utilization:.2f}, "
                     f"max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens {rollout.max_num_batched_tokens}, "
                     f"max_model_len {rollout.max_model_len}, sleep level {rollout.sleep_level}, "
+                    f"multi-stage wake {rollout.multi_stage_wake_up}, "
                     f"load_format {rollout.load_format}, layered_summon {rollout.layered_summon}"),
     ]
     table = Table(title="Plan", show_header=False, title_justify="left")

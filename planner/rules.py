@@ -308,7 +308,8 @@ def _ulysses_needs_remove_padding(ctx: RuleContext) -> Iterator[Violation]:
 @rule("lora_rank_within_vllm_limit", "config", "[V10] vLLM serves LoRA ranks up to 512")
 def _lora_rank_within_vllm_limit(ctx: RuleContext) -> Iterator[Violation]:
     rank = ctx.plan.model.lora.rank
-    if rank > VLLM_LORA_RANKS[-1]:
+    # verl checks it only for vLLM (verl/utils/config.py validate_config: get_vllm_max_lora_rank).
+    if ctx.plan.rollout.name == "vllm" and rank > VLLM_LORA_RANKS[-1]:
         yield _violation(
             "lora_rank_within_vllm_limit", "config",
             f"model.lora.rank = {rank} exceeds vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}).",
@@ -673,8 +674,12 @@ def _rollout_tp_divides_world(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
-@rule("rollout_tp_divides_heads", "runtime", "[R8] vLLM's TP must divide the attention heads (and KV heads, or be a multiple)")
+@rule("rollout_tp_divides_heads", "runtime",
+      "[R8] the engine's TP must divide the attention heads (and KV heads, or be a multiple)")
 def _rollout_tp_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
+    """vLLM's and SGLang's attention layers both shard heads over TP: heads % tp == 0, and KV heads either
+    split (kv % tp == 0) or are replicated (tp % kv == 0) (the same asserts in the attention constructors of
+    sglang python/sglang/srt/models/*)."""
     arch, tp = ctx.plan.model.arch, ctx.plan.rollout.tensor_model_parallel_size
     heads_ok = arch.num_attention_heads % tp == 0
     kv_ok = arch.is_mla or arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
@@ -759,6 +764,90 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
+# verl's switch that merges LoRA adapters into the base weights before each sync.
+LORA_MERGE_KEY = "actor_rollout_ref.model.lora.merge"
+
+
+@rule("sglang_lora_needs_merged_adapter", "runtime",
+      "[R9] SGLang receives full weights only: LoRA with SGLang needs model.lora.merge")
+def _sglang_lora_needs_merged_adapter(ctx: RuleContext) -> Iterator[Violation]:
+    """verl (b178a3cd) gives SGLang no LoRA arguments (sglang_rollout/async_sglang_server.py server args),
+    and SGLangRollout.update_weights (sglang_rollout/sglang_rollout.py) loads every pushed tensor by name
+    into the base model.  After the first sync verl pushes adapter tensors only
+    (fsdp_workers.py rollout_mode: collect_lora_params with base_sync_done), unless model.lora.merge
+    is set (engine_workers.py update_weights: `peft_merge` skips the adapter-only sync), so the
+    adapter must be merged into the base weights before the sync.
+    """
+    plan = ctx.plan
+    merged = str(plan.passthrough.get(LORA_MERGE_KEY, "false")).lower() == "true"
+    if plan.rollout.name == "sglang" and plan.model.lora.enabled and not merged:
+        yield _violation(
+            "sglang_lora_needs_merged_adapter", "runtime",
+            f"model.lora.rank = {plan.model.lora.rank} with the SGLang rollout: SGLang serves no adapters, so "
+            "after the first sync it would receive LoRA tensors it has no place for.",
+            f"merge the adapter before each sync: add {LORA_MERGE_KEY}=true to the plan's passthrough "
+            "(or use the vLLM rollout)",
+        )
+
+
+# The vLLM engine keys verl does not pass to SGLang (sglang_rollout/async_sglang_server.py server args
+# name mem_fraction_static, disable_cuda_graph, tp_size, dp_size, max_running_requests and no others of
+# these), so SGLang runs its own defaults (chunked_prefill_size, radix cache) whatever the plan says.
+SGLANG_IGNORED_ROLLOUT_KEYS = ("max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
+                               "layered_summon")
+
+
+@rule("sglang_ignores_vllm_keys", "rlplan", "[R9] vLLM-only rollout keys have no effect with SGLang")
+def _sglang_ignores_vllm_keys(ctx: RuleContext) -> Iterator[Violation]:
+    """verl's async_sglang_server.py builds SGLang's ServerArgs from gpu_memory_utilization
+    (mem_fraction_static), enforce_eager (disable_cuda_graph), tensor/data parallel size and max_num_seqs
+    (max_running_requests); chunked prefill, prefix caching and max_num_batched_tokens are vLLM arguments
+    (vllm_rollout/vllm_async_server.py) that SGLang only gets through engine_kwargs.sglang.
+    """
+    rollout = ctx.plan.rollout
+    if rollout.name != "sglang":
+        return
+    defaults = type(rollout)(n=rollout.n)
+    changed = [key for key in SGLANG_IGNORED_ROLLOUT_KEYS if getattr(rollout, key) != getattr(defaults, key)]
+    if changed:
+        yield _violation(
+            "sglang_ignores_vllm_keys", "rlplan",
+            f"rollout.{', rollout.'.join(changed)} {'is' if len(changed) == 1 else 'are'} vLLM engine arguments "
+            "that verl does not pass to SGLang; SGLang runs its own defaults.",
+            "set SGLang's own knobs (chunked_prefill_size, disable_radix_cache) under "
+            "actor_rollout_ref.rollout.engine_kwargs.sglang in the passthrough, or drop these keys",
+            severity="warning",
+        )
+
+
+# Where a verl script turns on SGLang's dp-attention and sets the rollout's data-parallel size.
+SGLANG_DP_ATTENTION_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang.enable_dp_attention"
+ROLLOUT_DP_KEY = "actor_rollout_ref.rollout.data_parallel_size"
+
+
+@rule("sglang_dp_attention_needs_rollout_dp", "rlplan",
+      "[R9] SGLang drops dp-attention when verl's rollout data_parallel_size is 1")
+def _sglang_dp_attention_needs_rollout_dp(ctx: RuleContext) -> Iterator[Violation]:
+    """verl passes tp_size = tensor_model_parallel_size x data_parallel_size and dp_size =
+    data_parallel_size (sglang_rollout/async_sglang_server.py), so SGLang's `tp_size % dp_size == 0`
+    always holds; but SGLang's ServerArgs._handle_data_parallelism sets enable_dp_attention = False
+    when dp_size == 1, silently.
+    """
+    passthrough = ctx.plan.passthrough
+    wanted = str(passthrough.get(SGLANG_DP_ATTENTION_KEY, "false")).lower() == "true"
+    dp_text = str(passthrough.get(ROLLOUT_DP_KEY, "1"))
+    # A value rlplan cannot read (an interpolation) is not judged.
+    dp = int(dp_text) if dp_text.isdigit() else None
+    if ctx.plan.rollout.name == "sglang" and wanted and dp is not None and dp <= 1:
+        yield _violation(
+            "sglang_dp_attention_needs_rollout_dp", "rlplan",
+            f"{SGLANG_DP_ATTENTION_KEY} is on, but the rollout's data_parallel_size is {dp}: SGLang turns "
+            "dp-attention off when dp_size is 1.",
+            f"set {ROLLOUT_DP_KEY} > 1 (SGLang then runs TP = tensor_model_parallel_size x data_parallel_size), "
+            "or drop the key", severity="warning",
+        )
+
+
 # --- rlplan stage: accepted by verl, broken or wasteful in practice ------------
 
 
@@ -785,7 +874,7 @@ def _group_advantage_needs_samples(ctx: RuleContext) -> Iterator[Violation]:
 def _adapter_sync_keeps_base_weights(ctx: RuleContext) -> Iterator[Violation]:
     rollout = ctx.plan.rollout
     keeps_base = ctx.plan.model.lora.enabled or rollout.layered_summon
-    if keeps_base and rollout.free_cache_engine and rollout.sleep_level == 2:
+    if rollout.name == "vllm" and keeps_base and rollout.free_cache_engine and rollout.sleep_level == 2:
         yield _violation(
             "adapter_sync_keeps_base_weights", "rlplan",
             "sleep level 2 discards vLLM's base weights, but with LoRA (or layered_summon) only adapters are pushed "

@@ -41,6 +41,7 @@ from rlplan.planner.plan import (
     Prediction,
     RefSection,
     RewardSection,
+    RolloutEngine,
     RolloutSection,
     TrainerSection,
 )
@@ -508,6 +509,19 @@ def _rollout_sizes(plan: Plan, pins: dict[str, Any], max_num_seqs: int) -> Rollo
 
 
 def solve_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -> Plan | None:
+    """The rollout sized by `size_rollout`, with multi-stage wake-up turned on when only it fits.
+
+    A plan without the staged wake (unless pinned so) that fits nowhere is retried with it: the
+    KV cache then stays paused during the weight sync, which lowers that peak by the KV cache.
+    """
+    sized = size_rollout(plan, tensor_parallel_size, request)
+    if sized is not None or plan.rollout.multi_stage_wake_up or "rollout.multi_stage_wake_up" in request.pins:
+        return sized
+    staged = plan.evolve(rollout=attrs.evolve(plan.rollout, multi_stage_wake_up=True))
+    return size_rollout(staged, tensor_parallel_size, request)
+
+
+def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -> Plan | None:
     """gpu_memory_utilization as high as the rollout and sync phases allow; max_num_seqs from the KV cache.
 
     Pinned rollout knobs are inputs: a pinned utilization is checked rather than searched, and
@@ -790,6 +804,22 @@ def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1) -> SolveResult:
     broken = request_rule_violations(request, response_len)
     diagnosis = diagnose_rules(request, broken, response_len) if broken else diagnose(request, closest, response_len)
     return SolveResult(best=None, evaluated=evaluated_total, feasible=0, diagnosis=diagnosis)
+
+
+def solve_engines(request: SolveRequest, engines: tuple[RolloutEngine, ...], *,
+                  keep: int = RUNNERS_UP + 1) -> SolveResult:
+    """`solve` once per rollout engine (each pinned), keeping the best plan by the request's objective.
+
+    When no engine fits, the first engine's diagnosis is returned.
+    """
+    results = [solve(attrs.evolve(request, pins={**request.pins, "rollout.name": engine}), keep=keep)
+               for engine in engines]
+    evaluated = sum(result.evaluated for result in results)
+    feasible = [result for result in results if result.best is not None]
+    if not feasible:
+        return attrs.evolve(results[0], evaluated=evaluated)
+    best = min(feasible, key=lambda result: _rank_key(result.best, request.objective))
+    return attrs.evolve(best, evaluated=evaluated, feasible=sum(result.feasible for result in results))
 
 
 def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:

@@ -126,6 +126,10 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("rollout.enforce_eager", f"{ARF}.rollout.enforce_eager", "bool", False),
     _k("rollout.free_cache_engine", f"{ARF}.rollout.free_cache_engine", "bool", True),
     _k("rollout.layered_summon", f"{ARF}.rollout.layered_summon", "bool", False),
+    # verl's YAML default is false, but verl (b178a3cd) never reads the key: fsdp_workers.py
+    # rollout_mode resumes "weights", syncs, then resumes "kv_cache" whenever free_cache_engine,
+    # so a staged wake is what verl does when a script leaves it unset.
+    _k("rollout.multi_stage_wake_up", f"{ARF}.rollout.multi_stage_wake_up", "bool", True),
     _k("rollout.load_format", f"{ARF}.rollout.load_format", "str", "dummy"),
     _k("rollout.dtype", f"{ARF}.rollout.dtype", "str", "bfloat16"),
     _k("rollout.temperature", f"{ARF}.rollout.temperature", "float", 1.0),

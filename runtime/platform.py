@@ -77,6 +77,18 @@ def _offload_error(field: str) -> PlanError:
 def unrunnable_knobs(plan: Plan, platform: Platform) -> list[PlanError]:
     """Every knob of `plan` this platform cannot honour, each as a PlanError (empty when runnable)."""
     errors: list[PlanError] = []
+    if plan.rollout.name != "vllm":
+        # The bundled runtime's rollout engine is vLLM only (runtime/rollout/); an SGLang plan is
+        # for verl, which starts SGLang itself.
+        errors.append(
+            PlanError(
+                field="rollout.name",
+                message=f"the bundled runtime runs vLLM rollouts only; this plan's rollout engine is "
+                        f"{plan.rollout.name}.",
+                fix="render the plan for verl (rlplan render plan.toml --target verl), or set "
+                    'rollout.name = "vllm" (re-solve with --rollout vllm) to run it here',
+            )
+        )
     if not platform.has_accelerator:
         for field, wanted in (
             ("actor.param_offload", plan.actor.param_offload),

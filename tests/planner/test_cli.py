@@ -102,6 +102,8 @@ def test_infeasible_request_exits_1_and_names_the_smallest_change():
         (["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "1024",
           "--response-len", "1024", "--fix", "actor.param_ofload=true"], "actor.param_ofload"),
         (["validate", "/nonexistent/plan.toml"], "plan"),
+        ([*SOLVE_7B, "--rollout", "trtllm"], "--rollout"),
+        ([*SOLVE_7B, "--rollout", "sglang", "--fix", "rollout.name=vllm"], "--rollout"),
     ],
 )
 def test_bad_input_is_one_paragraph_naming_the_field_with_exit_2(args, field):
@@ -405,3 +407,11 @@ def test_gpu_mem_takes_nvidia_smis_mib_and_says_which_speeds_it_assumed():
     text = invoke("solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-mem", "81559MiB", "--prompt-len", "512",
                   "--response-len", "512")
     assert "--gpu-tflops" in " ".join(text.output.split())
+
+
+def test_solve_with_rollout_sglang_writes_an_sglang_plan_that_validates(tmp_path):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "--rollout", "sglang", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert plan_from_toml(path.read_text()).rollout.name == "sglang"
+    assert invoke("validate", str(path)).exit_code == 0

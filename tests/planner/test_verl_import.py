@@ -113,7 +113,7 @@ def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists():
 
 @pytest.mark.parametrize(("text", "field"), [
     ("data.train_batch_size=abc\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
-    ("actor_rollout_ref.rollout.name=sglang\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
+    ("actor_rollout_ref.rollout.name=trtllm\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
      "actor_rollout_ref.rollout.name"),
     ("data.train_batch_size=-4\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
     ("data.train_batch_size=8\n", "actor_rollout_ref.model.path"),

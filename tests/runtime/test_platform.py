@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import os
 
+import attrs
 import pytest
 
-from rlplan.runtime.platform import Platform, available_cores, cpu_threads_per_rank, unrunnable_knobs
+from rlplan.planner.errors import PlanError
+from rlplan.runtime.platform import (
+    Platform,
+    available_cores,
+    check_plan_runnable,
+    cpu_threads_per_rank,
+    unrunnable_knobs,
+)
 from tests.planner.plans import make_plan
 
 CPU = Platform(device_type="cpu")
@@ -31,3 +39,13 @@ def test_cpu_ranks_split_the_cores_and_never_get_zero_threads(world_size, cores,
 
 def test_available_cores_is_this_process_affinity():
     assert 1 <= available_cores() <= (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("platform", [GPU, CPU])
+def test_sglang_plan_is_refused_naming_rollout_name_on_every_platform(platform):
+    plan = make_plan()
+    sglang = plan.evolve(rollout=attrs.evolve(plan.rollout, name="sglang"))
+    with pytest.raises(PlanError) as error:
+        check_plan_runnable(sglang, platform)
+    assert error.value.field == "rollout.name" and "render" in error.value.fix
+    assert "rollout.name" not in {e.field for e in unrunnable_knobs(plan, platform)}

@@ -302,6 +302,10 @@ def batch_plans(draw) -> Plan:
         "actor.use_kl_loss": draw(st.booleans()),
         "algorithm.adv_estimator": draw(st.sampled_from(["grpo", "gae"])),
         "model.lora.rank": draw(st.sampled_from([0, 0, 32, 1024])),
+        # SGLang plans render rollout.name=sglang and multi_stage_wake_up; verl's config checks
+        # (the LoRA-rank check is vLLM-only there too) must agree with rlplan's on them.
+        "rollout.name": draw(st.sampled_from(["vllm", "vllm", "sglang"])),
+        "rollout.multi_stage_wake_up": draw(st.booleans()),
     }
     overrides["rollout.sleep_level"] = 1 if overrides["model.lora.rank"] else 2
     overrides["rollout.log_prob_use_dynamic_bsz"] = overrides["actor.use_dynamic_bsz"]
