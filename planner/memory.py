@@ -488,6 +488,18 @@ def actor_state(plan: Plan, shard: int) -> TrainerState:
                         optimizer_step=d * n / shard, reduce_scatter=4 * facts.layer_params)
 
 
+def ref_params_on_host(plan: Plan) -> bool:
+    """Whether a separate reference keeps its shards in host RAM, copied to the GPU layer by layer.
+
+    verl does so on GPUs whatever ref.fsdp_config.param_offload says: `_build_model_optimizer` in
+    verl/workers/fsdp_workers.py gives every role but the actor FSDP's own CPU offload
+    (`cpu_offload = None if role == "actor" else CPUOffload(offload_params=True)`, and
+    `CPUOffloadPolicy(pin_memory=True)` on the fsdp2 branch). rlplan's runtime does the same on GPUs;
+    on its CPU ranks host memory is the rank's memory and ref.param_offload decides.
+    """
+    return plan.ref.param_offload or not plan.cluster.gpu.is_cpu
+
+
 def ref_param_bytes(plan: Plan, facts: ModelFacts, shard: int) -> int:
     """The reference's shards in its own fsdp_config.model_dtype (fp32 with verl's default YAML, N8)."""
     return DTYPE_BYTES[plan.ref.model_dtype] * facts.params // shard
@@ -774,7 +786,7 @@ class _StepContext:
         if not plan.actor.optimizer_offload and self.actor_gpu.optimizer:
             resident["actor_optimizer_state"] = Component("actor_optimizer_state", int(self.actor_gpu.optimizer),
                                                           "resident")
-        if plan.uses_reference and not plan.reference_is_actor and not plan.ref.param_offload:
+        if plan.uses_reference and not plan.reference_is_actor and not ref_params_on_host(plan):
             resident["ref_params"] = Component(
                 "ref_params", ref_param_bytes(plan, self.facts, self.shard), "resident")
         if self.critic_gpu is not None:
@@ -858,7 +870,9 @@ def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entro
 def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     if ctx.plan.reference_is_actor:
         return _actor_forward(ctx, "ref_log_prob", role, entropy=False)
-    step = forward_components(ctx.facts, params_bytes=ref_param_bytes(ctx.plan, ctx.facts, ctx.shard),
+    # Offloaded by FSDP itself, the reference's shards stay in host RAM: the GPU holds the gathered layers.
+    on_gpu = 0 if ref_params_on_host(ctx.plan) else ref_param_bytes(ctx.plan, ctx.facts, ctx.shard)
+    step = forward_components(ctx.facts, params_bytes=on_gpu,
                               params_name="ref_params", tokens=role.tokens_per_micro_batch,
                               head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
                                   ctx.plan, ctx.profile, entropy=False))
@@ -991,7 +1005,7 @@ def _host(ctx: _StepContext) -> HostMemory:
             components.append(Component("actor_params_offloaded", int(ranks * ctx.actor.params)))
         if plan.actor.optimizer_offload:
             components.append(Component("actor_optimizer_offloaded", int(ranks * ctx.actor.optimizer)))
-    if plan.uses_reference and not plan.reference_is_actor and plan.ref.param_offload:
+    if plan.uses_reference and not plan.reference_is_actor and ref_params_on_host(plan):
         components.append(Component("ref_params_offloaded",
                                     ranks * ref_param_bytes(plan, facts, ctx.shard)))
     if ctx.critic is not None and offloaded_by_policy(plan, "critic"):

@@ -240,7 +240,9 @@ def training_choices(request: SolveRequest, sequence_len: int) -> Iterator[Train
         fsdp_options.append(cluster.gpus_per_node)  # HSDP keeps all-gathers inside a node
     for rank in lora_ranks(request):
         # With LoRA the reference is the actor with its adapter off: there is no separate model to offload.
-        ref_offload_options = [False, True] if rank == 0 else [False]
+        # On GPUs verl offloads a separate reference whatever the key says (memory.ref_params_on_host):
+        # the plan says so too.
+        ref_offload_options = [False] if rank else [True] if not cluster.gpu.is_cpu else [False, True]
         for param_offload, optimizer_offload, offload_policy in actor_offloads:
             for checkpointing, activation_offload in ((False, False), (True, False), (True, True)):
                 # Without a critic its knobs change nothing: one option, the actor's, keeps the space small.

@@ -32,6 +32,7 @@ from rlplan.planner.memory import (
     model_facts,
     offloaded_by_policy,
     ref_param_bytes,
+    ref_params_on_host,
 )
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
@@ -216,8 +217,9 @@ def offload_seconds(plan: Plan, rates: _Rates, shard: int, profile: Profile) -> 
         moved += 3 * 2 * actor.params
     if plan.actor.optimizer_offload and actor_moves:
         moved += 2 * actor.optimizer
-    if plan.uses_reference and not plan.reference_is_actor and plan.ref.param_offload:
-        moved += 2 * ref_param_bytes(plan, model_facts(plan.model.arch), shard)
+    if plan.uses_reference and not plan.reference_is_actor and ref_params_on_host(plan):
+        # FSDP's own offload copies each layer in for the reference pass; nothing is written back.
+        moved += ref_param_bytes(plan, model_facts(plan.model.arch), shard)
     if plan.uses_critic and not offloaded_by_policy(plan, "critic"):
         critic = critic_state(plan, shard)
         if plan.critic.param_offload:

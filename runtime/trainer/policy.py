@@ -91,7 +91,9 @@ class PolicyTrainer:
         self.model = shard_model(model.to(device) if not spec.param_offload else model, spec, self.mesh)
         self.reference = None
         if plan.uses_reference and not plan.reference_is_actor:
-            reference_spec = sharding_spec(plan, device_type, param_offload=plan.ref.param_offload)
+            # As verl: on GPUs the reference always shards with CPU offload (planner.memory.ref_params_on_host).
+            reference_spec = sharding_spec(plan, device_type,
+                                           param_offload=plan.ref.param_offload or device_type != "cpu")
             reference = load_hf_model(plan.model.path, value_head=False, train_dtype=torch.float32)
             reference.requires_grad_(False)
             if self.sequence_parallel is not None:

@@ -307,8 +307,9 @@ def test_reference_and_critic_phases_appear_only_when_used():
     assert [p.name for p in grpo.phases] == ["weight_sync", "rollout", "old_log_prob", "actor_update"]
     kl = predict_memory(make_plan(overrides={"actor.use_kl_loss": True}))
     assert "ref_log_prob" in [p.name for p in kl.phases]
-    # verl's default holds the ref in fp32 (N8), resident beside the actor unless offloaded.
-    assert kl.phase("rollout").bytes_of("ref_params") == 4 * QWEN25_7B.total_params // 8
+    # verl holds the ref in fp32 (N8) and, on GPUs, always in host RAM: FSDP's own CPU offload.
+    assert kl.phase("rollout").bytes_of("ref_params") == 0
+    assert kl.host.total_bytes >= 8 * 4 * QWEN25_7B.total_params // 8
     ppo = predict_memory(make_plan(overrides={"algorithm.adv_estimator": "gae",
                                               "critic.ppo_micro_batch_size_per_gpu": 2}))
     assert {"critic_values", "critic_update"} <= {p.name for p in ppo.phases}
@@ -545,12 +546,27 @@ def test_actor_model_dtype_halves_a_lora_base_and_full_shards_in_bf16():
     assert full.bytes_of("actor_params") == pytest.approx(2 * n / 8, rel=1e-6)
 
 
+def _host_component(report, name):
+    return sum(c.bytes for c in report.host.components if c.name == name)
+
+
 def test_ref_model_dtype_sets_the_reference_shards():
     kl = {"actor.use_kl_loss": True}
-    fp32 = predict_memory(make_plan(overrides=kl)).phase("ref_log_prob").bytes_of("ref_params")
-    bf16 = predict_memory(make_plan(overrides={**kl, "ref.model_dtype": "bf16"})).phase(
-        "ref_log_prob").bytes_of("ref_params")
-    assert fp32 == 2 * bf16
+    fp32 = _host_component(predict_memory(make_plan(overrides=kl)), "ref_params_offloaded")
+    bf16 = _host_component(predict_memory(make_plan(overrides={**kl, "ref.model_dtype": "bf16"})),
+                           "ref_params_offloaded")
+    assert fp32 == 2 * bf16 > 0
+
+
+def test_a_separate_reference_lives_in_host_ram_on_gpus_whatever_its_offload_key():
+    # verl/workers/fsdp_workers.py: every role but the actor gets FSDP's CPU offload.
+    for offload in (False, True):
+        report = predict_memory(make_plan(overrides={"actor.use_kl_loss": True, "ref.param_offload": offload}))
+        assert all(phase.bytes_of("ref_params") == 0 for phase in report.phases)
+        assert _host_component(report, "ref_params_offloaded") == 8 * 4 * QWEN25_7B.total_params // 8
+        # Its forward holds the gathered layers, not the shard.
+        assert report.phase("ref_log_prob").bytes_of("fsdp_all_gather_buffers") > 0 or \
+            report.phase("ref_log_prob").bytes_of("logits_head") > 0
 
 
 def test_fixed_micro_batches_are_priced_at_expected_lengths_and_token_budgets_are_not():

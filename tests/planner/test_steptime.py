@@ -43,7 +43,8 @@ def test_offloading_never_makes_a_step_faster(base, offload):
     assert on.total_seconds >= off.total_seconds
     plan = make_plan(overrides=base)
     moves_state = {
-        "ref.param_offload": plan.uses_reference and not plan.reference_is_actor,
+        # On GPUs verl offloads a separate reference whatever the key says: the key changes nothing there.
+        "ref.param_offload": False,
         "critic.param_offload": plan.uses_critic,
         "critic.optimizer_offload": plan.uses_critic,
     }.get(offload, True)
