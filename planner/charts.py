@@ -97,7 +97,7 @@ def memory_chart(data: dict[str, Any], title: str) -> Any:
     gpu_panel = (bars + limit + binding).properties(
         width=420, height=340, title=f"{title}: GPU memory per phase")
     host_bars = alt.Chart(alt.Data(values=data["host_bars"])).mark_bar(color="#7f7f7f").encode(
-        x=alt.X("gib:Q", title="GiB per node"), y=alt.Y("component:N", title=None),
+        x=alt.X("gib:Q", title="GiB per node", axis=alt.Axis(tickCount=6)), y=alt.Y("component:N", title=None),
         stroke=alt.condition("datum.binding", alt.value("black"), alt.value(None)),
         tooltip=["component:N", alt.Tooltip("gib:Q", format=".2f")],
     )
