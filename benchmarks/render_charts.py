@@ -9,7 +9,7 @@ workload on 8 x A100-40G (a cluster where some candidates do not fit, so the fro
   3. `rlplan report RUN_DIR -o report.{html,png,svg}` on a synthetic run directory: plan.toml beside a
      metrics.jsonl of made-up steps (measured memory = the prediction times a seeded factor), whose
      last line is cut off as a run still writing would leave it.
-Each PNG must have more than one distinct pixel colour. With Chromium, each HTML file is opened headless
+Each PNG must have more than one distinct pixel colour and ink at least 1 % of its pixels. With Chromium, each HTML file is opened headless
 and screenshotted, and the screenshot must too (the page drew a chart, offline, from the inlined Vega).
 Without Chromium that step is said to be skipped and only the PNG/SVG files are checked.
 --update-docs copies the three PNGs, palette-compressed, to docs/img/ for the README.
@@ -68,11 +68,23 @@ def synthetic_run(plan_file: Path, directory: Path, steps: int = 12) -> Path:
     return directory
 
 
-def distinct_colours(png: Path) -> int:
+def drawn(png: Path) -> tuple[int, float]:
+    """Distinct pixel colours, and the share of pixels that are not the white page."""
     from PIL import Image
 
     with Image.open(png) as image:
-        return len(image.convert("RGB").getcolors(maxcolors=1 << 24) or [])
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 24) or []
+    total = sum(count for count, _ in colours)
+    white = sum(count for count, rgb in colours if min(rgb) >= 250)
+    return len(colours), (total - white) / total if total else 0.0
+
+
+def check(png: Path, what: str, failures: list[str]) -> None:
+    # A blank page is one colour; an error message alone inks far less than 1 % of a chart-sized page.
+    colours, inked = drawn(png)
+    print(f"{what}: {colours} distinct colours, {100 * inked:.1f} % of pixels drawn")
+    if colours <= 1 or inked < 0.01:
+        failures.append(f"{what} is blank")
 
 
 def screenshot(chromium: str, html: Path, png: Path) -> None:
@@ -102,18 +114,12 @@ def main() -> int:
         svg = (out / f"{name}.svg").read_text()
         if "<svg" not in svg or "<text" not in svg:
             failures.append(f"{name}.svg has no drawing")
-        colours = distinct_colours(out / f"{name}.png")
-        print(f"{name}.png: {colours} distinct colours")
-        if colours <= 1:
-            failures.append(f"{name}.png is blank")
+        check(out / f"{name}.png", f"{name}.png", failures)
     if Path(options.chromium).is_file():
         for name in names:
             shot = out / f"{name}.screenshot.png"
             screenshot(options.chromium, out / f"{name}.html", shot)
-            colours = distinct_colours(shot)
-            print(f"{name}.html in headless Chromium: {colours} distinct colours")
-            if colours <= 1:
-                failures.append(f"{name}.html renders blank in Chromium")
+            check(shot, f"{name}.html in headless Chromium", failures)
     else:
         print(f"Chromium not found at {options.chromium}: HTML screenshots skipped; PNG/SVG checked only")
     if options.update_docs:
