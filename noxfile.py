@@ -90,6 +90,20 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def charts(session: nox.Session) -> None:
+    """The three pictures for the README workload and a synthetic run, screenshotted in headless Chromium.
+
+    Chromium is Debian's /usr/bin/chromium (apt-get install chromium); without it the HTML screenshots
+    are skipped, said so, and only the PNG/SVG renders are checked. Pass --update-docs to refresh docs/img.
+    """
+    session.install("-e", ".[charts]", "pillow")
+    if not os.path.exists("/usr/bin/chromium"):
+        session.log("Chromium is not installed at /usr/bin/chromium: only the PNG/SVG renders are checked")
+    session.run("python", "benchmarks/render_charts.py", "--out", "build/charts", "--chromium", "/usr/bin/chromium",
+                *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("-c", RUNTIME_CONSTRAINTS, "ruff>=0.8")
     session.run("ruff", "check", "planner", "runtime", "tests", "benchmarks", "noxfile.py")

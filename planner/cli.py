@@ -318,6 +318,8 @@ def solve(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     top: Annotated[int | None, typer.Option("--top", help="Also list the N best candidates (knobs, peak GiB per "
                                             "phase, step time).")] = None,
+    frontier: Annotated[str | None, typer.Option("--frontier", help="Also draw every candidate priced (step time "
+                                                 "vs peak GiB per GPU) to this .html / .png / .svg; needs the charts extra.")] = None,
     verify: Annotated[bool, typer.Option(help="Measure the top candidates' training step with the CPU tracker "
                                          "(needs the runtime extra) and keep the first that fits.")] = False,
     expected_prompt_len: Annotated[int | None, typer.Option(
@@ -341,6 +343,10 @@ def solve(
         if value is not None and value < 1:
             raise PlanError(field=flag, message=f"must be >= 1, got {value}.", fix=f"pass a positive {flag} or leave "
                             "it out for the default")
+    if frontier:
+        from rlplan.planner.chart_commands import check_chart_path
+
+        check_chart_path(frontier, "--frontier")
     if not 0 < host_mem < float("inf"):
         raise PlanError(field="--host-mem", message=f"must be a positive number of GiB, got {host_mem}.",
                         fix="pass --host-mem 1024")
@@ -421,7 +427,13 @@ def solve(
         engines: tuple[Any, ...] = ("vllm", "sglang")
     else:
         engines = (rollout or pins.get("rollout.name") or (base.rollout.name if base is not None else "vllm"),)
-    result = solve_engines(request, engines, keep=max(top or 0, RUNNERS_UP + 1))
+    result = solve_engines(request, engines, keep=max(top or 0, RUNNERS_UP + 1), frontier=frontier is not None)
+    if frontier:
+        from rlplan.planner.chart_commands import frontier_chart_command
+
+        frontier_chart_command(result, cluster.gpu.memory_gib, top or 0,
+                               f"{model_section.name} on {cluster.nodes * cluster.gpus_per_node} x {cluster.gpu.name}",
+                               frontier)
     ranked = [result.best, *result.runners_up][:top or 0] if result.best is not None else []
     top_rows = [{"rank": rank, "step_time_s": c.plan.prediction.step_time_s, "gpu_peak_gib": c.plan.prediction.gpu_peak_gib,
                  "phase_peak_gib": c.plan.prediction.phase_peak_gib, "knobs": searched_knobs(c.plan)}
@@ -569,12 +581,22 @@ def explain(
         "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
     expected_response_len: Annotated[int | None, typer.Option(
         "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    chart: Annotated[str | None, typer.Option("--chart", help="Also draw memory per phase and host RAM to this "
+                                              ".html / .png / .svg; needs the charts extra.")] = None,
 ) -> None:
     """Per-phase, per-component memory table, the batch layout and the step-time estimate."""
     from rlplan.planner.report import explain_tables, validation_json
 
+    if chart:
+        from rlplan.planner.chart_commands import check_chart_path
+
+        check_chart_path(chart, "--chart")
     prof = load_profile(profile)
     plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len)
+    if chart:
+        from rlplan.planner.chart_commands import memory_chart_command
+
+        memory_chart_command(plan, prof, chart)
     if json_output:
         print(json.dumps(validation_json(plan, prof), indent=2))
         return
@@ -598,6 +620,19 @@ def presets(
         print(json.dumps(presets_json(kind), indent=2))
     else:
         _console().print(preset_table(kind))
+
+
+@app.command()
+@guarded
+def report(
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run's output directory (metrics.jsonl, plan.toml).")],
+    output: Annotated[str, typer.Option("-o", "--output", help="Chart to write: .html, .png or .svg.")] = "report.html",
+) -> None:
+    """Draw a run, finished or still running: reward, KL, entropy, lengths, sync gap, phase times, memory."""
+    from rlplan.planner.chart_commands import check_chart_path, report_command
+
+    check_chart_path(output, "-o")
+    _console().print(report_command(run_dir, output))
 
 
 # --- runtime commands (heavy imports inside) --------------------------------------------

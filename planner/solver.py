@@ -137,6 +137,22 @@ class Diagnosis:
 
 
 @frozen(kw_only=True)
+class FrontierPoint:
+    """One candidate the search priced, as `solve --frontier` plots it.
+
+    rank: 1 for the chosen plan, 2.. for the feasible runners-up in preference order, 0 when infeasible.
+    reason: why an infeasible candidate was dropped ("" when feasible).
+    """
+
+    step_time_s: float
+    gpu_peak_gib: float
+    feasible: bool
+    rank: int
+    knobs: tuple[tuple[str, Any], ...]
+    reason: str = ""
+
+
+@frozen(kw_only=True)
 class SolveResult:
     best: Candidate | None
     evaluated: int
@@ -144,6 +160,8 @@ class SolveResult:
     diagnosis: Diagnosis | None = None
     # The next-best feasible candidates after `best`, in order (for `solve --verify`).
     runners_up: tuple[Candidate, ...] = ()
+    # Every priced candidate of the final search, only when `solve(..., frontier=True)` asked for it.
+    frontier: tuple[FrontierPoint, ...] = ()
 
     @property
     def plan(self) -> Plan | None:
@@ -656,8 +674,12 @@ def _savings(choice: TrainingChoice) -> tuple[int, ...]:
 
 
 def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool = False,
+            dropped: list[FrontierPoint] | None = None,
             ) -> tuple[list[Candidate], int, int, Candidate | None]:
     """Feasible candidates best first, evaluations, feasible count, and the least-infeasible candidate.
+
+    With `dropped`, every infeasible candidate is priced (memory and step time) and appended to it,
+    for `solve --frontier`; without it the search does no extra work.
 
     Two caches keep this fast: the rollout side (util, max_num_seqs) depends only on what
     the trainer leaves resident, and checkpointing variants of a choice whose token
@@ -692,6 +714,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
         trained = solve_token_budgets(plan, request)
         if trained is None:
             closest = _closer(closest, plan, request)
+            if dropped is not None:
+                dropped.append(_dropped_point(plan, request, "training does not fit at the smallest token budget"))
             continue
         if _budgets_reach_caps(trained):
             budgets_at_cap.add(resident_key)
@@ -703,8 +727,10 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 rollout_cache[rollout_key] = solved_rollout.rollout if solved_rollout is not None else None
             cached = rollout_cache[rollout_key]
             if cached is None:
-                closest = _closer(closest, trained.evolve(
-                    rollout=attrs.evolve(trained.rollout, tensor_model_parallel_size=tp)), request)
+                unsized = trained.evolve(rollout=attrs.evolve(trained.rollout, tensor_model_parallel_size=tp))
+                closest = _closer(closest, unsized, request)
+                if dropped is not None:
+                    dropped.append(_dropped_point(unsized, request, "no rollout size fits beside the trainer"))
                 continue
             # Pins were inputs to every pass above: nothing is re-applied over derived values here.
             solved = trained.evolve(rollout=attrs.evolve(
@@ -715,6 +741,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             within = _gpu_peak(report) <= usable_gpu_bytes(report.gpu_capacity_bytes, request.objective)
             if not (report.fits and within and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
                 closest = _closer(closest, solved, request)
+                if dropped is not None:
+                    dropped.append(_dropped_point(solved, request, "over the GPU or host memory, or a verl rule"))
                 continue
             feasible += 1
             if choice.lora_rank == 0:
@@ -725,6 +753,19 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                                     step_time=predict_step_time(solved, report, request.profile)))
     ranked.sort(key=lambda c: _preference_key(c, request))
     return ranked, evaluated, feasible, closest
+
+
+def _dropped_point(plan: Plan, request: SolveRequest, reason: str) -> FrontierPoint:
+    report = predict_memory(plan, request.profile)
+    step = predict_step_time(plan, report, request.profile)
+    return FrontierPoint(step_time_s=step.total_seconds, gpu_peak_gib=_gpu_peak(report) / GIB, feasible=False,
+                         rank=0, knobs=tuple(searched_knobs(plan).items()), reason=reason)
+
+
+def _ranked_points(ranked: list[Candidate]) -> list[FrontierPoint]:
+    return [FrontierPoint(step_time_s=c.step_time.total_seconds, gpu_peak_gib=_gpu_peak(c.memory) / GIB,
+                          feasible=True, rank=rank, knobs=tuple(searched_knobs(c.plan).items()))
+            for rank, c in enumerate(ranked, start=1)]
 
 
 def _budgets_reach_caps(plan: Plan) -> bool:
@@ -789,39 +830,46 @@ def searched_knobs(plan: Plan) -> dict[str, Any]:
     return knobs
 
 
-def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1) -> SolveResult:
-    """The best plan, and up to `keep` - 1 runners-up best first (for --verify and --top)."""
+def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool = False) -> SolveResult:
+    """The best plan, and up to `keep` - 1 runners-up best first (for --verify and --top).
+
+    frontier: also price every candidate of the final search, feasible or not (`solve --frontier`).
+    """
     response_len = request.response_len
     evaluated_total = 0
     # A pin of the wrong type or an unknown key is bad input, whether or not any candidate gets built.
     apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
     if response_len is None:
         response_len, evaluated_total = _longest_fitting_response(request)
-    ranked, evaluated, feasible, closest = _search(request, response_len)
+    dropped: list[FrontierPoint] | None = [] if frontier else None
+    ranked, evaluated, feasible, closest = _search(request, response_len, dropped=dropped)
     evaluated_total += evaluated
+    points = (*_ranked_points(ranked), *dropped) if dropped is not None else ()
     if ranked:
         finalized = [attrs.evolve(c, plan=finalize(c, request.profile)) for c in ranked[:max(keep, 1)]]
         return SolveResult(best=finalized[0], evaluated=evaluated_total, feasible=feasible,
-                           runners_up=tuple(finalized[1:]))
+                           runners_up=tuple(finalized[1:]), frontier=points)
     broken = request_rule_violations(request, response_len)
     diagnosis = diagnose_rules(request, broken, response_len) if broken else diagnose(request, closest, response_len)
-    return SolveResult(best=None, evaluated=evaluated_total, feasible=0, diagnosis=diagnosis)
+    return SolveResult(best=None, evaluated=evaluated_total, feasible=0, diagnosis=diagnosis, frontier=points)
 
 
 def solve_engines(request: SolveRequest, engines: tuple[RolloutEngine, ...], *,
-                  keep: int = RUNNERS_UP + 1) -> SolveResult:
+                  keep: int = RUNNERS_UP + 1, frontier: bool = False) -> SolveResult:
     """`solve` once per rollout engine (each pinned), keeping the best plan by the request's objective.
 
-    When no engine fits, the first engine's diagnosis is returned.
+    When no engine fits, the first engine's diagnosis is returned. The frontier holds every engine's points.
     """
-    results = [solve(attrs.evolve(request, pins={**request.pins, "rollout.name": engine}), keep=keep)
-               for engine in engines]
+    results = [solve(attrs.evolve(request, pins={**request.pins, "rollout.name": engine}), keep=keep,
+                     frontier=frontier) for engine in engines]
     evaluated = sum(result.evaluated for result in results)
+    points = tuple(point for result in results for point in result.frontier)
     feasible = [result for result in results if result.best is not None]
     if not feasible:
-        return attrs.evolve(results[0], evaluated=evaluated)
+        return attrs.evolve(results[0], evaluated=evaluated, frontier=points)
     best = min(feasible, key=lambda result: _rank_key(result.best, request.objective))
-    return attrs.evolve(best, evaluated=evaluated, feasible=sum(result.feasible for result in results))
+    return attrs.evolve(best, evaluated=evaluated, feasible=sum(result.feasible for result in results),
+                        frontier=points)
 
 
 def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:

@@ -144,6 +144,16 @@ def test_planner_cli_imports_no_heavy_framework():
     assert out.strip() == "[]"
 
 
+def test_solve_without_frontier_imports_no_heavy_framework_and_no_chart_library():
+    # A whole solve in a fresh interpreter: the charts extra (altair, vl-convert) loads only for --frontier.
+    code = ("import sys; from typer.testing import CliRunner; from rlplan.planner.cli import app; "
+            f"result = CliRunner().invoke(app, {SOLVE_7B!r}); "
+            "print(result.exit_code, sorted(m for m in ('torch','vllm','ray','transformers','peft','altair',"
+            "'vl_convert','pandas','numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "0 []"
+
+
 def test_validate_reports_the_verdict_at_expected_and_at_max_lengths(tmp_path):
     # Fixed micro batches of 16 sequences on 40 GiB: OOM at 1536 tokens, fine at GSM8K-like means.
     plan = make_plan(gpu_mem_gib=40.0, overrides={"actor.ppo_micro_batch_size_per_gpu": 16,

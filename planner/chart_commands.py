@@ -1,0 +1,84 @@
+"""The commands side of the pictures: check the extra, build a chart from planner/charts.py, write it.
+
+Imported by cli.py only when --chart, --frontier or `report` is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlplan.planner.errors import PlanError
+
+CHART_SUFFIXES = (".html", ".png", ".svg")
+INSTALL_CHARTS = "pip install -e '.[charts]'"
+
+
+def check_chart_path(path: str, flag: str) -> None:
+    """Fail before any work on a suffix we cannot write, or without the extra."""
+    if Path(path).suffix.lower() not in CHART_SUFFIXES:
+        raise PlanError(field=flag, message=f"{path!r} is not an .html, .png or .svg file.",
+                        fix=f"pass {flag} memory.html (or .png / .svg)")
+    try:
+        import altair  # noqa: F401
+        import vl_convert  # noqa: F401
+    except ImportError as error:
+        raise PlanError(field=flag, message=f"drawing charts needs the charts extra ({error.name} is missing).",
+                        fix=f"run {INSTALL_CHARTS}") from None
+
+
+def write_chart(chart: Any, path: str, flag: str) -> None:
+    """HTML with Vega inlined (opens offline, no CDN); PNG / SVG rendered by vl-convert, no browser."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.suffix.lower() == ".html":
+            chart.save(str(target), format="html", inline=True)
+        else:
+            chart.save(str(target), scale_factor=2 if target.suffix.lower() == ".png" else 1)
+    except OSError as error:
+        raise PlanError(field=flag, message=f"cannot write {path}: {error.strerror}.",
+                        fix="pass a path in a writable directory") from None
+
+
+def memory_chart_command(plan: Any, profile: Any, path: str) -> None:
+    from rlplan.planner.charts import memory_chart, memory_chart_data
+    from rlplan.planner.memory import predict_memory
+
+    data = memory_chart_data(predict_memory(plan, profile))
+    write_chart(memory_chart(data, plan.model.name), path, "--chart")
+
+
+def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: str, path: str) -> None:
+    from rlplan.planner.charts import frontier_chart, frontier_data
+
+    write_chart(frontier_chart(frontier_data(result.frontier, gpu_limit_gib, top), title), path, "--frontier")
+
+
+def report_command(run_dir: str, output: str) -> str:
+    """Draw RUN_DIR's metrics.jsonl (finished or still running) beside its plan's prediction; returns a summary."""
+    from rlplan.planner.charts import parse_metrics, report_chart, run_report_data
+    from rlplan.planner.planfile import plan_from_toml
+
+    directory = Path(run_dir)
+    metrics = directory / "metrics.jsonl"
+    if not metrics.is_file():
+        raise PlanError(field="RUN_DIR", message=f"{metrics} does not exist.",
+                        fix="pass the output directory of `rlplan run` (trainer.output_dir), which holds metrics.jsonl")
+    try:
+        records = parse_metrics(metrics.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise PlanError(field=str(metrics), message=f"a line before the last is not JSON ({error}).",
+                        fix="repair or remove that line; only the last line may be cut off") from None
+    if not records:
+        raise PlanError(field=str(metrics), message="no finished step yet.", fix="wait for the first step, then rerun")
+    plan_file = directory / "plan.toml"
+    predicted: dict[str, float] = {}
+    title = directory.name
+    if plan_file.is_file():
+        plan = plan_from_toml(plan_file.read_text(encoding="utf-8"), source=str(plan_file))
+        predicted = dict(plan.prediction.phase_peak_gib) if plan.prediction is not None else {}
+        title = f"{plan.model.name} run {directory.name}"
+    data = run_report_data(records, predicted)
+    write_chart(report_chart(data, title), output, "-o")
+    return f"{data['steps']} steps (last {data['last_step']}) of {metrics}; wrote {output}"

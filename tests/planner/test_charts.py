@@ -1,0 +1,237 @@
+"""The pictures' data (planner/charts.py) and their commands: values, labels, limit lines, markers."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlplan.planner.charts import (
+    frontier_data,
+    memory_chart_data,
+    parse_metrics,
+    run_report_data,
+)
+from rlplan.planner.cli import app
+from rlplan.planner.hardware import Cluster
+from rlplan.planner.memory import GIB, predict_memory
+from rlplan.planner.plan import ModelSection
+from rlplan.planner.planfile import plan_to_toml
+from rlplan.planner.presets import resolve_gpu, resolve_model
+from rlplan.planner.solver import SolveRequest, solve
+from tests.planner.plans import make_plan
+
+runner = CliRunner()
+
+
+def request_for(gpu: str, response_len: int = 1024) -> SolveRequest:
+    model = resolve_model("qwen2.5-7b")
+    return SolveRequest(model=ModelSection(name=model.name, path=model.path, arch=model.arch),
+                        cluster=Cluster(gpu=resolve_gpu(gpu), nodes=1, gpus_per_node=8, host_memory_gib=1024.0),
+                        prompt_len=1024, response_len=response_len)
+
+
+@pytest.fixture(scope="module")
+def tight_solve():
+    """7B on 8 x 24 GiB: some candidates fit, some fail at the trainer, some at the rollout."""
+    request = request_for("rtx4090-24g")
+    return request, solve(request, keep=4, frontier=True)
+
+
+# --- memory chart -----------------------------------------------------------------------
+
+
+def test_memory_chart_stacks_sum_to_each_phase_peak_and_the_limit_is_the_gpu():
+    report = predict_memory(make_plan())
+    data = memory_chart_data(report)
+    for index, phase in enumerate(report.phases):
+        rows = [row for row in data["gpu_bars"] if row["phase"] == phase.name]
+        assert [row["component"] for row in rows] == [c.name for c in phase.components]
+        assert all(row["order"] == index for row in rows)
+        assert math.isclose(sum(row["gib"] for row in rows), phase.peak_bytes / GIB, abs_tol=0.001 * len(rows))
+        assert data["phase_peaks"][index] == {"phase": phase.name, "order": index, "gib": round(phase.peak_bytes / GIB, 3)}
+    assert data["gpu_limit_gib"] == round(report.gpu_capacity_bytes / GIB, 3) == round(80.0, 3)
+    assert data["host_limit_gib"] == 1024.0
+    assert math.isclose(sum(row["gib"] for row in data["host_bars"]), report.host.total_bytes / GIB, abs_tol=0.01)
+
+
+def test_memory_chart_flags_exactly_the_binding_component_and_labels_it():
+    report = predict_memory(make_plan())
+    binding = report.binding_constraint
+    data = memory_chart_data(report)
+    flagged = [(row["phase"], row["component"]) for row in [*data["gpu_bars"], *data["host_bars"]]
+               if row["binding"] and "phase" in row]
+    assert binding.resource in ("gpu", "kv_cache")
+    assert flagged == [(binding.where, binding.component)]
+    assert binding.component in data["binding"]["label"] and binding.where in data["binding"]["label"]
+    assert data["binding"]["headroom_gib"] == round(binding.headroom_bytes / GIB, 3)
+
+
+def test_memory_chart_flags_a_host_component_when_host_ram_binds():
+    report = predict_memory(make_plan(overrides={"cluster.host_memory_gib": 40.0}))
+    assert report.binding_constraint.resource == "host"
+    data = memory_chart_data(report)
+    assert not any(row["binding"] for row in data["gpu_bars"])
+    assert [row["component"] for row in data["host_bars"] if row["binding"]] == [report.binding_constraint.component]
+    assert data["host_limit_gib"] == 40.0
+
+
+# --- frontier ------------------------------------------------------------------------------
+
+
+def test_solve_records_no_frontier_unless_asked_and_the_answer_does_not_change():
+    request = request_for("h100-80g")
+    plain, drawn = solve(request), solve(request, frontier=True)
+    assert plain.frontier == ()
+    assert drawn.plan == plain.plan and drawn.evaluated == plain.evaluated and drawn.feasible == plain.feasible
+
+
+def test_frontier_has_every_feasible_candidate_ranked_and_the_infeasible_with_a_reason(tight_solve):
+    _, result = tight_solve
+    feasible = [p for p in result.frontier if p.feasible]
+    infeasible = [p for p in result.frontier if not p.feasible]
+    assert len(feasible) == result.feasible and infeasible
+    assert sorted(p.rank for p in feasible) == list(range(1, result.feasible + 1))
+    assert {p.rank for p in infeasible} == {0} and all(p.reason for p in infeasible)
+    assert {p.reason for p in infeasible} >= {"training does not fit at the smallest token budget"}
+    chosen = next(p for p in feasible if p.rank == 1)
+    assert round(chosen.step_time_s, 3) == result.best.plan.prediction.step_time_s
+    assert round(chosen.gpu_peak_gib, 3) == result.best.plan.prediction.gpu_peak_gib
+    for rank, runner_up in enumerate(result.runners_up, start=2):
+        point = next(p for p in feasible if p.rank == rank)
+        assert round(point.step_time_s, 3) == runner_up.plan.prediction.step_time_s
+
+
+def test_frontier_data_marks_chosen_and_top_n_and_draws_the_gpu_limit(tight_solve):
+    request, result = tight_solve
+    data = frontier_data(result.frontier, request.cluster.gpu.memory_gib, top=3)
+    rows = data["points"]
+    assert data["gpu_limit_gib"] == 24.0 or data["gpu_limit_gib"] == round(request.cluster.gpu.memory_gib, 3)
+    assert len(rows) == len(result.frontier)
+    assert [r["rank"] for r in rows if r["mark"] == "chosen"] == [1]
+    assert sorted(r["rank"] for r in rows if r["mark"] == "top 3") == [2, 3]
+    assert all(r["feasible"] for r in rows if r["mark"] != "infeasible")
+    assert sum(r["mark"] == "infeasible" for r in rows) == sum(not p.feasible for p in result.frontier)
+    # The chosen plan is drawn last, on top of anything at its spot; its label names it.
+    assert rows[-1]["mark"] == "chosen" and rows[-1]["label"].startswith("#1")
+    labels = " ".join(r["label"] for r in rows)
+    assert all(f"#{rank}" in labels.split() for rank in (1, 2, 3))
+    assert all("rollout.tensor_model_parallel_size=" in r["knobs"] for r in rows)
+    assert all(r["gpu_peak_gib"] <= data["gpu_limit_gib"] for r in rows if r["feasible"])
+    # The key names each labelled candidate; runners-up by the knobs they change from #1.
+    assert [line.split(":")[0] for line in data["key"]] == ["#1", "#2", "#3"]
+    assert data["key"][0].endswith("the plan written")
+    third = dict(next(p for p in result.frontier if p.rank == 3).knobs)
+    first = dict(next(p for p in result.frontier if p.rank == 1).knobs)
+    for name, value in third.items():
+        if value != first[name] and value is not None:
+            assert f"{name}={value}" in data["key"][2]
+
+
+def test_frontier_data_without_top_marks_only_the_chosen(tight_solve):
+    request, result = tight_solve
+    rows = frontier_data(result.frontier, request.cluster.gpu.memory_gib, top=0)["points"]
+    assert {r["mark"] for r in rows} == {"chosen", "feasible", "infeasible"}
+    assert [r["label"] for r in rows if r["label"]] == ["#1"]
+    assert len(frontier_data(result.frontier, 24.0, top=0)["key"]) == 1
+
+
+# --- run report ----------------------------------------------------------------------------
+
+
+def metrics_record(step: int) -> dict:
+    return {"step": step, "reward_mean": 0.1 * step, "kl_ref": 0.01 * step, "entropy": 1.0 - 0.05 * step,
+            "response_length_mean": 100.0 + step, "sync_logprob_gap": 0.002, "actor/grad_norm": 1.0,
+            "time/rollout": 2.0, "time/actor_update": 1.0 + step, "time/weight_sync": 0.5, "time/weight_gather": 0.2,
+            "time/weight_load": 0.3, "time/step": 9.0,
+            "memory/rollout_peak_gib": 1.0 + step, "memory/actor_update_peak_gib": 3.0,
+            "memory/actor_update_predicted_gib": 3.5, "memory/rollout_predicted_gib": 2.5,
+            "memory_measure": "cpu_process_rss_sampled_peak"}
+
+
+def test_parse_metrics_drops_only_a_cut_off_last_line():
+    text = "\n".join(json.dumps(metrics_record(s)) for s in (1, 2)) + '\n{"step": 3, "rew'
+    assert [r["step"] for r in parse_metrics(text)] == [1, 2]
+    with pytest.raises(ValueError):
+        parse_metrics('{"step": 1}\n{"st\n{"step": 3}\n')
+    # A complete last line that is not JSON is damage, not a run still writing.
+    with pytest.raises(ValueError):
+        parse_metrics('{"step": 1}\n{"st\n')
+
+
+def test_run_report_data_has_each_series_phase_times_and_memory_per_phase():
+    records = [metrics_record(step) for step in (1, 2, 3)]
+    data = run_report_data(records, {"rollout": 70.0, "weight_sync": 20.0})
+    rewards = [(r["step"], r["value"]) for r in data["series"] if r["metric"] == "reward"]
+    assert rewards == [(1, 0.1), (2, 0.2), (3, 0.30000000000000004)]
+    assert {r["metric"] for r in data["series"]} == {"reward", "KL to reference", "entropy",
+                                                       "response length (tokens)", "sync log-prob gap"}
+    assert {r["phase"] for r in data["phase_seconds"]} == {"rollout", "actor_update", "weight_sync"}
+    assert [r["seconds"] for r in data["phase_seconds"] if r["phase"] == "actor_update"] == [2.0, 3.0, 4.0]
+    memory = {(r["phase"], r["kind"]): r["gib"] for r in data["memory"]}
+    measured = "measured (cpu_process_rss_sampled_peak)"
+    # The runtime's own predictions win over the plan's; the measured peak is the largest step's.
+    assert memory == {("rollout", "predicted"): 2.5, ("rollout", measured): 4.0,
+                      ("actor_update", "predicted"): 3.5, ("actor_update", measured): 3.0}
+    assert (data["steps"], data["last_step"]) == (3, 3)
+
+
+def test_run_report_data_falls_back_to_the_plans_prediction():
+    records = [{k: v for k, v in metrics_record(1).items() if not k.endswith("_predicted_gib")}]
+    memory = {(r["phase"], r["kind"]): r["gib"] for r in run_report_data(records, {"rollout": 70.0})["memory"]}
+    assert memory[("rollout", "predicted")] == 70.0 and ("actor_update", "predicted") not in memory
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def write_run(directory: Path, steps: int, cut_off: bool) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(metrics_record(s)) + "\n" for s in range(1, steps + 1))
+    (directory / "metrics.jsonl").write_text(text + ('{"step": 99, "rewa' if cut_off else ""))
+    (directory / "plan.toml").write_text(plan_to_toml(make_plan()))
+    return directory
+
+
+def test_chart_commands_without_the_extra_exit_2_with_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "altair", None)
+    plan = tmp_path / "plan.toml"
+    plan.write_text(plan_to_toml(make_plan()))
+    for args in (["explain", str(plan), "--chart", str(tmp_path / "m.html")],
+                 ["report", str(write_run(tmp_path / "run", 2, cut_off=False)), "-o", str(tmp_path / "r.html")],
+                 ["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "1024",
+                  "--response-len", "1024", "--frontier", str(tmp_path / "f.html")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "pip install -e '.[charts]'" in result.output and "Traceback" not in result.output
+    assert not list(tmp_path.glob("*.html"))
+
+
+def test_chart_path_with_another_suffix_is_bad_input(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(plan_to_toml(make_plan()))
+    result = runner.invoke(app, ["explain", str(plan), "--chart", str(tmp_path / "memory.jpg")])
+    assert result.exit_code == 2 and "--chart" in result.output
+
+
+def test_report_on_a_directory_without_metrics_is_bad_input(tmp_path, monkeypatch):
+    pytest.importorskip("altair", reason="the charts extra (altair) is not installed")
+    result = runner.invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 2 and "metrics.jsonl" in result.output
+
+
+def test_report_draws_a_run_still_writing_into_one_offline_html(tmp_path):
+    pytest.importorskip("altair", reason="the charts extra (altair, vl-convert-python) is not installed")
+    run = write_run(tmp_path / "run", 3, cut_off=True)
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", str(run), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "3 steps (last 3)" in result.output
+    html = out.read_text()
+    # Vega is inlined: no script is fetched from a CDN.
+    assert "<script src=" not in html and "cdn.jsdelivr" not in html
+    assert "sync log-prob gap" in html and "cpu_process_rss_sampled_peak" in html
