@@ -139,3 +139,111 @@ def test_seven_b_row_is_held_back_only_by_the_rollout_kv_budget():
     fails = longest_expected_response_that_fits(script_plan(roomier, script.fails_per_gpu))
     assert works in PLAUSIBLE_RESPONSE, (numbers, works, fails)
     assert fails <= works, (numbers, works, fails)
+
+
+# --- full-parameter MIN rows --------------------------------------------------------------------------------
+
+@frozen
+class FullScript:
+    """examples/tuning/<size>/qwen2*_grpo_<gpus>_<device>_fsdp_vllm.sh: GRPO n 5, batch 1024, mini 256, param +
+    optimizer + ref offload, AC, remove padding, entropy_coeff 0, fp32 actor shards (verl's default model_dtype)."""
+
+    name: str
+    model_path: str
+    gpu: str
+    gpus_per_node: int
+    nodes: int
+    max_length: int
+    rollout_tp: int
+    util: float
+    micro_per_gpu: int | None = None
+    token_budget: int | None = None
+
+
+# The 72B H20 script sets `model.path=model_path` (no `$`); it is the same Qwen2-72B-Instruct as the H800 one.
+FULL_SCRIPTS = {
+    "qwen2-7b 2xH800": FullScript("qwen2-7b 2xH800", "Qwen/Qwen2-7B-Instruct", "H800-80G", 2, 1,
+                                  max_length=1024, rollout_tp=2, util=0.6, micro_per_gpu=16),
+    "qwen2.5-coder-14b 4xH800": FullScript("qwen2.5-coder-14b 4xH800", "Qwen/Qwen2.5-Coder-14B-Instruct", "H800-80G",
+                                           4, 1, max_length=1024, rollout_tp=4, util=0.5, micro_per_gpu=16),
+    "qwen2-72b 32xH800": FullScript("qwen2-72b 32xH800", "Qwen/Qwen2-72B-Instruct", "H800-80G", 8, 4,
+                                    max_length=512, rollout_tp=16, util=0.6, token_budget=24000),
+    "qwen2-72b 32xH20": FullScript("qwen2-72b 32xH20", "Qwen/Qwen2-72B-Instruct", "H20-96G", 8, 4,
+                                   max_length=512, rollout_tp=16, util=0.6, token_budget=24000),
+}
+
+
+def full_script_overrides(script: FullScript) -> str:
+    """The script's Hydra overrides (all but data files, logger and trainer bookkeeping)."""
+    if script.token_budget is not None:
+        micro = ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                 f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={script.token_budget}"]
+    else:
+        micro = [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={script.micro_per_gpu}",
+                 f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={script.micro_per_gpu}",
+                 f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={script.micro_per_gpu}"]
+    return "\n".join([
+        "algorithm.adv_estimator=grpo", "data.train_batch_size=1024",
+        f"data.max_prompt_length={script.max_length}", f"data.max_response_length={script.max_length}",
+        "data.filter_overlong_prompts=True", "data.truncation=error",
+        f"actor_rollout_ref.model.path={script.model_path}", "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+        *micro,
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={script.rollout_tp}",
+        "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.gpu_memory_utilization={script.util}",
+        "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "algorithm.use_kl_in_reward=False",
+        f"trainer.n_gpus_per_node={script.gpus_per_node}", f"trainer.nnodes={script.nodes}",
+    ]) + "\n"
+
+
+def full_script_plan(script: FullScript) -> Plan:
+    plan = import_verl_script(full_script_overrides(script), gpu=gpu_presets()[script.gpu], host_memory_gib=1024.0,
+                              env={}, local_config_reader=lambda path: None, environment={}).plan
+    return plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=GSM8K_PROMPT_MEAN))
+
+
+def full_row_numbers(script: FullScript) -> dict[str, object]:
+    plan = full_script_plan(script)
+    return {
+        "row": script.name,
+        "longest mean response that fits": longest_expected_response_that_fits(plan),
+        "max_response_length": plan.data.max_response_length,
+        "binding": predict_memory(plan).binding_constraint,
+    }
+
+
+def test_every_full_script_plan_holds_fp32_actor_shards_with_verls_flash_attn_head():
+    plans = [full_script_plan(s) for s in FULL_SCRIPTS.values()]
+    assert {(resolved_loss_head(p), p.actor.model_dtype, p.model.lora.rank) for p in plans} == {
+        ("flash_attn_ce", "fp32", 0)}
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-14b 4xH800", "qwen2-72b 32xH800", "qwen2-72b 32xH20"])
+def test_published_full_parameter_config_fits_a_plausible_gsm8k_response(name):
+    """These scripts ran; they must be predicted to fit at some GSM8K mean response (no bisection was published,
+    so there is no upper bound to check)."""
+    numbers = full_row_numbers(FULL_SCRIPTS[name])
+    assert numbers["longest mean response that fits"] >= PLAUSIBLE_RESPONSE.start, numbers
+
+
+def test_seven_b_full_row_is_held_back_only_by_the_fragmentation_allowance():
+    """Known gap: 7B on 2 H800 with fp32 shards holds params + grads + AdamW moments + AdamW's foreach sqrt
+    temporary (5 x 3.8 B x 4 bytes = 70.9 GiB) at the optimizer step, whatever the lengths; with the CUDA
+    context, vLLM's sleep residue and the 8 % fragmentation allowance the prediction is 0.4 GiB over the
+    79.18 GiB board, although the run ran.  The step's tensors are few and large, so the allowance is
+    pessimistic here; it is a profile constant, not tuned per case.  Without it the row must fit."""
+    script = FULL_SCRIPTS["qwen2-7b 2xH800"]
+    plan = full_script_plan(script)
+    report = predict_memory(plan)
+    numbers = full_row_numbers(script)
+    assert numbers["longest mean response that fits"] == 0, numbers
+    update = report.phase("actor_update")
+    assert update.peak_at == "optimizer_step", numbers
+    reserve = next(c.bytes for c in update.components if c.name == "fragmentation_reserve")
+    assert 0 < update.peak_bytes - report.gpu_capacity_bytes < reserve, numbers
