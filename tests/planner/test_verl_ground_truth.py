@@ -14,11 +14,17 @@ import attrs
 import pytest
 from attrs import frozen
 
-from rlplan.planner.memory import longest_expected_response_that_fits, predict_memory, resolved_loss_head
+from rlplan.planner.memory import (
+    longest_expected_response_that_fits,
+    predict_memory,
+    resolved_loss_head,
+    rollout_budget,
+)
 from rlplan.planner.plan import (
     Plan,
 )
 from rlplan.planner.presets import gpu_presets
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.verl_import import import_verl_script
 
 GSM8K_PROMPT_MEAN = 105
@@ -125,15 +131,26 @@ def test_published_batch_fits_a_plausible_gsm8k_response_and_the_failing_one_not
 
 
 def test_seven_b_row_is_held_back_only_by_the_rollout_kv_budget():
-    """Known gap: at util 0.2 the 7B row's vLLM budget (16 GiB) is predicted too small for its bf16 weights
-    (14.3 GiB) plus the sampler profile at max_num_seqs 512, so no response length fits although the run
-    ran.  The rollout budget is outside this change; with the budget the 14B script gives vLLM (util 0.25)
-    the trainer side must meet the same bar as the other rows."""
+    """Known gap: at util 0.2 the 7B row's vLLM budget (15.8 GiB) is predicted too small for its bf16 weights
+    (14.3 GiB) plus the sampler profile at max_num_seqs 512 (2.8 GiB at the coefficient fitted to vLLM 0.11),
+    so no response length fits although the run ran.  The budget's form is right for the vLLM the row ran;
+    the constant is that version's, and a profile calibrated there closes the gap.  With the budget the 14B
+    script gives vLLM (util 0.25) the trainer side must meet the same bar as the other rows."""
     script = ALL_ROWS["qwen2.5-7b"]
     numbers = row_numbers(script)
     report = predict_memory(script_plan(script, script.works_per_gpu))
     assert not report.rollout.holds_max_model_len, numbers
     assert numbers["longest mean response at works"] == 0, numbers
+    # vLLM 0.8.3 (the table's version; the script forces V0 with VLLM_ATTENTION_BACKEND=XFORMERS) sizes the KV
+    # cache as rollout_budget does: util x total - (weights incl. LoRA slots + profiled torch peak + non-torch),
+    # measured from vLLM's own baseline snapshot, so verl's offloaded FSDP state is not charged.  The run started,
+    # so its dummy sampler peaked at no more than the coefficient found here, half the 38 B fitted to vLLM 0.11.
+    def starts(coefficient: int) -> bool:
+        profile = Profile(vllm_sampler_bytes_per_seq_vocab=float(coefficient))
+        return rollout_budget(script_plan(script, script.works_per_gpu), profile).holds_max_model_len
+
+    largest_that_starts = max(c for c in range(0, 39) if starts(c))
+    assert 10 <= largest_that_starts < DEFAULT_PROFILE.vllm_sampler_bytes_per_seq_vocab / 2, largest_that_starts
     roomier = attrs.evolve(script, util=0.25)
     works = longest_expected_response_that_fits(script_plan(roomier, script.works_per_gpu))
     fails = longest_expected_response_that_fits(script_plan(roomier, script.fails_per_gpu))
