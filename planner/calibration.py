@@ -18,6 +18,7 @@ intercept from the slope), the base profile's value is kept and the fit says so.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -136,11 +137,44 @@ def _clamped(key: str, value: float, notes: list[str]) -> float:
     return clamped
 
 
+@frozen
+class ObservedLengths:
+    """Mean prompt and response tokens per sequence over a run's steps."""
+
+    prompt_mean: float = field(validator=_positive)
+    response_mean: float = field(validator=_positive)
+
+
+def observed_lengths(rows: Sequence[dict[str, Any]]) -> ObservedLengths | None:
+    """The run's mean lengths from its metrics rows (`prompt_length_mean`, `response_length_mean`), each
+    step weighted by its `sequences`; None when no row records both.  Warm-up steps count: lengths are
+    the data's, not the machine's."""
+    totals = {"prompt": 0.0, "response": 0.0}
+    weight = 0.0
+    for row in rows:
+        prompt, response = row.get("prompt_length_mean"), row.get("response_length_mean")
+        if not isinstance(prompt, int | float) or not isinstance(response, int | float):
+            continue
+        sequences = row.get("sequences", 1.0)
+        w = float(sequences) if isinstance(sequences, int | float) and sequences > 0 else 1.0
+        totals["prompt"] += w * prompt
+        totals["response"] += w * response
+        weight += w
+    if not weight or totals["prompt"] <= 0 or totals["response"] <= 0:
+        return None
+    return ObservedLengths(prompt_mean=totals["prompt"] / weight, response_mean=totals["response"] / weight)
+
+
 def calibrate(memory: Sequence[MemoryObservation] = (), times: Sequence[TimeObservation] = (),
-              base: Profile = DEFAULT_PROFILE, name: str = "calibrated") -> Calibration:
+              base: Profile = DEFAULT_PROFILE, name: str = "calibrated",
+              lengths: ObservedLengths | None = None) -> Calibration:
     """A profile with every constant the observations determine replaced by its fitted value."""
     notes: list[str] = []
     changes: dict[str, Any] = {"name": name}
+    if lengths is not None:
+        # Rounded up: a mean a token short would price a micro batch below what the run held.
+        changes["observed_prompt_length"] = math.ceil(lengths.prompt_mean)
+        changes["observed_response_length"] = math.ceil(lengths.response_mean)
     allocator = None
     if memory:
         allocator = fit_allocator(memory, base.fragmentation_fraction)
@@ -152,7 +186,7 @@ def calibrate(memory: Sequence[MemoryObservation] = (), times: Sequence[TimeObse
     efficiencies = fit_efficiencies(times)
     for key, value in efficiencies.items():
         changes[key] = _clamped(key, value, notes)
-    if not memory and not times:
+    if not memory and not times and lengths is None:
         notes.append("no usable observations: the base profile is returned unchanged")
     return Calibration(profile=attrs.evolve(base, **changes), allocator=allocator, efficiencies=efficiencies,
                        notes=tuple(notes))

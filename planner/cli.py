@@ -185,12 +185,25 @@ def load_profile(path: str | None):
     return load_profile_toml(read_text(path, "--profile"), source=path)
 
 
-def with_expected_lengths(plan, prompt: int | None, response: int | None):
-    """The plan with the --expected-prompt-len / --expected-response-len flags applied (None: keep the plan's)."""
+def with_expected_lengths(plan, prompt: int | None, response: int | None, profile=None):
+    """The plan with the --expected-prompt-len / --expected-response-len flags applied (None: keep the plan's).
+
+    Where neither the flag nor the plan states a mean, a profile fitted from a run (`calibrate --from-run`)
+    supplies the mean that run saw, capped at the plan's maximum (the run may have had longer limits).
+    """
     from rlplan.planner.planfile import with_overrides
 
-    overrides = {f"data.expected_{name}_length": value for name, value in (("prompt", prompt), ("response", response))
-                 if value is not None}
+    data = plan.data
+    observed = {"prompt": (profile.observed_prompt_length, data.expected_prompt_length, data.max_prompt_length),
+                "response": (profile.observed_response_length, data.expected_response_length,
+                             data.max_response_length)} if profile is not None else {}
+    overrides = {}
+    for name, flag in (("prompt", prompt), ("response", response)):
+        seen, stated, maximum = observed.get(name, (0, None, 0))
+        if flag is not None:
+            overrides[f"data.expected_{name}_length"] = flag
+        elif stated is None and seen:
+            overrides[f"data.expected_{name}_length"] = min(seen, maximum)
     return with_overrides(plan, overrides) if overrides else plan
 
 
@@ -557,7 +570,7 @@ def validate(
     from rlplan.planner.report import validation_json, validation_tables
 
     prof = load_profile(profile)
-    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len)
+    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len, prof)
     payload = validation_json(plan, prof)
     if json_output:
         print(json.dumps(payload, indent=2))
@@ -592,7 +605,7 @@ def explain(
 
         check_chart_path(chart, "--chart")
     prof = load_profile(profile)
-    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len)
+    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len, prof)
     if chart:
         from rlplan.planner.chart_commands import memory_chart_command
 

@@ -98,17 +98,21 @@ class RoleBatchLayout:
         """T: tokens one GPU holds in one micro batch, after the Ulysses split.
 
         Dynamic bsz packs up to max_token_len_per_gpu * sp tokens per sp group, which
-        Ulysses splits over sp ranks. Fixed micro batches hold real sequences (remove padding
+        Ulysses splits over sp ranks, and at most the chunk it splits (priced at the expected
+        mean length, as fixed micro batches are). Fixed micro batches hold real sequences (remove padding
         packs them), priced at the expected mean length: a micro batch of m sequences holds
         m x mean tokens.  The spread around the mean is not added: over m sequences it shrinks
         like 1/sqrt(m), and for small m a batch of long sequences can exceed this, which is why
         validate also reports the verdict at the maximum length and the longest mean that fits.
         """
+        length = min(self.expected_sequence_length or self.max_sequence_length, self.max_sequence_length)
         if self.max_token_len_per_gpu is not None:
-            return self.max_token_len_per_gpu
+            # verl's rearrange_micro_batches packs one chunk (a mini batch, or the whole batch for a
+            # forward pass) of this rank: a micro batch never holds more than the chunk's tokens.
+            chunk_tokens = math.ceil(self.chunk_size * length / self.sequence_parallel_size)
+            return min(self.max_token_len_per_gpu, chunk_tokens)
         micro = self.micro_batch_size_per_gpu or 1
-        length = self.expected_sequence_length or self.max_sequence_length
-        return math.ceil(micro * min(length, self.max_sequence_length) / self.sequence_parallel_size)
+        return math.ceil(micro * length / self.sequence_parallel_size)
 
     @property
     def token_budget_per_sp_group(self) -> int | None:

@@ -101,6 +101,14 @@ class Profile:
     host_process_gib_per_gpu: float = _constant(
         4.0, "host RSS of the trainer and rollout processes per GPU: CUDA/torch libraries, Python heaps")
 
+    # --- the data's lengths a run saw (`calibrate --from-run`); 0: none seen ---
+    observed_prompt_length: int = _constant(
+        0, "mean prompt tokens per sequence of the run this profile was fitted on; prices fixed micro batches "
+           "when a plan sets no data.expected_prompt_length (0: none observed, the maximum is priced)", kind=int)
+    observed_response_length: int = _constant(
+        0, "mean response tokens per sequence of that run; used likewise for data.expected_response_length",
+        kind=int)
+
     # --- throughput (memory-model.md 2.9) ---
     training_mfu: float = _constant(
         0.35, "achieved MFU of FSDP training: torchtitan Llama-3.1-8B on H100 reaches 33-39 %", high=1.0, open_low=True)

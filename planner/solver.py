@@ -307,8 +307,11 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
                             max_prompt_length=request.prompt_len, max_response_length=response_len,
                             expected_prompt_length=None, expected_response_length=None)
     # A mean cannot exceed the maximum the search tries, so an expectation is capped at it.
-    expected_prompt = request.expected_prompt_len or (base.data.expected_prompt_length if base else None)
-    expected_response = request.expected_response_len or (base.data.expected_response_length if base else None)
+    # Flags, then the base plan, then the means a calibrated profile's run saw (0 there: none).
+    expected_prompt = (request.expected_prompt_len or (base.data.expected_prompt_length if base else None)
+                       or request.profile.observed_prompt_length)
+    expected_response = (request.expected_response_len or (base.data.expected_response_length if base else None)
+                         or request.profile.observed_response_length)
     data = attrs.evolve(
         data,
         expected_prompt_length=min(expected_prompt, request.prompt_len) if expected_prompt else None,

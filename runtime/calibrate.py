@@ -27,6 +27,7 @@ from rlplan.planner.calibration import (
     calibrate,
     memory_observation,
     observations_from_metrics,
+    observed_lengths,
 )
 from rlplan.planner.cli import print_error, read_text, write_text
 from rlplan.planner.errors import PlanError
@@ -63,10 +64,16 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str) 
 
 def calibrate_from_run(plan: Plan, rows: list[dict[str, Any]], name: str = "calibrated") -> Calibration:
     memory, times, notes = observations_from_metrics(plan, rows)
-    if not memory and not times:
-        raise PlanError(field="--from-run", message="the run's metrics hold no phase times or held-memory peaks.",
+    lengths = observed_lengths(rows)
+    if not memory and not times and lengths is None:
+        raise PlanError(field="--from-run", message="the run's metrics hold no phase times, held-memory peaks or "
+                        "sequence lengths.",
                         fix="point --from-run at the metrics.jsonl of a run that finished at least two steps")
-    result = calibrate(memory, times, name=name)
+    if lengths is not None:
+        notes.append(f"the run's sequences averaged {lengths.prompt_mean:.1f} prompt + {lengths.response_mean:.1f} "
+                     "response tokens; solve/validate --profile price fixed micro batches at these means when a plan "
+                     "sets no data.expected_*_length")
+    result = calibrate(memory, times, name=name, lengths=lengths)
     return attrs.evolve(result, notes=tuple(notes) + result.notes)
 
 

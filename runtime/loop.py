@@ -360,11 +360,15 @@ def _batch_statistics(batch: TokenBatch, scores: Any, mask: Any) -> dict[str, fl
     from rlplan.runtime.algorithms import masked_mean
 
     lengths = batch.response_lengths.float()
+    # The lengths the data really had: `calibrate --from-run` carries their means into a profile.
+    prompts = batch["prompt_lengths"].float()
     return {
         "reward_mean": float(scores.mean()),
         "reward_max": float(scores.max()),
         "reward_min": float(scores.min()),
         "entropy": float(masked_mean(batch["entropy"], mask)),
+        "prompt_length_mean": float(prompts.mean()),
+        "prompt_length_max": float(prompts.max()),
         "response_length_mean": float(lengths.mean()),
         "response_length_max": float(lengths.max()),
         "response_length_min": float(lengths.min()),

@@ -569,12 +569,19 @@ def test_a_separate_reference_lives_in_host_ram_on_gpus_whatever_its_offload_key
             report.phase("ref_log_prob").bytes_of("logits_head") > 0
 
 
-def test_fixed_micro_batches_are_priced_at_expected_lengths_and_token_budgets_are_not():
+def test_fixed_micro_batches_are_priced_at_expected_lengths_and_token_budgets_at_most_the_chunk():
     fixed = plan_layout(make_plan(overrides={"data.expected_prompt_length": 100,
                                              "data.expected_response_length": 300}))
     assert fixed.actor_update.tokens_per_micro_batch == 2 * 400
-    dynamic = plan_layout(make_plan(overrides={"actor.use_dynamic_bsz": True, "data.expected_response_length": 300}))
-    assert dynamic.actor_update.tokens_per_micro_batch == 16384
+    # A token budget packs one rank's mini batch: the budget binds while the mini batch at the mean holds more.
+    dynamic = plan_layout(make_plan(overrides={"actor.use_dynamic_bsz": True, "actor.ppo_max_token_len_per_gpu": 4096,
+                                               "data.expected_response_length": 300})).actor_update
+    assert dynamic.chunk_size * dynamic.expected_sequence_length > 4096
+    assert dynamic.tokens_per_micro_batch == 4096
+    # A budget larger than the rank's whole mini batch at the mean never fills: the micro batch is the mini batch.
+    roomy = plan_layout(make_plan(overrides={"actor.use_dynamic_bsz": True, "actor.ppo_max_token_len_per_gpu": 10**6,
+                                             "data.expected_response_length": 300})).actor_update
+    assert roomy.tokens_per_micro_batch == roomy.chunk_size * roomy.expected_sequence_length
 
 
 def test_expected_length_above_the_maximum_is_refused_naming_the_field():
