@@ -235,7 +235,7 @@ class CriticSection:
     ulysses_sequence_parallel_size: int = field(default=1, validator=_at_least(1, "critic"))
     param_offload: bool = False
     optimizer_offload: bool = False
-    # critic.model.fsdp_config.offload_policy, as the actor's.
+    # critic.fsdp.offload_policy, as the actor's.
     offload_policy: bool = False
     gradient_checkpointing: bool = True
     use_remove_padding: bool = True

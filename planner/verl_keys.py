@@ -159,7 +159,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("critic.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size", "int", 1),
     _k("critic.param_offload", "critic.fsdp.param_offload", "bool", False),
     _k("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False),
-    _k("critic.offload_policy", "critic.model.fsdp_config.offload_policy", "bool", False),
+    _k("critic.offload_policy", "critic.fsdp.offload_policy", "bool", False),
     _k("critic.gradient_checkpointing", "critic.model.enable_gradient_checkpointing", "bool", True),
     _k("critic.use_remove_padding", "critic.model.use_remove_padding", "bool", True),
     _k("critic.lr", "critic.optim.lr", "float", 1e-5),

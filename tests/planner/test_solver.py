@@ -402,7 +402,7 @@ def test_ppo_8b_on_four_24g_gpus_solves_with_the_critic_state_in_host_ram():
                               host_memory_gib=plan.cluster.host_memory_gib, env={},
                               local_config_reader=lambda path: None).plan
     assert plan_to_dict(back) == plan_to_dict(plan_as_verl_runs_it(plan))
-    assert "critic.model.fsdp_config.offload_policy=true" in render_plan(plan, "verl", "overrides")
+    assert "critic.fsdp.offload_policy=true" in render_plan(plan, "verl", "overrides")
 
 
 def test_ppo_8b_on_four_24g_gpus_without_the_offload_policy_names_the_critic_update_and_changes_that_fit():

@@ -198,6 +198,6 @@ def test_offload_policy_imports_from_verls_fsdp_config_keys():
     assert not plan.actor.offload_policy and not plan.critic.offload_policy
     plan = load(base + "actor_rollout_ref.actor.strategy=fsdp2\ncritic.strategy=fsdp2\n"
                        "actor_rollout_ref.actor.fsdp_config.offload_policy=True\n"
-                       "critic.model.fsdp_config.offload_policy=true\n").plan
+                       "critic.fsdp.offload_policy=true\n").plan
     assert plan.actor.offload_policy and plan.critic.offload_policy
     assert not plan.passthrough
