@@ -26,6 +26,7 @@ import attrs
 from attrs import field, frozen
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 
@@ -35,12 +36,12 @@ Efficiency = Literal["training_mfu", "prefill_mfu", "decode_hbm_efficiency"]
 
 # Which profile efficiency bounds each step-time phase (planner/steptime.py).
 EFFICIENCY_OF_PHASE: dict[str, Efficiency] = {
-    "actor_update": "training_mfu",
-    "critic_update": "training_mfu",
-    "old_log_prob": "training_mfu",
-    "ref_log_prob": "training_mfu",
-    "critic_values": "training_mfu",
-    "rollout": "decode_hbm_efficiency",
+    Phase.ACTOR_UPDATE: "training_mfu",
+    Phase.CRITIC_UPDATE: "training_mfu",
+    Phase.OLD_LOG_PROB: "training_mfu",
+    Phase.REF_LOG_PROB: "training_mfu",
+    Phase.CRITIC_VALUES: "training_mfu",
+    Phase.ROLLOUT: "decode_hbm_efficiency",
 }
 
 # What a GPU memory figure in a run's metrics means (runtime/metrics.py labels each row).

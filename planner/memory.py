@@ -58,6 +58,7 @@ from attrs import frozen
 
 from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan, RolloutEngine
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 
@@ -856,7 +857,7 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
         role="actor",
         profile=ctx.profile,
     )
-    return ctx.phase("actor_update", step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
+    return ctx.phase(Phase.ACTOR_UPDATE, step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
 
 
 def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entropy: bool) -> PhaseMemory:
@@ -869,21 +870,21 @@ def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entro
 
 def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     if ctx.plan.reference_is_actor:
-        return _actor_forward(ctx, "ref_log_prob", role, entropy=False)
+        return _actor_forward(ctx, Phase.REF_LOG_PROB, role, entropy=False)
     # Offloaded by FSDP itself, the reference's shards stay in host RAM: the GPU holds the gathered layers.
     on_gpu = 0 if ref_params_on_host(ctx.plan) else ref_param_bytes(ctx.plan, ctx.facts, ctx.shard)
     step = forward_components(ctx.facts, params_bytes=on_gpu,
                               params_name="ref_params", tokens=role.tokens_per_micro_batch,
                               head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
                                   ctx.plan, ctx.profile, entropy=False))
-    return ctx.phase("ref_log_prob", step, loaded=("ref_params",))
+    return ctx.phase(Phase.REF_LOG_PROB, step, loaded=("ref_params",))
 
 
 def _critic_values(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     assert ctx.critic_gpu is not None
     step = forward_components(ctx.facts, params_bytes=ctx.critic_gpu.params, params_name="critic_params",
                               tokens=role.tokens_per_micro_batch, head_bytes_per_token_vocab=0.0)
-    return ctx.phase("critic_values", step, loaded=("critic_params",))
+    return ctx.phase(Phase.CRITIC_VALUES, step, loaded=("critic_params",))
 
 
 def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
@@ -902,7 +903,7 @@ def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
         role="critic",
         profile=ctx.profile,
     )
-    return ctx.phase("critic_update", step, loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
+    return ctx.phase(Phase.CRITIC_UPDATE, step, loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
 
 
 def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -> int:
@@ -957,7 +958,7 @@ def _weight_sync(ctx: _StepContext) -> PhaseMemory:
         Component("actor_params", int(ctx.actor_gpu.params)),
         Component("weight_sync_gather", gather),
     ]
-    return ctx.phase("weight_sync", step, loaded=("actor_params",),
+    return ctx.phase(Phase.WEIGHT_SYNC, step, loaded=("actor_params",),
                      vllm_extra=woken_for_weight_sync(ctx.plan, ctx.budget))
 
 
@@ -982,7 +983,7 @@ def _rollout(ctx: _StepContext) -> PhaseMemory:
     ]
     if not ctx.plan.rollout.enforce_eager:
         step.append(Component("cuda_graph_pool", int(cuda_graph_pool_bytes(ctx.plan, profile))))
-    return ctx.phase("rollout", step, loaded=(), step_is_trainer=False)
+    return ctx.phase(Phase.ROLLOUT, step, loaded=(), step_is_trainer=False)
 
 
 def _policy_offloaded(role: str, state: TrainerState, ranks: int) -> list[Component]:
@@ -1034,17 +1035,17 @@ def _step_phases(ctx: _StepContext) -> dict[str, Callable[[], PhaseMemory]]:
     """The phases this plan's step runs, in order, each built on demand."""
     layout = ctx.layout
     phases: dict[str, Callable[[], PhaseMemory]] = {
-        "weight_sync": lambda: _weight_sync(ctx),
-        "rollout": lambda: _rollout(ctx),
-        "old_log_prob": lambda: _actor_forward(ctx, "old_log_prob", layout.old_log_prob, entropy=True),
+        Phase.WEIGHT_SYNC: lambda: _weight_sync(ctx),
+        Phase.ROLLOUT: lambda: _rollout(ctx),
+        Phase.OLD_LOG_PROB: lambda: _actor_forward(ctx, Phase.OLD_LOG_PROB, layout.old_log_prob, entropy=True),
     }
     ref, values, update = layout.ref_log_prob, layout.critic_values, layout.critic_update
     if ref is not None:
-        phases["ref_log_prob"] = lambda: _ref_forward(ctx, ref)
+        phases[Phase.REF_LOG_PROB] = lambda: _ref_forward(ctx, ref)
     if ctx.critic is not None and values is not None and update is not None:
-        phases["critic_values"] = lambda: _critic_values(ctx, values)
-        phases["critic_update"] = lambda: _critic_update(ctx, update)
-    phases["actor_update"] = lambda: _actor_update(ctx)
+        phases[Phase.CRITIC_VALUES] = lambda: _critic_values(ctx, values)
+        phases[Phase.CRITIC_UPDATE] = lambda: _critic_update(ctx, update)
+    phases[Phase.ACTOR_UPDATE] = lambda: _actor_update(ctx)
     return phases
 
 

@@ -26,6 +26,7 @@ from attrs import field, frozen
 
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory import runtime_loss_head
+from rlplan.planner.phases import TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import Plan
 
 Severity = Literal["error", "warning"]
@@ -559,23 +560,17 @@ def _deprecated_global_micro_batch_keys(ctx: RuleContext) -> Iterator[Violation]
       "[R1] with dynamic bsz, max_token_len_per_gpu * sp >= max_prompt_length + max_response_length")
 def _token_budget_fits_longest_sequence(ctx: RuleContext) -> Iterator[Violation]:
     longest = ctx.plan.data.max_sequence_length
-    keys = {
-        "actor_update": "actor.ppo_max_token_len_per_gpu",
-        "old_log_prob": "rollout.log_prob_max_token_len_per_gpu",
-        "ref_log_prob": "ref.log_prob_max_token_len_per_gpu",
-        "critic_update": "critic.ppo_max_token_len_per_gpu",
-        "critic_values": "critic.forward_max_token_len_per_gpu",
-    }
     for role in ctx.layout.roles:
         budget = role.token_budget_per_sp_group
         if budget is not None and budget < longest:
             needed = math.ceil(longest / role.sequence_parallel_size)
+            key = TOKEN_BUDGET_KEY[Phase(role.role)]
             yield _violation(
                 "token_budget_fits_longest_sequence", "runtime",
-                f"{keys[role.role]} = {role.max_token_len_per_gpu} (x sp {role.sequence_parallel_size} = {budget} "
+                f"{key} = {role.max_token_len_per_gpu} (x sp {role.sequence_parallel_size} = {budget} "
                 f"tokens) cannot hold one full sequence of {longest} tokens (prompt + response).",
-                f"set {keys[role.role]} >= {needed} (verl recommends 2-3x that)",
-                **{keys[role.role].replace(".", "__"): needed},
+                f"set {key} >= {needed} (verl recommends 2-3x that)",
+                **{key.replace(".", "__"): needed},
             )
 
 

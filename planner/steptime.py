@@ -34,6 +34,7 @@ from rlplan.planner.memory import (
     ref_param_bytes,
     ref_params_on_host,
 )
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 
@@ -235,15 +236,15 @@ def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAU
     rates = _Rates(plan, profile)
     shard = max(1, layout.parallel.fsdp_shard_size)
     phases = {
-        "weight_sync": weight_sync_seconds(plan, rates, shard),
-        "rollout": rollout_seconds(plan, memory, rates, profile, layout),
-        "old_log_prob": _forward_pass(plan, layout.old_log_prob, rates, shard, critic=False),
+        Phase.WEIGHT_SYNC: weight_sync_seconds(plan, rates, shard),
+        Phase.ROLLOUT: rollout_seconds(plan, memory, rates, profile, layout),
+        Phase.OLD_LOG_PROB: _forward_pass(plan, layout.old_log_prob, rates, shard, critic=False),
     }
     if layout.ref_log_prob is not None:
-        phases["ref_log_prob"] = _forward_pass(plan, layout.ref_log_prob, rates, shard, critic=False)
+        phases[Phase.REF_LOG_PROB] = _forward_pass(plan, layout.ref_log_prob, rates, shard, critic=False)
     if layout.critic_values is not None and layout.critic_update is not None:
-        phases["critic_values"] = _forward_pass(plan, layout.critic_values, rates, shard, critic=True)
-        phases["critic_update"] = _update_pass(plan, layout.critic_update, rates, shard, profile, critic=True)
-    phases["actor_update"] = _update_pass(plan, layout.actor_update, rates, shard, profile, critic=False)
+        phases[Phase.CRITIC_VALUES] = _forward_pass(plan, layout.critic_values, rates, shard, critic=True)
+        phases[Phase.CRITIC_UPDATE] = _update_pass(plan, layout.critic_update, rates, shard, profile, critic=True)
+    phases[Phase.ACTOR_UPDATE] = _update_pass(plan, layout.actor_update, rates, shard, profile, critic=False)
     phases["offload"] = offload_seconds(plan, rates, shard, profile)
     return StepTime(phases)

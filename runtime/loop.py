@@ -23,6 +23,7 @@ from typing import Any
 from attrs import frozen
 
 from rlplan.planner.layout import plan_layout
+from rlplan.planner.phases import Phase, SyncMode
 from rlplan.planner.plan import Plan
 from rlplan.runtime import checkpoint
 from rlplan.runtime.metrics import MetricsLog, PhaseMeasurement, plan_versus_actual, predicted_phase_peaks
@@ -168,7 +169,7 @@ class Controller:
             if chunk
         ]
         results = ray.get(calls)
-        per_engine = self._phase("rollout", results, record)
+        per_engine = self._phase(Phase.ROLLOUT, results, record)
         samples = []
         for chunk, engine_samples in zip([c for c in chunks if c], per_engine, strict=True):
             for sample in engine_samples:
@@ -208,14 +209,14 @@ class Controller:
         partitions = balanced_rank_partitions(batch["sequence_lengths"].tolist(), self.layout.parallel.dp)
         order = [index for part in partitions for index in part]
         shards = [batch.select(part) for part in partitions]
-        outputs = self._phase("old_log_prob", self._on_trainers("compute_log_probs", shards), record)
+        outputs = self._phase(Phase.OLD_LOG_PROB, self._on_trainers("compute_log_probs", shards), record)
         old = concat_batches([_fields(shard, old_log_probs=lp, entropy=ent) for shard, (lp, ent) in zip(shards, self._per_shard(outputs), strict=True)], order)
         batch = batch.with_fields(old_log_probs=old["old_log_probs"][:, : mask.shape[1]], entropy=old["entropy"][:, : mask.shape[1]])
         if plan.uses_reference:
-            refs = self._phase("ref_log_prob", self._on_trainers("compute_ref_log_probs", shards), record)
+            refs = self._phase(Phase.REF_LOG_PROB, self._on_trainers("compute_ref_log_probs", shards), record)
             batch = batch.with_fields(ref_log_probs=_gather(shards, self._per_shard(refs), order, mask.shape[1]))
         if plan.uses_critic:
-            values = self._phase("critic_values", self._on_trainers("compute_values", shards), record)
+            values = self._phase(Phase.CRITIC_VALUES, self._on_trainers("compute_values", shards), record)
             batch = batch.with_fields(values=_gather(shards, self._per_shard(values), order, mask.shape[1]))
         gap = ((batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
         record["sync_logprob_gap"] = float(gap)
@@ -228,20 +229,20 @@ class Controller:
         # 5 actor (and critic) update
         shards = [batch.select(part) for part in partitions]
         if plan.uses_critic:
-            critic_metrics = self._phase("critic_update", self._on_trainers("update_critic", shards, step), record)
+            critic_metrics = self._phase(Phase.CRITIC_UPDATE, self._on_trainers("update_critic", shards, step), record)
             record.update(_mean_metrics(critic_metrics))
-        actor_metrics = self._phase("actor_update", self._on_trainers("update_actor", shards, step), record)
+        actor_metrics = self._phase(Phase.ACTOR_UPDATE, self._on_trainers("update_actor", shards, step), record)
         record.update(_mean_metrics(actor_metrics))
 
         # 6 weight sync: the next rollout's gap (step 3) shows whether it arrived
         if self.options.sync_weights:
-            record.update(self.sync_weights("adapter" if plan.model.lora.enabled else "merged"))
+            record.update(self.sync_weights(SyncMode.ADAPTER if plan.model.lora.enabled else SyncMode.MERGED))
 
         # 7 metrics
         record.update(_batch_statistics(batch, scores, mask))
-        for phase in ("rollout", "old_log_prob", "actor_update"):
+        for phase in (Phase.ROLLOUT, Phase.OLD_LOG_PROB, Phase.ACTOR_UPDATE):
             if record.get(f"time/{phase}"):
-                tokens = float(mask.sum()) if phase == "rollout" else float(batch["sequence_lengths"].sum())
+                tokens = float(mask.sum()) if phase == Phase.ROLLOUT else float(batch["sequence_lengths"].sum())
                 record[f"throughput/{phase}_tokens_per_s"] = tokens / record[f"time/{phase}"]
         record.update({f"memory/{phase}_predicted_gib": gib for phase, gib in self.predicted_gib.items()})
         record["time/step"] = time.perf_counter() - step_start
@@ -278,7 +279,7 @@ class Controller:
         )
         return batch.with_fields(advantages=advantages, returns=returns)
 
-    def sync_weights(self, what: str) -> dict[str, Any]:
+    def sync_weights(self, what: SyncMode) -> dict[str, Any]:
         """Trainer -> every engine. With sleep mode: wake the weights, load, then the KV cache."""
         import ray
 
@@ -290,7 +291,7 @@ class Controller:
         if sleeps:
             ray.get([e.wake_up.remote(["weights"]) for e in engines])
         timings = self._phase(
-            "weight_sync", ray.get([t.push_weights.remote(engines, what) for t in self.workers.trainers]), record
+            Phase.WEIGHT_SYNC, ray.get([t.push_weights.remote(engines, what) for t in self.workers.trainers]), record
         )
         if sleeps:
             ray.get([e.wake_up.remote(["kv_cache"]) for e in engines])
@@ -303,7 +304,7 @@ class Controller:
     def initial_sync(self) -> None:
         """Engines started from dummy weights get the base (or full) weights once before the first rollout."""
         if self.plan.rollout.load_format == "dummy":
-            self.sync_weights("base" if self.plan.model.lora.enabled else "merged")
+            self.sync_weights(SyncMode.BASE if self.plan.model.lora.enabled else SyncMode.MERGED)
 
     def release_rollout_memory(self) -> None:
         """Sleep the engines so the trainer gets the GPU memory back (woken again by the next sync)."""
@@ -401,7 +402,7 @@ def run_loop(plan: Plan, platform: Platform, options: RunOptions, data: Any, con
         controller.initial_sync()
         if first_step > 1:
             # The engines loaded the initial weights; the restored policy must reach them before step one.
-            controller.sync_weights("adapter" if plan.model.lora.enabled else "merged")
+            controller.sync_weights(SyncMode.ADAPTER if plan.model.lora.enabled else SyncMode.MERGED)
         task = progress.add_task("training", total=last_step, completed=first_step - 1) if progress else None
         done = 0
         for step in range(first_step, last_step + 1):

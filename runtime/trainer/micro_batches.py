@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlplan.planner.layout import RoleBatchLayout
+from rlplan.planner.phases import TOKEN_BUDGET_KEY, Phase
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
@@ -34,16 +35,6 @@ def all_reduce_sum(value: float, device: Any) -> float:
     return float(tensor.item())
 
 
-# The plan field behind each pass's token budget, for the error when one sequence does not fit it.
-BUDGET_FIELDS = {
-    "actor_update": "actor.ppo_max_token_len_per_gpu",
-    "old_log_prob": "rollout.log_prob_max_token_len_per_gpu",
-    "ref_log_prob": "ref.log_prob_max_token_len_per_gpu",
-    "critic_update": "critic.ppo_max_token_len_per_gpu",
-    "critic_values": "critic.forward_max_token_len_per_gpu",
-}
-
-
 def micro_batch_indices(batch: TokenBatch, role: RoleBatchLayout, device: Any) -> list[list[int]]:
     """Index lists, one per micro batch, covering `batch` once."""
     from rlplan.runtime.batching import fixed_micro_batches, token_budget_micro_batches
@@ -51,7 +42,7 @@ def micro_batch_indices(batch: TokenBatch, role: RoleBatchLayout, device: Any) -
     if role.token_budget_per_sp_group is not None:
         lengths = batch["sequence_lengths"].tolist()
         budget = role.token_budget_per_sp_group
-        field = BUDGET_FIELDS[role.role]
+        field = TOKEN_BUDGET_KEY[Phase(role.role)]
         local = token_budget_micro_batches(lengths, budget, 1, budget_field=field)
         count = all_reduce_max(len(local), device)
         return [list(group) for group in token_budget_micro_batches(lengths, budget, count, budget_field=field)]
