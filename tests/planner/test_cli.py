@@ -425,3 +425,36 @@ def test_solve_with_rollout_sglang_writes_an_sglang_plan_that_validates(tmp_path
     assert result.exit_code == 0, result.output
     assert plan_from_toml(path.read_text()).rollout.name == "sglang"
     assert invoke("validate", str(path)).exit_code == 0
+
+
+@pytest.mark.parametrize("command", [[], ["solve"], ["validate"], ["render"], ["import", "verl"]])
+def test_dash_h_prints_the_same_help_as_long_help_with_an_example(command):
+    short, long = invoke(*command, "-h"), invoke(*command, "--help")
+    assert short.exit_code == 0 and short.output == long.output
+    assert "Example:" in short.output
+
+
+def test_version_prints_the_installed_package_version():
+    from importlib.metadata import version
+
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.output.strip() == f"rlplan {version('rlplan')}"
+
+
+def test_help_lists_shell_completion_and_the_choices_of_fixed_set_options():
+    from typing import get_args
+
+    from rlplan.planner.plan import Algorithm, RolloutEngine
+
+    assert "--install-completion" in invoke("--help").output
+    solve_help = runner.invoke(app, ["solve", "--help"], env={"COLUMNS": "400"}).output
+    for choice in (*get_args(Algorithm), *get_args(RolloutEngine), "ppo", "auto", "throughput", "memory"):
+        assert choice in solve_help
+
+
+@pytest.mark.parametrize("flag", ["--algo", "--objective"])
+def test_a_value_outside_the_choices_is_bad_input_naming_the_option(flag):
+    result = invoke(*SOLVE_7B, flag, "bogus")
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Fix:" in result.output
