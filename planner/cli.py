@@ -667,6 +667,28 @@ def presets(
 
 @app.command()
 @guarded
+def schema(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
+) -> None:
+    """Print the JSON Schema (draft 2020-12) of plan.toml, for TOML editors and scripts.
+
+    Written plans start with `#:schema ./plan.schema.json`: write the schema there and taplo / Even Better TOML
+    validate and complete the plan's keys.
+
+    Example: rlplan schema -o plan.schema.json
+    """
+    from rlplan.planner.plan_schema import plan_json_schema
+
+    text = json.dumps(plan_json_schema(), indent=2) + "\n"
+    if output is None:
+        print(text, end="")
+    else:
+        write_text(output, text, "--output")
+        _console(stderr=True).print(f"wrote {output}", markup=False)
+
+
+@app.command()
+@guarded
 def report(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run's output directory (metrics.jsonl, plan.toml).")],
     output: Annotated[str, typer.Option("-o", "--output", help="Chart to write: .html, .png or .svg.")] = "report.html",
