@@ -793,6 +793,8 @@ def import_verl(
         "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
     expected_response_len: Annotated[int | None, typer.Option(
         "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, warnings, and "
+                                              "the plan's TOML when there is no -o.")] = False,
 ) -> None:
     """Import a verl launch script (python3 -m verl.trainer.main_ppo ...) into a plan.
 
@@ -801,7 +803,8 @@ def import_verl(
     from rlplan.planner.interop_commands import import_command
 
     raise typer.Exit(import_command(script, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
-                                    output=output, expected_lengths=(expected_prompt_len, expected_response_len)))
+                                    output=output, expected_lengths=(expected_prompt_len, expected_response_len),
+                                    as_json=json_output))
 
 
 @app.command()
@@ -811,6 +814,8 @@ def render(
     target: Annotated[str, typer.Option(help="verl | slurm | ray-job.")] = "verl",
     fmt: Annotated[str, typer.Option("--format", help="script | overrides (verl only).")] = "script",
     output: Annotated[str | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, target, format, "
+                                              "and the text when there is no -o.")] = False,
 ) -> None:
     """Render a plan as a verl launch script, Hydra overrides, a SLURM script or a Ray job.
 
@@ -818,7 +823,7 @@ def render(
     """
     from rlplan.planner.interop_commands import render_command
 
-    raise typer.Exit(render_command(plan_path, target=target, fmt=fmt, output=output))
+    raise typer.Exit(render_command(plan_path, target=target, fmt=fmt, output=output, as_json=json_output))
 
 
 def version_callback(value: bool) -> None:
