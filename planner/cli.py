@@ -14,22 +14,37 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, get_args
 
 import typer
 
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
+from rlplan.planner.plan import Algorithm, RolloutEngine
+from rlplan.planner.solver import Objective
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
+# Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
+# `ppo` is the user's name for the gae estimator with a critic; `auto` lets the solver price both engines.
+ALGO_CHOICES = ("ppo", *get_args(Algorithm))
+ROLLOUT_CHOICES = (*get_args(RolloutEngine), "auto")
+OBJECTIVE_CHOICES = get_args(Objective)
+
+
+def choices_metavar(choices: tuple[str, ...]) -> str:
+    return "[" + "|".join(choices) + "]"
+
+
+HELP_OPTION_NAMES = {"help_option_names": ["-h", "--help"]}
+
 app = typer.Typer(
     name="rlplan",
-    help="Solve, validate, explain and run RL fine-tuning launch plans (PPO/GRPO, FSDP2 + vLLM).",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings=HELP_OPTION_NAMES,
 )
-import_app = typer.Typer(help="Import a launch script of another framework into a plan.", no_args_is_help=True)
+import_app = typer.Typer(help="Import a launch script of another framework into a plan.", no_args_is_help=True,
+                         context_settings=HELP_OPTION_NAMES)
 app.add_typer(import_app, name="import")
 
 
@@ -311,7 +326,8 @@ def solve(
     nodes: Annotated[int | None, typer.Option(help="Number of nodes (default: gpus / gpus-per-node).")] = None,
     gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: min(gpus, 8)).")] = None,
     host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
-    algo: Annotated[str, typer.Option(help="grpo | ppo (gae + critic) | rloo | reinforce_plus_plus.")] = "grpo",
+    algo: Annotated[str, typer.Option(metavar=choices_metavar(ALGO_CHOICES),
+                                      help="Algorithm; ppo is gae + critic.")] = "grpo",
     prompt_len: Annotated[int | None, typer.Option("--prompt-len", help="Max prompt tokens.")] = None,
     response_len: Annotated[int | None, typer.Option("--response-len", help="Max response tokens.")] = None,
     max_response_len: Annotated[int | None, typer.Option("--max-response-len",
@@ -320,9 +336,11 @@ def solve(
     n: Annotated[int | None, typer.Option("--n", help="Responses per prompt (rollout.n).")] = None,
     ppo_mini_batch_size: Annotated[int | None, typer.Option("--ppo-mini-batch-size", help="Prompts per optimizer step.")] = None,
     lora: Annotated[str, typer.Option(help="off | auto | RANK.")] = "auto",
-    objective: Annotated[str, typer.Option(help="throughput | memory.")] = "throughput",
+    objective: Annotated[str, typer.Option(metavar=choices_metavar(OBJECTIVE_CHOICES),
+                                           help="What the solver optimizes.")] = "throughput",
     rollout: Annotated[str | None, typer.Option(
-        "--rollout", help="Rollout engine: vllm | sglang | auto (the better of both; default: the --from plan's "
+        "--rollout", metavar=choices_metavar(ROLLOUT_CHOICES), help="Rollout engine (auto: the better of both; "
+                          "default: the --from plan's "
                           "engine, else vllm).")] = None,
     fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a knob, e.g. actor.param_offload=true (repeatable).")] = None,
     profile: Annotated[str | None, typer.Option(help="Calibration profile TOML (`rlplan calibrate`).")] = None,
@@ -340,7 +358,10 @@ def solve(
     expected_response_len: Annotated[int | None, typer.Option(
         "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
 ) -> None:
-    """Solve every knob for a model, a cluster and a workload; write plan.toml."""
+    """Solve every knob for a model, a cluster and a workload; write plan.toml.
+
+    Example: rlplan solve --model qwen2.5-7b --gpus 8 --gpu h100-80g --prompt-len 1024 --response-len 2048 -o plan.toml
+    """
     from rlplan.planner.hardware import Cluster
     from rlplan.planner.plan import ModelSection
     from rlplan.planner.planfile import plan_from_toml, plan_to_toml
@@ -400,20 +421,20 @@ def solve(
                             fix=f"pass --gpus-per-node so that it divides {gpus}")
         cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node, host_memory_gib=host_mem)
     algorithm = {"ppo": "gae"}.get(algo.lower(), algo.lower())
-    if algorithm not in ("grpo", "gae", "rloo", "reinforce_plus_plus"):
+    if algorithm not in get_args(Algorithm):
         raise PlanError(field="--algo", message=f"unknown algorithm {algo!r}.",
-                        fix="pass grpo, ppo, rloo or reinforce_plus_plus")
+                        fix=f"pass one of {', '.join(ALGO_CHOICES)}")
     if lora not in ("off", "auto") and not (lora.isascii() and lora.isdigit()):
         raise PlanError(field="--lora", message=f"{lora!r} is not off, auto or a rank.", fix="pass --lora 64")
-    if rollout is not None and rollout not in ("vllm", "sglang", "auto"):
-        raise PlanError(field="--rollout", message=f"{rollout!r} is not vllm, sglang or auto.",
+    if rollout is not None and rollout not in ROLLOUT_CHOICES:
+        raise PlanError(field="--rollout", message=f"{rollout!r} is not one of {', '.join(ROLLOUT_CHOICES)}.",
                         fix="pass --rollout vllm (the bundled runtime's engine), sglang or auto")
     pins = parse_fixes(fix or [])
     if rollout is not None and "rollout.name" in pins:
         raise PlanError(field="--rollout", message="both --rollout and --fix rollout.name are given.",
                         fix="pass only --rollout")
-    if objective not in ("throughput", "memory"):
-        raise PlanError(field="--objective", message=f"{objective!r} is not throughput or memory.",
+    if objective not in OBJECTIVE_CHOICES:
+        raise PlanError(field="--objective", message=f"{objective!r} is not one of {', '.join(OBJECTIVE_CHOICES)}.",
                         fix="pass --objective throughput")
     if base is not None:
         prompt_len = base.data.max_prompt_length if prompt_len is None else prompt_len
@@ -566,7 +587,10 @@ def validate(
     expected_response_len: Annotated[int | None, typer.Option(
         "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
 ) -> None:
-    """Check a plan against verl's rules and the memory model. Exit 0 ok, 1 predicted OOM, 2 invalid."""
+    """Check a plan against verl's rules and the memory model. Exit 0 ok, 1 predicted OOM, 2 invalid.
+
+    Example: rlplan validate plan.toml --json
+    """
     from rlplan.planner.report import validation_json, validation_tables
 
     prof = load_profile(profile)
@@ -597,7 +621,10 @@ def explain(
     chart: Annotated[str | None, typer.Option("--chart", help="Also draw memory per phase and host RAM to this "
                                               ".html / .png / .svg; needs the charts extra.")] = None,
 ) -> None:
-    """Per-phase, per-component memory table, the batch layout and the step-time estimate."""
+    """Per-phase, per-component memory table, the batch layout and the step-time estimate.
+
+    Example: rlplan explain plan.toml --chart memory.html
+    """
     from rlplan.planner.report import explain_tables, validation_json
 
     if chart:
@@ -624,7 +651,10 @@ def presets(
     kind: Annotated[str, typer.Argument(help="models | gpus")],
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List the built-in model architectures or GPUs."""
+    """List the built-in model architectures or GPUs.
+
+    Example: rlplan presets gpus --json
+    """
     from rlplan.planner.report import preset_table, presets_json
 
     if kind not in ("models", "gpus"):
@@ -637,11 +667,36 @@ def presets(
 
 @app.command()
 @guarded
+def schema(
+    output: Annotated[str | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
+) -> None:
+    """Print the JSON Schema (draft 2020-12) of plan.toml, for TOML editors and scripts.
+
+    Written plans start with `#:schema ./plan.schema.json`: write the schema there and taplo / Even Better TOML
+    validate and complete the plan's keys.
+
+    Example: rlplan schema -o plan.schema.json
+    """
+    from rlplan.planner.plan_schema import plan_json_schema
+
+    text = json.dumps(plan_json_schema(), indent=2) + "\n"
+    if output is None:
+        print(text, end="")
+    else:
+        write_text(output, text, "--output")
+        _console(stderr=True).print(f"wrote {output}", markup=False)
+
+
+@app.command()
+@guarded
 def report(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run's output directory (metrics.jsonl, plan.toml).")],
     output: Annotated[str, typer.Option("-o", "--output", help="Chart to write: .html, .png or .svg.")] = "report.html",
 ) -> None:
-    """Draw a run, finished or still running: reward, KL, entropy, lengths, sync gap, phase times, memory."""
+    """Draw a run, finished or still running: reward, KL, entropy, lengths, sync gap, phase times, memory.
+
+    Example: rlplan report runs/demo -o report.html
+    """
     from rlplan.planner.chart_commands import check_chart_path, report_command
 
     check_chart_path(output, "-o")
@@ -660,7 +715,10 @@ def run(
     output_dir: Annotated[str | None, typer.Option("--output-dir", help="Overrides trainer.output_dir.")] = None,
     max_steps: Annotated[int | None, typer.Option("--max-steps", help="Stop after this many steps.")] = None,
 ) -> None:
-    """Run a plan with the bundled runtime (FSDP2 + vLLM + Ray)."""
+    """Run a plan with the bundled runtime (FSDP2 + vLLM + Ray).
+
+    Example: rlplan run plan.toml --max-steps 10
+    """
     from rlplan.runtime.commands import run_command
 
     raise typer.Exit(run_command(plan_path, resume=resume, address=address or os.environ.get("RAY_ADDRESS"),
@@ -673,7 +731,10 @@ def demo(
     output_dir: Annotated[str, typer.Option("--output-dir", help="Where the model, data and run go.")] = "runs/demo",
     steps: Annotated[int, typer.Option(help="RL steps to run.")] = 12,
 ) -> None:
-    """CPU demo: build the bundled tiny model and toy task, solve a plan for this machine, run it."""
+    """CPU demo: build the bundled tiny model and toy task, solve a plan for this machine, run it.
+
+    Example: rlplan demo --steps 12
+    """
     from rlplan.runtime.commands import demo_command
 
     raise typer.Exit(demo_command(output_dir, steps))
@@ -686,7 +747,10 @@ def measure(
     phase: Annotated[str, typer.Option(help="update | logprob.")] = "update",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Emulate the plan's training step on the CPU (FSDP2 + fake tensors) and compare with the prediction."""
+    """Emulate the plan's training step on the CPU (FSDP2 + fake tensors) and compare with the prediction.
+
+    Example: rlplan measure plan.toml --phase update
+    """
     from rlplan.runtime.measure import measure_command
 
     if phase not in ("update", "logprob"):
@@ -701,7 +765,10 @@ def calibrate(
     from_run: Annotated[str | None, typer.Option("--from-run", help="A finished run's metrics.jsonl.")] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="Profile TOML to write.")] = "profile.toml",
 ) -> None:
-    """Fit a calibration profile on a GPU, or from a finished run's plan-vs-actual records."""
+    """Fit a calibration profile on a GPU, or from a finished run's plan-vs-actual records.
+
+    Example: rlplan calibrate --from-run runs/demo/metrics.jsonl -o profile.toml
+    """
     from rlplan.runtime.calibrate import calibrate_command
 
     if plan_path is None and from_run is None:
@@ -726,12 +793,18 @@ def import_verl(
         "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
     expected_response_len: Annotated[int | None, typer.Option(
         "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, warnings, and "
+                                              "the plan's TOML when there is no -o.")] = False,
 ) -> None:
-    """Import a verl launch script (python3 -m verl.trainer.main_ppo ...) into a plan."""
+    """Import a verl launch script (python3 -m verl.trainer.main_ppo ...) into a plan.
+
+    Example: rlplan import verl run_qwen2_7b.sh --gpu h100-80g -o plan.toml
+    """
     from rlplan.planner.interop_commands import import_command
 
     raise typer.Exit(import_command(script, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
-                                    output=output, expected_lengths=(expected_prompt_len, expected_response_len)))
+                                    output=output, expected_lengths=(expected_prompt_len, expected_response_len),
+                                    as_json=json_output))
 
 
 @app.command()
@@ -741,11 +814,38 @@ def render(
     target: Annotated[str, typer.Option(help="verl | slurm | ray-job.")] = "verl",
     fmt: Annotated[str, typer.Option("--format", help="script | overrides (verl only).")] = "script",
     output: Annotated[str | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, target, format, "
+                                              "and the text when there is no -o.")] = False,
 ) -> None:
-    """Render a plan as a verl launch script, Hydra overrides, a SLURM script or a Ray job."""
+    """Render a plan as a verl launch script, Hydra overrides, a SLURM script or a Ray job.
+
+    Example: rlplan render plan.toml --target verl -o run.sh
+    """
     from rlplan.planner.interop_commands import render_command
 
-    raise typer.Exit(render_command(plan_path, target=target, fmt=fmt, output=output))
+    raise typer.Exit(render_command(plan_path, target=target, fmt=fmt, output=output, as_json=json_output))
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"rlplan {version('rlplan')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("rlplan (not installed: no version metadata)")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def root(
+    show_version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
+                                               help="Print the installed version and exit.")] = False,
+) -> None:
+    """Solve, validate, explain and run RL fine-tuning launch plans (PPO/GRPO, FSDP2 + vLLM).
+
+    Example: rlplan solve --model qwen2.5-7b --gpus 8 --gpu h100-80g -o plan.toml
+    """
 
 
 def main() -> None:

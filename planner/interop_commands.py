@@ -23,11 +23,18 @@ def _stderr():
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _print_error(error: PlanError) -> int:
-    from rlplan.planner.cli import print_error
+def _print_error(error: PlanError, as_json: bool = False) -> int:
+    from rlplan.planner.cli import print_error, print_error_json
 
-    print_error(error)
+    if as_json:
+        print_error_json(error)
+    else:
+        print_error(error)
     return EXIT_BAD_INPUT
+
+
+def _print_json(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload, indent=2))
 
 
 def parse_env_pins(items: list[str]) -> dict[str, str]:
@@ -73,7 +80,9 @@ def _gpu(gpu: str | None, gpu_mem: str | None):
 
 
 def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_mem: float, env: list[str],
-                   output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None)) -> int:
+                   output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None),
+                   as_json: bool = False) -> int:
+    """With as_json: one object on stdout, {"output", "warnings", "plan_toml"} (the plan's text when no -o)."""
     from rich.markup import escape
 
     from rlplan.planner.cli import read_text, refuse_overwriting_input, with_expected_lengths, write_text
@@ -90,10 +99,13 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
         text = plan_to_toml(with_expected_lengths(result.plan, *expected_lengths))
         if output:
             write_text(output, text, "--output")
-        else:
+        elif not as_json:
             sys.stdout.write(text)
     except PlanError as error:
-        return _print_error(error)
+        return _print_error(error, as_json)
+    if as_json:
+        _print_json({"output": output, "warnings": list(result.warnings), "plan_toml": None if output else text})
+        return EXIT_OK
     console = _stderr()
     for warning in result.warnings:
         console.print(f"[yellow]warning[/] {escape(warning)}")
@@ -102,7 +114,8 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
     return EXIT_OK
 
 
-def render_command(plan_path: str, *, target: str, fmt: str, output: str | None) -> int:
+def render_command(plan_path: str, *, target: str, fmt: str, output: str | None, as_json: bool = False) -> int:
+    """With as_json: one object on stdout, {"output", "target", "format", "text"} (the text when no -o)."""
     from rlplan.planner.cli import load_plan, refuse_overwriting_input, write_text
     from rlplan.planner.render import render_plan
 
@@ -115,11 +128,13 @@ def render_command(plan_path: str, *, target: str, fmt: str, output: str | None)
             if fmt == "script":
                 mode = os.stat(output).st_mode
                 os.chmod(output, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        else:
+        elif not as_json:
             sys.stdout.write(text)
     except PlanError as error:
-        return _print_error(error)
+        return _print_error(error, as_json)
     except OSError as exc:
         return _print_error(PlanError(field="--output", message=f"cannot make {output!r} executable: {exc}.",
-                                      fix="choose a writable path"))
+                                      fix="choose a writable path"), as_json)
+    if as_json:
+        _print_json({"output": output, "target": target, "format": fmt, "text": None if output else text})
     return EXIT_OK

@@ -21,6 +21,7 @@ import tomli_w
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import Plan
+from rlplan.planner.plan_schema import SCHEMA_FILE_NAME
 
 
 def _strict_bool(value: Any, _type: type) -> bool:
@@ -88,7 +89,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def plan_to_toml(plan: Plan) -> str:
+    # taplo / Even Better TOML read the first-line `#:schema` directive, relative to this file.
     header = (
+        f"#:schema ./{SCHEMA_FILE_NAME}\n"
+        f"# (write it beside this plan with `rlplan schema -o {SCHEMA_FILE_NAME}` for key completion and checks)\n"
         "# rlplan plan: a declarative RL fine-tuning launch plan.\n"
         "# Check it: `rlplan validate plan.toml`; see where memory goes: `rlplan explain plan.toml`.\n"
     )

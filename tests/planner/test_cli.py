@@ -425,3 +425,71 @@ def test_solve_with_rollout_sglang_writes_an_sglang_plan_that_validates(tmp_path
     assert result.exit_code == 0, result.output
     assert plan_from_toml(path.read_text()).rollout.name == "sglang"
     assert invoke("validate", str(path)).exit_code == 0
+
+
+@pytest.mark.parametrize("command", [[], ["solve"], ["validate"], ["render"], ["import", "verl"]])
+def test_dash_h_prints_the_same_help_as_long_help_with_an_example(command):
+    short, long = invoke(*command, "-h"), invoke(*command, "--help")
+    assert short.exit_code == 0 and short.output == long.output
+    assert "Example:" in short.output
+
+
+def test_version_prints_the_installed_package_version():
+    from importlib.metadata import version
+
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.output.strip() == f"rlplan {version('rlplan')}"
+
+
+def test_help_lists_shell_completion_and_the_choices_of_fixed_set_options():
+    from typing import get_args
+
+    from rlplan.planner.plan import Algorithm, RolloutEngine
+
+    assert "--install-completion" in invoke("--help").output
+    solve_help = runner.invoke(app, ["solve", "--help"], env={"COLUMNS": "400"}).output
+    for choice in (*get_args(Algorithm), *get_args(RolloutEngine), "ppo", "auto", "throughput", "memory"):
+        assert choice in solve_help
+
+
+@pytest.mark.parametrize("flag", ["--algo", "--objective"])
+def test_a_value_outside_the_choices_is_bad_input_naming_the_option(flag):
+    result = invoke(*SOLVE_7B, flag, "bogus")
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Fix:" in result.output
+
+
+def test_import_verl_json_reports_the_written_path_and_warnings(tmp_path):
+    script = tmp_path / "overrides.txt"
+    script.write_text("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nfoo.bar=1\n")
+    out = tmp_path / "plan.toml"
+    result = runner.invoke(app, ["import", "verl", str(script), "--gpu", "h100", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["output"] == str(out) and payload["plan_toml"] is None
+    assert any("foo.bar" in warning for warning in payload["warnings"])
+    printed = json.loads(runner.invoke(app, ["import", "verl", str(script), "--gpu", "h100", "--json"]).stdout)
+    assert plan_from_toml(printed["plan_toml"]) == plan_from_toml(out.read_text())
+
+
+def test_render_json_reports_the_text_or_the_written_path(solved_plan, tmp_path):
+    printed = runner.invoke(app, ["render", str(solved_plan), "--format", "overrides", "--json"])
+    assert printed.exit_code == 0, printed.output
+    payload = json.loads(printed.stdout)
+    assert (payload["target"], payload["format"], payload["output"]) == ("verl", "overrides", None)
+    assert payload["text"] == runner.invoke(app, ["render", str(solved_plan), "--format", "overrides"]).stdout
+    out = tmp_path / "run.sh"
+    written = json.loads(runner.invoke(app, ["render", str(solved_plan), "-o", str(out), "--json"]).stdout)
+    assert written == {"output": str(out), "target": "verl", "format": "script", "text": None}
+    assert out.read_text().startswith("#!")
+
+
+@pytest.mark.parametrize("args", [["import", "verl", "/nonexistent/run.sh", "--gpu", "h100"],
+                                  ["import", "verl", "/nonexistent/run.sh"],
+                                  ["render", "/nonexistent/plan.toml"]])
+def test_import_and_render_json_errors_are_one_json_object_on_stdout_with_exit_2(args):
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert set(error) == {"field", "message", "fix"} and error["fix"]
