@@ -467,6 +467,21 @@ def render(rows: list[dict], quick: bool) -> str:
     return "\n".join(out)
 
 
+# Sections from this heading on are written from the ground-truth tests (3b, 3c, ...), not generated here:
+# a regeneration keeps them as they are.
+HAND_WRITTEN_FROM = "\n## 3b."
+
+
+def hand_written_sections(existing: Path) -> str:
+    """The hand-written tail of the current file, from HAND_WRITTEN_FROM on ("" when there is none)."""
+    try:
+        text = existing.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    start = text.find(HAND_WRITTEN_FROM)
+    return "" if start < 0 else text[start:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="measure the small models only")
@@ -475,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON-lines file of measurements to reuse and extend (re-check a formula change fast)")
     args = parser.parse_args(argv)
     rows = measured_rows(args.quick, args.cache)
-    text = render(rows, args.quick)
+    text = render(rows, args.quick) + hand_written_sections(Path(args.output))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(text, encoding="utf-8")
     print(f"wrote {args.output}")
