@@ -4,6 +4,9 @@ built from them, and the features rlplan refuses rather than mis-cost."""
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -187,3 +190,34 @@ def test_every_new_preset_solves(repo):
                                       "--response-len", "2048", "--json"])
     assert "Traceback" not in result.output
     assert result.exit_code == 0, result.output[-2000:]
+
+
+# --- the planner-only install and --model DIR ----------------------------------------------
+
+
+def test_without_transformers_auto_reads_with_the_light_reader(monkeypatch):
+    import rlplan.planner.arch as arch_module
+
+    monkeypatch.setattr(arch_module, "_transformers_config_classes", lambda: None)
+    for repo in PUBLISHED_CONFIGS:
+        assert _read(repo, "auto") == resolve_model(repo).arch
+
+
+def test_a_planner_only_interpreter_reads_gemma_3_without_transformers(tmp_path):
+    # transformers made unimportable, as on `pip install -e .`: the light reader supplies the class defaults.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(PUBLISHED_CONFIGS["google/gemma-3-4b-it"]))
+    code = ("import sys; sys.modules['transformers'] = None; "
+            "from rlplan.planner.cli import resolve_model_arg; "
+            f"print(resolve_model_arg({str(tmp_path)!r}).arch.vocab_size)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "262208"
+
+
+def test_solve_reads_a_local_config_json_directory(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED_CONFIGS["Qwen/Qwen2.5-VL-7B-Instruct"]))
+    plan = tmp_path / "plan.toml"
+    result = CliRunner().invoke(app, ["solve", "--model", str(tmp_path), "--gpus", "8", "--gpu", "h100-80g",
+                                      "--prompt-len", "1024", "--response-len", "2048", "-o", str(plan)])
+    assert result.exit_code == 0, result.output
+    assert f"vision_params = {MODEL_PRESETS['qwen2.5-vl-7b'].arch.vision_params}" in plan.read_text()
