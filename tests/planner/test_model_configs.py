@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from rlplan.planner.arch import _LIGHT_DEFAULTS, architecture_from_hf_config
@@ -221,3 +223,34 @@ def test_solve_reads_a_local_config_json_directory(tmp_path):
                                       "--prompt-len", "1024", "--response-len", "2048", "-o", str(plan)])
     assert result.exit_code == 0, result.output
     assert f"vision_params = {MODEL_PRESETS['qwen2.5-vl-7b'].arch.vision_params}" in plan.read_text()
+
+
+_MODEL_TYPES_WITH_EXPERT_KEYS = {
+    "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "glm4_moe": {"n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 64, "first_k_dense_replace": 1},
+    "llama4_text": {"num_local_experts": 4, "num_experts_per_tok": 1, "intermediate_size_mlp": 256},
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    model_type=st.sampled_from(["qwen2", "qwen3", "llama", "mistral", "phi3", "gemma3_text", "qwen3_moe", "mixtral",
+                                "glm4_moe", "llama4_text"]),
+    heads=st.sampled_from([4, 8, 16]),
+    kv_divisor=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([32, 64, 128]),
+    layers=st.integers(1, 12),
+    width=st.integers(1, 64).map(lambda units: units * 64),
+    vocab=st.integers(100, 5000),
+    tied=st.booleans(),
+)
+def test_readers_agree_on_every_complete_config(model_type, heads, kv_divisor, head_dim, layers, width, vocab, tied):
+    config = {"model_type": model_type, "hidden_size": heads * head_dim, "num_hidden_layers": layers,
+              "num_attention_heads": heads, "num_key_value_heads": heads // kv_divisor, "head_dim": head_dim,
+              "intermediate_size": width, "vocab_size": vocab, "tie_word_embeddings": tied,
+              "max_position_embeddings": 4096, **_MODEL_TYPES_WITH_EXPERT_KEYS.get(model_type, {})}
+    pytest.importorskip("transformers", reason="compares with transformers' config classes")
+    assert architecture_from_hf_config(dict(config), read_with="transformers") == architecture_from_hf_config(
+        dict(config), read_with="light")
