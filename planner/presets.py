@@ -98,8 +98,20 @@ def _model_preset(name: str, table: dict[str, Any]) -> ModelPreset:
 
 
 @functools.cache
+def _model_tables() -> dict[str, dict[str, Any]]:
+    return _read_package_toml("models.toml")
+
+
+@functools.cache
 def _model_presets() -> dict[str, ModelPreset]:
-    return {name: _model_preset(name, table) for name, table in _read_package_toml("models.toml").items()}
+    return {name: _model_preset(name, table) for name, table in _model_tables().items() if "unsupported" not in table}
+
+
+@functools.cache
+def unsupported_models() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Releases rlplan recognises and refuses: lower-case name -> (the reason, their repo ids)."""
+    return {name: (table["unsupported"], tuple(table["repo_ids"]))
+            for name, table in _model_tables().items() if "unsupported" in table}
 
 
 def model_presets() -> dict[str, ModelPreset]:
@@ -144,6 +156,11 @@ def _repo_index() -> dict[str, tuple[str, str]]:
     return {**unique_bare, **full}
 
 
+# A suffix naming a context length ("-1M", "-128k") marks a release whose config.json differs
+# from its base's in max_position_embeddings: never a variant of the shorter preset.
+_CONTEXT_SUFFIX = re.compile(r"-\d+(\.\d+)?[km](-|$)")
+
+
 def _listed_repo_for(key: str) -> tuple[str, str] | None:
     """The listed repo `key` names, exactly or as a suffixed variant ("...-Instruct-AWQ")."""
     index = _repo_index()
@@ -152,7 +169,23 @@ def _listed_repo_for(key: str) -> tuple[str, str] | None:
     # The longest listed name that `key` extends at a "-" boundary: "qwen2.5-7b-instruct-awq"
     # extends both "qwen2.5-7b" and "qwen2.5-7b-instruct", and the longer one is the variant's base.
     prefixes = [listed for listed in index if key.startswith(listed + "-")]
-    return index[max(prefixes, key=len)] if prefixes else None
+    if not prefixes:
+        return None
+    base = max(prefixes, key=len)
+    return None if _CONTEXT_SUFFIX.search(key[len(base):]) else index[base]
+
+
+def _refused_model(key: str) -> PlanError | None:
+    """The refusal for a release rlplan recognises but does not model, named by preset or repo id."""
+    for name, (reason, repo_ids) in unsupported_models().items():
+        names = {name, *(repo.lower() for repo in repo_ids), *(repo.rpartition("/")[2].lower() for repo in repo_ids)}
+        if key in names or any(key.startswith(listed + "-") for listed in names):
+            return PlanError(
+                field="model",
+                message=f"{name} ({repo_ids[0]}) is not supported: {reason}.",
+                fix="plan a supported model (`rlplan presets models`); rlplan refuses rather than mis-cost the memory",
+            )
+    return None
 
 
 def _local_model_name(spec: str) -> str:
@@ -171,7 +204,9 @@ def _unknown_model(spec: str) -> PlanError:
         message=f"{spec!r} is neither a built-in preset nor a Hugging Face repo id a preset lists.{hint}",
         fix=(
             "pick a preset from `rlplan presets models`, or point --model at a local model directory "
-            "(or its config.json) so its architecture is read from config.json"
+            "(or its config.json) so its architecture is read from config.json; for a hub model (e.g. an RL "
+            "fine-tune of a listed base), fetch just its config: `huggingface-cli download ORG/NAME config.json "
+            "--local-dir DIR`, then pass --model DIR"
         ),
     )
 
@@ -189,6 +224,9 @@ def resolve_model(spec: str, local_config: dict[str, Any] | None = None) -> Reso
             arch=architecture_from_hf_config(local_config, source=spec),
         )
     key = spec.strip().lower()
+    refused = _refused_model(key)
+    if refused is not None:
+        raise refused
     presets = _model_presets()
     if key in presets:
         preset = presets[key]

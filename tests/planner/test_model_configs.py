@@ -1,0 +1,256 @@
+"""Reading published config.json files of current families (planner/arch.py's reader), the presets
+built from them, and the features rlplan refuses rather than mis-cost."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from rlplan.planner.arch import _LIGHT_DEFAULTS, architecture_from_hf_config
+from rlplan.planner.cli import app
+from rlplan.planner.errors import PlanError
+from rlplan.planner.presets import model_presets, resolve_model, unsupported_models
+from tests.planner.published_configs import PUBLISHED_CONFIGS, QWEN3_NEXT_80B_A3B
+
+MODEL_PRESETS = model_presets()
+# Repos whose model_type transformers has no config class for: read by the light reader either way.
+NOT_IN_TRANSFORMERS = {"moonshotai/Kimi-K2-Instruct"}
+VISION_LANGUAGE = [repo for repo, config in PUBLISHED_CONFIGS.items() if "vision_config" in config]
+
+
+def _read(repo: str, read_with: str):
+    return architecture_from_hf_config(copy.deepcopy(PUBLISHED_CONFIGS[repo]), source=repo, read_with=read_with)
+
+
+@pytest.mark.parametrize("repo", [repo for repo in PUBLISHED_CONFIGS if repo not in NOT_IN_TRANSFORMERS])
+def test_transformers_and_light_readers_give_the_same_architecture(repo):
+    pytest.importorskip("transformers", reason="the AutoConfig path needs transformers")
+    assert _read(repo, "transformers") == _read(repo, "light")
+
+
+@pytest.mark.parametrize("repo", list(PUBLISHED_CONFIGS))
+def test_the_preset_listing_a_repo_is_what_its_published_config_reads_as(repo):
+    assert resolve_model(repo).arch == _read(repo, "auto") == _read(repo, "light")
+
+
+def test_every_new_family_has_a_published_config_fixture():
+    families = {MODEL_PRESETS[resolve_model(repo).name].arch.family for repo in PUBLISHED_CONFIGS}
+    assert {"gemma3", "llama4", "mixtral", "phi3", "glm4_moe", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe",
+            "mistral"} <= families
+
+
+def test_kimi_k2_model_type_reads_as_deepseek_v3_with_or_without_transformers():
+    assert _read("moonshotai/Kimi-K2-Instruct", "auto").family == "deepseek_v3"
+
+
+@pytest.mark.parametrize(("model_type", "defaults"), list(_LIGHT_DEFAULTS.items()))
+def test_light_defaults_are_the_transformers_class_defaults(model_type, defaults):
+    transformers = pytest.importorskip("transformers", reason="the light table mirrors transformers' classes")
+    composite = {"siglip_vision_model": ("gemma3", "vision_config"),
+                 "llama4_vision_model": ("llama4", "vision_config"),
+                 "qwen2_5_vl_vision": ("qwen2_5_vl", "vision_config"),
+                 "qwen3_vl_vision": ("qwen3_vl", "vision_config"),
+                 "qwen3_vl_moe_vision": ("qwen3_vl_moe", "vision_config")}
+    if model_type in composite:
+        parent, part = composite[model_type]
+        config = getattr(transformers.CONFIG_MAPPING[parent](), part)
+    else:
+        config = transformers.CONFIG_MAPPING[model_type]()
+    read = {key: list(value) if isinstance(value, tuple) else value
+            for key, value in ((key, getattr(config, key)) for key in defaults)}
+    assert read == defaults
+
+
+@pytest.mark.parametrize("repo", VISION_LANGUAGE)
+def test_vision_tower_formula_matches_transformers(repo):
+    torch = pytest.importorskip("torch", reason="counting the real modules needs torch")
+    transformers = pytest.importorskip("transformers", reason="counting the real modules needs transformers")
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(PUBLISHED_CONFIGS[repo]))
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    tower = ("visual.", "vision_tower.", "vision_model.", "multi_modal_projector.")
+    counted = sum(p.numel() for name, p in model.named_parameters() if any(part in name for part in tower))
+    assert _read(repo, "light").vision_params == counted
+
+
+def test_vision_language_presets_price_the_tower_outside_the_text_path():
+    arch = MODEL_PRESETS["qwen2.5-vl-7b"].arch
+    text_only = MODEL_PRESETS["qwen2.5-7b"].arch
+    assert arch.vision_params > 0.6e9
+    assert arch.total_params == text_only.total_params + arch.vision_params
+    assert arch.active_params == text_only.active_params
+    assert arch.kv_cache_bytes_per_token() == text_only.kv_cache_bytes_per_token()
+
+
+# --- refusals -----------------------------------------------------------------------
+
+
+def test_qwen3_next_config_is_refused_naming_its_linear_attention_layers():
+    with pytest.raises(PlanError) as raised:
+        architecture_from_hf_config(copy.deepcopy(QWEN3_NEXT_80B_A3B), source="Qwen3-Next/config.json")
+    assert raised.value.field == "model"
+    assert "linear-attention" in raised.value.message and "36 of 48 layers" in raised.value.message
+
+
+@pytest.mark.parametrize("spec", ["qwen3-next-80b-a3b", "Qwen/Qwen3-Next-80B-A3B-Instruct",
+                                  "Qwen/Qwen3-Next-80B-A3B-Thinking-FP8"])
+def test_qwen3_next_by_name_or_repo_is_refused_with_the_reason(spec):
+    with pytest.raises(PlanError) as raised:
+        resolve_model(spec)
+    assert "linear-attention" in raised.value.message and "not supported" in raised.value.message
+
+
+def test_every_unsupported_release_states_a_reason_and_solve_exits_2_naming_it():
+    assert unsupported_models()
+    for name, (reason, _) in unsupported_models().items():
+        assert reason
+        result = CliRunner().invoke(app, ["solve", "--model", name, "--gpus", "8", "--gpu", "h100-80g",
+                                          "--prompt-len", "1024", "--response-len", "1024"])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert reason.split(" (")[0][:20] in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("extra", "feature"), [
+    ({"layer_types": ["full_attention", "mamba"]}, "linear-attention / state-space layers"),
+    ({"ssm_state_size": 128}, "ssm_state_size"),
+    ({"audio_config": {"hidden_size": 1280}}, "audio_config"),
+    ({"is_encoder_decoder": True}, "encoder-decoder"),
+])
+def test_unmodelled_features_are_refused_by_name(extra, feature):
+    config = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
+              "vocab_size": 1000, **extra}
+    for read_with in ("auto", "light"):
+        with pytest.raises(PlanError) as raised:
+            architecture_from_hf_config(config, read_with=read_with)
+        assert feature in raised.value.message
+
+
+def test_a_vision_tower_rlplan_cannot_size_is_refused_by_name():
+    config = {"model_type": "mistral3", "text_config": {"model_type": "mistral", "hidden_size": 5120,
+                                                        "num_hidden_layers": 40, "num_attention_heads": 32,
+                                                        "vocab_size": 131072},
+              "vision_config": {"model_type": "pixtral", "hidden_size": 1024}}
+    with pytest.raises(PlanError) as raised:
+        architecture_from_hf_config(config, read_with="light")
+    assert "vision tower (mistral3)" in raised.value.message
+
+
+def test_sliding_window_layer_types_are_read_not_refused():
+    arch = resolve_model("gemma-3-27b").arch
+    assert arch.family == "gemma3" and arch.qk_norm and arch.norms_per_layer == 4
+
+
+# --- context lengths and known bases ------------------------------------------------------
+
+
+@pytest.mark.parametrize("repo", ["Qwen/Qwen2.5-7B-Instruct-1M", "Qwen/Qwen2.5-14B-Instruct-1M"])
+def test_a_1m_context_release_keeps_its_context(repo):
+    assert resolve_model(repo).arch.max_position_embeddings == 1010000
+
+
+@pytest.mark.parametrize("spec", ["Qwen/Qwen2.5-32B-Instruct-1M", "Qwen/Qwen2.5-7B-Instruct-128k"])
+def test_an_unlisted_context_length_suffix_is_not_taken_for_the_short_preset(spec):
+    with pytest.raises(PlanError) as raised:
+        resolve_model(spec)
+    assert "config.json" in raised.value.fix
+
+
+def test_an_rl_fine_tune_resolves_to_its_known_base():
+    resolved = resolve_model("agentica-org/DeepScaleR-1.5B-Preview")
+    assert resolved.name == "deepseek-r1-distill-qwen-1.5b"
+    assert resolved.path == "agentica-org/DeepScaleR-1.5B-Preview"
+
+
+def test_an_unknown_repo_is_told_how_to_pass_its_config_json():
+    with pytest.raises(PlanError) as raised:
+        resolve_model("someone/SomeRL-7B")
+    assert "huggingface-cli download" in raised.value.fix and "--model DIR" in raised.value.fix
+
+
+# --- every new preset solves --------------------------------------------------------------
+
+
+def _cluster_for(params: float) -> list[str]:
+    """A cluster such a model is trained on: rollout weights at TP 8-16 must fit one GPU's memory."""
+    gpus, gpu, host = ((8, "h100-80g", 2048) if params < 50e9 else (32, "h100-80g", 2048) if params < 200e9
+                       else (128, "h200-141g", 2048) if params < 600e9 else (256, "h200-141g", 4096))
+    return ["--gpus", str(gpus), "--gpus-per-node", "8", "--gpu", gpu, "--host-mem", str(host)]
+
+
+@pytest.mark.parametrize("repo", list(PUBLISHED_CONFIGS))
+def test_every_new_preset_solves(repo):
+    name = resolve_model(repo).name
+    cluster = _cluster_for(MODEL_PRESETS[name].arch.total_params)
+    result = CliRunner().invoke(app, ["solve", "--model", name, *cluster, "--prompt-len", "1024",
+                                      "--response-len", "2048", "--json"])
+    assert "Traceback" not in result.output
+    assert result.exit_code == 0, result.output[-2000:]
+
+
+# --- the planner-only install and --model DIR ----------------------------------------------
+
+
+def test_without_transformers_auto_reads_with_the_light_reader(monkeypatch):
+    import rlplan.planner.arch as arch_module
+
+    monkeypatch.setattr(arch_module, "_transformers_config_classes", lambda: None)
+    for repo in PUBLISHED_CONFIGS:
+        assert _read(repo, "auto") == resolve_model(repo).arch
+
+
+def test_a_planner_only_interpreter_reads_gemma_3_without_transformers(tmp_path):
+    # transformers made unimportable, as on `pip install -e .`: the light reader supplies the class defaults.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(PUBLISHED_CONFIGS["google/gemma-3-4b-it"]))
+    code = ("import sys; sys.modules['transformers'] = None; "
+            "from rlplan.planner.cli import resolve_model_arg; "
+            f"print(resolve_model_arg({str(tmp_path)!r}).arch.vocab_size)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "262208"
+
+
+def test_solve_reads_a_local_config_json_directory(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED_CONFIGS["Qwen/Qwen2.5-VL-7B-Instruct"]))
+    plan = tmp_path / "plan.toml"
+    result = CliRunner().invoke(app, ["solve", "--model", str(tmp_path), "--gpus", "8", "--gpu", "h100-80g",
+                                      "--prompt-len", "1024", "--response-len", "2048", "-o", str(plan)])
+    assert result.exit_code == 0, result.output
+    assert f"vision_params = {MODEL_PRESETS['qwen2.5-vl-7b'].arch.vision_params}" in plan.read_text()
+
+
+_MODEL_TYPES_WITH_EXPERT_KEYS = {
+    "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "glm4_moe": {"n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 64, "first_k_dense_replace": 1},
+    "llama4_text": {"num_local_experts": 4, "num_experts_per_tok": 1, "intermediate_size_mlp": 256},
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    model_type=st.sampled_from(["qwen2", "qwen3", "llama", "mistral", "phi3", "gemma3_text", "qwen3_moe", "mixtral",
+                                "glm4_moe", "llama4_text"]),
+    heads=st.sampled_from([4, 8, 16]),
+    kv_divisor=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([32, 64, 128]),
+    layers=st.integers(1, 12),
+    width=st.integers(1, 64).map(lambda units: units * 64),
+    vocab=st.integers(100, 5000),
+    tied=st.booleans(),
+)
+def test_readers_agree_on_every_complete_config(model_type, heads, kv_divisor, head_dim, layers, width, vocab, tied):
+    config = {"model_type": model_type, "hidden_size": heads * head_dim, "num_hidden_layers": layers,
+              "num_attention_heads": heads, "num_key_value_heads": heads // kv_divisor, "head_dim": head_dim,
+              "intermediate_size": width, "vocab_size": vocab, "tie_word_embeddings": tied,
+              "max_position_embeddings": 4096, **_MODEL_TYPES_WITH_EXPERT_KEYS.get(model_type, {})}
+    pytest.importorskip("transformers", reason="compares with transformers' config classes")
+    assert architecture_from_hf_config(dict(config), read_with="transformers") == architecture_from_hf_config(
+        dict(config), read_with="light")
