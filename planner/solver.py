@@ -103,6 +103,20 @@ class SolveRequest:
                             ("--ppo-mini-batch-size", self.ppo_mini_batch_size)):
             if value is not None and value < 1:
                 raise PlanError(field=name, message=f"must be >= 1, got {value}.", fix=f"pass a positive {name}")
+        # A length past the model's context is never silently cut to it: the user asked for tokens the
+        # model cannot hold, and a long-context variant (e.g. a -1M model) may be what they meant.
+        context = self.model.arch.max_position_embeddings
+        for name, value in (("--response-len", self.response_len), ("--max-response-len", self.max_response_len)):
+            if value is not None and self.prompt_len + value > context:
+                room = context - self.prompt_len
+                raise PlanError(
+                    field=name,
+                    message=(f"{self.prompt_len} prompt + {value} response tokens exceed {self.model.name}'s context "
+                             f"(max_position_embeddings = {context})."),
+                    fix=(f"pass {name} {room}" if room >= 1 else "pass a shorter --prompt-len")
+                    + ", or a model with a longer context (its config.json via --model DIR, or a long-context "
+                      "variant such as --model Qwen/Qwen2.5-7B-Instruct-1M)",
+                )
         if isinstance(self.lora, int) and not 0 <= self.lora <= VLLM_LORA_RANKS[-1]:
             raise PlanError(field="--lora", message=f"rank {self.lora} is outside 0..{VLLM_LORA_RANKS[-1]}.",
                             fix="pass --lora off, auto, or a rank such as 32, 64 or 128")

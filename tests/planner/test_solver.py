@@ -149,15 +149,23 @@ def test_infeasible_request_names_the_binding_constraint_and_a_change_that_fits(
 def test_max_response_len_finds_the_longest_response_that_fits():
     request = attrs.evolve(
         request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=1024, batch=64, n=4),
-        response_len=None, max_response_len=65536 - 1024,
+        response_len=None, max_response_len=32768 - 1024,
     )
     result = solve(request)
     assert result.best is not None
     longest = result.plan.data.max_response_length
-    assert longest % 256 == 0 or longest == 65536 - 1024
-    beyond = attrs.evolve(request, response_len=longest + 256, max_response_len=None)
+    assert longest % 256 == 0 or longest == 32768 - 1024
     if longest + 256 + 1024 <= MODELS["qwen2.5-7b"].arch.max_position_embeddings:
-        assert solve(beyond).best is None
+        assert solve(attrs.evolve(request, response_len=longest + 256, max_response_len=None)).best is None
+
+
+@pytest.mark.parametrize("option", ["response_len", "max_response_len"])
+def test_a_length_past_the_context_is_refused_with_the_room_left_not_cut_silently(option):
+    base = request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=1024, batch=64, n=4)
+    with pytest.raises(PlanError) as error:
+        attrs.evolve(base, **{"response_len": None, option: 100000})
+    assert error.value.field == "--" + option.replace("_", "-")
+    assert "32768" in error.value.message and "31744" in error.value.fix and "1M" in error.value.fix
 
 
 def test_lora_auto_prefers_full_fine_tuning_when_it_fits():
