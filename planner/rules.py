@@ -10,10 +10,13 @@ change as data (`suggested`) so the solver and the tests can apply it.
 `stage` says where verl would fail: "config" (validate_config and the config
 dataclasses), "worker" (worker-constructor normalization), "runtime" (dispatch,
 dynamic batching, vLLM start-up), or "rlplan" (what verl accepts but produces a
-broken or wasteful run).  Rule references in brackets are sections of
+broken or wasteful run); "platform" rules say what rlplan's bundled runtime cannot
+run on one machine, and run only when `check_plan` is given that machine's
+`Platform`.  Rule references in brackets are sections of
 shared/reference/verl-rules.md.
 
-The CLI, validate, solve and the runtime all call `check_plan`.
+The CLI, validate, solve and the runtime (`rlplan run`, with its Platform) all call
+`check_plan`.
 """
 
 from __future__ import annotations
@@ -24,15 +27,18 @@ from typing import Any, Literal
 
 from attrs import field, frozen
 
+from rlplan.planner.errors import PlanError
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory import runtime_loss_head
 from rlplan.planner.phases import TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import Plan
+from rlplan.planner.platform import Platform
 
 Severity = Literal["error", "warning"]
-Stage = Literal["config", "worker", "runtime", "rlplan"]
+Stage = Literal["config", "worker", "runtime", "rlplan", "platform"]
 
-# vLLM's MaxLoRARanks [V10]: the adapter rank is rounded up to one of these.
+# vLLM's MaxLoRARanks [V10]: the adapter rank is rounded up to one of these (vllm.config.lora
+# LoraConfig.max_lora_rank; its import path moves between vLLM versions, so the set is kept here).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
@@ -55,11 +61,23 @@ class Violation:
             "suggested": dict(self.suggested),
         }
 
+    @property
+    def plan_key(self) -> str:
+        """The plan key this is about: the first key its fix changes, else the rule's name."""
+        return next(iter(self.suggested), self.rule)
+
+    def as_plan_error(self) -> PlanError:
+        """The one paragraph a command that refuses the plan prints (`rlplan run`)."""
+        return PlanError(field=self.plan_key, message=self.message, fix=self.fix)
+
 
 @frozen(kw_only=True)
 class RuleContext:
     plan: Plan
     layout: PlanLayout
+    # The machine the bundled runtime is about to run on; None outside `rlplan run`, and then the
+    # "platform" rules are not run.
+    platform: Platform | None = None
 
 
 Check = Callable[[RuleContext], Iterator[Violation]]
@@ -101,10 +119,13 @@ class RuleReport:
         return not self.errors
 
 
-def check_plan(plan: Plan) -> RuleReport:
-    context = RuleContext(plan=plan, layout=plan_layout(plan))
+def check_plan(plan: Plan, platform: Platform | None = None) -> RuleReport:
+    """Every registered rule over `plan`; the "platform" rules too when the runtime passes its `platform`."""
+    context = RuleContext(plan=plan, layout=plan_layout(plan), platform=platform)
     found: list[Violation] = []
     for registered in RULES:
+        if registered.stage == "platform" and platform is None:
+            continue
         for violation in registered.check(context):
             found.append(violation)
     return RuleReport(violations=tuple(found))
@@ -921,4 +942,120 @@ def _kl_in_reward_and_loss(ctx: RuleContext) -> Iterator[Violation]:
             "kl_in_reward_and_loss", "rlplan",
             "both algorithm.use_kl_in_reward and actor.use_kl_loss are on; the KL penalty applies twice.",
             "turn one of them off", severity="warning",
+        )
+
+
+# --- platform stage: what rlplan's bundled runtime can run on this machine -----
+# Run only by `rlplan run`, which passes the Platform it detected; verl plans are judged without them.
+
+
+def _platform(ctx: RuleContext) -> Platform:
+    assert ctx.platform is not None, "check_plan runs platform rules only with a Platform"
+    return ctx.platform
+
+
+@rule("runtime_rolls_out_with_vllm", "platform", "the bundled runtime's rollout engine is vLLM only")
+def _runtime_rolls_out_with_vllm(ctx: RuleContext) -> Iterator[Violation]:
+    # runtime/rollout/ drives vLLM; an SGLang plan is for verl, which starts SGLang itself.
+    if ctx.plan.rollout.name != "vllm":
+        yield _violation(
+            "runtime_rolls_out_with_vllm", "platform",
+            f"the bundled runtime runs vLLM rollouts only; this plan's rollout engine is {ctx.plan.rollout.name}.",
+            "render the plan for verl (rlplan render plan.toml --target verl), or set "
+            'rollout.name = "vllm" (re-solve with --rollout vllm) to run it here',
+            rollout__name="vllm",
+        )
+
+
+@rule("host_offload_needs_accelerator", "platform",
+      "parameter, optimizer and activation offload move tensors off an accelerator; a CPU-only machine has none")
+def _host_offload_needs_accelerator(ctx: RuleContext) -> Iterator[Violation]:
+    if _platform(ctx).supports_host_offload:
+        return
+    plan = ctx.plan
+    for key, wanted in (
+        ("actor.param_offload", plan.actor.param_offload),
+        ("actor.optimizer_offload", plan.actor.optimizer_offload),
+        ("ref.param_offload", plan.ref.param_offload and plan.uses_reference and not plan.reference_is_actor),
+        ("critic.param_offload", plan.critic.param_offload and plan.uses_critic),
+        ("critic.optimizer_offload", plan.critic.optimizer_offload and plan.uses_critic),
+        ("actor.offload_policy", plan.actor.offload_policy),
+        ("critic.offload_policy", plan.critic.offload_policy and plan.uses_critic),
+    ):
+        if wanted:
+            yield _violation(
+                "host_offload_needs_accelerator", "platform",
+                "offloading to host memory needs an accelerator (FSDP2's CPUOffloadPolicy cannot run on a "
+                "CPU-only machine, where the parameters already live in host memory).",
+                f"set {key} = false for a run on this machine", **{key.replace(".", "__"): False},
+            )
+    if plan.model.activation_offload:
+        yield _violation(
+            "host_offload_needs_accelerator", "platform",
+            "activation offload moves activations from an accelerator to the host; this machine has none.",
+            "set model.activation_offload = false for a run on this machine", model__activation_offload=False,
+        )
+
+
+@rule("free_cache_needs_sleep_mode", "platform", "freeing vLLM's cache between rollouts needs its sleep mode")
+def _free_cache_needs_sleep_mode(ctx: RuleContext) -> Iterator[Violation]:
+    if ctx.plan.rollout.free_cache_engine and not _platform(ctx).supports_sleep_mode:
+        yield _violation(
+            "free_cache_needs_sleep_mode", "platform",
+            "vLLM's CPU backend has no sleep mode, so it cannot free its cache between rollouts.",
+            "set rollout.free_cache_engine = false for a run on this machine", rollout__free_cache_engine=False,
+        )
+
+
+@rule("runtime_rollout_is_single_gpu", "platform",
+      "on GPUs the bundled runtime colocates one single-GPU vLLM engine with each trainer rank")
+def _runtime_rollout_is_single_gpu(ctx: RuleContext) -> Iterator[Violation]:
+    tp = ctx.plan.rollout.tensor_model_parallel_size
+    if tp > 1 and not _platform(ctx).supports_tensor_parallel_rollout:
+        yield _violation(
+            "runtime_rollout_is_single_gpu", "platform",
+            "the bundled runtime colocates one single-GPU vLLM engine with each trainer rank; "
+            "tensor-parallel engines are not supported by it.",
+            "set rollout.tensor_model_parallel_size = 1 (re-solve with --fix rollout.tensor_model_parallel_size=1), "
+            "or render the plan for verl",
+            rollout__tensor_model_parallel_size=1,
+        )
+
+
+@rule("plan_gpus_on_this_machine", "platform", "a one-node plan wants at most the GPUs this machine has")
+def _plan_gpus_on_this_machine(ctx: RuleContext) -> Iterator[Violation]:
+    platform, cluster = _platform(ctx), ctx.plan.cluster
+    if platform.has_accelerator and cluster.nodes == 1 and cluster.gpus_per_node > platform.accelerator_count:
+        yield _violation(
+            "plan_gpus_on_this_machine", "platform",
+            f"the plan wants {cluster.gpus_per_node} GPUs on one node, this machine has "
+            f"{platform.accelerator_count}.",
+            f"re-solve the plan for {platform.accelerator_count} GPUs, or run it on a machine that has them",
+            cluster__gpus_per_node=platform.accelerator_count,
+        )
+
+
+@rule("runtime_critic_sp_matches_actor", "platform",
+      "the bundled runtime deals every phase's samples out by one Ulysses grouping")
+def _runtime_critic_sp_matches_actor(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    actor_sp, critic_sp = plan.actor.ulysses_sequence_parallel_size, plan.critic.ulysses_sequence_parallel_size
+    if plan.uses_critic and critic_sp != actor_sp:
+        yield _violation(
+            "runtime_critic_sp_matches_actor", "platform",
+            f"the bundled runtime deals every phase's samples out by one Ulysses grouping; the actor "
+            f"uses {actor_sp}, the critic {critic_sp}.",
+            f"set critic.ulysses_sequence_parallel_size = {actor_sp}",
+            critic__ulysses_sequence_parallel_size=actor_sp,
+        )
+
+
+@rule("runtime_trains_with_fsdp2", "platform", "the bundled runtime trains with FSDP2 only")
+def _runtime_trains_with_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
+    strategy = ctx.plan.actor.strategy
+    if strategy != "fsdp2":
+        yield _violation(
+            "runtime_trains_with_fsdp2", "platform",
+            f"the bundled runtime trains with FSDP2 only, the plan says {strategy!r}.",
+            'set actor.strategy = "fsdp2"', actor__strategy="fsdp2",
         )
