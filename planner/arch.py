@@ -38,6 +38,13 @@ def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None
         )
 
 
+def heads_split_evenly(heads: int, kv_heads: int, n: int) -> bool:
+    """n ranks each take heads / n attention heads, and the KV heads either split (kv_heads % n == 0) or
+    are copied to several ranks (n % kv_heads == 0): verl's Ulysses check and vLLM's attention asserts
+    (rules R5, R8). The runtime's Ulysses attention asks it of an HF config."""
+    return heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)
+
+
 @frozen(kw_only=True)
 class Architecture:
     """A decoder-only transformer, described by its config.json numbers."""
@@ -110,6 +117,16 @@ class Architecture:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    def splits_heads(self, n: int, *, latent_kv: bool = False) -> bool:
+        """Whether n ranks can share the attention heads (Ulysses sp, or the rollout engine's TP).
+
+        `latent_kv`: the engine keeps MLA's compressed KV whole on every rank (vLLM's and SGLang's
+        MLA attention), so for an MLA model only the query heads must split.
+        """
+        if latent_kv and self.is_mla:
+            return self.num_attention_heads % n == 0
+        return heads_split_evenly(self.num_attention_heads, self.num_kv_heads, n)
 
     @property
     def num_moe_layers(self) -> int:

@@ -334,5 +334,17 @@ class Plan:
         """With LoRA the reference is the actor with its adapter disabled: no separate model."""
         return self.model.lora.enabled
 
+    @property
+    def verl_max_model_len(self) -> int:
+        """The context verl starts vLLM with: rollout.max_model_len, else the model's max_position_embeddings
+        (vllm_async_server.py, rule R7). rlplan's memory model and runtime use prompt + response instead
+        (`memory.rollout_max_model_len`), which is why render writes the value out."""
+        return self.rollout.max_model_len or self.model.arch.max_position_embeddings
+
+    @property
+    def fitting_max_model_len(self) -> int:
+        """The max_model_len a plan should ask for: its longest sequence, within what the model was trained on."""
+        return min(self.data.max_sequence_length, self.model.arch.max_position_embeddings)
+
     def evolve(self, **changes: Any) -> Plan:
         return attrs.evolve(self, **changes)

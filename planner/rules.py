@@ -277,7 +277,8 @@ def _critic_batch_consistent(ctx: RuleContext) -> Iterator[Violation]:
     if not plan.uses_critic or plan.critic.use_dynamic_bsz:
         return
     critic = plan.critic
-    mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else plan.actor.ppo_mini_batch_size
+    mini = ctx.layout.critic_ppo_mini_batch_size
+    assert mini is not None, "the layout has a critic whenever the plan uses one"
     if plan.data.train_batch_size < mini:
         yield _violation(
             "critic_batch_consistent", "config",
@@ -489,8 +490,8 @@ def _critic_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if not plan.uses_critic or ctx.layout.critic_parallel is None or ctx.layout.critic_parallel.dp <= 0:
         return
-    critic, dp = plan.critic, ctx.layout.critic_parallel.dp
-    mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else plan.actor.ppo_mini_batch_size
+    critic, dp, mini = plan.critic, ctx.layout.critic_parallel.dp, ctx.layout.critic_ppo_mini_batch_size
+    assert mini is not None, "the layout has a critic whenever the plan uses one"
     micro = normalized_micro_batch(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, dp)
     yield from _micro_rules(
         "critic_micro_batch_divides_mini", "critic", mini, mini * plan.rollout.n // dp,
@@ -537,10 +538,9 @@ def _dynamic_bsz_flags_agree(ctx: RuleContext) -> Iterator[Violation]:
 def _mini_batch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     pairs = [("actor", plan.actor.ppo_mini_batch_size, ctx.layout.parallel.dp)]
-    if plan.uses_critic and ctx.layout.critic_parallel is not None:
-        critic_mini = plan.critic.ppo_mini_batch_size
-        pairs.append(("critic", critic_mini if critic_mini is not None else plan.actor.ppo_mini_batch_size,
-                      ctx.layout.critic_parallel.dp))
+    critic_mini = ctx.layout.critic_ppo_mini_batch_size
+    if plan.uses_critic and ctx.layout.critic_parallel is not None and critic_mini is not None:
+        pairs.append(("critic", critic_mini, ctx.layout.critic_parallel.dp))
     n = plan.rollout.n
     for section, mini, dp in pairs:
         if dp > 0 and (mini * n) % dp:
@@ -656,17 +656,14 @@ def _ulysses_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
     for section, sp in sizes:
         if sp <= 1:
             continue
-        heads_ok = arch.num_attention_heads % sp == 0
-        kv_ok = arch.num_kv_heads % sp == 0 or sp % arch.num_kv_heads == 0
-        if not (heads_ok and kv_ok):
-            ok = [d for d in range(1, sp + 1) if arch.num_attention_heads % d == 0
-                  and (arch.num_kv_heads % d == 0 or d % arch.num_kv_heads == 0)]
+        if not arch.splits_heads(sp):
+            best = max(d for d in range(1, sp + 1) if arch.splits_heads(d))
             yield _violation(
                 "ulysses_divides_heads", "runtime",
                 f"{section}.ulysses_sequence_parallel_size = {sp} does not split {arch.num_attention_heads} attention "
                 f"heads / {arch.num_kv_heads} KV heads evenly.",
-                f"set {section}.ulysses_sequence_parallel_size = {ok[-1]}",
-                **{f"{section}__ulysses_sequence_parallel_size": ok[-1]},
+                f"set {section}.ulysses_sequence_parallel_size = {best}",
+                **{f"{section}__ulysses_sequence_parallel_size": best},
             )
 
 
@@ -697,16 +694,13 @@ def _rollout_tp_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
     split (kv % tp == 0) or are replicated (tp % kv == 0) (the same asserts in the attention constructors of
     sglang python/sglang/srt/models/*)."""
     arch, tp = ctx.plan.model.arch, ctx.plan.rollout.tensor_model_parallel_size
-    heads_ok = arch.num_attention_heads % tp == 0
-    kv_ok = arch.is_mla or arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
-    if not (heads_ok and kv_ok):
-        ok = [d for d in range(1, tp + 1) if arch.num_attention_heads % d == 0
-              and (arch.is_mla or arch.num_kv_heads % d == 0 or d % arch.num_kv_heads == 0)]
+    if not arch.splits_heads(tp, latent_kv=True):
+        best = max(d for d in range(1, tp + 1) if arch.splits_heads(d, latent_kv=True))
         yield _violation(
             "rollout_tp_divides_heads", "runtime",
             f"rollout.tensor_model_parallel_size = {tp} does not split {arch.num_attention_heads} attention heads / "
             f"{arch.num_kv_heads} KV heads.",
-            f"set rollout.tensor_model_parallel_size = {ok[-1]}", rollout__tensor_model_parallel_size=ok[-1],
+            f"set rollout.tensor_model_parallel_size = {best}", rollout__tensor_model_parallel_size=best,
         )
 
 
@@ -714,23 +708,21 @@ def _rollout_tp_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
       "[R7] max_model_len <= max_position_embeddings and > max_prompt_length")
 def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
-    limit = plan.model.arch.max_position_embeddings
-    max_len = plan.rollout.max_model_len
-    if max_len is None:
+    limit, max_len = plan.model.arch.max_position_embeddings, plan.verl_max_model_len
+    if plan.rollout.max_model_len is None:
         yield _violation(
             "max_model_len_within_model", "runtime",
             f"rollout.max_model_len is not set, so verl sizes vLLM for max_position_embeddings = {limit} tokens "
             "instead of the plan's sequences.",
-            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
-            severity="warning", rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
-        max_len = limit
     if max_len > limit:
         yield _violation(
             "max_model_len_within_model", "runtime",
             f"rollout.max_model_len = {max_len} exceeds the model's max_position_embeddings = {limit}.",
-            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
-            rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            rollout__max_model_len=plan.fitting_max_model_len,
         )
     if plan.data.max_prompt_length >= max_len:
         yield _violation(
@@ -745,8 +737,8 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
             "max_model_len_within_model", "runtime",
             f"max_model_len = {max_len} is shorter than prompt + response = {plan.data.max_sequence_length}: long "
             "prompts get shorter responses than data.max_response_length.",
-            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
-            severity="warning", rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
     if plan.data.max_sequence_length > limit:
         yield _violation(
@@ -770,7 +762,7 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
             f"set rollout.max_num_batched_tokens = {rollout.max_num_seqs}",
             rollout__max_num_batched_tokens=rollout.max_num_seqs,
         )
-    max_len = rollout.max_model_len or ctx.plan.model.arch.max_position_embeddings
+    max_len = ctx.plan.verl_max_model_len
     if not rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < max_len:
         yield _violation(
             "batched_tokens_cover_sequences", "runtime",
