@@ -14,28 +14,17 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.validators import field_check
 
 # Projection names peft's "all-linear" reaches in HF decoder layers, by role.
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-def _positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
-    if value <= 0:
-        raise PlanError(
-            field=f"model.arch.{attribute.name}",
-            message=f"must be a positive integer, got {value}.",
-            fix=f"set model.arch.{attribute.name} to the value in the model's config.json",
-        )
-
-
-def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None:
-    if value < 0:
-        raise PlanError(
-            field=f"model.arch.{attribute.name}",
-            message=f"must be >= 0, got {value}.",
-            fix=f"set model.arch.{attribute.name} to 0 or to the value in the model's config.json",
-        )
+_positive = field_check("model.arch", lambda value: not value <= 0, "must be a positive integer, got {value}.",
+                        "set {field} to the value in the model's config.json")
+_non_negative = field_check("model.arch", lambda value: not value < 0, "must be >= 0, got {value}.",
+                            "set {field} to 0 or to the value in the model's config.json")
 
 
 def heads_split_evenly(heads: int, kv_heads: int, n: int) -> bool:

@@ -51,16 +51,6 @@ class Violation:
     stage: Stage = "config"
     suggested: dict[str, Any] = field(factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "message": self.message,
-            "fix": self.fix,
-            "severity": self.severity,
-            "stage": self.stage,
-            "suggested": dict(self.suggested),
-        }
-
     @property
     def plan_key(self) -> str:
         """The plan key this is about: the first key its fix changes, else the rule's name."""
