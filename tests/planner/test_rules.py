@@ -216,3 +216,14 @@ def test_offload_policy_on_fsdp1_is_an_error_and_beside_phase_offloads_a_warning
     assert warning.severity == "warning" and warning.suggested["actor.param_offload"] is False
     assert not [v for v in check_plan(make_plan(overrides={"actor.offload_policy": True})).violations
                 if v.rule.startswith("offload_policy")]
+
+
+def test_every_violation_carries_the_name_and_stage_of_the_rule_that_found_it():
+    from rlplan.planner.platform import Platform
+
+    plan = make_plan(overrides={"actor.fsdp_size": 3, "rollout.n": 1, "actor.strategy": "fsdp",
+                                "actor.offload_policy": True, "rollout.max_model_len": 40000})
+    stages = {r.name: r.stage for r in RULES}
+    violations = check_plan(plan, Platform(device_type="cpu")).violations
+    assert len({v.rule for v in violations}) >= 5
+    assert all(stages[v.rule] == v.stage for v in violations)
