@@ -1,8 +1,8 @@
-"""Pinning knobs by dotted key (`--fix actor.param_offload=true`), fast enough for the solver's inner loop.
+"""Setting plan knobs by dotted key (`--fix actor.param_offload=true`, a rule's suggested fix, a test's
+overrides): the one setter, fast enough for the solver's inner loop.
 
-`planfile.with_overrides` goes through plain data and back, which is right at the
-edges; the solver pins knobs on thousands of candidate plans, so this walks the
-frozen classes with attrs.evolve instead and lets their validators check values.
+The solver pins knobs on thousands of candidate plans, so this walks the frozen classes with
+attrs.evolve (rather than through plain data and back) and lets their validators check values.
 """
 
 from __future__ import annotations

@@ -201,26 +201,3 @@ def plan_from_toml(text: str, source: str = "plan.toml") -> Plan:
             fix="fix the syntax at that line, or regenerate the file with `rlplan solve`",
         ) from None
     return plan_from_dict(data)
-
-
-def with_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
-    """A copy of the plan with dotted keys replaced; each key must exist in the schema."""
-    data = plan_to_dict(plan)
-    for dotted, value in overrides.items():
-        set_dotted(data, dotted, value)
-    return plan_from_dict(data)
-
-
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    cls = _class_at(parts[:-1])
-    if cls is None or parts[-1] not in {f.name for f in attrs.fields(cls)}:
-        parent = _class_at(parts[:-1]) if len(parts) > 1 else Plan
-        valid = sorted(f.name for f in attrs.fields(parent)) if parent else []
-        hint = did_you_mean(parts[-1], valid, prefix=_dotted_prefix(parts[:-1]),
-                            otherwise="see `rlplan explain` for the keys")
-        raise PlanError(field=dotted, message="is not a plan key.", fix=hint)
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value

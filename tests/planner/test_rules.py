@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
-from rlplan.planner.planfile import with_overrides
 from rlplan.planner.rules import RULES, check_plan, rule_names
 from tests.planner.plans import make_plan
 
@@ -119,7 +119,7 @@ def test_applying_every_suggested_fix_never_adds_an_error_it_names(plan):
     for violation in report.errors:
         if not violation.suggested:
             continue
-        fixed = with_overrides(plan, violation.suggested)
+        fixed = apply_knobs(plan, violation.suggested)
         same = [
             v for v in check_plan(fixed).errors
             if v.rule == violation.rule and v.message == violation.message
