@@ -71,6 +71,7 @@ class RuleContext:
     # The machine the bundled runtime is about to run on; None outside `rlplan run`, and then the
     # "platform" rules are not run.
     platform: Platform | None = None
+    # The rule being checked: check_plan hands each registered rule its own copy of the context.
     rule: str = ""
     stage: Stage = "config"
 
