@@ -14,28 +14,24 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.validators import field_check
 
 # Projection names peft's "all-linear" reaches in HF decoder layers, by role.
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-def _positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
-    if value <= 0:
-        raise PlanError(
-            field=f"model.arch.{attribute.name}",
-            message=f"must be a positive integer, got {value}.",
-            fix=f"set model.arch.{attribute.name} to the value in the model's config.json",
-        )
+_positive = field_check("model.arch", lambda value: not value <= 0, "must be a positive integer, got {value}.",
+                        "set {field} to the value in the model's config.json")
+_non_negative = field_check("model.arch", lambda value: not value < 0, "must be >= 0, got {value}.",
+                            "set {field} to 0 or to the value in the model's config.json")
 
 
-def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None:
-    if value < 0:
-        raise PlanError(
-            field=f"model.arch.{attribute.name}",
-            message=f"must be >= 0, got {value}.",
-            fix=f"set model.arch.{attribute.name} to 0 or to the value in the model's config.json",
-        )
+def heads_split_evenly(heads: int, kv_heads: int, n: int) -> bool:
+    """n ranks each take heads / n attention heads, and the KV heads either split (kv_heads % n == 0) or
+    are copied to several ranks (n % kv_heads == 0): verl's Ulysses check and vLLM's attention asserts
+    (rules R5, R8). The runtime's Ulysses attention asks it of an HF config."""
+    return heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)
 
 
 @frozen(kw_only=True)
@@ -113,6 +109,16 @@ class Architecture:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    def splits_heads(self, n: int, *, latent_kv: bool = False) -> bool:
+        """Whether n ranks can share the attention heads (Ulysses sp, or the rollout engine's TP).
+
+        `latent_kv`: the engine keeps MLA's compressed KV whole on every rank (vLLM's and SGLang's
+        MLA attention), so for an MLA model only the query heads must split.
+        """
+        if latent_kv and self.is_mla:
+            return self.num_attention_heads % n == 0
+        return heads_split_evenly(self.num_attention_heads, self.num_kv_heads, n)
 
     @property
     def num_moe_layers(self) -> int:

@@ -29,6 +29,7 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.validators import field_check
 
 GIB = 2**30
 
@@ -49,10 +50,8 @@ HELD_MEASURE = "cuda_memory_held"
 ALLOCATED_MEASURE = "cuda_max_memory_allocated"
 
 
-def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not value > 0:
-        raise PlanError(field=f"calibration.{attribute.name}", message=f"must be positive, got {value}.",
-                        fix="drop the record: a phase with no bytes or no time carries no information")
+_positive = field_check("calibration", lambda value: value > 0, "must be positive, got {value}.",
+                        "drop the record: a phase with no bytes or no time carries no information")
 
 
 @frozen(kw_only=True)

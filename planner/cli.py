@@ -206,7 +206,7 @@ def with_expected_lengths(plan, prompt: int | None, response: int | None, profil
     Where neither the flag nor the plan states a mean, a profile fitted from a run (`calibrate --from-run`)
     supplies the mean that run saw, capped at the plan's maximum (the run may have had longer limits).
     """
-    from rlplan.planner.planfile import with_overrides
+    from rlplan.planner.knobs import apply_knobs
 
     data = plan.data
     observed = {"prompt": (profile.observed_prompt_length, data.expected_prompt_length, data.max_prompt_length),
@@ -219,7 +219,7 @@ def with_expected_lengths(plan, prompt: int | None, response: int | None, profil
             overrides[f"data.expected_{name}_length"] = flag
         elif stated is None and seen:
             overrides[f"data.expected_{name}_length"] = min(seen, maximum)
-    return with_overrides(plan, overrides) if overrides else plan
+    return apply_knobs(plan, overrides) if overrides else plan
 
 
 def local_config_path(spec: str) -> Path | None:

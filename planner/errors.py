@@ -7,6 +7,9 @@ No traceback reaches a user for bad input.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class PlanError(Exception):
     """Bad input, named by the field it is in and paired with the fix."""
@@ -23,8 +26,16 @@ class PlanError(Exception):
             text += f" Fix: {self.fix}" + ("" if self.fix.endswith((".", "?", "!")) else ".")
         return text
 
-    def as_dict(self) -> dict[str, str]:
-        return {"field": self.field, "message": self.message, "fix": self.fix}
+
+def did_you_mean(name: str, valid: Iterable[str], *, prefix: str = "", otherwise: str | None = None,
+                 cutoff: float = 0.5) -> str:
+    """The fix for an unknown key: the closest valid one (written with `prefix`), else `otherwise`, else
+    the valid keys."""
+    choices = sorted(valid)
+    near = difflib.get_close_matches(name, choices, n=1, cutoff=cutoff)
+    if near:
+        return f"did you mean `{prefix}{near[0]}`?"
+    return otherwise if otherwise is not None else f"valid keys here: {', '.join(choices)}"
 
 
 # Echoed user values are cut to this many characters: rich wraps long lines in quadratic time, so a

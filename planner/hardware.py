@@ -7,22 +7,16 @@ import math
 import attrs
 from attrs import frozen
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.validators import field_check
 
 # No GPU, node count or link speed comes near this; beyond it byte counts overflow float arithmetic.
 _IMPLAUSIBLY_LARGE = 1e9
 
 
 def _positive_number(field_prefix: str):
-    def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
-        if not math.isfinite(value) or value <= 0 or value > _IMPLAUSIBLY_LARGE:
-            raise PlanError(
-                field=f"{field_prefix}.{attribute.name}",
-                message=f"must be positive and below {_IMPLAUSIBLY_LARGE:g}, got {value}.",
-                fix=f"set {field_prefix}.{attribute.name} to a positive number",
-            )
-
-    return check
+    return field_check(field_prefix, lambda value: math.isfinite(value) and 0 < value <= _IMPLAUSIBLY_LARGE,
+                       f"must be positive and below {_IMPLAUSIBLY_LARGE:g}, got {{value}}.",
+                       "set {field} to a positive number")
 
 
 @frozen(kw_only=True)

@@ -1,13 +1,12 @@
-"""Pinning knobs by dotted key (`--fix actor.param_offload=true`), fast enough for the solver's inner loop.
+"""Setting plan knobs by dotted key (`--fix actor.param_offload=true`, a rule's suggested fix, a test's
+overrides): the one setter, fast enough for the solver's inner loop.
 
-`planfile.with_overrides` goes through plain data and back, which is right at the
-edges; the solver pins knobs on thousands of candidate plans, so this walks the
-frozen classes with attrs.evolve instead and lets their validators check values.
+The solver pins knobs on thousands of candidate plans, so this walks the frozen classes with
+attrs.evolve (rather than through plain data and back) and lets their validators check values.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import types
 import typing
@@ -15,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import PlanError, did_you_mean
 from rlplan.planner.plan import Plan
 
 
@@ -81,10 +80,8 @@ def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
     names = {f.name for f in attrs.fields(type(obj))}
     head = path[0]
     if head not in names:
-        near = difflib.get_close_matches(head, sorted(names), n=1, cutoff=0.5)
         prefix = dotted[: len(dotted) - len(".".join(path))]
-        hint = f"did you mean `{prefix}{near[0]}`?" if near else f"valid keys here: {', '.join(sorted(names))}"
-        raise PlanError(field=dotted, message="is not a plan key.", fix=hint)
+        raise PlanError(field=dotted, message="is not a plan key.", fix=did_you_mean(head, names, prefix=prefix))
     if len(path) == 1:
         if attrs.has(type(getattr(obj, head))):
             raise PlanError(field=dotted, message="is a section, not a knob; only leaf keys can be pinned.",

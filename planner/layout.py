@@ -161,6 +161,9 @@ class PlanLayout:
     critic_update: RoleBatchLayout | None
     critic_values: RoleBatchLayout | None
     critic_parallel: ParallelLayout | None = None
+    # The critic's ppo_mini_batch_size in prompts: verl's critic config defaults it to the actor's
+    # (ppo_trainer.yaml: critic.ppo_mini_batch_size: ${actor_rollout_ref.actor.ppo_mini_batch_size}).
+    critic_ppo_mini_batch_size: int | None = None
 
     @property
     def roles(self) -> tuple[RoleBatchLayout, ...]:
@@ -237,7 +240,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
             budget=ref.log_prob_max_token_len_per_gpu,
             dynamic=ref.log_prob_use_dynamic_bsz,
         )
-    critic_update = critic_values = critic_parallel = None
+    critic_update = critic_values = critic_parallel = critic_mini = None
     if plan.uses_critic:
         critic = plan.critic
         critic_sp = critic.ulysses_sequence_parallel_size
@@ -273,4 +276,5 @@ def plan_layout(plan: Plan) -> PlanLayout:
         critic_update=critic_update,
         critic_values=critic_values,
         critic_parallel=critic_parallel,
+        critic_ppo_mini_batch_size=critic_mini,
     )

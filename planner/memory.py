@@ -220,10 +220,6 @@ class MemoryReport:
         return max(p.peak_bytes for p in self.phases)
 
     @property
-    def kv_cache_holds_max_model_len(self) -> bool:
-        return self.rollout.holds_max_model_len
-
-    @property
     def fits_gpu(self) -> bool:
         return self.gpu_peak_bytes <= self.gpu_capacity_bytes and self.rollout.holds_max_model_len
 

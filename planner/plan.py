@@ -12,7 +12,6 @@ rules live in ``planner.rules``.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import attrs
@@ -21,6 +20,7 @@ from attrs import field, frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
+from rlplan.planner.validators import at_least, field_check
 
 SCHEMA_VERSION = 1
 
@@ -37,38 +37,18 @@ ModelDtype = Literal["fp32", "bf16"]
 RolloutEngine = Literal["vllm", "sglang"]
 
 
-def _at_least(minimum: float, section: str):
-    """A validator that names the plan field and the fix."""
-
-    def check(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
-        if value is not None and (not math.isfinite(value) or value < minimum):
-            raise PlanError(
-                field=f"{section}.{attribute.name}",
-                message=f"must be >= {minimum}, got {value}.",
-                fix=f"set {section}.{attribute.name} to a value >= {minimum}",
-            )
-
-    return check
-
-
 def _fraction(section: str):
-    def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
-        if not 0.0 < value <= 1.0:  # also false for NaN
-            raise PlanError(
-                field=f"{section}.{attribute.name}",
-                message=f"is a fraction of GPU memory and must lie in (0, 1], got {value}.",
-                fix=f"set {section}.{attribute.name} between 0.3 and 0.9",
-            )
-
-    return check
+    return field_check(section, lambda value: 0.0 < value <= 1.0,  # also false for NaN
+                       "is a fraction of GPU memory and must lie in (0, 1], got {value}.",
+                       "set {field} between 0.3 and 0.9")
 
 
 @frozen(kw_only=True)
 class LoraConfig:
     """PEFT LoRA on the actor (verl: actor_rollout_ref.model.lora_*). rank 0 = full fine-tuning."""
 
-    rank: int = field(default=0, validator=_at_least(0, "model.lora"))
-    alpha: int = field(default=16, validator=_at_least(1, "model.lora"))
+    rank: int = field(default=0, validator=at_least(0, "model.lora"))
+    alpha: int = field(default=16, validator=at_least(1, "model.lora"))
     target_modules: tuple[str, ...] = ("all-linear",)
 
     @property
@@ -92,9 +72,9 @@ class ModelSection:
 
 @frozen(kw_only=True)
 class DataSection:
-    train_batch_size: int = field(validator=_at_least(1, "data"))
-    max_prompt_length: int = field(validator=_at_least(1, "data"))
-    max_response_length: int = field(validator=_at_least(1, "data"))
+    train_batch_size: int = field(validator=at_least(1, "data"))
+    max_prompt_length: int = field(validator=at_least(1, "data"))
+    max_response_length: int = field(validator=at_least(1, "data"))
     train_files: tuple[str, ...] = ()
     val_files: tuple[str, ...] = ()
     prompt_key: str = "prompt"
@@ -103,8 +83,8 @@ class DataSection:
     shuffle: bool = True
     seed: int = 1
     # Mean tokens per sequence the data really has (rlplan only); None = the maximum, the worst case.
-    expected_prompt_length: int | None = field(default=None, validator=_at_least(1, "data"))
-    expected_response_length: int | None = field(default=None, validator=_at_least(1, "data"))
+    expected_prompt_length: int | None = field(default=None, validator=at_least(1, "data"))
+    expected_response_length: int | None = field(default=None, validator=at_least(1, "data"))
 
     def __attrs_post_init__(self) -> None:
         for name, maximum in (("prompt", self.max_prompt_length), ("response", self.max_response_length)):
@@ -133,16 +113,16 @@ class DataSection:
 class ActorSection:
     """The policy under training (verl: actor_rollout_ref.actor.*)."""
 
-    ppo_mini_batch_size: int = field(validator=_at_least(1, "actor"))
+    ppo_mini_batch_size: int = field(validator=at_least(1, "actor"))
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
-    ppo_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "actor"))
+    ppo_micro_batch_size_per_gpu: int | None = field(default=None, validator=at_least(1, "actor"))
     # Deprecated global key, kept so imported scripts normalize exactly as in verl.
-    ppo_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "actor"))
+    ppo_micro_batch_size: int | None = field(default=None, validator=at_least(1, "actor"))
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = field(default=16384, validator=_at_least(1, "actor"))
-    ppo_epochs: int = field(default=1, validator=_at_least(1, "actor"))
+    ppo_max_token_len_per_gpu: int = field(default=16384, validator=at_least(1, "actor"))
+    ppo_epochs: int = field(default=1, validator=at_least(1, "actor"))
     shuffle: bool = False
-    ulysses_sequence_parallel_size: int = field(default=1, validator=_at_least(1, "actor"))
+    ulysses_sequence_parallel_size: int = field(default=1, validator=at_least(1, "actor"))
     fsdp_size: int = -1
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -155,16 +135,16 @@ class ActorSection:
     use_torch_compile: bool = True
     loss_head: LossHead = "auto"
     model_dtype: ModelDtype = "fp32"
-    lr: float = field(default=1e-6, validator=_at_least(0.0, "actor"))
-    weight_decay: float = field(default=0.01, validator=_at_least(0.0, "actor"))
-    lr_warmup_steps: int = field(default=0, validator=_at_least(0, "actor"))
-    grad_clip: float = field(default=1.0, validator=_at_least(0.0, "actor"))
-    clip_ratio_low: float = field(default=0.2, validator=_at_least(0.0, "actor"))
-    clip_ratio_high: float = field(default=0.2, validator=_at_least(0.0, "actor"))
-    clip_ratio_c: float = field(default=3.0, validator=_at_least(1.0, "actor"))
+    lr: float = field(default=1e-6, validator=at_least(0.0, "actor"))
+    weight_decay: float = field(default=0.01, validator=at_least(0.0, "actor"))
+    lr_warmup_steps: int = field(default=0, validator=at_least(0, "actor"))
+    grad_clip: float = field(default=1.0, validator=at_least(0.0, "actor"))
+    clip_ratio_low: float = field(default=0.2, validator=at_least(0.0, "actor"))
+    clip_ratio_high: float = field(default=0.2, validator=at_least(0.0, "actor"))
+    clip_ratio_c: float = field(default=3.0, validator=at_least(1.0, "actor"))
     loss_agg_mode: LossAggMode = "token-mean"
     use_kl_loss: bool = False
-    kl_loss_coef: float = field(default=0.001, validator=_at_least(0.0, "actor"))
+    kl_loss_coef: float = field(default=0.001, validator=at_least(0.0, "actor"))
     kl_loss_type: KlLossType = "low_var_kl"
     entropy_coeff: float = 0.0
 
@@ -176,10 +156,10 @@ class RefSection:
     param_offload: bool = False
     # verl's ref.fsdp_config.model_dtype: fp32 with the default YAML (verl-rules.md N8).
     model_dtype: ModelDtype = "fp32"
-    log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "ref"))
-    log_prob_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "ref"))
+    log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=at_least(1, "ref"))
+    log_prob_micro_batch_size: int | None = field(default=None, validator=at_least(1, "ref"))
     log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = field(default=16384, validator=_at_least(1, "ref"))
+    log_prob_max_token_len_per_gpu: int = field(default=16384, validator=at_least(1, "ref"))
 
 
 @frozen(kw_only=True)
@@ -190,13 +170,13 @@ class RolloutSection:
     max_running_requests (verl sglang_rollout/async_sglang_server.py, the server args).
     """
 
-    n: int = field(validator=_at_least(1, "rollout"))
+    n: int = field(validator=at_least(1, "rollout"))
     name: RolloutEngine = "vllm"
-    tensor_model_parallel_size: int = field(default=1, validator=_at_least(1, "rollout"))
+    tensor_model_parallel_size: int = field(default=1, validator=at_least(1, "rollout"))
     gpu_memory_utilization: float = field(default=0.5, validator=_fraction("rollout"))
-    max_num_seqs: int = field(default=256, validator=_at_least(1, "rollout"))
-    max_num_batched_tokens: int = field(default=8192, validator=_at_least(1, "rollout"))
-    max_model_len: int | None = field(default=None, validator=_at_least(1, "rollout"))
+    max_num_seqs: int = field(default=256, validator=at_least(1, "rollout"))
+    max_num_batched_tokens: int = field(default=8192, validator=at_least(1, "rollout"))
+    max_model_len: int | None = field(default=None, validator=at_least(1, "rollout"))
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
@@ -208,15 +188,15 @@ class RolloutSection:
     layered_summon: bool = False
     load_format: LoadFormat = "dummy"
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
-    temperature: float = field(default=1.0, validator=_at_least(0.0, "rollout"))
+    temperature: float = field(default=1.0, validator=at_least(0.0, "rollout"))
     top_p: float = field(default=1.0, validator=_fraction("rollout"))
     top_k: int = -1
-    log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "rollout"))
-    log_prob_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "rollout"))
+    log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=at_least(1, "rollout"))
+    log_prob_micro_batch_size: int | None = field(default=None, validator=at_least(1, "rollout"))
     log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = field(default=16384, validator=_at_least(1, "rollout"))
-    agent_num_workers: int = field(default=8, validator=_at_least(1, "rollout"))
-    update_weights_bucket_megabytes: int = field(default=2048, validator=_at_least(1, "rollout"))
+    log_prob_max_token_len_per_gpu: int = field(default=16384, validator=at_least(1, "rollout"))
+    agent_num_workers: int = field(default=8, validator=at_least(1, "rollout"))
+    update_weights_bucket_megabytes: int = field(default=2048, validator=at_least(1, "rollout"))
 
 
 @frozen(kw_only=True)
@@ -224,24 +204,24 @@ class CriticSection:
     """The value model for PPO/GAE (verl: critic.*). Used iff `enable`, or when enable is unset and adv is gae."""
 
     enable: bool | None = None
-    ppo_mini_batch_size: int | None = field(default=None, validator=_at_least(1, "critic"))
-    ppo_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "critic"))
-    ppo_micro_batch_size: int | None = field(default=None, validator=_at_least(1, "critic"))
-    forward_micro_batch_size_per_gpu: int | None = field(default=None, validator=_at_least(1, "critic"))
+    ppo_mini_batch_size: int | None = field(default=None, validator=at_least(1, "critic"))
+    ppo_micro_batch_size_per_gpu: int | None = field(default=None, validator=at_least(1, "critic"))
+    ppo_micro_batch_size: int | None = field(default=None, validator=at_least(1, "critic"))
+    forward_micro_batch_size_per_gpu: int | None = field(default=None, validator=at_least(1, "critic"))
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = field(default=32768, validator=_at_least(1, "critic"))
-    forward_max_token_len_per_gpu: int = field(default=32768, validator=_at_least(1, "critic"))
-    ppo_epochs: int = field(default=1, validator=_at_least(1, "critic"))
-    ulysses_sequence_parallel_size: int = field(default=1, validator=_at_least(1, "critic"))
+    ppo_max_token_len_per_gpu: int = field(default=32768, validator=at_least(1, "critic"))
+    forward_max_token_len_per_gpu: int = field(default=32768, validator=at_least(1, "critic"))
+    ppo_epochs: int = field(default=1, validator=at_least(1, "critic"))
+    ulysses_sequence_parallel_size: int = field(default=1, validator=at_least(1, "critic"))
     param_offload: bool = False
     optimizer_offload: bool = False
     # critic.fsdp.offload_policy, as the actor's.
     offload_policy: bool = False
     gradient_checkpointing: bool = True
     use_remove_padding: bool = True
-    lr: float = field(default=1e-5, validator=_at_least(0.0, "critic"))
-    cliprange_value: float = field(default=0.5, validator=_at_least(0.0, "critic"))
-    grad_clip: float = field(default=1.0, validator=_at_least(0.0, "critic"))
+    lr: float = field(default=1e-5, validator=at_least(0.0, "critic"))
+    cliprange_value: float = field(default=0.5, validator=at_least(0.0, "critic"))
+    grad_clip: float = field(default=1.0, validator=at_least(0.0, "critic"))
 
 
 @frozen(kw_only=True)
@@ -266,8 +246,8 @@ class RewardSection:
 
 @frozen(kw_only=True)
 class TrainerSection:
-    total_epochs: int = field(default=1, validator=_at_least(1, "trainer"))
-    total_training_steps: int | None = field(default=None, validator=_at_least(1, "trainer"))
+    total_epochs: int = field(default=1, validator=at_least(1, "trainer"))
+    total_training_steps: int | None = field(default=None, validator=at_least(1, "trainer"))
     save_freq: int = -1
     test_freq: int = -1
     output_dir: str = "runs/rlplan"
@@ -276,7 +256,7 @@ class TrainerSection:
     seed: int = 1
     balance_batch: bool = True
     val_before_train: bool = False
-    max_checkpoints_to_keep: int | None = field(default=None, validator=_at_least(1, "trainer"))
+    max_checkpoints_to_keep: int | None = field(default=None, validator=at_least(1, "trainer"))
 
 
 @frozen(kw_only=True)
@@ -333,6 +313,18 @@ class Plan:
     def reference_is_actor(self) -> bool:
         """With LoRA the reference is the actor with its adapter disabled: no separate model."""
         return self.model.lora.enabled
+
+    @property
+    def verl_max_model_len(self) -> int:
+        """The context verl starts vLLM with: rollout.max_model_len, else the model's max_position_embeddings
+        (vllm_async_server.py, rule R7). rlplan's memory model and runtime use prompt + response instead
+        (`memory.rollout_max_model_len`), which is why render writes the value out."""
+        return self.rollout.max_model_len or self.model.arch.max_position_embeddings
+
+    @property
+    def fitting_max_model_len(self) -> int:
+        """The max_model_len a plan should ask for: its longest sequence, within what the model was trained on."""
+        return min(self.data.max_sequence_length, self.model.arch.max_position_embeddings)
 
     def evolve(self, **changes: Any) -> Plan:
         return attrs.evolve(self, **changes)

@@ -7,7 +7,6 @@ field and the type expected.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 import tomllib
@@ -19,7 +18,7 @@ import attr
 import attrs
 import tomli_w
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import PlanError, did_you_mean
 from rlplan.planner.plan import Plan
 from rlplan.planner.plan_schema import SCHEMA_FILE_NAME
 
@@ -120,6 +119,11 @@ def _unwrap_optional(hint: Any) -> Any:
     return hint
 
 
+def _dotted_prefix(path: list[str]) -> str:
+    """How a key under `path` is written: `actor.` for a key of the actor section."""
+    return "".join(f"{part}." for part in path)
+
+
 def _first_error(exc: BaseException, path: list[str]) -> PlanError:
     """Walk cattrs' exception groups to the first leaf and name its dotted field."""
     from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
@@ -131,8 +135,7 @@ def _first_error(exc: BaseException, path: list[str]) -> PlanError:
         valid = sorted(f.name for f in attrs.fields(cls)) if cls else []
         key = sorted(exc.extra_fields)[0]
         where = ".".join([*path, key])
-        near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-        hint = f"did you mean `{'.'.join([*path, near[0]])}`?" if near else f"valid keys here: {', '.join(valid)}"
+        hint = did_you_mean(key, valid, prefix=_dotted_prefix(path))
         return PlanError(field=where, message=f"unknown key `{key}`.", fix=f"remove it or rename it; {hint}")
     if isinstance(exc, ClassValidationError | IterableValidationError):
         for sub in exc.exceptions:
@@ -169,8 +172,7 @@ def _check_keys(data: Any, cls: Any, path: list[str]) -> None:
             raise PlanError(field=".".join([*path, key]), message=f"is a section, not a value (got {value!r}).",
                             fix=f"write it as a [{'.'.join([*path, key])}] table, as `rlplan solve` does")
         if key not in valid:
-            near = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)
-            hint = f"did you mean `{'.'.join([*path, near[0]])}`?" if near else f"valid keys here: {', '.join(sorted(valid))}"
+            hint = did_you_mean(key, valid, prefix=_dotted_prefix(path))
             raise PlanError(
                 field=".".join([*path, key]), message=f"unknown key `{key}`.", fix=f"remove or rename it; {hint}"
             )
@@ -199,26 +201,3 @@ def plan_from_toml(text: str, source: str = "plan.toml") -> Plan:
             fix="fix the syntax at that line, or regenerate the file with `rlplan solve`",
         ) from None
     return plan_from_dict(data)
-
-
-def with_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
-    """A copy of the plan with dotted keys replaced; each key must exist in the schema."""
-    data = plan_to_dict(plan)
-    for dotted, value in overrides.items():
-        set_dotted(data, dotted, value)
-    return plan_from_dict(data)
-
-
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    cls = _class_at(parts[:-1])
-    if cls is None or parts[-1] not in {f.name for f in attrs.fields(cls)}:
-        parent = _class_at(parts[:-1]) if len(parts) > 1 else Plan
-        valid = sorted(f.name for f in attrs.fields(parent)) if parent else []
-        near = difflib.get_close_matches(parts[-1], valid, n=1, cutoff=0.5)
-        hint = f"did you mean `{'.'.join([*parts[:-1], near[0]])}`?" if near else "see `rlplan explain` for the keys"
-        raise PlanError(field=dotted, message="is not a plan key.", fix=hint)
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value

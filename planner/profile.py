@@ -10,7 +10,6 @@ and writes the files).
 
 from __future__ import annotations
 
-import difflib
 import tomllib
 from typing import Any
 
@@ -18,22 +17,19 @@ import attrs
 import tomli_w
 from attrs import frozen
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import PlanError, did_you_mean
+from rlplan.planner.validators import field_check
 
 
 def _check_range(low: float, high: float | None, *, open_low: bool = False):
-    def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    bound = f"({low}, {high}]" if open_low else f"[{low}, {high if high is not None else 'inf'}]"
+
+    def within(value: float) -> bool:
         too_low = value <= low if open_low else value < low
         # NaN compares false with every bound, so it is named explicitly.
-        if value != value or too_low or (high is not None and value > high):
-            bound = f"({low}, {high}]" if open_low else f"[{low}, {high if high is not None else 'inf'}]"
-            raise PlanError(
-                field=f"profile.{attribute.name}",
-                message=f"must lie in {bound}, got {value}.",
-                fix=f"set profile.{attribute.name} to a value in {bound}",
-            )
+        return not (value != value or too_low or (high is not None and value > high))
 
-    return check
+    return field_check("profile", within, f"must lie in {bound}, got {{value}}.", f"set {{field}} to a value in {bound}")
 
 
 def _constant(default: float, why: str, low: float = 0.0, high: float | None = None, *, open_low: bool = False,
@@ -160,8 +156,7 @@ def load_profile_toml(text: str, source: str = "profile.toml") -> Profile:
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key not in _KEYS:
-            nearest = difflib.get_close_matches(key, _KEYS, n=1)
-            hint = f"did you mean `{nearest[0]}`?" if nearest else f"valid keys: {', '.join(_KEYS)}"
+            hint = did_you_mean(key, _KEYS, otherwise=f"valid keys: {', '.join(_KEYS)}", cutoff=0.6)
             raise PlanError(field=f"profile.{key}", message=f"is not a profile key in {source}.", fix=hint)
         expected = type(getattr(DEFAULT_PROFILE, key))
         if not _has_type(value, expected):

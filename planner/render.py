@@ -97,8 +97,7 @@ def prepare_for_verl(plan: Plan) -> Plan:
     rollout = plan.rollout
     if rollout.max_model_len is None:
         # verl would size vLLM for max_position_embeddings (often 32k-128k tokens) instead.
-        longest = min(plan.data.max_sequence_length, plan.model.arch.max_position_embeddings)
-        rollout = attrs.evolve(rollout, max_model_len=longest)
+        rollout = attrs.evolve(rollout, max_model_len=plan.fitting_max_model_len)
     if (plan.model.lora.enabled or rollout.layered_summon) and rollout.load_format == "dummy":
         # With dummy weights the first sync pushes the whole base model; verl's docs require safetensors.
         rollout = attrs.evolve(rollout, load_format="safetensors")

@@ -10,10 +10,13 @@ change as data (`suggested`) so the solver and the tests can apply it.
 `stage` says where verl would fail: "config" (validate_config and the config
 dataclasses), "worker" (worker-constructor normalization), "runtime" (dispatch,
 dynamic batching, vLLM start-up), or "rlplan" (what verl accepts but produces a
-broken or wasteful run).  Rule references in brackets are sections of
+broken or wasteful run); "platform" rules say what rlplan's bundled runtime cannot
+run on one machine, and run only when `check_plan` is given that machine's
+`Platform`.  Rule references in brackets are sections of
 shared/reference/verl-rules.md.
 
-The CLI, validate, solve and the runtime all call `check_plan`.
+The CLI, validate, solve and the runtime (`rlplan run`, with its Platform) all call
+`check_plan`.
 """
 
 from __future__ import annotations
@@ -22,17 +25,21 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
+import attrs
 from attrs import field, frozen
 
+from rlplan.planner.errors import PlanError
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory import runtime_loss_head
 from rlplan.planner.phases import TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import Plan
+from rlplan.planner.platform import Platform
 
 Severity = Literal["error", "warning"]
-Stage = Literal["config", "worker", "runtime", "rlplan"]
+Stage = Literal["config", "worker", "runtime", "rlplan", "platform"]
 
-# vLLM's MaxLoRARanks [V10]: the adapter rank is rounded up to one of these.
+# vLLM's MaxLoRARanks [V10]: the adapter rank is rounded up to one of these (vllm.config.lora
+# LoraConfig.max_lora_rank; its import path moves between vLLM versions, so the set is kept here).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
@@ -45,21 +52,37 @@ class Violation:
     stage: Stage = "config"
     suggested: dict[str, Any] = field(factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "message": self.message,
-            "fix": self.fix,
-            "severity": self.severity,
-            "stage": self.stage,
-            "suggested": dict(self.suggested),
-        }
+    @property
+    def plan_key(self) -> str:
+        """The plan key this is about: the first key its fix changes, else the rule's name."""
+        return next(iter(self.suggested), self.rule)
+
+    def as_plan_error(self) -> PlanError:
+        """The one paragraph a command that refuses the plan prints (`rlplan run`)."""
+        return PlanError(field=self.plan_key, message=self.message, fix=self.fix)
 
 
 @frozen(kw_only=True)
 class RuleContext:
+    """What one rule reads, and the rule it is for: `violation` stamps its name and stage."""
+
     plan: Plan
     layout: PlanLayout
+    # The machine the bundled runtime is about to run on; None outside `rlplan run`, and then the
+    # "platform" rules are not run.
+    platform: Platform | None = None
+    # The rule being checked: check_plan hands each registered rule its own copy of the context.
+    rule: str = ""
+    stage: Stage = "config"
+
+    def violation(self, message: str, fix: str, severity: Any = "error", **suggested: Any) -> Violation:
+        """A violation of this context's rule; `suggested` keys are dotted with "__" (actor__fsdp_size)."""
+        # `severity` is typed loosely only because fixes arrive as **{"section__key": value} mappings.
+        assert severity in ("error", "warning"), severity
+        return Violation(
+            rule=self.rule, stage=self.stage, message=message, fix=fix, severity=severity,
+            suggested={k.replace("__", "."): v for k, v in suggested.items()},
+        )
 
 
 Check = Callable[[RuleContext], Iterator[Violation]]
@@ -76,9 +99,12 @@ class Rule:
 RULES: list[Rule] = []
 
 
-def rule(name: str, stage: Stage, summary: str) -> Callable[[Check], Check]:
+def rule(stage: Stage, summary: str) -> Callable[[Check], Check]:
+    """Register a check as a rule named after its function (`_fsdp_size_divides_world` is
+    "fsdp_size_divides_world"): the name is written once, and its violations carry it and the stage."""
+
     def register(check: Check) -> Check:
-        RULES.append(Rule(name=name, stage=stage, summary=summary, check=check))
+        RULES.append(Rule(name=check.__name__.lstrip("_"), stage=stage, summary=summary, check=check))
         return check
 
     return register
@@ -101,12 +127,14 @@ class RuleReport:
         return not self.errors
 
 
-def check_plan(plan: Plan) -> RuleReport:
-    context = RuleContext(plan=plan, layout=plan_layout(plan))
+def check_plan(plan: Plan, platform: Platform | None = None) -> RuleReport:
+    """Every registered rule over `plan`; the "platform" rules too when the runtime passes its `platform`."""
+    context = RuleContext(plan=plan, layout=plan_layout(plan), platform=platform)
     found: list[Violation] = []
     for registered in RULES:
-        for violation in registered.check(context):
-            found.append(violation)
+        if registered.stage == "platform" and platform is None:
+            continue
+        found.extend(registered.check(attrs.evolve(context, rule=registered.name, stage=registered.stage)))
     return RuleReport(violations=tuple(found))
 
 
@@ -135,75 +163,61 @@ def _smallest_train_batch(train_batch: int, n: int, divisor: int) -> int:
     return _next_multiple(train_batch, step)
 
 
-def _violation(name: str, stage: Stage, message: str, fix: str, severity: Any = "error",
-               **suggested: Any) -> Violation:
-    # `severity` is typed loosely only because fixes arrive as **{"section__key": value} mappings.
-    assert severity in ("error", "warning"), severity
-    return Violation(
-        rule=name, stage=stage, message=message, fix=fix, severity=severity,
-        suggested={k.replace("__", "."): v for k, v in suggested.items()},
-    )
-
-
 # --- config stage: validate_config and the config dataclasses [1, 3] ----------
 
 
-@rule("real_batch_divisible_by_world", "config", "[V2] without dynamic bsz, train_batch_size * n % n_gpus == 0")
+@rule("config", "[V2] without dynamic bsz, train_batch_size * n % n_gpus == 0")
 def _real_batch_divisible_by_world(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     world, n, tbs = plan.cluster.world_size, plan.rollout.n, plan.data.train_batch_size
     if not plan.actor.use_dynamic_bsz and (tbs * n) % world:
         better = _smallest_train_batch(tbs, n, world)
-        yield _violation(
-            "real_batch_divisible_by_world", "config",
+        yield ctx.violation(
             f"train_batch_size * rollout.n = {tbs} * {n} = {tbs * n} sequences is not divisible by the {world} GPUs.",
             f"set data.train_batch_size = {better} (or enable actor.use_dynamic_bsz)",
             data__train_batch_size=better,
         )
 
 
-@rule("mini_batch_within_train_batch", "config", "[V3] train_batch_size >= ppo_mini_batch_size (prompts)")
+@rule("config", "[V3] train_batch_size >= ppo_mini_batch_size (prompts)")
 def _mini_batch_within_train_batch(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     tbs, mini = plan.data.train_batch_size, plan.actor.ppo_mini_batch_size
     if not plan.actor.use_dynamic_bsz and tbs < mini:
-        yield _violation(
-            "mini_batch_within_train_batch", "config",
+        yield ctx.violation(
             f"actor.ppo_mini_batch_size ({mini} prompts) exceeds data.train_batch_size ({tbs} prompts).",
             f"set actor.ppo_mini_batch_size = {tbs}",
             actor__ppo_mini_batch_size=tbs,
         )
 
 
-def _exactly_one(name: str, stage: Stage, what: str, per_gpu_key: str, global_key: str,
+def _exactly_one(ctx: RuleContext, what: str, per_gpu_key: str, global_key: str,
                  per_gpu: int | None, global_value: int | None, default_per_gpu: int) -> Iterator[Violation]:
     if per_gpu is not None and global_value is not None:
-        yield _violation(
-            name, stage,
+        yield ctx.violation(
             f"both {global_key} = {global_value} (deprecated, global) and {per_gpu_key} = {per_gpu} are set for {what}.",
             f"remove {global_key}",
         )
     elif per_gpu is None and global_value is None:
-        yield _violation(
-            name, stage,
+        yield ctx.violation(
             f"neither {per_gpu_key} nor {global_key} is set for {what}, and dynamic batch size is off.",
             f"set {per_gpu_key} = {default_per_gpu} (or enable dynamic batch size)",
             **{per_gpu_key.replace(".", "__"): default_per_gpu},
         )
 
 
-@rule("actor_micro_batch_exactly_one", "config", "[3 ActorConfig] without dynamic bsz, exactly one actor micro-batch key")
+@rule("config", "[3 ActorConfig] without dynamic bsz, exactly one actor micro-batch key")
 def _actor_micro_batch_exactly_one(ctx: RuleContext) -> Iterator[Violation]:
     actor = ctx.plan.actor
     if not actor.use_dynamic_bsz:
         yield from _exactly_one(
-            "actor_micro_batch_exactly_one", "config", "the actor update",
+            ctx, "the actor update",
             "actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size",
             actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, 1,
         )
 
 
-@rule("actor_global_micro_batch_consistent", "config",
+@rule("config",
       "[V3] a global ppo_micro_batch_size divides ppo_mini_batch_size and micro * sp >= n_gpus")
 def _actor_global_micro_batch_consistent(ctx: RuleContext) -> Iterator[Violation]:
     plan, actor = ctx.plan, ctx.plan.actor
@@ -213,16 +227,14 @@ def _actor_global_micro_batch_consistent(ctx: RuleContext) -> Iterator[Violation
     world, sp = plan.cluster.world_size, actor.ulysses_sequence_parallel_size
     if actor.ppo_mini_batch_size % micro:
         better = _largest_divisor_at_most(actor.ppo_mini_batch_size, micro)
-        yield _violation(
-            "actor_global_micro_batch_consistent", "config",
+        yield ctx.violation(
             f"actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}) is not divisible by the global "
             f"actor.ppo_micro_batch_size ({micro}).",
             f"replace actor.ppo_micro_batch_size with actor.ppo_micro_batch_size_per_gpu, or set it to {better}",
             actor__ppo_micro_batch_size=better,
         )
     if micro * sp < world:
-        yield _violation(
-            "actor_global_micro_batch_consistent", "config",
+        yield ctx.violation(
             f"the global actor.ppo_micro_batch_size ({micro}) times Ulysses sp ({sp}) is below the {world} GPUs, "
             "so some GPUs would get no micro batch.",
             f"set actor.ppo_micro_batch_size >= {math.ceil(world / sp)}, or use actor.ppo_micro_batch_size_per_gpu",
@@ -230,42 +242,42 @@ def _actor_global_micro_batch_consistent(ctx: RuleContext) -> Iterator[Violation
         )
 
 
-@rule("log_prob_micro_batch_exactly_one", "config",
+@rule("config",
       "[V4] without actor dynamic bsz, exactly one log-prob micro-batch key for rollout (and ref when used)")
 def _log_prob_micro_batch_exactly_one(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.actor.use_dynamic_bsz:
         return
     yield from _exactly_one(
-        "log_prob_micro_batch_exactly_one", "config", "the old-log-prob pass",
+        ctx, "the old-log-prob pass",
         "rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size",
         plan.rollout.log_prob_micro_batch_size_per_gpu, plan.rollout.log_prob_micro_batch_size, 1,
     )
     if plan.uses_reference:
         yield from _exactly_one(
-            "log_prob_micro_batch_exactly_one", "config", "the reference log-prob pass",
+            ctx, "the reference log-prob pass",
             "ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size",
             plan.ref.log_prob_micro_batch_size_per_gpu, plan.ref.log_prob_micro_batch_size, 1,
         )
 
 
-@rule("critic_batch_consistent", "config",
+@rule("config",
       "[V7, 3 CriticConfig] critic mini <= train batch, exactly one micro key, global micro divides mini and covers GPUs")
 def _critic_batch_consistent(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if not plan.uses_critic or plan.critic.use_dynamic_bsz:
         return
     critic = plan.critic
-    mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else plan.actor.ppo_mini_batch_size
+    mini = ctx.layout.critic_ppo_mini_batch_size
+    assert mini is not None, "the layout has a critic whenever the plan uses one"
     if plan.data.train_batch_size < mini:
-        yield _violation(
-            "critic_batch_consistent", "config",
+        yield ctx.violation(
             f"critic.ppo_mini_batch_size ({mini}) exceeds data.train_batch_size ({plan.data.train_batch_size}).",
             f"set critic.ppo_mini_batch_size = {plan.data.train_batch_size}",
             critic__ppo_mini_batch_size=plan.data.train_batch_size,
         )
     yield from _exactly_one(
-        "critic_batch_consistent", "config", "the critic update",
+        ctx, "the critic update",
         "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size",
         critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, 1,
     )
@@ -273,52 +285,47 @@ def _critic_batch_consistent(ctx: RuleContext) -> Iterator[Violation]:
     if micro is not None:
         world, sp = plan.cluster.world_size, critic.ulysses_sequence_parallel_size
         if mini % micro:
-            yield _violation(
-                "critic_batch_consistent", "config",
+            yield ctx.violation(
                 f"critic mini batch ({mini}) is not divisible by the global critic.ppo_micro_batch_size ({micro}).",
                 f"set critic.ppo_micro_batch_size = {_largest_divisor_at_most(mini, micro)}",
                 critic__ppo_micro_batch_size=_largest_divisor_at_most(mini, micro),
             )
         if micro * sp < world:
-            yield _violation(
-                "critic_batch_consistent", "config",
+            yield ctx.violation(
                 f"the global critic.ppo_micro_batch_size ({micro}) times sp ({sp}) is below the {world} GPUs.",
                 f"set critic.ppo_micro_batch_size >= {math.ceil(world / sp)}",
                 critic__ppo_micro_batch_size=math.ceil(world / sp),
             )
 
 
-@rule("ulysses_needs_remove_padding", "config", "[3 FSDPActorConfig] Ulysses sp > 1 requires use_remove_padding")
+@rule("config", "[3 FSDPActorConfig] Ulysses sp > 1 requires use_remove_padding")
 def _ulysses_needs_remove_padding(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.actor.ulysses_sequence_parallel_size > 1 and not plan.model.use_remove_padding:
-        yield _violation(
-            "ulysses_needs_remove_padding", "config",
+        yield ctx.violation(
             f"actor.ulysses_sequence_parallel_size = {plan.actor.ulysses_sequence_parallel_size} needs packed "
             "sequences, but model.use_remove_padding is false.",
             "set model.use_remove_padding = true", model__use_remove_padding=True,
         )
     if plan.uses_critic and plan.critic.ulysses_sequence_parallel_size > 1 and not plan.critic.use_remove_padding:
-        yield _violation(
-            "ulysses_needs_remove_padding", "config",
+        yield ctx.violation(
             "critic.ulysses_sequence_parallel_size > 1 needs critic.use_remove_padding.",
             "set critic.use_remove_padding = true", critic__use_remove_padding=True,
         )
 
 
-@rule("lora_rank_within_vllm_limit", "config", "[V10] vLLM serves LoRA ranks up to 512")
+@rule("config", "[V10] vLLM serves LoRA ranks up to 512")
 def _lora_rank_within_vllm_limit(ctx: RuleContext) -> Iterator[Violation]:
     rank = ctx.plan.model.lora.rank
     # verl checks it only for vLLM (verl/utils/config.py validate_config: get_vllm_max_lora_rank).
     if ctx.plan.rollout.name == "vllm" and rank > VLLM_LORA_RANKS[-1]:
-        yield _violation(
-            "lora_rank_within_vllm_limit", "config",
+        yield ctx.violation(
             f"model.lora.rank = {rank} exceeds vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}).",
             f"set model.lora.rank <= {VLLM_LORA_RANKS[-1]}", model__lora__rank=VLLM_LORA_RANKS[-1],
         )
 
 
-@rule("loss_head_is_what_the_runtime_runs", "config",
+@rule("config",
       "[2.4b] a pinned actor.loss_head should be the head the rendered config runs")
 def _loss_head_is_what_the_runtime_runs(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
@@ -326,15 +333,14 @@ def _loss_head_is_what_the_runtime_runs(ctx: RuleContext) -> Iterator[Violation]
     if plan.actor.loss_head not in ("auto", runs):
         fix = ("set model.use_fused_kernels = true" if plan.actor.loss_head == "fused"
                else 'set actor.loss_head = "auto"')
-        yield _violation(
-            "loss_head_is_what_the_runtime_runs", "config",
+        yield ctx.violation(
             f'actor.loss_head = "{plan.actor.loss_head}" prices a head this config does not run: '
             f"verl (or rlplan's CPU runtime) runs {runs} for it, so the memory verdict may not hold.",
             fix, severity="warning", actor__loss_head="auto",
         )
 
 
-@rule("offload_policy_needs_fsdp2", "worker", "fsdp_config.offload_policy takes effect only with strategy fsdp2")
+@rule("worker", "fsdp_config.offload_policy takes effect only with strategy fsdp2")
 def _offload_policy_needs_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
     """verl reads offload_policy only on its fsdp2 branch and builds FSDP1 without any CPU offload.
 
@@ -349,15 +355,14 @@ def _offload_policy_needs_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
     for section, wanted in (("actor", plan.actor.offload_policy),
                             ("critic", plan.critic.offload_policy and plan.uses_critic)):
         if wanted:
-            yield _violation(
-                "offload_policy_needs_fsdp2", "worker",
+            yield ctx.violation(
                 f"{section}.offload_policy is true, but verl builds the {section} with FSDP1 for strategy "
                 f'"{plan.actor.strategy}" and ignores it: params, grads and optimizer state stay on the GPU.',
                 'set actor.strategy = "fsdp2"', actor__strategy="fsdp2",
             )
 
 
-@rule("offload_policy_supersedes_offloads", "worker",
+@rule("worker",
       "with fsdp_config.offload_policy verl turns param_offload and optimizer_offload off")
 def _offload_policy_supersedes_offloads(ctx: RuleContext) -> Iterator[Violation]:
     """fsdp_workers.py sets `self._is_offload_param = self._is_offload_optimizer = False` when offload_policy is on.
@@ -369,8 +374,7 @@ def _offload_policy_supersedes_offloads(ctx: RuleContext) -> Iterator[Violation]
         return
     for section, config, active in (("actor", plan.actor, True), ("critic", plan.critic, plan.uses_critic)):
         if active and config.offload_policy and (config.param_offload or config.optimizer_offload):
-            yield _violation(
-                "offload_policy_supersedes_offloads", "worker",
+            yield ctx.violation(
                 f"{section}.offload_policy keeps the {section}'s state in host RAM for the whole step, so verl "
                 f"ignores {section}.param_offload / optimizer_offload.",
                 f"set {section}.param_offload = false and {section}.optimizer_offload = false", severity="warning",
@@ -381,24 +385,23 @@ def _offload_policy_supersedes_offloads(ctx: RuleContext) -> Iterator[Violation]
 # --- worker stage: global -> per-GPU normalization [2a, 2b] --------------------
 
 
-@rule("fsdp_size_divides_world", "worker", "[N1] an HSDP fsdp_size must divide the world size")
+@rule("worker", "[N1] an HSDP fsdp_size must divide the world size")
 def _fsdp_size_divides_world(ctx: RuleContext) -> Iterator[Violation]:
     world, fsdp = ctx.plan.cluster.world_size, ctx.plan.actor.fsdp_size
     if 0 < fsdp < world and world % fsdp:
         better = _largest_divisor_at_most(world, fsdp)
-        yield _violation(
-            "fsdp_size_divides_world", "worker",
+        yield ctx.violation(
             f"actor.fsdp_size = {fsdp} does not divide the {world} GPUs, so no (replicas, shards) mesh exists.",
             f"set actor.fsdp_size = {better} (or -1 for full sharding)", actor__fsdp_size=better,
         )
     if fsdp == 0:
-        yield _violation(
-            "fsdp_size_divides_world", "worker", "actor.fsdp_size = 0 is not a mesh size.",
+        yield ctx.violation(
+            "actor.fsdp_size = 0 is not a mesh size.",
             "set actor.fsdp_size = -1 (shard over all GPUs)", actor__fsdp_size=-1,
         )
 
 
-@rule("ulysses_divides_world", "worker", "[N2] world_size % ulysses_sequence_parallel_size == 0")
+@rule("worker", "[N2] world_size % ulysses_sequence_parallel_size == 0")
 def _ulysses_divides_world(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     world = plan.cluster.world_size
@@ -406,20 +409,18 @@ def _ulysses_divides_world(ctx: RuleContext) -> Iterator[Violation]:
                         ("critic", plan.critic.ulysses_sequence_parallel_size if plan.uses_critic else 1)):
         if world % sp:
             better = _largest_divisor_at_most(world, sp)
-            yield _violation(
-                "ulysses_divides_world", "worker",
+            yield ctx.violation(
                 f"{section}.ulysses_sequence_parallel_size = {sp} does not divide the {world} GPUs.",
                 f"set {section}.ulysses_sequence_parallel_size = {better}",
                 **{f"{section}__ulysses_sequence_parallel_size": better},
             )
 
 
-def _micro_rules(name: str, section: str, mini_prompts: int, mini_per_gpu: int, micro_key: str,
+def _micro_rules(ctx: RuleContext, section: str, mini_prompts: int, mini_per_gpu: int, micro_key: str,
                  micro_per_gpu: int | None, from_global: bool) -> Iterator[Violation]:
     """[N3, N5] normalized mini > 0; a set micro batch divides it and is at most it."""
     if mini_per_gpu <= 0:
-        yield _violation(
-            name, "worker",
+        yield ctx.violation(
             f"{section}.ppo_mini_batch_size = {mini_prompts} prompts normalizes to 0 sequences per data-parallel rank.",
             f"raise {section}.ppo_mini_batch_size so that ppo_mini_batch_size * n >= dp",
         )
@@ -427,8 +428,7 @@ def _micro_rules(name: str, section: str, mini_prompts: int, mini_per_gpu: int, 
     if micro_per_gpu is None:
         return
     if micro_per_gpu <= 0:
-        yield _violation(
-            name, "worker",
+        yield ctx.violation(
             f"the global {micro_key} normalizes to 0 per GPU (it is divided by dp, not multiplied by n).",
             f"use {section}.ppo_micro_batch_size_per_gpu = 1 instead",
             **{f"{section}__ppo_micro_batch_size_per_gpu": 1},
@@ -437,8 +437,7 @@ def _micro_rules(name: str, section: str, mini_prompts: int, mini_per_gpu: int, 
     if mini_per_gpu % micro_per_gpu or mini_per_gpu // micro_per_gpu == 0:
         better = _largest_divisor_at_most(mini_per_gpu, micro_per_gpu)
         source = f"the global {micro_key} normalized to" if from_global else f"{micro_key} ="
-        yield _violation(
-            name, "worker",
+        yield ctx.violation(
             f"the mini batch per GPU ({section}.ppo_mini_batch_size * n / dp = {mini_per_gpu} sequences) is not a "
             f"multiple of the micro batch ({source} {micro_per_gpu}).",
             f"set {section}.ppo_micro_batch_size_per_gpu = {better}",
@@ -446,7 +445,7 @@ def _micro_rules(name: str, section: str, mini_prompts: int, mini_per_gpu: int, 
         )
 
 
-@rule("actor_micro_batch_divides_mini", "worker",
+@rule("worker",
       "[N3, N5] normalized actor mini > 0, and a set micro batch per GPU divides it")
 def _actor_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
     plan, dp = ctx.plan, ctx.layout.parallel.dp
@@ -455,31 +454,31 @@ def _actor_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
     actor = plan.actor
     micro = normalized_micro_batch(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, dp)
     yield from _micro_rules(
-        "actor_micro_batch_divides_mini", "actor", actor.ppo_mini_batch_size,
+        ctx, "actor", actor.ppo_mini_batch_size,
         actor.ppo_mini_batch_size * plan.rollout.n // dp, "actor.ppo_micro_batch_size_per_gpu"
         if actor.ppo_micro_batch_size_per_gpu is not None else "actor.ppo_micro_batch_size",
         micro, actor.ppo_micro_batch_size_per_gpu is None,
     )
 
 
-@rule("critic_micro_batch_divides_mini", "worker",
+@rule("worker",
       "[2b] normalized critic mini > 0, and a set critic micro batch per GPU divides it")
 def _critic_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if not plan.uses_critic or ctx.layout.critic_parallel is None or ctx.layout.critic_parallel.dp <= 0:
         return
-    critic, dp = plan.critic, ctx.layout.critic_parallel.dp
-    mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else plan.actor.ppo_mini_batch_size
+    critic, dp, mini = plan.critic, ctx.layout.critic_parallel.dp, ctx.layout.critic_ppo_mini_batch_size
+    assert mini is not None, "the layout has a critic whenever the plan uses one"
     micro = normalized_micro_batch(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, dp)
     yield from _micro_rules(
-        "critic_micro_batch_divides_mini", "critic", mini, mini * plan.rollout.n // dp,
+        ctx, "critic", mini, mini * plan.rollout.n // dp,
         "critic.ppo_micro_batch_size_per_gpu" if critic.ppo_micro_batch_size_per_gpu is not None
         else "critic.ppo_micro_batch_size",
         micro, critic.ppo_micro_batch_size_per_gpu is None,
     )
 
 
-@rule("log_prob_micro_batch_positive", "worker", "[N6] a global log-prob micro batch must not normalize to 0")
+@rule("worker", "[N6] a global log-prob micro batch must not normalize to 0")
 def _log_prob_micro_batch_positive(ctx: RuleContext) -> Iterator[Violation]:
     plan, dp = ctx.plan, ctx.layout.parallel.dp
     pairs = [("rollout", plan.rollout.log_prob_micro_batch_size, plan.rollout.log_prob_use_dynamic_bsz)]
@@ -487,8 +486,7 @@ def _log_prob_micro_batch_positive(ctx: RuleContext) -> Iterator[Violation]:
         pairs.append(("ref", plan.ref.log_prob_micro_batch_size, plan.ref.log_prob_use_dynamic_bsz))
     for section, global_size, dynamic in pairs:
         if global_size is not None and not dynamic and dp > 0 and global_size // dp == 0:
-            yield _violation(
-                "log_prob_micro_batch_positive", "worker",
+            yield ctx.violation(
                 f"the global {section}.log_prob_micro_batch_size = {global_size} normalizes to 0 per GPU over "
                 f"{dp} data-parallel ranks.",
                 f"replace it with {section}.log_prob_micro_batch_size_per_gpu = 1",
@@ -496,13 +494,12 @@ def _log_prob_micro_batch_positive(ctx: RuleContext) -> Iterator[Violation]:
             )
 
 
-@rule("dynamic_bsz_flags_agree", "worker",
+@rule("worker",
       "[2e] verl's engine worker asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz")
 def _dynamic_bsz_flags_agree(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.actor.use_dynamic_bsz != plan.rollout.log_prob_use_dynamic_bsz:
-        yield _violation(
-            "dynamic_bsz_flags_agree", "worker",
+        yield ctx.violation(
             f"actor.use_dynamic_bsz = {str(plan.actor.use_dynamic_bsz).lower()} but "
             f"rollout.log_prob_use_dynamic_bsz = {str(plan.rollout.log_prob_use_dynamic_bsz).lower()}; verl's "
             "engine worker (the default since 0.9) asserts they agree.",
@@ -511,21 +508,19 @@ def _dynamic_bsz_flags_agree(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
-@rule("mini_batch_divisible_by_dp", "worker",
+@rule("worker",
       "[2e] ppo_mini_batch_size * n splits evenly over the dp ranks (engine worker's train_mini_batch)")
 def _mini_batch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     pairs = [("actor", plan.actor.ppo_mini_batch_size, ctx.layout.parallel.dp)]
-    if plan.uses_critic and ctx.layout.critic_parallel is not None:
-        critic_mini = plan.critic.ppo_mini_batch_size
-        pairs.append(("critic", critic_mini if critic_mini is not None else plan.actor.ppo_mini_batch_size,
-                      ctx.layout.critic_parallel.dp))
+    critic_mini = ctx.layout.critic_ppo_mini_batch_size
+    if plan.uses_critic and ctx.layout.critic_parallel is not None and critic_mini is not None:
+        pairs.append(("critic", critic_mini, ctx.layout.critic_parallel.dp))
     n = plan.rollout.n
     for section, mini, dp in pairs:
         if dp > 0 and (mini * n) % dp:
             better = _next_multiple(mini, dp // math.gcd(dp, n))
-            yield _violation(
-                "mini_batch_divisible_by_dp", "worker",
+            yield ctx.violation(
                 f"{section}.ppo_mini_batch_size * n = {mini} * {n} = {mini * n} sequences per optimizer step do "
                 f"not split evenly over {dp} data-parallel ranks (verl 0.8 silently floor-divides, 0.9 asserts).",
                 f"set {section}.ppo_mini_batch_size = {better}",
@@ -533,7 +528,7 @@ def _mini_batch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
             )
 
 
-@rule("deprecated_global_micro_batch_keys", "config",
+@rule("config",
       "[N4, N6] global micro-batch keys are normalized by verl 0.8 but rejected by verl >= 0.9")
 def _deprecated_global_micro_batch_keys(ctx: RuleContext) -> Iterator[Violation]:
     plan, dp = ctx.plan, max(ctx.layout.parallel.dp, 1)
@@ -545,8 +540,7 @@ def _deprecated_global_micro_batch_keys(ctx: RuleContext) -> Iterator[Violation]
     for key, value, per_gpu_key in keys:
         if value is not None:
             per_gpu = max(1, value // dp)
-            yield _violation(
-                "deprecated_global_micro_batch_keys", "config",
+            yield ctx.violation(
                 f"{key} = {value} is a deprecated global key: verl 0.8 turns it into {per_gpu} per GPU "
                 f"(divided by dp = {dp}, not multiplied by n); verl 0.9's engine worker rejects it.",
                 f"replace it with {per_gpu_key} = {per_gpu}", severity="warning",
@@ -556,7 +550,7 @@ def _deprecated_global_micro_batch_keys(ctx: RuleContext) -> Iterator[Violation]
 # --- runtime stage: dispatch, dynamic batching, Ulysses, vLLM [4] --------------
 
 
-@rule("token_budget_fits_longest_sequence", "runtime",
+@rule("runtime",
       "[R1] with dynamic bsz, max_token_len_per_gpu * sp >= max_prompt_length + max_response_length")
 def _token_budget_fits_longest_sequence(ctx: RuleContext) -> Iterator[Violation]:
     longest = ctx.plan.data.max_sequence_length
@@ -565,8 +559,7 @@ def _token_budget_fits_longest_sequence(ctx: RuleContext) -> Iterator[Violation]
         if budget is not None and budget < longest:
             needed = math.ceil(longest / role.sequence_parallel_size)
             key = TOKEN_BUDGET_KEY[Phase(role.role)]
-            yield _violation(
-                "token_budget_fits_longest_sequence", "runtime",
+            yield ctx.violation(
                 f"{key} = {role.max_token_len_per_gpu} (x sp {role.sequence_parallel_size} = {budget} "
                 f"tokens) cannot hold one full sequence of {longest} tokens (prompt + response).",
                 f"set {key} >= {needed} (verl recommends 2-3x that)",
@@ -574,7 +567,7 @@ def _token_budget_fits_longest_sequence(ctx: RuleContext) -> Iterator[Violation]
             )
 
 
-@rule("dispatch_divisible_by_dp", "runtime",
+@rule("runtime",
       "[R3, R4] train_batch_size * n sequences split evenly over the dp ranks (dispatch and balance_batch)")
 def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
     plan, dp = ctx.plan, ctx.layout.parallel.dp
@@ -583,15 +576,14 @@ def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
     total = plan.data.train_batch_size * plan.rollout.n
     if total % dp or total < dp:
         better = _smallest_train_batch(plan.data.train_batch_size, plan.rollout.n, dp)
-        yield _violation(
-            "dispatch_divisible_by_dp", "runtime",
+        yield ctx.violation(
             f"{total} sequences per step (train_batch_size {plan.data.train_batch_size} x n {plan.rollout.n}) "
             f"do not split evenly over {dp} data-parallel ranks.",
             f"set data.train_batch_size = {better}", data__train_batch_size=better,
         )
 
 
-@rule("log_prob_micro_batch_divides_batch", "runtime",
+@rule("runtime",
       "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)")
 def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]:
     roles = [("rollout", ctx.layout.old_log_prob)]
@@ -603,29 +595,27 @@ def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]
             continue
         if role.sequences_per_gpu % micro:
             better = _largest_divisor_at_most(role.sequences_per_gpu, micro)
-            yield _violation(
-                "log_prob_micro_batch_divides_batch", "runtime",
+            yield ctx.violation(
                 f"{role.sequences_per_gpu} sequences per GPU do not split into log-prob micro batches of {micro}.",
                 f"set {section}.log_prob_micro_batch_size_per_gpu = {better}",
                 **{f"{section}__log_prob_micro_batch_size_per_gpu": better},
             )
 
 
-@rule("agent_loop_chunks_evenly", "runtime",
+@rule("runtime",
       "[R2] train_batch_size * n splits evenly over rollout.agent_num_workers (verl's agent loop)")
 def _agent_loop_chunks_evenly(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     total, workers = plan.data.train_batch_size * plan.rollout.n, plan.rollout.agent_num_workers
     if total % workers:
         better = math.gcd(total, workers)
-        yield _violation(
-            "agent_loop_chunks_evenly", "runtime",
+        yield ctx.violation(
             f"{total} sequences per step do not split evenly over rollout.agent_num_workers = {workers}.",
             f"set rollout.agent_num_workers = {better}", rollout__agent_num_workers=better,
         )
 
 
-@rule("ulysses_divides_heads", "runtime",
+@rule("runtime",
       "[R5] num_attention_heads % sp == 0 and (num_kv_heads % sp == 0 or sp % num_kv_heads == 0)")
 def _ulysses_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
     plan, arch = ctx.plan, ctx.plan.model.arch
@@ -635,33 +625,27 @@ def _ulysses_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
     for section, sp in sizes:
         if sp <= 1:
             continue
-        heads_ok = arch.num_attention_heads % sp == 0
-        kv_ok = arch.num_kv_heads % sp == 0 or sp % arch.num_kv_heads == 0
-        if not (heads_ok and kv_ok):
-            ok = [d for d in range(1, sp + 1) if arch.num_attention_heads % d == 0
-                  and (arch.num_kv_heads % d == 0 or d % arch.num_kv_heads == 0)]
-            yield _violation(
-                "ulysses_divides_heads", "runtime",
+        if not arch.splits_heads(sp):
+            best = max(d for d in range(1, sp + 1) if arch.splits_heads(d))
+            yield ctx.violation(
                 f"{section}.ulysses_sequence_parallel_size = {sp} does not split {arch.num_attention_heads} attention "
                 f"heads / {arch.num_kv_heads} KV heads evenly.",
-                f"set {section}.ulysses_sequence_parallel_size = {ok[-1]}",
-                **{f"{section}__ulysses_sequence_parallel_size": ok[-1]},
+                f"set {section}.ulysses_sequence_parallel_size = {best}",
+                **{f"{section}__ulysses_sequence_parallel_size": best},
             )
 
 
-@rule("rollout_tp_divides_world", "runtime", "[R6] world_size % rollout tensor_model_parallel_size == 0")
+@rule("runtime", "[R6] world_size % rollout tensor_model_parallel_size == 0")
 def _rollout_tp_divides_world(ctx: RuleContext) -> Iterator[Violation]:
     world, tp = ctx.plan.cluster.world_size, ctx.plan.rollout.tensor_model_parallel_size
     if world % tp:
         better = _largest_divisor_at_most(world, tp)
-        yield _violation(
-            "rollout_tp_divides_world", "runtime",
+        yield ctx.violation(
             f"rollout.tensor_model_parallel_size = {tp} does not divide the {world} GPUs into whole vLLM replicas.",
             f"set rollout.tensor_model_parallel_size = {better}", rollout__tensor_model_parallel_size=better,
         )
     elif tp > ctx.plan.cluster.gpus_per_node:
-        yield _violation(
-            "rollout_tp_divides_world", "runtime",
+        yield ctx.violation(
             f"rollout TP {tp} spans nodes of {ctx.plan.cluster.gpus_per_node} GPUs: tensor-parallel all-reduces cross "
             "the inter-node network and verl needs vLLM >= 0.11.1 for it.",
             "prefer a TP that fits in one node unless the weights do not fit otherwise",
@@ -669,67 +653,56 @@ def _rollout_tp_divides_world(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
-@rule("rollout_tp_divides_heads", "runtime",
+@rule("runtime",
       "[R8] the engine's TP must divide the attention heads (and KV heads, or be a multiple)")
 def _rollout_tp_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
     """vLLM's and SGLang's attention layers both shard heads over TP: heads % tp == 0, and KV heads either
     split (kv % tp == 0) or are replicated (tp % kv == 0) (the same asserts in the attention constructors of
     sglang python/sglang/srt/models/*)."""
     arch, tp = ctx.plan.model.arch, ctx.plan.rollout.tensor_model_parallel_size
-    heads_ok = arch.num_attention_heads % tp == 0
-    kv_ok = arch.is_mla or arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
-    if not (heads_ok and kv_ok):
-        ok = [d for d in range(1, tp + 1) if arch.num_attention_heads % d == 0
-              and (arch.is_mla or arch.num_kv_heads % d == 0 or d % arch.num_kv_heads == 0)]
-        yield _violation(
-            "rollout_tp_divides_heads", "runtime",
+    if not arch.splits_heads(tp, latent_kv=True):
+        best = max(d for d in range(1, tp + 1) if arch.splits_heads(d, latent_kv=True))
+        yield ctx.violation(
             f"rollout.tensor_model_parallel_size = {tp} does not split {arch.num_attention_heads} attention heads / "
             f"{arch.num_kv_heads} KV heads.",
-            f"set rollout.tensor_model_parallel_size = {ok[-1]}", rollout__tensor_model_parallel_size=ok[-1],
+            f"set rollout.tensor_model_parallel_size = {best}", rollout__tensor_model_parallel_size=best,
         )
 
 
-@rule("max_model_len_within_model", "runtime",
+@rule("runtime",
       "[R7] max_model_len <= max_position_embeddings and > max_prompt_length")
 def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
-    limit = plan.model.arch.max_position_embeddings
-    max_len = plan.rollout.max_model_len
-    if max_len is None:
-        yield _violation(
-            "max_model_len_within_model", "runtime",
+    limit, max_len = plan.model.arch.max_position_embeddings, plan.verl_max_model_len
+    if plan.rollout.max_model_len is None:
+        yield ctx.violation(
             f"rollout.max_model_len is not set, so verl sizes vLLM for max_position_embeddings = {limit} tokens "
             "instead of the plan's sequences.",
-            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
-            severity="warning", rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
-        max_len = limit
     if max_len > limit:
-        yield _violation(
-            "max_model_len_within_model", "runtime",
+        yield ctx.violation(
             f"rollout.max_model_len = {max_len} exceeds the model's max_position_embeddings = {limit}.",
-            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
-            rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            rollout__max_model_len=plan.fitting_max_model_len,
         )
     if plan.data.max_prompt_length >= max_len:
-        yield _violation(
-            "max_model_len_within_model", "runtime",
+        yield ctx.violation(
             f"data.max_prompt_length = {plan.data.max_prompt_length} leaves no room for a response within "
             f"max_model_len = {max_len}; vLLM rejects such prompts.",
             f"set rollout.max_model_len = {plan.data.max_sequence_length}",
             rollout__max_model_len=plan.data.max_sequence_length,
         )
     elif max_len < plan.data.max_sequence_length:
-        yield _violation(
-            "max_model_len_within_model", "runtime",
+        yield ctx.violation(
             f"max_model_len = {max_len} is shorter than prompt + response = {plan.data.max_sequence_length}: long "
             "prompts get shorter responses than data.max_response_length.",
-            f"set rollout.max_model_len = {min(plan.data.max_sequence_length, limit)}",
-            severity="warning", rollout__max_model_len=min(plan.data.max_sequence_length, limit),
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
     if plan.data.max_sequence_length > limit:
-        yield _violation(
-            "max_model_len_within_model", "runtime",
+        yield ctx.violation(
             f"prompt + response = {plan.data.max_sequence_length} tokens exceeds the model's "
             f"max_position_embeddings = {limit}.",
             f"set data.max_response_length = {limit - plan.data.max_prompt_length}",
@@ -737,22 +710,20 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
-@rule("batched_tokens_cover_sequences", "runtime",
+@rule("runtime",
       "[R8] max_num_batched_tokens >= max_num_seqs, and >= max_model_len without chunked prefill")
 def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
     rollout = ctx.plan.rollout
     if rollout.max_num_batched_tokens < rollout.max_num_seqs:
-        yield _violation(
-            "batched_tokens_cover_sequences", "runtime",
+        yield ctx.violation(
             f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below rollout.max_num_seqs = "
             f"{rollout.max_num_seqs}; vLLM's scheduler refuses to start.",
             f"set rollout.max_num_batched_tokens = {rollout.max_num_seqs}",
             rollout__max_num_batched_tokens=rollout.max_num_seqs,
         )
-    max_len = rollout.max_model_len or ctx.plan.model.arch.max_position_embeddings
+    max_len = ctx.plan.verl_max_model_len
     if not rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < max_len:
-        yield _violation(
-            "batched_tokens_cover_sequences", "runtime",
+        yield ctx.violation(
             f"without chunked prefill, rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} must hold "
             f"a whole max_model_len = {max_len} prompt.",
             "set rollout.enable_chunked_prefill = true", rollout__enable_chunked_prefill=True,
@@ -763,7 +734,7 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
 LORA_MERGE_KEY = "actor_rollout_ref.model.lora.merge"
 
 
-@rule("sglang_lora_needs_merged_adapter", "runtime",
+@rule("runtime",
       "[R9] SGLang receives full weights only: LoRA with SGLang needs model.lora.merge")
 def _sglang_lora_needs_merged_adapter(ctx: RuleContext) -> Iterator[Violation]:
     """verl (b178a3cd) gives SGLang no LoRA arguments (sglang_rollout/async_sglang_server.py server args),
@@ -776,8 +747,7 @@ def _sglang_lora_needs_merged_adapter(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     merged = str(plan.passthrough.get(LORA_MERGE_KEY, "false")).lower() == "true"
     if plan.rollout.name == "sglang" and plan.model.lora.enabled and not merged:
-        yield _violation(
-            "sglang_lora_needs_merged_adapter", "runtime",
+        yield ctx.violation(
             f"model.lora.rank = {plan.model.lora.rank} with the SGLang rollout: SGLang serves no adapters, so "
             "after the first sync it would receive LoRA tensors it has no place for.",
             f"merge the adapter before each sync: add {LORA_MERGE_KEY}=true to the plan's passthrough "
@@ -792,7 +762,7 @@ SGLANG_IGNORED_ROLLOUT_KEYS = ("max_num_batched_tokens", "enable_chunked_prefill
                                "layered_summon")
 
 
-@rule("sglang_ignores_vllm_keys", "rlplan", "[R9] vLLM-only rollout keys have no effect with SGLang")
+@rule("rlplan", "[R9] vLLM-only rollout keys have no effect with SGLang")
 def _sglang_ignores_vllm_keys(ctx: RuleContext) -> Iterator[Violation]:
     """verl's async_sglang_server.py builds SGLang's ServerArgs from gpu_memory_utilization
     (mem_fraction_static), enforce_eager (disable_cuda_graph), tensor/data parallel size and max_num_seqs
@@ -805,8 +775,7 @@ def _sglang_ignores_vllm_keys(ctx: RuleContext) -> Iterator[Violation]:
     defaults = type(rollout)(n=rollout.n)
     changed = [key for key in SGLANG_IGNORED_ROLLOUT_KEYS if getattr(rollout, key) != getattr(defaults, key)]
     if changed:
-        yield _violation(
-            "sglang_ignores_vllm_keys", "rlplan",
+        yield ctx.violation(
             f"rollout.{', rollout.'.join(changed)} {'is' if len(changed) == 1 else 'are'} vLLM engine arguments "
             "that verl does not pass to SGLang; SGLang runs its own defaults.",
             "set SGLang's own knobs (chunked_prefill_size, disable_radix_cache) under "
@@ -820,7 +789,7 @@ SGLANG_DP_ATTENTION_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang.enable
 ROLLOUT_DP_KEY = "actor_rollout_ref.rollout.data_parallel_size"
 
 
-@rule("sglang_dp_attention_needs_rollout_dp", "rlplan",
+@rule("rlplan",
       "[R9] SGLang drops dp-attention when verl's rollout data_parallel_size is 1")
 def _sglang_dp_attention_needs_rollout_dp(ctx: RuleContext) -> Iterator[Violation]:
     """verl passes tp_size = tensor_model_parallel_size x data_parallel_size and dp_size =
@@ -834,8 +803,7 @@ def _sglang_dp_attention_needs_rollout_dp(ctx: RuleContext) -> Iterator[Violatio
     # A value rlplan cannot read (an interpolation) is not judged.
     dp = int(dp_text) if dp_text.isdigit() else None
     if ctx.plan.rollout.name == "sglang" and wanted and dp is not None and dp <= 1:
-        yield _violation(
-            "sglang_dp_attention_needs_rollout_dp", "rlplan",
+        yield ctx.violation(
             f"{SGLANG_DP_ATTENTION_KEY} is on, but the rollout's data_parallel_size is {dp}: SGLang turns "
             "dp-attention off when dp_size is 1.",
             f"set {ROLLOUT_DP_KEY} > 1 (SGLang then runs TP = tensor_model_parallel_size x data_parallel_size), "
@@ -846,79 +814,180 @@ def _sglang_dp_attention_needs_rollout_dp(ctx: RuleContext) -> Iterator[Violatio
 # --- rlplan stage: accepted by verl, broken or wasteful in practice ------------
 
 
-@rule("group_advantage_needs_samples", "rlplan", "GRPO/RLOO compare n > 1 responses per prompt")
+@rule("rlplan", "GRPO/RLOO compare n > 1 responses per prompt")
 def _group_advantage_needs_samples(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.algorithm.adv_estimator in ("grpo", "rloo") and plan.rollout.n < 2:
-        yield _violation(
-            "group_advantage_needs_samples", "rlplan",
+        yield ctx.violation(
             f"{plan.algorithm.adv_estimator} normalizes rewards within each prompt's group, and rollout.n = "
             f"{plan.rollout.n} makes every advantage zero: nothing would be learned.",
             "set rollout.n >= 2 (GRPO commonly uses 5-16)", rollout__n=5,
         )
     if plan.algorithm.adv_estimator in ("grpo", "rloo") and plan.rollout.temperature == 0:
-        yield _violation(
-            "group_advantage_needs_samples", "rlplan",
+        yield ctx.violation(
             "rollout.temperature = 0 samples the same response n times, so group advantages are all zero.",
             "set rollout.temperature = 1.0", severity="warning", rollout__temperature=1.0,
         )
 
 
-@rule("adapter_sync_keeps_base_weights", "rlplan",
+@rule("rlplan",
       "an adapter-only LoRA sync (or layered summon) needs vLLM sleep level 1, which keeps the base weights")
 def _adapter_sync_keeps_base_weights(ctx: RuleContext) -> Iterator[Violation]:
     rollout = ctx.plan.rollout
     keeps_base = ctx.plan.model.lora.enabled or rollout.layered_summon
     if rollout.name == "vllm" and keeps_base and rollout.free_cache_engine and rollout.sleep_level == 2:
-        yield _violation(
-            "adapter_sync_keeps_base_weights", "rlplan",
+        yield ctx.violation(
             "sleep level 2 discards vLLM's base weights, but with LoRA (or layered_summon) only adapters are pushed "
             "after the first sync; verl silently forces level 1, which keeps a host copy of the weights.",
             "set rollout.sleep_level = 1", rollout__sleep_level=1,
         )
 
 
-@rule("lora_loads_base_from_disk", "rlplan",
+@rule("rlplan",
       "LoRA and layered_summon expect vLLM to load the base itself (load_format = safetensors)")
 def _lora_loads_base_from_disk(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.rollout.layered_summon and plan.rollout.load_format == "dummy":
-        yield _violation(
-            "lora_loads_base_from_disk", "rlplan",
+        yield ctx.violation(
             "rollout.layered_summon gathers and pushes one layer at a time on top of a base vLLM loaded itself, "
             "but load_format = dummy gives vLLM random weights.",
             'set rollout.load_format = "safetensors"', rollout__load_format="safetensors",
         )
     elif plan.model.lora.enabled and plan.rollout.load_format == "dummy":
-        yield _violation(
-            "lora_loads_base_from_disk", "rlplan",
+        yield ctx.violation(
             "with LoRA and load_format = dummy the first sync pushes the whole base model; verl's docs require "
             "safetensors.",
             'set rollout.load_format = "safetensors"', severity="warning", rollout__load_format="safetensors",
         )
 
 
-@rule("mini_batches_split_evenly", "rlplan", "the per-GPU batch is a whole number of equal mini batches")
+@rule("rlplan", "the per-GPU batch is a whole number of equal mini batches")
 def _mini_batches_split_evenly(ctx: RuleContext) -> Iterator[Violation]:
     for role in (ctx.layout.actor_update, ctx.layout.critic_update):
         if role is None or not role.mini_batch_size_per_gpu or role.sequences_per_gpu <= 0:
             continue
         if role.sequences_per_gpu % role.mini_batch_size_per_gpu:
             section = "actor" if role.role == "actor_update" else "critic"
-            yield _violation(
-                "mini_batches_split_evenly", "rlplan",
+            yield ctx.violation(
                 f"{role.sequences_per_gpu} sequences per GPU split into mini batches of "
                 f"{role.mini_batch_size_per_gpu}: the last optimizer step sees a smaller batch.",
                 f"make data.train_batch_size a multiple of {section}.ppo_mini_batch_size", severity="warning",
             )
 
 
-@rule("kl_in_reward_and_loss", "rlplan", "[V6] a KL term in both the reward and the loss counts it twice")
+@rule("rlplan", "[V6] a KL term in both the reward and the loss counts it twice")
 def _kl_in_reward_and_loss(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.algorithm.use_kl_in_reward and plan.actor.use_kl_loss:
-        yield _violation(
-            "kl_in_reward_and_loss", "rlplan",
+        yield ctx.violation(
             "both algorithm.use_kl_in_reward and actor.use_kl_loss are on; the KL penalty applies twice.",
             "turn one of them off", severity="warning",
+        )
+
+
+# --- platform stage: what rlplan's bundled runtime can run on this machine -----
+# Run only by `rlplan run`, which passes the Platform it detected; verl plans are judged without them.
+
+
+def _platform(ctx: RuleContext) -> Platform:
+    assert ctx.platform is not None, "check_plan runs platform rules only with a Platform"
+    return ctx.platform
+
+
+@rule("platform", "the bundled runtime's rollout engine is vLLM only")
+def _runtime_rolls_out_with_vllm(ctx: RuleContext) -> Iterator[Violation]:
+    # runtime/rollout/ drives vLLM; an SGLang plan is for verl, which starts SGLang itself.
+    if ctx.plan.rollout.name != "vllm":
+        yield ctx.violation(
+            f"the bundled runtime runs vLLM rollouts only; this plan's rollout engine is {ctx.plan.rollout.name}.",
+            "render the plan for verl (rlplan render plan.toml --target verl), or set "
+            'rollout.name = "vllm" (re-solve with --rollout vllm) to run it here',
+            rollout__name="vllm",
+        )
+
+
+@rule("platform",
+      "parameter, optimizer and activation offload move tensors off an accelerator; a CPU-only machine has none")
+def _host_offload_needs_accelerator(ctx: RuleContext) -> Iterator[Violation]:
+    if _platform(ctx).supports_host_offload:
+        return
+    plan = ctx.plan
+    for key, wanted in (
+        ("actor.param_offload", plan.actor.param_offload),
+        ("actor.optimizer_offload", plan.actor.optimizer_offload),
+        ("ref.param_offload", plan.ref.param_offload and plan.uses_reference and not plan.reference_is_actor),
+        ("critic.param_offload", plan.critic.param_offload and plan.uses_critic),
+        ("critic.optimizer_offload", plan.critic.optimizer_offload and plan.uses_critic),
+        ("actor.offload_policy", plan.actor.offload_policy),
+        ("critic.offload_policy", plan.critic.offload_policy and plan.uses_critic),
+    ):
+        if wanted:
+            yield ctx.violation(
+                "offloading to host memory needs an accelerator (FSDP2's CPUOffloadPolicy cannot run on a "
+                "CPU-only machine, where the parameters already live in host memory).",
+                f"set {key} = false for a run on this machine", **{key.replace(".", "__"): False},
+            )
+    if plan.model.activation_offload:
+        yield ctx.violation(
+            "activation offload moves activations from an accelerator to the host; this machine has none.",
+            "set model.activation_offload = false for a run on this machine", model__activation_offload=False,
+        )
+
+
+@rule("platform", "freeing vLLM's cache between rollouts needs its sleep mode")
+def _free_cache_needs_sleep_mode(ctx: RuleContext) -> Iterator[Violation]:
+    if ctx.plan.rollout.free_cache_engine and not _platform(ctx).supports_sleep_mode:
+        yield ctx.violation(
+            "vLLM's CPU backend has no sleep mode, so it cannot free its cache between rollouts.",
+            "set rollout.free_cache_engine = false for a run on this machine", rollout__free_cache_engine=False,
+        )
+
+
+@rule("platform",
+      "on GPUs the bundled runtime colocates one single-GPU vLLM engine with each trainer rank")
+def _runtime_rollout_is_single_gpu(ctx: RuleContext) -> Iterator[Violation]:
+    tp = ctx.plan.rollout.tensor_model_parallel_size
+    if tp > 1 and not _platform(ctx).supports_tensor_parallel_rollout:
+        yield ctx.violation(
+            "the bundled runtime colocates one single-GPU vLLM engine with each trainer rank; "
+            "tensor-parallel engines are not supported by it.",
+            "set rollout.tensor_model_parallel_size = 1 (re-solve with --fix rollout.tensor_model_parallel_size=1), "
+            "or render the plan for verl",
+            rollout__tensor_model_parallel_size=1,
+        )
+
+
+@rule("platform", "a one-node plan wants at most the GPUs this machine has")
+def _plan_gpus_on_this_machine(ctx: RuleContext) -> Iterator[Violation]:
+    platform, cluster = _platform(ctx), ctx.plan.cluster
+    if platform.has_accelerator and cluster.nodes == 1 and cluster.gpus_per_node > platform.accelerator_count:
+        yield ctx.violation(
+            f"the plan wants {cluster.gpus_per_node} GPUs on one node, this machine has "
+            f"{platform.accelerator_count}.",
+            f"re-solve the plan for {platform.accelerator_count} GPUs, or run it on a machine that has them",
+            cluster__gpus_per_node=platform.accelerator_count,
+        )
+
+
+@rule("platform",
+      "the bundled runtime deals every phase's samples out by one Ulysses grouping")
+def _runtime_critic_sp_matches_actor(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    actor_sp, critic_sp = plan.actor.ulysses_sequence_parallel_size, plan.critic.ulysses_sequence_parallel_size
+    if plan.uses_critic and critic_sp != actor_sp:
+        yield ctx.violation(
+            f"the bundled runtime deals every phase's samples out by one Ulysses grouping; the actor "
+            f"uses {actor_sp}, the critic {critic_sp}.",
+            f"set critic.ulysses_sequence_parallel_size = {actor_sp}",
+            critic__ulysses_sequence_parallel_size=actor_sp,
+        )
+
+
+@rule("platform", "the bundled runtime trains with FSDP2 only")
+def _runtime_trains_with_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
+    strategy = ctx.plan.actor.strategy
+    if strategy != "fsdp2":
+        yield ctx.violation(
+            f"the bundled runtime trains with FSDP2 only, the plan says {strategy!r}.",
+            'set actor.strategy = "fsdp2"', actor__strategy="fsdp2",
         )

@@ -224,9 +224,7 @@ def ulysses_options(arch: Architecture, cluster: Cluster, sequence_len: int) -> 
     options = [1]
     if sequence_len >= 8192:
         for sp in (2, 4, 8):
-            if sp <= cluster.gpus_per_node and cluster.world_size % sp == 0 and arch.num_attention_heads % sp == 0 and (
-                arch.num_kv_heads % sp == 0 or sp % arch.num_kv_heads == 0
-            ):
+            if sp <= cluster.gpus_per_node and cluster.world_size % sp == 0 and arch.splits_heads(sp):
                 options.append(sp)
     return options
 
@@ -235,8 +233,7 @@ def tensor_parallel_options(arch: Architecture, cluster: Cluster) -> list[int]:
     options = []
     tp = 1
     while tp <= max(cluster.gpus_per_node, 1) * 2 and tp <= cluster.world_size:
-        kv_ok = arch.is_mla or arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
-        if cluster.world_size % tp == 0 and arch.num_attention_heads % tp == 0 and kv_ok:
+        if cluster.world_size % tp == 0 and arch.splits_heads(tp, latent_kv=True):
             options.append(tp)
         tp *= 2
     return options or [1]
@@ -446,18 +443,17 @@ def _budget_floor(plan: Plan) -> int:
 
 def _budget_caps(plan: Plan) -> tuple[int, int]:
     """Budgets beyond one mini batch (update) or the whole batch (forward) per GPU change nothing."""
-    sequence_len = plan.data.max_sequence_length
-    sp = plan.actor.ulysses_sequence_parallel_size
+    actor = plan_layout(plan).actor_update
+    sequence_len, sp = actor.max_sequence_length, actor.sequence_parallel_size
     minimum = _budget_floor(plan)
-    dp = max(plan.cluster.world_size // sp, 1)
-    per_gpu_sequences = max(1, plan.data.train_batch_size * plan.rollout.n // dp)
-    mini_tokens = math.ceil(plan.actor.ppo_mini_batch_size * plan.rollout.n * sequence_len / dp / sp)
+    mini_tokens = math.ceil((actor.mini_batch_size_per_gpu or 0) * sequence_len / sp)
+    batch_tokens = max(1, actor.sequences_per_gpu) * sequence_len // sp
     limit = MAX_BUDGET_MULTIPLE_OF_SEQUENCE * sequence_len
 
     def rounded(value: int) -> int:
         return max(minimum, math.ceil(value / BUDGET_GRANULARITY) * BUDGET_GRANULARITY)
 
-    return rounded(min(limit, max(mini_tokens, minimum))), rounded(min(limit, per_gpu_sequences * sequence_len // sp))
+    return rounded(min(limit, max(mini_tokens, minimum))), rounded(min(limit, batch_tokens))
 
 
 def _largest_fitting_divisor(total: int, fits) -> int | None:
@@ -612,14 +608,10 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
 # --- search -------------------------------------------------------------------------
 
 
-def _gpu_peak(report: MemoryReport) -> int:
-    return max(p.peak_bytes for p in report.phases)
-
-
 def _rank_key(candidate: Candidate, objective: Objective) -> tuple[float, ...]:
     if objective == "memory":
-        return (_gpu_peak(candidate.memory), candidate.step_time.total_seconds)
-    return (candidate.step_time.total_seconds, _gpu_peak(candidate.memory))
+        return (candidate.memory.gpu_peak_bytes, candidate.step_time.total_seconds)
+    return (candidate.step_time.total_seconds, candidate.memory.gpu_peak_bytes)
 
 
 def _choice_text(plan: Plan) -> str:
@@ -755,7 +747,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 gpu_memory_utilization=cached.gpu_memory_utilization, max_num_seqs=cached.max_num_seqs,
                 max_num_batched_tokens=cached.max_num_batched_tokens))
             report = predict_memory(solved, request.profile)
-            within = _gpu_peak(report) <= usable_gpu_bytes(report.gpu_capacity_bytes, request.objective)
+            within = report.gpu_peak_bytes <= usable_gpu_bytes(report.gpu_capacity_bytes, request.objective)
             if not (report.fits and within and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
                 closest = _closer(closest, solved, request)
                 if dropped is not None:
@@ -775,12 +767,12 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
 def _dropped_point(plan: Plan, request: SolveRequest, reason: str) -> FrontierPoint:
     report = predict_memory(plan, request.profile)
     step = predict_step_time(plan, report, request.profile)
-    return FrontierPoint(step_time_s=step.total_seconds, gpu_peak_gib=_gpu_peak(report) / GIB, feasible=False,
+    return FrontierPoint(step_time_s=step.total_seconds, gpu_peak_gib=report.gpu_peak_bytes / GIB, feasible=False,
                          rank=0, knobs=tuple(searched_knobs(plan).items()), reason=reason)
 
 
 def _ranked_points(ranked: list[Candidate]) -> list[FrontierPoint]:
-    return [FrontierPoint(step_time_s=c.step_time.total_seconds, gpu_peak_gib=_gpu_peak(c.memory) / GIB,
+    return [FrontierPoint(step_time_s=c.step_time.total_seconds, gpu_peak_gib=c.memory.gpu_peak_bytes / GIB,
                           feasible=True, rank=rank, knobs=tuple(searched_knobs(c.plan).items()))
             for rank, c in enumerate(ranked, start=1)]
 

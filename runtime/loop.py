@@ -25,9 +25,9 @@ from attrs import frozen
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.phases import Phase, SyncMode
 from rlplan.planner.plan import Plan
+from rlplan.planner.platform import Platform
 from rlplan.runtime import checkpoint
 from rlplan.runtime.metrics import MetricsLog, PhaseMeasurement, plan_versus_actual, predicted_phase_peaks
-from rlplan.runtime.platform import Platform
 from rlplan.runtime.trainer.token_batch import (
     TokenBatch,
     concat_batches,

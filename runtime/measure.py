@@ -34,6 +34,7 @@ from attrs import field, frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import Plan
+from rlplan.planner.validators import field_check
 
 Phase = Literal["update", "logprob"]
 PHASES: tuple[Phase, ...] = ("update", "logprob")
@@ -95,13 +96,8 @@ def planner_component_group(name: str) -> str:
     return _GROUP_OF_PLANNER_COMPONENT.get(name, "other")
 
 
-def _check_positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if value <= 0:
-        raise PlanError(
-            field=f"measure.{attribute.name}",
-            message=f"must be a positive integer, got {value}.",
-            fix=f"pass a positive {attribute.name}",
-        )
+_check_positive = field_check("measure", lambda value: not value <= 0, "must be a positive integer, got {value}.",
+                              "pass a positive {name}")
 
 
 @frozen(kw_only=True)

@@ -19,7 +19,7 @@ from typing import Any
 from attrs import frozen
 
 from rlplan.planner.plan import Plan
-from rlplan.runtime.platform import Platform
+from rlplan.planner.platform import Platform
 
 LOOPBACK_NODE_IP = "127.0.0.2"
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20

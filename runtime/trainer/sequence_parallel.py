@@ -19,6 +19,8 @@ from typing import Any
 
 from attrs import frozen
 
+from rlplan.planner.arch import heads_split_evenly
+
 ATTENTION_IMPLEMENTATION = "rlplan_ulysses"
 
 
@@ -212,5 +214,5 @@ def check_heads_divide(config: Any, size: int) -> None:
     """Ulysses splits the attention heads over the group, and the KV heads or copies of them (rule R5)."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if heads % size or (kv_heads % size and size % kv_heads):
+    if not heads_split_evenly(heads, kv_heads, size):
         raise ValueError(f"Ulysses size {size} does not split {heads} attention heads and {kv_heads} KV heads")

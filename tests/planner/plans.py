@@ -6,8 +6,8 @@ from typing import Any
 
 from rlplan.planner.arch import Architecture, architecture_from_hf_config
 from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.plan import ActorSection, DataSection, ModelSection, Plan, RolloutSection
-from rlplan.planner.planfile import with_overrides
 
 QWEN25_7B = architecture_from_hf_config(
     {
@@ -33,4 +33,4 @@ def make_plan(arch: Architecture = QWEN25_7B, *, gpus: int = 8, gpu_mem_gib: flo
         actor=ActorSection(ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=2),
         rollout=RolloutSection(n=4, log_prob_micro_batch_size_per_gpu=4, max_model_len=1536),
     )
-    return with_overrides(plan, overrides) if overrides else plan
+    return apply_knobs(plan, overrides) if overrides else plan

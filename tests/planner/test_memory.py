@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from rlplan.planner.arch import architecture_from_hf_config
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import GpuSpec
+from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import (
     GIB,
@@ -35,7 +36,6 @@ from rlplan.planner.memory import (
     vllm_kv_cache_bytes,
 )
 from rlplan.planner.plan import Plan
-from rlplan.planner.planfile import with_overrides
 from rlplan.planner.profile import DEFAULT_PROFILE
 from tests.planner.plans import QWEN25_7B, make_plan
 
@@ -443,7 +443,7 @@ def with_cluster(plan: Plan, **changes) -> Plan:
        fsdp_size=st.sampled_from([-1, 4, 8, 16]), gpu_gib=st.sampled_from([24.0, 40.0, 80.0, 141.0]))
 def test_more_nodes_never_turn_a_feasible_plan_infeasible(arch, knobs, nodes, more, fsdp_size, gpu_gib):
     """GPUs come as nodes: more GPUs in one node would rightly need more host RAM in that node."""
-    plan = with_overrides(make_plan(arch, gpu_mem_gib=gpu_gib, overrides=knobs), {"actor.fsdp_size": fsdp_size})
+    plan = apply_knobs(make_plan(arch, gpu_mem_gib=gpu_gib, overrides=knobs), {"actor.fsdp_size": fsdp_size})
     fewer = predict_memory(with_cluster(plan, nodes=nodes))
     bigger = predict_memory(with_cluster(plan, nodes=nodes + more))
     if fewer.fits:

@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.plan import Prediction
-from rlplan.planner.planfile import plan_from_toml, plan_to_dict, plan_to_toml, with_overrides
+from rlplan.planner.planfile import plan_from_toml, plan_to_dict, plan_to_toml
 from tests.planner.plans import make_plan
 
 KNOB_VALUES = {
@@ -130,4 +131,4 @@ def test_schema_version_is_written_and_checked():
 def test_none_values_are_omitted_and_come_back_as_defaults():
     data = plan_to_dict(make_plan())
     assert "ppo_micro_batch_size" not in data["actor"]  # the deprecated global stays unset
-    assert with_overrides(make_plan(), {}) == make_plan()
+    assert apply_knobs(make_plan(), {}) == make_plan()

@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.plan import ModelSection, Plan
-from rlplan.planner.planfile import plan_to_dict, with_overrides
+from rlplan.planner.planfile import plan_to_dict
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.render import plan_as_verl_runs_it, render_plan
 from rlplan.planner.solver import SolveRequest, solve
@@ -223,7 +224,7 @@ def test_bad_target_or_format_is_a_plan_error(target, fmt, field):
 
 def test_leave_one_out_grpo_has_no_verl_form():
     with pytest.raises(PlanError) as error:
-        render_plan(with_overrides(preset_plan(), {"algorithm.grpo_leave_one_out": True}), "verl")
+        render_plan(apply_knobs(preset_plan(), {"algorithm.grpo_leave_one_out": True}), "verl")
     assert error.value.field == "algorithm.grpo_leave_one_out"
 
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
-from rlplan.planner.planfile import with_overrides
 from rlplan.planner.rules import RULES, check_plan, rule_names
 from tests.planner.plans import make_plan
 
@@ -119,7 +119,7 @@ def test_applying_every_suggested_fix_never_adds_an_error_it_names(plan):
     for violation in report.errors:
         if not violation.suggested:
             continue
-        fixed = with_overrides(plan, violation.suggested)
+        fixed = apply_knobs(plan, violation.suggested)
         same = [
             v for v in check_plan(fixed).errors
             if v.rule == violation.rule and v.message == violation.message
@@ -216,3 +216,14 @@ def test_offload_policy_on_fsdp1_is_an_error_and_beside_phase_offloads_a_warning
     assert warning.severity == "warning" and warning.suggested["actor.param_offload"] is False
     assert not [v for v in check_plan(make_plan(overrides={"actor.offload_policy": True})).violations
                 if v.rule.startswith("offload_policy")]
+
+
+def test_every_violation_carries_the_name_and_stage_of_the_rule_that_found_it():
+    from rlplan.planner.platform import Platform
+
+    plan = make_plan(overrides={"actor.fsdp_size": 3, "rollout.n": 1, "actor.strategy": "fsdp",
+                                "actor.offload_policy": True, "rollout.max_model_len": 40000})
+    stages = {r.name: r.stage for r in RULES}
+    violations = check_plan(plan, Platform(device_type="cpu")).violations
+    assert len({v.rule for v in violations}) >= 5
+    assert all(stages[v.rule] == v.stage for v in violations)

@@ -1,4 +1,4 @@
-"""The runtime's platform (runtime/platform.py): knobs this machine cannot honour, and CPU threads per rank."""
+"""The runtime's platform (runtime/platform.py): the gate of `rlplan run` over the registered rules, and CPU threads per rank."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import attrs
 import pytest
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.rules import check_plan
 from rlplan.runtime.platform import (
     Platform,
     available_cores,
     check_plan_runnable,
     cpu_threads_per_rank,
-    unrunnable_knobs,
 )
 from tests.planner.plans import make_plan
 
@@ -21,15 +21,20 @@ CPU = Platform(device_type="cpu")
 GPU = Platform(device_type="cuda", accelerator_count=8)
 
 
+def _platform_refusals(plan, platform) -> list[str]:
+    """The plan keys the platform rules refuse, in order."""
+    return [v.plan_key for v in check_plan(plan, platform).errors if v.stage == "platform"]
+
+
 @pytest.mark.parametrize("field", ["actor.offload_policy", "critic.offload_policy"])
 def test_cpu_offload_policy_is_refused_without_an_accelerator_naming_the_field(field):
     # FSDP2's CPUOffloadPolicy raises on a machine without an accelerator (runtime-facts.md).
     plan = make_plan(overrides={"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 2,
                                 "rollout.free_cache_engine": False, field: True})
-    errors = unrunnable_knobs(plan, CPU)
-    assert [e.field for e in errors] == [field] and errors[0].fix
+    errors = [v for v in check_plan(plan, CPU).errors if v.stage == "platform"]
+    assert [e.plan_key for e in errors] == [field] and errors[0].fix
     # On GPUs the trainer shards with CPUOffloadPolicy, as verl does for this key.
-    assert field not in {e.field for e in unrunnable_knobs(plan, GPU)}
+    assert field not in _platform_refusals(plan, GPU)
 
 
 @pytest.mark.parametrize(("world_size", "cores", "threads"), [(1, 2, 2), (2, 2, 1), (4, 2, 1), (2, 16, 8), (3, 16, 5)])
@@ -48,4 +53,50 @@ def test_sglang_plan_is_refused_naming_rollout_name_on_every_platform(platform):
     with pytest.raises(PlanError) as error:
         check_plan_runnable(sglang, platform)
     assert error.value.field == "rollout.name" and "render" in error.value.fix
-    assert "rollout.name" not in {e.field for e in unrunnable_knobs(plan, platform)}
+    assert "rollout.name" not in _platform_refusals(plan, platform)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "platform", "rule", "key"),
+    [
+        # Level 2 drops vLLM's base weights on sleep and an adapter sync does not resend them.
+        ({"rollout.free_cache_engine": True, "rollout.sleep_level": 2, "model.lora.rank": 8}, GPU,
+         "adapter_sync_keeps_base_weights", "rollout.sleep_level"),
+        ({"rollout.enable_chunked_prefill": False, "rollout.max_num_batched_tokens": 1024}, GPU,
+         "batched_tokens_cover_sequences", "rollout.enable_chunked_prefill"),
+        ({"rollout.max_model_len": 40000}, GPU, "max_model_len_within_model", "rollout.max_model_len"),
+        ({"actor.fsdp_size": 3}, GPU, "fsdp_size_divides_world", "actor.fsdp_size"),
+        ({"rollout.tensor_model_parallel_size": 2}, GPU, "runtime_rollout_is_single_gpu",
+         "rollout.tensor_model_parallel_size"),
+        ({"rollout.free_cache_engine": True}, CPU, "free_cache_needs_sleep_mode", "rollout.free_cache_engine"),
+        ({"actor.strategy": "fsdp"}, GPU, "runtime_trains_with_fsdp2", "actor.strategy"),
+    ],
+)
+def test_run_gate_refuses_what_a_registered_rule_refuses_naming_its_key(overrides, platform, rule, key):
+    plan = make_plan(overrides=overrides)
+    assert check_plan_runnable(make_plan(), GPU) is None
+    errors = [v for v in check_plan(plan, platform).errors if v.rule == rule]
+    assert errors and errors[0].plan_key == key and errors[0].fix
+    with pytest.raises(PlanError) as raised:
+        check_plan_runnable(plan, platform)
+    assert raised.value.field and raised.value.fix
+
+
+def test_platform_rules_run_only_with_a_platform():
+    plan = make_plan(overrides={"rollout.name": "sglang", "actor.param_offload": True, "actor.strategy": "fsdp"})
+    assert not [v for v in check_plan(plan).violations if v.stage == "platform"]
+    assert {"runtime_rolls_out_with_vllm", "host_offload_needs_accelerator", "runtime_trains_with_fsdp2"} <= {
+        v.rule for v in check_plan(plan, CPU).errors
+    }
+
+
+def test_single_gpu_rollout_fix_names_a_flag_solve_has():
+    plan = make_plan(overrides={"rollout.tensor_model_parallel_size": 2})
+    (refusal,) = [v for v in check_plan(plan, GPU).errors if v.rule == "runtime_rollout_is_single_gpu"]
+    assert "--fix rollout.tensor_model_parallel_size=1" in refusal.fix and "--pin" not in refusal.fix
+
+
+def test_a_plan_for_more_gpus_than_this_machine_has_is_refused():
+    plan = make_plan(gpus=8)
+    assert "cluster.gpus_per_node" in _platform_refusals(plan, Platform(device_type="cuda", accelerator_count=4))
+    assert "cluster.gpus_per_node" not in _platform_refusals(plan, GPU)

@@ -76,29 +76,6 @@ def test_lora_rank_above_vllms_largest_is_a_plan_error():
 
 
 @pytest.mark.runtime
-@pytest.mark.parametrize(
-    ("changes", "on_gpu", "lora_rank", "field"),
-    [
-        ({"free_cache_engine": True, "sleep_level": 2}, True, 8, "rollout.sleep_level"),
-        (
-            {"enable_chunked_prefill": False, "max_num_batched_tokens": 16},
-            False,
-            0,
-            "rollout.max_num_batched_tokens",
-        ),
-        ({"max_model_len": 4096}, False, 0, "rollout.max_model_len"),
-    ],
-)
-def test_knobs_the_platform_cannot_honour_are_plan_errors(
-    tmp_path_factory, changes, on_gpu, lora_rank, field
-):
-    plan = _evolve_rollout(_tiny_plan(tmp_path_factory, lora_rank=lora_rank), **changes)
-    with pytest.raises(PlanError) as raised:
-        vllm_engine_kwargs(plan, "/m", on_gpu=on_gpu)
-    assert raised.value.field == field and raised.value.fix
-
-
-@pytest.mark.runtime
 def test_cpu_kv_cache_covers_all_sequences_and_is_at_least_one_gib(tmp_path_factory):
     plan = _tiny_plan(tmp_path_factory)
     assert cpu_kv_cache_gib(plan) == 1
