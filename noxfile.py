@@ -133,11 +133,14 @@ def install_verl_compat(session: nox.Session, *, constraints: str | None) -> Non
 def verl_compat(session: nox.Session) -> None:
     """verl 0.9 accepts rendered plans and rejects what rlplan rejects for a batch rule.
 
-    Its own environment: verl pins transformers < 5.11, which the runtime's vLLM cannot share.
+    First, verl's own YAML defaults and hydra-core's override parser check the importer's hand-kept
+    key table and value codec (check_key_table.py, seconds). Its own environment: verl pins
+    transformers < 5.11, which the runtime's vLLM cannot share.
     """
     install_verl_compat(session, constraints=VERL_COMPAT_CONSTRAINTS)
-    session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs,
-                env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"})
+    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
+    session.run("python", "tests/verl_compat/check_key_table.py", *session.posargs, env=env)
+    session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON)
