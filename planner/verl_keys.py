@@ -180,6 +180,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("trainer.test_freq", "trainer.test_freq", "int", -1),
     _k("trainer.project_name", "trainer.project_name", "str", "verl_examples"),
     _k("trainer.experiment_name", "trainer.experiment_name", "str", "gsm8k"),
+    _k("trainer.logger", "trainer.logger", "str_list", ("console", "wandb")),
     # verl's default is `checkpoints/${trainer.project_name}/${trainer.experiment_name}`; the
     # importer resolves that interpolation like any other.
     _k("trainer.output_dir", "trainer.default_local_dir", "str",

@@ -4,9 +4,10 @@ A checkpoint for step N is written into `<output_dir>/checkpoints/.tmp-step-N`:
 - every rank writes its shards with torch.distributed.checkpoint (model and
   optimizer through the distributed state-dict functions, so Adam moments are
   kept, and the LR scheduler and RNG states per rank);
-- rank 0 adds the exported weights: the LoRA adapter in PEFT format
-  (`adapter/`, loadable with `PeftModel.from_pretrained`), or the full model as
-  Hugging Face safetensors (`hf/`);
+- rank 0 adds the exported weights: the LoRA adapter written by peft's
+  `save_pretrained` (`adapter/`, loadable with `PeftModel.from_pretrained`), or the
+  full model as Hugging Face sharded safetensors with an index (`hf/`, loadable with
+  `from_pretrained`), written one shard at a time;
 - the controller writes `trainer_state.json` (step, data-loader position) last
   and renames the directory to `step-N`.
 
@@ -158,35 +159,60 @@ def load_training_state(directory: Path, name: str, model: Any, optimizer: Any, 
 
 
 def export_adapter(directory: Path, model: Any, rank: int) -> None:
-    """Collective gather; rank 0 writes adapter_model.safetensors + adapter_config.json (PEFT's layout)."""
-    from safetensors.torch import save_file
+    """Collective gather of the LoRA weights; rank 0 writes them with peft's own `save_pretrained`."""
+    from rlplan.runtime.weights import LORA_MARKER, full
 
-    from rlplan.runtime.weights import adapter_config, adapter_tensors
-
-    tensors = adapter_tensors(model)
+    # The sharded adapter is gathered on every rank (a collective); peft picks the adapter keys out of
+    # the gathered tensors, so what it writes is what `PeftModel.from_pretrained` reads.
+    gathered = {name: full(p).detach().cpu() for name, p in model.named_parameters() if LORA_MARKER in name}
     if rank != 0:
         return
-    target = directory / "adapter"
-    target.mkdir(parents=True, exist_ok=True)
-    save_file({name: t.contiguous() for name, t in tensors.items()}, str(target / "adapter_model.safetensors"))
-    (target / "adapter_config.json").write_text(json.dumps(adapter_config(model), indent=2, sort_keys=True))
+    # save_embedding_layers=False: "auto" looks the base model up on the Hub to see if its vocabulary grew,
+    # and the runtime never resizes it.
+    model.save_pretrained(str(directory / "adapter"), state_dict=gathered, save_embedding_layers=False)
 
 
-def export_hf_model(directory: Path, model: Any, source_dir: str, rank: int, dtype: Any = None) -> None:
-    """Collective gather; rank 0 writes the merged model as HF safetensors beside the source's config and tokenizer."""
+# Hugging Face's own default shard size (save_pretrained, save_torch_state_dict).
+HF_MAX_SHARD_SIZE = "5GB"
+
+
+def export_hf_model(directory: Path, model: Any, source_dir: str, rank: int, dtype: Any = None,
+                    max_shard_size: int | str = HF_MAX_SHARD_SIZE) -> None:
+    """Collective gather; rank 0 writes the merged model as HF sharded safetensors beside the source's config.
+
+    huggingface_hub plans the shards and the index (`model-0000i-of-0000N.safetensors` +
+    `model.safetensors.index.json`, or one `model.safetensors` when it fits one shard) from the
+    tensors' shapes, before anything is gathered; rank 0 then writes each shard as soon as its last
+    tensor arrives, so it holds one shard at a time, never the whole model.
+    """
+    from huggingface_hub import constants, split_state_dict_into_shards_factory
     from safetensors.torch import save_file
 
-    from rlplan.runtime.weights import iter_hf_weights
+    from rlplan.runtime.weights import hf_weight_layout, iter_hf_weights
 
-    weights = {}
-    for name, tensor in iter_hf_weights(model, mode="merged", dtype=dtype):
-        if rank == 0:
-            weights[name] = tensor.contiguous()
-    if rank != 0:
-        return
+    layout = hf_weight_layout(model, dtype=dtype)
+    split = split_state_dict_into_shards_factory(
+        layout, get_storage_size=lambda spec: spec.nbytes, max_shard_size=max_shard_size,
+        filename_pattern=constants.SAFETENSORS_WEIGHTS_FILE_PATTERN,
+    )
     target = directory / "hf"
-    target.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    if rank == 0:
+        target.mkdir(parents=True, exist_ok=True)
+    pending: dict[str, dict[str, Any]] = {}
+    for name, tensor in iter_hf_weights(model, mode="merged", dtype=dtype):
+        if rank != 0:
+            continue
+        filename = split.tensor_to_filename[name]
+        shard = pending.setdefault(filename, {})
+        shard[name] = tensor.contiguous()
+        if len(shard) == len(split.filename_to_tensors[filename]):
+            save_file(pending.pop(filename), str(target / filename), metadata={"format": "pt"})
+    if rank != 0:
+        return
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (target / constants.SAFETENSORS_INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
     for entry in Path(source_dir).iterdir():
-        if entry.is_file() and (entry.suffix in (".json", ".jinja", ".txt", ".model") and entry.name != "model.safetensors.index.json"):
+        if entry.is_file() and (entry.suffix in (".json", ".jinja", ".txt", ".model")
+                                and entry.name != constants.SAFETENSORS_INDEX_FILE):
             shutil.copy2(entry, target / entry.name)

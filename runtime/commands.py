@@ -173,13 +173,14 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rlplan.runtime.loop import PromptSource, run_loop
-    from rlplan.runtime.metrics import plan_versus_actual_table
+    from rlplan.runtime.metrics import check_trackers, plan_versus_actual_table
     from rlplan.runtime.platform import check_plan_runnable, detect_platform
     from rlplan.runtime.trainer.model import check_model_dir
 
     try:
         platform = detect_platform()
         check_plan_runnable(plan, platform)
+        check_trackers(plan.trainer.logger)
         check_model_dir(plan.model.path)
         data = PromptSource.from_plan(plan)
     except PlanError as error:

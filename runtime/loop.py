@@ -27,7 +27,13 @@ from rlplan.planner.phases import Phase, SyncMode
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
 from rlplan.runtime import checkpoint
-from rlplan.runtime.metrics import MetricsLog, PhaseMeasurement, plan_versus_actual, predicted_phase_peaks
+from rlplan.runtime.metrics import (
+    MetricsLog,
+    PhaseMeasurement,
+    open_trackers,
+    plan_versus_actual,
+    predicted_phase_peaks,
+)
 from rlplan.runtime.trainer.token_batch import (
     TokenBatch,
     concat_batches,
@@ -398,7 +404,9 @@ def run_loop(plan: Plan, platform: Platform, options: RunOptions, data: Any, con
                 if console is not None:
                     console.print(f"resumed from {latest} (continuing at step {first_step})")
         last_step = total_steps(plan, data.size, options.max_steps)
-        log = MetricsLog(options.output_dir, console, resume=options.resume and first_step > 1)
+        resumed = options.resume and first_step > 1
+        log = MetricsLog(options.output_dir, resume=resumed,
+                         trackers=open_trackers(plan, options.output_dir, console, resume=resumed))
         controller.initial_sync()
         if first_step > 1:
             # The engines loaded the initial weights; the restored policy must reach them before step one.

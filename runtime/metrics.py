@@ -2,8 +2,13 @@
 
 `metrics.jsonl` in the run's output directory gets one JSON object per step,
 flushed as it is written, so a killed run keeps every finished step. The same
-numbers go to a rich console line and, when the `tensorboard` package is
-installed, to TensorBoard.
+numbers go to the trackers the plan's `trainer.logger` names (verl's key): a rich
+console line, TensorBoard (torch's SummaryWriter), Weights & Biases and MLflow,
+each through its own library (the optional extras `tensorboard`, `wandb`,
+`mlflow`). A tracker whose library is missing is refused before the run starts
+(`check_trackers`), never skipped. W&B writes under the run directory and honours
+`WANDB_MODE=offline`; MLflow writes to `MLFLOW_TRACKING_URI` when set, else to a
+file store at `<run dir>/mlruns`.
 
 Memory per phase is measured where it is spent: on GPU as
 `torch.cuda.max_memory_allocated` over the phase, and beside it what the process
@@ -19,15 +24,19 @@ and is not comparable with a GPU allocator peak.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import math
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from attrs import frozen
+
+from rlplan.planner.errors import PlanError
 
 METRICS_FILE = "metrics.jsonl"
 GPU_MEASURE = "cuda_max_memory_allocated"
@@ -171,14 +180,14 @@ def _finite(value: Any) -> Any:
 
 
 class MetricsLog:
-    """The run's metrics sink: metrics.jsonl, the console, TensorBoard when available."""
+    """The run's metrics sink: metrics.jsonl, then each tracker of the plan's trainer.logger."""
 
-    def __init__(self, output_dir: str | os.PathLike[str], console: Any = None, *, resume: bool = False) -> None:
+    def __init__(self, output_dir: str | os.PathLike[str], *, resume: bool = False,
+                 trackers: tuple[Tracker, ...] = ()) -> None:
         self.path = Path(output_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a" if resume else "w", encoding="utf-8")
-        self.console = console
-        self._tensorboard = _tensorboard_writer(Path(output_dir) / "tensorboard")
+        self.trackers = trackers
 
     def write(self, record: dict[str, Any]) -> None:
         if "step" not in record:
@@ -186,27 +195,184 @@ class MetricsLog:
         clean = {key: _finite(value) for key, value in record.items()}
         self._file.write(json.dumps(clean, sort_keys=True) + "\n")
         self._file.flush()
-        if self._tensorboard is not None:
-            for key, value in clean.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self._tensorboard.add_scalar(key, value, record["step"])
-            self._tensorboard.flush()
-        if self.console is not None:
-            self.console.print(console_line(record))
+        scalars = {key: float(value) for key, value in clean.items()
+                   if isinstance(value, int | float) and not isinstance(value, bool) and key != "step"}
+        for tracker in self.trackers:
+            tracker.log(record, scalars, int(record["step"]))
 
     def close(self) -> None:
         self._file.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
-def _tensorboard_writer(directory: Path) -> Any:
-    try:
-        import tensorboard  # noqa: F401
+# --- experiment trackers (trainer.logger) ------------------------------------------------------
+
+# Tracker -> (the module it writes through, the pip extra of rlplan that installs it).
+TRACKER_LIBRARIES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+                     "mlflow": ("mlflow", "mlflow")}
+RUNTIME_TRACKERS = ("console", *TRACKER_LIBRARIES)
+
+
+class Tracker:
+    """One destination of the per-step numbers."""
+
+    def log(self, record: dict[str, Any], scalars: dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Nothing to release unless the tracker holds a writer or a remote run."""
+
+
+class ConsoleTracker(Tracker):
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def log(self, record: dict[str, Any], scalars: dict[str, float], step: int) -> None:
+        self.console.print(console_line(record))
+
+
+class TensorBoardTracker(Tracker):
+    def __init__(self, directory: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(log_dir=str(directory))
+
+        self.writer = SummaryWriter(log_dir=str(directory))
+
+    def log(self, record: dict[str, Any], scalars: dict[str, float], step: int) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _run_id(output_dir: Path, name: str, resume: bool, new_id: Any) -> str:
+    """The tracker's run id, kept in the run directory so `rlplan run --resume` continues the same run."""
+    path = output_dir / f"{name}-run-id"
+    if resume and path.exists():
+        return path.read_text().strip()
+    run_id = str(new_id())
+    path.write_text(run_id + "\n")
+    return run_id
+
+
+class WandbTracker(Tracker):
+    """W&B through `wandb`; WANDB_MODE=offline keeps the run under <run dir>/wandb for `wandb sync`."""
+
+    def __init__(self, output_dir: Path, project: str, name: str, config: dict[str, Any], resume: bool) -> None:
+        import wandb
+
+        run_id = _run_id(output_dir, "wandb", resume, lambda: uuid.uuid4().hex[:12])
+        self.run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=str(output_dir),
+                              config=config, reinit="create_new")
+
+    def log(self, record: dict[str, Any], scalars: dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step, commit=True)  # a killed run keeps every finished step
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+# MLflow takes at most 100 params per batch call (MAX_PARAMS_TAGS_PER_BATCH).
+MLFLOW_PARAMS_PER_BATCH = 100
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = str(value)
+    return flat
+
+
+class MlflowTracker(Tracker):
+    """MLflow through its client; a file store under the run directory unless MLFLOW_TRACKING_URI says otherwise."""
+
+    def __init__(self, output_dir: Path, project: str, name: str, config: dict[str, Any], resume: bool) -> None:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            # The offline default: a file store in the run directory. MLflow 3 keeps that backend in
+            # maintenance mode and refuses it unless opted in; a database or a server is one
+            # MLFLOW_TRACKING_URI away (sqlite:///mlflow.db needs the full `mlflow` package).
+            uri = (output_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name(project)
+        experiment_id = experiment.experiment_id if experiment is not None else self.client.create_experiment(project)
+        fresh: list[str] = []
+
+        def create() -> str:
+            fresh.append(self.client.create_run(experiment_id, run_name=name).info.run_id)
+            return fresh[0]
+
+        self.run_id = _run_id(output_dir, "mlflow", resume, create)
+        if fresh:
+            params = [Param(key, value) for key, value in _flatten(config).items()]
+            for start in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
+                self.client.log_batch(self.run_id, params=params[start:start + MLFLOW_PARAMS_PER_BATCH])
+
+    def log(self, record: dict[str, Any], scalars: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step) for key, value in scalars.items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def check_trackers(loggers: tuple[str, ...]) -> None:
+    """Refuse, before a run starts, a tracker this runtime does not write or whose library is missing."""
+    unsupported = [name for name in loggers if name not in RUNTIME_TRACKERS]
+    if unsupported:
+        raise PlanError(
+            field="trainer.logger",
+            message=f"names {', '.join(unsupported)}, which verl writes but rlplan's runtime does not "
+                    f"(it writes {', '.join(RUNTIME_TRACKERS)}).",
+            fix=f"remove {', '.join(unsupported)} from trainer.logger to run the plan with `rlplan run`",
+        )
+    missing = [name for name in loggers
+               if name in TRACKER_LIBRARIES and importlib.util.find_spec(TRACKER_LIBRARIES[name][0]) is None]
+    if missing:
+        extras = ",".join(TRACKER_LIBRARIES[name][1] for name in missing)
+        raise PlanError(
+            field="trainer.logger",
+            message=f"names {', '.join(missing)}, but the {' and '.join(TRACKER_LIBRARIES[n][0] for n in missing)} "
+                    f"package{'s are' if len(missing) > 1 else ' is'} not installed, so the run would log nowhere there.",
+            fix=f"pip install 'rlplan[{extras}]' (or 'rlplan[trackers]' for all), or remove "
+                f"{', '.join(missing)} from trainer.logger",
+        )
+
+
+def open_trackers(plan: Any, output_dir: str | os.PathLike[str], console: Any, *, resume: bool) -> tuple[Tracker, ...]:
+    """The trackers of `plan.trainer.logger`, in its order (check_trackers has passed)."""
+    from rlplan.planner.planfile import plan_to_dict
+
+    directory = Path(output_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    trainer = plan.trainer
+    trackers: list[Tracker] = []
+    for name in dict.fromkeys(trainer.logger):
+        if name == "console":
+            if console is not None:
+                trackers.append(ConsoleTracker(console))
+        elif name == "tensorboard":
+            trackers.append(TensorBoardTracker(directory / "tensorboard"))
+        elif name == "wandb":
+            trackers.append(WandbTracker(directory, trainer.project_name, trainer.experiment_name,
+                                         plan_to_dict(plan), resume))
+        elif name == "mlflow":
+            trackers.append(MlflowTracker(directory, trainer.project_name, trainer.experiment_name,
+                                          plan_to_dict(plan), resume))
+        else:
+            check_trackers((name,))
+    return tuple(trackers)
 
 
 def console_line(record: dict[str, Any]) -> str:

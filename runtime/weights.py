@@ -15,8 +15,11 @@ Modes:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any, Literal
+
+from attrs import frozen
 
 PEFT_PREFIX = "base_model.model."
 BASE_LAYER = ".base_layer"
@@ -116,6 +119,28 @@ def iter_hf_weights(
             yield target, (tensor.cpu() if to_cpu else tensor)
         if layer is not None:
             layer.reshard()
+
+
+@frozen
+class TensorSpec:
+    """A tensor's shape and dtype: enough to plan shards before gathering anything."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def hf_weight_layout(model: Any, *, dtype: Any = None) -> dict[str, TensorSpec]:
+    """What `iter_hf_weights` will yield, in its order, as shapes: a DTensor knows its global shape."""
+    layout = {}
+    for name, parameter in _named_in_module_order(model):
+        target = hf_name(name)
+        if target is not None:
+            layout[target] = TensorSpec(shape=tuple(parameter.shape), dtype=dtype or parameter.dtype)
+    return layout
 
 
 def adapter_tensors(model: Any, *, to_cpu: bool = True) -> dict[str, Any]:

@@ -74,6 +74,97 @@ def test_valid_plan_that_does_not_fit_exits_1(tmp_path):
     assert result.exit_code == 1
 
 
+def test_validate_on_a_plan_over_its_token_budget_prints_the_largest_budget_that_fits(solved_plan, tmp_path):
+    import attrs
+
+    plan = plan_from_toml(solved_plan.read_text())
+    assert plan.actor.use_dynamic_bsz
+    oom = plan.evolve(actor=attrs.evolve(plan.actor, ppo_max_token_len_per_gpu=20 * plan.actor.ppo_max_token_len_per_gpu))
+    path = tmp_path / "oom.toml"
+    path.write_text(plan_to_toml(oom))
+    result = invoke("validate", str(path), "--json")
+    assert result.exit_code == 1
+    fix = json.loads(result.output)["fix"]
+    assert fix.startswith("set actor.ppo_max_token_len_per_gpu <= ")
+    budget = int(fix.split("<= ")[1].split()[0])
+    text = " ".join(invoke("validate", str(path)).output.split())
+    assert f"Fix: set actor.ppo_max_token_len_per_gpu <= {budget}" in text
+    # The fix is the boundary: at the budget it fits, one granule (256 tokens) above it does not.
+    for value, code in ((budget, 0), (budget + 256, 1)):
+        path.write_text(plan_to_toml(oom.evolve(actor=attrs.evolve(oom.actor, ppo_max_token_len_per_gpu=value))))
+        assert invoke("validate", str(path), "--json").exit_code == code, value
+
+
+def test_validate_on_a_fixed_micro_batch_plan_that_does_not_fit_points_to_solve_from(tmp_path):
+    plan = make_plan(gpu_mem_gib=8.0, overrides={"rollout.gpu_memory_utilization": 0.5})
+    path = tmp_path / "oom.toml"
+    path.write_text(plan_to_toml(plan))
+    result = invoke("validate", str(path), "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.output)["fix"].startswith(f"run `rlplan solve --from {path} -o {path}`")
+    assert "Fix: run `rlplan solve --from" in " ".join(invoke("validate", str(path)).output.split())
+
+
+def test_validate_prints_no_fix_for_a_plan_that_fits(solved_plan):
+    assert "fix" not in json.loads(invoke("validate", str(solved_plan), "--json").output)
+
+
+def test_solve_train_and_val_files_reach_the_plan_and_the_rendered_verl_script(tmp_path):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "--train-files", "/data/gsm8k/train.parquet, /data/math/train.parquet",
+                    "--val-files", "/data/gsm8k/test.parquet", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    plan = plan_from_toml(path.read_text())
+    assert plan.data.train_files == ("/data/gsm8k/train.parquet", "/data/math/train.parquet")
+    assert plan.data.val_files == ("/data/gsm8k/test.parquet",)
+    script = invoke("render", str(path), "--target", "verl").output
+    assert "'data.train_files=[/data/gsm8k/train.parquet,/data/math/train.parquet]'" in script
+    assert "data.val_files=/data/gsm8k/test.parquet" in script
+    # --from keeps the workload's files unless new ones are given.
+    again = tmp_path / "again.toml"
+    assert invoke("solve", "--from", str(path), "-o", str(again)).exit_code == 0
+    assert plan_from_toml(again.read_text()).data.train_files == plan.data.train_files
+    assert invoke("solve", "--from", str(path), "--train-files", "/x.parquet", "-o", str(again)).exit_code == 0
+    assert plan_from_toml(again.read_text()).data.train_files == ("/x.parquet",)
+
+
+def test_solve_without_train_files_says_the_rendered_script_would_train_on_nothing(tmp_path):
+    result = invoke(*SOLVE_7B, "-o", str(tmp_path / "plan.toml"))
+    assert "data.train_files is empty" in " ".join(result.output.split())
+
+
+def test_solve_train_files_with_an_empty_path_exits_2_naming_the_flag(tmp_path):
+    result = invoke(*SOLVE_7B, "--train-files", "a.parquet,,b.parquet")
+    assert result.exit_code == 2
+    assert "--train-files" in result.output and "empty path" in result.output
+
+
+def _column_cells(table_text: str, column: int) -> list[str]:
+    """One rich table column's cells (rows separated by rule lines), each folded piece joined back."""
+    cells, current = [], []
+    for line in table_text.splitlines():
+        if line.startswith(("├", "└")) and current:
+            cells.append("".join(current))
+            current = []
+        elif line.startswith("│"):
+            current.append(line.split("│")[column].strip())
+    return cells
+
+
+def test_rule_table_folds_long_keys_at_80_columns_instead_of_cutting_them(tmp_path):
+    plan = make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": 3, "actor.use_dynamic_bsz": True,
+                                "actor.ppo_max_token_len_per_gpu": 100})
+    path = tmp_path / "bad.toml"
+    path.write_text(plan_to_toml(plan))
+    result = runner.invoke(app, ["validate", str(path)], env={"COLUMNS": "80"})
+    assert result.exit_code == 2
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    assert "…" not in result.output
+    fixes = [cell.replace(" ", "") for cell in _column_cells(result.output, 4)]
+    assert "setrollout.log_prob_use_dynamic_bsz=true" in fixes
+    assert any(fix.startswith("setactor.ppo_max_token_len_per_gpu>=1536") for fix in fixes)
+
+
 def test_explain_prints_the_breakdown_tables(solved_plan):
     result = invoke("explain", str(solved_plan))
     assert result.exit_code == 0, result.output

@@ -105,6 +105,7 @@ def schema_plans(draw) -> Plan:
         "trainer.total_training_steps": draw(optional_int),
         "trainer.max_checkpoints_to_keep": draw(optional_int),
         "reward.function": draw(st.sampled_from(["", "rewards/math.py:score"])),
+        "trainer.logger": draw(st.sampled_from([("console",), ("console", "wandb"), ("tensorboard", "mlflow"), ()])),
     }
     plan = preset_plan({k: v for k, v in overrides.items() if v is not None})
     micro, log_prob_micro = draw(st.integers(1, 32)), draw(st.integers(1, 32))
@@ -114,7 +115,7 @@ def schema_plans(draw) -> Plan:
     rollout = attrs.evolve(plan.rollout, log_prob_micro_batch_size=log_prob_micro if use_global else None,
                            log_prob_micro_batch_size_per_gpu=None if use_global else log_prob_micro)
     plan = plan.evolve(actor=actor, rollout=rollout,
-                       passthrough=draw(st.sampled_from([{}, {"trainer.logger": "[console]",
+                       passthrough=draw(st.sampled_from([{}, {"trainer.critic_warmup": "0",
                                                               "+actor_rollout_ref.model.override_config.x": "1"}])))
     return plan.evolve(cluster=attrs.evolve(plan.cluster, nodes=draw(st.integers(1, 4)),
                                             gpus_per_node=draw(st.sampled_from([1, 2, 4, 8]))))

@@ -9,6 +9,7 @@ import pytest
 from rlplan.planner.errors import PlanError
 from rlplan.planner.memory import resolved_loss_head
 from rlplan.planner.presets import resolve_gpu
+from rlplan.planner.render import render_plan
 from rlplan.planner.rules import check_plan
 from rlplan.planner.verl_import import import_verl_script
 
@@ -47,8 +48,9 @@ def test_shell_variables_defaults_quotes_and_lists_resolve():
     assert plan.data.val_files == ("/home/u/data/gsm8k/test.parquet", "/home/u/data/math/test.parquet")
     assert plan.trainer.experiment_name == "qwen2.5_7b_lora 64"
     assert plan.model.lora.rank == 64 and plan.rollout.sleep_level == 1 and plan.actor.lr == 3e-6
-    assert set(result.passthrough_keys) == {"trainer.critic_warmup", "trainer.logger"}
-    assert plan.passthrough["trainer.logger"] == '["console","wandb"]'
+    assert set(result.passthrough_keys) == {"trainer.critic_warmup"}
+    # The trackers are a plan key: `rlplan run` writes to them.
+    assert plan.trainer.logger == ("console", "wandb")
     assert any("$@" in warning for warning in result.warnings)
 
 
@@ -132,6 +134,19 @@ def test_tilde_and_plus_keys_pass_through_verbatim():
                   "+actor_rollout_ref.model.override_config.attention_dropout=0.\n")
     assert result.plan.passthrough == {"~trainer.logger": "",
                                        "+actor_rollout_ref.model.override_config.attention_dropout": "0."}
+
+
+def test_logger_imports_as_the_trainer_trackers_and_renders_back():
+    base = "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
+    assert load(base).plan.trainer.logger == ("console", "wandb")  # verl's default
+    plan = load(base + "trainer.logger=[console,tensorboard]\n").plan
+    assert plan.trainer.logger == ("console", "tensorboard")
+    assert load(base + "trainer.logger=mlflow\n").plan.trainer.logger == ("mlflow",)
+    rendered = render_plan(plan, "verl")
+    assert "'trainer.logger=[console,tensorboard]'" in rendered
+    with pytest.raises(PlanError) as error:
+        load(base + "trainer.logger=[console,nosuchtracker]\n")
+    assert error.value.field == "trainer.logger"
 
 
 def test_head_and_dtype_keys_import_as_verl_runs_them():

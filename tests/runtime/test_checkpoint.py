@@ -92,3 +92,80 @@ def test_restore_is_bit_exact_for_model_optimizer_scheduler_and_rng(tiny_model_d
         assert result["rng_equal"]
         # Warmup of 3 optimizer steps: after 2 steps the scheduler must be at 3/3 of the base lr, not restarted.
         assert result["lr"] == pytest.approx(result["base_lr"])
+
+
+PROBE_IDS = list(range(5, 37))
+SHARD_BYTES = 1_000_000  # the tiny model is a few MB in fp32: forces several shards
+
+
+def _export_on_rank(rank: int, world_size: int, model_dir: str, directory: str, lora_rank: int) -> dict:
+    """Train one step (so the weights differ from the source), export, and return the trained model's logits."""
+    from pathlib import Path
+
+    import attrs
+    import torch
+
+    from rlplan.runtime.trainer.policy import PolicyTrainer
+    from tests.runtime.test_trainer import _batch, _plan
+
+    plan = _plan(model_dir)
+    plan = plan.evolve(model=attrs.evolve(plan.model, lora=attrs.evolve(plan.model.lora, rank=lora_rank)))
+    trainer = PolicyTrainer(plan, device=torch.device("cpu"), device_type="cpu", rank=rank)
+    batch = _batch(rank)
+    old, _ = trainer.compute_log_probs(batch)
+    trainer.update(batch.with_fields(old_log_probs=old, ref_log_probs=old), step=0)
+    path = Path(directory)
+    if lora_rank:
+        checkpoint.export_adapter(path, trainer.model, rank)
+    else:
+        checkpoint.export_hf_model(path, trainer.model, model_dir, rank, max_shard_size=SHARD_BYTES)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=torch.tensor([PROBE_IDS])).logits
+    return {"logits": logits}
+
+
+def _logits(model):
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([PROBE_IDS])).logits
+
+
+def test_lora_export_is_peft_save_pretrained_and_loads_with_the_trained_logits(tiny_model_dir, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlplan.runtime.trainer.local_group import run_on_local_group
+
+    results = run_on_local_group(_export_on_rank, 2, tiny_model_dir, str(tmp_path), 8)
+    adapter_dir = tmp_path / "adapter"
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter_dir.iterdir()}
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    base_logits = _logits(base)
+    loaded = PeftModel.from_pretrained(base, str(adapter_dir))
+    trained = results[0]["logits"]
+    assert not torch.allclose(trained, base_logits, atol=1e-4), "the training step left the adapter at zero"
+    torch.testing.assert_close(_logits(loaded), trained, atol=1e-5, rtol=1e-5)
+
+
+def test_full_export_is_sharded_safetensors_with_an_index_that_from_pretrained_loads(tiny_model_dir, tmp_path):
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlplan.runtime.trainer.local_group import run_on_local_group
+
+    results = run_on_local_group(_export_on_rank, 2, tiny_model_dir, str(tmp_path), 0)
+    hf_dir = tmp_path / "hf"
+    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((hf_dir / shard).is_file() for shard in shards)
+    assert all(name.startswith("model-") and name.endswith(f"-of-{len(shards):05d}.safetensors") for name in shards)
+    assert not (hf_dir / "model.safetensors").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    source = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    trained = results[0]["logits"]
+    assert not torch.allclose(trained, _logits(source), atol=1e-4), "the training step left the weights unchanged"
+    torch.testing.assert_close(_logits(loaded), trained, atol=1e-5, rtol=1e-5)

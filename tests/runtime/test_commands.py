@@ -85,6 +85,26 @@ def test_unknown_reward_function(workspace, tmp_path, capsys):
     assert "reward.function" in message and "no_such_module_rlplan" in message
 
 
+def test_a_tracker_whose_library_is_missing_is_refused_before_the_run_starts(workspace, tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` meets without the package
+    plan = _plan(workspace)
+    plan = plan.evolve(trainer=attrs.evolve(plan.trainer, logger=("console", "wandb")))
+    message = _run_bad(tmp_path, capsys, plan)
+    assert "trainer.logger" in message and "wandb package is not installed" in message
+    assert "pip install 'rlplan[wandb]'" in message
+    # Refused before the run starts: not even the plan-as-run is written.
+    assert not (tmp_path / "out" / "plan.toml").exists()
+
+
+def test_a_tracker_verl_writes_but_the_runtime_does_not_is_refused(workspace, tmp_path, capsys):
+    plan = _plan(workspace)
+    plan = plan.evolve(trainer=attrs.evolve(plan.trainer, logger=("swanlab",)))
+    message = _run_bad(tmp_path, capsys, plan)
+    assert "trainer.logger" in message and "swanlab" in message and "remove swanlab from trainer.logger" in message
+
+
 def test_missing_plan_file(tmp_path, capsys):
     from rlplan.runtime.commands import EXIT_BAD_INPUT, run_command
 

@@ -15,6 +15,7 @@ from rlplan.runtime.metrics import (
     PeakMemoryProbe,
     held_at_peak,
     measured,
+    open_trackers,
     plan_versus_actual,
     read_metrics,
 )
@@ -53,6 +54,81 @@ def test_a_record_without_its_step_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="step"):
         log.write({"reward_mean": 1.0})
     log.close()
+
+
+def _tracker_plan(tmp_path, *loggers):
+    import attrs
+
+    from tests.planner.plans import make_plan
+
+    plan = make_plan()
+    return plan.evolve(trainer=attrs.evolve(plan.trainer, logger=loggers, project_name="proj",
+                                            experiment_name="exp", output_dir=str(tmp_path)))
+
+
+def _log_two_steps(tmp_path, plan, console=None, *, resume=False):
+    log = MetricsLog(tmp_path, resume=resume, trackers=open_trackers(plan, tmp_path, console, resume=resume))
+    first = 1 if not resume else 3
+    log.write({"step": first, "reward_mean": 0.25, "actor/grad_norm": 1.5, "memory_measure": CPU_MEASURE})
+    log.write({"step": first + 1, "reward_mean": 0.75, "actor/grad_norm": math.nan})
+    return log
+
+
+def test_console_tracker_prints_one_line_per_step_only_when_the_plan_names_it(tmp_path):
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    _log_two_steps(tmp_path / "with", _tracker_plan(tmp_path, "console"), console).close()
+    assert console.export_text().count("reward 0.") == 2
+    silent = Console(record=True, width=200)
+    _log_two_steps(tmp_path / "without", _tracker_plan(tmp_path, "tensorboard"), silent).close()
+    assert silent.export_text() == ""
+
+
+def test_tensorboard_tracker_writes_event_files_tensorboard_reads_back(tmp_path):
+    pytest.importorskip("tensorboard", reason="needs the tensorboard extra")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _log_two_steps(tmp_path, _tracker_plan(tmp_path, "tensorboard")).close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward_mean")] == [(1, 0.25), (2, 0.75)]
+    # A non-finite number is not a point on the chart; a label is not a scalar.
+    assert [e.step for e in events.Scalars("actor/grad_norm")] == [1]
+    assert "memory_measure" not in events.Tags()["scalars"]
+
+
+def test_mlflow_tracker_logs_to_a_file_store_under_the_run_dir_and_resume_continues_the_run(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="needs the mlflow extra")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    plan = _tracker_plan(tmp_path, "mlflow")
+    _log_two_steps(tmp_path, plan).close()
+    _log_two_steps(tmp_path, plan, resume=True).close()
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("proj")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_name == "exp"
+    history = client.get_metric_history(runs[0].info.run_id, "reward_mean")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.25), (2, 0.75), (3, 0.25), (4, 0.75)]
+    # The plan is the run's params, flattened to verl-style dotted keys.
+    assert runs[0].data.params["trainer.experiment_name"] == "exp"
+    assert runs[0].data.params["data.train_batch_size"] == str(plan.data.train_batch_size)
+
+
+def test_wandb_tracker_runs_offline_under_the_run_dir(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="needs the wandb extra")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    plan = _tracker_plan(tmp_path, "wandb")
+    log = _log_two_steps(tmp_path, plan)
+    (tracker,) = log.trackers
+    assert tracker.run.offline and tracker.run.project == "proj" and tracker.run.name == "exp"
+    assert tracker.run.summary["reward_mean"] == 0.75 and tracker.run.config["trainer"]["logger"] == ["wandb"]
+    log.close()
+    run_id = (tmp_path / "wandb-run-id").read_text().strip()
+    assert list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
 
 
 def test_cpu_probe_sees_an_allocation_made_inside_the_phase():
