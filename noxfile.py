@@ -113,7 +113,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
     session.install("-c", RUNTIME_CONSTRAINTS, "-e", ".", "mypy>=1.13")
-    session.run("mypy", "planner")
+    session.run("mypy", "planner", "runtime")
 
 
 @nox.session(python=PYTHON)

@@ -873,10 +873,11 @@ def solve_engines(request: SolveRequest, engines: tuple[RolloutEngine, ...], *,
                      frontier=frontier) for engine in engines]
     evaluated = sum(result.evaluated for result in results)
     points = tuple(point for result in results for point in result.frontier)
-    feasible = [result for result in results if result.best is not None]
+    # Each result beside its best candidate, so that the ranking sees a Candidate and not an Optional.
+    feasible = [(result, result.best) for result in results if result.best is not None]
     if not feasible:
         return attrs.evolve(results[0], evaluated=evaluated, frontier=points)
-    best = min(feasible, key=lambda result: _rank_key(result.best, request.objective))
+    best, _ = min(feasible, key=lambda pair: _rank_key(pair[1], request.objective))
     return attrs.evolve(best, evaluated=evaluated, feasible=sum(result.feasible for result in results),
                         frontier=points)
 

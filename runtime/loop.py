@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
@@ -34,6 +34,13 @@ from rlplan.runtime.trainer.token_batch import (
     response_aligned,
     token_batch_from_sequences,
 )
+
+if TYPE_CHECKING:
+    # Only for annotations: these modules are imported where they are first used (PromptSource.from_plan,
+    # run_loop), so that importing the loop starts neither Ray nor the data readers.
+    from rlplan.runtime.data import PromptDataset, PromptRecord, PromptSampler
+    from rlplan.runtime.rewards import RewardFunction
+    from rlplan.runtime.workers import WorkerGroup
 
 
 @frozen(kw_only=True)
@@ -56,7 +63,7 @@ class RunSummary:
 class PromptSource:
     """The controller's data side: tokenized prompts, the resumable sampler, the reward function."""
 
-    def __init__(self, dataset: Any, sampler: Any, reward: Any, tokenizer: Any) -> None:
+    def __init__(self, dataset: PromptDataset, sampler: PromptSampler, reward: RewardFunction, tokenizer: Any) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.reward = reward
@@ -84,10 +91,10 @@ class PromptSource:
     def pad_token_id(self) -> int:
         return int(self.tokenizer.pad_token_id or 0)
 
-    def next_batch(self) -> list[Any]:
+    def next_batch(self) -> list[PromptRecord]:
         return [self.dataset.records[i] for i in self.sampler.next_batch()]
 
-    def score(self, record: Any, response_ids: Any) -> float:
+    def score(self, record: PromptRecord, response_ids: Any) -> float:
         text = self.tokenizer.decode(list(response_ids), skip_special_tokens=True)
         return self.reward(record.data_source, text, record.ground_truth, record.extra_info)
 
@@ -108,7 +115,7 @@ def total_steps(plan: Plan, dataset_size: int, max_steps: int | None) -> int:
 class Controller:
     """Drives the workers through the steps of a run and records what happened."""
 
-    def __init__(self, plan: Plan, platform: Platform, options: RunOptions, workers: Any, data: Any, console: Any = None) -> None:
+    def __init__(self, plan: Plan, platform: Platform, options: RunOptions, workers: WorkerGroup, data: PromptSource, console: Any = None) -> None:
         self.plan = plan
         self.platform = platform
         self.options = options
@@ -378,7 +385,9 @@ def _batch_statistics(batch: TokenBatch, scores: Any, mask: Any) -> dict[str, fl
     }
 
 
-def run_loop(plan: Plan, platform: Platform, options: RunOptions, data: Any, console: Any = None, progress: Any = None) -> RunSummary:
+def run_loop(
+    plan: Plan, platform: Platform, options: RunOptions, data: PromptSource, console: Any = None, progress: Any = None
+) -> RunSummary:
     """Start the workers, optionally restore, run the steps, checkpoint, shut down."""
     import ray
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlplan.planner.layout import PlanLayout, plan_layout
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
 from rlplan.planner.plan import Plan
 from rlplan.runtime.trainer.forward import ForwardOptions, value_forward
 from rlplan.runtime.trainer.micro_batches import micro_batch_indices
@@ -26,6 +26,7 @@ class CriticTrainer:
         self.layout: PlanLayout = plan_layout(plan)
         if self.layout.critic_update is None or self.layout.critic_values is None or self.layout.critic_parallel is None:
             raise ValueError("the plan uses no critic")
+        self.values_role: RoleBatchLayout = self.layout.critic_values
         spec = critic_model_spec(plan, self.layout, device_type)
         built = build_role_model(spec, device=device, rank=rank)
         self.model, self.mesh = built.model, built.mesh
@@ -39,7 +40,7 @@ class CriticTrainer:
         import torch
 
         self.model.eval()
-        groups = micro_batch_indices(batch, self.layout.critic_values, self.device)
+        groups = micro_batch_indices(batch, self.values_role, self.device)
         with torch.no_grad():
             parts = [value_forward(self.model, batch.select(rows), self.device, self.forward_options) for rows in groups]
         return concat_rows(parts, groups, len(batch))

@@ -18,7 +18,7 @@ from rlplan.runtime.trainer.role_model import actor_model_spec, build_reference_
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
-def concat_rows(parts: list[Any], order: list[int], total: int) -> Any:
+def concat_rows(parts: list[Any], order: list[list[int]], total: int) -> Any:
     """Put per-micro-batch (b, R_i) results back into one (B, max R) tensor in the original order."""
     import torch
 
