@@ -14,7 +14,8 @@ store and token auth off.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from attrs import frozen
 
@@ -22,7 +23,14 @@ from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
 
 if TYPE_CHECKING:
+    import torch
+
+    from rlplan.runtime.metrics import PhaseMeasurement
+    from rlplan.runtime.rollout.engine import GeneratedSample
     from rlplan.runtime.trainer.token_batch import TokenBatch
+
+# What a measured phase returns.
+T = TypeVar("T")
 
 LOOPBACK_NODE_IP = "127.0.0.2"
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
@@ -140,29 +148,29 @@ class TrainerWorker:
         if self.plan.uses_critic:
             self.critic = CriticTrainer(self.plan, **options)
 
-    def _measured(self, work: Any) -> tuple[Any, Any]:
+    def _measured(self, work: Callable[[], T]) -> tuple[T, PhaseMeasurement]:
         from rlplan.runtime.metrics import measured
 
         return measured(self.platform.device_type, work)
 
     # --- phases -------------------------------------------------------------------------------
-    def compute_log_probs(self, batch: TokenBatch) -> tuple[Any, Any]:
+    def compute_log_probs(self, batch: TokenBatch) -> tuple[tuple[torch.Tensor, torch.Tensor], PhaseMeasurement]:
         return self._measured(lambda: self.policy.compute_log_probs(batch))
 
-    def compute_ref_log_probs(self, batch: TokenBatch) -> tuple[Any, Any]:
+    def compute_ref_log_probs(self, batch: TokenBatch) -> tuple[torch.Tensor, PhaseMeasurement]:
         return self._measured(lambda: self.policy.compute_ref_log_probs(batch))
 
-    def compute_values(self, batch: TokenBatch) -> tuple[Any, Any]:
+    def compute_values(self, batch: TokenBatch) -> tuple[torch.Tensor, PhaseMeasurement]:
         return self._measured(lambda: self.critic.compute_values(batch))
 
-    def update_actor(self, batch: TokenBatch, step: int) -> tuple[Any, Any]:
+    def update_actor(self, batch: TokenBatch, step: int) -> tuple[dict[str, float], PhaseMeasurement]:
         return self._measured(lambda: self.policy.update(batch, step))
 
-    def update_critic(self, batch: TokenBatch, step: int) -> tuple[Any, Any]:
+    def update_critic(self, batch: TokenBatch, step: int) -> tuple[dict[str, float], PhaseMeasurement]:
         return self._measured(lambda: self.critic.update(batch, step))
 
     # --- weight sync ----------------------------------------------------------------------------
-    def push_weights(self, rollouts: list[RolloutHandle], what: str) -> tuple[dict[str, float], Any]:
+    def push_weights(self, rollouts: list[RolloutHandle], what: str) -> tuple[dict[str, float], PhaseMeasurement]:
         return self._measured(lambda: self._push_weights(rollouts, what))
 
     def _push_weights(self, rollouts: list[RolloutHandle], what: str) -> dict[str, float]:
@@ -236,7 +244,7 @@ class TrainerWorker:
             dist.destroy_process_group()
 
 
-def _torch_dtype(name: str) -> Any:
+def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}[name]
@@ -250,17 +258,19 @@ class RolloutWorker:
 
         self.engine = VllmRollout(model_dir, plan, seed=seed, lora_rank=plan.model.lora.rank)
 
-    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, greedy: bool = False) -> tuple[list[Any], Any]:
+    def generate(
+        self, prompts: list[list[int]], n: int, max_tokens: int, greedy: bool = False
+    ) -> tuple[list[GeneratedSample], PhaseMeasurement]:
         from rlplan.runtime.metrics import measured
 
         return measured(
             _device_type(), lambda: self.engine.generate(prompts, n, max_tokens=max_tokens, greedy=greedy)
         )
 
-    def sync_full_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
+    def sync_full_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> float:
         return float(self.engine.sync_full_weights(named_tensors))
 
-    def sync_lora_adapter(self, tensors: dict[str, Any], config: dict[str, Any]) -> float:
+    def sync_lora_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> float:
         return float(self.engine.sync_lora_adapter(tensors, config))
 
     def supports_sleep(self) -> bool:
