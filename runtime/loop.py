@@ -17,8 +17,9 @@ up there as a gap that grows with every update.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import frozen
 
@@ -38,9 +39,15 @@ from rlplan.runtime.trainer.token_batch import (
 if TYPE_CHECKING:
     # Only for annotations: these modules are imported where they are first used (PromptSource.from_plan,
     # run_loop), so that importing the loop starts neither Ray nor the data readers.
+    from torch import Tensor
+
     from rlplan.runtime.data import PromptDataset, PromptRecord, PromptSampler
     from rlplan.runtime.rewards import RewardFunction
+    from rlplan.runtime.rollout.engine import GeneratedSample
     from rlplan.runtime.workers import WorkerGroup
+
+# What one phase returns per worker.
+T = TypeVar("T")
 
 
 @frozen(kw_only=True)
@@ -94,7 +101,7 @@ class PromptSource:
     def next_batch(self) -> list[PromptRecord]:
         return [self.dataset.records[i] for i in self.sampler.next_batch()]
 
-    def score(self, record: PromptRecord, response_ids: Any) -> float:
+    def score(self, record: PromptRecord, response_ids: Sequence[int]) -> float:
         text = self.tokenizer.decode(list(response_ids), skip_special_tokens=True)
         return self.reward(record.data_source, text, record.ground_truth, record.extra_info)
 
@@ -146,7 +153,7 @@ class Controller:
         """One result per dp shard: every rank of a Ulysses group returns the same numbers."""
         return values[:: self.layout.parallel.ulysses_sequence_parallel_size]
 
-    def _phase(self, name: str, results: list[tuple[Any, PhaseMeasurement]], record: dict[str, Any]) -> list[Any]:
+    def _phase(self, name: str, results: list[tuple[T, PhaseMeasurement]], record: dict[str, Any]) -> list[T]:
         """Record a phase's wall time (slowest worker) and peak memory (largest worker), return the values."""
         values = [value for value, _ in results]
         measurements = [m for _, m in results]
@@ -162,7 +169,7 @@ class Controller:
         return values
 
     # --- the step -------------------------------------------------------------------------------
-    def rollout(self, prompts: list[Any], record: dict[str, Any]) -> list[Any]:
+    def rollout(self, prompts: Sequence[Sequence[int]], record: dict[str, Any]) -> list[tuple[int, GeneratedSample]]:
         import ray
 
         engines = self.workers.rollouts
@@ -177,7 +184,7 @@ class Controller:
         ]
         results = ray.get(calls)
         per_engine = self._phase(Phase.ROLLOUT, results, record)
-        samples = []
+        samples: list[tuple[int, GeneratedSample]] = []
         for chunk, engine_samples in zip([c for c in chunks if c], per_engine, strict=True):
             for sample in engine_samples:
                 samples.append((chunk[sample.prompt_index], sample))
@@ -255,7 +262,7 @@ class Controller:
         record["time/step"] = time.perf_counter() - step_start
         return record
 
-    def with_advantages(self, batch: TokenBatch, scores: Any, group_index: Any, record: dict[str, Any]) -> TokenBatch:
+    def with_advantages(self, batch: TokenBatch, scores: Tensor, group_index: Tensor, record: dict[str, Any]) -> TokenBatch:
         from rlplan.runtime import algorithms
 
         plan = self.plan
@@ -345,11 +352,11 @@ class Controller:
         return plan_versus_actual(self.predicted_gib, self.peaks, self.memory_measure)
 
 
-def _fields(shard: TokenBatch, **fields: Any) -> TokenBatch:
+def _fields(shard: TokenBatch, **fields: Tensor) -> TokenBatch:
     return TokenBatch({"input_ids": shard["input_ids"], "prompt_lengths": shard["prompt_lengths"], "sequence_lengths": shard["sequence_lengths"], **fields})
 
 
-def _gather(shards: list[TokenBatch], values: list[Any], order: list[int], width: int) -> Any:
+def _gather(shards: list[TokenBatch], values: list[Tensor], order: list[int], width: int) -> Tensor:
     merged = concat_batches([_fields(shard, value=v) for shard, v in zip(shards, values, strict=True)], order)
     out = merged["value"][:, :width]
     if out.shape[1] < width:
@@ -364,7 +371,7 @@ def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {key: sum(m[key] for m in per_rank) / len(per_rank) for key in keys}
 
 
-def _batch_statistics(batch: TokenBatch, scores: Any, mask: Any) -> dict[str, float]:
+def _batch_statistics(batch: TokenBatch, scores: Tensor, mask: Tensor) -> dict[str, float]:
     from rlplan.runtime.algorithms import masked_mean
 
     lengths = batch.response_lengths.float()
