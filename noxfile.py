@@ -12,6 +12,7 @@ its own environment). Refresh them with one command, `nox -s lock`, and commit t
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import nox
 
@@ -116,6 +117,17 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     session.install("-c", RUNTIME_CONSTRAINTS, "-e", ".", "mypy>=1.13")
     session.run("mypy", "planner")
+    # The runtime as rlplan.runtime, so that its imports of rlplan.* resolve (checked as the folder
+    # `runtime` they would be Any): mypy does not read setuptools' package-dir, so link the folders
+    # under an `rlplan` directory on MYPYPATH.
+    search_path = Path(session.create_tmp()) / "mypy_path"
+    package = search_path / "rlplan"
+    package.mkdir(parents=True, exist_ok=True)
+    for folder in ("planner", "runtime"):
+        link = package / folder
+        if not link.is_symlink():
+            link.symlink_to(Path(folder).resolve(), target_is_directory=True)
+    session.run("mypy", "-p", "rlplan.runtime", env={"MYPYPATH": str(search_path)})
 
 
 @nox.session(python=PYTHON)

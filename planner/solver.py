@@ -905,6 +905,7 @@ def solve_engines(request: SolveRequest, engines: tuple[RolloutEngine, ...], *,
                      frontier=frontier) for engine in engines]
     evaluated = sum(result.evaluated for result in results)
     points = tuple(point for result in results for point in result.frontier)
+    # Each result beside its best candidate, so that the ranking sees a Candidate and not an Optional.
     feasible = [(result, result.best) for result in results if result.best is not None]
     if not feasible:
         return attrs.evolve(results[0], evaluated=evaluated, frontier=points)

@@ -17,8 +17,9 @@ up there as a gap that grows with every update.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import frozen
 
@@ -41,6 +42,19 @@ from rlplan.runtime.trainer.token_batch import (
     token_batch_from_sequences,
 )
 
+if TYPE_CHECKING:
+    # Only for annotations: these modules are imported where they are first used (PromptSource.from_plan,
+    # run_loop), so that importing the loop starts neither Ray nor the data readers.
+    from torch import Tensor
+
+    from rlplan.runtime.data import PromptDataset, PromptRecord, PromptSampler
+    from rlplan.runtime.rewards import RewardFunction
+    from rlplan.runtime.rollout.engine import GeneratedSample
+    from rlplan.runtime.workers import WorkerGroup
+
+# What one phase returns per worker.
+T = TypeVar("T")
+
 
 @frozen(kw_only=True)
 class RunOptions:
@@ -62,7 +76,7 @@ class RunSummary:
 class PromptSource:
     """The controller's data side: tokenized prompts, the resumable sampler, the reward function."""
 
-    def __init__(self, dataset: Any, sampler: Any, reward: Any, tokenizer: Any) -> None:
+    def __init__(self, dataset: PromptDataset, sampler: PromptSampler, reward: RewardFunction, tokenizer: Any) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.reward = reward
@@ -90,10 +104,10 @@ class PromptSource:
     def pad_token_id(self) -> int:
         return int(self.tokenizer.pad_token_id or 0)
 
-    def next_batch(self) -> list[Any]:
+    def next_batch(self) -> list[PromptRecord]:
         return [self.dataset.records[i] for i in self.sampler.next_batch()]
 
-    def score(self, record: Any, response_ids: Any) -> float:
+    def score(self, record: PromptRecord, response_ids: Sequence[int]) -> float:
         text = self.tokenizer.decode(list(response_ids), skip_special_tokens=True)
         return self.reward(record.data_source, text, record.ground_truth, record.extra_info)
 
@@ -114,7 +128,7 @@ def total_steps(plan: Plan, dataset_size: int, max_steps: int | None) -> int:
 class Controller:
     """Drives the workers through the steps of a run and records what happened."""
 
-    def __init__(self, plan: Plan, platform: Platform, options: RunOptions, workers: Any, data: Any, console: Any = None) -> None:
+    def __init__(self, plan: Plan, platform: Platform, options: RunOptions, workers: WorkerGroup, data: PromptSource, console: Any = None) -> None:
         self.plan = plan
         self.platform = platform
         self.options = options
@@ -145,7 +159,7 @@ class Controller:
         """One result per dp shard: every rank of a Ulysses group returns the same numbers."""
         return values[:: self.layout.parallel.ulysses_sequence_parallel_size]
 
-    def _phase(self, name: str, results: list[tuple[Any, PhaseMeasurement]], record: dict[str, Any]) -> list[Any]:
+    def _phase(self, name: str, results: list[tuple[T, PhaseMeasurement]], record: dict[str, Any]) -> list[T]:
         """Record a phase's wall time (slowest worker) and peak memory (largest worker), return the values."""
         values = [value for value, _ in results]
         measurements = [m for _, m in results]
@@ -161,7 +175,7 @@ class Controller:
         return values
 
     # --- the step -------------------------------------------------------------------------------
-    def rollout(self, prompts: list[Any], record: dict[str, Any]) -> list[Any]:
+    def rollout(self, prompts: Sequence[Sequence[int]], record: dict[str, Any]) -> list[tuple[int, GeneratedSample]]:
         import ray
 
         engines = self.workers.rollouts
@@ -176,7 +190,7 @@ class Controller:
         ]
         results = ray.get(calls)
         per_engine = self._phase(Phase.ROLLOUT, results, record)
-        samples = []
+        samples: list[tuple[int, GeneratedSample]] = []
         for chunk, engine_samples in zip([c for c in chunks if c], per_engine, strict=True):
             for sample in engine_samples:
                 samples.append((chunk[sample.prompt_index], sample))
@@ -254,7 +268,7 @@ class Controller:
         record["time/step"] = time.perf_counter() - step_start
         return record
 
-    def with_advantages(self, batch: TokenBatch, scores: Any, group_index: Any, record: dict[str, Any]) -> TokenBatch:
+    def with_advantages(self, batch: TokenBatch, scores: Tensor, group_index: Tensor, record: dict[str, Any]) -> TokenBatch:
         from rlplan.runtime import algorithms
 
         plan = self.plan
@@ -344,11 +358,11 @@ class Controller:
         return plan_versus_actual(self.predicted_gib, self.peaks, self.memory_measure)
 
 
-def _fields(shard: TokenBatch, **fields: Any) -> TokenBatch:
+def _fields(shard: TokenBatch, **fields: Tensor) -> TokenBatch:
     return TokenBatch({"input_ids": shard["input_ids"], "prompt_lengths": shard["prompt_lengths"], "sequence_lengths": shard["sequence_lengths"], **fields})
 
 
-def _gather(shards: list[TokenBatch], values: list[Any], order: list[int], width: int) -> Any:
+def _gather(shards: list[TokenBatch], values: list[Tensor], order: list[int], width: int) -> Tensor:
     merged = concat_batches([_fields(shard, value=v) for shard, v in zip(shards, values, strict=True)], order)
     out = merged["value"][:, :width]
     if out.shape[1] < width:
@@ -363,7 +377,7 @@ def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {key: sum(m[key] for m in per_rank) / len(per_rank) for key in keys}
 
 
-def _batch_statistics(batch: TokenBatch, scores: Any, mask: Any) -> dict[str, float]:
+def _batch_statistics(batch: TokenBatch, scores: Tensor, mask: Tensor) -> dict[str, float]:
     from rlplan.runtime.algorithms import masked_mean
 
     lengths = batch.response_lengths.float()
@@ -384,7 +398,9 @@ def _batch_statistics(batch: TokenBatch, scores: Any, mask: Any) -> dict[str, fl
     }
 
 
-def run_loop(plan: Plan, platform: Platform, options: RunOptions, data: Any, console: Any = None, progress: Any = None) -> RunSummary:
+def run_loop(
+    plan: Plan, platform: Platform, options: RunOptions, data: PromptSource, console: Any = None, progress: Any = None
+) -> RunSummary:
     """Start the workers, optionally restore, run the steps, checkpoint, shut down."""
     import ray
 

@@ -31,8 +31,9 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from attrs import frozen
 
@@ -42,6 +43,8 @@ METRICS_FILE = "metrics.jsonl"
 GPU_MEASURE = "cuda_max_memory_allocated"
 CPU_MEASURE = "cpu_process_rss_sampled_peak"
 HELD_MEASURE = "cuda_memory_held"
+# What a measured piece of work returns.
+T = TypeVar("T")
 # The planner's phase names (planner.memory), in step order.
 PHASES = ("rollout", "reward", "old_log_prob", "ref_log_prob", "critic_values", "advantages", "critic_update", "actor_update", "weight_sync")
 
@@ -161,7 +164,7 @@ class PhaseMeasurement:
     held_bytes: int | None = None
 
 
-def measured(device_type: str, work: Any) -> tuple[Any, PhaseMeasurement]:
+def measured(device_type: str, work: Callable[[], T]) -> tuple[T, PhaseMeasurement]:
     """Run `work()` under a timer and a memory probe."""
     probe = PeakMemoryProbe(device_type)
     start = time.perf_counter()

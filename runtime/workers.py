@@ -14,12 +14,23 @@ store and token auth off.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from attrs import frozen
 
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlplan.runtime.metrics import PhaseMeasurement
+    from rlplan.runtime.rollout.engine import GeneratedSample
+    from rlplan.runtime.trainer.token_batch import TokenBatch
+
+# What a measured phase returns.
+T = TypeVar("T")
 
 LOOPBACK_NODE_IP = "127.0.0.2"
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
@@ -48,6 +59,40 @@ def start_ray(address: str | None, platform: Platform, world_size: int) -> bool:
         runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}},
     )
     return True
+
+
+class RemoteMethod(Protocol):
+    """A method of a Ray actor handle: `.remote(...)` queues the call and returns the ObjectRef to `ray.get`."""
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class TrainerHandle(Protocol):
+    """A TrainerWorker as the controller holds it: a Ray handle whose methods are called with `.remote`."""
+
+    rendezvous: RemoteMethod
+    setup: RemoteMethod
+    compute_log_probs: RemoteMethod
+    compute_ref_log_probs: RemoteMethod
+    compute_values: RemoteMethod
+    update_actor: RemoteMethod
+    update_critic: RemoteMethod
+    push_weights: RemoteMethod
+    save_checkpoint: RemoteMethod
+    load_checkpoint: RemoteMethod
+    shutdown: RemoteMethod
+
+
+class RolloutHandle(Protocol):
+    """A RolloutWorker as the controller and the trainers hold it (a Ray handle)."""
+
+    generate: RemoteMethod
+    sync_full_weights: RemoteMethod
+    sync_lora_adapter: RemoteMethod
+    supports_sleep: RemoteMethod
+    sleep: RemoteMethod
+    wake_up: RemoteMethod
+    shutdown: RemoteMethod
 
 
 @frozen(kw_only=True)
@@ -103,32 +148,32 @@ class TrainerWorker:
         if self.plan.uses_critic:
             self.critic = CriticTrainer(self.plan, **options)
 
-    def _measured(self, work: Any) -> tuple[Any, Any]:
+    def _measured(self, work: Callable[[], T]) -> tuple[T, PhaseMeasurement]:
         from rlplan.runtime.metrics import measured
 
         return measured(self.platform.device_type, work)
 
     # --- phases -------------------------------------------------------------------------------
-    def compute_log_probs(self, batch: Any) -> tuple[Any, Any]:
+    def compute_log_probs(self, batch: TokenBatch) -> tuple[tuple[torch.Tensor, torch.Tensor], PhaseMeasurement]:
         return self._measured(lambda: self.policy.compute_log_probs(batch))
 
-    def compute_ref_log_probs(self, batch: Any) -> tuple[Any, Any]:
+    def compute_ref_log_probs(self, batch: TokenBatch) -> tuple[torch.Tensor, PhaseMeasurement]:
         return self._measured(lambda: self.policy.compute_ref_log_probs(batch))
 
-    def compute_values(self, batch: Any) -> tuple[Any, Any]:
+    def compute_values(self, batch: TokenBatch) -> tuple[torch.Tensor, PhaseMeasurement]:
         return self._measured(lambda: self.critic.compute_values(batch))
 
-    def update_actor(self, batch: Any, step: int) -> tuple[Any, Any]:
+    def update_actor(self, batch: TokenBatch, step: int) -> tuple[dict[str, float], PhaseMeasurement]:
         return self._measured(lambda: self.policy.update(batch, step))
 
-    def update_critic(self, batch: Any, step: int) -> tuple[Any, Any]:
+    def update_critic(self, batch: TokenBatch, step: int) -> tuple[dict[str, float], PhaseMeasurement]:
         return self._measured(lambda: self.critic.update(batch, step))
 
     # --- weight sync ----------------------------------------------------------------------------
-    def push_weights(self, rollouts: list[Any], what: str) -> tuple[dict[str, float], Any]:
+    def push_weights(self, rollouts: list[RolloutHandle], what: str) -> tuple[dict[str, float], PhaseMeasurement]:
         return self._measured(lambda: self._push_weights(rollouts, what))
 
-    def _push_weights(self, rollouts: list[Any], what: str) -> dict[str, float]:
+    def _push_weights(self, rollouts: list[RolloutHandle], what: str) -> dict[str, float]:
         """Collective gather; rank 0 hands the result to every rollout engine.
 
         what: "adapter" (LoRA tensors only), "base" (the frozen base weights, LoRA excluded) or
@@ -199,7 +244,7 @@ class TrainerWorker:
             dist.destroy_process_group()
 
 
-def _torch_dtype(name: str) -> Any:
+def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}[name]
@@ -213,17 +258,19 @@ class RolloutWorker:
 
         self.engine = VllmRollout(model_dir, plan, seed=seed, lora_rank=plan.model.lora.rank)
 
-    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, greedy: bool = False) -> tuple[list[Any], Any]:
+    def generate(
+        self, prompts: list[list[int]], n: int, max_tokens: int, greedy: bool = False
+    ) -> tuple[list[GeneratedSample], PhaseMeasurement]:
         from rlplan.runtime.metrics import measured
 
         return measured(
             _device_type(), lambda: self.engine.generate(prompts, n, max_tokens=max_tokens, greedy=greedy)
         )
 
-    def sync_full_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
+    def sync_full_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> float:
         return float(self.engine.sync_full_weights(named_tensors))
 
-    def sync_lora_adapter(self, tensors: dict[str, Any], config: dict[str, Any]) -> float:
+    def sync_lora_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> float:
         return float(self.engine.sync_lora_adapter(tensors, config))
 
     def supports_sleep(self) -> bool:
@@ -249,24 +296,21 @@ def _device_type() -> str:
 class WorkerGroup:
     """The run's actors and the placement group holding them."""
 
-    trainers: list[Any]
-    rollouts: list[Any]
+    trainers: list[TrainerHandle]
+    rollouts: list[RolloutHandle]
     placement_group: Any
 
     def shutdown(self) -> None:
         import ray
 
-        for handle in [*self.rollouts]:
+        # The engines first, then the trainers.
+        handles: list[RolloutHandle | TrainerHandle] = [*self.rollouts, *self.trainers]
+        for handle in handles:
             try:
                 ray.get(handle.shutdown.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - a dead engine has nothing left to release
+            except Exception:  # noqa: BLE001 - a dead actor has nothing left to release
                 pass
-        for handle in self.trainers:
-            try:
-                ray.get(handle.shutdown.remote(), timeout=60)
-            except Exception:  # noqa: BLE001
-                pass
-        for handle in [*self.rollouts, *self.trainers]:
+        for handle in handles:
             ray.kill(handle)
         if self.placement_group is not None:
             from ray.util.placement_group import remove_placement_group

@@ -8,75 +8,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlplan.planner.layout import PlanLayout, plan_layout
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
 from rlplan.planner.plan import Plan
 from rlplan.runtime.trainer.forward import ForwardOptions, value_forward
 from rlplan.runtime.trainer.micro_batches import micro_batch_indices
-from rlplan.runtime.trainer.model import (
-    ShardingSpec,
-    device_mesh,
-    enable_gradient_checkpointing,
-    load_hf_model,
-    shard_model,
-    trainable_parameters,
-)
-from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer, ppo_update
+from rlplan.runtime.trainer.optimization import ppo_update
 from rlplan.runtime.trainer.policy import concat_rows
-from rlplan.runtime.trainer.sequence_parallel import (
-    data_parallel_rank,
-    new_sequence_parallel_group,
-    use_ulysses_attention,
-)
+from rlplan.runtime.trainer.role_model import build_role_model, critic_model_spec
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
 class CriticTrainer:
     def __init__(self, plan: Plan, *, device: Any, device_type: str, rank: int) -> None:
-        import torch
-
         self.plan = plan
         self.device = device
         self.rank = rank
         self.layout: PlanLayout = plan_layout(plan)
         if self.layout.critic_update is None or self.layout.critic_values is None or self.layout.critic_parallel is None:
             raise ValueError("the plan uses no critic")
-        critic = plan.critic
-        parallel = self.layout.critic_parallel
-        self.sequence_parallel = new_sequence_parallel_group(
-            parallel.world_size, parallel.ulysses_sequence_parallel_size, rank
-        )
-        self.data_rank = data_parallel_rank(self.sequence_parallel, rank)
+        self.values_role: RoleBatchLayout = self.layout.critic_values
+        spec = critic_model_spec(plan, self.layout, device_type)
+        built = build_role_model(spec, device=device, rank=rank)
+        self.model, self.mesh = built.model, built.mesh
+        self.optimizer, self.scheduler, self.optimizer_settings = built.optimizer, built.scheduler, spec.optimizer
+        self.sequence_parallel, self.data_rank = built.sequence_parallel, built.data_rank
         self.forward_options = ForwardOptions(
-            remove_padding=critic.use_remove_padding, sequence_parallel=self.sequence_parallel
+            remove_padding=plan.critic.use_remove_padding, sequence_parallel=self.sequence_parallel
         )
-        spec = ShardingSpec(
-            device_type=device_type,
-            world_size=parallel.world_size,
-            shard_group_size=parallel.fsdp_shard_size,
-            mixed_precision=device_type != "cpu",
-            # CPUOffloadPolicy either way: see PolicyTrainer.
-            param_offload=critic.param_offload or critic.offload_policy,
-        )
-        # The fresh value head is drawn per rank: the same seed everywhere keeps the shards of one tensor.
-        torch.manual_seed(plan.trainer.seed + 1)
-        model = load_hf_model(plan.model.path, value_head=True, train_dtype=torch.float32)
-        if self.sequence_parallel is not None:
-            use_ulysses_attention(model, self.sequence_parallel.size)
-        if critic.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
-        self.model = shard_model(model if spec.param_offload else model.to(device), spec, device_mesh(spec))
-        self.optimizer_settings = OptimizerSettings(
-            lr=critic.lr,
-            grad_clip=critic.grad_clip,
-            offload_state=critic.optimizer_offload and not critic.offload_policy and device_type != "cpu",
-        )
-        self.optimizer, self.scheduler = build_optimizer(trainable_parameters(self.model), self.optimizer_settings)
 
     def compute_values(self, batch: TokenBatch) -> Any:
         import torch
 
         self.model.eval()
-        groups = micro_batch_indices(batch, self.layout.critic_values, self.device)
+        groups = micro_batch_indices(batch, self.values_role, self.device)
         with torch.no_grad():
             parts = [value_forward(self.model, batch.select(rows), self.device, self.forward_options) for rows in groups]
         return concat_rows(parts, groups, len(batch))

@@ -13,36 +13,12 @@ from rlplan.planner.layout import PlanLayout, plan_layout
 from rlplan.planner.plan import Plan
 from rlplan.runtime.trainer.forward import ForwardOptions, policy_forward
 from rlplan.runtime.trainer.micro_batches import micro_batch_indices
-from rlplan.runtime.trainer.model import (
-    ShardingSpec,
-    apply_lora,
-    device_mesh,
-    enable_gradient_checkpointing,
-    load_hf_model,
-    shard_model,
-    trainable_parameters,
-)
-from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer, ppo_update
-from rlplan.runtime.trainer.sequence_parallel import (
-    data_parallel_rank,
-    new_sequence_parallel_group,
-    use_ulysses_attention,
-)
+from rlplan.runtime.trainer.optimization import ppo_update
+from rlplan.runtime.trainer.role_model import actor_model_spec, build_reference_model, build_role_model
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
-def sharding_spec(plan: Plan, device_type: str, *, param_offload: bool) -> ShardingSpec:
-    layout = plan_layout(plan)
-    return ShardingSpec(
-        device_type=device_type,
-        world_size=layout.parallel.world_size,
-        shard_group_size=layout.parallel.fsdp_shard_size,
-        mixed_precision=device_type != "cpu",
-        param_offload=param_offload,
-    )
-
-
-def concat_rows(parts: list[Any], order: list[int], total: int) -> Any:
+def concat_rows(parts: list[Any], order: list[list[int]], total: int) -> Any:
     """Put per-micro-batch (b, R_i) results back into one (B, max R) tensor in the original order."""
     import torch
 
@@ -57,17 +33,15 @@ class PolicyTrainer:
     """The actor (and, for full fine-tuning with a KL term, its reference) on this rank."""
 
     def __init__(self, plan: Plan, *, device: Any, device_type: str, rank: int) -> None:
-        import torch
-
         self.plan = plan
         self.device = device
         self.rank = rank
         self.layout: PlanLayout = plan_layout(plan)
-        parallel = self.layout.parallel
-        self.sequence_parallel = new_sequence_parallel_group(
-            parallel.world_size, parallel.ulysses_sequence_parallel_size, rank
-        )
-        self.data_rank = data_parallel_rank(self.sequence_parallel, rank)
+        spec = actor_model_spec(plan, self.layout, device_type)
+        built = build_role_model(spec, device=device, rank=rank)
+        self.model, self.mesh = built.model, built.mesh
+        self.optimizer, self.scheduler, self.optimizer_settings = built.optimizer, built.scheduler, spec.optimizer
+        self.sequence_parallel, self.data_rank = built.sequence_parallel, built.data_rank
         self.forward_options = ForwardOptions(
             remove_padding=plan.model.use_remove_padding,
             entropy_chunk_size=2048 if plan.actor.entropy_from_logits_with_chunking else 0,
@@ -75,41 +49,12 @@ class PolicyTrainer:
             temperature=plan.rollout.temperature,
             sequence_parallel=self.sequence_parallel,
         )
-        # This runtime's param_offload already shards with FSDP2's CPUOffloadPolicy, which is what verl's
-        # offload_policy turns on (the optimizer then steps on the host-resident shards).
-        spec = sharding_spec(plan, device_type, param_offload=plan.actor.param_offload or plan.actor.offload_policy)
-        self.mesh = device_mesh(spec)
-        # Every rank must draw the same fresh LoRA weights before sharding splits them.
-        torch.manual_seed(plan.trainer.seed)
-        model = load_hf_model(plan.model.path, value_head=False, train_dtype=torch.float32)
-        if self.sequence_parallel is not None:
-            use_ulysses_attention(model, self.sequence_parallel.size)
-        if plan.model.lora.enabled:
-            model = apply_lora(model, plan.model.lora, gradient_checkpointing=plan.model.gradient_checkpointing)
-        if plan.model.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
-        self.model = shard_model(model.to(device) if not spec.param_offload else model, spec, self.mesh)
         self.reference = None
         if plan.uses_reference and not plan.reference_is_actor:
-            # As verl: on GPUs the reference always shards with CPU offload (planner.memory.ref_params_on_host).
-            reference_spec = sharding_spec(plan, device_type,
-                                           param_offload=plan.ref.param_offload or device_type != "cpu")
-            reference = load_hf_model(plan.model.path, value_head=False, train_dtype=torch.float32)
-            reference.requires_grad_(False)
-            if self.sequence_parallel is not None:
-                use_ulysses_attention(reference, self.sequence_parallel.size)
-            self.reference = shard_model(
-                reference if reference_spec.param_offload else reference.to(device), reference_spec, self.mesh
+            self.reference = build_reference_model(
+                plan, self.layout, device_type=device_type, device=device, mesh=self.mesh,
+                sequence_parallel=self.sequence_parallel,
             )
-            self.reference.eval()
-        self.optimizer_settings = OptimizerSettings(
-            lr=plan.actor.lr,
-            weight_decay=plan.actor.weight_decay,
-            warmup_steps=plan.actor.lr_warmup_steps,
-            grad_clip=plan.actor.grad_clip,
-            offload_state=plan.actor.optimizer_offload and not plan.actor.offload_policy and device_type != "cpu",
-        )
-        self.optimizer, self.scheduler = build_optimizer(trainable_parameters(self.model), self.optimizer_settings)
 
     # --- forward-only passes ------------------------------------------------
     def _score(self, model: Any, batch: TokenBatch, role: Any, *, with_entropy: bool) -> tuple[Any, Any]:

@@ -11,9 +11,12 @@ how the batch is later packed or split.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 SEQUENCE_FIELDS = ("input_ids", "prompt_lengths", "sequence_lengths")
 
@@ -22,7 +25,7 @@ SEQUENCE_FIELDS = ("input_ids", "prompt_lengths", "sequence_lengths")
 class TokenBatch:
     """Named tensors sharing the leading batch dimension."""
 
-    tensors: dict[str, Any]
+    tensors: dict[str, Tensor]
 
     def __attrs_post_init__(self) -> None:
         sizes = {name: t.shape[0] for name, t in self.tensors.items()}
@@ -35,18 +38,18 @@ class TokenBatch:
     def __len__(self) -> int:
         return int(self.tensors["input_ids"].shape[0])
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> Tensor:
         return self.tensors[name]
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
     @property
-    def response_lengths(self) -> Any:
+    def response_lengths(self) -> Tensor:
         return self.tensors["sequence_lengths"] - self.tensors["prompt_lengths"]
 
     @property
-    def response_mask(self) -> Any:
+    def response_mask(self) -> Tensor:
         import torch
 
         lengths = self.response_lengths
@@ -57,7 +60,7 @@ class TokenBatch:
     def max_response_length(self) -> int:
         return int(self.response_lengths.max().item()) if len(self) else 0
 
-    def with_fields(self, **fields: Any) -> TokenBatch:
+    def with_fields(self, **fields: Tensor) -> TokenBatch:
         return TokenBatch({**self.tensors, **fields})
 
     def select(self, indices: Sequence[int]) -> TokenBatch:
@@ -104,7 +107,7 @@ def token_batch_from_sequences(
     )
 
 
-def response_aligned(rows: Sequence[Sequence[float]], width: int | None = None, dtype: Any = None) -> Any:
+def response_aligned(rows: Sequence[Sequence[float]], width: int | None = None, dtype: Any = None) -> Tensor:
     """(B, R) right-padded with zeros from per-sample response values."""
     import torch
 
@@ -121,7 +124,7 @@ def concat_batches(batches: Sequence[TokenBatch], order: Sequence[int] | None = 
     import torch
 
     names = list(batches[0].tensors)
-    merged: dict[str, Any] = {}
+    merged: dict[str, Tensor] = {}
     for name in names:
         parts = [b[name] for b in batches]
         if parts[0].dim() == 2:

@@ -1,0 +1,173 @@
+"""One trained role's model on this rank, built the same way for the actor and the critic.
+
+A `RoleModelSpec` is what the plan asks of a role (weights, value head, LoRA, Ulysses,
+gradient checkpointing, sharding, optimizer); `build_role_model` turns it into the sharded
+model with its optimizer, in an order every rank follows: process groups first (each rank
+must create all of them, in the same order), then the seeded load, the wrappers, sharding,
+and the optimizer over what is left trainable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import frozen
+
+from rlplan.planner.layout import ParallelLayout, PlanLayout
+from rlplan.planner.plan import LoraConfig, Plan
+from rlplan.runtime.trainer.model import (
+    ShardingSpec,
+    apply_lora,
+    device_mesh,
+    enable_gradient_checkpointing,
+    load_hf_model,
+    shard_model,
+    trainable_parameters,
+)
+from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer
+from rlplan.runtime.trainer.sequence_parallel import (
+    SequenceParallelGroup,
+    data_parallel_rank,
+    new_sequence_parallel_group,
+    use_ulysses_attention,
+)
+
+
+@frozen(kw_only=True)
+class RoleModelSpec:
+    """What the plan asks of one trained role's model on a machine of `sharding.device_type`."""
+
+    path: str
+    # The critic is the actor's backbone with a one-output token head (as verl's critic).
+    value_head: bool
+    # Seeds the fresh weights (LoRA adapter, value head): every rank must draw the same ones before
+    # sharding splits them.
+    init_seed: int
+    ulysses_size: int
+    # None: the role trains all its weights.
+    lora: LoraConfig | None
+    gradient_checkpointing: bool
+    sharding: ShardingSpec
+    optimizer: OptimizerSettings
+
+
+@frozen(kw_only=True)
+class RoleModel:
+    """A role's sharded model on this rank with the mesh, groups and optimizer built for it."""
+
+    model: Any
+    mesh: Any
+    optimizer: Any
+    scheduler: Any
+    sequence_parallel: SequenceParallelGroup | None
+    # The data-parallel shard this rank trains on (ranks of one Ulysses group share one).
+    data_rank: int
+
+
+def sharding_spec(parallel: ParallelLayout, device_type: str, *, param_offload: bool) -> ShardingSpec:
+    return ShardingSpec(
+        device_type=device_type,
+        world_size=parallel.world_size,
+        shard_group_size=parallel.fsdp_shard_size,
+        mixed_precision=device_type != "cpu",
+        param_offload=param_offload,
+    )
+
+
+def actor_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleModelSpec:
+    actor = plan.actor
+    return RoleModelSpec(
+        path=plan.model.path,
+        value_head=False,
+        init_seed=plan.trainer.seed,
+        ulysses_size=layout.parallel.ulysses_sequence_parallel_size,
+        lora=plan.model.lora if plan.model.lora.enabled else None,
+        gradient_checkpointing=plan.model.gradient_checkpointing,
+        # This runtime's param_offload already shards with FSDP2's CPUOffloadPolicy, which is what verl's
+        # offload_policy turns on (the optimizer then steps on the host-resident shards).
+        sharding=sharding_spec(layout.parallel, device_type, param_offload=actor.param_offload or actor.offload_policy),
+        optimizer=OptimizerSettings(
+            lr=actor.lr,
+            weight_decay=actor.weight_decay,
+            warmup_steps=actor.lr_warmup_steps,
+            grad_clip=actor.grad_clip,
+            offload_state=actor.optimizer_offload and not actor.offload_policy and device_type != "cpu",
+        ),
+    )
+
+
+def critic_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleModelSpec:
+    if layout.critic_parallel is None:
+        raise ValueError("the plan uses no critic")
+    critic = plan.critic
+    return RoleModelSpec(
+        path=plan.model.path,
+        value_head=True,
+        # Not the actor's seed: the value head is a fresh draw of its own.
+        init_seed=plan.trainer.seed + 1,
+        ulysses_size=layout.critic_parallel.ulysses_sequence_parallel_size,
+        lora=None,
+        gradient_checkpointing=critic.gradient_checkpointing,
+        # CPUOffloadPolicy either way: see actor_model_spec.
+        sharding=sharding_spec(
+            layout.critic_parallel, device_type, param_offload=critic.param_offload or critic.offload_policy
+        ),
+        optimizer=OptimizerSettings(
+            lr=critic.lr,
+            grad_clip=critic.grad_clip,
+            offload_state=critic.optimizer_offload and not critic.offload_policy and device_type != "cpu",
+        ),
+    )
+
+
+def load_for_sequence_parallel(path: str, *, value_head: bool, sequence_parallel: SequenceParallelGroup | None) -> Any:
+    """The Hugging Face model in fp32, with Ulysses attention where the role splits sequences."""
+    import torch
+
+    model = load_hf_model(path, value_head=value_head, train_dtype=torch.float32)
+    if sequence_parallel is not None:
+        use_ulysses_attention(model, sequence_parallel.size)
+    return model
+
+
+def place_and_shard(model: Any, spec: ShardingSpec, mesh: Any, device: Any) -> Any:
+    # With param offload FSDP2 moves each shard to the host itself; the whole model never goes to the device.
+    return shard_model(model if spec.param_offload else model.to(device), spec, mesh)
+
+
+def build_role_model(spec: RoleModelSpec, *, device: Any, rank: int) -> RoleModel:
+    import torch
+
+    sharding = spec.sharding
+    sequence_parallel = new_sequence_parallel_group(sharding.world_size, spec.ulysses_size, rank)
+    mesh = device_mesh(sharding)
+    torch.manual_seed(spec.init_seed)
+    model = load_for_sequence_parallel(spec.path, value_head=spec.value_head, sequence_parallel=sequence_parallel)
+    if spec.lora is not None:
+        model = apply_lora(model, spec.lora, gradient_checkpointing=spec.gradient_checkpointing)
+    if spec.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    model = place_and_shard(model, sharding, mesh, device)
+    optimizer, scheduler = build_optimizer(trainable_parameters(model), spec.optimizer)
+    return RoleModel(
+        model=model,
+        mesh=mesh,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        sequence_parallel=sequence_parallel,
+        data_rank=data_parallel_rank(sequence_parallel, rank),
+    )
+
+
+def build_reference_model(
+    plan: Plan, layout: PlanLayout, *, device_type: str, device: Any, mesh: Any,
+    sequence_parallel: SequenceParallelGroup | None,
+) -> Any:
+    """A frozen copy of the actor's initial weights, sharded on the actor's mesh, in eval mode."""
+    # As verl: on GPUs the reference always shards with CPU offload (planner.memory.ref_params_on_host).
+    spec = sharding_spec(layout.parallel, device_type, param_offload=plan.ref.param_offload or device_type != "cpu")
+    reference = load_for_sequence_parallel(plan.model.path, value_head=False, sequence_parallel=sequence_parallel)
+    reference.requires_grad_(False)
+    reference = place_and_shard(reference, spec, mesh, device)
+    reference.eval()
+    return reference
