@@ -4,7 +4,8 @@
         [--prompt-len 32] [--response-len 32] [--repeats 3] [--lora-rank 8]
 
 The runtime side is `PolicyTrainer.update` (FSDP2, packing, PPO loss, clipping, AdamW) on
-`--world-size` local ranks; the baseline is a plain Hugging Face model in one process: one padded
+`--world-size` local ranks, three ways: packed with the CPU's per-sequence (varlen) attention, packed
+with sdpa over one block-diagonal mask (what packing cost before the varlen path), and padded; the baseline is a plain Hugging Face model in one process: one padded
 forward, a log-softmax gather loss, backward and an AdamW step over the same sequences. Each
 rank gets `--sequences` sequences. Without --model-dir the bundled tiny Qwen2 is built in a temp dir.
 Both sides use the same number of intra-op threads per process (1 per rank, as the Ray workers do).
@@ -49,6 +50,8 @@ def _runtime_rank(rank: int, world_size: int, args: dict) -> dict:
     )
     plan = plan.evolve(model=attrs.evolve(plan.model, use_remove_padding=args["remove_padding"]))
     trainer = PolicyTrainer(plan, device=torch.device("cpu"), device_type="cpu", rank=rank)
+    if args["attention"] != "default":
+        trainer.model.set_attn_implementation(args["attention"])
     batch = _batch(per_rank, args["prompt_len"], args["response_len"], plan.model.arch.vocab_size, seed=rank)
     old, _ = trainer.compute_log_probs(batch)
     batch = batch.with_fields(old_log_probs=old)
@@ -114,19 +117,20 @@ def main() -> None:
         "lora_rank": options.lora_rank,
     }
     runtime = {}
-    for remove_padding in (True, False):
-        ranks = run_on_local_group(_runtime_rank, options.world_size, {**args, "remove_padding": remove_padding})
-        runtime[remove_padding] = (sum(r["tokens"] for r in ranks), max(r["seconds"] for r in ranks))
+    variants = {"packed, varlen attention": (True, "default"), "packed, block-diagonal mask": (True, "sdpa"),
+                "padded": (False, "default")}
+    for label, (remove_padding, attention) in variants.items():
+        ranks = run_on_local_group(_runtime_rank, options.world_size,
+                                   {**args, "remove_padding": remove_padding, "attention": attention})
+        runtime[label] = (sum(r["tokens"] for r in ranks), max(r["seconds"] for r in ranks))
     raw = _raw_torch(args)
     print(f"model {model_dir}, lora rank {options.lora_rank}, {options.sequences} sequences x "
           f"{options.prompt_len}+{options.response_len} tokens per rank, {options.repeats} timed repeats")
-    print(f"{'':34}{'tokens/s':>12}{'s/update':>12}")
-    for remove_padding, (tokens, seconds) in runtime.items():
-        label = f"runtime update, {options.world_size} rank(s), " + ("packed" if remove_padding else "padded")
-        print(f"{label:34}{tokens / seconds:12.0f}{seconds:12.3f}")
-    print(f"{'raw torch fwd/bwd/AdamW, padded':34}{raw['tokens'] / raw['seconds']:12.0f}{raw['seconds']:12.3f}")
-    print("note: without a varlen attention kernel (CPU), packed sequences run sdpa over one block-diagonal mask")
-    print("whose cost grows with the square of the packed length; compare the packed and padded rows.")
+    print(f"{'':52}{'tokens/s':>12}{'s/update':>12}")
+    for variant, (tokens, seconds) in runtime.items():
+        label = f"runtime update, {options.world_size} rank(s), {variant}"
+        print(f"{label:52}{tokens / seconds:12.0f}{seconds:12.3f}")
+    print(f"{'raw torch fwd/bwd/AdamW, padded':52}{raw['tokens'] / raw['seconds']:12.0f}{raw['seconds']:12.3f}")
 
 
 if __name__ == "__main__":

@@ -22,12 +22,9 @@ from rlplan.runtime.trainer.model import (
 )
 from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer, ppo_update
 from rlplan.runtime.trainer.policy import concat_rows
-from rlplan.runtime.trainer.sequence_parallel import (
-    data_parallel_rank,
-    new_sequence_parallel_group,
-    use_ulysses_attention,
-)
+from rlplan.runtime.trainer.sequence_parallel import data_parallel_rank, new_sequence_parallel_group
 from rlplan.runtime.trainer.token_batch import TokenBatch
+from rlplan.runtime.trainer.varlen_attention import use_packed_attention
 
 
 class CriticTrainer:
@@ -60,8 +57,8 @@ class CriticTrainer:
         # The fresh value head is drawn per rank: the same seed everywhere keeps the shards of one tensor.
         torch.manual_seed(plan.trainer.seed + 1)
         model = load_hf_model(plan.model.path, value_head=True, train_dtype=torch.float32)
-        if self.sequence_parallel is not None:
-            use_ulysses_attention(model, self.sequence_parallel.size)
+        use_packed_attention(model, remove_padding=critic.use_remove_padding, device_type=device_type,
+                             sequence_parallel=self.sequence_parallel)
         if critic.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.model = shard_model(model if spec.param_offload else model.to(device), spec, device_mesh(spec))

@@ -23,12 +23,9 @@ from rlplan.runtime.trainer.model import (
     trainable_parameters,
 )
 from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer, ppo_update
-from rlplan.runtime.trainer.sequence_parallel import (
-    data_parallel_rank,
-    new_sequence_parallel_group,
-    use_ulysses_attention,
-)
+from rlplan.runtime.trainer.sequence_parallel import data_parallel_rank, new_sequence_parallel_group
 from rlplan.runtime.trainer.token_batch import TokenBatch
+from rlplan.runtime.trainer.varlen_attention import use_packed_attention
 
 
 def sharding_spec(plan: Plan, device_type: str, *, param_offload: bool) -> ShardingSpec:
@@ -82,8 +79,9 @@ class PolicyTrainer:
         # Every rank must draw the same fresh LoRA weights before sharding splits them.
         torch.manual_seed(plan.trainer.seed)
         model = load_hf_model(plan.model.path, value_head=False, train_dtype=torch.float32)
-        if self.sequence_parallel is not None:
-            use_ulysses_attention(model, self.sequence_parallel.size)
+        attention = {"remove_padding": plan.model.use_remove_padding, "device_type": device_type,
+                     "sequence_parallel": self.sequence_parallel}
+        use_packed_attention(model, **attention)
         if plan.model.lora.enabled:
             model = apply_lora(model, plan.model.lora, gradient_checkpointing=plan.model.gradient_checkpointing)
         if plan.model.gradient_checkpointing:
@@ -96,8 +94,7 @@ class PolicyTrainer:
                                            param_offload=plan.ref.param_offload or device_type != "cpu")
             reference = load_hf_model(plan.model.path, value_head=False, train_dtype=torch.float32)
             reference.requires_grad_(False)
-            if self.sequence_parallel is not None:
-                use_ulysses_attention(reference, self.sequence_parallel.size)
+            use_packed_attention(reference, **attention)
             self.reference = shard_model(
                 reference if reference_spec.param_offload else reference.to(device), reference_spec, self.mesh
             )
