@@ -245,8 +245,8 @@ class Controller:
         actor_updates = self._phase(Phase.ACTOR_UPDATE, self._on_trainers("update_actor", shards, step), record)
         record.update(_mean_metrics([update.metrics for update in actor_updates]))
         if self.on_policy:
-            scores = [(update.log_probs, update.entropy) for update in self._per_shard(actor_updates)]
-            batch = _with_old_log_probs(batch, shards, scores, order)
+            own_log_probs = [(update.log_probs, update.entropy) for update in self._per_shard(actor_updates)]
+            batch = _with_old_log_probs(batch, shards, own_log_probs, order)
         # The trainer's log-probs of the tokens vLLM sampled, before this step's update changed the weights.
         gap = ((batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
         record["sync_logprob_gap"] = float(gap)
