@@ -87,9 +87,9 @@ def _one_step(rank: int, world_size: int, model_dir: str, output_dir: str, skip_
     import ray
     import torch
 
+    from rlplan.planner.platform import Platform
     from rlplan.runtime.commands import demo_plan
     from rlplan.runtime.loop import Controller, RunOptions
-    from rlplan.runtime.platform import Platform
     from rlplan.runtime.trainer.policy import PolicyTrainer
 
     ray.get = lambda value: value
