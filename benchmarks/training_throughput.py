@@ -4,8 +4,12 @@
         [--prompt-len 32] [--response-len 32] [--repeats 3] [--lora-rank 8]
 
 The runtime side is `PolicyTrainer.update` (FSDP2, packing, PPO loss, clipping, AdamW) on
-`--world-size` local ranks; the baseline is a plain Hugging Face model in one process: one padded
-forward, a log-softmax gather loss, backward and an AdamW step over the same sequences. Each
+`--world-size` local ranks, three ways: packed with the CPU's per-sequence (varlen) attention, packed
+with sdpa over one block-diagonal mask (what packing cost before the varlen path), and padded. Each rank
+holds the three trainers and times their updates in turn, repeat after repeat, so a shared machine's
+changing load falls on all three alike; the median repeat is reported. The baseline is a plain Hugging
+Face model in one process: one padded forward, a log-softmax gather loss, backward and an AdamW step
+over the same sequences. Each
 rank gets `--sequences` sequences. Without --model-dir the bundled tiny Qwen2 is built in a temp dir.
 Both sides use the same number of intra-op threads per process (1 per rank, as the Ray workers do).
 """
@@ -30,7 +34,17 @@ def _batch(sequences: int, prompt_len: int, response_len: int, vocab: int, seed:
     return batch.with_fields(advantages=torch.randn(mask.shape, generator=generator) * mask)
 
 
+# label -> (use_remove_padding, attention implementation forced on the model, "default" for the runtime's own)
+VARIANTS = {
+    "packed, varlen attention": (True, "default"),
+    "packed, block-diagonal mask": (True, "sdpa"),
+    "padded": (False, "default"),
+}
+
+
 def _runtime_rank(rank: int, world_size: int, args: dict) -> dict:
+    import statistics
+
     import attrs
     import torch
 
@@ -47,17 +61,25 @@ def _runtime_rank(rank: int, world_size: int, args: dict) -> dict:
                            use_kl_loss=False),
         rollout=attrs.evolve(plan.rollout, n=1),
     )
-    plan = plan.evolve(model=attrs.evolve(plan.model, use_remove_padding=args["remove_padding"]))
-    trainer = PolicyTrainer(plan, device=torch.device("cpu"), device_type="cpu", rank=rank)
+    trainers = {}
+    for label, (remove_padding, attention) in VARIANTS.items():
+        variant = plan.evolve(model=attrs.evolve(plan.model, use_remove_padding=remove_padding))
+        trainers[label] = PolicyTrainer(variant, device=torch.device("cpu"), device_type="cpu", rank=rank)
+        if attention != "default":
+            trainers[label].model.set_attn_implementation(attention)
     batch = _batch(per_rank, args["prompt_len"], args["response_len"], plan.model.arch.vocab_size, seed=rank)
-    old, _ = trainer.compute_log_probs(batch)
+    old, _ = trainers["padded"].compute_log_probs(batch)
     batch = batch.with_fields(old_log_probs=old)
-    trainer.update(batch, step=0)  # warm-up
-    start = time.perf_counter()
+    for trainer in trainers.values():
+        trainer.update(batch, step=0)  # warm-up
+    seconds: dict[str, list[float]] = {label: [] for label in trainers}
     for step in range(args["repeats"]):
-        trainer.update(batch, step=step + 1)
-    seconds = (time.perf_counter() - start) / args["repeats"]
-    return {"tokens": int(batch["sequence_lengths"].sum()), "seconds": seconds}
+        for label, trainer in trainers.items():
+            start = time.perf_counter()
+            trainer.update(batch, step=step + 1)
+            seconds[label].append(time.perf_counter() - start)
+    return {"tokens": int(batch["sequence_lengths"].sum()),
+            "seconds": {label: statistics.median(times) for label, times in seconds.items()}}
 
 
 def _raw_torch(args: dict) -> dict:
@@ -113,20 +135,17 @@ def main() -> None:
         "repeats": options.repeats,
         "lora_rank": options.lora_rank,
     }
-    runtime = {}
-    for remove_padding in (True, False):
-        ranks = run_on_local_group(_runtime_rank, options.world_size, {**args, "remove_padding": remove_padding})
-        runtime[remove_padding] = (sum(r["tokens"] for r in ranks), max(r["seconds"] for r in ranks))
+    ranks = run_on_local_group(_runtime_rank, options.world_size, args)
+    tokens = sum(r["tokens"] for r in ranks)
+    runtime = {label: (tokens, max(r["seconds"][label] for r in ranks)) for label in VARIANTS}
     raw = _raw_torch(args)
     print(f"model {model_dir}, lora rank {options.lora_rank}, {options.sequences} sequences x "
-          f"{options.prompt_len}+{options.response_len} tokens per rank, {options.repeats} timed repeats")
-    print(f"{'':34}{'tokens/s':>12}{'s/update':>12}")
-    for remove_padding, (tokens, seconds) in runtime.items():
-        label = f"runtime update, {options.world_size} rank(s), " + ("packed" if remove_padding else "padded")
-        print(f"{label:34}{tokens / seconds:12.0f}{seconds:12.3f}")
-    print(f"{'raw torch fwd/bwd/AdamW, padded':34}{raw['tokens'] / raw['seconds']:12.0f}{raw['seconds']:12.3f}")
-    print("note: without a varlen attention kernel (CPU), packed sequences run sdpa over one block-diagonal mask")
-    print("whose cost grows with the square of the packed length; compare the packed and padded rows.")
+          f"{options.prompt_len}+{options.response_len} tokens per rank, {options.repeats} timed repeats (median)")
+    print(f"{'':52}{'tokens/s':>12}{'s/update':>12}")
+    for variant, (tokens, seconds) in runtime.items():
+        label = f"runtime update, {options.world_size} rank(s), {variant}"
+        print(f"{label:52}{tokens / seconds:12.0f}{seconds:12.3f}")
+    print(f"{'raw torch fwd/bwd/AdamW, padded':52}{raw['tokens'] / raw['seconds']:12.0f}{raw['seconds']:12.3f}")
 
 
 if __name__ == "__main__":

@@ -151,6 +151,13 @@ class RoleBatchLayout:
     def optimizer_steps_per_step(self) -> int:
         return self.mini_batches_per_epoch * self.epochs if self.is_update else 0
 
+    @property
+    def is_on_policy(self) -> bool:
+        """One optimizer step per RL step (one epoch, one mini batch): the update's first forward runs the
+        very weights that an old-log-prob pass would, so its detached log-probs are the old ones (verl's
+        on_policy in dp_actor.update_policy)."""
+        return self.optimizer_steps_per_step == 1
+
 
 @frozen(kw_only=True)
 class PlanLayout:

@@ -12,6 +12,11 @@ The sync is checked, not trusted: step 3 of the next iteration scores the tokens
 the freshly synced engine sampled, and `sync_logprob_gap` = mean |trainer
 log-prob - vLLM log-prob| over them. A sync that never reached the engine shows
 up there as a gap that grows with every update.
+
+When the update is on-policy (one optimizer step per step, see
+policy.reuses_update_log_probs) step 3 skips the old-log-prob pass: the update's
+first forward scores the same weights, its log-probs stand in for the old ones,
+and the gap and entropy are taken from them after step 5.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from rlplan.runtime.metrics import (
     plan_versus_actual,
     predicted_phase_peaks,
 )
+from rlplan.runtime.trainer.policy import reuses_update_log_probs
 from rlplan.runtime.trainer.token_batch import (
     TokenBatch,
     concat_batches,
@@ -136,6 +142,7 @@ class Controller:
         self.data = data
         self.console = console
         self.layout = plan_layout(plan)
+        self.on_policy = reuses_update_log_probs(plan)
         self.peaks: dict[str, int] = {}
         self.memory_measure = ""
         self.engines_asleep = False
@@ -229,17 +236,15 @@ class Controller:
         partitions = balanced_rank_partitions(batch["sequence_lengths"].tolist(), self.layout.parallel.dp)
         order = [index for part in partitions for index in part]
         shards = [batch.select(part) for part in partitions]
-        outputs = self._phase(Phase.OLD_LOG_PROB, self._on_trainers("compute_log_probs", shards), record)
-        old = concat_batches([_fields(shard, old_log_probs=lp, entropy=ent) for shard, (lp, ent) in zip(shards, self._per_shard(outputs), strict=True)], order)
-        batch = batch.with_fields(old_log_probs=old["old_log_probs"][:, : mask.shape[1]], entropy=old["entropy"][:, : mask.shape[1]])
+        if not self.on_policy:
+            outputs = self._phase(Phase.OLD_LOG_PROB, self._on_trainers("compute_log_probs", shards), record)
+            batch = _with_old_log_probs(batch, shards, self._per_shard(outputs), order)
         if plan.uses_reference:
             refs = self._phase(Phase.REF_LOG_PROB, self._on_trainers("compute_ref_log_probs", shards), record)
             batch = batch.with_fields(ref_log_probs=_gather(shards, self._per_shard(refs), order, mask.shape[1]))
         if plan.uses_critic:
             values = self._phase(Phase.CRITIC_VALUES, self._on_trainers("compute_values", shards), record)
             batch = batch.with_fields(values=_gather(shards, self._per_shard(values), order, mask.shape[1]))
-        gap = ((batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
-        record["sync_logprob_gap"] = float(gap)
 
         # 4 advantages
         advantage_start = time.perf_counter()
@@ -251,8 +256,16 @@ class Controller:
         if plan.uses_critic:
             critic_metrics = self._phase(Phase.CRITIC_UPDATE, self._on_trainers("update_critic", shards, step), record)
             record.update(_mean_metrics(critic_metrics))
-        actor_metrics = self._phase(Phase.ACTOR_UPDATE, self._on_trainers("update_actor", shards, step), record)
-        record.update(_mean_metrics(actor_metrics))
+        actor_updates = self._phase(Phase.ACTOR_UPDATE, self._on_trainers("update_actor", shards, step), record)
+        record.update(_mean_metrics([update.metrics for update in actor_updates]))
+        if self.on_policy:
+            own_log_probs = [(update.log_probs, update.entropy) for update in self._per_shard(actor_updates)]
+            batch = _with_old_log_probs(batch, shards, own_log_probs, order)
+        # The trainer's log-probs of the tokens vLLM sampled, before this step's update changed the weights.
+        gap = ((batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
+        record["sync_logprob_gap"] = float(gap)
+        if plan.uses_reference:
+            record["kl_ref"] = _kl_to_reference(batch, plan.algorithm.kl_penalty, mask)
 
         # 6 weight sync: the next rollout's gap (step 3) shows whether it arrived
         if self.options.sync_weights:
@@ -274,10 +287,6 @@ class Controller:
         plan = self.plan
         mask = batch.response_mask
         estimator = plan.algorithm.adv_estimator
-        kl = None
-        if plan.uses_reference:
-            kl = algorithms.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], plan.algorithm.kl_penalty) * mask
-            record["kl_ref"] = float(algorithms.masked_mean(kl, mask))
         if estimator == "grpo":
             advantages = algorithms.grpo_advantages(
                 scores,
@@ -289,7 +298,9 @@ class Controller:
             return batch.with_fields(advantages=advantages)
         if estimator == "rloo":
             return batch.with_fields(advantages=algorithms.rloo_advantages(scores, group_index, mask))
-        in_reward = kl if plan.algorithm.use_kl_in_reward else None
+        in_reward = None
+        if plan.algorithm.use_kl_in_reward:
+            in_reward = algorithms.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], plan.algorithm.kl_penalty) * mask
         token_rewards = algorithms.token_level_rewards(scores, mask, in_reward, plan.algorithm.kl_coef)
         if estimator == "reinforce_plus_plus":
             advantages = algorithms.reinforce_plus_plus_advantages(token_rewards, mask, plan.algorithm.gamma)
@@ -360,6 +371,20 @@ class Controller:
 
 def _fields(shard: TokenBatch, **fields: Tensor) -> TokenBatch:
     return TokenBatch({"input_ids": shard["input_ids"], "prompt_lengths": shard["prompt_lengths"], "sequence_lengths": shard["sequence_lengths"], **fields})
+
+
+def _with_old_log_probs(batch: TokenBatch, shards: list[TokenBatch], scores: list[Any], order: list[int]) -> TokenBatch:
+    """The batch with the trainer's per-shard (log-probs, entropy) as old_log_probs and entropy, in batch order."""
+    width = batch.response_mask.shape[1]
+    old = concat_batches([_fields(shard, old_log_probs=lp, entropy=ent) for shard, (lp, ent) in zip(shards, scores, strict=True)], order)
+    return batch.with_fields(old_log_probs=old["old_log_probs"][:, :width], entropy=old["entropy"][:, :width])
+
+
+def _kl_to_reference(batch: TokenBatch, kind: str, mask: Any) -> float:
+    from rlplan.runtime import algorithms
+
+    kl = algorithms.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], kind) * mask
+    return float(algorithms.masked_mean(kl, mask))
 
 
 def _gather(shards: list[TokenBatch], values: list[Tensor], order: list[int], width: int) -> Tensor:

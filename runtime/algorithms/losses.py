@@ -169,6 +169,9 @@ def policy_loss(
     Per token: max(-A r, -A clip(r, 1 - low, 1 + high)) with r = exp(logp - old_logp); where A < 0
     that is further capped at -A c (dual clip, c > 1), so a token whose probability already grew far
     past the old policy cannot produce an unbounded loss.
+
+    This is verl's compute_policy_loss_vanilla. TRL's GRPOTrainer default (loss_type "dapo", token-mean
+    over the batch) is the same without the dual clip; on-policy (ratio 1) no clip is active in either.
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for the dual clip, got {clip_ratio_c}")

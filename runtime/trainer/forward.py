@@ -4,7 +4,8 @@ Two input layouts give the same numbers:
 - padded: (b, T) right-padded with an attention mask;
 - packed (remove padding): all sequences in one (1, sum L) stream, position ids
   restarting at 0 per sequence and no attention mask, which transformers turns
-  into a block-diagonal causal mask. This is only correct with `use_cache=False`
+  into a block-diagonal causal mask (or, on CPU, runtime/trainer/varlen_attention.py
+  splits into one attention per sequence). This is only correct with `use_cache=False`
   (with a cache object the packing is not detected and attention leaks across
   sequences, silently), so every call here passes it.
 
@@ -129,7 +130,7 @@ def _sequence_parallel_forward(model: Any, micro: TokenBatch, device: Any, optio
         position_ids=shard.position_ids,
         attention_mask=None,
         use_cache=False,
-        ulysses=UlyssesAttentionInputs(group=group, attention=shard.attention),
+        ulysses=UlyssesAttentionInputs(group=group, cu_seqlens=shard.cu_seqlens),
     ).logits
     return outputs.reshape(-1, outputs.shape[-1]), shard, rows
 

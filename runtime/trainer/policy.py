@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from attrs import frozen
+
 from rlplan.planner.layout import PlanLayout, plan_layout
 from rlplan.planner.plan import Plan
 from rlplan.runtime.trainer.forward import ForwardOptions, policy_forward
@@ -27,6 +29,26 @@ def concat_rows(parts: list[Any], order: list[list[int]], total: int) -> Any:
     for rows, part in zip(order, parts, strict=True):
         out[torch.as_tensor(rows, dtype=torch.long), : part.shape[1]] = part.detach().float().cpu()
     return out
+
+
+def reuses_update_log_probs(plan: Plan) -> bool:
+    """Whether the step skips the old-log-prob pass and takes the update's own detached log-probs.
+
+    Exact when the update is on-policy (PlanLayout: one epoch, one mini batch), as verl and TRL do. Not
+    with the KL in the reward: the advantages need the old log-probs before the update runs.
+    """
+    return plan_layout(plan).actor_update.is_on_policy and not plan.algorithm.use_kl_in_reward
+
+
+@frozen(kw_only=True)
+class ActorUpdate:
+    """What one actor update returns to the controller."""
+
+    metrics: dict[str, float]
+    # On-policy updates only: the first forward's per-token log-probs and entropy, (B, R) on CPU in the
+    # batch's row order; they stand in for the skipped old-log-prob pass. None otherwise.
+    log_probs: Any = None
+    entropy: Any = None
 
 
 class PolicyTrainer:
@@ -55,6 +77,8 @@ class PolicyTrainer:
                 plan, self.layout, device_type=device_type, device=device, mesh=self.mesh,
                 sequence_parallel=self.sequence_parallel,
             )
+        # An on-policy update's (sample indices, log-probs, entropy) per micro batch, collected by _micro_loss.
+        self._update_scores: list[tuple[list[int], Any, Any]] = []
 
     # --- forward-only passes ------------------------------------------------
     def _score(self, model: Any, batch: TokenBatch, role: Any, *, with_entropy: bool) -> tuple[Any, Any]:
@@ -90,12 +114,17 @@ class PolicyTrainer:
 
         actor = self.plan.actor
         mask = micro.response_mask.to(self.device)
-        want_entropy = actor.entropy_coeff != 0.0
+        on_policy = "old_log_probs" not in micro
+        # On-policy, the entropy metric the skipped old-log-prob pass would have given comes from here.
+        want_entropy = actor.entropy_coeff != 0.0 or on_policy
         logp, entropy = policy_forward(self.model, micro, self.device, self.forward_options, with_entropy=want_entropy)
+        if on_policy:
+            self._update_scores.append((micro["sample_index"].tolist(), logp.detach(), entropy.detach()))
+        old_logp = logp.detach() if on_policy else micro["old_log_probs"].to(self.device)
         max_length = self.plan.data.max_response_length
         loss, stats = policy_loss(
             logp,
-            micro["old_log_probs"].to(self.device),
+            old_logp,
             micro["advantages"].to(self.device),
             mask,
             actor.clip_ratio_low,
@@ -111,7 +140,7 @@ class PolicyTrainer:
             "clip_fraction_lower": float(stats.lower_clip_fraction),
             "ppo_kl": float(stats.approx_kl),
         }
-        if want_entropy:
+        if actor.entropy_coeff != 0.0:
             entropy_loss = aggregate_loss(entropy, mask, actor.loss_agg_mode, normalizer, max_response_length=max_length)
             loss = loss - actor.entropy_coeff * entropy_loss
         if actor.use_kl_loss:
@@ -122,10 +151,20 @@ class PolicyTrainer:
             numbers["kl_loss"] = float(masked_mean(kl.detach(), mask))
         return loss, numbers
 
-    def update(self, batch: TokenBatch, step: int) -> dict[str, float]:
-        """ppo_epochs x mini batches of optimizer steps on this rank's share of the batch."""
+    def update(self, batch: TokenBatch, step: int) -> ActorUpdate:
+        """ppo_epochs x mini batches of optimizer steps on this rank's share of the batch.
+
+        A batch without old_log_probs is updated on-policy: the ratio's denominator is each micro batch's
+        own detached log-probs, which equal the old ones only when the update is a single optimizer step.
+        """
         import torch
 
+        on_policy = "old_log_probs" not in batch
+        if on_policy and not self.layout.actor_update.is_on_policy:
+            raise ValueError("a batch without old_log_probs needs an on-policy update (ppo_epochs 1, one mini batch)")
+        if on_policy:
+            batch = batch.with_fields(sample_index=torch.arange(len(batch)))
+        self._update_scores = []
         generator = torch.Generator().manual_seed(self.plan.trainer.seed * 1_000_003 + step * 1009 + self.data_rank)
         summary = ppo_update(
             model=self.model,
@@ -142,4 +181,11 @@ class PolicyTrainer:
             micro_loss=self._micro_loss,
             activation_offload=self.plan.model.activation_offload,
         )
-        return summary.metrics("actor", summed=("pg_loss",))
+        metrics = summary.metrics("actor", summed=("pg_loss",))
+        if not on_policy:
+            return ActorUpdate(metrics=metrics)
+        order = [rows for rows, _, _ in self._update_scores]
+        log_probs = concat_rows([logp for _, logp, _ in self._update_scores], order, len(batch))
+        entropy = concat_rows([ent for _, _, ent in self._update_scores], order, len(batch))
+        self._update_scores = []
+        return ActorUpdate(metrics=metrics, log_probs=log_probs, entropy=entropy)

@@ -29,8 +29,8 @@ from rlplan.runtime.trainer.sequence_parallel import (
     SequenceParallelGroup,
     data_parallel_rank,
     new_sequence_parallel_group,
-    use_ulysses_attention,
 )
+from rlplan.runtime.trainer.varlen_attention import use_packed_attention
 
 
 @frozen(kw_only=True)
@@ -44,6 +44,8 @@ class RoleModelSpec:
     # sharding splits them.
     init_seed: int
     ulysses_size: int
+    # Packed (remove padding) micro batches: on CPU they attend one sequence at a time (varlen_attention).
+    remove_padding: bool
     # None: the role trains all its weights.
     lora: LoraConfig | None
     gradient_checkpointing: bool
@@ -81,6 +83,7 @@ def actor_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleMo
         value_head=False,
         init_seed=plan.trainer.seed,
         ulysses_size=layout.parallel.ulysses_sequence_parallel_size,
+        remove_padding=plan.model.use_remove_padding,
         lora=plan.model.lora if plan.model.lora.enabled else None,
         gradient_checkpointing=plan.model.gradient_checkpointing,
         # This runtime's param_offload already shards with FSDP2's CPUOffloadPolicy, which is what verl's
@@ -106,6 +109,7 @@ def critic_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleM
         # Not the actor's seed: the value head is a fresh draw of its own.
         init_seed=plan.trainer.seed + 1,
         ulysses_size=layout.critic_parallel.ulysses_sequence_parallel_size,
+        remove_padding=critic.use_remove_padding,
         lora=None,
         gradient_checkpointing=critic.gradient_checkpointing,
         # CPUOffloadPolicy either way: see actor_model_spec.
@@ -120,13 +124,15 @@ def critic_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleM
     )
 
 
-def load_for_sequence_parallel(path: str, *, value_head: bool, sequence_parallel: SequenceParallelGroup | None) -> Any:
-    """The Hugging Face model in fp32, with Ulysses attention where the role splits sequences."""
+def load_with_attention(path: str, *, value_head: bool, remove_padding: bool, device_type: str,
+                        sequence_parallel: SequenceParallelGroup | None) -> Any:
+    """The Hugging Face model in fp32 with the attention its inputs need: Ulysses where the role splits
+    sequences, one SDPA per sequence for packed inputs on CPU (never an (S, S) mask there)."""
     import torch
 
     model = load_hf_model(path, value_head=value_head, train_dtype=torch.float32)
-    if sequence_parallel is not None:
-        use_ulysses_attention(model, sequence_parallel.size)
+    use_packed_attention(model, remove_padding=remove_padding, device_type=device_type,
+                         sequence_parallel=sequence_parallel)
     return model
 
 
@@ -142,7 +148,8 @@ def build_role_model(spec: RoleModelSpec, *, device: Any, rank: int) -> RoleMode
     sequence_parallel = new_sequence_parallel_group(sharding.world_size, spec.ulysses_size, rank)
     mesh = device_mesh(sharding)
     torch.manual_seed(spec.init_seed)
-    model = load_for_sequence_parallel(spec.path, value_head=spec.value_head, sequence_parallel=sequence_parallel)
+    model = load_with_attention(spec.path, value_head=spec.value_head, remove_padding=spec.remove_padding,
+                                device_type=sharding.device_type, sequence_parallel=sequence_parallel)
     if spec.lora is not None:
         model = apply_lora(model, spec.lora, gradient_checkpointing=spec.gradient_checkpointing)
     if spec.gradient_checkpointing:
@@ -166,7 +173,8 @@ def build_reference_model(
     """A frozen copy of the actor's initial weights, sharded on the actor's mesh, in eval mode."""
     # As verl: on GPUs the reference always shards with CPU offload (planner.memory.ref_params_on_host).
     spec = sharding_spec(layout.parallel, device_type, param_offload=plan.ref.param_offload or device_type != "cpu")
-    reference = load_for_sequence_parallel(plan.model.path, value_head=False, sequence_parallel=sequence_parallel)
+    reference = load_with_attention(plan.model.path, value_head=False, remove_padding=plan.model.use_remove_padding,
+                                    device_type=device_type, sequence_parallel=sequence_parallel)
     reference.requires_grad_(False)
     reference = place_and_shard(reference, spec, mesh, device)
     reference.eval()

@@ -3,8 +3,8 @@
 Everything in a decoder layer but attention works token by token, so it runs on the local
 shard. Around attention an all-to-all trades the sequence split for a head split
 (DeepSpeed-Ulysses, as verl does it): q, k, v of (1, heads, S/sp, d) become (1, heads/sp, S, d),
-attention runs over the whole packed stream with its block-diagonal causal mask, and a second
-all-to-all returns (1, S/sp, heads, d). The per-token results (log-probs, entropy, values) are
+attention runs over the whole packed stream one sequence at a time (varlen_attention.varlen_sdpa,
+never an (S, S) mask), and a second all-to-all returns (1, S/sp, heads, d). The per-token results (log-probs, entropy, values) are
 all-gathered over the group, so every rank of it computes the same loss.
 
 Gradients: each rank's backward reaches the parameters only through its own tokens, and FSDP
@@ -116,7 +116,7 @@ class PackedShard:
     input_ids: Any  # (1, S_pad / sp)
     position_ids: Any  # (1, S_pad / sp)
     labels: Any  # (S_pad / sp,) the next token of each local position
-    attention: Any  # the mask handed to attention: (1, 1, S_pad, S_pad) bool, block-diagonal causal
+    cu_seqlens: list[int]  # the sequence starts of the whole padded stream, ending with S_pad
     total_tokens: int  # S, before padding
 
 
@@ -126,6 +126,8 @@ def shard_packed(input_ids: Any, position_ids: Any, group: SequenceParallelGroup
     The padding is its own sequence (positions restart at 0), so no real token attends to it.
     """
     import torch
+
+    from rlplan.runtime.trainer.varlen_attention import cu_seqlens_from_positions
 
     total = input_ids.shape[1]
     padded = -(-total // group.size) * group.size
@@ -139,23 +141,9 @@ def shard_packed(input_ids: Any, position_ids: Any, group: SequenceParallelGroup
         input_ids=ids[:, local],
         position_ids=positions[:, local],
         labels=labels[local],
-        attention=packed_causal_mask(positions[0]),
+        cu_seqlens=cu_seqlens_from_positions(positions),
         total_tokens=total,
     )
-
-
-def packed_causal_mask(positions: Any) -> Any:
-    """(1, 1, S, S) bool: token i sees token j when both belong to one sequence and j <= i.
-
-    A sequence starts wherever the position id restarts at 0, as transformers reads packed inputs.
-    """
-    import torch
-
-    sequence_ids = torch.cumsum((positions == 0).long(), dim=0)
-    index = torch.arange(positions.shape[0], device=positions.device)
-    causal = index.unsqueeze(1) >= index.unsqueeze(0)
-    same = sequence_ids.unsqueeze(1) == sequence_ids.unsqueeze(0)
-    return (causal & same).unsqueeze(0).unsqueeze(0)
 
 
 @frozen(kw_only=True)
@@ -163,7 +151,7 @@ class UlyssesAttentionInputs:
     """What attention needs beyond the local q, k, v; travels to it as a model keyword argument."""
 
     group: SequenceParallelGroup
-    attention: Any
+    cu_seqlens: list[int]
 
 
 def ulysses_attention(
@@ -179,8 +167,8 @@ def ulysses_attention(
     sliding_window: int | None = None,
     **kwargs: Any,
 ) -> tuple[Any, None]:
-    """transformers' attention interface: sdpa over the whole packed stream, on heads/sp heads per rank."""
-    import torch
+    """transformers' attention interface: per-sequence sdpa over the whole packed stream, on heads/sp heads per rank."""
+    from rlplan.runtime.trainer.varlen_attention import varlen_sdpa
 
     if sliding_window is not None or dropout:
         raise ValueError("Ulysses attention here supports neither sliding windows nor attention dropout")
@@ -191,12 +179,8 @@ def ulysses_attention(
         key, value = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (key, value))
     # (1, heads, S/sp, d) -> (1, heads/sp, S, d)
     query, key, value = (all_to_all(x, 1, 2, group) for x in (query, key, value))
-    if key.shape[1] != query.shape[1]:
-        repeats = query.shape[1] // key.shape[1]
-        key, value = (x.repeat_interleave(repeats, dim=1) for x in (key, value))
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=ulysses.attention, scale=scaling
-    )
+    # Fewer KV heads than query heads left on this rank: varlen_sdpa shares each one over its query group.
+    output = varlen_sdpa(query, key, value, ulysses.cu_seqlens, scale=scaling)
     # (1, heads/sp, S, d) -> (1, S, heads/sp, d) -> (1, S/sp, heads, d)
     return all_to_all(output.transpose(1, 2), 1, 2, group), None
 

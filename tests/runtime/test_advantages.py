@@ -230,3 +230,20 @@ def test_gae_advantages_are_whitened_and_zero_on_padding(batch, gamma, lam):
     assert torch.equal(advantages[padding], torch.zeros_like(advantages[padding]))
     assert torch.equal(returns[padding], torch.zeros_like(returns[padding]))
     assert abs(float(advantages[mask.bool()].mean())) < 1e-6
+
+
+@FAST
+@given(outcome_batches(), st.sampled_from([1e-6, 1e-4]))
+def test_grpo_advantages_equal_verl_and_trl_group_scaling_with_their_epsilon(batch, eps):
+    """verl's compute_grpo_outcome_advantage (eps 1e-6) and TRL's scale_rewards="group" (eps 1e-4) both
+    divide the group-centered score by the unbiased group std plus eps; the epsilon is their only
+    difference, and it matters only for groups whose std is not far above it."""
+    scores, groups, mask = batch
+    expected = torch.zeros_like(scores)
+    for group in groups.unique():
+        members = groups == group
+        if int(members.sum()) > 1:  # a lone sample: 0 here, its raw score in verl; TRL groups hold >= 2 samples
+            group_scores = scores[members]
+            expected[members] = (group_scores - group_scores.mean()) / (group_scores.std(unbiased=True) + eps)
+    advantages = grpo_advantages(scores, groups, mask, eps=eps)
+    torch.testing.assert_close(advantages, expected[:, None] * mask)

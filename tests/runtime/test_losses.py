@@ -296,6 +296,35 @@ def test_on_policy_gradient_is_minus_advantage_over_valid_tokens(batch):
     assert float(stats.clip_fraction) == 0.0 and float(stats.approx_kl) == 0.0
 
 
+def trl_dapo_loss(logp, old_logp, advantages, mask, epsilon_low, epsilon_high):
+    """TRL 1.16 GRPOTrainer's default loss (loss_type "dapo", no delta), written from its definition:
+    -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) summed over the batch's tokens / its token count."""
+    ratio = torch.exp(logp - old_logp)
+    per_token = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * advantages)
+    return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@FAST
+@given(right_padded_batches(), st.floats(-3, 3), st.floats(0.05, 0.3), st.floats(0.05, 0.4))
+def test_token_mean_policy_loss_equals_trl_dapo_where_the_dual_clip_is_inactive(batch, shift, low, high):
+    """Same value and gradient as TRL's default loss; verl's dual clip is the one addition, and it only
+    caps negative-advantage tokens whose ratio passed clip_ratio_c (TRL has no dual clip)."""
+    losses, mask, _ = batch
+    advantages = losses  # any signs and sizes
+    old_logp = torch.full_like(mask, -2.0)
+    logp = (old_logp + shift * torch.tanh(losses.flip(0))).requires_grad_()
+    ours, _ = policy_loss(logp, old_logp, advantages, mask, low, high, 3.0, "token-mean")
+    theirs = trl_dapo_loss(logp, old_logp, advantages, mask, low, high)
+    dual_clipped = ((torch.exp(logp - old_logp) > 3.0) & (advantages < 0) & (mask > 0)).any()
+    if dual_clipped:
+        assert float(ours) <= float(theirs) + 1e-9
+        return
+    torch.testing.assert_close(ours, theirs)
+    (ours_grad,) = torch.autograd.grad(ours, logp)
+    (theirs_grad,) = torch.autograd.grad(theirs, logp)
+    torch.testing.assert_close(ours_grad, theirs_grad)
+
+
 def test_value_loss_hand_computed():
     # Token 0: clip(1.0, 0.3, 0.7) = 0.7 -> max((1-2)^2, (0.7-2)^2) = 1.69 (clipped).
     # Token 1: 2.0 lies inside [1.8, 2.2]   -> 1.0.   0.5 * (1.69 + 1.0) / 2 = 0.6725.

@@ -92,17 +92,6 @@ def test_ulysses_split_forward_and_backward_equal_the_whole_sequence(tiny_model_
         assert result["log_prob_mean"] < -1.0  # real scores, not zeros that would match trivially
 
 
-def test_packed_mask_keeps_sequences_apart_and_causal():
-    import torch
-
-    from rlplan.runtime.trainer.sequence_parallel import packed_causal_mask
-
-    mask = packed_causal_mask(torch.tensor([0, 1, 2, 0, 1, 0]))[0, 0]
-    assert mask[2].tolist() == [True, True, True, False, False, False]
-    assert mask[4].tolist() == [False, False, False, True, True, False]
-    assert mask[5].tolist() == [False, False, False, False, False, True]
-
-
 def test_a_group_size_that_splits_no_heads_is_refused():
     from types import SimpleNamespace
 

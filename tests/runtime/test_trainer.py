@@ -56,23 +56,28 @@ def _checks_on_rank(rank: int, world_size: int, model_dir: str) -> dict:
     reference = trainer.compute_ref_log_probs(batch)
     results["fresh_adapter_vs_reference"] = float(((packed - reference).abs() * mask).max())
     batch = batch.with_fields(old_log_probs=packed, ref_log_probs=reference)
-    metrics = trainer.update(batch, step=0)
+    update = trainer.update(batch, step=0)
     after, _ = trainer.compute_log_probs(batch)
     results["moved_after_update"] = float(((after - packed).abs() * mask).max())
-    results["grad_norm"] = metrics["actor/grad_norm"]
+    results["grad_norm"] = update.metrics["actor/grad_norm"]
+    results["scores_only_on_policy"] = update.log_probs is None and update.entropy is None
     results["reference_unchanged"] = float(((trainer.compute_ref_log_probs(batch) - reference).abs() * mask).max())
     return results
 
 
 def _updates_on_rank(rank: int, world_size: int, model_dir: str, variants: list) -> list:
-    """Per (actor_changes, poison) variant: skipped steps, the gradients the optimizer stepped with, the parameters after."""
+    """Per (actor_changes, poison[, on_policy]) variant: skipped steps, the parameters after, the gradients the
+    optimizer stepped with, the update's metrics, the old log-probs and what the update returned for them.
+
+    on_policy drops old_log_probs from the batch, so the update takes its own detached log-probs instead."""
     import torch
 
     from rlplan.runtime.trainer.policy import PolicyTrainer
+    from rlplan.runtime.trainer.token_batch import TokenBatch
     from rlplan.runtime.weights import full
 
     outcomes = []
-    for actor_changes, poison in variants:
+    for actor_changes, poison, *on_policy in variants:
         trainer = PolicyTrainer(_plan(model_dir, **actor_changes), device=torch.device("cpu"), device_type="cpu", rank=rank)
         batch = _batch(rank)
         old, _ = trainer.compute_log_probs(batch)
@@ -88,8 +93,11 @@ def _updates_on_rank(rank: int, world_size: int, model_dir: str, variants: list)
             return _step(*args, **kwargs)
 
         trainer.optimizer.step = recording_step
-        metrics = trainer.update(batch, step=0)
-        outcomes.append((metrics["actor/skipped_steps"], [full(p).detach().clone() for p in trainable], stepped_with))
+        if on_policy and on_policy[0]:
+            batch = TokenBatch({name: t for name, t in batch.tensors.items() if name != "old_log_probs"})
+        update = trainer.update(batch, step=0)
+        outcomes.append((update.metrics["actor/skipped_steps"], [full(p).detach().clone() for p in trainable],
+                         stepped_with, update.metrics, old * batch.response_mask, update.log_probs))
     return outcomes
 
 
@@ -103,6 +111,7 @@ def test_packed_forward_matches_padded_and_reference_is_adapter_off(tiny_model_d
         assert result["moved_after_update"] > 1e-3
         assert result["reference_unchanged"] == 0.0
         assert result["grad_norm"] > 0
+        assert result["scores_only_on_policy"]
 
 
 def test_update_is_invariant_to_the_micro_batch_split_and_skips_non_finite_gradients(tiny_model_dir):
@@ -128,3 +137,45 @@ def test_update_is_invariant_to_the_micro_batch_split_and_skips_non_finite_gradi
     for a, b in zip(poisoned[1], initial[1], strict=True):
         assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in zip(whole[1], initial[1], strict=True))
+
+
+def test_on_policy_update_without_old_log_probs_has_the_same_loss_and_gradients(tiny_model_dir):
+    import torch
+
+    from rlplan.runtime.trainer.local_group import run_on_local_group
+
+    # One mini batch per rank (on-policy): with the old-log-prob pass, and without it in 1 and in 4 micro batches.
+    variants = [
+        ({"ppo_micro_batch_size_per_gpu": 8}, False, False),
+        ({"ppo_micro_batch_size_per_gpu": 8}, False, True),
+        ({"ppo_micro_batch_size_per_gpu": 2}, False, True),
+    ]
+    for with_pass, *shortcuts in run_on_local_group(_updates_on_rank, 2, tiny_model_dir, variants):
+        assert with_pass[5] is None
+        for shortcut in shortcuts:
+            assert len(shortcut[2]) == len(with_pass[2]) > 0
+            for a, b in zip(with_pass[2], shortcut[2], strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+            for key in ("actor/pg_loss", "actor/grad_norm"):
+                assert abs(shortcut[3][key]) > 0
+                assert shortcut[3][key] == pytest.approx(with_pass[3][key], rel=1e-4, abs=1e-7), key
+            # The update's own log-probs are the old ones the skipped pass would have given.
+            torch.testing.assert_close(shortcut[5] * (with_pass[4] != 0), with_pass[4], rtol=1e-5, atol=1e-5)
+
+
+def test_an_update_with_several_optimizer_steps_needs_old_log_probs(tiny_model_dir):
+    from rlplan.runtime.trainer.local_group import run_on_local_group
+
+    with pytest.raises(Exception, match="needs an on-policy update"):
+        run_on_local_group(_updates_on_rank, 2, tiny_model_dir, [({"ppo_epochs": 2}, False, True)])
+
+
+def test_the_shortcut_applies_exactly_to_one_optimizer_step_without_kl_in_the_reward(tiny_model_dir):
+    from rlplan.runtime.trainer.policy import reuses_update_log_probs
+
+    plan = _plan(tiny_model_dir)
+    assert reuses_update_log_probs(plan)
+    assert not reuses_update_log_probs(plan.evolve(actor=attrs.evolve(plan.actor, ppo_epochs=2)))
+    assert not reuses_update_log_probs(plan.evolve(actor=attrs.evolve(plan.actor, ppo_mini_batch_size=2)))
+    kl_in_reward = attrs.evolve(plan.algorithm, use_kl_in_reward=True)
+    assert not reuses_update_log_probs(plan.evolve(algorithm=kl_in_reward))
