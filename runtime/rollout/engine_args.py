@@ -6,7 +6,6 @@ dropped silently. The only platform fact needed is whether vLLM runs on a GPU.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rlplan.planner.errors import PlanError
@@ -15,12 +14,6 @@ from rlplan.planner.plan import Plan
 # vLLM's LoraConfig.max_lora_rank accepts only these (vllm.config.lora.MaxLoRARanks); its import
 # path moves between vLLM versions, so the set is kept here.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-# On CPU the KV cache is a fixed host allocation (VLLM_CPU_KVCACHE_SPACE, whole GiB) instead
-# of a fraction of GPU memory. Never less than 1 GiB, never more than this share of host memory.
-CPU_KV_CACHE_MIN_GIB = 1
-CPU_KV_CACHE_MAX_HOST_FRACTION = 0.25
-
 
 def vllm_lora_rank(rank: int) -> int:
     """The smallest rank vLLM accepts that holds an adapter of `rank`."""
@@ -37,14 +30,6 @@ def vllm_lora_rank(rank: int) -> int:
 def rollout_max_model_len(plan: Plan) -> int:
     """The context vLLM reserves per sequence: the plan's value, else prompt + response."""
     return plan.rollout.max_model_len or plan.data.max_sequence_length
-
-
-def cpu_kv_cache_gib(plan: Plan) -> int:
-    """KV space for the CPU backend: every concurrent sequence at full length, in whole GiB."""
-    arch = plan.model.arch
-    bytes_needed = plan.rollout.max_num_seqs * rollout_max_model_len(plan) * arch.kv_cache_bytes_per_token()
-    host_cap = max(CPU_KV_CACHE_MIN_GIB, int(plan.cluster.host_memory_gib * CPU_KV_CACHE_MAX_HOST_FRACTION))
-    return min(host_cap, max(CPU_KV_CACHE_MIN_GIB, math.ceil(bytes_needed / 2**30)))
 
 
 def check_rollout_platform(plan: Plan, *, on_gpu: bool, lora_rank: int) -> None:
