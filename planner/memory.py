@@ -1088,7 +1088,7 @@ def _host(ctx: _StepContext) -> HostMemory:
         components.append(Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * facts.params))
     if ctx.on_cpu:
         # Each rank's process is priced per 'device' (its share of host RAM); the engine's process, its
-        # weights and its KV space come on top of them, once per node.
+        # weights and its KV space come on top of them: one engine per machine (runtime.workers).
         engine = ctx.budget
         components.append(Component("vllm_cpu_engine", int(profile.cpu_rollout_process_gib * GIB)
                                     + engine.weights_bytes + max(0, engine.kv_cache_bytes)))

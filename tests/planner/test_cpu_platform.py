@@ -134,3 +134,13 @@ def test_demo_plan_predicted_phases_agree_with_a_recorded_cpu_run_within_ten_per
     assert set(predicted) == set(measured["measured_peak_gib"])
     for phase, gib in measured["measured_peak_gib"].items():
         assert predicted[phase] == pytest.approx(gib, rel=0.10), phase
+
+
+def test_cpu_rollout_is_one_engine_on_the_whole_machine_whatever_the_trainer_ranks():
+    # Four sequences of a 7B model decode bound by reading the weights: two engines would each read them
+    # at half the bandwidth for half the sequences, twice as slow.
+    small = make_plan(overrides={"data.train_batch_size": 2, "rollout.n": 2, "actor.ppo_mini_batch_size": 2})
+    one, two = _on_this_cpu(small, ranks=1), _on_this_cpu(small, ranks=2)
+    rollout = [predict_step_time(p, predict_memory(p)).phase_seconds["rollout"] for p in (one, two)]
+    assert rollout[0] > 0
+    assert rollout[1] == pytest.approx(rollout[0])
