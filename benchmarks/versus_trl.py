@@ -17,8 +17,9 @@ prompts are drawn from the same distribution.
 - rlplan: `rlplan run` of the plan `rlplan demo` would solve for this workload on `--world-size` CPU ranks.
 
 Printed per side: seconds per step (median over the steps), tokens per second per phase (median over the
-steps; TRL's phases are its generation, the scoring around it and the rest of the step), and the mean reward
-of the first and of the last three steps. The machine may be shared: the figures are as noisy as it is.
+steps; TRL's phases are its generation, the reward and advantages around it, and the rest of the step as its
+actor update), and the mean reward of the first and of the last three steps. The machine may be shared: the
+figures are as noisy as it is.
 Needs trl==1.16.0 beside the runtime: `nox -s versus_trl` installs both, pinned by constraints/versus_trl.txt.
 """
 
@@ -190,9 +191,11 @@ def run_trl(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> 
         records.append({
             "step_s": step["step_s"],
             "reward": step.get("reward", float("nan")),
-            "phase_s": {"rollout": rollout_s, "scoring": scoring_s, "update": update_s},
+            # rlplan's phase names where the work is the same: TRL's update forward also yields the
+            # log-probs (on-policy), so it has no separate old-log-prob pass.
+            "phase_s": {"rollout": rollout_s, "reward_and_advantages": scoring_s, "actor_update": update_s},
             "tokens_per_s": {"rollout": step.get("rollout_tokens", 0) / max(rollout_s, 1e-9),
-                             "update": step.get("update_tokens", 0) / update_s},
+                             "actor_update": step.get("update_tokens", 0) / update_s},
         })
     return records
 
