@@ -147,6 +147,8 @@ def run_trl(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> 
         def on_log(self, _args: Any, _state: Any, _control: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
             if logs and "reward" in logs and steps:
                 steps[-1]["reward"] = float(logs["reward"])
+                steps[-1]["entropy"] = logs.get("entropy")
+                steps[-1]["response_length"] = logs.get("completions/mean_length")
 
     config = GRPOConfig(
         output_dir=str(out_dir),
@@ -191,6 +193,8 @@ def run_trl(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> 
         records.append({
             "step_s": step["step_s"],
             "reward": step.get("reward", float("nan")),
+            "entropy": step.get("entropy"),
+            "response_length": step.get("response_length"),
             # rlplan's phase names where the work is the same: TRL's update forward also yields the
             # log-probs (on-policy), so it has no separate old-log-prob pass.
             "phase_s": {"rollout": rollout_s, "reward_and_advantages": scoring_s, "actor_update": update_s},
@@ -243,7 +247,8 @@ def run_rlplan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) 
                                                             "weight_sync") if f"time/{name}" in row}
         rates = {key.split("/")[1].removesuffix("_tokens_per_s"): value for key, value in row.items()
                  if key.startswith("throughput/") and value is not None}
-        records.append({"step_s": row["time/step"], "reward": row["reward_mean"], "phase_s": phases,
+        records.append({"step_s": row["time/step"], "reward": row["reward_mean"], "entropy": row.get("entropy"),
+                        "response_length": row.get("response_length_mean"), "phase_s": phases,
                         "tokens_per_s": rates})
     return records
 
