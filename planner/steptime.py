@@ -157,10 +157,16 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
     rollout = plan.rollout
     t = rollout.tensor_model_parallel_size
     replicas = max(1, layout.parallel.rollout_replicas)
+    prefill_flops, hbm = rates.prefill_flops, rates.hbm
+    if plan.cluster.gpu.is_cpu:
+        # rlplan's CPU runtime starts one engine for the whole machine (runtime.workers.rollout_replicas),
+        # and it generates while the trainer ranks wait: it has every rank's share of cores and bandwidth.
+        replicas = 1
+        prefill_flops, hbm = prefill_flops * rates.gpus_per_node, hbm * rates.gpus_per_node
     prompt, response = plan.data.max_prompt_length, plan.data.max_response_length
     sequences = plan.data.train_batch_size * rollout.n / replicas
     prompts = plan.data.train_batch_size / replicas if rollout.enable_prefix_caching else sequences
-    prefill = prompts * prompt * facts.forward_flops_per_token(prompt // 2) / (t * rates.prefill_flops)
+    prefill = prompts * prompt * facts.forward_flops_per_token(prompt // 2) / (t * prefill_flops)
 
     concurrency = max(1.0, min(float(rollout.max_num_seqs), float(memory.max_concurrent_sequences),
                                math.ceil(sequences)))
@@ -172,8 +178,8 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
         weight_params -= facts.routed_expert_params * untouched
     weights = 2.0 * weight_params / t
     kv = concurrency * context * arch.kv_cache_bytes_per_token(t, 2)
-    memory_seconds = (weights + kv) / rates.hbm
-    compute_seconds = concurrency * facts.forward_flops_per_token(int(context)) / (t * rates.prefill_flops)
+    memory_seconds = (weights + kv) / hbm
+    compute_seconds = concurrency * facts.forward_flops_per_token(int(context)) / (t * prefill_flops)
     step = max(memory_seconds, compute_seconds)
     if t > 1:
         # Two all-reduces of the running batch's hidden states per layer.

@@ -62,6 +62,58 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str) 
     return EXIT_OK
 
 
+def calibrate_cpu_command(output: str) -> int:
+    """`rlplan calibrate --cpu`: this machine's fp32 FLOP/s and copy bandwidth, all cores, into a profile."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    tflops, gbps = measure_cpu_rates()
+    profile = attrs.evolve(DEFAULT_PROFILE, name=Path(output).stem, cpu_measured_tflops=tflops,
+                           cpu_measured_gbps=gbps)
+    try:
+        write_text(output, profile_to_toml(profile), "--output")
+    except PlanError as error:
+        print_error(error)
+        return EXIT_BAD_INPUT
+    console.print(f"wrote {output}: cpu_measured_tflops = {tflops:.4g} ({tflops * 1000:.1f} GFLOP/s fp32 matmul), "
+                  f"cpu_measured_gbps = {gbps:.4g}")
+    console.print(f"use it with `rlplan solve --device cpu ... --profile {output}`")
+    return EXIT_OK
+
+
+def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> tuple[float, float]:
+    """(TFLOP/s of a square fp32 matmul, GB/s of a large tensor copy), best of `repeats`, on all this process's cores.
+
+    The trainer's passes are fp32 GEMMs and the decode reads weights and KV from memory: these two
+    figures are the roofline's compute and bandwidth on this machine.
+    """
+    import torch
+
+    from rlplan.runtime.platform import available_cores
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(available_cores())
+    try:
+        a = torch.randn(size, size)
+        b = torch.randn(size, size)
+        torch.mm(a, b)  # warm-up: thread pool and kernels
+        best_mm = min(_seconds(lambda: torch.mm(a, b)) for _ in range(repeats))
+        source = torch.empty(copy_mib * 2**20 // 4)
+        target = torch.empty_like(source)
+        target.copy_(source)
+        best_copy = min(_seconds(lambda: target.copy_(source)) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(previous)
+    # A copy reads and writes every byte.
+    return 2.0 * size**3 / best_mm / 1e12, 2.0 * source.numel() * 4 / best_copy / 1e9
+
+
+def _seconds(work: Any) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
 def calibrate_from_run(plan: Plan, rows: list[dict[str, Any]], name: str = "calibrated") -> Calibration:
     memory, times, notes = observations_from_metrics(plan, rows)
     lengths = observed_lengths(rows)

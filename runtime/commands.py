@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlplan.planner.arch import architecture_from_hf_config
-from rlplan.planner.cli import print_error, read_text, write_text
+from rlplan.planner.cli import CPU_RUNTIME_PINS, cpu_cluster, print_error, read_text, write_text
 from rlplan.planner.errors import PlanError
-from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.hardware import Cluster
 from rlplan.planner.plan import (
     ActorSection,
     AlgorithmSection,
@@ -37,14 +37,14 @@ from rlplan.runtime.loop import RunOptions
 DemoAlgorithm = Literal["grpo", "grpo_full", "ppo"]
 
 
-def cpu_cluster(world_size: int, host_memory_gib: float = 16.0) -> Cluster:
-    """A CPU machine described as `world_size` one-process 'devices' (one trainer rank each)."""
-    return Cluster(
-        gpu=GpuSpec(name="cpu", memory_gib=host_memory_gib / world_size),
-        nodes=1,
-        gpus_per_node=world_size,
-        host_memory_gib=host_memory_gib,
-    )
+DEMO_HOST_MEMORY_GIB = 16.0
+
+
+def demo_cluster(world_size: int, host_memory_gib: float = DEMO_HOST_MEMORY_GIB) -> Cluster:
+    """This CPU machine as `world_size` one-process trainer ranks sharing its cores (measured or estimated
+    rates, as `rlplan solve --device cpu` prices them)."""
+    cluster, _ = cpu_cluster(world_size, host_memory_gib)
+    return cluster
 
 
 def demo_plan(
@@ -73,7 +73,7 @@ def demo_plan(
             gradient_checkpointing=False,
             use_remove_padding=True,
         ),
-        cluster=cpu_cluster(world_size),
+        cluster=demo_cluster(world_size),
         data=DataSection(
             train_batch_size=train_batch_size,
             max_prompt_length=48,
@@ -229,22 +229,7 @@ def run_command(
 
 
 # What the CPU runtime cannot do (or does not need) is pinned; `rlplan solve` picks the rest.
-DEMO_CPU_PINS = {
-    "actor.param_offload": False,
-    "actor.optimizer_offload": False,
-    "actor.offload_policy": False,
-    "critic.offload_policy": False,
-    "ref.param_offload": False,
-    "model.activation_offload": False,
-    "actor.ulysses_sequence_parallel_size": 1,
-    "rollout.tensor_model_parallel_size": 1,
-    "rollout.enforce_eager": True,
-    "rollout.free_cache_engine": False,
-    "rollout.load_format": "safetensors",
-    "actor.use_dynamic_bsz": True,
-    "rollout.log_prob_use_dynamic_bsz": True,
-    "ref.log_prob_use_dynamic_bsz": True,
-}
+DEMO_CPU_PINS = CPU_RUNTIME_PINS
 
 
 def solve_demo_plan(workload: Plan) -> Plan:

@@ -82,10 +82,12 @@ def _synthetic_corpus(seed: int = 0) -> list[str]:
     return lines
 
 
-def build_tokenizer(out_dir: str | os.PathLike[str] | None = None):
+def build_tokenizer(out_dir: str | os.PathLike[str] | None = None, vocab_size: int = VOCAB_TARGET):
     """Train a byte-level BPE in memory and wrap it as a chat-capable fast tokenizer.
 
     Returns the `PreTrainedTokenizerFast`; writes it with `save_pretrained` when out_dir is given.
+    A vocabulary below the 256 bytes starts from the bytes the corpus uses instead of all of them
+    (the toy task and the chat template stay encodable; arbitrary text may not).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -102,11 +104,12 @@ def build_tokenizer(out_dir: str | os.PathLike[str] | None = None):
         ]
     )
     bpe.decoder = decoders.ByteLevel()
+    every_byte = vocab_size >= 256 + len(SPECIAL_TOKENS)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET,
+        vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
-        # Every byte stays encodable whatever the corpus contains.
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        # Every byte stays encodable whatever the corpus contains, where the vocabulary has room for them.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if every_byte else [],
         show_progress=False,
     )
     bpe.train_from_iterator(_synthetic_corpus(), trainer=trainer)
@@ -127,19 +130,20 @@ def build_tokenizer(out_dir: str | os.PathLike[str] | None = None):
 
 
 def tiny_model_config(
-    vocab_size: int, pad_token_id: int, eos_token_id: int, num_layers: int = 2
+    vocab_size: int, pad_token_id: int, eos_token_id: int, num_layers: int = 2, hidden_size: int = 256,
+    intermediate_size: int = 640, num_kv_heads: int = 2,
 ) -> dict[str, Any]:
-    """The tiny Qwen2's config.json contents. vocab_size is rounded up to a multiple of 64."""
+    """The tiny Qwen2's config.json contents. vocab_size is rounded up to a multiple of 64; heads are 64 wide."""
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
         "vocab_size": -(-vocab_size // 64) * 64,
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "hidden_size": hidden_size,
+        "num_attention_heads": hidden_size // 64,
+        "num_key_value_heads": num_kv_heads,
         "head_dim": 64,
         "num_hidden_layers": num_layers,
-        "intermediate_size": 640,
+        "intermediate_size": intermediate_size,
         "hidden_act": "silu",
         "max_position_embeddings": 1024,
         "rms_norm_eps": 1e-6,
@@ -155,16 +159,22 @@ def tiny_model_config(
     }
 
 
-def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0, num_layers: int = 2) -> Path:
-    """Write a randomly initialised tiny Qwen2 (bf16 safetensors) and its tokenizer into out_dir."""
+def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0, num_layers: int = 2, *,
+                     vocab_size: int = VOCAB_TARGET, hidden_size: int = 256, intermediate_size: int = 640,
+                     num_kv_heads: int = 2) -> Path:
+    """Write a randomly initialised tiny Qwen2 (bf16 safetensors) and its tokenizer into out_dir.
+
+    The defaults are the demo's model; benchmarks build larger ones of the same kind.
+    """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out)
+    tokenizer = build_tokenizer(out, vocab_size=vocab_size)
     config = Qwen2Config(
-        **tiny_model_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, num_layers)
+        **tiny_model_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, num_layers,
+                            hidden_size=hidden_size, intermediate_size=intermediate_size, num_kv_heads=num_kv_heads)
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.memory import vllm_cpu_kv_space_gib
 from rlplan.planner.plan import Plan
 from rlplan.runtime.rollout.adapter_files import write_peft_adapter, write_safetensors_weights
-from rlplan.runtime.rollout.engine_args import cpu_kv_cache_gib, vllm_engine_kwargs, vllm_lora_rank
+from rlplan.runtime.rollout.engine_args import vllm_engine_kwargs, vllm_lora_rank
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +49,8 @@ def _prepare_environment(plan: Plan) -> None:
     # In-process engine core: `collective_rpc` then hands weight tensors over by reference.
     # The multi-process engine serialises its arguments and turns tensors into lists.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib(plan)))
+    # The KV space the planner priced for this plan (rollout_budget on a CPU cluster).
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vllm_cpu_kv_space_gib(plan)))
     # vLLM's default pins OpenMP threads to cores, which collides with the trainer's threads.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 

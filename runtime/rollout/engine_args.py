@@ -7,18 +7,12 @@ needed here is whether vLLM runs on a GPU.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.memory import rollout_max_model_len
 from rlplan.planner.plan import Plan
 from rlplan.planner.rules import VLLM_LORA_RANKS
-
-# On CPU the KV cache is a fixed host allocation (VLLM_CPU_KVCACHE_SPACE, whole GiB) instead
-# of a fraction of GPU memory. Never less than 1 GiB, never more than this share of host memory.
-CPU_KV_CACHE_MIN_GIB = 1
-CPU_KV_CACHE_MAX_HOST_FRACTION = 0.25
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -33,12 +27,6 @@ def vllm_lora_rank(rank: int) -> int:
     )
 
 
-def cpu_kv_cache_gib(plan: Plan) -> int:
-    """KV space for the CPU backend: every concurrent sequence at full length, in whole GiB."""
-    arch = plan.model.arch
-    bytes_needed = plan.rollout.max_num_seqs * rollout_max_model_len(plan) * arch.kv_cache_bytes_per_token()
-    host_cap = max(CPU_KV_CACHE_MIN_GIB, int(plan.cluster.host_memory_gib * CPU_KV_CACHE_MAX_HOST_FRACTION))
-    return min(host_cap, max(CPU_KV_CACHE_MIN_GIB, math.ceil(bytes_needed / 2**30)))
 
 
 def vllm_engine_kwargs(

@@ -186,6 +186,19 @@ def test_calibrate_on_a_machine_without_a_gpu_says_so_and_exits_2(tmp_path, caps
     assert "no CUDA GPU" in capsys.readouterr().err
 
 
+def test_calibrate_cpu_measures_this_machine_and_solve_device_cpu_prices_with_it(tmp_path):
+    pytest.importorskip("torch", reason="measuring the CPU's matmul rate needs torch (the runtime extra)")
+    from rlplan.planner.cli import this_machine_cpu
+    from rlplan.runtime.calibrate import calibrate_cpu_command
+
+    output = tmp_path / "cpu.toml"
+    assert calibrate_cpu_command(str(output)) == 0
+    profile = load_profile_toml(output.read_text())
+    assert profile.cpu_measured_tflops > 0 and profile.cpu_measured_gbps > 0
+    rates = this_machine_cpu(profile)
+    assert "measured" in rates.source and rates.tflops == profile.cpu_measured_tflops
+
+
 # --- the lengths a run saw ----------------------------------------------------------------------------------
 
 

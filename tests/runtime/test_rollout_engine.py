@@ -10,7 +10,8 @@ import attrs
 import pytest
 
 from rlplan.planner.errors import PlanError
-from rlplan.runtime.rollout.engine_args import cpu_kv_cache_gib, vllm_engine_kwargs, vllm_lora_rank
+from rlplan.planner.memory import vllm_cpu_kv_space_gib as cpu_kv_cache_gib
+from rlplan.runtime.rollout.engine_args import vllm_engine_kwargs, vllm_lora_rank
 
 LORA_RANK = 8
 # vLLM and HF both run bf16 but with different kernels; §2.4 of the runtime facts measures 0.004-0.008

@@ -123,3 +123,20 @@ def test_tiny_plan_describes_the_tiny_model(model_dir):
     plan = tiny.tiny_plan(model_dir, lora_rank=8)
     assert plan.model.arch.head_dim == 64 and plan.model.arch.num_kv_heads == 2
     assert plan.model.lora.rank == 8
+
+
+def test_a_benchmark_sized_model_has_the_asked_width_depth_and_a_128_token_vocabulary(tmp_path):
+    """benchmarks/versus_trl.py's model: the same kind, 8 layers x 512 wide, a vocabulary under the 256 bytes."""
+    from transformers import AutoTokenizer
+
+    model_dir = tiny.build_tiny_model(tmp_path / "bench", num_layers=8, vocab_size=128, hidden_size=512,
+                                      intermediate_size=1280, num_kv_heads=4)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (8, 512, 128)
+    assert config["num_attention_heads"] * config["head_dim"] == 512 and config["head_dim"] == 64
+    loaded = AutoTokenizer.from_pretrained(model_dir)
+    assert len(loaded) <= 128
+    # The toy task and the chat template stay encodable, and decode back exactly.
+    ids = loaded.apply_chat_template(tiny.toy_messages("c"), add_generation_prompt=True, tokenize=False)
+    assert loaded.decode(loaded(ids, add_special_tokens=False)["input_ids"]) == ids
+    assert max(loaded(ids)["input_ids"]) < 128

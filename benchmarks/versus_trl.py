@@ -1,0 +1,341 @@
+"""TRL's GRPOTrainer beside `rlplan run`, one after the other, on the same model, task, batch, lr and seed.
+
+    nox -s versus_trl                       # the issue 12 size: 8 steps of 8 prompts x 8 samples x 128 tokens
+    nox -s versus_trl -- --steps 3 --response-len 32 --json
+    python benchmarks/versus_trl.py [--steps 8] [--prompts 8] [--n 8] [--response-len 128] [--lr 5e-4]
+        [--seed 1] [--world-size 2] [--layers 8] [--hidden 512] [--vocab 128] [--work-dir DIR] [--json]
+
+Both sides train the bundled kind of model (a random Qwen2 built like runtime/tiny.py: `--layers` layers,
+`--hidden` wide, 64-wide heads, a `--vocab`-token BPE) in full fine-tuning, fp32, on the toy copy-the-letter
+task with its reward (runtime.tiny.toy_score), `--prompts` prompts x `--n` samples of up to
+`--response-len` new tokens per step at temperature 1, one optimizer step per RL step (AdamW at `--lr`,
+constant, grad clip 1.0), no KL term, token-mean loss aggregation, clip 0.2 / 0.28, advantages normalized
+per group. The prompt order differs (each side shuffles its own way from the same seed); the task's
+prompts are drawn from the same distribution.
+
+- TRL: `GRPOTrainer` with HF `generate`, in one process on every core (`--side trl`, a child process).
+- rlplan: `rlplan run` of the plan `rlplan demo` would solve for this workload on `--world-size` CPU ranks.
+
+Printed per side: seconds per step (median over the steps), tokens per second per phase (median over the
+steps; TRL's phases are its generation, the reward and advantages around it, and the rest of the step as its
+actor update), and the mean reward of the first and of the last three steps. The machine may be shared: the
+figures are as noisy as it is.
+Needs trl==1.16.0 beside the runtime: `nox -s versus_trl` installs both, pinned by constraints/versus_trl.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CLIP_LOW, CLIP_HIGH = 0.2, 0.28
+TRL_VERSION = "1.16.0"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8, help="RL steps per side")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    parser.add_argument("--n", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--response-len", type=int, default=128, help="new tokens per sample, at most")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--world-size", type=int, default=2, help="rlplan's CPU trainer ranks")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=128)
+    parser.add_argument("--work-dir", default=None, help="where the model, data and runs go (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--side", choices=("both", "trl", "rlplan"), default="both", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("steps", "prompts", "n", "response_len", "world_size", "layers", "hidden", "vocab"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.hidden % 64:
+        parser.error("--hidden must be a multiple of 64 (64-wide heads)")
+    return args
+
+
+# --- the shared inputs ---------------------------------------------------------------------------
+
+
+def prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The model and the task both sides read, built once."""
+    from rlplan.runtime.tiny import build_tiny_model, toy_messages, toy_records, write_toy_dataset
+
+    model_dir = work / "model"
+    if not (model_dir / "config.json").exists():
+        # Four KV heads for the 8 query heads of hidden 512; MLP 2.5x as wide as the hidden state, as the demo's.
+        build_tiny_model(model_dir, seed=args.seed, num_layers=args.layers, vocab_size=args.vocab,
+                         hidden_size=args.hidden, intermediate_size=args.hidden * 5 // 2,
+                         num_kv_heads=max(1, args.hidden // 128))
+    prompts = args.steps * args.prompts
+    parquet, jsonl = write_toy_dataset(work / "data" / "train.parquet", prompts, seed=args.seed)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    longest = max(len(_chat_ids(tokenizer, toy_messages(row["reward_model"]["ground_truth"])))
+                  for row in toy_records(prompts, args.seed))
+    return {"model_dir": str(model_dir), "parquet": str(parquet), "jsonl": str(jsonl), "max_prompt_length": longest}
+
+
+def _chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+# --- TRL -----------------------------------------------------------------------------------------
+
+
+def run_trl(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> list[dict[str, float]]:
+    """TRL's GRPOTrainer on the task; one record per step."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlplan.runtime.tiny import toy_score
+
+    rows = [json.loads(line) for line in Path(inputs["jsonl"]).read_text().splitlines() if line.strip()]
+    dataset = Dataset.from_list([{"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]}
+                                 for row in rows])
+
+    def toy_reward(completions: list[Any], ground_truth: list[str], **_: Any) -> list[float]:
+        return [toy_score(c[0]["content"] if isinstance(c, list) else c, truth)
+                for c, truth in zip(completions, ground_truth, strict=True)]
+
+    steps: list[dict[str, float]] = []
+    current: dict[str, float] = {}
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """Times generation and the whole generate-and-score pass; counts the tokens they handle."""
+
+        def _generate(self, prompts: list) -> Any:
+            started = time.perf_counter()
+            result = super()._generate(prompts)
+            prompt_ids, completion_ids = result[0], result[1]
+            current["rollout_s"] = current.get("rollout_s", 0.0) + time.perf_counter() - started
+            current["rollout_tokens"] = current.get("rollout_tokens", 0) + sum(len(ids) for ids in completion_ids)
+            current["update_tokens"] = current.get("update_tokens", 0) + sum(
+                len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True))
+            return result
+
+        def _generate_and_score_completions(self, *a: Any, **k: Any) -> Any:
+            started = time.perf_counter()
+            result = super()._generate_and_score_completions(*a, **k)
+            current["generate_and_score_s"] = current.get("generate_and_score_s", 0.0) + time.perf_counter() - started
+            return result
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            current.clear()
+            current["started"] = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            record = dict(current)
+            record["step_s"] = time.perf_counter() - record.pop("started")
+            steps.append(record)
+
+        def on_log(self, _args: Any, _state: Any, _control: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
+            if logs and "reward" in logs and steps:
+                steps[-1]["reward"] = float(logs["reward"])
+                steps[-1]["entropy"] = logs.get("entropy")
+                steps[-1]["response_length"] = logs.get("completions/mean_length")
+
+    config = GRPOConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=args.prompts * args.n,  # completions per step
+        num_generations=args.n,
+        steps_per_generation=1,
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        max_completion_length=args.response_len,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=CLIP_LOW,
+        epsilon_high=CLIP_HIGH,
+        loss_type="dapo",  # token-mean over the batch, verl's default loss_agg_mode
+        scale_rewards="group",
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_steps=args.steps,
+        seed=args.seed,
+        data_seed=args.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        dataloader_num_workers=0,
+        model_init_kwargs={"dtype": torch.float32},
+    )
+    trainer = TimedGRPOTrainer(model=inputs["model_dir"], reward_funcs=[toy_reward], args=config,
+                               train_dataset=dataset, callbacks=[StepClock()])
+    trainer.train()
+    records = []
+    for step in steps:
+        rollout_s = step.get("rollout_s", 0.0)
+        scoring_s = max(0.0, step.get("generate_and_score_s", 0.0) - rollout_s)
+        update_s = max(1e-9, step["step_s"] - step.get("generate_and_score_s", 0.0))
+        records.append({
+            "step_s": step["step_s"],
+            "reward": step.get("reward", float("nan")),
+            "entropy": step.get("entropy"),
+            "response_length": step.get("response_length"),
+            # rlplan's phase names where the work is the same: TRL's update forward also yields the
+            # log-probs (on-policy), so it has no separate old-log-prob pass.
+            "phase_s": {"rollout": rollout_s, "reward_and_advantages": scoring_s, "actor_update": update_s},
+            "tokens_per_s": {"rollout": step.get("rollout_tokens", 0) / max(rollout_s, 1e-9),
+                             "actor_update": step.get("update_tokens", 0) / update_s},
+        })
+    return records
+
+
+# --- rlplan --------------------------------------------------------------------------------------
+
+
+def rlplan_plan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> Any:
+    """The plan `rlplan demo` solves for this workload, with the benchmark's batch, lengths, lr and seed."""
+    import attrs
+
+    from rlplan.runtime.commands import demo_plan, solve_demo_plan
+
+    workload = demo_plan(inputs["model_dir"], inputs["parquet"], out_dir, steps=args.steps, algorithm="grpo_full",
+                         world_size=args.world_size, train_batch_size=args.prompts, n=args.n, lr=args.lr,
+                         seed=args.seed)
+    workload = workload.evolve(
+        data=attrs.evolve(workload.data, max_prompt_length=inputs["max_prompt_length"],
+                          max_response_length=args.response_len),
+        # One optimizer step per RL step, no KL term, the same clip range as TRL's.
+        actor=attrs.evolve(workload.actor, ppo_mini_batch_size=args.prompts, use_kl_loss=False,
+                           clip_ratio_low=CLIP_LOW, clip_ratio_high=CLIP_HIGH),
+        rollout=attrs.evolve(workload.rollout, max_model_len=None),
+    )
+    return solve_demo_plan(workload)
+
+
+def run_rlplan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    from rlplan.planner.planfile import plan_to_toml
+
+    plan = rlplan_plan(args, inputs, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan_file = out_dir / "plan.toml"
+    plan_file.write_text(plan_to_toml(plan))
+    rlplan = Path(sys.executable).with_name("rlplan")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    completed = subprocess.run([str(rlplan), "run", str(plan_file), "--output-dir", str(out_dir)], env=env,
+                               stdout=sys.stderr, stderr=sys.stderr, check=False)
+    if completed.returncode != 0:
+        raise SystemExit(f"rlplan run exited {completed.returncode}")
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = []
+    for row in rows:
+        phases = {name: row[f"time/{name}"] for name in ("rollout", "old_log_prob", "ref_log_prob", "actor_update",
+                                                            "weight_sync") if f"time/{name}" in row}
+        rates = {key.split("/")[1].removesuffix("_tokens_per_s"): value for key, value in row.items()
+                 if key.startswith("throughput/") and value is not None}
+        records.append({"step_s": row["time/step"], "reward": row["reward_mean"], "entropy": row.get("entropy"),
+                        "response_length": row.get("response_length_mean"), "phase_s": phases,
+                        "tokens_per_s": rates})
+    return records
+
+
+# --- the comparison ------------------------------------------------------------------------------
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    phases = sorted({name for r in records for name in r["tokens_per_s"]})
+    rewards = [r["reward"] for r in records]
+    return {
+        "steps": len(records),
+        "seconds_per_step_median": statistics.median(r["step_s"] for r in records),
+        "phase_seconds_median": {name: statistics.median(r["phase_s"][name] for r in records if name in r["phase_s"])
+                                 for name in sorted({n for r in records for n in r["phase_s"]})},
+        "tokens_per_s_median": {name: statistics.median(r["tokens_per_s"][name] for r in records
+                                                        if name in r["tokens_per_s"]) for name in phases},
+        "reward_first3": statistics.fmean(rewards[:3]),
+        "reward_last3": statistics.fmean(rewards[-3:]),
+        "per_step": records,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    sides = result["sides"]
+    table = Table(title=f"GRPO, {result['workload']}: TRL {TRL_VERSION} GRPOTrainer vs rlplan run")
+    table.add_column("")
+    for name in sides:
+        table.add_column(name, justify="right")
+    table.add_row("seconds per step (median)", *(f"{s['seconds_per_step_median']:.2f}" for s in sides.values()))
+    phases = sorted({p for s in sides.values() for p in s["tokens_per_s_median"]})
+    for phase in phases:
+        table.add_row(f"{phase} tokens/s", *(f"{s['tokens_per_s_median'][phase]:.0f}"
+                                             if phase in s["tokens_per_s_median"] else "-" for s in sides.values()))
+    for phase in sorted({p for s in sides.values() for p in s["phase_seconds_median"]}):
+        table.add_row(f"{phase} s", *(f"{s['phase_seconds_median'][phase]:.2f}"
+                                      if phase in s["phase_seconds_median"] else "-" for s in sides.values()))
+    table.add_row("reward, first 3 steps", *(f"{s['reward_first3']:.3f}" for s in sides.values()))
+    table.add_row("reward, last 3 steps", *(f"{s['reward_last3']:.3f}" for s in sides.values()))
+    if len(sides) == 2:
+        trl, ours = sides["trl"], sides["rlplan"]
+        table.caption = (f"rlplan / TRL step time: {ours['seconds_per_step_median'] / trl['seconds_per_step_median']:.2f}x"
+                         f"; one run after the other on {os.cpu_count()} cores")
+    Console(highlight=False).print(table)
+
+
+def _child(args: argparse.Namespace, side: str, work: Path) -> dict[str, Any]:
+    """Run one side in a fresh interpreter, so neither inherits the other's threads, memory or imports."""
+    argv = [sys.executable, __file__, "--side", side, "--work-dir", str(work), "--json",
+            "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n),
+            "--response-len", str(args.response_len), "--lr", str(args.lr), "--seed", str(args.seed),
+            "--world-size", str(args.world_size), "--layers", str(args.layers), "--hidden", str(args.hidden),
+            "--vocab", str(args.vocab)]
+    completed = subprocess.run(argv, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=False)
+    if completed.returncode != 0:
+        raise SystemExit(f"the {side} side exited {completed.returncode}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="rlplan-versus-trl-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.side != "both":
+        inputs = json.loads((work / "inputs.json").read_text())
+        runner = run_trl if args.side == "trl" else run_rlplan
+        records = runner(args, inputs, work / f"run-{args.side}")
+        print(json.dumps(summarize(records)))
+        return 0
+    inputs = prepare(args, work)
+    (work / "inputs.json").write_text(json.dumps(inputs))
+    sides = {side: _child(args, side, work) for side in ("trl", "rlplan")}
+    result = {
+        "workload": f"{args.layers}-layer Qwen2 h{args.hidden} V{args.vocab}, {args.prompts} prompts x {args.n} "
+                    f"samples x <= {args.response_len} tokens, lr {args.lr:g}, seed {args.seed}, "
+                    f"{args.steps} steps, rlplan on {args.world_size} rank(s)",
+        "sides": sides,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""The CPU as a platform (issue 12): `solve --device cpu`, vLLM CPU's KV space, the machine's rates, the demo's table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+from typer.testing import CliRunner
+
+from rlplan.planner.cli import CPU_RUNTIME_PINS, app, cpu_cluster, this_machine_cpu
+from rlplan.planner.hardware import estimate_cpu_rates
+from rlplan.planner.memory import GIB, predict_memory, rollout_budget, vllm_cpu_kv_space_gib
+from rlplan.planner.planfile import plan_from_toml
+from rlplan.planner.profile import DEFAULT_PROFILE
+from rlplan.planner.steptime import predict_step_time
+from tests.planner.plans import make_plan
+
+runner = CliRunner()
+DEMO_RUN = Path(__file__).resolve().parents[1] / "data" / "cpu_demo_run"
+SOLVE_TINY = ("solve", "--model", "qwen2.5-0.5b", "--prompt-len", "48", "--response-len", "64",
+              "--train-batch-size", "8", "--n", "8", "--lora", "off", "--host-mem", "64")
+
+
+def _cpuinfo(processors: int, flags: str, mhz: str = "2600.000") -> str:
+    block = "processor\t: {i}\nmodel name\t: test cpu\ncpu MHz\t\t: {mhz}\nflags\t\t: {flags}\n"
+    return "\n".join(block.format(i=i, mhz=mhz, flags=flags) for i in range(processors))
+
+
+def _on_this_cpu(plan, ranks: int = 2, host_gib: float = 16.0):
+    cluster, _ = cpu_cluster(ranks, host_gib)
+    return plan.evolve(cluster=cluster)
+
+
+def test_cpu_estimate_is_cores_times_clock_times_fp32_lanes_and_nonzero():
+    avx512 = estimate_cpu_rates(_cpuinfo(2, "fpu sse2 avx avx2 avx512f amx_tile"))
+    avx2 = estimate_cpu_rates(_cpuinfo(2, "fpu sse2 avx avx2"))
+    assert avx512.tflops == pytest.approx(2 * 2.6 * 32 / 1000)
+    assert avx2.tflops == pytest.approx(avx512.tflops / 2)
+    assert avx512.cores == 2 and avx512.gbps > 0
+    assert "estimated" in avx512.source and "AMX" in avx512.source
+    # The affinity mask narrows the cores; an unreadable cpuinfo still gives a positive (stated) estimate.
+    assert estimate_cpu_rates(_cpuinfo(8, "avx2"), cores=2).tflops == pytest.approx(avx2.tflops)
+    assert estimate_cpu_rates("").tflops > 0
+
+
+def test_measured_rates_from_a_calibrated_profile_replace_the_estimate():
+    profile = attrs.evolve(DEFAULT_PROFILE, cpu_measured_tflops=0.05, cpu_measured_gbps=12.0)
+    rates = this_machine_cpu(profile)
+    assert (rates.tflops, rates.gbps) == (0.05, 12.0) and "measured" in rates.source
+    assert "estimated" in this_machine_cpu(DEFAULT_PROFILE).source
+
+
+def test_ranks_share_the_machine_rates_and_host_memory():
+    one, rates = cpu_cluster(1, 16.0)
+    two, _ = cpu_cluster(2, 16.0)
+    assert one.gpu.is_cpu and one.gpu.bf16_tflops == pytest.approx(rates.tflops)
+    assert two.gpu.bf16_tflops == pytest.approx(rates.tflops / 2) and two.gpu.memory_gib == 8.0
+    assert two.world_size == 2
+
+
+def test_cpu_kv_budget_is_vllm_cpu_kvcache_space_whatever_gpu_memory_utilization():
+    plan = _on_this_cpu(make_plan())
+    budget = rollout_budget(plan)
+    assert budget.kv_cache_bytes == vllm_cpu_kv_space_gib(plan) * GIB
+    # vLLM CPU's default block (128 tokens), not the GPU engine's 16.
+    assert budget.block_size == DEFAULT_PROFILE.cpu_block_size == 128
+    assert budget.kv_cache_tokens % 128 == 0
+    lower = plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=0.1))
+    assert rollout_budget(lower).kv_cache_bytes == budget.kv_cache_bytes
+
+
+def test_cpu_kv_space_is_whole_gib_for_every_concurrent_sequence_capped_by_host_memory():
+    plan = _on_this_cpu(make_plan())
+    per_sequence = plan.rollout.max_model_len or plan.data.max_sequence_length
+    needed = plan.rollout.max_num_seqs * per_sequence * plan.model.arch.kv_cache_bytes_per_token()
+    assert vllm_cpu_kv_space_gib(plan) == min(4, max(1, -(-needed // GIB)))
+
+
+def test_cpu_phases_are_processes_trainer_phases_hold_no_engine_and_the_rollout_no_trainer_state():
+    report = predict_memory(_on_this_cpu(make_plan()))
+    trainer_names = {c.name for c in report.phase("actor_update").components}
+    rollout_names = {c.name for c in report.phase("rollout").components}
+    assert "cpu_process_baseline" in trainer_names
+    assert not trainer_names & {"kv_cache", "vllm_weights", "cuda_context_and_nccl", "fragmentation_reserve"}
+    assert rollout_names == {"vllm_weights", "kv_cache", "vllm_cpu_process_baseline"}
+    assert any(c.name == "vllm_cpu_engine" for c in report.host.components)
+
+
+def test_cpu_step_time_estimate_is_nonzero_and_slower_than_an_h100():
+    plan = _on_this_cpu(make_plan())
+    cpu_seconds = predict_step_time(plan, predict_memory(plan)).total_seconds
+    gpu_plan = make_plan()
+    assert cpu_seconds > 0
+    assert cpu_seconds > 100 * predict_step_time(gpu_plan, predict_memory(gpu_plan)).total_seconds
+
+
+@pytest.mark.parametrize("device_args", [("--device", "cpu"), ("--gpu", "cpu")])
+def test_solve_device_cpu_writes_a_runnable_cpu_plan(tmp_path, device_args):
+    out = tmp_path / "plan.toml"
+    result = runner.invoke(app, [*SOLVE_TINY, *device_args, "--gpus", "2", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert "estimated from /proc/cpuinfo" in payload["cpu_rates"]
+    plan = plan_from_toml(out.read_text())
+    assert plan.cluster.gpu.is_cpu and plan.cluster.gpus_per_node == 2 and plan.cluster.host_memory_gib == 64
+    assert plan.cluster.gpu.memory_gib == 32 and plan.cluster.gpu.bf16_tflops < 10
+    for knob, value in CPU_RUNTIME_PINS.items():
+        section, _, name = knob.rpartition(".")
+        holder = plan
+        for part in section.split("."):
+            holder = getattr(holder, part)
+        assert getattr(holder, name) == value, knob
+    assert plan.prediction is not None and plan.prediction.step_time_s > 0
+
+
+def test_solve_device_cpu_with_a_gpu_is_bad_input():
+    result = runner.invoke(app, [*SOLVE_TINY, "--device", "cpu", "--gpu", "h100-80g"])
+    assert result.exit_code == 2
+    assert "--device" in result.output
+    result = runner.invoke(app, [*SOLVE_TINY, "--device", "tpu", "--gpus", "1"])
+    assert result.exit_code == 2
+
+
+def test_demo_plan_predicted_phases_agree_with_a_recorded_cpu_run_within_ten_percent():
+    """The demo's plan-versus-actual table: predicted per-phase RSS against the one measured on a real run."""
+    from rlplan.runtime.measure import with_runtime_head  # what runtime.metrics prices; imports no torch
+
+    plan = plan_from_toml((DEMO_RUN / "plan.toml").read_text())
+    measured = json.loads((DEMO_RUN / "measured.json").read_text())
+    assert measured["memory_measure"] == "cpu_process_rss_sampled_peak"
+    predicted = {p.name: p.peak_bytes / GIB for p in predict_memory(with_runtime_head(plan)).phases}
+    assert set(predicted) == set(measured["measured_peak_gib"])
+    for phase, gib in measured["measured_peak_gib"].items():
+        assert predicted[phase] == pytest.approx(gib, rel=0.10), phase
+
+
+def test_cpu_rollout_is_one_engine_on_the_whole_machine_whatever_the_trainer_ranks():
+    # Four sequences of a 7B model decode bound by reading the weights: two engines would each read them
+    # at half the bandwidth for half the sequences, twice as slow.
+    small = make_plan(overrides={"data.train_batch_size": 2, "rollout.n": 2, "actor.ppo_mini_batch_size": 2})
+    one, two = _on_this_cpu(small, ranks=1), _on_this_cpu(small, ranks=2)
+    rollout = [predict_step_time(p, predict_memory(p)).phase_seconds["rollout"] for p in (one, two)]
+    assert rollout[0] > 0
+    assert rollout[1] == pytest.approx(rollout[0])
