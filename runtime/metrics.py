@@ -440,7 +440,9 @@ def plan_versus_actual_table(rows: list[dict[str, Any]]) -> Any:
     measure = rows[0]["measure"] if rows else ""
     table = Table(title=f"Plan versus actual: peak memory per phase (measured: {measure})")
     table.add_column("phase")
-    table.add_column("predicted GiB (per GPU)", justify="right")
+    # On CPU the planner prices each phase as the resident set of the process that runs it, not a GPU.
+    per = "per process" if measure.startswith("cpu") else "per GPU"
+    table.add_column(f"predicted GiB ({per})", justify="right")
     table.add_column("measured GiB", justify="right")
     for row in rows:
         table.add_row(
