@@ -496,12 +496,12 @@ def _update_head(overrides) -> float:
     return actor_head_bytes_per_token_vocab(make_plan(overrides=overrides))
 
 
-def test_auto_head_is_flash_attn_on_gpus_with_remove_padding_and_naive_on_rlplans_cpu_runtime():
+def test_auto_head_is_flash_attn_on_gpus_with_remove_padding_and_chunked_on_rlplans_cpu_runtime():
     assert resolved_loss_head(make_plan()) == "flash_attn_ce"
     assert resolved_loss_head(make_plan(overrides={"model.use_remove_padding": False})) == "torch_logprob"
     assert resolved_loss_head(make_plan(overrides={"model.use_fused_kernels": True})) == "fused"
     cpu = make_plan().evolve(cluster=attrs.evolve(make_plan().cluster, gpu=GpuSpec(name="cpu", memory_gib=8)))
-    assert resolved_loss_head(cpu) == "naive"
+    assert resolved_loss_head(cpu) == "chunked"
     assert resolved_loss_head(make_plan(overrides={"actor.loss_head": "torch_logprob"})) == "torch_logprob"
 
 
@@ -517,14 +517,22 @@ def test_flash_attn_head_holds_the_bf16_logits_and_a_second_buffer_only_when_ent
     assert update.bytes_of("logits_head") == 6 * tokens * QWEN25_7B.vocab_size
 
 
-def test_entropy_variants_order_compiled_below_eager_equal_to_checkpointed_below_chunked():
+def test_entropy_variants_order_compiled_below_chunked_below_eager_equal_to_checkpointed():
+    # Measured on the twins: checkpointing recomputes and saves the softmax again before its backward.
     entropy = {"actor.entropy_coeff": 0.001}
     compiled = _update_head(entropy)
     eager = _update_head({**entropy, "actor.use_torch_compile": False})
     checkpointed = _update_head({**entropy, "actor.use_torch_compile": False, "actor.entropy_checkpointing": True})
     chunked = _update_head({**entropy, "actor.use_torch_compile": False,
                             "actor.entropy_from_logits_with_chunking": True})
-    assert compiled < eager == checkpointed < chunked
+    assert compiled < chunked < eager == checkpointed
+
+
+def test_the_runtimes_chunked_head_holds_logits_gradient_and_one_chunk_whatever_the_entropy():
+    chunked = {"actor.loss_head": "chunked"}
+    assert _update_head(chunked) == _update_head({**chunked, "actor.entropy_coeff": 0.001}) == 4.75
+    assert _update_head({"actor.loss_head": "flash_attn_ce"}) < _update_head(chunked) < _update_head(
+        {"actor.loss_head": "naive"})
 
 
 def test_gpu_heads_hold_less_than_the_naive_fp32_head_and_fused_holds_no_logits():

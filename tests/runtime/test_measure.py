@@ -142,3 +142,103 @@ def test_measure_command_prints_json_and_rejects_a_missing_plan(tmp_path, capsys
     report = json.loads(capsys.readouterr().out)
     assert report["planner_phase"] == "old_log_prob" and report["measured_bytes"] > 0
     assert measure_command(str(tmp_path / "missing.toml"), "update", json_output=False) == 2
+
+
+# --- the memory twins of verl's GPU heads --------------------------------------------------
+
+from rlplan.planner.memory import FORWARD_HEAD_BYTES, UPDATE_HEAD_BYTES  # noqa: E402
+from rlplan.runtime.head_twins import measure_head_bytes_per_token_vocab  # noqa: E402
+
+# The slope between 4096 and 8192 tokens (two to four of verl's 2048-row entropy chunks) keeps only
+# what grows with tokens x vocab; the (tokens, hidden 16) tensors and the twins' fp32 row blocks
+# (1/256 of the rows, for the values) add at most ~0.07 bytes per token x vocab over vocab 8192.
+TWIN_TOLERANCE = 0.1
+TWIN_TOKENS = (4096, 8192)
+# The row-wise torch fallback loops over rows in Python: its rows without a chunked entropy are
+# measured at fewer tokens (the slope is the same: every term is per row).
+ROW_WISE_TOKENS = (512, 1024)
+
+_MEASURED_HEADS = [
+    ("flash_attn_ce", "none"), ("flash_attn_ce", "eager"), ("flash_attn_ce", "checkpointed"),
+    ("flash_attn_ce", "chunked"), ("torch_logprob", "none"), ("torch_logprob", "eager"),
+    ("torch_logprob", "checkpointed"), ("fused", "none"), ("fused", "eager"), ("chunked", "none"),
+    ("chunked", "eager"),
+]
+
+
+def _twin_bytes(head, entropy, *, grad):
+    tokens = ROW_WISE_TOKENS if head == "torch_logprob" and entropy != "chunked" else TWIN_TOKENS
+    return measure_head_bytes_per_token_vocab(head, entropy=entropy != "none", grad=grad, tokens=tokens,
+                                              entropy_variant="eager" if entropy == "none" else entropy)
+
+
+@pytest.mark.parametrize(("head", "entropy"), _MEASURED_HEADS, ids=[f"{h}-{e}" for h, e in _MEASURED_HEADS])
+def test_each_twins_update_head_bytes_equal_the_planners_constant(head, entropy):
+    measured = _twin_bytes(head, entropy, grad=True)
+    assert measured == pytest.approx(UPDATE_HEAD_BYTES[head][entropy], abs=TWIN_TOLERANCE)
+
+
+@pytest.mark.parametrize(("head", "entropy"), _MEASURED_HEADS, ids=[f"{h}-{e}" for h, e in _MEASURED_HEADS])
+def test_each_twins_no_grad_head_bytes_equal_the_planners_constant(head, entropy):
+    measured = _twin_bytes(head, entropy, grad=False)
+    assert measured == pytest.approx(FORWARD_HEAD_BYTES[head][entropy], abs=TWIN_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_row_wise_fallback_with_chunked_entropy_twin_equals_the_planners_constant():
+    assert _twin_bytes("torch_logprob", "chunked", grad=True) == pytest.approx(
+        UPDATE_HEAD_BYTES["torch_logprob"]["chunked"], abs=TWIN_TOLERANCE)
+    assert _twin_bytes("torch_logprob", "chunked", grad=False) == pytest.approx(
+        FORWARD_HEAD_BYTES["torch_logprob"]["chunked"], abs=TWIN_TOLERANCE)
+
+
+def test_flash_attn_twin_computes_verls_log_probs_and_writes_the_gradient_into_the_logits():
+    import torch
+
+    from rlplan.runtime.algorithms import log_probs_from_logits
+    from rlplan.runtime.head_twins import flash_attn_log_probs
+
+    logits = torch.randn(300, 50, requires_grad=True)
+    labels = torch.randint(0, 50, (300,))
+    expected = log_probs_from_logits(logits, labels)
+    (gradient,) = torch.autograd.grad(expected.sum(), logits)
+    inplace = logits.detach().clone().requires_grad_(True)
+    work = inplace * 1.0  # the non-leaf model output that verl's in-place backward overwrites
+    log_probs = flash_attn_log_probs(work, labels, inplace_backward=True)
+    torch.testing.assert_close(log_probs, expected, rtol=1e-5, atol=1e-5)
+    log_probs.sum().backward()
+    torch.testing.assert_close(inplace.grad, gradient, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(work.detach(), gradient, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head", ["flash_attn_ce", "torch_logprob", "fused", "chunked"])
+def test_a_step_measures_with_each_head_and_the_lean_heads_hold_less_than_naive(head):
+    settings = {"gradient_checkpointing": True, "calculate_entropy": True}
+    naive = measure_training_step(TINY, shard_size=2, tokens_per_micro_batch=256, **settings)
+    lean = measure_training_step(TINY, shard_size=2, tokens_per_micro_batch=256, loss_head=head, **settings)
+    assert lean.step.loss_head == head
+    assert 0 < lean.peak_bytes < naive.peak_bytes
+
+
+def test_measure_refuses_a_compiled_entropy_and_an_unknown_head():
+    with pytest.raises(PlanError, match="compiled"):
+        TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64, calculate_entropy=True,
+                     loss_head="flash_attn_ce", entropy_variant="compiled")
+    with pytest.raises(PlanError, match="--head"):
+        TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64, loss_head="liger")
+
+
+def test_measure_with_a_gpu_head_measures_the_plans_verl_head_without_torch_compile(tmp_path, capsys):
+    import json
+
+    from rlplan.planner.planfile import plan_to_toml
+
+    plan = make_plan(attrs.evolve(SMALL_QWEN, num_layers=1), overrides={"actor.entropy_coeff": 0.001})
+    path = tmp_path / "plan.toml"
+    path.write_text(plan_to_toml(plan))
+    assert measure_command(str(path), "update", json_output=True, head="auto") == 0
+    report = json.loads(capsys.readouterr().out)
+    # The default plan (remove padding, GPU) runs flash-attn; its compiled entropy is measured eagerly.
+    assert report["loss_head"] == "flash_attn_ce" and report["entropy"] == "eager"
+    assert measure_command(str(path), "update", json_output=True) == 0
+    assert json.loads(capsys.readouterr().out)["loss_head"] == "chunked"
