@@ -12,9 +12,10 @@ runs it on GPUs:
   values in blocks of rows whose transients are a small fraction of the logits (``_row_blocks``).
 - ``torch_logprob``: verl's ``logprobs_from_logits_v2`` on bf16 logits, which is plain torch and
   allocates the same on a CPU: one log_softmax per row, gathered.
-- ``fused``: ``model.use_fused_kernels`` (verl/utils/kernel/linear_cross_entropy.py) computes the
-  log-probs from the hidden states inside the lm_head, block by block, and never holds the logits:
-  the twin saves the hidden states and the weight and recomputes each block in backward.
+- ``fused``: ``model.use_fused_kernels`` (verl/utils/kernel/linear_cross_entropy.py, kernels.py)
+  computes the log-probs and entropy from the hidden states inside the lm_head and never holds the
+  logits: the twin saves the hidden states and the weight and recomputes each block in backward,
+  holding verl's bf16 gradients and its one (tokens, 9504) bf16 vocab-split buffer.
 - entropy ``eager`` / ``checkpointed`` / ``chunked``: verl's ``entropy_from_logits`` (under
   ``torch.utils.checkpoint``) and ``entropy_from_logits_with_chunking``, plain torch as well.
   The ``compiled`` variant (torch.compile, verl's default) is not measured: torch.compile works on
@@ -31,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# verl's entropy_from_logits_with_chunking default chunk.
-ENTROPY_CHUNK_ROWS = 2048
+# verl's entropy chunk and its fused kernels' vocab split, as the planner prices them.
+from rlplan.planner.memory import ENTROPY_CHUNK_ROWS, FUSED_DLOGITS_SPLIT_VOCAB
 
 # The entropy variants a tracker can measure (see the module docstring for "compiled").
 MEASURABLE_ENTROPY_VARIANTS = ("eager", "checkpointed", "chunked")
@@ -180,9 +181,13 @@ def fused_linear_function() -> Any:
         @staticmethod
         def backward(ctx: Any, grad_log_probs: Any, grad_entropy: Any) -> Any:
             hidden, weight, labels, lse, entropy = ctx.saved_tensors
+            # verl's default backward (_Split_Dlogits_N): bf16 d_hidden and d_weight, and one bf16
+            # (tokens, 9504) buffer the logits' gradient is built in, vocab split by vocab split.
             grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+            grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
             rows = hidden.shape[0]
+            split_buffer = torch.empty((rows, min(weight.shape[0], FUSED_DLOGITS_SPLIT_VOCAB)), dtype=hidden.dtype,
+                                       device=hidden.device)
             step = _row_blocks(rows)
             for start in range(0, rows, step):
                 end = start + step
@@ -193,8 +198,9 @@ def fused_linear_function() -> Any:
                 if grad_hidden is not None:
                     grad_hidden[start:end] = block @ weight
                 if grad_weight is not None:
-                    grad_weight += block.T.float() @ hidden[start:end].float()
-            return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None
+                    grad_weight += block.T @ hidden[start:end]
+            del split_buffer
+            return grad_hidden, grad_weight, None
 
     return FusedLinearLogProbTwin
 
@@ -237,13 +243,14 @@ def measure_head_bytes_per_token_vocab(head: str, *, entropy: bool, entropy_vari
     grow with tokens (the weight, its gradient), and `hidden` << `vocab` makes the (tokens, hidden)
     terms negligible.  Run on fake tensors: nothing is allocated.
     """
-    low, high = (_head_peak_bytes(head, entropy=entropy, entropy_variant=entropy_variant, grad=grad,
-                                  vocab=vocab, hidden=hidden, tokens=count) for count in tokens)
+    low, high = (head_peak_bytes(head, entropy=entropy, entropy_variant=entropy_variant, grad=grad,
+                                 vocab=vocab, hidden=hidden, tokens=count) for count in tokens)
     return (high - low) / ((tokens[1] - tokens[0]) * vocab)
 
 
-def _head_peak_bytes(head: str, *, entropy: bool, entropy_variant: str, grad: bool, vocab: int, hidden: int,
-                     tokens: int) -> int:
+def head_peak_bytes(head: str, *, entropy: bool, entropy_variant: str, grad: bool, vocab: int, hidden: int,
+                    tokens: int) -> int:
+    """The tracker's peak over an lm_head matmul and the named head at one token count (fake tensors)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker

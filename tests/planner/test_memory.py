@@ -493,7 +493,8 @@ def test_one_phase_alone_equals_that_phase_of_the_full_report():
 
 def _update_head(overrides) -> float:
     """Bytes per token x vocab the update's head holds (the phase shows it only where the loss is the peak)."""
-    return actor_head_bytes_per_token_vocab(make_plan(overrides=overrides))
+    plan = make_plan(overrides=overrides)
+    return actor_head_bytes_per_token_vocab(plan, tokens=plan_layout(plan).actor_update.tokens_per_micro_batch)
 
 
 def test_auto_head_is_flash_attn_on_gpus_with_remove_padding_and_chunked_on_rlplans_cpu_runtime():
@@ -517,15 +518,26 @@ def test_flash_attn_head_holds_the_bf16_logits_and_a_second_buffer_only_when_ent
     assert update.bytes_of("logits_head") == 6 * tokens * QWEN25_7B.vocab_size
 
 
-def test_entropy_variants_order_compiled_below_chunked_below_eager_equal_to_checkpointed():
-    # Measured on the twins: checkpointing recomputes and saves the softmax again before its backward.
+def test_entropy_variants_order_compiled_below_eager_equal_to_checkpointed_below_fp32_chunked():
+    # Measured on the twins: checkpointing recomputes and saves the softmax again before its backward, and
+    # verl's chunking upcasts to fp32, which costs more than chunking saves below ~16k tokens.
     entropy = {"actor.entropy_coeff": 0.001}
     compiled = _update_head(entropy)
     eager = _update_head({**entropy, "actor.use_torch_compile": False})
     checkpointed = _update_head({**entropy, "actor.use_torch_compile": False, "actor.entropy_checkpointing": True})
     chunked = _update_head({**entropy, "actor.use_torch_compile": False,
                             "actor.entropy_from_logits_with_chunking": True})
-    assert compiled < chunked < eager == checkpointed
+    assert compiled < eager == checkpointed < chunked
+
+
+def test_chunked_entropy_costs_fewer_bytes_per_token_as_the_micro_batch_grows():
+    from rlplan.planner.memory import chunked_entropy_head_bytes_per_token_vocab
+
+    for grad in (True, False):
+        costs = [chunked_entropy_head_bytes_per_token_vocab(tokens, grad=grad) for tokens in (2048, 4096, 8192, 65536)]
+        assert costs == sorted(costs, reverse=True) and costs[0] > costs[-1]
+    # One chunk or less: every row's fp32 work is live at once.
+    assert chunked_entropy_head_bytes_per_token_vocab(512, grad=True) == 30
 
 
 def test_the_runtimes_chunked_head_holds_logits_gradient_and_one_chunk_whatever_the_entropy():
