@@ -19,7 +19,7 @@ from typing import Annotated, Any, NoReturn, get_args
 import typer
 
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
-from rlplan.planner.plan import Algorithm, RolloutEngine
+from rlplan.planner.plan import Algorithm, LossHead, RolloutEngine
 from rlplan.planner.solver import Objective
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -661,7 +661,8 @@ def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str,
     for rank, candidate in enumerate(candidates, start=1):
         if console is not None:
             console.print(f"verifying candidate {rank}/{len(candidates)} with the CPU tracker ...")
-        comparison = measure_plan(candidate.plan, "update", profile)
+        # The head verl runs for the candidate, so the measured step replaces its own predicted step.
+        comparison = measure_plan(candidate.plan, "update", profile, head="auto")
         phase = next(p for p in candidate.memory.phases if p.name == comparison.planner_phase)
         measured_total = phase.peak_bytes - comparison.predicted_bytes + comparison.measured.peak_bytes
         fits = measured_total <= candidate.memory.gpu_capacity_bytes
@@ -858,16 +859,25 @@ def measure(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to measure.")],
     phase: Annotated[str, typer.Option(help="update | logprob.")] = "update",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    head: Annotated[str, typer.Option(
+        help="Loss head to measure: runtime (rlplan's bundled runtime, chunked) | auto (what verl runs for the "
+             "plan) | flash_attn_ce | torch_logprob | fused | chunked | naive.")] = "runtime",
 ) -> None:
     """Emulate the plan's training step on the CPU (FSDP2 + fake tensors) and compare with the prediction.
 
-    Example: rlplan measure plan.toml --phase update
+    verl's GPU heads are measured through memory twins that allocate and save what the GPU kernel does;
+    a compiled entropy (actor.use_torch_compile) is measured as the variant verl runs without it.
+
+    Example: rlplan measure plan.toml --phase update --head flash_attn_ce
     """
     from rlplan.runtime.measure import measure_command
 
     if phase not in ("update", "logprob"):
         raise PlanError(field="--phase", message=f"{phase!r} is not update or logprob.", fix="pass --phase update")
-    raise typer.Exit(measure_command(plan_path, phase, json_output))
+    heads = ("runtime", *get_args(LossHead))
+    if head not in heads:
+        raise PlanError(field="--head", message=f"{head!r} is not a loss head.", fix=f"pass one of {', '.join(heads)}")
+    raise typer.Exit(measure_command(plan_path, phase, json_output, None if head == "runtime" else head))
 
 
 @app.command()

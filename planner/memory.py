@@ -574,43 +574,63 @@ def critic_state(plan: Plan, shard: int) -> TrainerState:
 #
 # What each kernel holds per token x vocab, read from the code verl runs
 # (verl/workers/actor/dp_actor.py::_forward_micro_batch, verl/utils/torch_functional.py,
-# flash_attn/ops/triton/cross_entropy.py).  Logits leave the model in bf16 (2 bytes per
-# T V; transformers no longer upcasts them) and are divided by the temperature in place, so
-# every GPU head starts from one bf16 T x V tensor:
+# flash_attn/ops/triton/cross_entropy.py) and measured on its memory twin
+# (runtime/head_twins.py: an autograd Function or verl's own torch code that allocates and saves
+# what the GPU kernel does, under FSDPMemTracker on fake tensors).  Logits leave the model in bf16
+# (2 bytes per T V; transformers no longer upcasts them) and are divided by the temperature in
+# place, so every GPU head starts from one bf16 T x V tensor.  Each number is the slope of the
+# tracker's peak between 4096 and 8192 tokens (tests/runtime/test_measure.py holds them to the
+# twins), keyed by the entropy verl computes beside the log-probs ("none": entropy_coeff 0):
 #
-#   flash_attn_ce   CrossEntropyLoss.forward allocates three fp32 vectors of one value per row
-#                   (losses, lse, z_losses) and saves (logits, lse, labels): no copy of the logits.
-#                   backward writes dlogits into the saved logits when inplace_backward, else into
-#                   torch.empty_like(logits) (bf16).  verl sets inplace_backward = not calculate_entropy,
-#                   so: 2 without entropy, 2 + 2 with it.  The per-row vectors are O(T), not O(T V).
-#   torch_logprob   logprobs_from_logits_v2 on bf16 logits loops over rows: each row's log_softmax
-#                   output is saved for backward (2 over all rows), and backward builds the gradient
-#                   of the logits (2): 2 + 2 + 2.  verl/utils/kernel's compute_token_logprob holds no
-#                   more than this row-wise fallback.
-#   fused           model.use_fused_kernels computes log-probs (and entropy) from the hidden states
-#                   chunk by chunk inside the lm_head: no T x V tensor at all.
-#   naive           rlplan's own CPU runtime: fp32 log-softmax (+ entropy), tracker-measured
-#                   coefficients in the Profile (memory-model.md 2.4).
+#   flash_attn_ce   forward allocates three fp32 values per row and saves the logits themselves;
+#                   backward writes dlogits into them when inplace_backward, which verl sets only
+#                   without entropy: 2.  With entropy the gradient takes a second bf16 buffer (2 + 2)
+#                   and verl's entropy adds: eager 10 (softmax's saved output, then logsumexp's and
+#                   softmax's backward temporaries and the summed gradient), the same under
+#                   torch.utils.checkpoint (the recomputed softmax is saved again before its
+#                   backward); chunked, see below.
+#   torch_logprob   logprobs_from_logits_v2 on bf16 logits: one saved log_softmax row per token (2),
+#                   its row gradients freed into one stacked gradient as they are built: 2 + 2; the
+#                   entropy adds 12 eager or checkpointed; chunked, see below.
+#   compiled        torch.compile(entropy_from_logits) (actor.use_torch_compile, verl's default)
+#                   cannot be measured (dynamo runs eagerly under a tracker's dispatch mode): inductor
+#                   fuses softmax, logsumexp and the sum into row reductions, saves its input (the
+#                   logits, counted) and writes one bf16 gradient: + 2 on the head's entropy-blocked
+#                   backward.  Checkpointing or chunking a compiled function leaves that unchanged.
+#   fused           model.use_fused_kernels computes log-probs and entropy from the hidden states
+#                   block by block inside the lm_head: no T x V tensor at all.
+#   chunked         rlplan's bundled runtime (runtime/algorithms/lean_head.py): bf16 logits and
+#                   their bf16 gradient, plus one of its 16 row chunks' fp32 work, entropy or not.
+#   naive           rlplan's former fp32 head: tracker-measured coefficients in the Profile
+#                   (memory-model.md 2.4).
 #
-# Entropy in the update (entropy_coeff != 0), on top of the log-prob head and its gradient buffer:
-#   compiled        torch.compile(entropy_from_logits) (actor.use_torch_compile, verl's default):
-#                   inductor fuses softmax, logsumexp and the sum into row reductions, saves only
-#                   its input (the logits, already counted) and writes one bf16 gradient: + 2.
-#                   Checkpointing or chunking a compiled function leaves that unchanged.
-#   eager           softmax's output pd is saved (2); its backward holds dL/dpd = g * logits, the
-#                   softmax backward's output and g * pd at once (3 x 2): + 8.
-#   checkpointed    saves nothing in forward, but backward recomputes pd and then runs the eager
-#                   backward, so the peak is the eager one: + 8 (the naive tracker measured the same).
-#   chunked         each 2048-row chunk's fp32 copy and fp32 softmax stay saved until backward
-#                   (4 + 4 over all rows), and the .float() cast's backward writes a bf16 gradient: + 10.
-# The no_grad passes hold the logits (2); the old-log-prob pass computes entropy too (verl logs
-# it), which compiled adds nothing to (a fused reduction) and eager adds pd and pd * logits (+ 4).
+# The no_grad passes hold the logits (2); the old-log-prob pass computes the entropy too (verl logs
+# it): eager and checkpointed add softmax's output and pd * logits (+ 4); compiled adds nothing
+# (a fused reduction).
+#
+# verl's chunked entropy (entropy_from_logits_with_chunking, 2048-row chunks, in fp32) is no fixed
+# coefficient: every chunk's fp32 copy and softmax stay saved until backward (8 per T V), while one
+# chunk's backward works on 20 bytes per row x V, and from the second chunk on the slices' full-size
+# bf16 gradients accumulate (2 more per T V).  Beside the flash (non in-place, 2 + 2) or row-wise
+# (4) log-prob head, the twins measure 30 / 20 / 15 / 14 bytes per T V at 2048 / 4096 / 8192 / 16384
+# tokens; priced as max(10 T + 20 r, 12 T + 16 r) V with r = min(T, 2048) (exact at 2048, 4096 and
+# 16384, +7 % at 8192).  Without grad one chunk at a time: (2 T + 12 r) V, exact at every T.
 
-LOGITS_BYTES = 2.0
-FLASH_CE_GRAD_BYTES = 2.0
-TORCH_LOGPROB_SAVED_AND_GRAD_BYTES = 4.0
-ENTROPY_UPDATE_BYTES = {"compiled": 2.0, "eager": 8.0, "checkpointed": 8.0, "chunked": 10.0}
-ENTROPY_FORWARD_BYTES = {"compiled": 0.0, "eager": 4.0, "checkpointed": 4.0, "chunked": 8.0}
+_NO_ENTROPY = "none"
+ENTROPY_CHUNK_ROWS = 2048
+UPDATE_HEAD_BYTES: dict[str, dict[str, float]] = {
+    "flash_attn_ce": {_NO_ENTROPY: 2.0, "eager": 14.0, "checkpointed": 14.0, "compiled": 6.0},
+    "torch_logprob": {_NO_ENTROPY: 4.0, "eager": 16.0, "checkpointed": 16.0, "compiled": 6.0},
+    "fused": dict.fromkeys((_NO_ENTROPY, "eager", "checkpointed", "chunked", "compiled"), 0.0),
+    "chunked": dict.fromkeys((_NO_ENTROPY, "eager", "checkpointed", "chunked", "compiled"), 4.75),
+}
+_GPU_HEAD_FORWARD_BYTES = {_NO_ENTROPY: 2.0, "eager": 6.0, "checkpointed": 6.0, "compiled": 2.0}
+FORWARD_HEAD_BYTES: dict[str, dict[str, float]] = {
+    "flash_attn_ce": _GPU_HEAD_FORWARD_BYTES,
+    "torch_logprob": _GPU_HEAD_FORWARD_BYTES,
+    "fused": UPDATE_HEAD_BYTES["fused"],
+    "chunked": {_NO_ENTROPY: 2.25, **dict.fromkeys(("eager", "checkpointed", "chunked", "compiled"), 2.75)},
+}
 
 
 def resolved_loss_head(plan: Plan) -> str:
@@ -622,7 +642,7 @@ def resolved_loss_head(plan: Plan) -> str:
 def runtime_loss_head(plan: Plan) -> str:
     """The head the plan's runtime runs: verl's on GPUs, rlplan's own on its CPU ranks.
 
-    verl's fused kernels replace the head; rlplan's bundled runtime on CPU runs the naive fp32
+    verl's fused kernels replace the head; rlplan's bundled runtime on CPU runs its chunked lean
     head; a GPU plan with remove padding imports flash_attn (bert_padding), so verl's
     logprobs_from_logits finds its triton CE; without it flash-attn may be absent and verl
     falls back to the row-wise torch log-prob.
@@ -630,7 +650,7 @@ def runtime_loss_head(plan: Plan) -> str:
     if plan.model.use_fused_kernels:
         return "fused"
     if plan.cluster.gpu.is_cpu:
-        return "naive"
+        return "chunked"
     return "flash_attn_ce" if plan.model.use_remove_padding else "torch_logprob"
 
 
@@ -644,8 +664,36 @@ def entropy_variant(plan: Plan) -> str:
     return "checkpointed" if actor.entropy_checkpointing else "eager"
 
 
-def actor_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:
-    """Bytes per token x vocab the update's head holds; verl computes entropy only when entropy_coeff != 0."""
+# verl's fused kernels (verl/utils/kernel/kernels.py, default BackwardEnum._Split_Dlogits_N) build the
+# logits' gradient one vocab split of this many columns at a time, in bf16, beside bf16 d_hidden / d_weight.
+FUSED_DLOGITS_SPLIT_VOCAB = 9504
+
+
+def lm_head_backward_bytes(plan: Plan, facts: ModelFacts, tokens: int) -> float:
+    """What the lm_head's backward holds at once: the logits' bf16 gradient (one vocab split of it for
+    the fused kernels) and the weight's bf16 gradient (none for a LoRA actor, whose lm_head is frozen).
+    Where a head holds little more than the logits (flash-attn's in-place CE, fused) this is its peak."""
+    weight_grad = 0 if plan.model.lora.enabled else 2 * facts.vocab * facts.hidden
+    columns = min(facts.vocab, FUSED_DLOGITS_SPLIT_VOCAB) if resolved_loss_head(plan) == "fused" else facts.vocab
+    return 2 * tokens * columns + weight_grad
+
+
+def chunked_entropy_head_bytes_per_token_vocab(tokens: int, *, grad: bool) -> float:
+    """A GPU log-prob head with verl's chunked entropy beside it, at `tokens` per micro batch (see above)."""
+    t = max(1, tokens)
+    rows = min(t, ENTROPY_CHUNK_ROWS)
+    if grad:
+        return max(10 * t + 20 * rows, 12 * t + 16 * rows) / t
+    return (2 * t + 12 * rows) / t
+
+
+def _verl_chunked_entropy(plan: Plan, head: str, entropy: bool) -> bool:
+    return entropy and head in ("flash_attn_ce", "torch_logprob") and entropy_variant(plan) == "chunked"
+
+
+def actor_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, tokens: int) -> float:
+    """Bytes per token x vocab the update's head holds at `tokens` per micro batch; verl computes entropy
+    only when entropy_coeff != 0."""
     head = resolved_loss_head(plan)
     entropy = plan.actor.entropy_coeff != 0
     if head == "naive":
@@ -654,25 +702,20 @@ def actor_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROF
         if plan.actor.entropy_from_logits_with_chunking:
             return profile.head_chunked_entropy_bytes
         return profile.head_entropy_bytes
-    if head == "fused":
-        return 0.0
-    extra = ENTROPY_UPDATE_BYTES[entropy_variant(plan)] if entropy else 0.0
-    if head == "flash_attn_ce":
-        # in-place backward only without entropy: then the logits are their own gradient buffer.
-        return LOGITS_BYTES + (FLASH_CE_GRAD_BYTES + extra if entropy else 0.0)
-    return LOGITS_BYTES + TORCH_LOGPROB_SAVED_AND_GRAD_BYTES + extra
+    if _verl_chunked_entropy(plan, head, entropy):
+        return chunked_entropy_head_bytes_per_token_vocab(tokens, grad=True)
+    return UPDATE_HEAD_BYTES[head][entropy_variant(plan) if entropy else _NO_ENTROPY]
 
 
 def forward_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE, *,
-                                       entropy: bool) -> float:
+                                       entropy: bool, tokens: int) -> float:
     """The no_grad head of the old-log-prob (entropy computed) and ref (log-probs only) passes."""
     head = resolved_loss_head(plan)
     if head == "naive":
         return profile.head_forward_only_bytes
-    if head == "fused":
-        return 0.0
-    # flash CE and the row-wise fallback allocate only per-row values beside the logits without grad.
-    return LOGITS_BYTES + (ENTROPY_FORWARD_BYTES[entropy_variant(plan)] if entropy else 0.0)
+    if _verl_chunked_entropy(plan, head, entropy):
+        return chunked_entropy_head_bytes_per_token_vocab(tokens, grad=False)
+    return FORWARD_HEAD_BYTES[head][entropy_variant(plan) if entropy else _NO_ENTROPY]
 
 
 def training_components(
@@ -689,6 +732,7 @@ def training_components(
     root_at_loss_bytes: float = 0.0,
     profile: Profile = DEFAULT_PROFILE,
     fp32_head: bool = True,
+    lm_head_backward_bytes: float = 0.0,
 ) -> tuple[str, list[Component]]:
     """max(P_loss, P_bwd, P_opt) of memory-model.md 2.3 for one FSDP2 training step, as components."""
     t = tokens
@@ -703,7 +747,8 @@ def training_components(
         saved_late = t * layer_act
     # Gradients persist across micro batches of gradient accumulation.
     accumulating_grads = state.grads if micro_batches_per_mini >= 2 else 0.0
-    head = head_bytes_per_token_vocab * t * facts.vocab
+    # The head's own peak, or the lm_head's backward after it (lm_head_backward_bytes), whichever is larger.
+    head = max(head_bytes_per_token_vocab * t * facts.vocab, lm_head_backward_bytes)
     hidden_at_head = t * (8 * facts.hidden + 4)
     # FSDP2 never reshards the root after forward: its bf16 lm_head (or tied embedding) is still
     # gathered at the loss (measured with the tracker: 2 V h at Qwen2.5-7B's and 0.5B's loss peaks).
@@ -900,12 +945,14 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
         micro_batches_per_mini=role.micro_batches_per_mini,
         checkpointing=plan.model.gradient_checkpointing,
         activation_offload=plan.model.activation_offload,
-        head_bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, ctx.profile),
+        head_bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, ctx.profile,
+                                                                    tokens=role.tokens_per_micro_batch),
         fp32_head=resolved_loss_head(plan) == "naive",
         root_group_bytes=2 * facts.vocab * facts.hidden * (1 if facts.tied else 2),
         root_at_loss_bytes=2 * facts.vocab * facts.hidden,
         role="actor",
         profile=ctx.profile,
+        lm_head_backward_bytes=lm_head_backward_bytes(plan, facts, role.tokens_per_micro_batch),
     )
     return ctx.phase(Phase.ACTOR_UPDATE, step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
 
@@ -914,7 +961,7 @@ def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entro
     step = forward_components(ctx.facts, params_bytes=ctx.actor_gpu.params, params_name="actor_params",
                               tokens=role.tokens_per_micro_batch,
                               head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
-                                  ctx.plan, ctx.profile, entropy=entropy))
+                                  ctx.plan, ctx.profile, entropy=entropy, tokens=role.tokens_per_micro_batch))
     return ctx.phase(name, step, loaded=("actor_params",))
 
 
@@ -926,7 +973,7 @@ def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     step = forward_components(ctx.facts, params_bytes=on_gpu,
                               params_name="ref_params", tokens=role.tokens_per_micro_batch,
                               head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
-                                  ctx.plan, ctx.profile, entropy=False))
+                                  ctx.plan, ctx.profile, entropy=False, tokens=role.tokens_per_micro_batch))
     return ctx.phase(Phase.REF_LOG_PROB, step, loaded=("ref_params",))
 
 

@@ -229,7 +229,7 @@ RLPLAN_ONLY_FIELDS: dict[str, str] = {
     "rollout.sleep_level": "what verl picks: 1 with LoRA adapters or layered_summon, else 2",
     "algorithm.grpo_leave_one_out": "false; verl has no leave-one-out GRPO baseline, so render refuses it",
     "prediction": "none; `rlplan validate` recomputes it",
-    "actor.loss_head": "auto: the head verl runs for the plan (model.use_fused_kernels, use_remove_padding)",
+    "actor.loss_head": "auto: the head verl runs for the plan (model.use_fused_kernels, use_remove_padding); chunked: rlplan's runtime",
     "data.expected_prompt_length": "the --expected-prompt-len flag (unset: max_prompt_length)",
     "data.expected_response_length": "the --expected-response-len flag (unset: max_response_length)",
 }

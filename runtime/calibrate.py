@@ -136,6 +136,10 @@ def calibrate_on_gpu(plan: Plan, name: str = "calibrated") -> Calibration:
         raise PlanError(field="calibrate", message="no CUDA GPU is visible, and calibrating memory and MFU needs one.",
                         fix="run `rlplan calibrate plan.toml` on a GPU machine, or fit from a finished run "
                             "with `--from-run runs/x/metrics.jsonl`")
+    from rlplan.runtime.measure import plan_as_measured
+
+    # The head verl runs for the plan (its twin on this GPU), priced the same way; a compiled entropy as eager.
+    plan = plan_as_measured(plan, "auto")
     held_bytes, seconds, flops = _real_update_step(plan)
     memory: list[MemoryObservation] = [memory_observation(plan, "actor_update", held_bytes)]
     mfu = DEFAULT_PROFILE.training_mfu

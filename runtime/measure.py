@@ -51,8 +51,9 @@ _CONFIG_CLASSES = {
 }
 MEASURABLE_FAMILIES = tuple(_CONFIG_CLASSES)
 
-# verl's entropy_from_logits_with_chunking splits the rows into chunks of this size.
-ENTROPY_CHUNK_ROWS = 2048
+# The heads a step can be measured with (runtime/head_twins.py): rlplan's runtime heads as they run,
+# verl's GPU kernels through their memory twins.
+MEASURABLE_HEADS = ("naive", "chunked", "flash_attn_ce", "torch_logprob", "fused")
 
 # FSDPMemTracker categories -> the groups measured and predicted bytes are compared in.
 # Temporaries (the loss head's fp32 logits, recomputed layers, foreach AdamW lists) sit with
@@ -116,7 +117,10 @@ class TrainingStep:
     use_remove_padding: bool = True
     sequence_length: int | None = None
     calculate_entropy: bool = False
-    entropy_chunking: bool = False
+    # The loss head (MEASURABLE_HEADS) and how verl computes the entropy beside it
+    # (head_twins.MEASURABLE_ENTROPY_VARIANTS; the naive head chunks its fp32 entropy for "chunked").
+    loss_head: str = "naive"
+    entropy_variant: str = "eager"
     # Micro batches per optimizer step; two already show gradients persisting between them.
     micro_batches: int = field(default=1, validator=_check_positive)
 
@@ -135,6 +139,18 @@ class TrainingStep:
                     f"only for {', '.join(MEASURABLE_FAMILIES)}."
                 ),
                 fix="measure a model of a supported family, or rely on the analytic prediction (`rlplan explain`)",
+            )
+        from rlplan.runtime.head_twins import MEASURABLE_ENTROPY_VARIANTS
+
+        if self.loss_head not in MEASURABLE_HEADS:
+            raise PlanError(field="--head", message=f"no memory twin for the loss head {self.loss_head!r}.",
+                            fix=f"use one of {', '.join(MEASURABLE_HEADS)}")
+        if self.entropy_variant not in MEASURABLE_ENTROPY_VARIANTS:
+            raise PlanError(
+                field="actor.use_torch_compile",
+                message=(f"the {self.entropy_variant!r} entropy cannot be measured: dynamo runs compiled code "
+                         "eagerly under the tracker's dispatch mode."),
+                fix=f"measure one of {', '.join(MEASURABLE_ENTROPY_VARIANTS)} (set actor.use_torch_compile = false)",
             )
         if self.lora_rank < 0:
             raise PlanError(field="model.lora.rank", message="must be >= 0.", fix="set model.lora.rank to 0 or more")
@@ -211,8 +227,9 @@ def measure_training_step(
     target_modules: tuple[str, ...] | str = ("all-linear",),
     use_remove_padding: bool = True,
     sequence_length: int | None = None,
-    entropy_chunking: bool = False,
     calculate_entropy: bool = False,
+    loss_head: str = "naive",
+    entropy_variant: str = "eager",
     phase: Phase = "update",
     micro_batches: int = 1,
     fake: bool = True,
@@ -236,7 +253,8 @@ def measure_training_step(
         use_remove_padding=use_remove_padding,
         sequence_length=sequence_length,
         calculate_entropy=calculate_entropy,
-        entropy_chunking=entropy_chunking,
+        loss_head=loss_head,
+        entropy_variant=entropy_variant,
         micro_batches=micro_batches,
     )
     return run_measurement(step, fake=fake)
@@ -247,6 +265,8 @@ def run_measurement(step: TrainingStep, *, fake: bool = True) -> MeasuredStep:
     with fake_process_group(step.shard_size), faithful_emulation(), default_dtype(base_dtype(step)):
         mode = _fake_mode() if fake else None
         model = build_sharded_model(step, mode)
+        if step.loss_head == "fused":
+            _hidden_states_out_of_lm_head(model)
         optimizer = make_optimizer(model) if step.phase == "update" else None
         tracker = _locating_tracker(model, optimizer)
         with mode if mode is not None else contextlib.nullcontext():
@@ -305,6 +325,8 @@ class MeasuredVsPredicted:
             "micro_batches": step.micro_batches,
             "gradient_checkpointing": step.gradient_checkpointing,
             "lora_rank": step.lora_rank,
+            "loss_head": step.loss_head,
+            "entropy": step.entropy_variant if step.calculate_entropy else None,
             "measured_bytes": self.measured.peak_bytes,
             "predicted_bytes": self.predicted_bytes,
             "error": self.error,
@@ -318,8 +340,10 @@ class MeasuredVsPredicted:
 
 
 def training_step_of_plan(plan: Plan, phase: Phase) -> TrainingStep:
-    """The step a plan's actor runs in one phase, with the layout's per-GPU numbers."""
+    """The step a plan's actor runs in one phase, with the layout's per-GPU numbers and its loss head
+    (planner.memory.resolved_loss_head; see plan_as_measured for the head of `rlplan measure`)."""
     from rlplan.planner.layout import plan_layout
+    from rlplan.planner.memory import entropy_variant, resolved_loss_head
 
     if phase not in PHASES:
         raise PlanError(field="--phase", message=f"unknown phase {phase!r}.", fix=f"use one of {', '.join(PHASES)}")
@@ -341,21 +365,35 @@ def training_step_of_plan(plan: Plan, phase: Phase) -> TrainingStep:
         sequence_length=role.max_sequence_length if padded_rows else None,
         # verl's update computes entropy only for a nonzero coefficient; log-prob passes always do.
         calculate_entropy=plan.actor.entropy_coeff != 0 if phase == "update" else True,
-        entropy_chunking=plan.actor.entropy_from_logits_with_chunking,
+        loss_head=resolved_loss_head(plan),
+        # rlplan's naive head only ever chunked its fp32 entropy; verl's heads take the plan's variant.
+        entropy_variant=(("chunked" if plan.actor.entropy_from_logits_with_chunking else "eager")
+                         if resolved_loss_head(plan) in ("naive", "chunked", "fused") else entropy_variant(plan)),
         micro_batches=min(2, role.micro_batches_per_mini) if phase == "update" else 1,
     )
 
 
 def with_runtime_head(plan: Plan) -> Plan:
-    """The plan priced with the head rlplan's runtime runs (the naive fp32 one), whatever its GPU would run
-    under verl (flash-attn CE); the runtime has no lean head yet."""
-    return plan.evolve(actor=attrs.evolve(plan.actor, loss_head="naive"))
+    """The plan priced with the head rlplan's bundled runtime runs: its chunked lean head
+    (runtime/algorithms/lean_head.py), whatever verl would run on the plan's GPUs."""
+    return plan.evolve(actor=attrs.evolve(plan.actor, loss_head="chunked"))
+
+
+def plan_as_measured(plan: Plan, head: str | None = None) -> Plan:
+    """The plan with the head a measurement runs: the bundled runtime's (None), verl's for the plan
+    ("auto") or a named kernel.  A compiled entropy (actor.use_torch_compile) is measured, and priced,
+    as the variant verl runs without torch.compile: dynamo does not compile under the tracker."""
+    from rlplan.planner.memory import entropy_variant, resolved_loss_head
+
+    plan = with_runtime_head(plan) if head is None else plan.evolve(actor=attrs.evolve(plan.actor, loss_head=head))
+    if resolved_loss_head(plan) in ("flash_attn_ce", "torch_logprob") and entropy_variant(plan) == "compiled":
+        plan = plan.evolve(actor=attrs.evolve(plan.actor, use_torch_compile=False))
+    return plan
 
 
 def as_emulated(plan: Plan) -> Plan:
-    """The plan priced as this emulation runs it: the runtime's head and base_dtype's shards (fp32 for full
-    fine-tuning, a bf16 frozen base under LoRA)."""
-    plan = with_runtime_head(plan)
+    """The plan priced as this emulation runs it: base_dtype's shards (fp32 for full fine-tuning, a bf16
+    frozen base under LoRA)."""
     return plan.evolve(actor=attrs.evolve(plan.actor, model_dtype="bf16" if plan.model.lora.enabled else "fp32"))
 
 
@@ -373,8 +411,11 @@ def predicted_step(plan: Plan, phase: Phase, profile: Any = None) -> tuple[int, 
     return memory.step_bytes, groups, memory.peak_at
 
 
-def measure_plan(plan: Plan, phase: Phase = "update", profile: Any = None) -> MeasuredVsPredicted:
-    """Measure a plan's actor step on the CPU and compare it with the planner's prediction."""
+def measure_plan(plan: Plan, phase: Phase = "update", profile: Any = None,
+                 head: str | None = None) -> MeasuredVsPredicted:
+    """Measure a plan's actor step on the CPU with a loss head (plan_as_measured) and compare it with
+    the planner's prediction for that head."""
+    plan = plan_as_measured(plan, head)
     step = training_step_of_plan(plan, phase)
     measured = run_measurement(step)
     predicted, groups, peak_at = predicted_step(plan, phase, profile)
@@ -382,7 +423,7 @@ def measure_plan(plan: Plan, phase: Phase = "update", profile: Any = None) -> Me
                                predicted_bytes=predicted, predicted_components=groups, predicted_peak_at=peak_at)
 
 
-def measure_command(plan_path: str, phase: str, json_output: bool) -> int:
+def measure_command(plan_path: str, phase: str, json_output: bool, head: str | None = None) -> int:
     """`rlplan measure`: a table of measured vs predicted bytes per component group, or one JSON object."""
     import json
     import sys
@@ -399,7 +440,7 @@ def measure_command(plan_path: str, phase: str, json_output: bool) -> int:
             raise PlanError(field="plan", message=f"cannot read {plan_path!r}: {exc.strerror}.",
                             fix="pass the path of a plan.toml") from None
         plan = plan_from_toml(text, source=plan_path)
-        comparison = measure_plan(plan, phase)  # type: ignore[arg-type]
+        comparison = measure_plan(plan, phase, head=head)  # type: ignore[arg-type]
     except PlanError as error:
         Console(stderr=True, highlight=False).print(f"[bold red]error[/] {error.paragraph()}")
         return 2
@@ -415,8 +456,9 @@ def _print_comparison(console: Any, comparison: MeasuredVsPredicted) -> None:
 
     step = comparison.measured.step
     mib = 2**20
+    entropy = f", {step.entropy_variant} entropy" if step.calculate_entropy else ""
     table = Table(title=(f"{comparison.planner_phase}: {step.arch.family}, shard {step.shard_size}, "
-                         f"{step.tokens_per_micro_batch} tokens/micro batch"))
+                         f"{step.tokens_per_micro_batch} tokens/micro batch, {step.loss_head} head{entropy}"))
     table.add_column("component")
     table.add_column("measured MiB", justify="right")
     table.add_column("predicted MiB", justify="right")
@@ -448,7 +490,7 @@ def update_iteration(model: Any, optimizer: Any, step: TrainingStep, input_ids: 
         on_stage("forward")
         logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
         on_stage("loss")
-        loss = _policy_loss(logits, input_ids, step)
+        loss = _policy_loss(logits, input_ids, step, model)
         del logits
         on_stage("backward")
         loss.backward()
@@ -466,40 +508,37 @@ def logprob_iteration(model: Any, step: TrainingStep, input_ids: Any, position_i
         on_stage("forward")
         logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
         on_stage("loss")
-        log_probs, entropy = _head(logits, input_ids, step)
+        log_probs, entropy = _head(logits, input_ids, step, model)
         del logits, log_probs, entropy
 
 
-def _head(logits: Any, input_ids: Any, step: TrainingStep) -> tuple[Any, Any]:
-    """verl's naive log-prob head: fp32 logits, per-token log-probs of the labels, optional entropy."""
+def _head(outputs: Any, input_ids: Any, step: TrainingStep, model: Any) -> tuple[Any, Any]:
+    """Per-token log-probs of the labels (and the entropy) by the step's head (runtime/head_twins.py).
+
+    `outputs` are the model's logits, or its hidden states for the fused head, which applies the
+    lm_head itself."""
     import torch
 
-    logits = logits.float().flatten(0, 1)
+    from rlplan.runtime.head_twins import fused_log_probs_and_entropy, logits_head
+
     labels = torch.roll(input_ids, shifts=-1, dims=-1).flatten()
-    log_probs = -torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-    entropy = None
-    if step.calculate_entropy:
-        entropy = _chunked_entropy(logits) if step.entropy_chunking else _entropy(logits)
-    return log_probs, entropy
+    if step.loss_head == "fused":
+        weight = _causal_lm(model).lm_head.weight
+        log_probs, entropy = fused_log_probs_and_entropy(outputs.flatten(0, 1), weight, labels)
+        return log_probs, entropy if step.calculate_entropy else None
+    return logits_head(step.loss_head, outputs.flatten(0, 1), labels, entropy=step.calculate_entropy,
+                       entropy_variant=step.entropy_variant)
 
 
-def _entropy(logits: Any) -> Any:
-    import torch
-
-    probabilities = torch.nn.functional.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - torch.sum(probabilities * logits, dim=-1)
-
-
-def _chunked_entropy(logits: Any) -> Any:
-    import torch
-
-    chunks = [_entropy(logits[i : i + ENTROPY_CHUNK_ROWS]) for i in range(0, logits.shape[0], ENTROPY_CHUNK_ROWS)]
-    return torch.cat(chunks)
+def _hidden_states_out_of_lm_head(model: Any) -> None:
+    """Make the model return its final hidden states: verl's fused kernels apply the lm_head inside the
+    loss, chunk by chunk.  FSDP2 still gathers the root group (lm_head included) for the forward."""
+    _causal_lm(model).lm_head.forward = lambda hidden_states: hidden_states
 
 
-def _policy_loss(logits: Any, input_ids: Any, step: TrainingStep) -> Any:
+def _policy_loss(logits: Any, input_ids: Any, step: TrainingStep, model: Any) -> Any:
     # A PPO-style surrogate: the memory is in the head, not in the few per-token terms after it.
-    log_probs, entropy = _head(logits, input_ids, step)
+    log_probs, entropy = _head(logits, input_ids, step, model)
     loss = -log_probs.mean()
     if entropy is not None:
         loss = loss - 0.001 * entropy.mean()

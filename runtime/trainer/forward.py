@@ -9,8 +9,10 @@ Two input layouts give the same numbers:
   (with a cache object the packing is not detected and attention leaks across
   sequences, silently), so every call here passes it.
 
-Only the rows that predict response tokens are kept before the fp32 cast, so the
-full (tokens, vocab) logits never exist in fp32.
+Only the rows that predict response tokens are kept, and the loss head
+(runtime/algorithms/lean_head.py) upcasts them one chunk of rows at a time, in forward and
+backward, so the (tokens, vocab) logits never exist whole in fp32; on a GPU with flash-attn
+installed the log-probs come from its triton cross entropy, as in verl.
 
 With Ulysses sequence parallelism (runtime/trainer/sequence_parallel.py) the packed
 stream is split over the sp group: each rank runs the model on its slice, scores every
@@ -30,10 +32,6 @@ from rlplan.runtime.trainer.token_batch import TokenBatch
 @frozen(kw_only=True)
 class ForwardOptions:
     remove_padding: bool
-    # Vocabulary rows per chunk for the entropy; 0 computes it in one piece.
-    entropy_chunk_size: int = 0
-    # Recompute the entropy in backward instead of keeping its (tokens, vocab) intermediates.
-    entropy_checkpointing: bool = False
     # The rollout's sampling temperature: vLLM reports log-probs of logits / T, so the trainer scores the same.
     temperature: float = 1.0
     # This rank's Ulysses group (a SequenceParallelGroup), None without sequence parallelism.
@@ -87,21 +85,15 @@ def scatter_to_responses(flat: Any, micro: TokenBatch) -> Any:
     return out.masked_scatter(mask, flat)
 
 
-def _entropy(logits: Any, options: ForwardOptions) -> Any:
-    from torch.utils.checkpoint import checkpoint
+def _head(logits: Any, labels: Any, with_entropy: bool) -> tuple[Any, Any]:
+    """(log-probs, entropy or None) per row of (rows, vocab) logits, by the runtime's lean head."""
+    from rlplan.runtime.algorithms.lean_head import lean_log_probs_and_entropy
 
-    from rlplan.runtime.algorithms import entropy_from_logits
-
-    chunk = options.entropy_chunk_size or None
-    if options.entropy_checkpointing and logits.requires_grad:
-        return checkpoint(entropy_from_logits, logits, chunk, use_reentrant=False)
-    return entropy_from_logits(logits, chunk)
+    return lean_log_probs_and_entropy(logits, labels, with_entropy=with_entropy)
 
 
 def policy_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardOptions, *, with_entropy: bool) -> tuple[Any, Any]:
     """Log-probs of the response tokens, and their entropy when asked, both (b, R) in fp32."""
-    from rlplan.runtime.algorithms import log_probs_from_logits
-
     if options.sequence_parallel is not None:
         return _policy_forward_sequence_parallel(model, micro, device, options, with_entropy=with_entropy)
     inputs, rows = model_inputs(micro, device, remove_padding=options.remove_padding)
@@ -110,10 +102,8 @@ def policy_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardO
     selected = logits.reshape(-1, logits.shape[-1]).index_select(0, rows)
     if options.temperature > 0 and options.temperature != 1.0:
         selected = selected / options.temperature
-    chunk = options.entropy_chunk_size or None
-    log_probs = scatter_to_responses(log_probs_from_logits(selected, response_labels(micro, device), chunk), micro)
-    entropy = scatter_to_responses(_entropy(selected, options), micro) if with_entropy else None
-    return log_probs, entropy
+    log_probs, entropy = _head(selected, response_labels(micro, device), with_entropy)
+    return scatter_to_responses(log_probs, micro), (scatter_to_responses(entropy, micro) if with_entropy else None)
 
 
 def _sequence_parallel_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardOptions) -> tuple[Any, Any, Any]:
@@ -138,18 +128,17 @@ def _sequence_parallel_forward(model: Any, micro: TokenBatch, device: Any, optio
 def _policy_forward_sequence_parallel(
     model: Any, micro: TokenBatch, device: Any, options: ForwardOptions, *, with_entropy: bool
 ) -> tuple[Any, Any]:
-    from rlplan.runtime.algorithms import log_probs_from_logits
     from rlplan.runtime.trainer.sequence_parallel import gather_tokens
 
     logits, shard, rows = _sequence_parallel_forward(model, micro, device, options)
     if options.temperature > 0 and options.temperature != 1.0:
         logits = logits / options.temperature
-    chunk = options.entropy_chunk_size or None
     group = options.sequence_parallel
-    log_probs = gather_tokens(log_probs_from_logits(logits, shard.labels, chunk), group).index_select(0, rows)
+    local_log_probs, local_entropy = _head(logits, shard.labels, with_entropy)
+    log_probs = gather_tokens(local_log_probs, group).index_select(0, rows)
     entropy = None
     if with_entropy:
-        entropy = scatter_to_responses(gather_tokens(_entropy(logits, options), group).index_select(0, rows), micro)
+        entropy = scatter_to_responses(gather_tokens(local_entropy, group).index_select(0, rows), micro)
     return scatter_to_responses(log_probs, micro), entropy
 
 

@@ -66,8 +66,6 @@ class PolicyTrainer:
         self.sequence_parallel, self.data_rank = built.sequence_parallel, built.data_rank
         self.forward_options = ForwardOptions(
             remove_padding=plan.model.use_remove_padding,
-            entropy_chunk_size=2048 if plan.actor.entropy_from_logits_with_chunking else 0,
-            entropy_checkpointing=plan.actor.entropy_checkpointing,
             temperature=plan.rollout.temperature,
             sequence_parallel=self.sequence_parallel,
         )

@@ -493,15 +493,16 @@ def test_one_phase_alone_equals_that_phase_of_the_full_report():
 
 def _update_head(overrides) -> float:
     """Bytes per token x vocab the update's head holds (the phase shows it only where the loss is the peak)."""
-    return actor_head_bytes_per_token_vocab(make_plan(overrides=overrides))
+    plan = make_plan(overrides=overrides)
+    return actor_head_bytes_per_token_vocab(plan, tokens=plan_layout(plan).actor_update.tokens_per_micro_batch)
 
 
-def test_auto_head_is_flash_attn_on_gpus_with_remove_padding_and_naive_on_rlplans_cpu_runtime():
+def test_auto_head_is_flash_attn_on_gpus_with_remove_padding_and_chunked_on_rlplans_cpu_runtime():
     assert resolved_loss_head(make_plan()) == "flash_attn_ce"
     assert resolved_loss_head(make_plan(overrides={"model.use_remove_padding": False})) == "torch_logprob"
     assert resolved_loss_head(make_plan(overrides={"model.use_fused_kernels": True})) == "fused"
     cpu = make_plan().evolve(cluster=attrs.evolve(make_plan().cluster, gpu=GpuSpec(name="cpu", memory_gib=8)))
-    assert resolved_loss_head(cpu) == "naive"
+    assert resolved_loss_head(cpu) == "chunked"
     assert resolved_loss_head(make_plan(overrides={"actor.loss_head": "torch_logprob"})) == "torch_logprob"
 
 
@@ -517,7 +518,9 @@ def test_flash_attn_head_holds_the_bf16_logits_and_a_second_buffer_only_when_ent
     assert update.bytes_of("logits_head") == 6 * tokens * QWEN25_7B.vocab_size
 
 
-def test_entropy_variants_order_compiled_below_eager_equal_to_checkpointed_below_chunked():
+def test_entropy_variants_order_compiled_below_eager_equal_to_checkpointed_below_fp32_chunked():
+    # Measured on the twins: checkpointing recomputes and saves the softmax again before its backward, and
+    # verl's chunking upcasts to fp32, which costs more than chunking saves below ~16k tokens.
     entropy = {"actor.entropy_coeff": 0.001}
     compiled = _update_head(entropy)
     eager = _update_head({**entropy, "actor.use_torch_compile": False})
@@ -525,6 +528,23 @@ def test_entropy_variants_order_compiled_below_eager_equal_to_checkpointed_below
     chunked = _update_head({**entropy, "actor.use_torch_compile": False,
                             "actor.entropy_from_logits_with_chunking": True})
     assert compiled < eager == checkpointed < chunked
+
+
+def test_chunked_entropy_costs_fewer_bytes_per_token_as_the_micro_batch_grows():
+    from rlplan.planner.memory import chunked_entropy_head_bytes_per_token_vocab
+
+    for grad in (True, False):
+        costs = [chunked_entropy_head_bytes_per_token_vocab(tokens, grad=grad) for tokens in (2048, 4096, 8192, 65536)]
+        assert costs == sorted(costs, reverse=True) and costs[0] > costs[-1]
+    # One chunk or less: every row's fp32 work is live at once.
+    assert chunked_entropy_head_bytes_per_token_vocab(512, grad=True) == 30
+
+
+def test_the_runtimes_chunked_head_holds_logits_gradient_and_one_chunk_whatever_the_entropy():
+    chunked = {"actor.loss_head": "chunked"}
+    assert _update_head(chunked) == _update_head({**chunked, "actor.entropy_coeff": 0.001}) == 4.75
+    assert _update_head({"actor.loss_head": "flash_attn_ce"}) < _update_head(chunked) < _update_head(
+        {"actor.loss_head": "naive"})
 
 
 def test_gpu_heads_hold_less_than_the_naive_fp32_head_and_fused_holds_no_logits():

@@ -17,6 +17,7 @@ from rlplan.runtime.measure import (  # noqa: E402
     TrainingStep,
     measure_command,
     measure_training_step,
+    plan_as_measured,
     training_step_of_plan,
 )
 from tests.planner.plans import make_plan  # noqa: E402
@@ -85,15 +86,21 @@ def test_an_unverified_family_is_refused_with_the_supported_ones_named():
         TrainingStep(arch=gemma, shard_size=2, tokens_per_micro_batch=64)
 
 
-def test_plan_step_takes_the_layouts_per_gpu_numbers():
+def test_plan_step_takes_the_layouts_per_gpu_numbers_and_the_head_verl_runs():
     plan = make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": 2, "model.lora.rank": 16,
                                 "actor.entropy_coeff": 0.01})
+    # verl's default compiles the entropy, which a tracker cannot measure: refused, then measured eagerly.
+    with pytest.raises(PlanError, match="compiled"):
+        training_step_of_plan(plan, "update")
+    plan = plan_as_measured(plan, "auto")
     step = training_step_of_plan(plan, "update")
     assert step.shard_size == 8
     assert step.tokens_per_micro_batch == 2 * 1536
     assert step.lora_rank == 16 and step.calculate_entropy
+    assert (step.loss_head, step.entropy_variant) == ("flash_attn_ce", "eager")
     assert step.micro_batches == 2
     assert training_step_of_plan(plan, "logprob").calculate_entropy
+    assert training_step_of_plan(plan_as_measured(plan), "update").loss_head == "chunked"
 
 
 SMALL_QWEN = attrs.evolve(model_presets()["qwen2.5-0.5b"].arch, num_layers=4)
@@ -142,3 +149,115 @@ def test_measure_command_prints_json_and_rejects_a_missing_plan(tmp_path, capsys
     report = json.loads(capsys.readouterr().out)
     assert report["planner_phase"] == "old_log_prob" and report["measured_bytes"] > 0
     assert measure_command(str(tmp_path / "missing.toml"), "update", json_output=False) == 2
+
+
+# --- the memory twins of verl's GPU heads --------------------------------------------------
+
+from rlplan.planner.memory import (  # noqa: E402
+    FORWARD_HEAD_BYTES,
+    FUSED_DLOGITS_SPLIT_VOCAB,
+    UPDATE_HEAD_BYTES,
+    chunked_entropy_head_bytes_per_token_vocab,
+)
+from rlplan.runtime.head_twins import head_peak_bytes, measure_head_bytes_per_token_vocab  # noqa: E402
+
+# The slope between 4096 and 8192 tokens keeps only what grows with tokens x vocab; the (tokens,
+# hidden 16) tensors and the twins' fp32 row blocks (1/256 of the rows, for the values) add at most
+# ~0.07 bytes per token x vocab over vocab 8192.
+TWIN_TOLERANCE = 0.1
+TWIN_TOKENS = (4096, 8192)
+# The row-wise torch fallback loops over rows in Python: its rows without a chunked entropy are
+# measured at fewer tokens (the slope is the same: every term is per row).
+ROW_WISE_TOKENS = (512, 1024)
+
+_MEASURED_HEADS = [
+    ("flash_attn_ce", "none"), ("flash_attn_ce", "eager"), ("flash_attn_ce", "checkpointed"),
+    ("torch_logprob", "none"), ("torch_logprob", "eager"),
+    ("torch_logprob", "checkpointed"), ("fused", "none"), ("fused", "eager"), ("chunked", "none"),
+    ("chunked", "eager"),
+]
+
+
+def _twin_bytes(head, entropy, *, grad):
+    tokens = ROW_WISE_TOKENS if head == "torch_logprob" else TWIN_TOKENS
+    return measure_head_bytes_per_token_vocab(head, entropy=entropy != "none", grad=grad, tokens=tokens,
+                                              entropy_variant="eager" if entropy == "none" else entropy)
+
+
+@pytest.mark.parametrize(("head", "entropy"), _MEASURED_HEADS, ids=[f"{h}-{e}" for h, e in _MEASURED_HEADS])
+def test_each_twins_update_head_bytes_equal_the_planners_constant(head, entropy):
+    measured = _twin_bytes(head, entropy, grad=True)
+    # The fused backward's (tokens, 9504) bf16 split buffer is priced with the lm_head's backward
+    # (planner.memory.lm_head_backward_bytes), not in the coefficient: over vocab 8192 it is 2 per T V.
+    split_buffer = 2 * min(8192, FUSED_DLOGITS_SPLIT_VOCAB) / 8192 if head == "fused" else 0.0
+    assert measured == pytest.approx(UPDATE_HEAD_BYTES[head][entropy] + split_buffer, abs=TWIN_TOLERANCE)
+
+
+@pytest.mark.parametrize(("head", "entropy"), _MEASURED_HEADS, ids=[f"{h}-{e}" for h, e in _MEASURED_HEADS])
+def test_each_twins_no_grad_head_bytes_equal_the_planners_constant(head, entropy):
+    measured = _twin_bytes(head, entropy, grad=False)
+    assert measured == pytest.approx(FORWARD_HEAD_BYTES[head][entropy], abs=TWIN_TOLERANCE)
+
+
+@pytest.mark.parametrize("tokens", [1024, 4096, 8192, 16384])
+@pytest.mark.parametrize("grad", [True, False], ids=["update", "no_grad"])
+def test_verls_chunked_entropy_is_priced_at_or_just_above_its_twin_at_every_length(tokens, grad):
+    """Not a coefficient: a fixed 2048-row chunk's work beside 8-10 bytes per T V (planner.memory)."""
+    vocab = 8192
+    measured = head_peak_bytes("flash_attn_ce", entropy=True, entropy_variant="chunked", grad=grad,
+                                vocab=vocab, hidden=16, tokens=tokens) / (tokens * vocab)
+    priced = chunked_entropy_head_bytes_per_token_vocab(tokens, grad=grad)
+    # The absolute peak also holds the (vocab, 16) weight and its gradient: < 0.2 per T V from 1024 tokens.
+    assert measured - 0.2 <= priced <= 1.08 * measured
+
+
+def test_flash_attn_twin_computes_verls_log_probs_and_writes_the_gradient_into_the_logits():
+    import torch
+
+    from rlplan.runtime.algorithms import log_probs_from_logits
+    from rlplan.runtime.head_twins import flash_attn_log_probs
+
+    logits = torch.randn(300, 50, requires_grad=True)
+    labels = torch.randint(0, 50, (300,))
+    expected = log_probs_from_logits(logits, labels)
+    (gradient,) = torch.autograd.grad(expected.sum(), logits)
+    inplace = logits.detach().clone().requires_grad_(True)
+    work = inplace * 1.0  # the non-leaf model output that verl's in-place backward overwrites
+    log_probs = flash_attn_log_probs(work, labels, inplace_backward=True)
+    torch.testing.assert_close(log_probs, expected, rtol=1e-5, atol=1e-5)
+    log_probs.sum().backward()
+    torch.testing.assert_close(inplace.grad, gradient, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(work.detach(), gradient, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head", ["flash_attn_ce", "torch_logprob", "fused", "chunked"])
+def test_a_step_measures_with_each_head_and_the_lean_heads_hold_less_than_naive(head):
+    settings = {"gradient_checkpointing": True, "calculate_entropy": True}
+    naive = measure_training_step(TINY, shard_size=2, tokens_per_micro_batch=256, **settings)
+    lean = measure_training_step(TINY, shard_size=2, tokens_per_micro_batch=256, loss_head=head, **settings)
+    assert lean.step.loss_head == head
+    assert 0 < lean.peak_bytes < naive.peak_bytes
+
+
+def test_measure_refuses_a_compiled_entropy_and_an_unknown_head():
+    with pytest.raises(PlanError, match="compiled"):
+        TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64, calculate_entropy=True,
+                     loss_head="flash_attn_ce", entropy_variant="compiled")
+    with pytest.raises(PlanError, match="--head"):
+        TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64, loss_head="liger")
+
+
+def test_measure_with_a_gpu_head_measures_the_plans_verl_head_without_torch_compile(tmp_path, capsys):
+    import json
+
+    from rlplan.planner.planfile import plan_to_toml
+
+    plan = make_plan(attrs.evolve(SMALL_QWEN, num_layers=1), overrides={"actor.entropy_coeff": 0.001})
+    path = tmp_path / "plan.toml"
+    path.write_text(plan_to_toml(plan))
+    assert measure_command(str(path), "update", json_output=True, head="auto") == 0
+    report = json.loads(capsys.readouterr().out)
+    # The default plan (remove padding, GPU) runs flash-attn; its compiled entropy is measured eagerly.
+    assert report["loss_head"] == "flash_attn_ce" and report["entropy"] == "eager"
+    assert measure_command(str(path), "update", json_output=True) == 0
+    assert json.loads(capsys.readouterr().out)["loss_head"] == "chunked"
