@@ -26,14 +26,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 import attrs
 from attrs import field, frozen
 
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import LossHead, Plan
 from rlplan.planner.validators import field_check
 
 Phase = Literal["update", "logprob"]
@@ -379,7 +379,7 @@ def with_runtime_head(plan: Plan) -> Plan:
     return plan.evolve(actor=attrs.evolve(plan.actor, loss_head="chunked"))
 
 
-def plan_as_measured(plan: Plan, head: str | None = None) -> Plan:
+def plan_as_measured(plan: Plan, head: LossHead | None = None) -> Plan:
     """The plan with the head a measurement runs: the bundled runtime's (None), verl's for the plan
     ("auto") or a named kernel.  A compiled entropy (actor.use_torch_compile) is measured, and priced,
     as the variant verl runs without torch.compile: dynamo does not compile under the tracker."""
@@ -412,7 +412,7 @@ def predicted_step(plan: Plan, phase: Phase, profile: Any = None) -> tuple[int, 
 
 
 def measure_plan(plan: Plan, phase: Phase = "update", profile: Any = None,
-                 head: str | None = None) -> MeasuredVsPredicted:
+                 head: LossHead | None = None) -> MeasuredVsPredicted:
     """Measure a plan's actor step on the CPU with a loss head (plan_as_measured) and compare it with
     the planner's prediction for that head."""
     plan = plan_as_measured(plan, head)
@@ -440,7 +440,11 @@ def measure_command(plan_path: str, phase: str, json_output: bool, head: str | N
             raise PlanError(field="plan", message=f"cannot read {plan_path!r}: {exc.strerror}.",
                             fix="pass the path of a plan.toml") from None
         plan = plan_from_toml(text, source=plan_path)
-        comparison = measure_plan(plan, phase, head=head)  # type: ignore[arg-type]
+        heads = get_args(LossHead)
+        if head is not None and head not in heads:
+            raise PlanError(field="--head", message=f"{head!r} is not a loss head rlplan can measure.",
+                            fix=f"pass --head runtime or one of {', '.join(heads)}")
+        comparison = measure_plan(plan, phase, head=cast(LossHead, head))  # type: ignore[arg-type]
     except PlanError as error:
         Console(stderr=True, highlight=False).print(f"[bold red]error[/] {error.paragraph()}")
         return 2
