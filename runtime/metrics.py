@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.phases import Phase
 
 METRICS_FILE = "metrics.jsonl"
 GPU_MEASURE = "cuda_max_memory_allocated"
@@ -405,18 +406,23 @@ def read_metrics(output_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def predicted_phase_peaks(plan: Any) -> dict[str, float]:
-    """The planner's predicted per-GPU peak per phase in GiB, when the memory model is available.
+    """The planner's predicted per-GPU (per-process on CPU) peak per phase in GiB, when the memory model is
+    available.
 
-    Priced with the head this runtime runs (naive), not the one verl would run for the plan, so
-    plan-vs-actual and `calibrate --from-run` compare like with like.  The runtime loads the policy in
-    fp32, as verl's default actor.model_dtype prices it.
+    Priced with the head this runtime runs (the chunked lean head), not the one verl would run for the
+    plan, so plan-vs-actual and `calibrate --from-run` compare like with like; the runtime loads the policy
+    in fp32, as verl's default actor.model_dtype prices it. An on-policy step never runs the old-log-prob
+    pass here (it reuses the update's own log-probs), so that phase has no prediction to compare.
     """
     try:
         from rlplan.planner.memory import predict_memory
         from rlplan.runtime.measure import with_runtime_head
+        from rlplan.runtime.trainer.policy import reuses_update_log_probs
     except ImportError:
         return {}
-    return {phase.name: phase.peak_bytes / 2**30 for phase in predict_memory(with_runtime_head(plan)).phases}
+    skipped = {Phase.OLD_LOG_PROB.value} if reuses_update_log_probs(plan) else set()
+    return {phase.name: phase.peak_bytes / 2**30 for phase in predict_memory(with_runtime_head(plan)).phases
+            if phase.name not in skipped}
 
 
 def plan_versus_actual(predicted_gib: dict[str, float], measured_bytes: dict[str, int], measure: str) -> list[dict[str, Any]]:

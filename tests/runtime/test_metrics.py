@@ -169,3 +169,20 @@ def test_plan_versus_actual_lists_every_phase_either_side_knows():
     assert by_phase["actor_update"]["predicted_gib"] == 5.0 and by_phase["actor_update"]["measured_gib"] == 3.0
     assert by_phase["rollout"]["measured_gib"] is None and by_phase["reward"]["predicted_gib"] is None
     assert all(row["measure"] == CPU_MEASURE for row in rows)
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_predicted_phases_omit_the_old_log_prob_pass_exactly_when_an_on_policy_step_skips_it(epochs):
+    import attrs
+
+    from rlplan.runtime.metrics import predicted_phase_peaks
+    from rlplan.runtime.trainer.policy import reuses_update_log_probs
+    from tests.planner.plans import make_plan
+
+    plan = make_plan()
+    plan = plan.evolve(actor=attrs.evolve(plan.actor, ppo_mini_batch_size=plan.data.train_batch_size,
+                                          ppo_epochs=epochs))
+    assert reuses_update_log_probs(plan) == (epochs == 1)
+    phases = predicted_phase_peaks(plan)
+    assert "actor_update" in phases
+    assert ("old_log_prob" in phases) == (epochs == 2)
