@@ -1,9 +1,10 @@
-"""The `rlplan` command line: the only place that reads files and prints.
+"""The `rlplan` command line: one thin typer function per command, the entry of the commands layer.
 
-Exit codes (stable, for scripts):
+Reading inputs, loading plans, writing files atomically, printing errors and the exit codes (`ExitCode`) live in
+commands_io.py, which every command module shares. Exit codes (stable, for scripts):
   solve:    0 plan written, 1 no feasible plan, 2 bad input
   validate: 0 valid and fits, 1 valid but predicted not to fit (GPU or host OOM), 2 invalid plan or bad input
-  others:   0 ok, 1 the work failed, 2 bad input
+  others:   0 ok, 1 the work failed, 2 bad input; 3 an internal error (a bug) for every command
 Bad input never shows a traceback: it is one paragraph naming the field and the fix.
 Runtime commands (run, demo, measure, calibrate) import torch lazily, inside the command.
 """
@@ -13,16 +14,25 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Annotated, Any, NoReturn, get_args
 
 import typer
 
+from rlplan.planner.commands_io import (
+    MAX_INPUT_BYTES,
+    ExitCode,
+    error_json,
+    load_plan,
+    load_profile,
+    local_config_path,
+    make_console,
+    read_text,
+    report_error,
+    write_atomic,
+)
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.plan import Algorithm, LossHead, RolloutEngine
 from rlplan.planner.solver import Objective
-
-EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
 # `ppo` is the user's name for the gae estimator with a critic; `auto` lets the solver price both engines.
@@ -48,156 +58,8 @@ import_app = typer.Typer(help="Import a launch script of another framework into 
 app.add_typer(import_app, name="import")
 
 
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
-
-
-# Plans, profiles, launch scripts and config.json files are small; anything larger is not one of them
-# (or is /dev/zero), and reading it whole would exhaust memory.
-MAX_INPUT_BYTES = 16 * 2**20
-
-
-def print_error(error: PlanError, console: Any = None) -> None:
-    """The one place errors are printed (stderr unless a command's console is given): user text escaped,
-    so rich markup in a key or path is text, and cut short."""
-    from rich.markup import escape
-
-    shortened = PlanError(field=shorten(error.field), message=shorten(error.message, 4 * ECHO_LIMIT),
-                          fix=shorten(error.fix, 2 * ECHO_LIMIT))
-    (console or _console(stderr=True)).print(f"[bold red]error[/] {escape(shortened.paragraph())}", markup=True,
-                                             highlight=False)
-
-
-def print_error_json(error: PlanError) -> None:
-    """A --json command's error: one JSON object on stdout, so a script's json.load reads it like a result."""
-    print(json.dumps({"error": {"field": shorten(error.field), "message": shorten(error.message, 4 * ECHO_LIMIT),
-                                "fix": shorten(error.fix, 2 * ECHO_LIMIT)}}, indent=2))
-
-
-def fail(error: PlanError, code: int = EXIT_BAD_INPUT, *, as_json: bool = False) -> NoReturn:
-    if as_json:
-        print_error_json(error)
-    else:
-        print_error(error)
-    raise typer.Exit(code)
-
-
-def read_text(path: str, what: str) -> str:
-    """Read a small regular file as UTF-8; FIFOs, devices, directories and huge files are refused, not read."""
-    import stat
-
-    shown = shorten(path)
-    try:
-        # O_NONBLOCK so that opening a FIFO with no writer cannot block; the fstat below then refuses it.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise PlanError(field=what, message=f"file {shown!r} does not exist.", fix="check the path") from None
-    except IsADirectoryError:
-        raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file") from None
-    except (OSError, ValueError) as exc:
-        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the path") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file")
-        if not stat.S_ISREG(info.st_mode):
-            raise PlanError(field=what, message=f"{shown!r} is not a regular file (a pipe, socket or device).",
-                            fix="save the content to a file and pass that")
-        if info.st_size > MAX_INPUT_BYTES:
-            raise PlanError(field=what, message=f"{shown!r} is {info.st_size} bytes, more than the "
-                            f"{MAX_INPUT_BYTES // 2**20} MiB limit for this input.", fix="check that this is the right file")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(MAX_INPUT_BYTES + 1)
-        if len(data) > MAX_INPUT_BYTES:
-            raise PlanError(field=what, message=f"{shown!r} is more than {MAX_INPUT_BYTES // 2**20} MiB.",
-                            fix="check that this is the right file")
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PlanError(field=what, message=f"{shown!r} is not UTF-8 text ({exc.reason} at byte {exc.start}).",
-                        fix="save the file as UTF-8") from None
-    except OSError as exc:
-        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the file") from None
-    finally:
-        os.close(fd)
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False
-
-
-def refuse_overwriting_input(output: str, input_path: str, what: str = "--output") -> None:
-    """`-o` naming the file being read would replace the input with a different kind of file."""
-    if _same_file(output, input_path):
-        raise PlanError(field=what, message=f"{shorten(output)!r} is the input file; writing it would destroy the input.",
-                        fix="pass a different -o path")
-
-
-def write_text(path: str, text: str, what: str) -> None:
-    """Every writer's one path to disk: write a unique temporary file beside the target, fsync, rename over it.
-
-    An interrupted or failed write leaves the target as it was and no temporary behind; concurrent writers
-    never share a temporary name; a symlink is written through (its target is replaced, the link kept);
-    directories and device nodes are refused rather than renamed over.
-    """
-    import stat
-    import tempfile
-
-    shown = shorten(path)
-    try:
-        target = Path(os.path.realpath(path))
-        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-            kind = "a directory" if target.is_dir() else "not a regular file (a device, pipe or socket)"
-            raise PlanError(field=what, message=f"{shown!r} is {kind}.", fix="pass a file path, e.g. -o plan.toml")
-        if str(path).endswith(os.sep) or path in ("", ".", ".."):
-            raise PlanError(field=what, message=f"{shown!r} names a directory.", fix="pass a file path, e.g. -o plan.toml")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
-        # A short temporary name, so a target name near the 255-byte limit still has room.
-        fd, partial = tempfile.mkstemp(prefix=".rlp", suffix=".tmp", dir=target.parent)
-    except PlanError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise PlanError(field=what, message=f"cannot write {shown!r}: {exc}.", fix="choose a writable path") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(partial, mode if mode is not None else 0o666 & ~_umask())
-        os.replace(partial, target)
-    except BaseException as exc:
-        try:
-            os.unlink(partial)
-        except OSError:
-            pass
-        if isinstance(exc, (OSError, ValueError)):
-            raise PlanError(field=what, message=f"cannot write {shown!r}: {exc}.", fix="choose a writable path") from None
-        raise
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def load_plan(path: str):
-    from rlplan.planner.planfile import plan_from_toml
-
-    return plan_from_toml(read_text(path, "plan"), source=path)
-
-
-def load_profile(path: str | None):
-    from rlplan.planner.profile import DEFAULT_PROFILE, load_profile_toml
-
-    if path is None:
-        return DEFAULT_PROFILE
-    return load_profile_toml(read_text(path, "--profile"), source=path)
+def fail(error: PlanError, *, as_json: bool = False) -> NoReturn:
+    raise typer.Exit(report_error(error, as_json=as_json))
 
 
 def with_expected_lengths(plan, prompt: int | None, response: int | None, profile=None):
@@ -220,17 +82,6 @@ def with_expected_lengths(plan, prompt: int | None, response: int | None, profil
         elif stated is None and seen:
             overrides[f"data.expected_{name}_length"] = min(seen, maximum)
     return apply_knobs(plan, overrides) if overrides else plan
-
-
-def local_config_path(spec: str) -> Path | None:
-    """The config.json a model spec names on disk (the file or its directory); None for a preset or hub id."""
-    candidate = Path(os.path.expanduser(spec))
-    try:
-        if candidate.is_dir():
-            candidate = candidate / "config.json"
-        return candidate if candidate.is_file() else None
-    except (OSError, ValueError):  # a name too long or with a NUL byte is no local path
-        return None
 
 
 def resolve_model_arg(spec: str):
@@ -281,8 +132,8 @@ def guarded(function):
         except typer.Exit:
             raise
         except KeyboardInterrupt:
-            _console(stderr=True).print("interrupted")
-            raise typer.Exit(130) from None
+            make_console(stderr=True).print("interrupted")
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
         except RecursionError:
             # Only a hostile input (TOML, JSON or ${A:-${A:-...}} nested thousands deep) recurses this far.
             fail(PlanError(field=function.__name__, message="the input is nested too deeply to read.",
@@ -299,12 +150,13 @@ def guarded(function):
             from rich.markup import escape
 
             if as_json:
-                print_error_json(PlanError(field="internal", message=f"{type(exc).__name__}: {exc}",
-                                           fix="a bug in rlplan: rerun with RLPLAN_DEBUG=1 and report the traceback"))
-            _console(stderr=True).print(
+                print(json.dumps(error_json(PlanError(
+                    field="internal", message=f"{type(exc).__name__}: {exc}",
+                    fix="a bug in rlplan: rerun with RLPLAN_DEBUG=1 and report the traceback")), indent=2))
+            make_console(stderr=True).print(
                 f"[bold red]internal error[/] {type(exc).__name__}: {escape(shorten(str(exc)))}. This is a bug in "
                 "rlplan, not in your input; rerun with RLPLAN_DEBUG=1 for the traceback and report it.", markup=True)
-            raise typer.Exit(EXIT_INTERNAL) from None
+            raise typer.Exit(ExitCode.INTERNAL) from None
 
     return wrapper
 
@@ -498,13 +350,13 @@ def solve(
         gpu_spec = cluster.gpu
         cpu_note = f"CPU rates {rates.source}"
         if not json_output:
-            _console(stderr=True).print(f"note: {cpu_note}.", markup=False)
+            make_console(stderr=True).print(f"note: {cpu_note}.", markup=False)
     elif gpu is not None:
         gpu_spec = resolve_gpu(gpu)
     elif gpu_mem is not None:
         gpu_spec = custom_gpu(parse_gpu_memory(gpu_mem), bf16_tflops=gpu_tflops, hbm_gbps=gpu_bandwidth)
         if defaulted_speeds(gpu_tflops, gpu_bandwidth) and not json_output:
-            _console(stderr=True).print(f"note: {defaulted_speeds(gpu_tflops, gpu_bandwidth)}.", markup=False)
+            make_console(stderr=True).print(f"note: {defaulted_speeds(gpu_tflops, gpu_bandwidth)}.", markup=False)
     elif base is not None:
         gpu_spec = base.cluster.gpu
     else:
@@ -592,23 +444,23 @@ def solve(
         else:
             from rich.markup import escape
 
-            console = _console(stderr=True)
+            console = make_console(stderr=True)
             console.print(f"[bold red]no feasible plan[/] {escape(shorten(result.diagnosis.message, 4 * ECHO_LIMIT))}",
                           markup=True)
-        raise typer.Exit(EXIT_INFEASIBLE)
+        raise typer.Exit(ExitCode.INFEASIBLE)
     plan = result.plan
     verification: list[dict[str, Any]] = []
     if verify:
         plan, verification = verify_candidates([result.best, *result.runners_up], request.profile,
-                                               None if json_output else _console())
+                                               None if json_output else make_console())
         if plan is None:
             message = ("every candidate's measured training step exceeds the GPU once the planner's "
                        "non-tracked memory is added; the model under-predicts this workload")
             if json_output:
                 print(json.dumps({"feasible": False, "message": message, "verification": verification}, indent=2))
             else:
-                _console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
-            raise typer.Exit(EXIT_INFEASIBLE)
+                make_console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
+            raise typer.Exit(ExitCode.INFEASIBLE)
     # Everything that can fail runs before the plan is written, so a written plan means a finished solve.
     plan_text = plan_to_toml(plan)
     # Read back as `validate` will: a plan it would reject (a pin its strict reader refuses) is not written.
@@ -631,7 +483,7 @@ def solve(
             payload["verification"] = verification
         report_text = json.dumps(payload, indent=2)
         if output:
-            write_text(output, plan_text, "--output")
+            write_atomic(output, plan_text, "--output")
         print(report_text)
     else:
         renderables = list(solve_summary(plan, result, output, request.profile))
@@ -640,8 +492,8 @@ def solve(
 
             renderables.append(top_candidates_table(top_rows))
         if output:
-            write_text(output, plan_text, "--output")
-        console = _console()
+            write_atomic(output, plan_text, "--output")
+        console = make_console()
         for renderable in renderables:
             console.print(renderable)
         if not output:
@@ -712,13 +564,13 @@ def validate(
     if json_output:
         print(json.dumps(payload, indent=2))
     else:
-        console = _console()
+        console = make_console()
         for renderable in validation_tables(plan, prof, payload):
             console.print(renderable)
     if not payload["valid"]:
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise typer.Exit(ExitCode.BAD_INPUT)
     if not payload["feasible"]:
-        raise typer.Exit(EXIT_INFEASIBLE)
+        raise typer.Exit(ExitCode.INFEASIBLE)
 
 
 @app.command()
@@ -753,7 +605,7 @@ def explain(
     if json_output:
         print(json.dumps(validation_json(plan, prof), indent=2))
         return
-    console = _console()
+    console = make_console()
     for renderable in explain_tables(plan, prof):
         console.print(renderable)
 
@@ -775,7 +627,7 @@ def presets(
     if json_output:
         print(json.dumps(presets_json(kind), indent=2))
     else:
-        _console().print(preset_table(kind))
+        make_console().print(preset_table(kind))
 
 
 @app.command()
@@ -796,8 +648,8 @@ def schema(
     if output is None:
         print(text, end="")
     else:
-        write_text(output, text, "--output")
-        _console(stderr=True).print(f"wrote {output}", markup=False)
+        write_atomic(output, text, "--output")
+        make_console(stderr=True).print(f"wrote {output}", markup=False)
 
 
 @app.command()
@@ -813,7 +665,7 @@ def report(
     from rlplan.planner.chart_commands import check_chart_path, report_command
 
     check_chart_path(output, "-o")
-    _console().print(report_command(run_dir, output))
+    make_console().print(report_command(run_dir, output))
 
 
 # --- runtime commands (heavy imports inside) --------------------------------------------
@@ -960,7 +812,7 @@ def version_callback(value: bool) -> None:
             print(f"rlplan {version('rlplan')}")
         except PackageNotFoundError:  # run from a source tree that was never installed
             print("rlplan (not installed: no version metadata)")
-        raise typer.Exit(EXIT_OK)
+        raise typer.Exit(ExitCode.OK)
 
 
 @app.callback()
