@@ -31,6 +31,7 @@ from rlplan.planner.commands_io import (
     write_atomic,
 )
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
+from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.plan import Algorithm, LossHead, RolloutEngine
 from rlplan.planner.solver import Objective
 
@@ -60,28 +61,6 @@ app.add_typer(import_app, name="import")
 
 def fail(error: PlanError, *, as_json: bool = False) -> NoReturn:
     raise typer.Exit(report_error(error, as_json=as_json))
-
-
-def with_expected_lengths(plan, prompt: int | None, response: int | None, profile=None):
-    """The plan with the --expected-prompt-len / --expected-response-len flags applied (None: keep the plan's).
-
-    Where neither the flag nor the plan states a mean, a profile fitted from a run (`calibrate --from-run`)
-    supplies the mean that run saw, capped at the plan's maximum (the run may have had longer limits).
-    """
-    from rlplan.planner.knobs import apply_knobs
-
-    data = plan.data
-    observed = {"prompt": (profile.observed_prompt_length, data.expected_prompt_length, data.max_prompt_length),
-                "response": (profile.observed_response_length, data.expected_response_length,
-                             data.max_response_length)} if profile is not None else {}
-    overrides = {}
-    for name, flag in (("prompt", prompt), ("response", response)):
-        seen, stated, maximum = observed.get(name, (0, None, 0))
-        if flag is not None:
-            overrides[f"data.expected_{name}_length"] = flag
-        elif stated is None and seen:
-            overrides[f"data.expected_{name}_length"] = min(seen, maximum)
-    return apply_knobs(plan, overrides) if overrides else plan
 
 
 def resolve_model_arg(spec: str):

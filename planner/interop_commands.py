@@ -22,6 +22,7 @@ from rlplan.planner.commands_io import (
     write_atomic,
 )
 from rlplan.planner.errors import PlanError
+from rlplan.planner.knobs import with_expected_lengths
 
 
 def _print_json(payload: dict[str, Any]) -> None:
@@ -74,7 +75,6 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
     """With as_json: one object on stdout, {"output", "warnings", "plan_toml"} (the plan's text when no -o)."""
     from rich.markup import escape
 
-    from rlplan.planner.cli import with_expected_lengths
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.planner.verl_import import import_verl_script
 
