@@ -19,7 +19,6 @@ from typing import Annotated, Any, NoReturn, get_args
 import typer
 
 from rlplan.planner.commands_io import (
-    MAX_INPUT_BYTES,
     ExitCode,
     error_json,
     load_plan,
@@ -33,7 +32,9 @@ from rlplan.planner.commands_io import (
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.plan import Algorithm, LossHead, RolloutEngine
+from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.solver import Objective
+from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
 # `ppo` is the user's name for the gae estimator with a critic; `auto` lets the solver price both engines.
@@ -138,71 +139,6 @@ def guarded(function):
             raise typer.Exit(ExitCode.INTERNAL) from None
 
     return wrapper
-
-
-# --- the CPU as a platform ----------------------------------------------------------
-
-# What rlplan's CPU runtime cannot do (or does not need) on a CPU cluster: `solve --device cpu` and the demo
-# pin these, the rest is solved. Offload needs an accelerator (runtime.platform), vLLM's CPU backend runs
-# eagerly, without sleep mode, one engine per process.
-CPU_RUNTIME_PINS: dict[str, Any] = {
-    "actor.param_offload": False,
-    "actor.optimizer_offload": False,
-    "actor.offload_policy": False,
-    "critic.offload_policy": False,
-    "ref.param_offload": False,
-    "model.activation_offload": False,
-    "actor.ulysses_sequence_parallel_size": 1,
-    "rollout.tensor_model_parallel_size": 1,
-    "rollout.enforce_eager": True,
-    "rollout.free_cache_engine": False,
-    "rollout.load_format": "safetensors",
-    "actor.use_dynamic_bsz": True,
-    "rollout.log_prob_use_dynamic_bsz": True,
-    "ref.log_prob_use_dynamic_bsz": True,
-}
-
-
-def _read_proc(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read(MAX_INPUT_BYTES)
-    except OSError:
-        return ""
-
-
-def this_machine_cpu(profile=None):
-    """This machine's CPU rates: measured (a profile from `rlplan calibrate --cpu`), else estimated from cpuinfo."""
-    from rlplan.planner.hardware import estimate_cpu_rates, measured_cpu_rates
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    if profile is not None and profile.cpu_measured_tflops > 0 and profile.cpu_measured_gbps > 0:
-        return measured_cpu_rates(profile.cpu_measured_tflops, profile.cpu_measured_gbps, cores)
-    return estimate_cpu_rates(_read_proc("/proc/cpuinfo"), cores)
-
-
-def this_machine_memory_gib() -> float | None:
-    """MemTotal of /proc/meminfo in GiB, or None where it cannot be read."""
-    for line in _read_proc("/proc/meminfo").splitlines():
-        key, _, value = line.partition(":")
-        if key == "MemTotal" and value.split() and value.split()[0].isdigit():
-            return int(value.split()[0]) * 1024 / 2**30
-    return None
-
-
-def cpu_cluster(ranks: int, host_memory_gib: float, profile=None):
-    """A CPU machine as the planner prices it: `ranks` one-process trainer ranks sharing its cores and RAM.
-
-    Returns the cluster and the machine's rates (their `source` says whether measured or estimated).
-    """
-    from rlplan.planner.hardware import Cluster
-
-    rates = this_machine_cpu(profile)
-    return Cluster(gpu=rates.per_rank(ranks, host_memory_gib), nodes=1, gpus_per_node=ranks,
-                   host_memory_gib=host_memory_gib), rates
 
 
 # --- solve -------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlplan.planner.arch import architecture_from_hf_config
-from rlplan.planner.cli import CPU_RUNTIME_PINS, cpu_cluster
 from rlplan.planner.commands_io import ExitCode, load_plan, make_console, report_error, write_atomic
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
@@ -33,6 +32,8 @@ from rlplan.planner.plan import (
     RolloutSection,
     TrainerSection,
 )
+from rlplan.planner.platform import CPU_RUNTIME_PINS
+from rlplan.planner.this_machine import cpu_cluster
 from rlplan.runtime.loop import RunOptions
 
 DemoAlgorithm = Literal["grpo", "grpo_full", "ppo"]

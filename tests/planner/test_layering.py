@@ -13,7 +13,7 @@ import pytest
 
 PLANNER = Path(__file__).resolve().parents[2] / "planner"
 # The commands layer: the typer entry and the modules that read files, print and pick exit codes.
-COMMANDS_LAYER = frozenset({"cli", "commands_io", "interop_commands", "chart_commands"})
+COMMANDS_LAYER = frozenset({"cli", "commands_io", "interop_commands", "chart_commands", "this_machine"})
 PURE_MODULES = sorted(p.stem for p in PLANNER.glob("*.py") if p.stem not in COMMANDS_LAYER | {"__init__"})
 HEAVY = ("torch", "vllm", "ray", "transformers")
 
@@ -88,6 +88,15 @@ def test_interop_commands_does_not_import_cli():
     knobs.py, so no import cycle is left between the two."""
     assert not [m for m in _imported_modules(_tree("interop_commands")) if m == "rlplan.planner.cli"]
     assert not [m for m in _imported_modules(_tree("commands_io")) if m == "rlplan.planner.cli"]
+
+
+def test_no_runtime_module_imports_the_typer_entry():
+    """cli.py imports the runtime commands inside its typer functions; what they share with the planner's
+    commands (commands_io, this_machine, platform) is imported from there, never from cli.py."""
+    runtime = PLANNER.parent / "runtime"
+    importers = [str(path.relative_to(runtime)) for path in sorted(runtime.rglob("*.py"))
+                 if "rlplan.planner.cli" in _imported_modules(ast.parse(path.read_text(encoding="utf-8")))]
+    assert importers == []
 
 
 def test_importing_each_planner_module_loads_no_runtime_and_no_heavy_library():
