@@ -49,6 +49,14 @@ def choices_metavar(choices: tuple[str, ...]) -> str:
 
 HELP_OPTION_NAMES = {"help_option_names": ["-h", "--help"]}
 
+# Options that several commands take, written once (typer copies the Option for each command).
+ExpectedPromptLen = Annotated[int | None, typer.Option(
+    "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")]
+ExpectedResponseLen = Annotated[int | None, typer.Option(
+    "--expected-response-len", help="Mean response tokens of the data (default: the max).")]
+ProfileOption = Annotated[str | None, typer.Option(help="Calibration profile TOML.")]
+JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
 app = typer.Typer(
     name="rlplan",
     no_args_is_help=True,
@@ -200,10 +208,8 @@ def solve(
                                                  "vs peak GiB per GPU) to this .html / .png / .svg; needs the charts extra.")] = None,
     verify: Annotated[bool, typer.Option(help="Measure the top candidates' training step with the CPU tracker "
                                          "(needs the runtime extra) and keep the first that fits.")] = False,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    expected_prompt_len: ExpectedPromptLen = None,
+    expected_response_len: ExpectedResponseLen = None,
     train_files: Annotated[str | None, typer.Option("--train-files", metavar="PATH[,PATH]",
         help="data.train_files: the parquet file(s) verl trains on (default: the --from plan's, else none).")] = None,
     val_files: Annotated[str | None, typer.Option("--val-files", metavar="PATH[,PATH]",
@@ -454,16 +460,21 @@ def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str,
 # --- validate / explain ----------------------------------------------------------------
 
 
+def plan_with_profile(plan_path: str, profile_path: str | None, prompt: int | None, response: int | None):
+    """The plan at PLAN and the profile, with the --expected-*-len flags (or the profile's observed means)
+    applied: what validate and explain price."""
+    profile = load_profile(profile_path)
+    return with_expected_lengths(load_plan(plan_path), prompt, response, profile), profile
+
+
 @app.command()
 @guarded
 def validate(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to check.")],
-    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    profile: Annotated[str | None, typer.Option(help="Calibration profile TOML.")] = None,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    json_output: JsonOutput = False,
+    profile: ProfileOption = None,
+    expected_prompt_len: ExpectedPromptLen = None,
+    expected_response_len: ExpectedResponseLen = None,
 ) -> None:
     """Check a plan against verl's rules and the memory model. Exit 0 ok, 1 predicted OOM, 2 invalid.
 
@@ -471,8 +482,7 @@ def validate(
     """
     from rlplan.planner.report import fit_fix, validation_json, validation_tables
 
-    prof = load_profile(profile)
-    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len, prof)
+    plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
     payload = validation_json(plan, prof)
     if payload["valid"] and not payload["feasible"]:
         payload["fix"] = fit_fix(plan, prof, plan_path)
@@ -492,12 +502,10 @@ def validate(
 @guarded
 def explain(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to explain.")],
-    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    profile: Annotated[str | None, typer.Option(help="Calibration profile TOML.")] = None,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    json_output: JsonOutput = False,
+    profile: ProfileOption = None,
+    expected_prompt_len: ExpectedPromptLen = None,
+    expected_response_len: ExpectedResponseLen = None,
     chart: Annotated[str | None, typer.Option("--chart", help="Also draw memory per phase and host RAM to this "
                                               ".html / .png / .svg; needs the charts extra.")] = None,
 ) -> None:
@@ -511,8 +519,7 @@ def explain(
         from rlplan.planner.chart_commands import check_chart_path
 
         check_chart_path(chart, "--chart")
-    prof = load_profile(profile)
-    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len, prof)
+    plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
     if chart:
         from rlplan.planner.chart_commands import memory_chart_command
 
@@ -682,10 +689,8 @@ def import_verl(
     host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    expected_prompt_len: ExpectedPromptLen = None,
+    expected_response_len: ExpectedResponseLen = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, warnings, and "
                                               "the plan's TOML when there is no -o.")] = False,
 ) -> None:
