@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlplan.planner.commands_io import load_plan, write_atomic
 from rlplan.planner.errors import PlanError
 
 CHART_SUFFIXES = (".html", ".png", ".svg")
@@ -28,17 +29,17 @@ def check_chart_path(path: str, flag: str) -> None:
 
 
 def write_chart(chart: Any, path: str, flag: str) -> None:
-    """HTML with Vega inlined (opens offline, no CDN); PNG / SVG rendered by vl-convert, no browser."""
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.suffix.lower() == ".html":
-            chart.save(str(target), format="html", inline=True)
-        else:
-            chart.save(str(target), scale_factor=2 if target.suffix.lower() == ".png" else 1)
-    except OSError as error:
-        raise PlanError(field=flag, message=f"cannot write {path}: {error.strerror}.",
-                        fix="pass a path in a writable directory") from None
+    """HTML with Vega inlined (opens offline, no CDN); PNG / SVG rendered by vl-convert, no browser. Rendered
+    in memory, then written by the one atomic writer, so a failed render leaves no half-written chart."""
+    import io
+
+    suffix = Path(path).suffix.lower()
+    buffer: io.BytesIO | io.StringIO = io.BytesIO() if suffix == ".png" else io.StringIO()
+    if suffix == ".html":
+        chart.save(buffer, format="html", inline=True)
+    else:
+        chart.save(buffer, format=suffix[1:], scale_factor=2 if suffix == ".png" else 1)
+    write_atomic(path, buffer.getvalue(), flag)
 
 
 def memory_chart_command(plan: Any, profile: Any, path: str) -> None:
@@ -58,8 +59,6 @@ def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: s
 def report_command(run_dir: str, output: str) -> str:
     """Draw RUN_DIR's metrics.jsonl (finished or still running) beside its plan's prediction; returns a summary."""
     from rlplan.planner.charts import parse_metrics, report_chart, run_report_data
-    from rlplan.planner.planfile import plan_from_toml
-
     directory = Path(run_dir)
     metrics = directory / "metrics.jsonl"
     if not metrics.is_file():
@@ -76,7 +75,7 @@ def report_command(run_dir: str, output: str) -> str:
     predicted: dict[str, float] = {}
     title = directory.name
     if plan_file.is_file():
-        plan = plan_from_toml(plan_file.read_text(encoding="utf-8"), source=str(plan_file))
+        plan = load_plan(plan_file)
         predicted = dict(plan.prediction.phase_peak_gib) if plan.prediction is not None else {}
         title = f"{plan.model.name} run {directory.name}"
     data = run_report_data(records, predicted)

@@ -1,9 +1,10 @@
-"""The `rlplan` command line: the only place that reads files and prints.
+"""The `rlplan` command line: one thin typer function per command, the entry of the commands layer.
 
-Exit codes (stable, for scripts):
+Reading inputs, loading plans, writing files atomically, printing errors and the exit codes (`ExitCode`) live in
+commands_io.py, which every command module shares. Exit codes (stable, for scripts):
   solve:    0 plan written, 1 no feasible plan, 2 bad input
   validate: 0 valid and fits, 1 valid but predicted not to fit (GPU or host OOM), 2 invalid plan or bad input
-  others:   0 ok, 1 the work failed, 2 bad input
+  others:   0 ok, 1 the work failed, 2 bad input; 3 an internal error (a bug) for every command
 Bad input never shows a traceback: it is one paragraph naming the field and the fix.
 Runtime commands (run, demo, measure, calibrate) import torch lazily, inside the command.
 """
@@ -13,16 +14,27 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Annotated, Any, NoReturn, get_args
 
 import typer
 
+from rlplan.planner.commands_io import (
+    ExitCode,
+    error_json,
+    load_plan,
+    load_profile,
+    local_config_path,
+    make_console,
+    read_text,
+    report_error,
+    write_atomic,
+)
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
+from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.plan import Algorithm, LossHead, RolloutEngine
+from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.solver import Objective
-
-EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
 # `ppo` is the user's name for the gae estimator with a critic; `auto` lets the solver price both engines.
@@ -37,6 +49,14 @@ def choices_metavar(choices: tuple[str, ...]) -> str:
 
 HELP_OPTION_NAMES = {"help_option_names": ["-h", "--help"]}
 
+# Options that several commands take, written once (typer copies the Option for each command).
+ExpectedPromptLen = Annotated[int | None, typer.Option(
+    "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")]
+ExpectedResponseLen = Annotated[int | None, typer.Option(
+    "--expected-response-len", help="Mean response tokens of the data (default: the max).")]
+ProfileOption = Annotated[str | None, typer.Option(help="Calibration profile TOML.")]
+JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
 app = typer.Typer(
     name="rlplan",
     no_args_is_help=True,
@@ -48,189 +68,8 @@ import_app = typer.Typer(help="Import a launch script of another framework into 
 app.add_typer(import_app, name="import")
 
 
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
-
-
-# Plans, profiles, launch scripts and config.json files are small; anything larger is not one of them
-# (or is /dev/zero), and reading it whole would exhaust memory.
-MAX_INPUT_BYTES = 16 * 2**20
-
-
-def print_error(error: PlanError, console: Any = None) -> None:
-    """The one place errors are printed (stderr unless a command's console is given): user text escaped,
-    so rich markup in a key or path is text, and cut short."""
-    from rich.markup import escape
-
-    shortened = PlanError(field=shorten(error.field), message=shorten(error.message, 4 * ECHO_LIMIT),
-                          fix=shorten(error.fix, 2 * ECHO_LIMIT))
-    (console or _console(stderr=True)).print(f"[bold red]error[/] {escape(shortened.paragraph())}", markup=True,
-                                             highlight=False)
-
-
-def print_error_json(error: PlanError) -> None:
-    """A --json command's error: one JSON object on stdout, so a script's json.load reads it like a result."""
-    print(json.dumps({"error": {"field": shorten(error.field), "message": shorten(error.message, 4 * ECHO_LIMIT),
-                                "fix": shorten(error.fix, 2 * ECHO_LIMIT)}}, indent=2))
-
-
-def fail(error: PlanError, code: int = EXIT_BAD_INPUT, *, as_json: bool = False) -> NoReturn:
-    if as_json:
-        print_error_json(error)
-    else:
-        print_error(error)
-    raise typer.Exit(code)
-
-
-def read_text(path: str, what: str) -> str:
-    """Read a small regular file as UTF-8; FIFOs, devices, directories and huge files are refused, not read."""
-    import stat
-
-    shown = shorten(path)
-    try:
-        # O_NONBLOCK so that opening a FIFO with no writer cannot block; the fstat below then refuses it.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise PlanError(field=what, message=f"file {shown!r} does not exist.", fix="check the path") from None
-    except IsADirectoryError:
-        raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file") from None
-    except (OSError, ValueError) as exc:
-        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the path") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file")
-        if not stat.S_ISREG(info.st_mode):
-            raise PlanError(field=what, message=f"{shown!r} is not a regular file (a pipe, socket or device).",
-                            fix="save the content to a file and pass that")
-        if info.st_size > MAX_INPUT_BYTES:
-            raise PlanError(field=what, message=f"{shown!r} is {info.st_size} bytes, more than the "
-                            f"{MAX_INPUT_BYTES // 2**20} MiB limit for this input.", fix="check that this is the right file")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(MAX_INPUT_BYTES + 1)
-        if len(data) > MAX_INPUT_BYTES:
-            raise PlanError(field=what, message=f"{shown!r} is more than {MAX_INPUT_BYTES // 2**20} MiB.",
-                            fix="check that this is the right file")
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PlanError(field=what, message=f"{shown!r} is not UTF-8 text ({exc.reason} at byte {exc.start}).",
-                        fix="save the file as UTF-8") from None
-    except OSError as exc:
-        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the file") from None
-    finally:
-        os.close(fd)
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False
-
-
-def refuse_overwriting_input(output: str, input_path: str, what: str = "--output") -> None:
-    """`-o` naming the file being read would replace the input with a different kind of file."""
-    if _same_file(output, input_path):
-        raise PlanError(field=what, message=f"{shorten(output)!r} is the input file; writing it would destroy the input.",
-                        fix="pass a different -o path")
-
-
-def write_text(path: str, text: str, what: str) -> None:
-    """Every writer's one path to disk: write a unique temporary file beside the target, fsync, rename over it.
-
-    An interrupted or failed write leaves the target as it was and no temporary behind; concurrent writers
-    never share a temporary name; a symlink is written through (its target is replaced, the link kept);
-    directories and device nodes are refused rather than renamed over.
-    """
-    import stat
-    import tempfile
-
-    shown = shorten(path)
-    try:
-        target = Path(os.path.realpath(path))
-        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-            kind = "a directory" if target.is_dir() else "not a regular file (a device, pipe or socket)"
-            raise PlanError(field=what, message=f"{shown!r} is {kind}.", fix="pass a file path, e.g. -o plan.toml")
-        if str(path).endswith(os.sep) or path in ("", ".", ".."):
-            raise PlanError(field=what, message=f"{shown!r} names a directory.", fix="pass a file path, e.g. -o plan.toml")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
-        # A short temporary name, so a target name near the 255-byte limit still has room.
-        fd, partial = tempfile.mkstemp(prefix=".rlp", suffix=".tmp", dir=target.parent)
-    except PlanError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise PlanError(field=what, message=f"cannot write {shown!r}: {exc}.", fix="choose a writable path") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(partial, mode if mode is not None else 0o666 & ~_umask())
-        os.replace(partial, target)
-    except BaseException as exc:
-        try:
-            os.unlink(partial)
-        except OSError:
-            pass
-        if isinstance(exc, (OSError, ValueError)):
-            raise PlanError(field=what, message=f"cannot write {shown!r}: {exc}.", fix="choose a writable path") from None
-        raise
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def load_plan(path: str):
-    from rlplan.planner.planfile import plan_from_toml
-
-    return plan_from_toml(read_text(path, "plan"), source=path)
-
-
-def load_profile(path: str | None):
-    from rlplan.planner.profile import DEFAULT_PROFILE, load_profile_toml
-
-    if path is None:
-        return DEFAULT_PROFILE
-    return load_profile_toml(read_text(path, "--profile"), source=path)
-
-
-def with_expected_lengths(plan, prompt: int | None, response: int | None, profile=None):
-    """The plan with the --expected-prompt-len / --expected-response-len flags applied (None: keep the plan's).
-
-    Where neither the flag nor the plan states a mean, a profile fitted from a run (`calibrate --from-run`)
-    supplies the mean that run saw, capped at the plan's maximum (the run may have had longer limits).
-    """
-    from rlplan.planner.knobs import apply_knobs
-
-    data = plan.data
-    observed = {"prompt": (profile.observed_prompt_length, data.expected_prompt_length, data.max_prompt_length),
-                "response": (profile.observed_response_length, data.expected_response_length,
-                             data.max_response_length)} if profile is not None else {}
-    overrides = {}
-    for name, flag in (("prompt", prompt), ("response", response)):
-        seen, stated, maximum = observed.get(name, (0, None, 0))
-        if flag is not None:
-            overrides[f"data.expected_{name}_length"] = flag
-        elif stated is None and seen:
-            overrides[f"data.expected_{name}_length"] = min(seen, maximum)
-    return apply_knobs(plan, overrides) if overrides else plan
-
-
-def local_config_path(spec: str) -> Path | None:
-    """The config.json a model spec names on disk (the file or its directory); None for a preset or hub id."""
-    candidate = Path(os.path.expanduser(spec))
-    try:
-        if candidate.is_dir():
-            candidate = candidate / "config.json"
-        return candidate if candidate.is_file() else None
-    except (OSError, ValueError):  # a name too long or with a NUL byte is no local path
-        return None
+def fail(error: PlanError, *, as_json: bool = False) -> NoReturn:
+    raise typer.Exit(report_error(error, as_json=as_json))
 
 
 def resolve_model_arg(spec: str):
@@ -281,8 +120,8 @@ def guarded(function):
         except typer.Exit:
             raise
         except KeyboardInterrupt:
-            _console(stderr=True).print("interrupted")
-            raise typer.Exit(130) from None
+            make_console(stderr=True).print("interrupted")
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
         except RecursionError:
             # Only a hostile input (TOML, JSON or ${A:-${A:-...}} nested thousands deep) recurses this far.
             fail(PlanError(field=function.__name__, message="the input is nested too deeply to read.",
@@ -299,79 +138,15 @@ def guarded(function):
             from rich.markup import escape
 
             if as_json:
-                print_error_json(PlanError(field="internal", message=f"{type(exc).__name__}: {exc}",
-                                           fix="a bug in rlplan: rerun with RLPLAN_DEBUG=1 and report the traceback"))
-            _console(stderr=True).print(
+                print(json.dumps(error_json(PlanError(
+                    field="internal", message=f"{type(exc).__name__}: {exc}",
+                    fix="a bug in rlplan: rerun with RLPLAN_DEBUG=1 and report the traceback")), indent=2))
+            make_console(stderr=True).print(
                 f"[bold red]internal error[/] {type(exc).__name__}: {escape(shorten(str(exc)))}. This is a bug in "
                 "rlplan, not in your input; rerun with RLPLAN_DEBUG=1 for the traceback and report it.", markup=True)
-            raise typer.Exit(EXIT_INTERNAL) from None
+            raise typer.Exit(ExitCode.INTERNAL) from None
 
     return wrapper
-
-
-# --- the CPU as a platform ----------------------------------------------------------
-
-# What rlplan's CPU runtime cannot do (or does not need) on a CPU cluster: `solve --device cpu` and the demo
-# pin these, the rest is solved. Offload needs an accelerator (runtime.platform), vLLM's CPU backend runs
-# eagerly, without sleep mode, one engine per process.
-CPU_RUNTIME_PINS: dict[str, Any] = {
-    "actor.param_offload": False,
-    "actor.optimizer_offload": False,
-    "actor.offload_policy": False,
-    "critic.offload_policy": False,
-    "ref.param_offload": False,
-    "model.activation_offload": False,
-    "actor.ulysses_sequence_parallel_size": 1,
-    "rollout.tensor_model_parallel_size": 1,
-    "rollout.enforce_eager": True,
-    "rollout.free_cache_engine": False,
-    "rollout.load_format": "safetensors",
-    "actor.use_dynamic_bsz": True,
-    "rollout.log_prob_use_dynamic_bsz": True,
-    "ref.log_prob_use_dynamic_bsz": True,
-}
-
-
-def _read_proc(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read(MAX_INPUT_BYTES)
-    except OSError:
-        return ""
-
-
-def this_machine_cpu(profile=None):
-    """This machine's CPU rates: measured (a profile from `rlplan calibrate --cpu`), else estimated from cpuinfo."""
-    from rlplan.planner.hardware import estimate_cpu_rates, measured_cpu_rates
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    if profile is not None and profile.cpu_measured_tflops > 0 and profile.cpu_measured_gbps > 0:
-        return measured_cpu_rates(profile.cpu_measured_tflops, profile.cpu_measured_gbps, cores)
-    return estimate_cpu_rates(_read_proc("/proc/cpuinfo"), cores)
-
-
-def this_machine_memory_gib() -> float | None:
-    """MemTotal of /proc/meminfo in GiB, or None where it cannot be read."""
-    for line in _read_proc("/proc/meminfo").splitlines():
-        key, _, value = line.partition(":")
-        if key == "MemTotal" and value.split() and value.split()[0].isdigit():
-            return int(value.split()[0]) * 1024 / 2**30
-    return None
-
-
-def cpu_cluster(ranks: int, host_memory_gib: float, profile=None):
-    """A CPU machine as the planner prices it: `ranks` one-process trainer ranks sharing its cores and RAM.
-
-    Returns the cluster and the machine's rates (their `source` says whether measured or estimated).
-    """
-    from rlplan.planner.hardware import Cluster
-
-    rates = this_machine_cpu(profile)
-    return Cluster(gpu=rates.per_rank(ranks, host_memory_gib), nodes=1, gpus_per_node=ranks,
-                   host_memory_gib=host_memory_gib), rates
 
 
 # --- solve -------------------------------------------------------------------------
@@ -433,10 +208,8 @@ def solve(
                                                  "vs peak GiB per GPU) to this .html / .png / .svg; needs the charts extra.")] = None,
     verify: Annotated[bool, typer.Option(help="Measure the top candidates' training step with the CPU tracker "
                                          "(needs the runtime extra) and keep the first that fits.")] = False,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    expected_prompt_len: ExpectedPromptLen = None,
+    expected_response_len: ExpectedResponseLen = None,
     train_files: Annotated[str | None, typer.Option("--train-files", metavar="PATH[,PATH]",
         help="data.train_files: the parquet file(s) verl trains on (default: the --from plan's, else none).")] = None,
     val_files: Annotated[str | None, typer.Option("--val-files", metavar="PATH[,PATH]",
@@ -498,13 +271,13 @@ def solve(
         gpu_spec = cluster.gpu
         cpu_note = f"CPU rates {rates.source}"
         if not json_output:
-            _console(stderr=True).print(f"note: {cpu_note}.", markup=False)
+            make_console(stderr=True).print(f"note: {cpu_note}.", markup=False)
     elif gpu is not None:
         gpu_spec = resolve_gpu(gpu)
     elif gpu_mem is not None:
         gpu_spec = custom_gpu(parse_gpu_memory(gpu_mem), bf16_tflops=gpu_tflops, hbm_gbps=gpu_bandwidth)
         if defaulted_speeds(gpu_tflops, gpu_bandwidth) and not json_output:
-            _console(stderr=True).print(f"note: {defaulted_speeds(gpu_tflops, gpu_bandwidth)}.", markup=False)
+            make_console(stderr=True).print(f"note: {defaulted_speeds(gpu_tflops, gpu_bandwidth)}.", markup=False)
     elif base is not None:
         gpu_spec = base.cluster.gpu
     else:
@@ -592,23 +365,23 @@ def solve(
         else:
             from rich.markup import escape
 
-            console = _console(stderr=True)
+            console = make_console(stderr=True)
             console.print(f"[bold red]no feasible plan[/] {escape(shorten(result.diagnosis.message, 4 * ECHO_LIMIT))}",
                           markup=True)
-        raise typer.Exit(EXIT_INFEASIBLE)
+        raise typer.Exit(ExitCode.INFEASIBLE)
     plan = result.plan
     verification: list[dict[str, Any]] = []
     if verify:
         plan, verification = verify_candidates([result.best, *result.runners_up], request.profile,
-                                               None if json_output else _console())
+                                               None if json_output else make_console())
         if plan is None:
             message = ("every candidate's measured training step exceeds the GPU once the planner's "
                        "non-tracked memory is added; the model under-predicts this workload")
             if json_output:
                 print(json.dumps({"feasible": False, "message": message, "verification": verification}, indent=2))
             else:
-                _console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
-            raise typer.Exit(EXIT_INFEASIBLE)
+                make_console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
+            raise typer.Exit(ExitCode.INFEASIBLE)
     # Everything that can fail runs before the plan is written, so a written plan means a finished solve.
     plan_text = plan_to_toml(plan)
     # Read back as `validate` will: a plan it would reject (a pin its strict reader refuses) is not written.
@@ -631,7 +404,7 @@ def solve(
             payload["verification"] = verification
         report_text = json.dumps(payload, indent=2)
         if output:
-            write_text(output, plan_text, "--output")
+            write_atomic(output, plan_text, "--output")
         print(report_text)
     else:
         renderables = list(solve_summary(plan, result, output, request.profile))
@@ -640,8 +413,8 @@ def solve(
 
             renderables.append(top_candidates_table(top_rows))
         if output:
-            write_text(output, plan_text, "--output")
-        console = _console()
+            write_atomic(output, plan_text, "--output")
+        console = make_console()
         for renderable in renderables:
             console.print(renderable)
         if not output:
@@ -687,16 +460,21 @@ def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str,
 # --- validate / explain ----------------------------------------------------------------
 
 
+def plan_with_profile(plan_path: str, profile_path: str | None, prompt: int | None, response: int | None):
+    """The plan at PLAN and the profile, with the --expected-*-len flags (or the profile's observed means)
+    applied: what validate and explain price."""
+    profile = load_profile(profile_path)
+    return with_expected_lengths(load_plan(plan_path), prompt, response, profile), profile
+
+
 @app.command()
 @guarded
 def validate(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to check.")],
-    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    profile: Annotated[str | None, typer.Option(help="Calibration profile TOML.")] = None,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    json_output: JsonOutput = False,
+    profile: ProfileOption = None,
+    expected_prompt_len: ExpectedPromptLen = None,
+    expected_response_len: ExpectedResponseLen = None,
 ) -> None:
     """Check a plan against verl's rules and the memory model. Exit 0 ok, 1 predicted OOM, 2 invalid.
 
@@ -704,33 +482,30 @@ def validate(
     """
     from rlplan.planner.report import fit_fix, validation_json, validation_tables
 
-    prof = load_profile(profile)
-    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len, prof)
+    plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
     payload = validation_json(plan, prof)
     if payload["valid"] and not payload["feasible"]:
         payload["fix"] = fit_fix(plan, prof, plan_path)
     if json_output:
         print(json.dumps(payload, indent=2))
     else:
-        console = _console()
+        console = make_console()
         for renderable in validation_tables(plan, prof, payload):
             console.print(renderable)
     if not payload["valid"]:
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise typer.Exit(ExitCode.BAD_INPUT)
     if not payload["feasible"]:
-        raise typer.Exit(EXIT_INFEASIBLE)
+        raise typer.Exit(ExitCode.INFEASIBLE)
 
 
 @app.command()
 @guarded
 def explain(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to explain.")],
-    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    profile: Annotated[str | None, typer.Option(help="Calibration profile TOML.")] = None,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    json_output: JsonOutput = False,
+    profile: ProfileOption = None,
+    expected_prompt_len: ExpectedPromptLen = None,
+    expected_response_len: ExpectedResponseLen = None,
     chart: Annotated[str | None, typer.Option("--chart", help="Also draw memory per phase and host RAM to this "
                                               ".html / .png / .svg; needs the charts extra.")] = None,
 ) -> None:
@@ -744,8 +519,7 @@ def explain(
         from rlplan.planner.chart_commands import check_chart_path
 
         check_chart_path(chart, "--chart")
-    prof = load_profile(profile)
-    plan = with_expected_lengths(load_plan(plan_path), expected_prompt_len, expected_response_len, prof)
+    plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
     if chart:
         from rlplan.planner.chart_commands import memory_chart_command
 
@@ -753,7 +527,7 @@ def explain(
     if json_output:
         print(json.dumps(validation_json(plan, prof), indent=2))
         return
-    console = _console()
+    console = make_console()
     for renderable in explain_tables(plan, prof):
         console.print(renderable)
 
@@ -775,7 +549,7 @@ def presets(
     if json_output:
         print(json.dumps(presets_json(kind), indent=2))
     else:
-        _console().print(preset_table(kind))
+        make_console().print(preset_table(kind))
 
 
 @app.command()
@@ -796,8 +570,8 @@ def schema(
     if output is None:
         print(text, end="")
     else:
-        write_text(output, text, "--output")
-        _console(stderr=True).print(f"wrote {output}", markup=False)
+        write_atomic(output, text, "--output")
+        make_console(stderr=True).print(f"wrote {output}", markup=False)
 
 
 @app.command()
@@ -813,7 +587,7 @@ def report(
     from rlplan.planner.chart_commands import check_chart_path, report_command
 
     check_chart_path(output, "-o")
-    _console().print(report_command(run_dir, output))
+    make_console().print(report_command(run_dir, output))
 
 
 # --- runtime commands (heavy imports inside) --------------------------------------------
@@ -915,10 +689,8 @@ def import_verl(
     host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", help="Mean response tokens of the data (default: the max).")] = None,
+    expected_prompt_len: ExpectedPromptLen = None,
+    expected_response_len: ExpectedResponseLen = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, warnings, and "
                                               "the plan's TOML when there is no -o.")] = False,
 ) -> None:
@@ -960,7 +732,7 @@ def version_callback(value: bool) -> None:
             print(f"rlplan {version('rlplan')}")
         except PackageNotFoundError:  # run from a source tree that was never installed
             print("rlplan (not installed: no version metadata)")
-        raise typer.Exit(EXIT_OK)
+        raise typer.Exit(ExitCode.OK)
 
 
 @app.callback()

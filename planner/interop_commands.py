@@ -1,6 +1,6 @@
 """`rlplan import verl` and `rlplan render`: the file reading and printing around the pure
-`verl_import` and `render` modules.  Each returns the process exit code: 0 done, 2 bad input
-(printed as one paragraph naming the field and the fix, never a traceback).
+`verl_import` and `render` modules.  Each returns the process exit code (`ExitCode`): OK, or BAD_INPUT
+printed by `report_error` as one paragraph naming the field and the fix, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,26 +11,18 @@ import stat
 import sys
 from typing import Any
 
+from rlplan.planner.commands_io import (
+    ExitCode,
+    load_plan,
+    local_config_path,
+    make_console,
+    read_text,
+    refuse_overwriting_input,
+    report_error,
+    write_atomic,
+)
 from rlplan.planner.errors import PlanError
-
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-
-
-def _stderr():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _print_error(error: PlanError, as_json: bool = False) -> int:
-    from rlplan.planner.cli import print_error, print_error_json
-
-    if as_json:
-        print_error_json(error)
-    else:
-        print_error(error)
-    return EXIT_BAD_INPUT
+from rlplan.planner.knobs import with_expected_lengths
 
 
 def _print_json(payload: dict[str, Any]) -> None:
@@ -49,8 +41,6 @@ def parse_env_pins(items: list[str]) -> dict[str, str]:
 
 def read_local_model_config(path: str) -> dict[str, Any] | None:
     """The config.json at a local model directory (or the file itself); None for a hub repo id."""
-    from rlplan.planner.cli import local_config_path, read_text
-
     candidate = local_config_path(path)
     if candidate is None:
         return None
@@ -85,7 +75,6 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
     """With as_json: one object on stdout, {"output", "warnings", "plan_toml"} (the plan's text when no -o)."""
     from rich.markup import escape
 
-    from rlplan.planner.cli import read_text, refuse_overwriting_input, with_expected_lengths, write_text
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.planner.verl_import import import_verl_script
 
@@ -98,25 +87,24 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
         )
         text = plan_to_toml(with_expected_lengths(result.plan, *expected_lengths))
         if output:
-            write_text(output, text, "--output")
+            write_atomic(output, text, "--output")
         elif not as_json:
             sys.stdout.write(text)
     except PlanError as error:
-        return _print_error(error, as_json)
+        return report_error(error, as_json=as_json)
     if as_json:
         _print_json({"output": output, "warnings": list(result.warnings), "plan_toml": None if output else text})
-        return EXIT_OK
-    console = _stderr()
+        return ExitCode.OK
+    console = make_console(stderr=True, soft_wrap=True)
     for warning in result.warnings:
         console.print(f"[yellow]warning[/] {escape(warning)}")
     if output:
         console.print(f"wrote {escape(output)}; check it with `rlplan validate {escape(output)}`")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def render_command(plan_path: str, *, target: str, fmt: str, output: str | None, as_json: bool = False) -> int:
     """With as_json: one object on stdout, {"output", "target", "format", "text"} (the text when no -o)."""
-    from rlplan.planner.cli import load_plan, refuse_overwriting_input, write_text
     from rlplan.planner.render import render_plan
 
     try:
@@ -124,17 +112,17 @@ def render_command(plan_path: str, *, target: str, fmt: str, output: str | None,
             refuse_overwriting_input(output, plan_path)
         text = render_plan(load_plan(plan_path), target, fmt, plan_file=plan_path)
         if output:
-            write_text(output, text, "--output")
+            write_atomic(output, text, "--output")
             if fmt == "script":
                 mode = os.stat(output).st_mode
                 os.chmod(output, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         elif not as_json:
             sys.stdout.write(text)
     except PlanError as error:
-        return _print_error(error, as_json)
+        return report_error(error, as_json=as_json)
     except OSError as exc:
-        return _print_error(PlanError(field="--output", message=f"cannot make {output!r} executable: {exc}.",
-                                      fix="choose a writable path"), as_json)
+        return report_error(PlanError(field="--output", message=f"cannot make {output!r} executable: {exc}.",
+                                      fix="choose a writable path"), as_json=as_json)
     if as_json:
         _print_json({"output": output, "target": target, "format": fmt, "text": None if output else text})
-    return EXIT_OK
+    return ExitCode.OK

@@ -95,3 +95,24 @@ def apply_knobs(plan: Plan, knobs: dict[str, Any]) -> Plan:
     for dotted, value in knobs.items():
         plan = set_knob(plan, dotted.split("."), value, dotted)
     return plan
+
+
+def with_expected_lengths(plan: Plan, prompt: int | None, response: int | None, profile: Any = None) -> Plan:
+    """The plan with the --expected-prompt-len / --expected-response-len flags applied (None: keep the plan's),
+    as knobs: validate, explain and import verl take these flags; the commands call this, never re-derive it.
+
+    Where neither the flag nor the plan states a mean, a profile fitted from a run (`calibrate --from-run`)
+    supplies the mean that run saw, capped at the plan's maximum (the run may have had longer limits).
+    """
+    data = plan.data
+    observed = {"prompt": (profile.observed_prompt_length, data.expected_prompt_length, data.max_prompt_length),
+                "response": (profile.observed_response_length, data.expected_response_length,
+                             data.max_response_length)} if profile is not None else {}
+    overrides: dict[str, Any] = {}
+    for name, flag in (("prompt", prompt), ("response", response)):
+        seen, stated, maximum = observed.get(name, (0, None, 0))
+        if flag is not None:
+            overrides[f"data.expected_{name}_length"] = flag
+        elif stated is None and seen:
+            overrides[f"data.expected_{name}_length"] = min(seen, maximum)
+    return apply_knobs(plan, overrides) if overrides else plan

@@ -7,6 +7,8 @@ whose "platform" rules refuse the knobs this machine cannot honour. Each propert
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 from attrs import field, frozen
 
@@ -44,3 +46,24 @@ class Platform:
         # On GPUs the runtime colocates one single-GPU engine with each trainer rank; on CPU the one
         # engine runs its TP ranks as worker processes beside it (shared memory).
         return not self.has_accelerator
+
+
+# What rlplan's CPU runtime cannot do (or does not need) on a CPU cluster: `solve --device cpu` and the demo
+# pin these, the rest is solved. Offload needs an accelerator (runtime.platform), vLLM's CPU backend runs
+# eagerly, without sleep mode, one engine per process.
+CPU_RUNTIME_PINS: dict[str, Any] = {
+    "actor.param_offload": False,
+    "actor.optimizer_offload": False,
+    "actor.offload_policy": False,
+    "critic.offload_policy": False,
+    "ref.param_offload": False,
+    "model.activation_offload": False,
+    "actor.ulysses_sequence_parallel_size": 1,
+    "rollout.tensor_model_parallel_size": 1,
+    "rollout.enforce_eager": True,
+    "rollout.free_cache_engine": False,
+    "rollout.load_format": "safetensors",
+    "actor.use_dynamic_bsz": True,
+    "rollout.log_prob_use_dynamic_bsz": True,
+    "ref.log_prob_use_dynamic_bsz": True,
+}

@@ -29,29 +29,25 @@ from rlplan.planner.calibration import (
     observations_from_metrics,
     observed_lengths,
 )
-from rlplan.planner.cli import print_error, read_text, write_text
+from rlplan.planner.commands_io import ExitCode, load_plan, make_console, report_error, write_atomic
 from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 GPU_ITERATIONS = 3  # the first warms up kernels and creates AdamW's state; the others are timed
 
 
 def calibrate_command(plan_path: str | None, from_run: str | None, output: str) -> int:
-    from rich.console import Console
-
-    console = Console(highlight=False)
+    console = make_console()
     try:
         plan = _load_plan(plan_path, from_run)
         if from_run is not None:
             result = calibrate_from_run(plan, _read_metrics(from_run), name=Path(output).stem)
         else:
             result = calibrate_on_gpu(plan, name=Path(output).stem)
-        write_text(output, profile_to_toml(result.profile), "--output")
+        write_atomic(output, profile_to_toml(result.profile), "--output")
     except PlanError as error:
-        print_error(error)
-        return EXIT_BAD_INPUT
+        return report_error(error)
     for note in result.notes:
         console.print(f"note: {note}")
     changed = {key: value for key, value in attrs.asdict(result.profile).items()
@@ -59,26 +55,23 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str) 
     console.print(f"wrote {output}: " + (", ".join(f"{k} = {v:.4g}" for k, v in changed.items())
                                          or "no constant changed"))
     console.print(f"use it with `rlplan solve ... --profile {output}`")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def calibrate_cpu_command(output: str) -> int:
     """`rlplan calibrate --cpu`: this machine's fp32 FLOP/s and copy bandwidth, all cores, into a profile."""
-    from rich.console import Console
-
-    console = Console(highlight=False)
+    console = make_console()
     tflops, gbps = measure_cpu_rates()
     profile = attrs.evolve(DEFAULT_PROFILE, name=Path(output).stem, cpu_measured_tflops=tflops,
                            cpu_measured_gbps=gbps)
     try:
-        write_text(output, profile_to_toml(profile), "--output")
+        write_atomic(output, profile_to_toml(profile), "--output")
     except PlanError as error:
-        print_error(error)
-        return EXIT_BAD_INPUT
+        return report_error(error)
     console.print(f"wrote {output}: cpu_measured_tflops = {tflops:.4g} ({tflops * 1000:.1f} GFLOP/s fp32 matmul), "
                   f"cpu_measured_gbps = {gbps:.4g}")
     console.print(f"use it with `rlplan solve --device cpu ... --profile {output}`")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> tuple[float, float]:
@@ -194,8 +187,6 @@ def _real_update_step(plan: Plan) -> tuple[float, float, float]:
 
 
 def _load_plan(plan_path: str | None, from_run: str | None) -> Plan:
-    from rlplan.planner.planfile import plan_from_toml
-
     if plan_path is None and from_run is not None:
         sibling = Path(from_run).with_name("plan.toml")
         if not sibling.is_file():
@@ -205,7 +196,7 @@ def _load_plan(plan_path: str | None, from_run: str | None) -> Plan:
     if plan_path is None:
         raise PlanError(field="calibrate", message="needs a plan or --from-run.",
                         fix="pass plan.toml or --from-run FILE")
-    return plan_from_toml(read_text(plan_path, "plan"), source=plan_path)
+    return load_plan(plan_path)
 
 
 def _read_metrics(path: str) -> list[dict[str, Any]]:

@@ -1,9 +1,9 @@
 """`rlplan run` and `rlplan demo`: load or build a plan, check it, run it, map failures to exit codes.
 
-Exit codes: 0 the run finished; 1 the run failed; 2 bad input (a PlanError:
+Exit codes (`ExitCode`): OK the run finished; FAILED the run failed; BAD_INPUT (a PlanError:
 missing model directory, a knob this platform cannot run, an unknown reward
 function), reported as one paragraph with no traceback and before anything that
-looks like a checkpoint is written.
+looks like a checkpoint is written. Errors go to the run's own console (stdout), after its log.
 
 The demo plan is written with the plan schema directly and is small enough for a
 2-core CPU: a few prompts per step, short responses, two trainer ranks.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlplan.planner.arch import architecture_from_hf_config
-from rlplan.planner.cli import CPU_RUNTIME_PINS, cpu_cluster, print_error, read_text, write_text
+from rlplan.planner.commands_io import ExitCode, load_plan, make_console, report_error, write_atomic
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.plan import (
@@ -32,6 +32,8 @@ from rlplan.planner.plan import (
     RolloutSection,
     TrainerSection,
 )
+from rlplan.planner.platform import CPU_RUNTIME_PINS
+from rlplan.planner.this_machine import cpu_cluster
 from rlplan.runtime.loop import RunOptions
 
 DemoAlgorithm = Literal["grpo", "grpo_full", "ppo"]
@@ -132,22 +134,7 @@ def demo_plan(
 
 # --- the commands ------------------------------------------------------------------------------
 
-EXIT_OK = 0
-EXIT_RUN_FAILED = 1
-EXIT_BAD_INPUT = 2
 DEMO_PROMPTS = 64
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(highlight=False)
-
-
-def load_plan(plan_path: str | Path) -> Plan:
-    from rlplan.planner.planfile import plan_from_toml
-
-    return plan_from_toml(read_text(str(plan_path), "plan"), source=str(plan_path))
 
 
 def _plan_error_of(error: BaseException) -> PlanError | None:
@@ -161,11 +148,6 @@ def _plan_error_of(error: BaseException) -> PlanError | None:
         cause = getattr(current, "cause", None)
         current = cause if isinstance(cause, BaseException) else current.__cause__
     return None
-
-
-def _report_bad_input(console: Any, error: PlanError) -> int:
-    print_error(error, console)
-    return EXIT_BAD_INPUT
 
 
 def execute(plan: Plan, options: RunOptions, console: Any) -> int:
@@ -184,7 +166,7 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
         check_model_dir(plan.model.path)
         data = PromptSource.from_plan(plan)
     except PlanError as error:
-        return _report_bad_input(console, error)
+        return report_error(error, log=console)
     dataset = data.dataset
     # The plan as run sits beside its metrics: `rlplan calibrate --from-run` and readers of a
     # finished run need both. Written only after every up-front check passed.
@@ -192,7 +174,7 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
 
     run_dir = Path(options.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text(str(run_dir / "plan.toml"), plan_to_toml(plan), "trainer.output_dir")
+    write_atomic(str(run_dir / "plan.toml"), plan_to_toml(plan), "trainer.output_dir")
     console.print(
         f"{len(dataset)} prompts ({dataset.num_filtered} filtered and {dataset.num_truncated} truncated "
         f"at data.max_prompt_length = {plan.data.max_prompt_length})"
@@ -205,24 +187,24 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
     except Exception as error:  # noqa: BLE001 - every failure becomes an exit code and a message
         plan_error = _plan_error_of(error)
         if plan_error is not None:
-            return _report_bad_input(console, plan_error)
+            return report_error(plan_error, log=console)
         console.print_exception(show_locals=False)
         console.print(f"[bold red]run failed[/bold red]: {type(error).__name__}: {error}", soft_wrap=True)
-        return EXIT_RUN_FAILED
+        return ExitCode.FAILED
     console.print(plan_versus_actual_table(summary.plan_versus_actual))
     console.print(f"finished {summary.last_step} steps; metrics in {Path(options.output_dir) / 'metrics.jsonl'}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def run_command(
     plan_path: str, *, resume: bool, address: str | None, output_dir: str | None, max_steps: int | None
 ) -> int:
     """`rlplan run plan.toml [--resume] [--address A] [--output-dir D] [--max-steps N]`."""
-    console = _console()
+    console = make_console()
     try:
         plan = load_plan(plan_path)
     except PlanError as error:
-        return _report_bad_input(console, error)
+        return report_error(error, log=console)
     directory = Path(output_dir or plan.trainer.output_dir)
     options = RunOptions(output_dir=directory, resume=resume, address=address, max_steps=max_steps)
     return execute(plan, options, console)
@@ -263,7 +245,7 @@ def demo_command(output_dir: str, steps: int) -> int:
     from rlplan.runtime.platform import detect_platform
     from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
 
-    console = _console()
+    console = make_console()
     out = Path(output_dir)
     model_dir = ensure_tiny_model(out / "model")
     train_file, _ = write_toy_dataset(out / "data" / "train.parquet", DEMO_PROMPTS)
@@ -273,9 +255,9 @@ def demo_command(output_dir: str, steps: int) -> int:
                              algorithm="grpo_full")
         plan = solve_demo_plan(workload)
     except PlanError as error:
-        return _report_bad_input(console, error)
+        return report_error(error, log=console)
     plan_file = out / "plan.toml"
-    write_text(str(plan_file), plan_to_toml(plan), "--output-dir")
+    write_atomic(str(plan_file), plan_to_toml(plan), "--output-dir")
     console.print(
         f"demo: tiny Qwen2 in {model_dir}, toy task in {train_file}; plan solved for {world_size} CPU rank(s) "
         f"and written to {plan_file} (update token budget {plan.actor.ppo_max_token_len_per_gpu} per rank); "

@@ -428,31 +428,22 @@ def measure_command(plan_path: str, phase: str, json_output: bool, head: str | N
     import json
     import sys
 
-    from rich.console import Console
-
-    from rlplan.planner.planfile import plan_from_toml
+    from rlplan.planner.commands_io import ExitCode, load_plan, make_console, report_error
 
     try:
-        try:
-            with open(plan_path, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as exc:
-            raise PlanError(field="plan", message=f"cannot read {plan_path!r}: {exc.strerror}.",
-                            fix="pass the path of a plan.toml") from None
-        plan = plan_from_toml(text, source=plan_path)
+        plan = load_plan(plan_path)
         heads = get_args(LossHead)
         if head is not None and head not in heads:
             raise PlanError(field="--head", message=f"{head!r} is not a loss head rlplan can measure.",
                             fix=f"pass --head runtime or one of {', '.join(heads)}")
         comparison = measure_plan(plan, phase, head=cast(LossHead, head))  # type: ignore[arg-type]
     except PlanError as error:
-        Console(stderr=True, highlight=False).print(f"[bold red]error[/] {error.paragraph()}")
-        return 2
+        return report_error(error, as_json=json_output)
     if json_output:
         sys.stdout.write(json.dumps(comparison.to_dict(), indent=2) + "\n")
-        return 0
-    _print_comparison(Console(highlight=False), comparison)
-    return 0
+        return ExitCode.OK
+    _print_comparison(make_console(), comparison)
+    return ExitCode.OK
 
 
 def _print_comparison(console: Any, comparison: MeasuredVsPredicted) -> None:

@@ -188,7 +188,7 @@ def test_calibrate_on_a_machine_without_a_gpu_says_so_and_exits_2(tmp_path, caps
 
 def test_calibrate_cpu_measures_this_machine_and_solve_device_cpu_prices_with_it(tmp_path):
     pytest.importorskip("torch", reason="measuring the CPU's matmul rate needs torch (the runtime extra)")
-    from rlplan.planner.cli import this_machine_cpu
+    from rlplan.planner.this_machine import this_machine_cpu
     from rlplan.runtime.calibrate import calibrate_cpu_command
 
     output = tmp_path / "cpu.toml"

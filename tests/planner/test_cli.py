@@ -490,6 +490,8 @@ def test_a_missing_runtime_extra_is_bad_input_with_the_install_command(solved_pl
 
 @pytest.mark.parametrize("args", [
     ("validate", "/no/such/plan.toml", "--json"),
+    ("measure", "/no/such/plan.toml", "--json"),
+    ("render", "/no/such/plan.toml", "--json"),
     ("solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-mem", "80000", "--prompt-len", "512",
      "--response-len", "512", "--json"),
 ])

@@ -9,12 +9,14 @@ import attrs
 import pytest
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import CPU_RUNTIME_PINS, app, cpu_cluster, this_machine_cpu
+from rlplan.planner.cli import app
 from rlplan.planner.hardware import estimate_cpu_rates
 from rlplan.planner.memory import GIB, predict_memory, rollout_budget, vllm_cpu_kv_space_gib
 from rlplan.planner.planfile import plan_from_toml
+from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import DEFAULT_PROFILE
 from rlplan.planner.steptime import predict_step_time
+from rlplan.planner.this_machine import cpu_cluster, this_machine_cpu
 from tests.planner.plans import make_plan
 
 runner = CliRunner()

@@ -28,12 +28,13 @@ def _write_plan(path, plan) -> str:
 
 
 def _run_bad(tmp_path, capsys, plan) -> str:
-    from rlplan.runtime.commands import EXIT_BAD_INPUT, run_command
+    from rlplan.planner.commands_io import ExitCode
+    from rlplan.runtime.commands import run_command
 
     output_dir = tmp_path / "out"
     code = run_command(_write_plan(tmp_path / "plan.toml", plan), resume=False, address=None, output_dir=str(output_dir), max_steps=None)
     printed = capsys.readouterr().out
-    assert code == EXIT_BAD_INPUT
+    assert code == ExitCode.BAD_INPUT
     assert "Traceback" not in printed
     written = [p.name for p in output_dir.rglob("*")] if output_dir.exists() else []
     assert not any(name.startswith(("step-", ".tmp-step-")) or name == "checkpoints" for name in written), written
@@ -106,10 +107,11 @@ def test_a_tracker_verl_writes_but_the_runtime_does_not_is_refused(workspace, tm
 
 
 def test_missing_plan_file(tmp_path, capsys):
-    from rlplan.runtime.commands import EXIT_BAD_INPUT, run_command
+    from rlplan.planner.commands_io import ExitCode
+    from rlplan.runtime.commands import run_command
 
     code = run_command(str(tmp_path / "absent.toml"), resume=False, address=None, output_dir=str(tmp_path / "out"), max_steps=None)
-    assert code == EXIT_BAD_INPUT
+    assert code == ExitCode.BAD_INPUT
     assert "absent.toml" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
 

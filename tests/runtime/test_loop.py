@@ -58,13 +58,14 @@ def _plan(workspace, name: str, algorithm: str, steps: int, **trainer_changes):
 def _execute(plan, *, sync_weights: bool = True) -> list[dict]:
     from rich.console import Console
 
-    from rlplan.runtime.commands import EXIT_OK, execute
+    from rlplan.planner.commands_io import ExitCode
+    from rlplan.runtime.commands import execute
     from rlplan.runtime.loop import RunOptions
     from rlplan.runtime.metrics import read_metrics
 
     output_dir = plan.trainer.output_dir
     code = execute(plan, RunOptions(output_dir=output_dir, sync_weights=sync_weights), Console(width=160))
-    assert code == EXIT_OK
+    assert code == ExitCode.OK
     return read_metrics(output_dir)
 
 
@@ -138,9 +139,10 @@ def _wait_for(predicate, process, timeout_s: float) -> None:
 
 
 def test_full_parameter_grpo_killed_with_sigkill_resumes_with_the_same_steps_and_data_order(workspace, tmp_path):
+    from rlplan.planner.commands_io import ExitCode
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.runtime import checkpoint
-    from rlplan.runtime.commands import EXIT_OK, run_command
+    from rlplan.runtime.commands import run_command
     from rlplan.runtime.data import PromptSampler
     from rlplan.runtime.metrics import read_metrics
 
@@ -161,7 +163,7 @@ def test_full_parameter_grpo_killed_with_sigkill_resumes_with_the_same_steps_and
     # Killed during step 6 or, on a slow machine, just after its checkpoint: either way mid-run.
     assert latest is not None and latest.name in ("step-4", "step-6")
 
-    assert run_command(str(plan_path), resume=True, address=None, output_dir=None, max_steps=None) == EXIT_OK
+    assert run_command(str(plan_path), resume=True, address=None, output_dir=None, max_steps=None) == ExitCode.OK
     records = read_metrics(output_dir)
     last_per_step = {r["step"]: r for r in records}
     assert sorted(last_per_step) == list(range(1, steps + 1))

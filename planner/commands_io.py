@@ -1,0 +1,202 @@
+"""The commands layer's plumbing, once: exit codes, the error printer, reading inputs, the plan loader and
+the atomic writer. Every command (planner/cli.py's typer functions, interop_commands.py, chart_commands.py,
+runtime/commands.py, runtime/calibrate.py, runtime/measure.py's command) reads, writes, reports errors and
+picks its exit code through this module, so a message, a stream or a code is decided in one place.
+
+Imports only the planner's errors at module level (rich and tomllib-based readers inside the functions), so
+every command module can import it without a cycle and without typer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
+
+
+class ExitCode(IntEnum):
+    """The process exit codes of every command (README, "Exit codes"); scripts rely on them."""
+
+    OK = 0
+    # solve: no feasible plan; validate: valid but predicted not to fit; run, demo, calibrate: the work failed.
+    FAILED = 1
+    INFEASIBLE = 1
+    # A PlanError: one paragraph naming the field and the fix. Also click's code for a usage error.
+    BAD_INPUT = 2
+    # A bug in rlplan, never a verdict on the input.
+    INTERNAL = 3
+    # Ctrl-C, as a shell reports SIGINT (128 + 2).
+    INTERRUPTED = 130
+
+
+def make_console(*, stderr: bool = False, soft_wrap: bool = False) -> Any:
+    """A rich console for a command's output; rich is imported here so that importing a command is cheap."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
+
+
+def error_json(error: PlanError) -> dict[str, Any]:
+    """A --json command's error object, with echoed user text cut short as in the printed paragraph."""
+    return {"error": {"field": shorten(error.field), "message": shorten(error.message, 4 * ECHO_LIMIT),
+                      "fix": shorten(error.fix, 2 * ECHO_LIMIT)}}
+
+
+def report_error(error: PlanError, *, as_json: bool = False, log: Any = None) -> ExitCode:
+    """Print a bad-input error and return ExitCode.BAD_INPUT: the one error printer of every command.
+
+    Where it goes, by one rule: with --json, one JSON object on stdout (a script's json.load reads it like a
+    result); for a command that writes a log to a console of its own (`run`, `demo`: `log`), that console, so the
+    error stands after the lines that led to it; otherwise stderr, keeping stdout for results.
+    User text is escaped (rich markup in a key or path stays text) and cut short.
+    """
+    if as_json:
+        sys.stdout.write(json.dumps(error_json(error), indent=2) + "\n")
+        return ExitCode.BAD_INPUT
+    from rich.markup import escape
+
+    shortened = PlanError(field=shorten(error.field), message=shorten(error.message, 4 * ECHO_LIMIT),
+                          fix=shorten(error.fix, 2 * ECHO_LIMIT))
+    (log or make_console(stderr=True)).print(f"[bold red]error[/] {escape(shortened.paragraph())}", markup=True,
+                                        highlight=False)
+    return ExitCode.BAD_INPUT
+
+
+# Plans, profiles, launch scripts and config.json files are small; anything larger is not one of them
+# (or is /dev/zero), and reading it whole would exhaust memory.
+MAX_INPUT_BYTES = 16 * 2**20
+
+
+def read_text(path: str, what: str) -> str:
+    """Read a small regular file as UTF-8; FIFOs, devices, directories and huge files are refused, not read."""
+    import stat
+
+    shown = shorten(path)
+    try:
+        # O_NONBLOCK so that opening a FIFO with no writer cannot block; the fstat below then refuses it.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise PlanError(field=what, message=f"file {shown!r} does not exist.", fix="check the path") from None
+    except IsADirectoryError:
+        raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file") from None
+    except (OSError, ValueError) as exc:
+        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the path") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file")
+        if not stat.S_ISREG(info.st_mode):
+            raise PlanError(field=what, message=f"{shown!r} is not a regular file (a pipe, socket or device).",
+                            fix="save the content to a file and pass that")
+        if info.st_size > MAX_INPUT_BYTES:
+            raise PlanError(field=what, message=f"{shown!r} is {info.st_size} bytes, more than the "
+                            f"{MAX_INPUT_BYTES // 2**20} MiB limit for this input.", fix="check that this is the right file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise PlanError(field=what, message=f"{shown!r} is more than {MAX_INPUT_BYTES // 2**20} MiB.",
+                            fix="check that this is the right file")
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(field=what, message=f"{shown!r} is not UTF-8 text ({exc.reason} at byte {exc.start}).",
+                        fix="save the file as UTF-8") from None
+    except OSError as exc:
+        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the file") from None
+    finally:
+        os.close(fd)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_overwriting_input(output: str, input_path: str, what: str = "--output") -> None:
+    """`-o` naming the file being read would replace the input with a different kind of file."""
+    if _same_file(output, input_path):
+        raise PlanError(field=what, message=f"{shorten(output)!r} is the input file; writing it would destroy the input.",
+                        fix="pass a different -o path")
+
+
+def write_atomic(path: str, content: str | bytes, what: str) -> None:
+    """Every command's one path to disk (text as UTF-8, or bytes): write a unique temporary file beside the
+    target, fsync, rename over it.
+
+    An interrupted or failed write leaves the target as it was and no temporary behind; concurrent writers
+    never share a temporary name; a symlink is written through (its target is replaced, the link kept);
+    directories and device nodes are refused rather than renamed over.
+    """
+    import stat
+    import tempfile
+
+    shown = shorten(path)
+    try:
+        target = Path(os.path.realpath(path))
+        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+            kind = "a directory" if target.is_dir() else "not a regular file (a device, pipe or socket)"
+            raise PlanError(field=what, message=f"{shown!r} is {kind}.", fix="pass a file path, e.g. -o plan.toml")
+        if str(path).endswith(os.sep) or path in ("", ".", ".."):
+            raise PlanError(field=what, message=f"{shown!r} names a directory.", fix="pass a file path, e.g. -o plan.toml")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+        # A short temporary name, so a target name near the 255-byte limit still has room.
+        fd, partial = tempfile.mkstemp(prefix=".rlp", suffix=".tmp", dir=target.parent)
+    except PlanError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise PlanError(field=what, message=f"cannot write {shown!r}: {exc}.", fix="choose a writable path") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content.encode("utf-8") if isinstance(content, str) else content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(partial, mode if mode is not None else 0o666 & ~_umask())
+        os.replace(partial, target)
+    except BaseException as exc:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        if isinstance(exc, (OSError, ValueError)):
+            raise PlanError(field=what, message=f"cannot write {shown!r}: {exc}.", fix="choose a writable path") from None
+        raise
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def load_plan(path: str | Path):
+    """The one plan loader: a missing, unreadable or oversized file is a PlanError on `plan` (read_text's
+    messages), invalid TOML or an invalid plan one naming the path or the field (planfile's)."""
+    from rlplan.planner.planfile import plan_from_toml
+
+    return plan_from_toml(read_text(str(path), "plan"), source=str(path))
+
+
+def load_profile(path: str | None):
+    from rlplan.planner.profile import DEFAULT_PROFILE, load_profile_toml
+
+    if path is None:
+        return DEFAULT_PROFILE
+    return load_profile_toml(read_text(path, "--profile"), source=path)
+
+
+def local_config_path(spec: str) -> Path | None:
+    """The config.json a model spec names on disk (the file or its directory); None for a preset or hub id."""
+    candidate = Path(os.path.expanduser(spec))
+    try:
+        if candidate.is_dir():
+            candidate = candidate / "config.json"
+        return candidate if candidate.is_file() else None
+    except (OSError, ValueError):  # a name too long or with a NUL byte is no local path
+        return None

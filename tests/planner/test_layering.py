@@ -1,0 +1,123 @@
+"""The planner's layering, checked rather than promised: the pure planner modules never print and never
+import the runtime or the heavy libraries; the commands layer imports the runtime only inside a command."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PLANNER = Path(__file__).resolve().parents[2] / "planner"
+# The commands layer: the typer entry and the modules that read files, print and pick exit codes.
+COMMANDS_LAYER = frozenset({"cli", "commands_io", "interop_commands", "chart_commands", "this_machine"})
+PURE_MODULES = sorted(p.stem for p in PLANNER.glob("*.py") if p.stem not in COMMANDS_LAYER | {"__init__"})
+HEAVY = ("torch", "vllm", "ray", "transformers")
+
+
+def _tree(name: str) -> ast.Module:
+    return ast.parse((PLANNER / f"{name}.py").read_text(encoding="utf-8"))
+
+
+def _imported_modules(node: ast.AST) -> list[str]:
+    names: list[str] = []
+    for child in ast.walk(node):
+        if isinstance(child, ast.Import):
+            names.extend(alias.name for alias in child.names)
+        elif isinstance(child, ast.ImportFrom) and child.module:
+            names.append(child.module)
+    return names
+
+
+def _output_calls(tree: ast.Module) -> list[str]:
+    """Lines that print: print(...), anything.print(...) (a rich console), sys.stdout/sys.stderr.write(...)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "print":
+            found.append(f"line {node.lineno}: print(")
+        elif isinstance(func, ast.Attribute) and func.attr == "print":
+            found.append(f"line {node.lineno}: .print(")
+        elif (isinstance(func, ast.Attribute) and func.attr == "write" and isinstance(func.value, ast.Attribute)
+              and func.value.attr in ("stdout", "stderr")):
+            found.append(f"line {node.lineno}: {func.value.attr}.write(")
+    return found
+
+
+def test_the_pure_modules_are_all_but_the_commands_layer():
+    assert {"solver", "rules", "memory", "plan", "report", "verl_import"} <= set(PURE_MODULES)
+    assert all((PLANNER / f"{name}.py").is_file() for name in COMMANDS_LAYER)
+
+
+@pytest.mark.parametrize("name", PURE_MODULES)
+def test_a_pure_planner_module_never_prints(name):
+    assert _output_calls(_tree(name)) == []
+
+
+@pytest.mark.parametrize("name", PURE_MODULES)
+def test_a_pure_planner_module_never_imports_the_runtime_or_typer_anywhere(name):
+    """Also not inside a function: a pure module that reached for the runtime (or the command line) would tie
+    the planner to it. (arch.py may import transformers inside its config reader: the import-time test below
+    checks that no heavy library loads with a module.)"""
+    found = [module for module in _imported_modules(_tree(name))
+             if module.startswith("rlplan.runtime") or module.split(".")[0] == "typer"]
+    assert found == []
+
+
+def test_the_output_check_finds_printing():
+    tree = ast.parse("import sys\ndef f(console):\n    print(1)\n    console.print(2)\n    sys.stderr.write('x')\n")
+    assert len(_output_calls(tree)) == 3
+
+
+def test_the_commands_layer_imports_the_runtime_only_inside_a_command():
+    """Module-level imports only: `rlplan solve` must not load the runtime (run, demo, measure, calibrate and
+    solve --verify import it inside their functions)."""
+    for name in sorted(COMMANDS_LAYER):
+        top_level = [module for statement in _tree(name).body for module in _imported_modules(statement)
+                     if not isinstance(statement, (ast.FunctionDef, ast.ClassDef))]
+        assert not [m for m in top_level if m.startswith("rlplan.runtime") or m.split(".")[0] in HEAVY], name
+
+
+def test_no_command_module_imports_the_typer_entry():
+    """cli.py imports the other command modules inside its typer functions; what they share lives in
+    commands_io.py, knobs.py, platform.py and this_machine.py, so imports go one way and no cycle is left
+    (interop_commands.py and cli.py used to import each other)."""
+    importers = [name for name in sorted(COMMANDS_LAYER - {"cli"})
+                 if "rlplan.planner.cli" in _imported_modules(_tree(name))]
+    assert importers == []
+
+
+def test_no_runtime_module_imports_the_typer_entry():
+    """cli.py imports the runtime commands inside its typer functions; what they share with the planner's
+    commands (commands_io, this_machine, platform) is imported from there, never from cli.py."""
+    runtime = PLANNER.parent / "runtime"
+    importers = [str(path.relative_to(runtime)) for path in sorted(runtime.rglob("*.py"))
+                 if "rlplan.planner.cli" in _imported_modules(ast.parse(path.read_text(encoding="utf-8")))]
+    assert importers == []
+
+
+def test_importing_each_planner_module_loads_no_runtime_and_no_heavy_library():
+    """In a fresh interpreter, each planner module in turn: what it newly loaded of rlplan.runtime, torch,
+    vLLM, Ray or transformers, named after the module that loaded it."""
+    modules = [f"rlplan.planner.{name}" for name in PURE_MODULES + sorted(COMMANDS_LAYER)]
+    code = (
+        "import importlib, json, sys\n"
+        f"heavy = {HEAVY!r}\n"
+        "def loaded():\n"
+        "    return {m for m in sys.modules if m.startswith('rlplan.runtime') or m.split('.')[0] in heavy}\n"
+        "found = {}\n"
+        f"for name in {modules!r}:\n"
+        "    before = loaded()\n"
+        "    importlib.import_module(name)\n"
+        "    new = sorted(loaded() - before)\n"
+        "    if new:\n"
+        "        found[name] = new\n"
+        "print(json.dumps(found))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout) == {}
