@@ -178,7 +178,7 @@ def _measured_vs_predicted(plan: Plan, phase: str, key: str, cached: dict[str, d
 @frozen(kw_only=True)
 class HeadCase:
     head: str
-    entropy: str = "none"  # none | eager | checkpointed | chunked (verl's variants without torch.compile)
+    entropy: str = "none"  # none | eager | checkpointed | chunked | compiled (verl's entropy variants)
     phase: str = "update"
 
     @property
@@ -194,20 +194,22 @@ HEAD_CASES = (
     HeadCase(head="flash_attn_ce", entropy="eager"),
     HeadCase(head="flash_attn_ce", entropy="checkpointed"),
     HeadCase(head="flash_attn_ce", entropy="chunked"),
+    HeadCase(head="flash_attn_ce", entropy="compiled"),
     HeadCase(head="torch_logprob"),
     HeadCase(head="torch_logprob", entropy="eager"),
     HeadCase(head="fused"),
     HeadCase(head="fused", entropy="eager"),
     HeadCase(head="naive"),
     HeadCase(head="flash_attn_ce", entropy="eager", phase="logprob"),
+    HeadCase(head="flash_attn_ce", entropy="compiled", phase="logprob"),
     HeadCase(head="chunked", entropy="eager", phase="logprob"),
 )
 
 
 def plan_for_head_case(case: HeadCase) -> Plan:
-    """HEAD_MODEL's plan with the case's head and verl's entropy settings (torch.compile off)."""
+    """HEAD_MODEL's plan with the case's head and verl's entropy settings (torch.compile only for "compiled")."""
     plan = plan_for_case(HEAD_MODEL)
-    actor = attrs.evolve(plan.actor, loss_head=case.head, use_torch_compile=False,
+    actor = attrs.evolve(plan.actor, loss_head=case.head, use_torch_compile=case.entropy == "compiled",
                          entropy_coeff=0.0 if case.entropy == "none" else 0.001,
                          entropy_checkpointing=case.entropy == "checkpointed",
                          entropy_from_logits_with_chunking=case.entropy == "chunked")
@@ -228,8 +230,9 @@ def head_section(rows: list[dict]) -> list[str]:
         "allocates and saves what the kernel does, verl's own torch code for the row-wise fallback and the",
         "entropy, a block-wise fused lm_head + log-prob for `use_fused_kernels`); `chunked` is the bundled",
         "runtime's own head and `naive` its former fp32 one. The entropy is verl's eager / checkpointed /",
-        "chunked variant: torch.compile (verl's default) does not compile under the tracker, so no row measures",
-        "it. Regenerate this section alone with `benchmarks/accuracy.py --only heads`.",
+        "chunked code, or for `compiled` (torch.compile, verl's default, which dynamo does not compile under a",
+        "tracker) a twin of inductor's fused row reductions: the logits and one value per row saved, one bf16",
+        "gradient. Regenerate this section alone with `benchmarks/accuracy.py --only heads`.",
         "",
         "Known gap (fused rows): without a logits head the step's peak moves into the layers' backward, where",
         "the lm_head's bf16 weight gradient (2 V h; tied to the embedding here) waits for the root group's",

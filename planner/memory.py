@@ -592,8 +592,8 @@ def critic_state(plan: Plan, shard: int) -> TrainerState:
 #   torch_logprob   logprobs_from_logits_v2 on bf16 logits: one saved log_softmax row per token (2),
 #                   its row gradients freed into one stacked gradient as they are built: 2 + 2; the
 #                   entropy adds 12 eager or checkpointed; chunked, see below.
-#   compiled        torch.compile(entropy_from_logits) (actor.use_torch_compile, verl's default)
-#                   cannot be measured (dynamo runs eagerly under a tracker's dispatch mode): inductor
+#   compiled        torch.compile(entropy_from_logits) (actor.use_torch_compile, verl's default);
+#                   dynamo runs eagerly under a tracker, so its twin (head_twins.compiled_entropy) is measured. It
 #                   fuses softmax, logsumexp and the sum into row reductions, saves its input (the
 #                   logits, counted) and writes one bf16 gradient: + 2 on the head's entropy-blocked
 #                   backward.  Checkpointing or chunking a compiled function leaves that unchanged.

@@ -18,9 +18,11 @@ runs it on GPUs:
   holding verl's bf16 gradients and its one (tokens, 9504) bf16 vocab-split buffer.
 - entropy ``eager`` / ``checkpointed`` / ``chunked``: verl's ``entropy_from_logits`` (under
   ``torch.utils.checkpoint``) and ``entropy_from_logits_with_chunking``, plain torch as well.
-  The ``compiled`` variant (torch.compile, verl's default) is not measured: torch.compile works on
-  this CPU, but dynamo runs the function eagerly while a TorchDispatchMode (the tracker, fake
-  tensors) is active, so a tracker would measure the eager kernel under the compiled name.
+- entropy ``compiled`` (torch.compile, verl's default): dynamo runs eagerly while a TorchDispatchMode
+  (the tracker, fake tensors) is active, so torch.compile itself cannot be measured here; the twin is
+  what inductor generates for ``entropy_from_logits``: one fused row reduction in forward (softmax,
+  logsumexp and the weighted sum never materialize), saving its input (the logits) and one fp32 value
+  per row, and one fused backward kernel writing the bf16 gradient ``-p * (z - E_p[z]) * grad``.
 
 ``naive`` (rlplan's fp32 head, runtime.measure) and ``chunked`` (rlplan's lean runtime head,
 runtime.algorithms.lean_head) are the runtime's own code, measured as they are.
@@ -35,8 +37,8 @@ from typing import Any
 # verl's entropy chunk and its fused kernels' vocab split, as the planner prices them.
 from rlplan.planner.memory import ENTROPY_CHUNK_ROWS, FUSED_DLOGITS_SPLIT_VOCAB
 
-# The entropy variants a tracker can measure (see the module docstring for "compiled").
-MEASURABLE_ENTROPY_VARIANTS = ("eager", "checkpointed", "chunked")
+# The entropy variants a tracker can measure ("compiled" through its twin, see the module docstring).
+MEASURABLE_ENTROPY_VARIANTS = ("eager", "checkpointed", "chunked", "compiled")
 
 
 def _row_blocks(rows: int) -> int:
@@ -142,10 +144,59 @@ def verl_chunked_entropy(logits: Any, chunk_rows: int = ENTROPY_CHUNK_ROWS) -> A
     return entropy
 
 
+def compiled_entropy_function() -> Any:
+    import torch
+
+    class CompiledEntropyTwin(torch.autograd.Function):
+        """verl's entropy_from_logits as inductor fuses it: row reductions, the logits saved, one bf16 gradient."""
+
+        @staticmethod
+        def forward(ctx: Any, logits: Any) -> Any:
+            rows = logits.shape[0]
+            # Reductions in fp32 (fp64 stays fp64), as inductor accumulates a bf16 reduction.
+            work = torch.promote_types(logits.dtype, torch.float32)
+            entropy = torch.empty(rows, dtype=work, device=logits.device)
+            mean_logit = torch.empty(rows, dtype=work, device=logits.device)
+            step = _row_blocks(rows)
+            with torch.no_grad():
+                for start in range(0, rows, step):
+                    block = logits[start:start + step].to(work)
+                    probabilities = torch.softmax(block, dim=-1)
+                    mean_logit[start:start + step] = (probabilities * block).sum(-1)
+                    entropy[start:start + step] = torch.logsumexp(block, dim=-1) - mean_logit[start:start + step]
+            ctx.save_for_backward(logits, mean_logit)
+            return entropy.to(logits.dtype)
+
+        @staticmethod
+        def backward(ctx: Any, grad_entropy: Any) -> Any:
+            logits, mean_logit = ctx.saved_tensors
+            work = mean_logit.dtype
+            dlogits = torch.empty_like(logits)
+            rows = logits.shape[0]
+            step = _row_blocks(rows)
+            for start in range(0, rows, step):
+                block = logits[start:start + step].to(work)
+                probabilities = torch.softmax(block, dim=-1)
+                # dH/dz = -p (z - E_p[z]), per row times the entropy's gradient.
+                centred = block - mean_logit[start:start + step].unsqueeze(-1)
+                grad = -probabilities * centred * grad_entropy[start:start + step].to(work).unsqueeze(-1)
+                dlogits[start:start + step] = grad
+            return dlogits
+
+    return CompiledEntropyTwin
+
+
+def compiled_entropy(logits: Any) -> Any:
+    """The twin of torch.compile(entropy_from_logits) (verl's default, actor.use_torch_compile)."""
+    return compiled_entropy_function().apply(logits)
+
+
 def verl_entropy_variant(logits: Any, variant: str) -> Any:
-    """The entropy verl computes for the plan's variant (eager, checkpointed or chunked)."""
+    """The entropy verl computes for the plan's variant (eager, checkpointed, chunked or compiled)."""
     if variant == "chunked":
         return verl_chunked_entropy(logits)
+    if variant == "compiled":
+        return compiled_entropy(logits)
     if variant == "checkpointed" and logits.requires_grad:
         from torch.utils.checkpoint import checkpoint
 

@@ -381,14 +381,9 @@ def with_runtime_head(plan: Plan) -> Plan:
 
 def plan_as_measured(plan: Plan, head: LossHead | None = None) -> Plan:
     """The plan with the head a measurement runs: the bundled runtime's (None), verl's for the plan
-    ("auto") or a named kernel.  A compiled entropy (actor.use_torch_compile) is measured, and priced,
-    as the variant verl runs without torch.compile: dynamo does not compile under the tracker."""
-    from rlplan.planner.memory import entropy_variant, resolved_loss_head
-
-    plan = with_runtime_head(plan) if head is None else plan.evolve(actor=attrs.evolve(plan.actor, loss_head=head))
-    if resolved_loss_head(plan) in ("flash_attn_ce", "torch_logprob") and entropy_variant(plan) == "compiled":
-        plan = plan.evolve(actor=attrs.evolve(plan.actor, use_torch_compile=False))
-    return plan
+    ("auto") or a named kernel.  A compiled entropy (actor.use_torch_compile, verl's default) runs
+    as its twin (runtime.head_twins.compiled_entropy)."""
+    return with_runtime_head(plan) if head is None else plan.evolve(actor=attrs.evolve(plan.actor, loss_head=head))
 
 
 def as_emulated(plan: Plan) -> Plan:

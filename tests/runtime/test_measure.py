@@ -89,15 +89,13 @@ def test_an_unverified_family_is_refused_with_the_supported_ones_named():
 def test_plan_step_takes_the_layouts_per_gpu_numbers_and_the_head_verl_runs():
     plan = make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": 2, "model.lora.rank": 16,
                                 "actor.entropy_coeff": 0.01})
-    # verl's default compiles the entropy, which a tracker cannot measure: refused, then measured eagerly.
-    with pytest.raises(PlanError, match="compiled"):
-        training_step_of_plan(plan, "update")
+    # verl's default compiles the entropy: measured through the compiled twin.
     plan = plan_as_measured(plan, "auto")
     step = training_step_of_plan(plan, "update")
     assert step.shard_size == 8
     assert step.tokens_per_micro_batch == 2 * 1536
     assert step.lora_rank == 16 and step.calculate_entropy
-    assert (step.loss_head, step.entropy_variant) == ("flash_attn_ce", "eager")
+    assert (step.loss_head, step.entropy_variant) == ("flash_attn_ce", "compiled")
     assert step.micro_batches == 2
     assert training_step_of_plan(plan, "logprob").calculate_entropy
     assert training_step_of_plan(plan_as_measured(plan), "update").loss_head == "chunked"
@@ -172,7 +170,7 @@ ROW_WISE_TOKENS = (512, 1024)
 
 _MEASURED_HEADS = [
     ("flash_attn_ce", "none"), ("flash_attn_ce", "eager"), ("flash_attn_ce", "checkpointed"),
-    ("torch_logprob", "none"), ("torch_logprob", "eager"),
+    ("flash_attn_ce", "compiled"), ("torch_logprob", "none"), ("torch_logprob", "eager"), ("torch_logprob", "compiled"),
     ("torch_logprob", "checkpointed"), ("fused", "none"), ("fused", "eager"), ("chunked", "none"),
     ("chunked", "eager"),
 ]
@@ -211,6 +209,21 @@ def test_verls_chunked_entropy_is_priced_at_or_just_above_its_twin_at_every_leng
     assert measured - 0.2 <= priced <= 1.08 * measured
 
 
+def test_compiled_entropy_twin_computes_verls_entropy_and_its_gradient():
+    import torch
+
+    from rlplan.runtime.head_twins import compiled_entropy, verl_entropy
+
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(64, 96, dtype=torch.float64)).requires_grad_(True)
+    reference = logits.detach().clone().requires_grad_(True)
+    weights = torch.randn(64, dtype=torch.float64)
+    (compiled_entropy(logits) * weights).sum().backward()
+    (verl_entropy(reference) * weights).sum().backward()
+    assert torch.allclose(compiled_entropy(logits.detach()), verl_entropy(reference.detach()), atol=1e-10)
+    assert torch.allclose(logits.grad, reference.grad, atol=1e-10)
+
+
 def test_flash_attn_twin_computes_verls_log_probs_and_writes_the_gradient_into_the_logits():
     import torch
 
@@ -239,15 +252,12 @@ def test_a_step_measures_with_each_head_and_the_lean_heads_hold_less_than_naive(
     assert 0 < lean.peak_bytes < naive.peak_bytes
 
 
-def test_measure_refuses_a_compiled_entropy_and_an_unknown_head():
-    with pytest.raises(PlanError, match="compiled"):
-        TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64, calculate_entropy=True,
-                     loss_head="flash_attn_ce", entropy_variant="compiled")
+def test_measure_refuses_an_unknown_head():
     with pytest.raises(PlanError, match="--head"):
         TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64, loss_head="liger")
 
 
-def test_measure_with_a_gpu_head_measures_the_plans_verl_head_without_torch_compile(tmp_path, capsys):
+def test_measure_with_a_gpu_head_measures_the_plans_verl_head_and_its_compiled_entropy(tmp_path, capsys):
     import json
 
     from rlplan.planner.planfile import plan_to_toml
@@ -257,7 +267,7 @@ def test_measure_with_a_gpu_head_measures_the_plans_verl_head_without_torch_comp
     path.write_text(plan_to_toml(plan))
     assert measure_command(str(path), "update", json_output=True, head="auto") == 0
     report = json.loads(capsys.readouterr().out)
-    # The default plan (remove padding, GPU) runs flash-attn; its compiled entropy is measured eagerly.
-    assert report["loss_head"] == "flash_attn_ce" and report["entropy"] == "eager"
+    # The default plan (remove padding, GPU) runs flash-attn and verl's compiled entropy (its twin).
+    assert report["loss_head"] == "flash_attn_ce" and report["entropy"] == "compiled"
     assert measure_command(str(path), "update", json_output=True) == 0
     assert json.loads(capsys.readouterr().out)["loss_head"] == "chunked"
