@@ -601,6 +601,8 @@ def run(
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: $RAY_ADDRESS or a local one).")] = None,
     output_dir: Annotated[str | None, typer.Option("--output-dir", help="Overrides trainer.output_dir.")] = None,
     max_steps: Annotated[int | None, typer.Option("--max-steps", help="Stop after this many steps.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Log to stderr; print one JSON object (steps, "
+                                              "metrics file, plan versus actual, or the error) on stdout.")] = False,
 ) -> None:
     """Run a plan with the bundled runtime (FSDP2 + vLLM + Ray).
 
@@ -609,7 +611,7 @@ def run(
     from rlplan.runtime.commands import run_command
 
     raise typer.Exit(run_command(plan_path, resume=resume, address=address or os.environ.get("RAY_ADDRESS"),
-                                 output_dir=output_dir, max_steps=max_steps))
+                                 output_dir=output_dir, max_steps=max_steps, as_json=json_output))
 
 
 @app.command()
@@ -617,6 +619,7 @@ def run(
 def demo(
     output_dir: Annotated[str, typer.Option("--output-dir", help="Where the model, data and run go.")] = "runs/demo",
     steps: Annotated[int, typer.Option(help="RL steps to run.")] = 12,
+    json_output: Annotated[bool, typer.Option("--json", help="Log to stderr; print one JSON object on stdout.")] = False,
 ) -> None:
     """CPU demo: build the bundled tiny model and toy task, solve a plan for this machine, run it.
 
@@ -624,7 +627,7 @@ def demo(
     """
     from rlplan.runtime.commands import demo_command
 
-    raise typer.Exit(demo_command(output_dir, steps))
+    raise typer.Exit(demo_command(output_dir, steps, as_json=json_output))
 
 
 @app.command()
@@ -640,7 +643,7 @@ def measure(
     """Emulate the plan's training step on the CPU (FSDP2 + fake tensors) and compare with the prediction.
 
     verl's GPU heads are measured through memory twins that allocate and save what the GPU kernel does;
-    a compiled entropy (actor.use_torch_compile) is measured as the variant verl runs without it.
+    a compiled entropy (actor.use_torch_compile) through a twin of inductor's fused kernels.
 
     Example: rlplan measure plan.toml --phase update --head flash_attn_ce
     """
@@ -662,6 +665,8 @@ def calibrate(
     output: Annotated[str, typer.Option("-o", "--output", help="Profile TOML to write.")] = "profile.toml",
     cpu: Annotated[bool, typer.Option("--cpu", help="Measure this machine's fp32 matmul FLOP/s and memory "
                                       "bandwidth (what `solve --device cpu` prices), with or without a plan.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object (profile file, changed "
+                                              "constants, notes, or the error).")] = False,
 ) -> None:
     """Fit a calibration profile on a GPU, or from a finished run's plan-vs-actual records, or measure this CPU.
 
@@ -670,10 +675,10 @@ def calibrate(
     from rlplan.runtime.calibrate import calibrate_command, calibrate_cpu_command
 
     if cpu:
-        raise typer.Exit(calibrate_cpu_command(output))
+        raise typer.Exit(calibrate_cpu_command(output, as_json=json_output))
     if plan_path is None and from_run is None:
         raise PlanError(field="calibrate", message="needs a plan or --from-run.", fix="pass plan.toml or --from-run FILE")
-    raise typer.Exit(calibrate_command(plan_path, from_run, output))
+    raise typer.Exit(calibrate_command(plan_path, from_run, output, as_json=json_output))
 
 
 # --- interop -------------------------------------------------------------------------

@@ -47,6 +47,11 @@ def error_json(error: PlanError) -> dict[str, Any]:
                       "fix": shorten(error.fix, 2 * ECHO_LIMIT)}}
 
 
+def print_json(payload: dict[str, Any]) -> None:
+    """A --json command's one result object on stdout (its log, if any, went to stderr)."""
+    sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+
+
 def report_error(error: PlanError, *, as_json: bool = False, log: Any = None) -> ExitCode:
     """Print a bad-input error and return ExitCode.BAD_INPUT: the one error printer of every command.
 

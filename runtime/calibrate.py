@@ -29,7 +29,14 @@ from rlplan.planner.calibration import (
     observations_from_metrics,
     observed_lengths,
 )
-from rlplan.planner.commands_io import ExitCode, load_plan, make_console, report_error, write_atomic
+from rlplan.planner.commands_io import (
+    ExitCode,
+    load_plan,
+    make_console,
+    print_json,
+    report_error,
+    write_atomic,
+)
 from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
@@ -37,8 +44,8 @@ from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
 GPU_ITERATIONS = 3  # the first warms up kernels and creates AdamW's state; the others are timed
 
 
-def calibrate_command(plan_path: str | None, from_run: str | None, output: str) -> int:
-    console = make_console()
+def calibrate_command(plan_path: str | None, from_run: str | None, output: str, as_json: bool = False) -> int:
+    console = make_console(stderr=as_json)
     try:
         plan = _load_plan(plan_path, from_run)
         if from_run is not None:
@@ -47,31 +54,38 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str) 
             result = calibrate_on_gpu(plan, name=Path(output).stem)
         write_atomic(output, profile_to_toml(result.profile), "--output")
     except PlanError as error:
-        return report_error(error)
-    for note in result.notes:
-        console.print(f"note: {note}")
+        return report_error(error, as_json=as_json)
     changed = {key: value for key, value in attrs.asdict(result.profile).items()
                if key != "name" and value != getattr(DEFAULT_PROFILE, key)}
+    if as_json:
+        print_json({"profile_file": output, "changed": changed, "notes": list(result.notes)})
+        return ExitCode.OK
+    for note in result.notes:
+        console.print(f"note: {note}")
     console.print(f"wrote {output}: " + (", ".join(f"{k} = {v:.4g}" for k, v in changed.items())
                                          or "no constant changed"))
     console.print(f"use it with `rlplan solve ... --profile {output}`")
     return ExitCode.OK
 
 
-def calibrate_cpu_command(output: str) -> int:
+def calibrate_cpu_command(output: str, as_json: bool = False) -> int:
     """`rlplan calibrate --cpu`: this machine's fp32 FLOP/s and copy bandwidth, all cores, into a profile."""
-    console = make_console()
+    console = make_console(stderr=as_json)
     tflops, gbps = measure_cpu_rates()
     profile = attrs.evolve(DEFAULT_PROFILE, name=Path(output).stem, cpu_measured_tflops=tflops,
                            cpu_measured_gbps=gbps)
     try:
         write_atomic(output, profile_to_toml(profile), "--output")
     except PlanError as error:
-        return report_error(error)
+        return report_error(error, as_json=as_json)
+    if as_json:
+        print_json({"profile_file": output, "cpu_measured_tflops": tflops, "cpu_measured_gbps": gbps})
+        return ExitCode.OK
     console.print(f"wrote {output}: cpu_measured_tflops = {tflops:.4g} ({tflops * 1000:.1f} GFLOP/s fp32 matmul), "
                   f"cpu_measured_gbps = {gbps:.4g}")
     console.print(f"use it with `rlplan solve --device cpu ... --profile {output}`")
     return ExitCode.OK
+
 
 
 def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> tuple[float, float]:

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlplan.planner.arch import architecture_from_hf_config
-from rlplan.planner.commands_io import ExitCode, load_plan, make_console, report_error, write_atomic
+from rlplan.planner.commands_io import (
+    ExitCode,
+    load_plan,
+    make_console,
+    print_json,
+    report_error,
+    write_atomic,
+)
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.plan import (
@@ -150,8 +157,13 @@ def _plan_error_of(error: BaseException) -> PlanError | None:
     return None
 
 
-def execute(plan: Plan, options: RunOptions, console: Any) -> int:
-    """Check everything that can be checked up front, then run. Returns the exit code."""
+def execute(plan: Plan, options: RunOptions, console: Any, *, as_json: bool = False,
+            plan_file: str | None = None) -> int:
+    """Check everything that can be checked up front, then run. Returns the exit code.
+
+    With --json the log (the console, then on stderr) stays human, and stdout gets one JSON object: the
+    run's outcome, or {"error": {field, message, fix}}.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rlplan.runtime.loop import PromptSource, run_loop
@@ -166,7 +178,7 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
         check_model_dir(plan.model.path)
         data = PromptSource.from_plan(plan)
     except PlanError as error:
-        return report_error(error, log=console)
+        return report_error(error, as_json=as_json, log=console)
     dataset = data.dataset
     # The plan as run sits beside its metrics: `rlplan calibrate --from-run` and readers of a
     # finished run need both. Written only after every up-front check passed.
@@ -187,27 +199,40 @@ def execute(plan: Plan, options: RunOptions, console: Any) -> int:
     except Exception as error:  # noqa: BLE001 - every failure becomes an exit code and a message
         plan_error = _plan_error_of(error)
         if plan_error is not None:
-            return report_error(plan_error, log=console)
+            return report_error(plan_error, as_json=as_json, log=console)
         console.print_exception(show_locals=False)
         console.print(f"[bold red]run failed[/bold red]: {type(error).__name__}: {error}", soft_wrap=True)
+        if as_json:
+            print_json({"error": {"field": "run", "message": f"{type(error).__name__}: {error}",
+                                   "fix": "read the traceback on stderr; a checkpointed run continues with "
+                                          "`rlplan run PLAN --resume`"}})
         return ExitCode.FAILED
     console.print(plan_versus_actual_table(summary.plan_versus_actual))
-    console.print(f"finished {summary.last_step} steps; metrics in {Path(options.output_dir) / 'metrics.jsonl'}")
+    metrics_file = Path(options.output_dir) / "metrics.jsonl"
+    console.print(f"finished {summary.last_step} steps; metrics in {metrics_file}")
+    if as_json:
+        print_json({"finished_steps": summary.last_step, "steps_this_run": summary.steps_done,
+                     "output_dir": str(options.output_dir), "metrics_file": str(metrics_file),
+                     "plan_file": plan_file or str(run_dir / "plan.toml"),
+                     "plan_versus_actual": summary.plan_versus_actual})
     return ExitCode.OK
 
 
+
 def run_command(
-    plan_path: str, *, resume: bool, address: str | None, output_dir: str | None, max_steps: int | None
+    plan_path: str, *, resume: bool, address: str | None, output_dir: str | None, max_steps: int | None,
+    as_json: bool = False,
 ) -> int:
-    """`rlplan run plan.toml [--resume] [--address A] [--output-dir D] [--max-steps N]`."""
-    console = make_console()
+    """`rlplan run plan.toml [--resume] [--address A] [--output-dir D] [--max-steps N] [--json]`."""
+    # With --json the log goes to stderr so that stdout holds only the one JSON object.
+    console = make_console(stderr=as_json)
     try:
         plan = load_plan(plan_path)
     except PlanError as error:
-        return report_error(error, log=console)
+        return report_error(error, as_json=as_json, log=console)
     directory = Path(output_dir or plan.trainer.output_dir)
     options = RunOptions(output_dir=directory, resume=resume, address=address, max_steps=max_steps)
-    return execute(plan, options, console)
+    return execute(plan, options, console, as_json=as_json)
 
 
 # What the CPU runtime cannot do (or does not need) is pinned; `rlplan solve` picks the rest.
@@ -239,13 +264,13 @@ def solve_demo_plan(workload: Plan) -> Plan:
     return result.plan
 
 
-def demo_command(output_dir: str, steps: int) -> int:
+def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
     """`rlplan demo`: the bundled tiny model and toy task, solved for this machine, run end to end."""
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.runtime.platform import detect_platform
     from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
 
-    console = make_console()
+    console = make_console(stderr=as_json)
     out = Path(output_dir)
     model_dir = ensure_tiny_model(out / "model")
     train_file, _ = write_toy_dataset(out / "data" / "train.parquet", DEMO_PROMPTS)
@@ -255,7 +280,7 @@ def demo_command(output_dir: str, steps: int) -> int:
                              algorithm="grpo_full")
         plan = solve_demo_plan(workload)
     except PlanError as error:
-        return report_error(error, log=console)
+        return report_error(error, as_json=as_json, log=console)
     plan_file = out / "plan.toml"
     write_atomic(str(plan_file), plan_to_toml(plan), "--output-dir")
     console.print(
@@ -263,4 +288,4 @@ def demo_command(output_dir: str, steps: int) -> int:
         f"and written to {plan_file} (update token budget {plan.actor.ppo_max_token_len_per_gpu} per rank); "
         f"{steps} GRPO steps, full fine-tuning"
     )
-    return execute(plan, RunOptions(output_dir=out / "run"), console)
+    return execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))

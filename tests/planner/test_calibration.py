@@ -276,3 +276,23 @@ def test_solve_with_a_run_profile_prices_at_the_runs_means():
     assert (best.plan.data.expected_prompt_length, best.plan.data.expected_response_length) == (105, 300)
     flagged = solve(preset_request("qwen2.5-7b", "h100-80g", 8, profile=profile, expected_response_len=500)).best
     assert flagged.plan.data.expected_response_length == 500
+
+
+def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_error(tmp_path, capsys):
+    import json
+
+    from rlplan.runtime.calibrate import calibrate_command
+
+    plan = make_plan()
+    predicted = time_observations(plan, {"actor_update": 1.0})[0].predicted_seconds
+    run = _write_run(tmp_path, plan, [{"step": step, "time/actor_update": 2 * predicted} for step in (1, 2)])
+    output = tmp_path / "cluster.toml"
+    assert calibrate_command(None, str(run / "metrics.jsonl"), str(output), as_json=True) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["profile_file"] == str(output)
+    assert report["changed"]["training_mfu"] == pytest.approx(DEFAULT_PROFILE.training_mfu / 2)
+    lonely = tmp_path / "metrics.jsonl"
+    lonely.write_text("{}\n")
+    assert calibrate_command(None, str(lonely), str(tmp_path / "p.toml"), as_json=True) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["field"] and error["message"] and error["fix"]

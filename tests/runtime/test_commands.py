@@ -132,3 +132,23 @@ def test_demo_plan_is_solved_for_this_machine_with_cpu_limits_pinned(tmp_path):
     assert plan.actor.param_offload is False and plan.rollout.tensor_model_parallel_size == 1
     assert plan.actor.use_dynamic_bsz and plan.actor.ppo_max_token_len_per_gpu >= plan.data.max_sequence_length
     assert set(DEMO_CPU_PINS) and plan.data.train_files == workload.data.train_files
+
+
+def test_run_json_prints_the_error_as_one_json_object_on_stdout_and_the_log_on_stderr(workspace, tmp_path, capsys):
+    import json
+
+    from rlplan.planner.commands_io import ExitCode
+    from rlplan.runtime.commands import run_command
+
+    plan = _plan(workspace)
+    plan = plan.evolve(model=attrs.evolve(plan.model, path=str(tmp_path / "no-such-model")))
+    code = run_command(_write_plan(tmp_path / "plan.toml", plan), resume=False, address=None,
+                       output_dir=str(tmp_path / "out"), max_steps=None, as_json=True)
+    captured = capsys.readouterr()
+    assert code == ExitCode.BAD_INPUT
+    error = json.loads(captured.out)["error"]
+    assert error["field"] == "model.path" and "no-such-model" in error["message"] and error["fix"]
+    code = run_command(str(tmp_path / "absent.toml"), resume=False, address=None, output_dir=None, max_steps=None,
+                       as_json=True)
+    assert code == ExitCode.BAD_INPUT
+    assert "absent.toml" in json.loads(capsys.readouterr().out)["error"]["message"]
