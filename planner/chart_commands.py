@@ -56,8 +56,9 @@ def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: s
     write_chart(frontier_chart(frontier_data(result.frontier, gpu_limit_gib, top), title), path, "--frontier")
 
 
-def report_command(run_dir: str, output: str) -> str:
-    """Draw RUN_DIR's metrics.jsonl (finished or still running) beside its plan's prediction; returns a summary."""
+def report_command(run_dir: str, output: str) -> dict[str, object]:
+    """Draw RUN_DIR's metrics.jsonl (finished or still running) beside its plan's prediction; returns what
+    was drawn and where (the --json object; `report_summary` is its line of text)."""
     from rlplan.planner.charts import parse_metrics, report_chart, run_report_data
     directory = Path(run_dir)
     metrics = directory / "metrics.jsonl"
@@ -80,4 +81,8 @@ def report_command(run_dir: str, output: str) -> str:
         title = f"{plan.model.name} run {directory.name}"
     data = run_report_data(records, predicted)
     write_chart(report_chart(data, title), output, "-o")
-    return f"{data['steps']} steps (last {data['last_step']}) of {metrics}; wrote {output}"
+    return {"output": output, "metrics_file": str(metrics), "steps": data["steps"], "last_step": data["last_step"]}
+
+
+def report_summary(drawn: dict[str, object]) -> str:
+    return f"{drawn['steps']} steps (last {drawn['last_step']}) of {drawn['metrics_file']}; wrote {drawn['output']}"

@@ -25,6 +25,7 @@ from rlplan.planner.commands_io import (
     load_profile,
     local_config_path,
     make_console,
+    print_json,
     read_text,
     report_error,
     write_atomic,
@@ -579,15 +580,21 @@ def schema(
 def report(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run's output directory (metrics.jsonl, plan.toml).")],
     output: Annotated[str, typer.Option("-o", "--output", help="Chart to write: .html, .png or .svg.")] = "report.html",
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object (chart written, metrics file, "
+                                              "steps) or the error.")] = False,
 ) -> None:
     """Draw a run, finished or still running: reward, KL, entropy, lengths, sync gap, phase times, memory.
 
     Example: rlplan report runs/demo -o report.html
     """
-    from rlplan.planner.chart_commands import check_chart_path, report_command
+    from rlplan.planner.chart_commands import check_chart_path, report_command, report_summary
 
     check_chart_path(output, "-o")
-    make_console().print(report_command(run_dir, output))
+    drawn = report_command(run_dir, output)
+    if json_output:
+        print_json(drawn)
+    else:
+        make_console().print(report_summary(drawn))
 
 
 # --- runtime commands (heavy imports inside) --------------------------------------------

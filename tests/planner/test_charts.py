@@ -235,3 +235,17 @@ def test_report_draws_a_run_still_writing_into_one_offline_html(tmp_path):
     # Vega is inlined: no script is fetched from a CDN.
     assert "<script src=" not in html and "cdn.jsdelivr" not in html
     assert "sync log-prob gap" in html and "cpu_process_rss_sampled_peak" in html
+
+
+def test_report_json_prints_what_was_drawn_and_errors_as_json_on_stdout(tmp_path):
+    import json
+
+    pytest.importorskip("altair", reason="the charts extra (altair, vl-convert-python) is not installed")
+    run = write_run(tmp_path / "run", 3, cut_off=True)
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", str(run), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    drawn = json.loads(result.stdout)
+    assert drawn == {"output": str(out), "metrics_file": str(run / "metrics.jsonl"), "steps": 3, "last_step": 3}
+    result = runner.invoke(app, ["report", str(tmp_path), "-o", str(out), "--json"])
+    assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == "RUN_DIR"
