@@ -23,6 +23,7 @@ and is not comparable with a GPU allocator peak.
 
 from __future__ import annotations
 
+import abc
 import functools
 import importlib.util
 import json
@@ -218,13 +219,14 @@ TRACKER_LIBRARIES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("w
 RUNTIME_TRACKERS = ("console", *TRACKER_LIBRARIES)
 
 
-class Tracker:
-    """One destination of the per-step numbers."""
+class Tracker(abc.ABC):
+    """One destination of the per-step numbers; each tracker of trainer.logger says how it logs a step."""
 
+    @abc.abstractmethod
     def log(self, record: dict[str, Any], scalars: dict[str, float], step: int) -> None:
-        raise NotImplementedError
+        """Write one step: the whole record (console) or its scalars (the libraries)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a deliberate no-op default, not an abstract method
         """Nothing to release unless the tracker holds a writer or a remote run."""
 
 
