@@ -29,6 +29,7 @@ from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.plan import Plan
 from rlplan.planner.planfile import plan_from_dict
 from rlplan.planner.presets import ResolvedModel, resolve_model
+from rlplan.planner.quoting import UnclosedQuote, unquoted
 from rlplan.planner.verl_keys import (
     BY_FIELD,
     BY_KEY,
@@ -69,29 +70,17 @@ class ImportResult:
 
 def _matching(text: str, start: int, opening: str, closing: str) -> int:
     """Index just past the `closing` that balances the `opening` at text[start]."""
-    depth, i, quote = 0, start, ""
-    while i < len(text):
-        char = text[i]
-        if quote:
-            if char == "\\" and quote == '"':
-                i += 2
-                continue
-            if char == quote:
-                quote = ""
-        elif char in "'\"":
-            quote = char
-        elif char == "\\":
-            i += 2
-            continue
-        elif text.startswith(opening, i):
-            depth += 1
-            i += len(opening)
-            continue
-        elif char == closing:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
+    depth = 0
+    try:
+        for i, char in unquoted(text, start, backslash_in_single_quotes=False):
+            if char == opening:
+                depth += 1
+            elif char == closing:
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+    except UnclosedQuote:
+        pass
     raise PlanError(field="script", message=f"an opening {opening!r} is never closed.",
                     fix="check the script's quotes and brackets")
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.quoting import UnclosedQuote, unquoted
 
 Kind = Literal["int", "float", "bool", "str", "str_list"]
 
@@ -345,29 +346,19 @@ def _unquote(body: str, quote: str) -> str:
 def _split_top_level(text: str) -> list[str]:
     """Split a list body at commas outside quotes and brackets."""
     parts: list[str] = []
-    depth, quote, start, i = 0, "", 0, 0
-    while i < len(text):
-        char = text[i]
-        if quote:
-            if char == "\\":
-                i += 2
-                continue
-            if char == quote:
-                quote = ""
-        elif char in "'\"":
-            quote = char
-        elif char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-        elif char == "\\":
-            i += 2
-            continue
-        i += 1
-    if quote or depth:
+    depth, start = 0, 0
+    try:
+        for i, char in unquoted(text, backslash_in_single_quotes=True):
+            if char in "[{":
+                depth += 1
+            elif char in "]}":
+                depth -= 1
+            elif char == "," and depth == 0:
+                parts.append(text[start:i])
+                start = i + 1
+    except UnclosedQuote:
+        depth = -1
+    if depth:
         raise HydraSyntaxError("unbalanced quotes or brackets")
     parts.append(text[start:])
     return parts

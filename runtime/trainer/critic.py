@@ -12,26 +12,18 @@ from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
 from rlplan.planner.plan import Plan
 from rlplan.runtime.trainer.forward import ForwardOptions, value_forward
 from rlplan.runtime.trainer.micro_batches import micro_batch_indices
-from rlplan.runtime.trainer.optimization import ppo_update
 from rlplan.runtime.trainer.policy import concat_rows
-from rlplan.runtime.trainer.role_model import build_role_model, critic_model_spec
+from rlplan.runtime.trainer.role_model import RoleTrainer, critic_model_spec
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
-class CriticTrainer:
+class CriticTrainer(RoleTrainer):
     def __init__(self, plan: Plan, *, device: Any, device_type: str, rank: int) -> None:
-        self.plan = plan
-        self.device = device
-        self.rank = rank
         self.layout: PlanLayout = plan_layout(plan)
         if self.layout.critic_update is None or self.layout.critic_values is None or self.layout.critic_parallel is None:
             raise ValueError("the plan uses no critic")
         self.values_role: RoleBatchLayout = self.layout.critic_values
-        spec = critic_model_spec(plan, self.layout, device_type)
-        built = build_role_model(spec, device=device, rank=rank)
-        self.model, self.mesh = built.model, built.mesh
-        self.optimizer, self.scheduler, self.optimizer_settings = built.optimizer, built.scheduler, spec.optimizer
-        self.sequence_parallel, self.data_rank = built.sequence_parallel, built.data_rank
+        super().__init__(plan, critic_model_spec(plan, self.layout, device_type), device=device, rank=rank)
         self.forward_options = ForwardOptions(
             remove_padding=plan.critic.use_remove_padding, sequence_parallel=self.sequence_parallel
         )
@@ -67,21 +59,10 @@ class CriticTrainer:
         }
 
     def update(self, batch: TokenBatch, step: int) -> dict[str, float]:
-        import torch
-
-        generator = torch.Generator().manual_seed(self.plan.trainer.seed * 7919 + step * 31 + self.data_rank)
-        summary = ppo_update(
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            settings=self.optimizer_settings,
-            batch=batch,
+        summary = self._ppo_update(
+            batch,
             role=self.layout.critic_update,
-            loss_agg_mode=self.plan.actor.loss_agg_mode,
             world_size=self.layout.critic_parallel.world_size if self.layout.critic_parallel else 1,
-            device=self.device,
-            shuffle=self.plan.actor.shuffle,
-            generator=generator,
-            micro_loss=self._micro_loss,
+            seed=self.plan.trainer.seed * 7919 + step * 31 + self.data_rank,
         )
         return summary.metrics("critic", summed=("vf_loss",))

@@ -15,8 +15,7 @@ from rlplan.planner.layout import PlanLayout, plan_layout
 from rlplan.planner.plan import Plan
 from rlplan.runtime.trainer.forward import ForwardOptions, policy_forward
 from rlplan.runtime.trainer.micro_batches import micro_batch_indices
-from rlplan.runtime.trainer.optimization import ppo_update
-from rlplan.runtime.trainer.role_model import actor_model_spec, build_reference_model, build_role_model
+from rlplan.runtime.trainer.role_model import RoleTrainer, actor_model_spec, build_reference_model
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
@@ -51,19 +50,12 @@ class ActorUpdate:
     entropy: Any = None
 
 
-class PolicyTrainer:
+class PolicyTrainer(RoleTrainer):
     """The actor (and, for full fine-tuning with a KL term, its reference) on this rank."""
 
     def __init__(self, plan: Plan, *, device: Any, device_type: str, rank: int) -> None:
-        self.plan = plan
-        self.device = device
-        self.rank = rank
         self.layout: PlanLayout = plan_layout(plan)
-        spec = actor_model_spec(plan, self.layout, device_type)
-        built = build_role_model(spec, device=device, rank=rank)
-        self.model, self.mesh = built.model, built.mesh
-        self.optimizer, self.scheduler, self.optimizer_settings = built.optimizer, built.scheduler, spec.optimizer
-        self.sequence_parallel, self.data_rank = built.sequence_parallel, built.data_rank
+        super().__init__(plan, actor_model_spec(plan, self.layout, device_type), device=device, rank=rank)
         self.forward_options = ForwardOptions(
             remove_padding=plan.model.use_remove_padding,
             temperature=plan.rollout.temperature,
@@ -163,20 +155,11 @@ class PolicyTrainer:
         if on_policy:
             batch = batch.with_fields(sample_index=torch.arange(len(batch)))
         self._update_scores = []
-        generator = torch.Generator().manual_seed(self.plan.trainer.seed * 1_000_003 + step * 1009 + self.data_rank)
-        summary = ppo_update(
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            settings=self.optimizer_settings,
-            batch=batch,
+        summary = self._ppo_update(
+            batch,
             role=self.layout.actor_update,
-            loss_agg_mode=self.plan.actor.loss_agg_mode,
             world_size=self.layout.parallel.world_size,
-            device=self.device,
-            shuffle=self.plan.actor.shuffle,
-            generator=generator,
-            micro_loss=self._micro_loss,
+            seed=self.plan.trainer.seed * 1_000_003 + step * 1009 + self.data_rank,
             activation_offload=self.plan.model.activation_offload,
         )
         metrics = summary.metrics("actor", summed=("pg_loss",))

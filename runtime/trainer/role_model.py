@@ -9,6 +9,7 @@ and the optimizer over what is left trainable.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from attrs import frozen
@@ -24,7 +25,7 @@ from rlplan.runtime.trainer.model import (
     shard_model,
     trainable_parameters,
 )
-from rlplan.runtime.trainer.optimization import OptimizerSettings, build_optimizer
+from rlplan.runtime.trainer.optimization import OptimizerSettings, UpdateSummary, build_optimizer, ppo_update
 from rlplan.runtime.trainer.sequence_parallel import (
     SequenceParallelGroup,
     data_parallel_rank,
@@ -164,6 +165,48 @@ def build_role_model(spec: RoleModelSpec, *, device: Any, rank: int) -> RoleMode
         sequence_parallel=sequence_parallel,
         data_rank=data_parallel_rank(sequence_parallel, rank),
     )
+
+
+class RoleTrainer(ABC):
+    """What the actor's and the critic's trainers share: the role's model built from its spec on this rank,
+    and the PPO update loop over it (the subclass supplies the layouts and the per-micro-batch loss)."""
+
+    def __init__(self, plan: Plan, spec: RoleModelSpec, *, device: Any, rank: int) -> None:
+        self.plan = plan
+        self.device = device
+        self.rank = rank
+        built = build_role_model(spec, device=device, rank=rank)
+        self.model, self.mesh = built.model, built.mesh
+        self.optimizer, self.scheduler, self.optimizer_settings = built.optimizer, built.scheduler, spec.optimizer
+        self.sequence_parallel, self.data_rank = built.sequence_parallel, built.data_rank
+
+    @abstractmethod
+    def _micro_loss(self, micro: Any, normalizer: float) -> tuple[Any, dict[str, float]]:
+        """The role's loss on one micro batch (normalized by the mini batch's global count) and its metrics."""
+
+    def _ppo_update(self, batch: Any, *, role: Any, world_size: int, seed: int,
+                    activation_offload: bool = False) -> UpdateSummary:
+        """ppo_update on this rank's share; `seed` draws the mini-batch shuffle (distinct per role, step and
+        data rank, the same on the ranks of one Ulysses group)."""
+        import torch
+
+        return ppo_update(
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            settings=self.optimizer_settings,
+            batch=batch,
+            role=role,
+            # verl's critic takes the actor's loss aggregation and shuffle (critic.loss_agg_mode follows
+            # actor's in its config), so both roles read them from [actor].
+            loss_agg_mode=self.plan.actor.loss_agg_mode,
+            world_size=world_size,
+            device=self.device,
+            shuffle=self.plan.actor.shuffle,
+            generator=torch.Generator().manual_seed(seed),
+            micro_loss=self._micro_loss,
+            activation_offload=activation_offload,
+        )
 
 
 def build_reference_model(
