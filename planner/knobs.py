@@ -91,6 +91,24 @@ def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
     return attrs.evolve(obj, **{head: set_knob(getattr(obj, head), path[1:], value, dotted)})
 
 
+def knob_value(plan: Plan, dotted: str) -> Any:
+    value: Any = plan
+    for name in dotted.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def evolve_fields(plan: Plan, values: dict[str, Any]) -> Plan:
+    """The plan with `section.field` keys set to values the planner computed itself (the solver's inner loop):
+    no coercion or key lookup, one attrs.evolve per section, whose validators still run."""
+    by_section: dict[str, dict[str, Any]] = {}
+    for dotted, value in values.items():
+        section, name = dotted.split(".")
+        by_section.setdefault(section, {})[name] = value
+    return plan.evolve(**{section: attrs.evolve(getattr(plan, section), **fields)
+                          for section, fields in by_section.items()})
+
+
 def apply_knobs(plan: Plan, knobs: dict[str, Any]) -> Plan:
     for dotted, value in knobs.items():
         plan = set_knob(plan, dotted.split("."), value, dotted)

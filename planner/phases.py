@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from attrs import frozen
+
 
 class Phase(StrEnum):
     """The phases of one colocated step in the order they run (memory, step time, metrics and charts key on them)."""
@@ -29,12 +31,41 @@ class SyncMode(StrEnum):
     MERGED = "merged"  # full weights with any adapter folded in
 
 
-# The plan key that caps each trainer pass's tokens per GPU under dynamic batch sizes: one table that
-# rules, the solver's diagnosis and the runtime's batching read.
-TOKEN_BUDGET_KEY: dict[Phase, str] = {
-    Phase.ACTOR_UPDATE: "actor.ppo_max_token_len_per_gpu",
-    Phase.OLD_LOG_PROB: "rollout.log_prob_max_token_len_per_gpu",
-    Phase.REF_LOG_PROB: "ref.log_prob_max_token_len_per_gpu",
-    Phase.CRITIC_UPDATE: "critic.ppo_max_token_len_per_gpu",
-    Phase.CRITIC_VALUES: "critic.forward_max_token_len_per_gpu",
+@frozen
+class PassKnobs:
+    """A trainer pass's batching knobs, as plan keys: the rules, the solver's passes and diagnosis and the
+    runtime's batching all read them from PASS_KNOBS."""
+
+    # Switches the pass between a token budget and fixed micro batches.
+    dynamic_bsz: str
+    # Caps the pass's tokens per GPU per micro batch under dynamic batch sizes.
+    token_budget: str
+    # Sequences per GPU per micro batch otherwise.
+    micro_batch: str
+    # verl's older global micro batch (divided by the data-parallel size); verl rejects it beside the per-GPU
+    # key, so setting `micro_batch` clears it. None where verl has no such key.
+    legacy_micro_batch: str | None
+
+
+PASS_KNOBS: dict[Phase, PassKnobs] = {
+    Phase.ACTOR_UPDATE: PassKnobs(dynamic_bsz="actor.use_dynamic_bsz", token_budget="actor.ppo_max_token_len_per_gpu",
+                                  micro_batch="actor.ppo_micro_batch_size_per_gpu",
+                                  legacy_micro_batch="actor.ppo_micro_batch_size"),
+    Phase.OLD_LOG_PROB: PassKnobs(dynamic_bsz="rollout.log_prob_use_dynamic_bsz",
+                                  token_budget="rollout.log_prob_max_token_len_per_gpu",
+                                  micro_batch="rollout.log_prob_micro_batch_size_per_gpu",
+                                  legacy_micro_batch="rollout.log_prob_micro_batch_size"),
+    Phase.REF_LOG_PROB: PassKnobs(dynamic_bsz="ref.log_prob_use_dynamic_bsz",
+                                  token_budget="ref.log_prob_max_token_len_per_gpu",
+                                  micro_batch="ref.log_prob_micro_batch_size_per_gpu",
+                                  legacy_micro_batch="ref.log_prob_micro_batch_size"),
+    Phase.CRITIC_UPDATE: PassKnobs(dynamic_bsz="critic.use_dynamic_bsz", token_budget="critic.ppo_max_token_len_per_gpu",
+                                   micro_batch="critic.ppo_micro_batch_size_per_gpu",
+                                   legacy_micro_batch="critic.ppo_micro_batch_size"),
+    Phase.CRITIC_VALUES: PassKnobs(dynamic_bsz="critic.use_dynamic_bsz",
+                                   token_budget="critic.forward_max_token_len_per_gpu",
+                                   micro_batch="critic.forward_micro_batch_size_per_gpu", legacy_micro_batch=None),
 }
+
+# The plan key that caps each trainer pass's tokens per GPU under dynamic batch sizes.
+TOKEN_BUDGET_KEY: dict[Phase, str] = {phase: knobs.token_budget for phase, knobs in PASS_KNOBS.items()}

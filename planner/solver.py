@@ -27,10 +27,10 @@ from attrs import field, frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
-from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.knobs import apply_knobs, evolve_fields, knob_value
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase
-from rlplan.planner.phases import TOKEN_BUDGET_KEY, Phase
+from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import (
     ActorSection,
     AlgorithmSection,
@@ -471,73 +471,53 @@ def _largest_fitting_divisor(total: int, fits) -> int | None:
     return None
 
 
-def _solve_pass(plan: Plan, request: SolveRequest, *, phase: str, dynamic: bool, chunk: int, cap: int,
-                with_budget, with_micro, pinned_keys: tuple[str, str]) -> Plan | None:
-    """One pass's micro batches: the largest token budget (dynamic bsz) or the largest fixed micro batch.
+def _solve_pass(plan: Plan, request: SolveRequest, phase: Phase, *, chunk: int, cap: int) -> Plan | None:
+    """One pass's micro batches: the largest token budget (dynamic bsz) or the largest fixed micro batch
+    dividing its `chunk` of sequences per GPU.
 
-    `pinned_keys` are the pass's (token budget, micro batch) keys: a pinned one is already in
-    `plan` and is an input here, so the pass only checks that its phase fits with it.
+    A pinned budget or micro batch is already in `plan` and is an input here: the pass only checks that
+    its phase fits with it.
     """
-    budget_key, micro_key = pinned_keys
-    if (budget_key if dynamic else micro_key) in request.pins:
+    # The critic's values pass runs at the batching its update is solved for.
+    knobs = (PASS_KNOBS[phase], *((PASS_KNOBS[Phase.CRITIC_VALUES],) if phase is Phase.CRITIC_UPDATE else ()))
+
+    def with_budget(budget: int) -> Plan:
+        return evolve_fields(plan, {k.token_budget: budget for k in knobs})
+
+    def with_micro(micro: int) -> Plan:
+        values: dict[str, int | None] = {k.micro_batch: micro for k in knobs}
+        values.update({k.legacy_micro_batch: None for k in knobs if k.legacy_micro_batch})
+        return evolve_fields(plan, values)
+
+    dynamic = bool(knob_value(plan, knobs[0].dynamic_bsz))
+    if (knobs[0].token_budget if dynamic else knobs[0].micro_batch) in request.pins:
         return plan if _phase_fits(plan, phase, request) else None
     if dynamic:
-        budget = _largest_fitting(_budget_floor(plan), cap,
-                                  lambda b: _phase_fits(with_budget(plan, b), phase, request))
-        return None if budget is None else with_budget(plan, budget)
+        budget = _largest_fitting(_budget_floor(plan), cap, lambda b: _phase_fits(with_budget(b), phase, request))
+        return None if budget is None else with_budget(budget)
     if chunk <= 0:
         return None
-    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(plan, m), phase, request))
-    return None if micro is None else with_micro(plan, micro)
+    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(m), phase, request))
+    return None if micro is None else with_micro(micro)
 
 
 def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
     """Per pass, the largest token budget (or fixed micro batch) that fits its phase; None if nothing does."""
     cap, forward_cap = _budget_caps(plan)
     layout = plan_layout(plan)
-    actor_mini = layout.actor_update.mini_batch_size_per_gpu or 0
-    plan = _solve_pass(
-        plan, request, phase="actor_update", dynamic=plan.actor.use_dynamic_bsz, chunk=actor_mini, cap=cap,
-        with_budget=lambda p, b: p.evolve(actor=attrs.evolve(p.actor, ppo_max_token_len_per_gpu=b)),
-        with_micro=lambda p, m: p.evolve(actor=attrs.evolve(p.actor, ppo_micro_batch_size_per_gpu=m,
-                                                            ppo_micro_batch_size=None)),
-        pinned_keys=("actor.ppo_max_token_len_per_gpu", "actor.ppo_micro_batch_size_per_gpu"),
-    )
-    if plan is None:
-        return None
-    plan = _solve_pass(
-        plan, request, phase="old_log_prob", dynamic=plan.rollout.log_prob_use_dynamic_bsz,
-        chunk=layout.old_log_prob.sequences_per_gpu, cap=forward_cap,
-        with_budget=lambda p, b: p.evolve(rollout=attrs.evolve(p.rollout, log_prob_max_token_len_per_gpu=b)),
-        with_micro=lambda p, m: p.evolve(rollout=attrs.evolve(p.rollout, log_prob_micro_batch_size_per_gpu=m,
-                                                              log_prob_micro_batch_size=None)),
-        pinned_keys=("rollout.log_prob_max_token_len_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu"),
-    )
-    if plan is None:
-        return None
+    # (phase, sequences per GPU its micro batches divide, budget cap): an update's micro batches divide its
+    # mini batch, a forward pass's the whole batch.
+    passes = [(Phase.ACTOR_UPDATE, layout.actor_update.mini_batch_size_per_gpu or 0, cap),
+              (Phase.OLD_LOG_PROB, layout.old_log_prob.sequences_per_gpu, forward_cap)]
     if plan.uses_reference:
-        plan = _solve_pass(
-            plan, request, phase="ref_log_prob", dynamic=plan.ref.log_prob_use_dynamic_bsz,
-            chunk=layout.old_log_prob.sequences_per_gpu, cap=forward_cap,
-            with_budget=lambda p, b: p.evolve(ref=attrs.evolve(p.ref, log_prob_max_token_len_per_gpu=b)),
-            with_micro=lambda p, m: p.evolve(ref=attrs.evolve(p.ref, log_prob_micro_batch_size_per_gpu=m,
-                                                              log_prob_micro_batch_size=None)),
-            pinned_keys=("ref.log_prob_max_token_len_per_gpu", "ref.log_prob_micro_batch_size_per_gpu"),
-        )
-        if plan is None:
+        passes.append((Phase.REF_LOG_PROB, layout.old_log_prob.sequences_per_gpu, forward_cap))
+    if plan.uses_critic and layout.critic_update is not None:
+        passes.append((Phase.CRITIC_UPDATE, layout.critic_update.mini_batch_size_per_gpu or 0, cap))
+    for phase, chunk, phase_cap in passes:
+        solved = _solve_pass(plan, request, phase, chunk=chunk, cap=phase_cap)
+        if solved is None:
             return None
-    if plan.uses_critic:
-        critic_mini = layout.critic_update.mini_batch_size_per_gpu if layout.critic_update else 0
-        plan = _solve_pass(
-            plan, request, phase="critic_update", dynamic=plan.critic.use_dynamic_bsz, chunk=critic_mini or 0,
-            cap=cap,
-            with_budget=lambda p, b: p.evolve(critic=attrs.evolve(p.critic, ppo_max_token_len_per_gpu=b,
-                                                                  forward_max_token_len_per_gpu=b)),
-            with_micro=lambda p, m: p.evolve(critic=attrs.evolve(p.critic, ppo_micro_batch_size_per_gpu=m,
-                                                                 ppo_micro_batch_size=None,
-                                                                 forward_micro_batch_size_per_gpu=m)),
-            pinned_keys=("critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu"),
-        )
+        plan = solved
     return plan
 
 
