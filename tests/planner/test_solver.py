@@ -60,14 +60,21 @@ def requests(draw):
     )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests())
-def test_solver_plans_always_validate_and_fit(request):
+def solved_plan(request):
+    """The solved plan, or None where nothing fits, in which case the solver must say why."""
     result = solve(request)
     if result.best is None:
         assert result.diagnosis is not None and result.diagnosis.message
+        return None
+    return result.plan
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_solver_plans_always_validate_and_fit(request):
+    plan = solved_plan(request)
+    if plan is None:
         return
-    plan = result.plan
     assert check_plan(plan).valid, [v.message for v in check_plan(plan).errors]
     report = predict_memory(plan, request.profile)
     assert report.fits and report.rollout.holds_max_model_len
@@ -379,11 +386,10 @@ def test_every_plan_solve_writes_passes_validate_and_keeps_every_pinned_value(re
     from rlplan.planner.planfile import plan_from_toml, plan_to_toml
     from rlplan.planner.report import validation_json
 
-    result = solve(request)
-    if result.best is None:
-        assert result.diagnosis is not None and result.diagnosis.message
+    plan = solved_plan(request)
+    if plan is None:
         return
-    written = plan_from_toml(plan_to_toml(result.plan))  # what `solve -o` writes and `validate` reads
+    written = plan_from_toml(plan_to_toml(plan))  # what `solve -o` writes and `validate` reads
     verdict = validation_json(written, request.profile)
     assert verdict["valid"] and verdict["feasible"], (verdict["errors"], request.pins)
     for dotted, value in request.pins.items():

@@ -18,17 +18,10 @@ from rlplan.runtime.algorithms import (  # noqa: E402
     rloo_advantages,
     token_level_rewards,
 )
+from tests.runtime.exact import assert_close, tensor  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 FAST = settings(max_examples=25, deadline=None)
-
-
-def tensor(values, dtype=torch.float64):
-    return torch.tensor(values, dtype=dtype)
-
-
-def assert_close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(actual, tensor(expected, actual.dtype), atol=atol, rtol=0)
 
 
 @st.composite

@@ -21,18 +21,11 @@ from rlplan.runtime.algorithms import (  # noqa: E402
     value_loss,
 )
 from rlplan.runtime.batching import token_budget_micro_batches  # noqa: E402
+from tests.runtime.exact import assert_close, tensor  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 FAST = settings(max_examples=25, deadline=None)
 SEQ_MEAN_MODES = [mode for mode in LOSS_AGG_MODES if mode != "token-mean"]
-
-
-def tensor(values, dtype=torch.float64):
-    return torch.tensor(values, dtype=dtype)
-
-
-def assert_close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(actual, tensor(expected, actual.dtype), atol=atol, rtol=0)
 
 
 @st.composite
