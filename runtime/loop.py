@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from attrs import frozen
+from attrs import define, frozen
 
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.phases import Phase, SyncMode
@@ -79,14 +79,14 @@ class RunSummary:
     plan_versus_actual: list[dict[str, Any]]
 
 
+@define
 class PromptSource:
     """The controller's data side: tokenized prompts, the resumable sampler, the reward function."""
 
-    def __init__(self, dataset: PromptDataset, sampler: PromptSampler, reward: RewardFunction, tokenizer: Any) -> None:
-        self.dataset = dataset
-        self.sampler = sampler
-        self.reward = reward
-        self.tokenizer = tokenizer
+    dataset: PromptDataset
+    sampler: PromptSampler
+    reward: RewardFunction
+    tokenizer: Any
 
     @classmethod
     def from_plan(cls, plan: Plan) -> PromptSource:
