@@ -679,7 +679,7 @@ def calibrate(
 
     Example: rlplan calibrate --from-run runs/demo/metrics.jsonl -o profile.toml
     """
-    from rlplan.runtime.calibrate import calibrate_command, calibrate_cpu_command
+    from rlplan.runtime.commands import calibrate_command, calibrate_cpu_command
 
     if cpu:
         raise typer.Exit(calibrate_cpu_command(output, as_json=json_output))

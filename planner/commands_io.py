@@ -1,6 +1,6 @@
 """The commands layer's plumbing, once: exit codes, the error printer, reading inputs, the plan loader and
 the atomic writer. Every command (planner/cli.py's typer functions, interop_commands.py, chart_commands.py,
-runtime/commands.py, runtime/calibrate.py, runtime/measure.py's command) reads, writes, reports errors and
+runtime/commands.py, runtime/measure.py's command) reads, writes, reports errors and
 picks its exit code through this module, so a message, a stream or a code is decided in one place.
 
 Imports only the planner's errors at module level (rich and tomllib-based readers inside the functions), so

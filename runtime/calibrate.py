@@ -1,4 +1,4 @@
-"""`rlplan calibrate`: write a profile TOML of constants measured on a GPU or fitted from a finished run.
+"""What `rlplan calibrate` measures: a profile's constants on a GPU, fitted from a finished run, or this CPU's rates.
 
 With a plan, on a machine with a CUDA GPU, the plan's actor update runs for real on
 one GPU: the same HF model and FSDP2 wrap as `rlplan measure`, over a fake process
@@ -8,14 +8,13 @@ memory) against the planner's allocated bytes fits the context budget and the
 fragmentation fraction; the step's seconds against its FLOPs give the achieved MFU.
 
 With `--from-run`, the observations come from a run's metrics.jsonl and the plan
-beside it (or the plan given).  The fitting itself is `rlplan.planner.calibration`.
+beside it (or the plan given).  The fitting itself is `rlplan.planner.calibration`; the command (reading,
+writing the profile, printing, exit codes) is runtime/commands.py's.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -29,63 +28,11 @@ from rlplan.planner.calibration import (
     observations_from_metrics,
     observed_lengths,
 )
-from rlplan.planner.commands_io import (
-    ExitCode,
-    load_plan,
-    make_console,
-    print_json,
-    report_error,
-    write_atomic,
-)
 from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import Plan
-from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
+from rlplan.planner.profile import DEFAULT_PROFILE
 
 GPU_ITERATIONS = 3  # the first warms up kernels and creates AdamW's state; the others are timed
-
-
-def calibrate_command(plan_path: str | None, from_run: str | None, output: str, as_json: bool = False) -> int:
-    console = make_console(stderr=as_json)
-    try:
-        plan = _load_plan(plan_path, from_run)
-        if from_run is not None:
-            result = calibrate_from_run(plan, _read_metrics(from_run), name=Path(output).stem)
-        else:
-            result = calibrate_on_gpu(plan, name=Path(output).stem)
-        write_atomic(output, profile_to_toml(result.profile), "--output")
-    except PlanError as error:
-        return report_error(error, as_json=as_json)
-    changed = {key: value for key, value in attrs.asdict(result.profile).items()
-               if key != "name" and value != getattr(DEFAULT_PROFILE, key)}
-    if as_json:
-        print_json({"profile_file": output, "changed": changed, "notes": list(result.notes)})
-        return ExitCode.OK
-    for note in result.notes:
-        console.print(f"note: {note}")
-    console.print(f"wrote {output}: " + (", ".join(f"{k} = {v:.4g}" for k, v in changed.items())
-                                         or "no constant changed"))
-    console.print(f"use it with `rlplan solve ... --profile {output}`")
-    return ExitCode.OK
-
-
-def calibrate_cpu_command(output: str, as_json: bool = False) -> int:
-    """`rlplan calibrate --cpu`: this machine's fp32 FLOP/s and copy bandwidth, all cores, into a profile."""
-    console = make_console(stderr=as_json)
-    tflops, gbps = measure_cpu_rates()
-    profile = attrs.evolve(DEFAULT_PROFILE, name=Path(output).stem, cpu_measured_tflops=tflops,
-                           cpu_measured_gbps=gbps)
-    try:
-        write_atomic(output, profile_to_toml(profile), "--output")
-    except PlanError as error:
-        return report_error(error, as_json=as_json)
-    if as_json:
-        print_json({"profile_file": output, "cpu_measured_tflops": tflops, "cpu_measured_gbps": gbps})
-        return ExitCode.OK
-    console.print(f"wrote {output}: cpu_measured_tflops = {tflops:.4g} ({tflops * 1000:.1f} GFLOP/s fp32 matmul), "
-                  f"cpu_measured_gbps = {gbps:.4g}")
-    console.print(f"use it with `rlplan solve --device cpu ... --profile {output}`")
-    return ExitCode.OK
-
 
 
 def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> tuple[float, float]:
@@ -198,34 +145,3 @@ def _real_update_step(plan: Plan) -> tuple[float, float, float]:
     tokens = step.tokens_per_micro_batch * step.micro_batches
     flops = tokens * facts.forward_flops_per_token(step.input_shape[1] / 2) * multiplier
     return float(held), sum(timed) / len(timed), flops
-
-
-def _load_plan(plan_path: str | None, from_run: str | None) -> Plan:
-    if plan_path is None and from_run is not None:
-        sibling = Path(from_run).with_name("plan.toml")
-        if not sibling.is_file():
-            raise PlanError(field="--from-run", message=f"no plan.toml beside {from_run}, and no plan was given.",
-                            fix="pass the run's plan too: `rlplan calibrate plan.toml --from-run metrics.jsonl`")
-        plan_path = str(sibling)
-    if plan_path is None:
-        raise PlanError(field="calibrate", message="needs a plan or --from-run.",
-                        fix="pass plan.toml or --from-run FILE")
-    return load_plan(plan_path)
-
-
-def _read_metrics(path: str) -> list[dict[str, Any]]:
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise PlanError(field="--from-run", message=f"cannot read {path!r}: {exc.strerror}.",
-                        fix="pass a run's metrics.jsonl") from None
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise PlanError(field="--from-run", message=f"line {number} of {path} is not JSON ({exc.msg}).",
-                            fix="pass the metrics.jsonl a run wrote, unedited") from None
-    return rows

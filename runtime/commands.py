@@ -1,4 +1,5 @@
-"""`rlplan run` and `rlplan demo`: load or build a plan, check it, run it, map failures to exit codes.
+"""The runtime's commands: `rlplan run` and `rlplan demo` (load or build a plan, check it, run it, map failures
+to exit codes) and `rlplan calibrate` (write a profile of what runtime/calibrate.py measured or fitted).
 
 Exit codes (`ExitCode`): OK the run finished; FAILED the run failed; BAD_INPUT (a PlanError:
 missing model directory, a knob this platform cannot run, an unknown reward
@@ -14,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Literal
+
+import attrs
 
 from rlplan.planner.arch import architecture_from_hf_config
 from rlplan.planner.commands_io import (
@@ -40,7 +43,9 @@ from rlplan.planner.plan import (
     TrainerSection,
 )
 from rlplan.planner.platform import CPU_RUNTIME_PINS
+from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
 from rlplan.planner.this_machine import cpu_cluster
+from rlplan.runtime.calibrate import calibrate_from_run, calibrate_on_gpu, measure_cpu_rates
 from rlplan.runtime.loop import RunOptions
 
 DemoAlgorithm = Literal["grpo", "grpo_full", "ppo"]
@@ -289,3 +294,80 @@ def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
         f"{steps} GRPO steps, full fine-tuning"
     )
     return execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))
+
+
+# --- calibrate ---------------------------------------------------------------------------------
+
+
+def calibrate_command(plan_path: str | None, from_run: str | None, output: str, as_json: bool = False) -> int:
+    console = make_console(stderr=as_json)
+    try:
+        plan = _calibration_plan(plan_path, from_run)
+        if from_run is not None:
+            result = calibrate_from_run(plan, _read_metrics(from_run), name=Path(output).stem)
+        else:
+            result = calibrate_on_gpu(plan, name=Path(output).stem)
+        write_atomic(output, profile_to_toml(result.profile), "--output")
+    except PlanError as error:
+        return report_error(error, as_json=as_json)
+    changed = {key: value for key, value in attrs.asdict(result.profile).items()
+               if key != "name" and value != getattr(DEFAULT_PROFILE, key)}
+    if as_json:
+        print_json({"profile_file": output, "changed": changed, "notes": list(result.notes)})
+        return ExitCode.OK
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"wrote {output}: " + (", ".join(f"{k} = {v:.4g}" for k, v in changed.items())
+                                         or "no constant changed"))
+    console.print(f"use it with `rlplan solve ... --profile {output}`")
+    return ExitCode.OK
+
+
+def calibrate_cpu_command(output: str, as_json: bool = False) -> int:
+    """`rlplan calibrate --cpu`: this machine's fp32 FLOP/s and copy bandwidth, all cores, into a profile."""
+    console = make_console(stderr=as_json)
+    tflops, gbps = measure_cpu_rates()
+    profile = attrs.evolve(DEFAULT_PROFILE, name=Path(output).stem, cpu_measured_tflops=tflops,
+                           cpu_measured_gbps=gbps)
+    try:
+        write_atomic(output, profile_to_toml(profile), "--output")
+    except PlanError as error:
+        return report_error(error, as_json=as_json)
+    if as_json:
+        print_json({"profile_file": output, "cpu_measured_tflops": tflops, "cpu_measured_gbps": gbps})
+        return ExitCode.OK
+    console.print(f"wrote {output}: cpu_measured_tflops = {tflops:.4g} ({tflops * 1000:.1f} GFLOP/s fp32 matmul), "
+                  f"cpu_measured_gbps = {gbps:.4g}")
+    console.print(f"use it with `rlplan solve --device cpu ... --profile {output}`")
+    return ExitCode.OK
+
+
+def _calibration_plan(plan_path: str | None, from_run: str | None) -> Plan:
+    if plan_path is None and from_run is not None:
+        sibling = Path(from_run).with_name("plan.toml")
+        if not sibling.is_file():
+            raise PlanError(field="--from-run", message=f"no plan.toml beside {from_run}, and no plan was given.",
+                            fix="pass the run's plan too: `rlplan calibrate plan.toml --from-run metrics.jsonl`")
+        plan_path = str(sibling)
+    if plan_path is None:
+        raise PlanError(field="calibrate", message="needs a plan or --from-run.",
+                        fix="pass plan.toml or --from-run FILE")
+    return load_plan(plan_path)
+
+
+def _read_metrics(path: str) -> list[dict[str, Any]]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise PlanError(field="--from-run", message=f"cannot read {path!r}: {exc.strerror}.",
+                        fix="pass a run's metrics.jsonl") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise PlanError(field="--from-run", message=f"line {number} of {path} is not JSON ({exc.msg}).",
+                            fix="pass the metrics.jsonl a run wrote, unedited") from None
+    return rows

@@ -148,7 +148,7 @@ def _write_run(tmp_path, plan, rows):
 
 
 def test_calibrate_from_run_writes_a_profile_solve_can_load(tmp_path):
-    from rlplan.runtime.calibrate import calibrate_command
+    from rlplan.runtime.commands import calibrate_command
 
     plan = make_plan()
     predicted = time_observations(plan, {"actor_update": 1.0})[0].predicted_seconds
@@ -163,7 +163,7 @@ def test_calibrate_from_run_writes_a_profile_solve_can_load(tmp_path):
 
 
 def test_calibrate_from_run_without_a_plan_or_usable_rows_is_bad_input(tmp_path):
-    from rlplan.runtime.calibrate import calibrate_command
+    from rlplan.runtime.commands import calibrate_command
 
     lonely = tmp_path / "metrics.jsonl"
     lonely.write_text("{}\n")
@@ -178,7 +178,7 @@ def test_calibrate_on_a_machine_without_a_gpu_says_so_and_exits_2(tmp_path, caps
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present: the command would calibrate instead of refusing")
     from rlplan.planner.planfile import plan_to_toml
-    from rlplan.runtime.calibrate import calibrate_command
+    from rlplan.runtime.commands import calibrate_command
 
     plan_path = tmp_path / "plan.toml"
     plan_path.write_text(plan_to_toml(make_plan()))
@@ -189,7 +189,7 @@ def test_calibrate_on_a_machine_without_a_gpu_says_so_and_exits_2(tmp_path, caps
 def test_calibrate_cpu_measures_this_machine_and_solve_device_cpu_prices_with_it(tmp_path):
     pytest.importorskip("torch", reason="measuring the CPU's matmul rate needs torch (the runtime extra)")
     from rlplan.planner.this_machine import this_machine_cpu
-    from rlplan.runtime.calibrate import calibrate_cpu_command
+    from rlplan.runtime.commands import calibrate_cpu_command
 
     output = tmp_path / "cpu.toml"
     assert calibrate_cpu_command(str(output)) == 0
@@ -215,7 +215,7 @@ def test_observed_lengths_weight_each_step_by_its_sequences_and_skip_rows_withou
 
 
 def test_calibrate_from_run_carries_the_runs_mean_lengths_into_the_profile(tmp_path):
-    from rlplan.runtime.calibrate import calibrate_command
+    from rlplan.runtime.commands import calibrate_command
 
     # A run that recorded only lengths (a CPU run: no held-GPU memory) still yields a profile.
     rows = [{"step": step, "sequences": 8.0, "prompt_length_mean": 104.5, "prompt_length_max": 180.0,
@@ -281,7 +281,7 @@ def test_solve_with_a_run_profile_prices_at_the_runs_means():
 def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_error(tmp_path, capsys):
     import json
 
-    from rlplan.runtime.calibrate import calibrate_command
+    from rlplan.runtime.commands import calibrate_command
 
     plan = make_plan()
     predicted = time_observations(plan, {"actor_update": 1.0})[0].predicted_seconds
