@@ -192,6 +192,18 @@ def normalized_micro_batch(per_gpu: int | None, global_size: int | None, dp: int
     return None
 
 
+def reuses_update_log_probs(plan: Plan, layout: PlanLayout | None = None) -> bool:
+    """Whether rlplan's runtime skips the old-log-prob pass and takes the update's own detached log-probs.
+
+    Exact when the update is on-policy (one epoch, one mini batch), as TRL does. Not with the KL in the
+    reward: the advantages need the old log-probs before the update runs. verl's trainer runs the pass
+    anyway (compute_log_prob, for its entropy metric) and only uses the shortcut inside the update, so a
+    plan rendered for verl keeps the pass.
+    """
+    layout = layout or plan_layout(plan)
+    return layout.actor_update.is_on_policy and not plan.algorithm.use_kl_in_reward
+
+
 def plan_layout(plan: Plan) -> PlanLayout:
     world = plan.cluster.world_size
     actor = plan.actor

@@ -21,7 +21,7 @@ import math
 import attrs
 from attrs import frozen
 
-from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout, reuses_update_log_probs
 from rlplan.planner.memory import (
     MemoryReport,
     ModelFacts,
@@ -244,8 +244,10 @@ def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAU
     phases = {
         Phase.WEIGHT_SYNC: weight_sync_seconds(plan, rates, shard),
         Phase.ROLLOUT: rollout_seconds(plan, memory, rates, profile, layout),
-        Phase.OLD_LOG_PROB: _forward_pass(plan, layout.old_log_prob, rates, shard, critic=False),
     }
+    # Only rlplan's runtime runs a CPU plan, and it skips the pass on-policy; verl runs it on GPUs regardless.
+    if not (plan.cluster.gpu.is_cpu and reuses_update_log_probs(plan, layout)):
+        phases[Phase.OLD_LOG_PROB] = _forward_pass(plan, layout.old_log_prob, rates, shard, critic=False)
     if layout.ref_log_prob is not None:
         phases[Phase.REF_LOG_PROB] = _forward_pass(plan, layout.ref_log_prob, rates, shard, critic=False)
     if layout.critic_values is not None and layout.critic_update is not None:

@@ -14,7 +14,7 @@ log-prob - vLLM log-prob| over them. A sync that never reached the engine shows
 up there as a gap that grows with every update.
 
 When the update is on-policy (one optimizer step per step, see
-policy.reuses_update_log_probs) step 3 skips the old-log-prob pass: the update's
+layout.reuses_update_log_probs) step 3 skips the old-log-prob pass: the update's
 first forward scores the same weights, its log-probs stand in for the old ones,
 and the gap and entropy are taken from them after step 5.
 """
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import define, frozen
 
-from rlplan.planner.layout import plan_layout
+from rlplan.planner.layout import plan_layout, reuses_update_log_probs
 from rlplan.planner.phases import Phase, SyncMode
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
@@ -40,7 +40,6 @@ from rlplan.runtime.metrics import (
     plan_versus_actual,
     predicted_phase_peaks,
 )
-from rlplan.runtime.trainer.policy import reuses_update_log_probs
 from rlplan.runtime.trainer.token_batch import (
     TokenBatch,
     concat_batches,

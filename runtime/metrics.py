@@ -417,9 +417,9 @@ def predicted_phase_peaks(plan: Any) -> dict[str, float]:
     pass here (it reuses the update's own log-probs), so that phase has no prediction to compare.
     """
     try:
+        from rlplan.planner.layout import reuses_update_log_probs
         from rlplan.planner.memory import predict_memory
         from rlplan.runtime.measure import with_runtime_head
-        from rlplan.runtime.trainer.policy import reuses_update_log_probs
     except ImportError:
         return {}
     skipped = {Phase.OLD_LOG_PROB.value} if reuses_update_log_probs(plan) else set()

@@ -30,15 +30,6 @@ def concat_rows(parts: list[Any], order: list[list[int]], total: int) -> Any:
     return out
 
 
-def reuses_update_log_probs(plan: Plan) -> bool:
-    """Whether the step skips the old-log-prob pass and takes the update's own detached log-probs.
-
-    Exact when the update is on-policy (PlanLayout: one epoch, one mini batch), as verl and TRL do. Not
-    with the KL in the reward: the advantages need the old log-probs before the update runs.
-    """
-    return plan_layout(plan).actor_update.is_on_policy and not plan.algorithm.use_kl_in_reward
-
-
 @frozen(kw_only=True)
 class ActorUpdate:
     """What one actor update returns to the controller."""

@@ -98,6 +98,19 @@ def test_cpu_step_time_estimate_is_nonzero_and_slower_than_an_h100():
     assert cpu_seconds > 100 * predict_step_time(gpu_plan, predict_memory(gpu_plan)).total_seconds
 
 
+def test_an_on_policy_cpu_step_is_priced_without_the_old_log_prob_pass_that_the_runtime_skips():
+    def phases(plan):
+        return predict_step_time(plan, predict_memory(plan)).phase_seconds
+
+    # One mini batch of the 64-prompt batch and one epoch, against two mini batches.
+    on_policy = make_plan(overrides={"actor.ppo_mini_batch_size": 64})
+    two_minis = make_plan(overrides={"actor.ppo_mini_batch_size": 32})
+    assert "old_log_prob" not in phases(_on_this_cpu(on_policy))
+    assert "old_log_prob" in phases(_on_this_cpu(two_minis))
+    # verl runs the pass on GPUs whatever the update does.
+    assert "old_log_prob" in phases(on_policy)
+
+
 @pytest.mark.parametrize("device_args", [("--device", "cpu"), ("--gpu", "cpu")])
 def test_solve_device_cpu_writes_a_runnable_cpu_plan(tmp_path, device_args):
     out = tmp_path / "plan.toml"

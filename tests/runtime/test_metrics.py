@@ -175,8 +175,8 @@ def test_plan_versus_actual_lists_every_phase_either_side_knows():
 def test_predicted_phases_omit_the_old_log_prob_pass_exactly_when_an_on_policy_step_skips_it(epochs):
     import attrs
 
+    from rlplan.planner.layout import reuses_update_log_probs
     from rlplan.runtime.metrics import predicted_phase_peaks
-    from rlplan.runtime.trainer.policy import reuses_update_log_probs
     from tests.planner.plans import make_plan
 
     plan = make_plan()

@@ -171,7 +171,7 @@ def test_an_update_with_several_optimizer_steps_needs_old_log_probs(tiny_model_d
 
 
 def test_the_shortcut_applies_exactly_to_one_optimizer_step_without_kl_in_the_reward(tiny_model_dir):
-    from rlplan.runtime.trainer.policy import reuses_update_log_probs
+    from rlplan.planner.layout import reuses_update_log_probs
 
     plan = _plan(tiny_model_dir)
     assert reuses_update_log_probs(plan)
