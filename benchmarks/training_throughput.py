@@ -9,9 +9,10 @@ with sdpa over one block-diagonal mask (what packing cost before the varlen path
 holds the three trainers and times their updates in turn, repeat after repeat, so a shared machine's
 changing load falls on all three alike; the median repeat is reported. The baseline is a plain Hugging
 Face model in one process: one padded forward, a log-softmax gather loss, backward and an AdamW step
-over the same sequences. Each
-rank gets `--sequences` sequences. Without --model-dir the bundled tiny Qwen2 is built in a temp dir.
-Both sides use the same number of intra-op threads per process (1 per rank, as the Ray workers do).
+over all the ranks' sequences at once, on as many intra-op threads as the ranks use together (each rank
+gets its share of the cores, as the Ray workers do), so both sides have the same cores and the same
+tokens. Each rank gets `--sequences` sequences. Without --model-dir the bundled tiny Qwen2 is built in a
+temp dir.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def _runtime_rank(rank: int, world_size: int, args: dict) -> dict:
     import torch
 
     from rlplan.runtime.commands import demo_plan
+    from rlplan.runtime.platform import cpu_threads_per_rank
     from rlplan.runtime.trainer.policy import PolicyTrainer
 
+    torch.set_num_threads(cpu_threads_per_rank(world_size))  # as the Ray trainer workers do
     plan = demo_plan(args["model_dir"], "unused.parquet", "unused", steps=1, world_size=world_size)
     per_rank = args["sequences"]
     plan = plan.evolve(
@@ -86,14 +89,15 @@ def _raw_torch(args: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args["threads"])
     model = AutoModelForCausalLM.from_pretrained(args["model_dir"], dtype=torch.float32)
     if args["lora_rank"]:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=args["lora_rank"], lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    batch = _batch(args["sequences"], args["prompt_len"], args["response_len"], model.config.vocab_size, seed=0)
+    batch = _batch(args["sequences"] * args["world_size"], args["prompt_len"], args["response_len"],
+                   model.config.vocab_size, seed=0)
     input_ids = batch["input_ids"]
     prompt = args["prompt_len"]
 
@@ -123,6 +127,7 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=8)
     options = parser.parse_args()
 
+    from rlplan.runtime.platform import cpu_threads_per_rank
     from rlplan.runtime.tiny import ensure_tiny_model
     from rlplan.runtime.trainer.local_group import run_on_local_group
 
@@ -134,6 +139,8 @@ def main() -> None:
         "response_len": options.response_len,
         "repeats": options.repeats,
         "lora_rank": options.lora_rank,
+        "world_size": options.world_size,
+        "threads": options.world_size * cpu_threads_per_rank(options.world_size),
     }
     ranks = run_on_local_group(_runtime_rank, options.world_size, args)
     tokens = sum(r["tokens"] for r in ranks)
@@ -145,7 +152,8 @@ def main() -> None:
     for variant, (tokens, seconds) in runtime.items():
         label = f"runtime update, {options.world_size} rank(s), {variant}"
         print(f"{label:52}{tokens / seconds:12.0f}{seconds:12.3f}")
-    print(f"{'raw torch fwd/bwd/AdamW, padded':52}{raw['tokens'] / raw['seconds']:12.0f}{raw['seconds']:12.3f}")
+    label = f"raw torch fwd/bwd/AdamW, padded, {args['threads']} thread(s)"
+    print(f"{label:52}{raw['tokens'] / raw['seconds']:12.0f}{raw['seconds']:12.3f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer beside `rlplan run`, one after the other, on the same model, task, batch, lr and seed.
 
     nox -s versus_trl                       # the issue 12 size: 8 steps of 8 prompts x 8 samples x 128 tokens
-    nox -s versus_trl -- --steps 3 --response-len 32 --json
+    nox -s versus_trl -- --steps 3 --response-len 32 --output result.json
     python benchmarks/versus_trl.py [--steps 8] [--prompts 8] [--n 8] [--response-len 128] [--lr 5e-4]
         [--seed 1] [--world-size 2] [--layers 8] [--hidden 512] [--vocab 128] [--work-dir DIR] [--json]
 
@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=128)
     parser.add_argument("--work-dir", default=None, help="where the model, data and runs go (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--output", default=None,
+                        help="also write that JSON object to this file (nox mixes the children's logs into stdout)")
     parser.add_argument("--side", choices=("both", "trl", "rlplan"), default="both", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("steps", "prompts", "n", "response_len", "world_size", "layers", "hidden", "vocab"):
@@ -330,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{args.steps} steps, rlplan on {args.world_size} rank(s)",
         "sides": sides,
     }
+    if args.output:
+        from rlplan.planner.commands_io import write_atomic
+
+        write_atomic(args.output, json.dumps(result, indent=2) + "\n", "--output")
     if args.json:
         print(json.dumps(result, indent=2))
     else:

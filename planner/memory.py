@@ -439,7 +439,8 @@ def vllm_cpu_kv_space_gib(plan: Plan) -> int:
     the process's RSS, which the runtime never leaves to chance.
     """
     arch = plan.model.arch
-    bytes_needed = plan.rollout.max_num_seqs * rollout_max_model_len(plan) * arch.kv_cache_bytes_per_token()
+    bytes_needed = (plan.rollout.max_num_seqs * rollout_max_model_len(plan)
+                    * arch.kv_cache_bytes_per_token(1, plan.rollout.dtype_bytes))
     host_cap = max(CPU_KV_CACHE_MIN_GIB, int(plan.cluster.host_memory_gib * CPU_KV_CACHE_MAX_HOST_FRACTION))
     return min(host_cap, max(CPU_KV_CACHE_MIN_GIB, math.ceil(bytes_needed / GIB)))
 
@@ -458,7 +459,7 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
     sglang = rollout.name == "sglang"
     # verl starts vLLM with enable_lora, which holds one adapter at the plan's rank; SGLang gets
     # no LoRA arguments (async_sglang_server.py server args) and holds the base weights only.
-    weights = 2 * (facts.params + (0 if sglang else lora_params(plan))) // t
+    weights = rollout.dtype_bytes * (facts.params + (0 if sglang else lora_params(plan))) // t
     if plan.cluster.gpu.is_cpu:
         # vLLM's CPU backend: no profile run is subtracted from the KV space, and its default block is 128.
         return RolloutBudget(
@@ -468,7 +469,7 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
             weights_bytes=weights,
             activation_bytes=0,
             non_torch_bytes=0,
-            kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, 2),
+            kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
             block_size=profile.cpu_block_size,
             max_model_len=rollout_max_model_len(plan),
             sequence_length=plan.data.max_sequence_length,
@@ -480,7 +481,7 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
         activation_bytes=int(vllm_activation_bytes(arch, rollout.max_num_batched_tokens, rollout.max_num_seqs,
                                                    profile)),
         non_torch_bytes=int(vllm_non_torch_bytes(t, profile)),
-        kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, 2),
+        kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
         block_size=profile.sglang_page_size if sglang else profile.vllm_block_size,
         max_model_len=rollout_max_model_len(plan),
         sequence_length=plan.data.max_sequence_length,
@@ -1006,18 +1007,19 @@ def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
 def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -> int:
     """What verl holds on the GPU at once to push weights into vLLM.
 
-    Full weights: one tensor's fp32 full_tensor() and its bf16 copy, plus one CUDA-IPC bucket.
+    Full weights: one tensor's fp32 full_tensor() and its copy in rollout.dtype, plus one CUDA-IPC bucket.
     LoRA with the base already loaded by vLLM (load_format != dummy) pushes adapters only: FSDP2
     gathers them one tensor at a time, layered_summon one layer at a time (on FSDP1 with the layer's
     base), and FSDP1's summon_full_params the whole model.  A dummy load format makes the first sync
     push the bf16 base too.
     """
     n_lora = lora_params(plan)
-    full_bucket = min(bucket_bytes, 2 * facts.params)
+    copy_bytes = plan.rollout.dtype_bytes
+    full_bucket = min(bucket_bytes, copy_bytes * facts.params)
     if not n_lora:
-        return 6 * facts.largest_tensor + full_bucket
+        return (4 + copy_bytes) * facts.largest_tensor + full_bucket
     if plan.rollout.load_format == "dummy":
-        return 2 * facts.largest_tensor + full_bucket
+        return copy_bytes * facts.largest_tensor + full_bucket
     arch = plan.model.arch
     adapter_bucket = min(bucket_bytes, 2 * n_lora)
     fsdp1 = plan.actor.strategy == "fsdp"

@@ -207,7 +207,10 @@ class RolloutSection:
     multi_stage_wake_up: bool = True
     layered_summon: bool = False
     load_format: LoadFormat = "dummy"
-    dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    # The engine's weights and KV cache. It should compute in the dtype the trainer's forward does, or it
+    # samples from rounded weights the trainer never scores: bf16 beside verl's bf16-compute FSDP on GPUs,
+    # fp32 beside rlplan's CPU trainer (rules: rollout_dtype_matches_cpu_trainer).
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     temperature: float = field(default=1.0, validator=at_least(0.0, "rollout"))
     top_p: float = field(default=1.0, validator=_fraction("rollout"))
     top_k: int = -1
@@ -217,6 +220,11 @@ class RolloutSection:
     log_prob_max_token_len_per_gpu: int = field(default=16384, validator=at_least(1, "rollout"))
     agent_num_workers: int = field(default=8, validator=at_least(1, "rollout"))
     update_weights_bucket_megabytes: int = field(default=2048, validator=at_least(1, "rollout"))
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of the engine's weights and KV cache."""
+        return 4 if self.dtype == "float32" else 2
 
 
 @frozen(kw_only=True)

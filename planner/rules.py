@@ -957,6 +957,19 @@ def _runtime_rollout_is_single_gpu(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
+@rule("platform", "on CPU the rollout engine computes in fp32, as the trainer does")
+def _rollout_dtype_matches_cpu_trainer(ctx: RuleContext) -> Iterator[Violation]:
+    rollout = ctx.plan.rollout
+    if not _platform(ctx).has_accelerator and rollout.dtype != "float32":
+        yield ctx.violation(
+            f"the CPU trainer computes in fp32 but rollout.dtype is {rollout.dtype}: the engine rounds the synced "
+            "weights, drops every update smaller than that dtype's spacing (about 1e-4 for weights near 0.02 "
+            "in bf16) and samples a policy the trainer never scores, so sync_logprob_gap grows from step 2.",
+            'set rollout.dtype = "float32" for a run on this machine', severity="warning",
+            rollout__dtype="float32",
+        )
+
+
 @rule("platform", "a one-node plan wants at most the GPUs this machine has")
 def _plan_gpus_on_this_machine(ctx: RuleContext) -> Iterator[Violation]:
     platform, cluster = _platform(ctx), ctx.plan.cluster

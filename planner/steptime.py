@@ -176,16 +176,16 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
         # Experts no sequence in the batch routed to are not read.
         untouched = (1.0 - arch.num_experts_per_token / arch.num_experts) ** concurrency
         weight_params -= facts.routed_expert_params * untouched
-    weights = 2.0 * weight_params / t
-    kv = concurrency * context * arch.kv_cache_bytes_per_token(t, 2)
+    weights = rollout.dtype_bytes * weight_params / t
+    kv = concurrency * context * arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes)
     memory_seconds = (weights + kv) / hbm
     compute_seconds = concurrency * facts.forward_flops_per_token(int(context)) / (t * prefill_flops)
     step = max(memory_seconds, compute_seconds)
     if t > 1:
         # Two all-reduces of the running batch's hidden states per layer.
         tp_bandwidth = rates.collective(t)
-        per_all_reduce = profile.tp_allreduce_latency_us * 1e-6 + 2.0 * concurrency * facts.hidden * 2 * (
-            t - 1) / t / tp_bandwidth
+        per_all_reduce = profile.tp_allreduce_latency_us * 1e-6 + 2.0 * concurrency * facts.hidden * (
+            rollout.dtype_bytes * (t - 1) / t / tp_bandwidth)
         step += 2 * facts.layers * per_all_reduce
     decode_steps = sequences * response / concurrency
     return prefill + decode_steps * step
@@ -201,15 +201,15 @@ def weight_sync_seconds(plan: Plan, rates: _Rates, shard: int) -> float:
     if n_lora:
         # Once vLLM holds the base (loaded itself, or pushed at the first sync with a dummy format),
         # each step pushes the fp32 adapter only.
-        seconds = ring_seconds(4.0 * n_lora, shard, bandwidth) + 2.0 * n_lora / t / rates.hbm
+        seconds = ring_seconds(4.0 * n_lora, shard, bandwidth) + rollout.dtype_bytes * n_lora / t / rates.hbm
     else:
-        seconds = ring_seconds(4.0 * facts.params, shard, bandwidth) + 2.0 * facts.params / t / rates.hbm
+        seconds = ring_seconds(4.0 * facts.params, shard, bandwidth) + rollout.dtype_bytes * facts.params / t / rates.hbm
     if offloaded_by_policy(plan, "actor"):
         # The shards the sync gathers live in host RAM under CPUOffloadPolicy.
         seconds += actor_state(plan, shard).params / rates.pcie
     if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
         # Level 1 copies vLLM's weights to host at sleep and back at wake.
-        seconds += 2 * 2.0 * (facts.params + n_lora) / t / rates.pcie
+        seconds += 2.0 * rollout.dtype_bytes * (facts.params + n_lora) / t / rates.pcie
     return seconds
 
 

@@ -247,7 +247,7 @@ class TrainerWorker:
 def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
 class RolloutWorker:

@@ -663,3 +663,12 @@ def test_offload_policy_is_ignored_on_fsdp1_as_verl_ignores_it():
     plain = predict_memory(make_plan(overrides={"actor.strategy": "fsdp"}))
     asked = predict_memory(make_plan(overrides={"actor.strategy": "fsdp", "actor.offload_policy": True}))
     assert asked.gpu_peak_bytes == plain.gpu_peak_bytes and asked.host.total_bytes == plain.host.total_bytes
+
+
+def test_an_fp32_rollout_engine_holds_its_weights_and_kv_cache_at_four_bytes_an_element():
+    from rlplan.planner.memory import rollout_budget
+
+    bf16 = rollout_budget(make_plan())
+    fp32 = rollout_budget(make_plan(overrides={"rollout.dtype": "float32"}))
+    assert fp32.weights_bytes == 2 * bf16.weights_bytes
+    assert fp32.kv_cache_bytes_per_token == 2 * bf16.kv_cache_bytes_per_token

@@ -100,3 +100,12 @@ def test_a_plan_for_more_gpus_than_this_machine_has_is_refused():
     plan = make_plan(gpus=8)
     assert "cluster.gpus_per_node" in _platform_refusals(plan, Platform(device_type="cuda", accelerator_count=4))
     assert "cluster.gpus_per_node" not in _platform_refusals(plan, GPU)
+
+
+def test_a_bf16_engine_beside_the_fp32_cpu_trainer_is_warned_with_the_fp32_fix_and_gpus_keep_bf16():
+    plan = make_plan()  # rollout.dtype bfloat16, verl's default
+    (warning,) = [v for v in check_plan(plan, CPU).warnings if v.rule == "rollout_dtype_matches_cpu_trainer"]
+    assert warning.suggested == {"rollout.dtype": "float32"}
+    assert not [v for v in check_plan(plan, GPU).violations if v.rule == "rollout_dtype_matches_cpu_trainer"]
+    fp32 = make_plan(overrides={"rollout.dtype": "float32"})
+    assert not [v for v in check_plan(fp32, CPU).violations if v.rule == "rollout_dtype_matches_cpu_trainer"]
