@@ -14,14 +14,12 @@ and every violation reported at once.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import attrs
 from attrs import frozen
 
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
-
-Role = Literal["actor_update", "old_log_prob", "ref_log_prob", "critic_update", "critic_values"]
 
 
 @frozen(kw_only=True)
@@ -74,7 +72,8 @@ class RoleBatchLayout:
     `max_token_len_per_gpu` (dynamic batch size) describes the micro batches.
     """
 
-    role: Role
+    # The trainer pass described: a Phase other than the rollout and the weight sync.
+    role: Phase
     sequences_per_gpu: int
     max_sequence_length: int
     # Mean prompt + response tokens of the data (data.expected_*_length); the maximum if unstated.
@@ -219,7 +218,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
     dp = max(parallel.dp, 1)
     seq_len = plan.data.max_sequence_length
 
-    def role(name: Role, *, mini: int | None, micro: int | None, budget: int | None, dynamic: bool,
+    def role(name: Phase, *, mini: int | None, micro: int | None, budget: int | None, dynamic: bool,
              sp_size: int = sp, dp_size: int = dp, epochs: int = 1) -> RoleBatchLayout:
         return RoleBatchLayout(
             role=name,
@@ -234,7 +233,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
         )
 
     actor_update = role(
-        "actor_update",
+        Phase.ACTOR_UPDATE,
         mini=actor.ppo_mini_batch_size * n // dp,
         micro=normalized_micro_batch(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, dp),
         budget=actor.ppo_max_token_len_per_gpu,
@@ -243,7 +242,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
     )
     rollout = plan.rollout
     old_log_prob = role(
-        "old_log_prob",
+        Phase.OLD_LOG_PROB,
         mini=None,
         micro=normalized_micro_batch(rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size, dp),
         budget=rollout.log_prob_max_token_len_per_gpu,
@@ -253,7 +252,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
     if plan.uses_reference:
         ref = plan.ref
         ref_log_prob = role(
-            "ref_log_prob",
+            Phase.REF_LOG_PROB,
             mini=None,
             micro=normalized_micro_batch(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size, dp),
             budget=ref.log_prob_max_token_len_per_gpu,
@@ -268,7 +267,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
         critic_micro = normalized_micro_batch(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, critic_dp)
         critic_mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else actor.ppo_mini_batch_size
         critic_update = role(
-            "critic_update",
+            Phase.CRITIC_UPDATE,
             mini=critic_mini * n // critic_dp,
             micro=critic_micro,
             budget=critic.ppo_max_token_len_per_gpu,
@@ -279,7 +278,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
         )
         forward_micro = critic.forward_micro_batch_size_per_gpu
         critic_values = role(
-            "critic_values",
+            Phase.CRITIC_VALUES,
             mini=None,
             micro=forward_micro if forward_micro is not None else critic_micro,
             budget=critic.forward_max_token_len_per_gpu,

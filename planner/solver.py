@@ -432,7 +432,7 @@ def _peak_within_gpu(report: MemoryReport, name: str, objective: Objective = "th
 def phase_fits(report: MemoryReport, name: str) -> bool:
     """One phase within the GPU; the rollout must also hold one max_model_len sequence of KV."""
     fits = _peak_within_gpu(report, name)
-    if name == "rollout":
+    if name == Phase.ROLLOUT:
         fits = fits and report.rollout.holds_max_model_len
     return fits
 
@@ -586,7 +586,7 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
         # so "fits" is monotone and bisection finds the largest util; whether that util leaves room
         # for one max_model_len sequence of KV is checked after.
         report = predict_memory(candidate, profile)
-        return all(_peak_within_gpu(report, phase, request.objective) for phase in ("rollout", "weight_sync"))
+        return all(_peak_within_gpu(report, phase, request.objective) for phase in (Phase.ROLLOUT, Phase.WEIGHT_SYNC))
 
     if "rollout.gpu_memory_utilization" in pins:
         if not fits(plan):

@@ -241,7 +241,8 @@ def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAU
     layout = layout or plan_layout(plan)
     rates = _Rates(plan, profile)
     shard = max(1, layout.parallel.fsdp_shard_size)
-    phases = {
+    # Phases by name, plus "offload" (verl's between-phase moves, which belong to no one phase).
+    phases: dict[str, float] = {
         Phase.WEIGHT_SYNC: weight_sync_seconds(plan, rates, shard),
         Phase.ROLLOUT: rollout_seconds(plan, memory, rates, profile, layout),
     }
