@@ -33,8 +33,9 @@ class SyncMode(StrEnum):
 
 @frozen
 class PassKnobs:
-    """A trainer pass's batching knobs, as plan keys: the rules, the solver's passes and diagnosis and the
-    runtime's batching all read them from PASS_KNOBS."""
+    """A trainer pass's batching knobs, as plan keys: the solver's passes and the rule on verl's deprecated
+    global micro-batch keys read PASS_KNOBS; the budget rules, the diagnosis and the runtime's batching
+    read TOKEN_BUDGET_KEY, derived from it."""
 
     # Switches the pass between a token budget and fixed micro batches.
     dynamic_bsz: str

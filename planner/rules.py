@@ -29,9 +29,10 @@ import attrs
 from attrs import field, frozen
 
 from rlplan.planner.errors import PlanError
+from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory import runtime_loss_head
-from rlplan.planner.phases import TOKEN_BUDGET_KEY, Phase
+from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
 
@@ -532,12 +533,9 @@ def _mini_batch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
       "[N4, N6] global micro-batch keys are normalized by verl 0.8 but rejected by verl >= 0.9")
 def _deprecated_global_micro_batch_keys(ctx: RuleContext) -> Iterator[Violation]:
     plan, dp = ctx.plan, max(ctx.layout.parallel.dp, 1)
-    keys = [("actor.ppo_micro_batch_size", plan.actor.ppo_micro_batch_size, "actor.ppo_micro_batch_size_per_gpu"),
-            ("rollout.log_prob_micro_batch_size", plan.rollout.log_prob_micro_batch_size,
-             "rollout.log_prob_micro_batch_size_per_gpu"),
-            ("ref.log_prob_micro_batch_size", plan.ref.log_prob_micro_batch_size,
-             "ref.log_prob_micro_batch_size_per_gpu")]
-    for key, value, per_gpu_key in keys:
+    for phase in (Phase.ACTOR_UPDATE, Phase.OLD_LOG_PROB, Phase.REF_LOG_PROB):
+        key, per_gpu_key = PASS_KNOBS[phase].legacy_micro_batch, PASS_KNOBS[phase].micro_batch
+        value = knob_value(plan, key) if key else None
         if value is not None:
             per_gpu = max(1, value // dp)
             yield ctx.violation(
