@@ -256,6 +256,8 @@ class RolloutWorker:
     def __init__(self, model_dir: str, plan: Plan, seed: int) -> None:
         from rlplan.runtime.rollout.engine import VllmRollout
 
+        if _device_type() == "cpu":
+            use_every_core()
         self.engine = VllmRollout(model_dir, plan, seed=seed, lora_rank=plan.model.lora.rank)
 
     def generate(
@@ -284,6 +286,23 @@ class RolloutWorker:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def use_every_core() -> None:
+    """Give this process's torch and OpenMP every core the machine lets it run on.
+
+    Ray starts an actor that asks for no CPU with OMP_NUM_THREADS=1, and vLLM keeps an OMP_NUM_THREADS it
+    finds; the CPU engine generates while the trainer ranks wait (runtime.platform.cpu_threads_per_rank),
+    so one thread left half of a 2-core machine idle during every rollout (issue 12). It must run before
+    the engine starts: vLLM's CPU worker then turns torch.set_num_threads into a no-op.
+    """
+    import torch
+
+    from rlplan.runtime.platform import available_cores
+
+    cores = available_cores()
+    os.environ["OMP_NUM_THREADS"] = str(cores)
+    torch.set_num_threads(cores)
 
 
 def _device_type() -> str:
