@@ -31,6 +31,9 @@ class ParallelLayout:
     ulysses_sequence_parallel_size: int = 1
     fsdp_size: int = -1
     rollout_tensor_parallel_size: int = 1
+    # rlplan's CPU runtime starts one engine for the whole machine, whatever the ranks and TP
+    # (runtime.workers.rollout_replicas): it generates while the trainer ranks wait.
+    one_rollout_engine: bool = False
 
     @property
     def dp(self) -> int:
@@ -50,6 +53,9 @@ class ParallelLayout:
 
     @property
     def rollout_replicas(self) -> int:
+        """Engines generating the batch between them, each taking an equal share of the sequences."""
+        if self.one_rollout_engine:
+            return 1
         return self.world_size // self.rollout_tensor_parallel_size
 
     @property
@@ -213,6 +219,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
         ulysses_sequence_parallel_size=sp,
         fsdp_size=actor.fsdp_size,
         rollout_tensor_parallel_size=plan.rollout.tensor_model_parallel_size,
+        one_rollout_engine=plan.cluster.gpu.is_cpu,
     )
     n = plan.rollout.n
     dp = max(parallel.dp, 1)

@@ -158,10 +158,8 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
     t = rollout.tensor_model_parallel_size
     replicas = max(1, layout.parallel.rollout_replicas)
     prefill_flops, hbm = rates.prefill_flops, rates.hbm
-    if plan.cluster.gpu.is_cpu:
-        # rlplan's CPU runtime starts one engine for the whole machine (runtime.workers.rollout_replicas),
-        # and it generates while the trainer ranks wait: it has every rank's share of cores and bandwidth.
-        replicas = 1
+    if layout.parallel.one_rollout_engine:
+        # The one engine generates while the trainer ranks wait: it has every rank's share of cores and bandwidth.
         prefill_flops, hbm = prefill_flops * rates.gpus_per_node, hbm * rates.gpus_per_node
     prompt, response = plan.data.max_prompt_length, plan.data.max_response_length
     sequences = plan.data.train_batch_size * rollout.n / replicas

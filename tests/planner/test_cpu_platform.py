@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from rlplan.planner.cli import app
 from rlplan.planner.hardware import estimate_cpu_rates
+from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import GIB, predict_memory, rollout_budget, vllm_cpu_kv_space_gib
 from rlplan.planner.planfile import plan_from_toml
 from rlplan.planner.platform import CPU_RUNTIME_PINS
@@ -159,3 +160,14 @@ def test_cpu_rollout_is_one_engine_on_the_whole_machine_whatever_the_trainer_ran
     rollout = [predict_step_time(p, predict_memory(p)).phase_seconds["rollout"] for p in (one, two)]
     assert rollout[0] > 0
     assert rollout[1] == pytest.approx(rollout[0])
+
+
+def test_cpu_solve_sizes_the_one_engine_for_every_sequence_of_the_step(tmp_path):
+    # The runtime starts one engine for the whole machine, so max_num_seqs below the step's 64 sequences
+    # would make it generate in two waves (it did: 32, sized as if each of the 2 ranks had an engine).
+    out = tmp_path / "plan.toml"
+    result = runner.invoke(app, [*SOLVE_TINY, "--device", "cpu", "--gpus", "2", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = plan_from_toml(out.read_text())
+    assert plan_layout(plan).parallel.rollout_replicas == 1
+    assert plan.rollout.max_num_seqs == plan.data.train_batch_size * plan.rollout.n == 64
