@@ -214,6 +214,10 @@ class RolloutSection:
     temperature: float = field(default=1.0, validator=at_least(0.0, "rollout"))
     top_p: float = field(default=1.0, validator=_fraction("rollout"))
     top_k: int = -1
+    # Keep sampling past the end-of-sequence token, so every response is max_response_length tokens: verl's
+    # knob for throughput runs, where each step must carry the same tokens. The tokens after an EOS are
+    # scored and trained like the rest (verl's agent loop masks none of them).
+    ignore_eos: bool = False
     log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=at_least(1, "rollout"))
     log_prob_micro_batch_size: int | None = field(default=None, validator=at_least(1, "rollout"))
     log_prob_use_dynamic_bsz: bool = False

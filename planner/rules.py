@@ -828,6 +828,20 @@ def _group_advantage_needs_samples(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
+@rule("rlplan", "with rollout.ignore_eos every response is max_response_length tokens long")
+def _ignore_eos_fills_every_response(ctx: RuleContext) -> Iterator[Violation]:
+    data = ctx.plan.data
+    expected = data.expected_response_length
+    if ctx.plan.rollout.ignore_eos and expected is not None and expected < data.max_response_length:
+        yield ctx.violation(
+            f"rollout.ignore_eos samples past the end-of-sequence token, so every response is "
+            f"{data.max_response_length} tokens, but data.expected_response_length = {expected} prices shorter "
+            "ones: the memory and step-time predictions would be too low.",
+            "unset data.expected_response_length (the maximum), or set rollout.ignore_eos = false",
+            data__expected_response_length=None,
+        )
+
+
 @rule("rlplan",
       "an adapter-only LoRA sync (or layered summon) needs vLLM sleep level 1, which keeps the base weights")
 def _adapter_sync_keeps_base_weights(ctx: RuleContext) -> Iterator[Violation]:

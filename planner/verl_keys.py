@@ -136,6 +136,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("rollout.temperature", f"{ARF}.rollout.temperature", "float", 1.0),
     _k("rollout.top_p", f"{ARF}.rollout.top_p", "float", 1.0),
     _k("rollout.top_k", f"{ARF}.rollout.top_k", "int", -1),
+    _k("rollout.ignore_eos", f"{ARF}.rollout.ignore_eos", "bool", False),
     _k("rollout.log_prob_micro_batch_size_per_gpu", f"{ARF}.rollout.log_prob_micro_batch_size_per_gpu", "int",
        None, True),
     _k("rollout.log_prob_micro_batch_size", f"{ARF}.rollout.log_prob_micro_batch_size", "int", None, True),

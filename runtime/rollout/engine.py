@@ -137,7 +137,7 @@ class VllmRollout:
     ) -> list[GeneratedSample]:
         """n samples per prompt, grouped by prompt in prompt order, with sampling log-probs.
 
-        Sampling uses plan.rollout temperature/top_p/top_k; greedy=True decodes with
+        Sampling uses plan.rollout temperature/top_p/top_k/ignore_eos; greedy=True decodes with
         temperature 0 and needs n == 1. lora=False samples the base model.
         """
         from vllm import SamplingParams
@@ -160,6 +160,7 @@ class VllmRollout:
                 top_p=rollout.top_p,
                 top_k=rollout.top_k,
                 max_tokens=max_tokens,
+                ignore_eos=rollout.ignore_eos,
                 logprobs=0,
             )
         outputs = self._engine.generate(

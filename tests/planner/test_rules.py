@@ -178,6 +178,18 @@ def test_grpo_with_one_sample_is_rejected():
     assert "group_advantage_needs_samples" in {v.rule for v in check_plan(plan).errors}
 
 
+def test_ignore_eos_with_a_shorter_expected_response_is_an_error_and_unsetting_it_clears_it():
+    plan = make_plan(overrides={"rollout.ignore_eos": True, "data.expected_response_length": 256})
+    violation = next(v for v in check_plan(plan).errors if v.rule == "ignore_eos_fills_every_response")
+    assert "1024 tokens" in violation.message
+    fixed = apply_knobs(plan, violation.suggested)
+    assert fixed.data.expected_response_length is None
+    assert "ignore_eos_fills_every_response" not in {v.rule for v in check_plan(fixed).violations}
+    # Without ignore_eos a mean below the maximum is what the data says, not a contradiction.
+    assert "ignore_eos_fills_every_response" not in {
+        v.rule for v in check_plan(make_plan(overrides={"data.expected_response_length": 256})).violations}
+
+
 def test_lora_with_sleep_level_2_names_the_fix():
     plan = make_plan(overrides={"model.lora.rank": 32, "rollout.sleep_level": 2, "rollout.load_format": "safetensors"})
     violation = next(v for v in check_plan(plan).errors if v.rule == "adapter_sync_keeps_base_weights")

@@ -265,6 +265,44 @@ def test_sampling_logprobs_match_a_hf_forward_of_the_same_tokens(engine, base_mo
     assert _mean_logprob_gap(base_model, samples) < LOGPROB_TOLERANCE
 
 
+def _eos_certain(model):
+    """A copy whose every next token is EOS: no layer writes to the residual stream, every embedding is the
+    first unit vector, and only EOS's output row reads it, with a logit of 20 x sqrt(hidden)."""
+    import copy
+
+    import torch
+
+    certain = copy.deepcopy(model)
+    eos = certain.config.eos_token_id
+    with torch.no_grad():
+        for layer in certain.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        certain.model.embed_tokens.weight.zero_()
+        certain.model.embed_tokens.weight[:, 0] = 1.0
+        certain.lm_head.weight.zero_()
+        certain.lm_head.weight[eos, 0] = 20.0
+    return certain
+
+
+@pytest.mark.runtime
+@pytest.mark.vllm
+def test_ignore_eos_samples_every_response_to_max_tokens(engine, base_model, prompts, monkeypatch):
+    engine.sync_full_weights(_hf_names(_eos_certain(base_model)))
+    try:
+        stopped = engine.generate(prompts, 2, max_tokens=6, lora=False)
+        eos = base_model.config.eos_token_id
+        # The model cannot but end at once: the check below would pass for the wrong reason otherwise.
+        assert all(s.response_ids == (eos,) and s.finish_reason == "stop" for s in stopped)
+        # The engine reads the knob from its plan at every generate, as a run's plan would set it.
+        monkeypatch.setattr(engine, "_plan", _evolve_rollout(engine._plan, ignore_eos=True))
+        filled = engine.generate(prompts, 2, max_tokens=6, lora=False)
+        assert all(len(s.response_ids) == len(s.response_logprobs) == 6 and s.finish_reason == "length"
+                   for s in filled)
+    finally:
+        engine.sync_full_weights(_hf_names(base_model))
+
+
 @pytest.mark.runtime
 @pytest.mark.vllm
 def test_full_weight_sync_serves_the_new_weights(engine, base_model, prompts):
