@@ -2,7 +2,8 @@
 
     nox -s versus_trl                       # the issue 12 size: 8 steps of 8 prompts x 8 samples x 128 tokens
     nox -s versus_trl -- --steps 3 --response-len 32 --output result.json
-    python benchmarks/versus_trl.py [--steps 8] [--prompts 8] [--n 8] [--response-len 128] [--lr 1e-5]
+    python benchmarks/versus_trl.py [--steps 8] [--prompts 8] [--n 8] [--response-len 128] [--lengths fixed|free]
+        [--lr 1e-5]
         [--seed 1] [--world-size 2] [--layers 8] [--hidden 512] [--vocab 128] [--work-dir DIR] [--json]
 
 Both sides train the bundled kind of model (a random Qwen2 built like runtime/tiny.py: `--layers` layers,
@@ -12,6 +13,14 @@ task with its reward (runtime.tiny.toy_score), `--prompts` prompts x `--n` sampl
 constant, grad clip 1.0), no KL term, token-mean loss aggregation, clip 0.2 / 0.28, advantages normalized
 per group. The prompt order differs (each side shuffles its own way from the same seed); the task's
 prompts are drawn from the same distribution.
+
+`--lengths fixed` (the default) makes every response exactly `--response-len` tokens on both sides, so both
+steps carry the same tokens and the step times compare the systems: rlplan's engine samples past the
+end-of-sequence token (verl's `rollout.ignore_eos`), TRL's `generate` may not emit it before the last token
+(`min_new_tokens`, the nearest HF knob; TRL masks whatever follows an EOS, so it must not be sampled there).
+The task's reward counts shares of letters, so it does not depend on the length. `--lengths free` stops at
+EOS on both sides: each step then carries as many tokens as the policy has drifted to, and on this task the
+two policies drift apart within a few steps (see the README).
 
 - TRL: `GRPOTrainer` with HF `generate`, in one process on every core (`--side trl`, a child process).
 - rlplan: `rlplan run` of the plan `rlplan demo` would solve for this workload on `--world-size` CPU ranks.
@@ -46,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--response-len", type=int, default=128, help="new tokens per sample, at most")
+    parser.add_argument("--lengths", choices=("fixed", "free"), default="fixed",
+                        help="fixed: every response is --response-len tokens on both sides; free: stop at EOS")
     # At 5e-4 both sides collapse within two steps on this task; at 1e-5 both rise over four or five.
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=1)
@@ -184,6 +195,7 @@ def run_trl(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> 
         bf16=False,
         dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.float32},
+        generation_kwargs={"min_new_tokens": args.response_len} if args.lengths == "fixed" else None,
     )
     trainer = TimedGRPOTrainer(model=inputs["model_dir"], reward_funcs=[toy_reward], args=config,
                                train_dataset=dataset, callbacks=[StepClock()])
@@ -225,7 +237,7 @@ def rlplan_plan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path)
         # One optimizer step per RL step, no KL term, the same clip range as TRL's.
         actor=attrs.evolve(workload.actor, ppo_mini_batch_size=args.prompts, use_kl_loss=False,
                            clip_ratio_low=CLIP_LOW, clip_ratio_high=CLIP_HIGH),
-        rollout=attrs.evolve(workload.rollout, max_model_len=None),
+        rollout=attrs.evolve(workload.rollout, max_model_len=None, ignore_eos=args.lengths == "fixed"),
     )
     return solve_demo_plan(workload)
 
@@ -305,7 +317,7 @@ def _child(args: argparse.Namespace, side: str, work: Path) -> dict[str, Any]:
     """Run one side in a fresh interpreter, so neither inherits the other's threads, memory or imports."""
     argv = [sys.executable, __file__, "--side", side, "--work-dir", str(work), "--json",
             "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n),
-            "--response-len", str(args.response_len), "--lr", str(args.lr), "--seed", str(args.seed),
+            "--response-len", str(args.response_len), "--lengths", args.lengths, "--lr", str(args.lr), "--seed", str(args.seed),
             "--world-size", str(args.world_size), "--layers", str(args.layers), "--hidden", str(args.hidden),
             "--vocab", str(args.vocab)]
     completed = subprocess.run(argv, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=False)
@@ -329,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     sides = {side: _child(args, side, work) for side in ("trl", "rlplan")}
     result = {
         "workload": f"{args.layers}-layer Qwen2 h{args.hidden} V{args.vocab}, {args.prompts} prompts x {args.n} "
-                    f"samples x <= {args.response_len} tokens, lr {args.lr:g}, seed {args.seed}, "
+                    f"samples x {'' if args.lengths == 'fixed' else '<= '}{args.response_len} tokens, lr {args.lr:g}, seed {args.seed}, "
                     f"{args.steps} steps, rlplan on {args.world_size} rank(s)",
         "sides": sides,
     }
