@@ -92,6 +92,7 @@ def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
 
 
 def knob_value(plan: Plan, dotted: str) -> Any:
+    """The plan's value at a dotted key (`rollout.max_num_seqs`), read as apply_knobs would set it."""
     value: Any = plan
     for name in dotted.split("."):
         value = getattr(value, name)

@@ -26,6 +26,7 @@ import jinja2
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
+from rlplan.planner.knobs import knob_value
 from rlplan.planner.plan import Plan
 from rlplan.planner.verl_keys import (
     BY_FIELD,
@@ -73,13 +74,6 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
-def _field(plan: Plan, dotted: str) -> Any:
-    value: Any = plan
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def prepare_for_verl(plan: Plan) -> Plan:
     """The plan with what verl would default badly made explicit; a PlanError for what verl cannot run."""
     if plan.algorithm.grpo_leave_one_out:
@@ -120,14 +114,14 @@ def verl_overrides(plan: Plan) -> list[str]:
     prepared = prepare_for_verl(plan)
     overrides: list[str] = []
     for entry in VERL_KEYS:
-        value = _field(prepared, entry.field)
+        value = knob_value(prepared, entry.field)
         if value is None:
             continue
         if entry.kind == "str_list":
             value = render_str_list(value)
         overrides.append(f"{entry.key}={format_value(value)}")
     for key, field in RENDER_ALSO.items():
-        value = _field(prepared, BY_FIELD[field].field)
+        value = knob_value(prepared, BY_FIELD[field].field)
         if value is not None and key not in prepared.passthrough:
             overrides.append(f"{key}={format_value(value)}")
     if prepared.reward.function:

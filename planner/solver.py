@@ -844,10 +844,7 @@ def searched_knobs(plan: Plan) -> dict[str, Any]:
         if (dotted.startswith("critic.") and not plan.uses_critic) or (
                 dotted.startswith("ref.") and not plan.uses_reference):
             continue
-        value: Any = plan
-        for name in dotted.split("."):
-            value = getattr(value, name)
-        knobs[dotted] = value
+        knobs[dotted] = knob_value(plan, dotted)
     return knobs
 
 

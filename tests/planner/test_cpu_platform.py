@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from rlplan.planner.cli import app
 from rlplan.planner.hardware import estimate_cpu_rates
+from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import GIB, predict_memory, rollout_budget, vllm_cpu_kv_space_gib
 from rlplan.planner.planfile import plan_from_toml
@@ -123,11 +124,7 @@ def test_solve_device_cpu_writes_a_runnable_cpu_plan(tmp_path, device_args):
     assert plan.cluster.gpu.is_cpu and plan.cluster.gpus_per_node == 2 and plan.cluster.host_memory_gib == 64
     assert plan.cluster.gpu.memory_gib == 32 and plan.cluster.gpu.bf16_tflops < 10
     for knob, value in CPU_RUNTIME_PINS.items():
-        section, _, name = knob.rpartition(".")
-        holder = plan
-        for part in section.split("."):
-            holder = getattr(holder, part)
-        assert getattr(holder, name) == value, knob
+        assert knob_value(plan, knob) == value, knob
     assert plan.prediction is not None and plan.prediction.step_time_s > 0
 
 
