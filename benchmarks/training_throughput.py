@@ -1,7 +1,7 @@
 """Training tokens/s: the runtime's actor update beside a raw torch forward/backward, same model and batch.
 
     .venv/bin/python benchmarks/training_throughput.py [--model-dir DIR] [--world-size 1] [--sequences 16]
-        [--prompt-len 32] [--response-len 32] [--repeats 3] [--lora-rank 8]
+        [--prompt-len 32] [--response-len 32] [--repeats 3] [--lora-rank 8] [--compute-dtype auto]
 
 The runtime side is `PolicyTrainer.update` (FSDP2, packing, PPO loss, clipping, AdamW) on
 `--world-size` local ranks, three ways: packed with the CPU's per-sequence (varlen) attention, packed
@@ -13,6 +13,12 @@ over all the ranks' sequences at once, on as many intra-op threads as the ranks 
 gets its share of the cores, as the Ray workers do), so both sides have the same cores and the same
 tokens. Each rank gets `--sequences` sequences. Without --model-dir the bundled tiny Qwen2 is built in a
 temp dir.
+
+Both sides compute in `--compute-dtype`: `auto` is what `rlplan solve --device cpu` picks for this CPU
+(bfloat16 where it has native bf16, AVX512-BF16 or AMX; float32 elsewhere). In bf16 the runtime all-gathers
+bf16 copies of its fp32 shards (FSDP2's MixedPrecisionPolicy, as verl), and the raw torch baseline keeps
+fp32 weights and AdamW and runs its forward under `torch.autocast("cpu", torch.bfloat16)`, as the Hugging
+Face Trainer does with `bf16=True`.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ def _runtime_rank(rank: int, world_size: int, args: dict) -> dict:
         data=attrs.evolve(plan.data, train_batch_size=per_rank * world_size, max_prompt_length=args["prompt_len"],
                           max_response_length=args["response_len"]),
         actor=attrs.evolve(plan.actor, ppo_mini_batch_size=per_rank * world_size, ppo_micro_batch_size_per_gpu=per_rank,
-                           use_kl_loss=False),
+                           use_kl_loss=False, compute_dtype=args["compute_dtype"]),
         rollout=attrs.evolve(plan.rollout, n=1),
     )
     trainers = {}
@@ -102,7 +108,8 @@ def _raw_torch(args: dict) -> dict:
     prompt = args["prompt_len"]
 
     def one_step() -> None:
-        logits = model(input_ids=input_ids, use_cache=False).logits[:, prompt - 1 : -1].float()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args["compute_dtype"] == "bfloat16"):
+            logits = model(input_ids=input_ids, use_cache=False).logits[:, prompt - 1 : -1].float()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, prompt:, None]).squeeze(-1)
         loss = -(logp * batch["advantages"]).mean()
         loss.backward()
@@ -125,8 +132,11 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument("--compute-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="both sides' compute dtype; auto: what the solver picks for this CPU")
     options = parser.parse_args()
 
+    from rlplan.planner.this_machine import this_machine_compute_dtype
     from rlplan.runtime.platform import cpu_threads_per_rank
     from rlplan.runtime.tiny import ensure_tiny_model
     from rlplan.runtime.trainer.local_group import run_on_local_group
@@ -141,13 +151,15 @@ def main() -> None:
         "lora_rank": options.lora_rank,
         "world_size": options.world_size,
         "threads": options.world_size * cpu_threads_per_rank(options.world_size),
+        "compute_dtype": options.compute_dtype if options.compute_dtype != "auto" else this_machine_compute_dtype(),
     }
     ranks = run_on_local_group(_runtime_rank, options.world_size, args)
     tokens = sum(r["tokens"] for r in ranks)
     runtime = {label: (tokens, max(r["seconds"][label] for r in ranks)) for label in VARIANTS}
     raw = _raw_torch(args)
     print(f"model {model_dir}, lora rank {options.lora_rank}, {options.sequences} sequences x "
-          f"{options.prompt_len}+{options.response_len} tokens per rank, {options.repeats} timed repeats (median)")
+          f"{options.prompt_len}+{options.response_len} tokens per rank, {options.repeats} timed repeats (median), "
+          f"computing in {args['compute_dtype']}")
     print(f"{'':52}{'tokens/s':>12}{'s/update':>12}")
     for variant, (tokens, seconds) in runtime.items():
         label = f"runtime update, {options.world_size} rank(s), {variant}"

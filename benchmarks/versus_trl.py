@@ -3,15 +3,19 @@
     nox -s versus_trl                       # the issue 12 size: 8 steps of 8 prompts x 8 samples x 128 tokens
     nox -s versus_trl -- --steps 3 --response-len 32 --output result.json
     python benchmarks/versus_trl.py [--steps 8] [--prompts 8] [--n 8] [--response-len 128] [--lengths fixed|free]
-        [--lr 1e-5]
+        [--lr 1e-5] [--compute-dtype auto|bfloat16|float32]
         [--seed 1] [--world-size 2] [--layers 8] [--hidden 512] [--vocab 128] [--work-dir DIR] [--json]
 
 Both sides train the bundled kind of model (a random Qwen2 built like runtime/tiny.py: `--layers` layers,
-`--hidden` wide, 64-wide heads, a `--vocab`-token BPE) in full fine-tuning, fp32, on the toy copy-the-letter
+`--hidden` wide, 64-wide heads, a `--vocab`-token BPE) in full fine-tuning, fp32 weights, on the toy copy-the-letter
 task with its reward (runtime.tiny.toy_score), `--prompts` prompts x `--n` samples of up to
 `--response-len` new tokens per step at temperature 1, one optimizer step per RL step (AdamW at `--lr`,
 constant, grad clip 1.0), no KL term, token-mean loss aggregation, clip 0.2 / 0.28, advantages normalized
-per group. The prompt order differs (each side shuffles its own way from the same seed); the task's
+per group. Both compute in `--compute-dtype`: `auto` is what `rlplan solve --device cpu` picks for this CPU,
+bfloat16 where it has native bf16 (AVX512-BF16, AMX), else float32. In bf16 rlplan's trainer all-gathers bf16
+copies of its fp32 shards and its engine runs in bf16 (as verl on GPUs); TRL runs with `bf16=True` (its own
+default, autocast over fp32 weights) -- in float32 rlplan's trainer and engine run in fp32 and TRL with
+`bf16=False`. The prompt order differs (each side shuffles its own way from the same seed); the task's
 prompts are drawn from the same distribution.
 
 `--lengths fixed` (the default) makes every response exactly `--response-len` tokens on both sides, so both
@@ -59,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="fixed: every response is --response-len tokens on both sides; free: stop at EOS")
     # At 5e-4 both sides collapse within two steps on this task; at 1e-5 both rise over four or five.
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--compute-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="both sides' compute dtype; auto: what rlplan's solver picks for this CPU")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--world-size", type=int, default=2, help="rlplan's CPU trainer ranks")
     parser.add_argument("--layers", type=int, default=8)
@@ -192,7 +198,7 @@ def run_trl(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> 
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        bf16=args.compute_dtype == "bfloat16",
         dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.float32},
         generation_kwargs={"min_new_tokens": args.response_len} if args.lengths == "fixed" else None,
@@ -239,7 +245,7 @@ def rlplan_plan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path)
                            clip_ratio_low=CLIP_LOW, clip_ratio_high=CLIP_HIGH),
         rollout=attrs.evolve(workload.rollout, max_model_len=None, ignore_eos=args.lengths == "fixed"),
     )
-    return solve_demo_plan(workload)
+    return solve_demo_plan(workload, pins={"actor.compute_dtype": args.compute_dtype})
 
 
 def run_rlplan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
@@ -318,6 +324,7 @@ def _child(args: argparse.Namespace, side: str, work: Path) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--side", side, "--work-dir", str(work), "--json",
             "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n),
             "--response-len", str(args.response_len), "--lengths", args.lengths, "--lr", str(args.lr), "--seed", str(args.seed),
+            "--compute-dtype", args.compute_dtype,
             "--world-size", str(args.world_size), "--layers", str(args.layers), "--hidden", str(args.hidden),
             "--vocab", str(args.vocab)]
     completed = subprocess.run(argv, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=False)
@@ -328,6 +335,10 @@ def _child(args: argparse.Namespace, side: str, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compute_dtype == "auto":
+        from rlplan.planner.this_machine import this_machine_compute_dtype
+
+        args.compute_dtype = this_machine_compute_dtype()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="rlplan-versus-trl-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.side != "both":
@@ -342,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "workload": f"{args.layers}-layer Qwen2 h{args.hidden} V{args.vocab}, {args.prompts} prompts x {args.n} "
                     f"samples x {'' if args.lengths == 'fixed' else '<= '}{args.response_len} tokens, lr {args.lr:g}, seed {args.seed}, "
-                    f"{args.steps} steps, rlplan on {args.world_size} rank(s)",
+                    f"{args.steps} steps, rlplan on {args.world_size} rank(s), both computing in {args.compute_dtype}",
         "sides": sides,
     }
     if args.output:

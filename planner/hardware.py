@@ -26,6 +26,10 @@ class GpuSpec:
     name: str
     memory_gib: float = attrs.field(validator=_positive_number("cluster.gpu"))
     bf16_tflops: float = attrs.field(default=989.0, validator=_positive_number("cluster.gpu"))
+    # Dense fp32 matmul rate, where it differs from half the bf16 rate: a CPU's vector units (where bf16 may
+    # be slower than fp32). Unset on GPUs, which verl runs in bf16 only.
+    fp32_tflops: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive_number("cluster.gpu")))
     hbm_gbps: float = attrs.field(default=3350.0, validator=_positive_number("cluster.gpu"))
     # Host<->device bandwidth for offload traffic, per GPU.
     pcie_gbps: float = attrs.field(default=25.0, validator=_positive_number("cluster.gpu"))
@@ -36,6 +40,18 @@ class GpuSpec:
     def is_cpu(self) -> bool:
         """rlplan's bundled runtime on CPU ranks names its device "cpu" (runtime.commands, runtime.tiny)."""
         return self.name.lower() == "cpu"
+
+    def tflops(self, dtype: str) -> float:
+        """Peak dense matmul TFLOP/s when computing in `dtype` (a plan's compute_dtype or rollout.dtype)."""
+        if dtype in ("float32", "fp32"):
+            # Without a figure: TF32 tensor cores (A100, H100) run at half the bf16 dense rate.
+            return self.fp32_tflops if self.fp32_tflops is not None else self.bf16_tflops / 2
+        return self.bf16_tflops
+
+    @property
+    def fastest_compute_dtype(self) -> str:
+        """The dtype its matmuls run fastest in: bfloat16 unless bf16 is slower (a CPU without native bf16)."""
+        return "bfloat16" if self.bf16_tflops >= self.tflops("float32") else "float32"
 
 
 @frozen(kw_only=True)
@@ -64,9 +80,15 @@ class Cluster:
 
 # --- the CPU as a platform (rlplan's bundled runtime without an accelerator) ------------------------
 
-# fp32 FLOPs per cycle per core of one FMA pipe: vector lanes x 2 (multiply and add). The trainer of the
-# CPU runtime computes in fp32; AMX accelerates bf16/int8 tiles, which its fp32 matmuls do not use.
+# fp32 FLOPs per cycle per core of one FMA pipe: vector lanes x 2 (multiply and add).
 _FP32_FLOPS_PER_CYCLE = (("avx512f", 32), ("avx2", 16), ("avx", 8), ("sse2", 4))
+# bf16 matmul rate against fp32's, by the CPU's bf16 support. AVX512-BF16's dot products (vdpbf16ps) do two
+# bf16 multiply-adds per fp32 lane: a 1536x512 by 512x1280 matmul ran 2.2x as fast in bf16 as in fp32 on one
+# core of an AVX512-BF16 EPYC (`rlplan calibrate --cpu` measures both). AMX tiles go further, but how far
+# depends on the shapes, so the estimate stays at AVX512-BF16's. Without either, oneDNN converts bf16 to fp32
+# around fp32 kernels: slower than fp32 itself.
+_BF16_SPEEDUP = (("amx_bf16", 2.0), ("avx512_bf16", 2.0))
+_BF16_EMULATED_SPEEDUP = 0.5
 # A core streams roughly this much DRAM bandwidth on its own (server and desktop x86 cores reach 8-15 GB/s
 # single-threaded); with no measurement it is the whole estimate.
 _ESTIMATED_GBPS_PER_CORE = 10.0
@@ -77,7 +99,9 @@ _DEFAULT_CPU_GHZ = 2.0
 class CpuRates:
     """This machine's compute and memory bandwidth, all cores together, and where the figures come from."""
 
+    # Dense matmul TFLOP/s in fp32, and in bf16 (the trainer's and the engine's compute_dtype choose one).
     tflops: float = attrs.field(validator=_positive_number("cpu"))
+    bf16_tflops: float = attrs.field(validator=_positive_number("cpu"))
     gbps: float = attrs.field(validator=_positive_number("cpu"))
     cores: int = attrs.field(validator=_positive_number("cpu"))
     source: str
@@ -90,8 +114,8 @@ class CpuRates:
         """
         share = max(1, ranks)
         gbps = self.gbps / share
-        return GpuSpec(name="cpu", memory_gib=host_memory_gib / share, bf16_tflops=self.tflops / share, hbm_gbps=gbps,
-                       pcie_gbps=gbps, intranode_gbps=gbps)
+        return GpuSpec(name="cpu", memory_gib=host_memory_gib / share, bf16_tflops=self.bf16_tflops / share,
+                       fp32_tflops=self.tflops / share, hbm_gbps=gbps, pcie_gbps=gbps, intranode_gbps=gbps)
 
 
 def estimate_cpu_rates(cpuinfo: str, cores: int | None = None) -> CpuRates:
@@ -116,16 +140,21 @@ def estimate_cpu_rates(cpuinfo: str, cores: int | None = None) -> CpuRates:
     if not math.isfinite(ghz) or ghz <= 0:
         ghz = _DEFAULT_CPU_GHZ
     isa = next((flag for flag, _ in _FP32_FLOPS_PER_CYCLE if flag in flags), "scalar")
-    amx = ", AMX (unused by fp32 training)" if "amx_tile" in flags else ""
+    bf16_flag, bf16_speedup = next(((flag, speedup) for flag, speedup in _BF16_SPEEDUP if flag in flags),
+                                   ("no native bf16", _BF16_EMULATED_SPEEDUP))
+    tflops = count * ghz * per_cycle / 1000.0
     return CpuRates(
-        tflops=count * ghz * per_cycle / 1000.0,
+        tflops=tflops,
+        bf16_tflops=tflops * bf16_speedup,
         gbps=count * _ESTIMATED_GBPS_PER_CORE,
         cores=count,
         source=f"estimated from /proc/cpuinfo: {count} cores x {ghz:.2f} GHz x {per_cycle} fp32 FLOP/cycle "
-               f"({isa}{amx}), {_ESTIMATED_GBPS_PER_CORE:g} GB/s per core; `rlplan calibrate --cpu` measures them",
+               f"({isa}), bf16 at {bf16_speedup:g}x fp32 ({bf16_flag}), {_ESTIMATED_GBPS_PER_CORE:g} GB/s per "
+               "core; `rlplan calibrate --cpu` measures them",
     )
 
 
-def measured_cpu_rates(tflops: float, gbps: float, cores: int) -> CpuRates:
-    return CpuRates(tflops=tflops, gbps=gbps, cores=cores,
-                    source=f"measured by `rlplan calibrate --cpu`: {tflops * 1000:.1f} GFLOP/s, {gbps:.1f} GB/s")
+def measured_cpu_rates(tflops: float, bf16_tflops: float, gbps: float, cores: int) -> CpuRates:
+    return CpuRates(tflops=tflops, bf16_tflops=bf16_tflops, gbps=gbps, cores=cores,
+                    source=f"measured by `rlplan calibrate --cpu`: {tflops * 1000:.1f} GFLOP/s fp32, "
+                           f"{bf16_tflops * 1000:.1f} GFLOP/s bf16, {gbps:.1f} GB/s")

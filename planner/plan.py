@@ -32,8 +32,12 @@ Truncation = Literal["error", "left", "right", "middle", "filter"]
 # The kernel that turns the actor's logits into log-probs (memory.py prices each from its own
 # allocations): "auto" is what verl would run for the plan (planner.memory.resolved_loss_head).
 LossHead = Literal["auto", "flash_attn_ce", "torch_logprob", "fused", "chunked", "naive"]
-# verl's fsdp_config.model_dtype: the dtype FSDP holds the shards in (compute runs in bf16 either way).
+# verl's fsdp_config.model_dtype: the dtype FSDP holds the shards in (compute runs in ComputeDtype).
 ModelDtype = Literal["fp32", "bf16"]
+# verl's fsdp_config.dtype: the dtype a role's forward and backward compute in (FSDP's MixedPrecision
+# param_dtype; gradients are reduced in fp32). verl 0.9 accepts bfloat16 (its default) and float16;
+# rlplan's runtime computes in bfloat16 or float32 (fp32 on CPUs without native bf16, hardware.CpuRates).
+ComputeDtype = Literal["bfloat16", "float16", "float32"]
 RolloutEngine = Literal["vllm", "sglang"]
 # verl's experiment trackers (verl.utils.tracking.Tracking.supported_backend, verl 0.9); the bundled
 # runtime writes console, tensorboard, wandb and mlflow, and refuses the others before a run starts.
@@ -155,6 +159,7 @@ class ActorSection:
     use_torch_compile: bool = True
     loss_head: LossHead = "auto"
     model_dtype: ModelDtype = "fp32"
+    compute_dtype: ComputeDtype = "bfloat16"
     lr: float = field(default=1e-6, validator=at_least(0.0, "actor"))
     weight_decay: float = field(default=0.01, validator=at_least(0.0, "actor"))
     lr_warmup_steps: int = field(default=0, validator=at_least(0, "actor"))
@@ -176,6 +181,7 @@ class RefSection:
     param_offload: bool = False
     # verl's ref.fsdp_config.model_dtype: fp32 with the default YAML (verl-rules.md N8).
     model_dtype: ModelDtype = "fp32"
+    compute_dtype: ComputeDtype = "bfloat16"
     log_prob_micro_batch_size_per_gpu: int | None = field(default=None, validator=at_least(1, "ref"))
     log_prob_micro_batch_size: int | None = field(default=None, validator=at_least(1, "ref"))
     log_prob_use_dynamic_bsz: bool = False
@@ -207,9 +213,9 @@ class RolloutSection:
     multi_stage_wake_up: bool = True
     layered_summon: bool = False
     load_format: LoadFormat = "dummy"
-    # The engine's weights and KV cache. It should compute in the dtype the trainer's forward does, or it
-    # samples from rounded weights the trainer never scores: bf16 beside verl's bf16-compute FSDP on GPUs,
-    # fp32 beside rlplan's CPU trainer (rules: rollout_dtype_matches_cpu_trainer).
+    # The engine's weights and KV cache. It should compute in the dtype the trainer's forward does
+    # (actor.compute_dtype), or it samples from rounded weights the trainer never scores
+    # (rules: rollout_dtype_matches_cpu_trainer).
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     temperature: float = field(default=1.0, validator=at_least(0.0, "rollout"))
     top_p: float = field(default=1.0, validator=_fraction("rollout"))
@@ -249,6 +255,7 @@ class CriticSection:
     optimizer_offload: bool = False
     # critic.fsdp.offload_policy, as the actor's.
     offload_policy: bool = False
+    compute_dtype: ComputeDtype = "bfloat16"
     gradient_checkpointing: bool = True
     use_remove_padding: bool = True
     lr: float = field(default=1e-5, validator=at_least(0.0, "critic"))

@@ -63,9 +63,6 @@ CPU_RUNTIME_PINS: dict[str, Any] = {
     "rollout.enforce_eager": True,
     "rollout.free_cache_engine": False,
     "rollout.load_format": "safetensors",
-    # The CPU trainer computes in fp32 (no mixed precision there), so the engine must too: a bf16 engine
-    # rounds away every update smaller than bf16's spacing and samples a policy the trainer never scores.
-    "rollout.dtype": "float32",
     "actor.use_dynamic_bsz": True,
     "rollout.log_prob_use_dynamic_bsz": True,
     "ref.log_prob_use_dynamic_bsz": True,

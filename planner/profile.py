@@ -111,6 +111,9 @@ class Profile:
     cpu_measured_tflops: float = _constant(
         0.0, "dense fp32 matmul TFLOP/s this machine's cores reached together (`rlplan calibrate --cpu`); 0: not "
              "measured, `solve --device cpu` then estimates it from /proc/cpuinfo", high=1e6)
+    cpu_measured_bf16_tflops: float = _constant(
+        0.0, "dense bf16 matmul TFLOP/s on the same cores (`rlplan calibrate --cpu`); 0: not measured, estimated "
+             "from /proc/cpuinfo's bf16 flags", high=1e6)
     cpu_measured_gbps: float = _constant(
         0.0, "memory copy bandwidth of this machine in GB/s (`rlplan calibrate --cpu`); 0: not measured, "
              "estimated from /proc/cpuinfo", high=1e6)

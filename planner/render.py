@@ -82,6 +82,15 @@ def prepare_for_verl(plan: Plan) -> Plan:
             message="verl has no leave-one-out GRPO baseline, so a verl run would train differently.",
             fix='set algorithm.grpo_leave_one_out = false, or algorithm.adv_estimator = "rloo"',
         )
+    for role in ("actor", "ref", "critic"):
+        if getattr(plan, role).compute_dtype == "float32":
+            # verl 0.9's FSDPEngineConfig asserts dtype in (bfloat16, float16).
+            raise PlanError(
+                field=f"{role}.compute_dtype",
+                message="is float32, which only rlplan's CPU runtime computes in; verl's FSDP engine computes in "
+                        "bfloat16 or float16 and refuses float32.",
+                fix=f'set {role}.compute_dtype = "bfloat16" (and rollout.dtype = "bfloat16") for a verl run',
+            )
     if not plan.model.path:
         raise PlanError(
             field="model.path",

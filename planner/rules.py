@@ -969,17 +969,33 @@ def _runtime_rollout_is_single_gpu(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
-@rule("platform", "on CPU the rollout engine computes in fp32, as the trainer does")
+@rule("platform", "on CPU the rollout engine computes in the dtype the actor does")
 def _rollout_dtype_matches_cpu_trainer(ctx: RuleContext) -> Iterator[Violation]:
-    rollout = ctx.plan.rollout
-    if not _platform(ctx).has_accelerator and rollout.dtype != "float32":
+    rollout, actor = ctx.plan.rollout, ctx.plan.actor
+    if not _platform(ctx).has_accelerator and rollout.dtype != actor.compute_dtype:
         yield ctx.violation(
-            f"the CPU trainer computes in fp32 but rollout.dtype is {rollout.dtype}: the engine rounds the synced "
-            "weights, drops every update smaller than that dtype's spacing (about 1e-4 for weights near 0.02 "
-            "in bf16) and samples a policy the trainer never scores, so sync_logprob_gap grows from step 2.",
-            'set rollout.dtype = "float32" for a run on this machine', severity="warning",
-            rollout__dtype="float32",
+            f"the CPU trainer computes in {actor.compute_dtype} (actor.compute_dtype) but rollout.dtype is "
+            f"{rollout.dtype}: the engine then samples with weights rounded differently from the ones the trainer "
+            "scores. A bf16 copy of fp32 weights drops every update smaller than bf16's spacing (about 1e-4 for "
+            "weights near 0.02), and sync_logprob_gap grows from step 2.",
+            f'set rollout.dtype = "{actor.compute_dtype}" (or actor.compute_dtype to the engine\'s dtype)',
+            severity="warning", rollout__dtype=actor.compute_dtype,
         )
+
+
+@rule("platform", "the bundled runtime computes in bfloat16 or float32, not float16")
+def _runtime_computes_without_loss_scaling(ctx: RuleContext) -> Iterator[Violation]:
+    for role in ("actor", "ref", "critic"):
+        if getattr(ctx.plan, role).compute_dtype == "float16":
+            # fp16's 5-bit exponent underflows small gradients unless the loss is scaled, which the
+            # runtime's update (runtime/trainer/optimization.py) does not do.
+            yield ctx.violation(
+                f"{role}.compute_dtype is float16; rlplan's runtime has no loss scaling, so small gradients "
+                "would underflow to zero.",
+                f'set {role}.compute_dtype = "bfloat16" (same memory and speed on GPUs), or render the plan '
+                "for verl",
+                **{f"{role}__compute_dtype": "bfloat16"},
+            )
 
 
 @rule("platform", "a one-node plan wants at most the GPUs this machine has")

@@ -347,7 +347,7 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
     if base is not None:
         rollout = attrs.evolve(base.rollout, n=request.n, max_model_len=max_model_len,
                                agent_num_workers=math.gcd(total, base.rollout.agent_num_workers))
-    return Plan(
+    plan = Plan(
         model=request.model,
         cluster=request.cluster,
         data=data,
@@ -360,6 +360,17 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
         trainer=base.trainer if base is not None else TrainerSection(),
         passthrough=base.passthrough if base is not None else {},
     )
+    return with_cpu_compute_dtype(plan, request.pins) if request.cluster.gpu.is_cpu else plan
+
+
+def with_cpu_compute_dtype(plan: Plan, pins: dict[str, Any]) -> Plan:
+    """A CPU plan computing where this CPU's matmuls are fastest: bf16 with native bf16 (AVX512-BF16, AMX), else
+    fp32. The engine computes in the actor's dtype, so it samples the policy the trainer scores; pins win."""
+    compute = pins.get("actor.compute_dtype", plan.cluster.gpu.fastest_compute_dtype)
+    return plan.evolve(actor=attrs.evolve(plan.actor, compute_dtype=compute),
+                       ref=attrs.evolve(plan.ref, compute_dtype=compute),
+                       critic=attrs.evolve(plan.critic, compute_dtype=compute),
+                       rollout=attrs.evolve(plan.rollout, dtype=compute))
 
 
 def apply_training_choice(plan: Plan, choice: TrainingChoice, request: SolveRequest) -> Plan:

@@ -53,19 +53,24 @@ class StepTime:
 class _Rates:
     """Achieved rates of one cluster under a profile, in FLOP/s and bytes/s."""
 
-    __slots__ = ("peak_flops", "train_flops", "prefill_flops", "hbm", "pcie", "intranode", "internode",
+    __slots__ = ("gpu", "training_mfu", "prefill_flops", "hbm", "pcie", "intranode", "internode",
                  "gpus_per_node")
 
     def __init__(self, plan: Plan, profile: Profile) -> None:
         gpu = plan.cluster.gpu
-        self.peak_flops = gpu.bf16_tflops * 1e12
-        self.train_flops = self.peak_flops * profile.training_mfu
-        self.prefill_flops = self.peak_flops * profile.prefill_mfu
+        self.gpu = gpu
+        self.training_mfu = profile.training_mfu
+        # The engine computes in its own dtype (rollout.dtype): on a CPU, fp32 and bf16 differ by 2-4x.
+        self.prefill_flops = gpu.tflops(plan.rollout.dtype) * 1e12 * profile.prefill_mfu
         self.hbm = gpu.hbm_gbps * GB * profile.decode_hbm_efficiency
         self.pcie = gpu.pcie_gbps * GB * profile.pcie_efficiency
         self.intranode = gpu.intranode_gbps * GB * profile.collective_efficiency
         self.internode = min(gpu.intranode_gbps, plan.cluster.internode_gbps) * GB * profile.collective_efficiency
         self.gpus_per_node = plan.cluster.gpus_per_node
+
+    def train_flops(self, compute_dtype: str) -> float:
+        """Achieved FLOP/s of a trainer pass computing in `compute_dtype` (the role's compute_dtype)."""
+        return self.gpu.tflops(compute_dtype) * 1e12 * self.training_mfu
 
     def collective(self, group_size: int) -> float:
         """Bandwidth of a collective over `group_size` ranks: NVLink-class inside a node, the NIC across."""
@@ -101,13 +106,19 @@ def _training_flops_per_token(plan: Plan, facts: ModelFacts, critic: bool) -> fl
 
 def _forward_pass(plan: Plan, role: RoleBatchLayout, rates: _Rates, shard: int, *, critic: bool) -> float:
     facts = model_facts(plan.model.arch)
-    compute = _tokens_per_gpu(role) * _training_flops_per_token(plan, facts, critic) / rates.train_flops
+    compute = (_tokens_per_gpu(role) * _training_flops_per_token(plan, facts, critic)
+               / rates.train_flops(_compute_dtype(plan, critic)))
     params = facts.critic_params if critic else facts.params
     gather = ring_seconds(2.0 * params, shard, rates.collective(shard))
     if offloaded_by_policy(plan, "critic" if critic else "actor"):
         # CPUOffloadPolicy copies each layer's host shard to the GPU before its all-gather.
         gather += _policy_state(plan, shard, critic).params / rates.pcie
     return fsdp_pass_seconds(compute, role.micro_batches_per_step, gather)
+
+
+def _compute_dtype(plan: Plan, critic: bool) -> str:
+    # The reference pass is priced at the actor's dtype: with the default YAML both are bfloat16.
+    return plan.critic.compute_dtype if critic else plan.actor.compute_dtype
 
 
 def _policy_state(plan: Plan, shard: int, critic: bool) -> TrainerState:
@@ -122,7 +133,8 @@ def _update_pass(plan: Plan, role: RoleBatchLayout, rates: _Rates, shard: int, p
     # Backward costs 2x forward, 1x with a frozen base (activation grads only); recompute adds 1x.
     multiplier = (2.0 if n_lora else 3.0) + (1.0 if checkpointing else 0.0)
     tokens = _tokens_per_gpu(role) * role.epochs
-    compute = tokens * _training_flops_per_token(plan, facts, critic) * multiplier / rates.train_flops
+    compute = (tokens * _training_flops_per_token(plan, facts, critic) * multiplier
+               / rates.train_flops(_compute_dtype(plan, critic)))
     params = facts.critic_params if critic else facts.params
     trainable = n_lora or params
     bandwidth = rates.collective(shard)

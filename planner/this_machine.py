@@ -27,9 +27,17 @@ def this_machine_cpu(profile=None):
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
+    estimate = estimate_cpu_rates(_read_proc("/proc/cpuinfo"), cores)
     if profile is not None and profile.cpu_measured_tflops > 0 and profile.cpu_measured_gbps > 0:
-        return measured_cpu_rates(profile.cpu_measured_tflops, profile.cpu_measured_gbps, cores)
-    return estimate_cpu_rates(_read_proc("/proc/cpuinfo"), cores)
+        # A profile from before bf16 was measured keeps the estimate's bf16/fp32 ratio.
+        bf16 = profile.cpu_measured_bf16_tflops or profile.cpu_measured_tflops * estimate.bf16_tflops / estimate.tflops
+        return measured_cpu_rates(profile.cpu_measured_tflops, bf16, profile.cpu_measured_gbps, cores)
+    return estimate
+
+
+def this_machine_compute_dtype(profile=None) -> str:
+    """The dtype `solve --device cpu` has this machine's trainer and engine compute in (solver.with_cpu_compute_dtype)."""
+    return this_machine_cpu(profile).per_rank(1, 1.0).fastest_compute_dtype
 
 
 def this_machine_memory_gib() -> float | None:

@@ -92,6 +92,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False),
     _k("actor.use_torch_compile", f"{ARF}.actor.use_torch_compile", "bool", True),
     _k("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32"),
+    _k("actor.compute_dtype", f"{ARF}.actor.fsdp_config.dtype", "str", "bfloat16"),
     _k("actor.lr", f"{ARF}.actor.optim.lr", "float", 1e-6),
     _k("actor.weight_decay", f"{ARF}.actor.optim.weight_decay", "float", 0.01),
     # verl's -1 means "use lr_warmup_steps_ratio", which defaults to 0: no warm-up.
@@ -108,6 +109,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # --- reference ------------------------------------------------------------
     _k("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
     _k("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32"),
+    _k("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16"),
     _k("ref.log_prob_micro_batch_size_per_gpu", f"{ARF}.ref.log_prob_micro_batch_size_per_gpu", "int", None, True),
     _k("ref.log_prob_micro_batch_size", f"{ARF}.ref.log_prob_micro_batch_size", "int", None, True),
     _k("ref.log_prob_use_dynamic_bsz", f"{ARF}.ref.log_prob_use_dynamic_bsz", "bool",
@@ -162,6 +164,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("critic.param_offload", "critic.fsdp.param_offload", "bool", False),
     _k("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False),
     _k("critic.offload_policy", "critic.fsdp.offload_policy", "bool", False),
+    _k("critic.compute_dtype", "critic.fsdp.dtype", "str", "bfloat16"),
     _k("critic.gradient_checkpointing", "critic.model.enable_gradient_checkpointing", "bool", True),
     _k("critic.use_remove_padding", "critic.model.use_remove_padding", "bool", True),
     _k("critic.lr", "critic.optim.lr", "float", 1e-5),

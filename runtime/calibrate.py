@@ -35,11 +35,13 @@ from rlplan.planner.profile import DEFAULT_PROFILE
 GPU_ITERATIONS = 3  # the first warms up kernels and creates AdamW's state; the others are timed
 
 
-def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> tuple[float, float]:
-    """(TFLOP/s of a square fp32 matmul, GB/s of a large tensor copy), best of `repeats`, on all this process's cores.
+def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> tuple[float, float, float]:
+    """(TFLOP/s of a square fp32 matmul, the same in bf16, GB/s of a large tensor copy), best of `repeats`, on all
+    this process's cores.
 
-    The trainer's passes are fp32 GEMMs and the decode reads weights and KV from memory: these two
-    figures are the roofline's compute and bandwidth on this machine.
+    The trainer's passes and the engine's prefill are GEMMs in their compute dtype, and the decode reads
+    weights and KV from memory: these figures are the roofline's compute and bandwidth on this machine. The
+    bf16 figure decides whether a CPU plan computes in bf16 (native on AVX512-BF16 / AMX, emulated elsewhere).
     """
     import torch
 
@@ -52,6 +54,9 @@ def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -
         b = torch.randn(size, size)
         torch.mm(a, b)  # warm-up: thread pool and kernels
         best_mm = min(_seconds(lambda: torch.mm(a, b)) for _ in range(repeats))
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        torch.mm(a16, b16)
+        best_mm16 = min(_seconds(lambda: torch.mm(a16, b16)) for _ in range(repeats))
         source = torch.empty(copy_mib * 2**20 // 4)
         target = torch.empty_like(source)
         target.copy_(source)
@@ -59,7 +64,7 @@ def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -
     finally:
         torch.set_num_threads(previous)
     # A copy reads and writes every byte.
-    return 2.0 * size**3 / best_mm / 1e12, 2.0 * source.numel() * 4 / best_copy / 1e9
+    return 2.0 * size**3 / best_mm / 1e12, 2.0 * size**3 / best_mm16 / 1e12, 2.0 * source.numel() * 4 / best_copy / 1e9
 
 
 def _seconds(work: Any) -> float:

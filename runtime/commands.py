@@ -112,8 +112,11 @@ def demo_plan(
             use_kl_loss=not ppo,
             kl_loss_coef=0.001,
             kl_loss_type="low_var_kl",
+            # The workload computes in fp32 everywhere, so that a run of it is exact on any CPU;
+            # solve_demo_plan then picks what this CPU computes fastest in (bf16 where it is native).
+            compute_dtype="float32",
         ),
-        ref=RefSection(log_prob_micro_batch_size_per_gpu=8),
+        ref=RefSection(log_prob_micro_batch_size_per_gpu=8, compute_dtype="float32"),
         rollout=RolloutSection(
             n=n,
             gpu_memory_utilization=0.5,
@@ -123,11 +126,13 @@ def demo_plan(
             enforce_eager=True,
             free_cache_engine=False,
             load_format="safetensors",
+            dtype="float32",
             temperature=1.0,
             log_prob_micro_batch_size_per_gpu=8,
         ),
         critic=CriticSection(
             enable=ppo,
+            compute_dtype="float32",
             ppo_micro_batch_size_per_gpu=4,
             forward_micro_batch_size_per_gpu=8,
             gradient_checkpointing=False,
@@ -244,8 +249,8 @@ def run_command(
 DEMO_CPU_PINS = CPU_RUNTIME_PINS
 
 
-def solve_demo_plan(workload: Plan) -> Plan:
-    """The demo's knobs as `rlplan solve --from` picks them for this machine, keeping the workload."""
+def solve_demo_plan(workload: Plan, pins: dict[str, Any] | None = None) -> Plan:
+    """The demo's knobs as `rlplan solve --from` picks them for this machine, keeping the workload (and `pins`)."""
     from rlplan.planner.solver import SolveRequest, solve
 
     request = SolveRequest(
@@ -258,7 +263,7 @@ def solve_demo_plan(workload: Plan) -> Plan:
         algorithm=workload.algorithm.adv_estimator,
         ppo_mini_batch_size=workload.actor.ppo_mini_batch_size,
         lora=workload.model.lora.rank or "off",
-        pins=DEMO_CPU_PINS,
+        pins={**DEMO_CPU_PINS, **(pins or {})},
         base=workload,
     )
     result = solve(request)
@@ -324,19 +329,21 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str, 
 
 
 def calibrate_cpu_command(output: str, as_json: bool = False) -> int:
-    """`rlplan calibrate --cpu`: this machine's fp32 FLOP/s and copy bandwidth, all cores, into a profile."""
+    """`rlplan calibrate --cpu`: this machine's fp32 and bf16 FLOP/s and copy bandwidth, all cores, into a profile."""
     console = make_console(stderr=as_json)
-    tflops, gbps = measure_cpu_rates()
+    tflops, bf16_tflops, gbps = measure_cpu_rates()
     profile = attrs.evolve(DEFAULT_PROFILE, name=Path(output).stem, cpu_measured_tflops=tflops,
-                           cpu_measured_gbps=gbps)
+                           cpu_measured_bf16_tflops=bf16_tflops, cpu_measured_gbps=gbps)
     try:
         write_atomic(output, profile_to_toml(profile), "--output")
     except PlanError as error:
         return report_error(error, as_json=as_json)
     if as_json:
-        print_json({"profile_file": output, "cpu_measured_tflops": tflops, "cpu_measured_gbps": gbps})
+        print_json({"profile_file": output, "cpu_measured_tflops": tflops, "cpu_measured_bf16_tflops": bf16_tflops,
+                    "cpu_measured_gbps": gbps})
         return ExitCode.OK
     console.print(f"wrote {output}: cpu_measured_tflops = {tflops:.4g} ({tflops * 1000:.1f} GFLOP/s fp32 matmul), "
+                  f"cpu_measured_bf16_tflops = {bf16_tflops:.4g} ({bf16_tflops * 1000:.1f} GFLOP/s bf16), "
                   f"cpu_measured_gbps = {gbps:.4g}")
     console.print(f"use it with `rlplan solve --device cpu ... --profile {output}`")
     return ExitCode.OK

@@ -24,7 +24,9 @@ class ShardingSpec:
     world_size: int
     # Ranks per shard group; world_size means plain FSDP, fewer means HSDP (replicate across groups).
     shard_group_size: int
-    mixed_precision: bool
+    # The role's compute_dtype: "bfloat16" all-gathers bf16 copies of the fp32 shards for forward and
+    # backward (FSDP2's MixedPrecisionPolicy, verl's fsdp_config.dtype); "float32" computes on the shards.
+    compute_dtype: str
     param_offload: bool = False
     reshard_after_forward: bool = True
 
@@ -137,7 +139,7 @@ def shard_model(model: Any, spec: ShardingSpec, mesh: Any) -> Any:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
-    if spec.mixed_precision:
+    if spec.compute_dtype == "bfloat16":
         # Reducing gradients in fp32 keeps small LoRA gradients from rounding away across ranks.
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     options["offload_policy"] = CPUOffloadPolicy(pin_memory=True) if spec.param_offload else OffloadPolicy()

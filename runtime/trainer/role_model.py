@@ -67,12 +67,13 @@ class RoleModel:
     data_rank: int
 
 
-def sharding_spec(parallel: ParallelLayout, device_type: str, *, param_offload: bool) -> ShardingSpec:
+def sharding_spec(parallel: ParallelLayout, device_type: str, *, param_offload: bool,
+                  compute_dtype: str) -> ShardingSpec:
     return ShardingSpec(
         device_type=device_type,
         world_size=parallel.world_size,
         shard_group_size=parallel.fsdp_shard_size,
-        mixed_precision=device_type != "cpu",
+        compute_dtype=compute_dtype,
         param_offload=param_offload,
     )
 
@@ -89,7 +90,8 @@ def actor_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleMo
         gradient_checkpointing=plan.model.gradient_checkpointing,
         # This runtime's param_offload already shards with FSDP2's CPUOffloadPolicy, which is what verl's
         # offload_policy turns on (the optimizer then steps on the host-resident shards).
-        sharding=sharding_spec(layout.parallel, device_type, param_offload=actor.param_offload or actor.offload_policy),
+        sharding=sharding_spec(layout.parallel, device_type, param_offload=actor.param_offload or actor.offload_policy,
+                               compute_dtype=actor.compute_dtype),
         optimizer=OptimizerSettings(
             lr=actor.lr,
             weight_decay=actor.weight_decay,
@@ -115,7 +117,8 @@ def critic_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleM
         gradient_checkpointing=critic.gradient_checkpointing,
         # CPUOffloadPolicy either way: see actor_model_spec.
         sharding=sharding_spec(
-            layout.critic_parallel, device_type, param_offload=critic.param_offload or critic.offload_policy
+            layout.critic_parallel, device_type, param_offload=critic.param_offload or critic.offload_policy,
+            compute_dtype=critic.compute_dtype,
         ),
         optimizer=OptimizerSettings(
             lr=critic.lr,
@@ -215,7 +218,8 @@ def build_reference_model(
 ) -> Any:
     """A frozen copy of the actor's initial weights, sharded on the actor's mesh, in eval mode."""
     # As verl: on GPUs the reference always shards with CPU offload (planner.memory.ref_params_on_host).
-    spec = sharding_spec(layout.parallel, device_type, param_offload=plan.ref.param_offload or device_type != "cpu")
+    spec = sharding_spec(layout.parallel, device_type, param_offload=plan.ref.param_offload or device_type != "cpu",
+                         compute_dtype=plan.ref.compute_dtype)
     reference = load_with_attention(plan.model.path, value_head=False, remove_padding=plan.model.use_remove_padding,
                                     device_type=device_type, sequence_parallel=sequence_parallel)
     reference.requires_grad_(False)

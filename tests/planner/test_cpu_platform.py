@@ -43,24 +43,37 @@ def test_cpu_estimate_is_cores_times_clock_times_fp32_lanes_and_nonzero():
     assert avx512.tflops == pytest.approx(2 * 2.6 * 32 / 1000)
     assert avx2.tflops == pytest.approx(avx512.tflops / 2)
     assert avx512.cores == 2 and avx512.gbps > 0
-    assert "estimated" in avx512.source and "AMX" in avx512.source
+    assert "estimated" in avx512.source
+    # The bf16 rate follows the CPU's bf16 support: native (AVX512-BF16, AMX) beats fp32, emulated loses to it.
+    native = estimate_cpu_rates(_cpuinfo(2, "fpu sse2 avx avx2 avx512f avx512_bf16"))
+    amx = estimate_cpu_rates(_cpuinfo(2, "fpu sse2 avx avx2 avx512f amx_tile amx_bf16"))
+    assert native.bf16_tflops > native.tflops and amx.bf16_tflops > amx.tflops
+    assert avx2.bf16_tflops < avx2.tflops and avx512.bf16_tflops < avx512.tflops
+    assert "avx512_bf16" in native.source and "no native bf16" in avx2.source
     # The affinity mask narrows the cores; an unreadable cpuinfo still gives a positive (stated) estimate.
     assert estimate_cpu_rates(_cpuinfo(8, "avx2"), cores=2).tflops == pytest.approx(avx2.tflops)
     assert estimate_cpu_rates("").tflops > 0
 
 
 def test_measured_rates_from_a_calibrated_profile_replace_the_estimate():
-    profile = attrs.evolve(DEFAULT_PROFILE, cpu_measured_tflops=0.05, cpu_measured_gbps=12.0)
+    profile = attrs.evolve(DEFAULT_PROFILE, cpu_measured_tflops=0.05, cpu_measured_bf16_tflops=0.11,
+                           cpu_measured_gbps=12.0)
     rates = this_machine_cpu(profile)
-    assert (rates.tflops, rates.gbps) == (0.05, 12.0) and "measured" in rates.source
+    assert (rates.tflops, rates.bf16_tflops, rates.gbps) == (0.05, 0.11, 12.0) and "measured" in rates.source
+    # A profile measured before bf16 was: the estimate's bf16/fp32 ratio on the measured fp32 rate.
+    estimate = this_machine_cpu(DEFAULT_PROFILE)
+    older = this_machine_cpu(attrs.evolve(profile, cpu_measured_bf16_tflops=0.0))
+    assert older.bf16_tflops == pytest.approx(0.05 * estimate.bf16_tflops / estimate.tflops)
     assert "estimated" in this_machine_cpu(DEFAULT_PROFILE).source
 
 
 def test_ranks_share_the_machine_rates_and_host_memory():
     one, rates = cpu_cluster(1, 16.0)
     two, _ = cpu_cluster(2, 16.0)
-    assert one.gpu.is_cpu and one.gpu.bf16_tflops == pytest.approx(rates.tflops)
-    assert two.gpu.bf16_tflops == pytest.approx(rates.tflops / 2) and two.gpu.memory_gib == 8.0
+    assert one.gpu.is_cpu and one.gpu.bf16_tflops == pytest.approx(rates.bf16_tflops)
+    assert one.gpu.tflops("float32") == pytest.approx(rates.tflops)
+    assert two.gpu.bf16_tflops == pytest.approx(rates.bf16_tflops / 2) and two.gpu.memory_gib == 8.0
+    assert two.gpu.tflops("float32") == pytest.approx(rates.tflops / 2)
     assert two.world_size == 2
 
 
@@ -168,3 +181,50 @@ def test_cpu_solve_sizes_the_one_engine_for_every_sequence_of_the_step(tmp_path)
     plan = plan_from_toml(out.read_text())
     assert plan_layout(plan).parallel.rollout_replicas == 1
     assert plan.rollout.max_num_seqs == plan.data.train_batch_size * plan.rollout.n == 64
+
+
+def _cpu_request(flags: str, **pins):
+    from rlplan.planner.hardware import Cluster
+    from rlplan.planner.plan import ModelSection
+    from rlplan.planner.presets import model_presets
+    from rlplan.planner.solver import SolveRequest
+
+    rates = estimate_cpu_rates(_cpuinfo(2, flags))
+    model = model_presets()["qwen2.5-0.5b"]
+    cluster = Cluster(gpu=rates.per_rank(2, 32.0), nodes=1, gpus_per_node=2, host_memory_gib=64.0)
+    return SolveRequest(model=ModelSection(name=model.name, path=model.repo_ids[0], arch=model.arch), cluster=cluster, prompt_len=48,
+                        response_len=64, train_batch_size=8, n=8, lora="off", pins={**CPU_RUNTIME_PINS, **pins})
+
+
+def _compute_dtypes(plan):
+    return {plan.actor.compute_dtype, plan.ref.compute_dtype, plan.critic.compute_dtype, plan.rollout.dtype}
+
+
+def test_cpu_solve_computes_in_bf16_where_the_cpu_has_native_bf16_and_in_fp32_where_it_is_emulated():
+    from rlplan.planner.solver import solve
+
+    native = solve(_cpu_request("fpu sse2 avx avx2 avx512f avx512_bf16")).plan
+    emulated = solve(_cpu_request("fpu sse2 avx avx2")).plan
+    assert native is not None and emulated is not None
+    # The trainer roles and the engine together: the engine samples the policy the trainer scores.
+    assert _compute_dtypes(native) == {"bfloat16"}
+    assert _compute_dtypes(emulated) == {"float32"}
+    # A pinned trainer dtype is kept, and the engine follows it.
+    pinned = solve(_cpu_request("fpu sse2 avx avx2 avx512f avx512_bf16", **{"actor.compute_dtype": "float32"})).plan
+    assert pinned is not None and _compute_dtypes(pinned) == {"float32"}
+
+
+def test_cpu_step_time_prices_each_pass_at_its_compute_dtypes_rate():
+    from rlplan.planner.hardware import Cluster
+
+    def phases(flags: str, dtype: str) -> dict[str, float]:
+        rates = estimate_cpu_rates(_cpuinfo(2, flags))
+        cluster = Cluster(gpu=rates.per_rank(2, 32.0), nodes=1, gpus_per_node=2, host_memory_gib=64.0)
+        plan = make_plan(overrides={"actor.compute_dtype": dtype, "rollout.dtype": dtype}).evolve(cluster=cluster)
+        return predict_step_time(plan, predict_memory(plan)).phase_seconds
+
+    native_bf16, native_fp32 = phases("avx512f avx512_bf16", "bfloat16"), phases("avx512f avx512_bf16", "float32")
+    assert native_bf16["actor_update"] < native_fp32["actor_update"]
+    assert native_bf16["rollout"] < native_fp32["rollout"]  # half the bytes to read per decode step, too
+    emulated_bf16, emulated_fp32 = phases("avx512f", "bfloat16"), phases("avx512f", "float32")
+    assert emulated_bf16["actor_update"] > emulated_fp32["actor_update"]

@@ -229,6 +229,17 @@ def test_leave_one_out_grpo_has_no_verl_form():
     assert error.value.field == "algorithm.grpo_leave_one_out"
 
 
+@pytest.mark.parametrize("role", ["actor", "ref", "critic"])
+def test_fp32_compute_has_no_verl_form_and_bf16_renders_as_verls_fsdp_dtype(role):
+    # verl 0.9's FSDPEngineConfig asserts dtype in (bfloat16, float16); fp32 compute is the CPU runtime's alone.
+    with pytest.raises(PlanError) as error:
+        render_plan(apply_knobs(preset_plan(), {f"{role}.compute_dtype": "float32"}), "verl")
+    assert error.value.field == f"{role}.compute_dtype"
+    key = {"actor": "actor_rollout_ref.actor.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config",
+           "critic": "critic.fsdp"}[role]
+    assert f"{key}.dtype=bfloat16 " in render_plan(preset_plan(), "verl")
+
+
 @pytest.mark.parametrize(("value", "text"), [
     ("~/data/x.parquet", "'~/data/x.parquet'"),  # Hydra reads `~` only as the delete prefix of a key
     ("123", "'123'"), ("true", "'true'"), ("a b", "'a b'"), ("${x}", "'\\${x}'"), ("it's", "'it\\'s'"),

@@ -162,6 +162,12 @@ def test_head_and_dtype_keys_import_as_verl_runs_them():
     assert resolved_loss_head(plan) == "fused" and not plan.actor.use_torch_compile
     assert plan.actor.model_dtype == "bf16" and plan.ref.model_dtype == "bf16"
     assert not plan.passthrough
+    # fsdp_config.dtype: the dtype the passes compute in (verl's default bfloat16; float16 is verl's other choice).
+    assert load(base).plan.actor.compute_dtype == "bfloat16"
+    plan = load(base + "actor_rollout_ref.actor.fsdp_config.dtype=float16\n"
+                       "actor_rollout_ref.ref.fsdp_config.dtype=float16\n").plan
+    assert (plan.actor.compute_dtype, plan.ref.compute_dtype, plan.critic.compute_dtype) == (
+        "float16", "float16", "bfloat16")
 
 
 

@@ -102,10 +102,24 @@ def test_a_plan_for_more_gpus_than_this_machine_has_is_refused():
     assert "cluster.gpus_per_node" not in _platform_refusals(plan, GPU)
 
 
-def test_a_bf16_engine_beside_the_fp32_cpu_trainer_is_warned_with_the_fp32_fix_and_gpus_keep_bf16():
-    plan = make_plan()  # rollout.dtype bfloat16, verl's default
-    (warning,) = [v for v in check_plan(plan, CPU).warnings if v.rule == "rollout_dtype_matches_cpu_trainer"]
-    assert warning.suggested == {"rollout.dtype": "float32"}
-    assert not [v for v in check_plan(plan, GPU).violations if v.rule == "rollout_dtype_matches_cpu_trainer"]
-    fp32 = make_plan(overrides={"rollout.dtype": "float32"})
-    assert not [v for v in check_plan(fp32, CPU).violations if v.rule == "rollout_dtype_matches_cpu_trainer"]
+def test_an_engine_in_another_dtype_than_the_cpu_trainer_is_warned_with_the_trainers_dtype_as_fix():
+    def warnings(plan, platform=CPU):
+        return [v for v in check_plan(plan, platform).violations if v.rule == "rollout_dtype_matches_cpu_trainer"]
+
+    # verl's defaults: both bfloat16, nothing to say on either platform.
+    assert not warnings(make_plan()) and not warnings(make_plan(), GPU)
+    (fp32_engine,) = warnings(make_plan(overrides={"rollout.dtype": "float32"}))
+    assert fp32_engine.severity == "warning" and fp32_engine.suggested == {"rollout.dtype": "bfloat16"}
+    (bf16_engine,) = warnings(make_plan(overrides={"actor.compute_dtype": "float32"}))
+    assert bf16_engine.suggested == {"rollout.dtype": "float32"}
+    assert not warnings(make_plan(overrides={"actor.compute_dtype": "float32", "rollout.dtype": "float32"}))
+
+
+@pytest.mark.parametrize("role", ["actor", "ref", "critic"])
+def test_fp16_compute_is_refused_on_every_platform_with_bf16_as_the_fix(role):
+    plan = make_plan(overrides={f"{role}.compute_dtype": "float16"})
+    for platform in (CPU, GPU):
+        (refusal,) = [v for v in check_plan(plan, platform).errors
+                      if v.rule == "runtime_computes_without_loss_scaling"]
+        assert refusal.suggested == {f"{role}.compute_dtype": "bfloat16"}
+    assert not [v for v in check_plan(make_plan(), GPU).errors if v.rule == "runtime_computes_without_loss_scaling"]

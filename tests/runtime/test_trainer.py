@@ -179,3 +179,51 @@ def test_the_shortcut_applies_exactly_to_one_optimizer_step_without_kl_in_the_re
     assert not reuses_update_log_probs(plan.evolve(actor=attrs.evolve(plan.actor, ppo_mini_batch_size=2)))
     kl_in_reward = attrs.evolve(plan.algorithm, use_kl_in_reward=True)
     assert not reuses_update_log_probs(plan.evolve(algorithm=kl_in_reward))
+
+
+def _compute_dtype_on_rank(rank: int, world_size: int, model_dir: str) -> dict:
+    import torch
+
+    from rlplan.runtime.trainer.policy import PolicyTrainer
+
+    batch = _batch(rank)
+    mask = batch.response_mask
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        plan = _plan(model_dir, compute_dtype=dtype, use_kl_loss=False)
+        trainer = PolicyTrainer(plan, device=torch.device("cpu"), device_type="cpu", rank=rank)
+        seen: list = []
+
+        def record(module, args, output, seen=seen) -> None:
+            seen.append((output[0] if isinstance(output, tuple) else output).dtype)
+
+        first_layer = next(m for name, m in trainer.model.named_modules() if name.endswith("layers.0"))
+        first_layer.register_forward_hook(record)
+        log_probs, _ = trainer.compute_log_probs(batch)
+        update = trainer.update(batch.with_fields(old_log_probs=log_probs), step=0)
+        results[dtype] = {
+            "layer_output": str(seen[0]),
+            "log_probs": str(log_probs.dtype),
+            "shards": sorted({str(p.dtype) for p in trainer.model.parameters()}),
+            "grad_norm": update.metrics["actor/grad_norm"],
+            "values": log_probs * mask,
+        }
+    results["bf16_vs_fp32"] = float((results["float32"].pop("values") - results["bfloat16"].pop("values")).abs().max())
+    return results
+
+
+def test_the_trainer_computes_its_layers_in_the_plans_compute_dtype_on_fp32_shards(tiny_model_dir):
+    """actor.compute_dtype bfloat16 all-gathers bf16 copies of the fp32 shards (verl's fsdp_config.dtype);
+    float32 computes on the shards. Log-probs and AdamW's state stay fp32 either way."""
+    import math
+
+    from rlplan.runtime.trainer.local_group import run_on_local_group
+
+    for result in run_on_local_group(_compute_dtype_on_rank, 2, tiny_model_dir):
+        assert result["float32"]["layer_output"] == "torch.float32"
+        assert result["bfloat16"]["layer_output"] == "torch.bfloat16"
+        for dtype in ("float32", "bfloat16"):
+            assert result[dtype]["log_probs"] == "torch.float32" and result[dtype]["shards"] == ["torch.float32"]
+            assert math.isfinite(result[dtype]["grad_norm"]) and result[dtype]["grad_norm"] > 0
+        # The same weights and tokens: bf16 rounding moves the log-probs a little, and only a little.
+        assert 0 < result["bf16_vs_fp32"] < 0.25
