@@ -894,7 +894,7 @@ class _StepContext:
         profile = self.profile
         engine = self.plan.rollout.name
         components = [Component(f"{engine}_context", int(profile.vllm_sleep_residual_gib * GIB), "resident")]
-        if not self.plan.rollout.enforce_eager:
+        if cuda_graph_pool_bytes(self.plan, profile):
             components.append(Component("cuda_graph_pool", int(cuda_graph_pool_bytes(self.plan, profile)),
                                         "resident"))
         if not self.plan.rollout.free_cache_engine:
@@ -1062,8 +1062,9 @@ def _weight_sync(ctx: _StepContext) -> PhaseMemory:
 
 
 def cuda_graph_pool_bytes(plan: Plan, profile: Profile) -> float:
-    """The engine's captured CUDA graphs, outside its memory budget (0 with enforce_eager)."""
-    if plan.rollout.enforce_eager:
+    """The engine's captured CUDA graphs, outside its memory budget (0 with enforce_eager, and on a CPU, where
+    vLLM compiles C++ kernels instead)."""
+    if plan.rollout.enforce_eager or plan.cluster.gpu.is_cpu:
         return 0.0
     gib = profile.sglang_cuda_graph_pool_gib if plan.rollout.name == "sglang" else profile.cuda_graph_pool_gib
     return gib * GIB

@@ -21,6 +21,9 @@ class Platform:
 
     device_type: str = field(validator=attrs.validators.in_(DEVICE_TYPES))
     accelerator_count: int = field(default=0, validator=attrs.validators.ge(0))
+    # A C++ compiler on PATH: vLLM's CPU backend compiles its model with torch.compile (inductor), which
+    # builds C++ kernels; without one only an eager engine starts.
+    has_cpp_compiler: bool = True
 
     @property
     def has_accelerator(self) -> bool:
@@ -42,6 +45,11 @@ class Platform:
         return self.has_accelerator
 
     @property
+    def supports_compiled_rollout(self) -> bool:
+        # On GPUs vLLM captures CUDA graphs; on a CPU it compiles C++ kernels, which needs the compiler.
+        return self.has_accelerator or self.has_cpp_compiler
+
+    @property
     def supports_tensor_parallel_rollout(self) -> bool:
         # On GPUs the runtime colocates one single-GPU engine with each trainer rank; on CPU the one
         # engine runs its TP ranks as worker processes beside it (shared memory).
@@ -50,7 +58,7 @@ class Platform:
 
 # What rlplan's CPU runtime cannot do (or does not need) on a CPU cluster: `solve --device cpu` and the demo
 # pin these, the rest is solved. Offload needs an accelerator (runtime.platform), vLLM's CPU backend runs
-# eagerly, without sleep mode, one engine per process.
+# without sleep mode, one engine per process.
 CPU_RUNTIME_PINS: dict[str, Any] = {
     "actor.param_offload": False,
     "actor.optimizer_offload": False,
@@ -60,7 +68,6 @@ CPU_RUNTIME_PINS: dict[str, Any] = {
     "model.activation_offload": False,
     "actor.ulysses_sequence_parallel_size": 1,
     "rollout.tensor_model_parallel_size": 1,
-    "rollout.enforce_eager": True,
     "rollout.free_cache_engine": False,
     "rollout.load_format": "safetensors",
     "actor.use_dynamic_bsz": True,

@@ -360,17 +360,22 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
         trainer=base.trainer if base is not None else TrainerSection(),
         passthrough=base.passthrough if base is not None else {},
     )
-    return with_cpu_compute_dtype(plan, request.pins) if request.cluster.gpu.is_cpu else plan
+    return with_cpu_compute(plan, request.pins) if request.cluster.gpu.is_cpu else plan
 
 
-def with_cpu_compute_dtype(plan: Plan, pins: dict[str, Any]) -> Plan:
-    """A CPU plan computing where this CPU's matmuls are fastest: bf16 with native bf16 (AVX512-BF16, AMX), else
-    fp32. The engine computes in the actor's dtype, so it samples the policy the trainer scores; pins win."""
+def with_cpu_compute(plan: Plan, pins: dict[str, Any]) -> Plan:
+    """How a CPU plan computes; pins win.
+
+    In the dtype this CPU's matmuls are fastest in: bf16 with native bf16 (AVX512-BF16, AMX), else fp32. The
+    engine computes in the actor's dtype, so it samples the policy the trainer scores. The engine compiled
+    (vLLM's default): its CPU backend's torch.compile decoded 1.4x as fast as eager in bf16 on an AVX512-BF16
+    EPYC (`benchmarks/rollout_throughput.py`), for ~15 s more start-up, spent while the trainers load.
+    """
     compute = pins.get("actor.compute_dtype", plan.cluster.gpu.fastest_compute_dtype)
     return plan.evolve(actor=attrs.evolve(plan.actor, compute_dtype=compute),
                        ref=attrs.evolve(plan.ref, compute_dtype=compute),
                        critic=attrs.evolve(plan.critic, compute_dtype=compute),
-                       rollout=attrs.evolve(plan.rollout, dtype=compute))
+                       rollout=attrs.evolve(plan.rollout, dtype=compute, enforce_eager=False))
 
 
 def apply_training_choice(plan: Plan, choice: TrainingChoice, request: SolveRequest) -> Plan:

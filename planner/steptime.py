@@ -60,7 +60,7 @@ class _Rates:
         gpu = plan.cluster.gpu
         self.gpu = gpu
         self.training_mfu = profile.training_mfu
-        # The engine computes in its own dtype (rollout.dtype): on a CPU, fp32 and bf16 differ by 2-4x.
+        # The engine computes in its own dtype (rollout.dtype): on a CPU bf16 and fp32 rates differ by ~2x either way.
         self.prefill_flops = gpu.tflops(plan.rollout.dtype) * 1e12 * profile.prefill_mfu
         self.hbm = gpu.hbm_gbps * GB * profile.decode_hbm_efficiency
         self.pcie = gpu.pcie_gbps * GB * profile.pcie_efficiency

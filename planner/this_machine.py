@@ -36,7 +36,7 @@ def this_machine_cpu(profile=None):
 
 
 def this_machine_compute_dtype(profile=None) -> str:
-    """The dtype `solve --device cpu` has this machine's trainer and engine compute in (solver.with_cpu_compute_dtype)."""
+    """The dtype `solve --device cpu` has this machine's trainer and engine compute in (solver.with_cpu_compute)."""
     return this_machine_cpu(profile).per_rank(1, 1.0).fastest_compute_dtype
 
 

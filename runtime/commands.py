@@ -252,6 +252,10 @@ DEMO_CPU_PINS = CPU_RUNTIME_PINS
 def solve_demo_plan(workload: Plan, pins: dict[str, Any] | None = None) -> Plan:
     """The demo's knobs as `rlplan solve --from` picks them for this machine, keeping the workload (and `pins`)."""
     from rlplan.planner.solver import SolveRequest, solve
+    from rlplan.runtime.platform import detect_platform
+
+    # Without a C++ compiler the engine can only start eager (rules: compiled_cpu_rollout_needs_a_compiler).
+    machine_pins = {} if detect_platform().supports_compiled_rollout else {"rollout.enforce_eager": True}
 
     request = SolveRequest(
         model=workload.model,
@@ -263,7 +267,7 @@ def solve_demo_plan(workload: Plan, pins: dict[str, Any] | None = None) -> Plan:
         algorithm=workload.algorithm.adv_estimator,
         ppo_mini_batch_size=workload.actor.ppo_mini_batch_size,
         lora=workload.model.lora.rank or "off",
-        pins={**DEMO_CPU_PINS, **(pins or {})},
+        pins={**DEMO_CPU_PINS, **machine_pins, **(pins or {})},
         base=workload,
     )
     result = solve(request)

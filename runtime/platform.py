@@ -39,7 +39,14 @@ def detect_platform() -> Platform:
 
     if torch.cuda.is_available():
         return Platform(device_type="cuda", accelerator_count=torch.cuda.device_count())
-    return Platform(device_type="cpu")
+    return Platform(device_type="cpu", has_cpp_compiler=has_cpp_compiler())
+
+
+def has_cpp_compiler() -> bool:
+    """Whether inductor finds its C++ compiler: $CXX, else g++ (torch/_inductor/config.py cpp.cxx on Linux)."""
+    import shutil
+
+    return shutil.which(os.environ.get("CXX") or "g++") is not None
 
 
 def check_plan_runnable(plan: Plan, platform: Platform) -> None:

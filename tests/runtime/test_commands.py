@@ -132,6 +132,13 @@ def test_demo_plan_is_solved_for_this_machine_with_cpu_limits_pinned(tmp_path):
     assert plan.actor.param_offload is False and plan.rollout.tensor_model_parallel_size == 1
     assert plan.actor.use_dynamic_bsz and plan.actor.ppo_max_token_len_per_gpu >= plan.data.max_sequence_length
     assert set(DEMO_CPU_PINS) and plan.data.train_files == workload.data.train_files
+    # The workload computes in fp32 with an eager engine; solved, it computes as this CPU is fastest, the engine
+    # in the trainer's dtype, compiled wherever inductor finds its C++ compiler.
+    from rlplan.planner.this_machine import this_machine_compute_dtype
+    from rlplan.runtime.platform import detect_platform
+
+    assert {plan.actor.compute_dtype, plan.ref.compute_dtype, plan.rollout.dtype} == {this_machine_compute_dtype()}
+    assert plan.rollout.enforce_eager is not detect_platform().supports_compiled_rollout
 
 
 def test_run_json_prints_the_error_as_one_json_object_on_stdout_and_the_log_on_stderr(workspace, tmp_path, capsys):

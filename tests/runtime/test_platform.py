@@ -123,3 +123,14 @@ def test_fp16_compute_is_refused_on_every_platform_with_bf16_as_the_fix(role):
                       if v.rule == "runtime_computes_without_loss_scaling"]
         assert refusal.suggested == {f"{role}.compute_dtype": "bfloat16"}
     assert not [v for v in check_plan(make_plan(), GPU).errors if v.rule == "runtime_computes_without_loss_scaling"]
+
+
+def test_a_compiled_cpu_engine_without_a_cpp_compiler_is_refused_with_the_eager_fix():
+    compiled = make_plan(overrides={"rollout.enforce_eager": False})
+    bare_cpu = Platform(device_type="cpu", has_cpp_compiler=False)
+    (refusal,) = [v for v in check_plan(compiled, bare_cpu).errors
+                  if v.rule == "compiled_cpu_rollout_needs_a_compiler"]
+    assert refusal.suggested == {"rollout.enforce_eager": True} and "g++" in refusal.fix
+    eager = make_plan(overrides={"rollout.enforce_eager": True})
+    for plan, platform in ((compiled, CPU), (compiled, GPU), (eager, bare_cpu)):
+        assert not [v for v in check_plan(plan, platform).errors if v.rule == "compiled_cpu_rollout_needs_a_compiler"]

@@ -477,3 +477,26 @@ def test_adapter_sync_without_lora_is_a_plan_error(model_dir):
     with pytest.raises(PlanError) as raised:
         rollout.sync_lora_adapter({}, {"r": 8})
     assert raised.value.field == "model.lora.rank"
+
+
+@pytest.mark.runtime
+@pytest.mark.vllm
+def test_a_compiled_cpu_engine_samples_the_weights_synced_into_it(model_dir, base_model, prompts):
+    """CPU plans run vLLM's torch.compile path (enforce_eager false): the compiled model must read the synced
+    weights, not constants captured when it was compiled."""
+    from rlplan.runtime import tiny
+    from rlplan.runtime.rollout import VllmRollout
+
+    plan = _evolve_rollout(tiny.tiny_plan(model_dir), enforce_eager=False)
+    compiled = VllmRollout(str(model_dir), plan, seed=0)
+    try:
+        compiled.sync_full_weights(_hf_names(base_model))
+        before = compiled.generate(prompts, 2, max_tokens=6, lora=False)
+        eos = base_model.config.eos_token_id
+        # The base model does not end every response at once, so the check below can fail.
+        assert not all(s.response_ids == (eos,) for s in before)
+        compiled.sync_full_weights(_hf_names(_eos_certain(base_model)))
+        after = compiled.generate(prompts, 2, max_tokens=6, lora=False)
+        assert all(s.response_ids == (eos,) for s in after)
+    finally:
+        compiled.shutdown()
