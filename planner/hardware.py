@@ -117,6 +117,11 @@ class CpuRates:
         return GpuSpec(name="cpu", memory_gib=host_memory_gib / share, bf16_tflops=self.bf16_tflops / share,
                        fp32_tflops=self.tflops / share, hbm_gbps=gbps, pcie_gbps=gbps, intranode_gbps=gbps)
 
+    def cluster(self, ranks: int, host_memory_gib: float) -> Cluster:
+        """This machine as one node of `ranks` one-process trainer ranks sharing its cores and RAM."""
+        return Cluster(gpu=self.per_rank(ranks, host_memory_gib), nodes=1, gpus_per_node=ranks,
+                       host_memory_gib=host_memory_gib)
+
 
 def estimate_cpu_rates(cpuinfo: str, cores: int | None = None) -> CpuRates:
     """An estimate from /proc/cpuinfo's text: cores x clock x fp32 FLOPs per cycle, and a per-core bandwidth.

@@ -894,9 +894,8 @@ class _StepContext:
         profile = self.profile
         engine = self.plan.rollout.name
         components = [Component(f"{engine}_context", int(profile.vllm_sleep_residual_gib * GIB), "resident")]
-        if cuda_graph_pool_bytes(self.plan, profile):
-            components.append(Component("cuda_graph_pool", int(cuda_graph_pool_bytes(self.plan, profile)),
-                                        "resident"))
+        if graph_pool := cuda_graph_pool_bytes(self.plan, profile):
+            components.append(Component("cuda_graph_pool", int(graph_pool), "resident"))
         if not self.plan.rollout.free_cache_engine:
             budget = self.budget
             components += [

@@ -54,8 +54,5 @@ def cpu_cluster(ranks: int, host_memory_gib: float, profile=None):
 
     Returns the cluster and the machine's rates (their `source` says whether measured or estimated).
     """
-    from rlplan.planner.hardware import Cluster
-
     rates = this_machine_cpu(profile)
-    return Cluster(gpu=rates.per_rank(ranks, host_memory_gib), nodes=1, gpus_per_node=ranks,
-                   host_memory_gib=host_memory_gib), rates
+    return rates.cluster(ranks, host_memory_gib), rates

@@ -184,14 +184,13 @@ def test_cpu_solve_sizes_the_one_engine_for_every_sequence_of_the_step(tmp_path)
 
 
 def _cpu_request(flags: str, **pins):
-    from rlplan.planner.hardware import Cluster
     from rlplan.planner.plan import ModelSection
     from rlplan.planner.presets import model_presets
     from rlplan.planner.solver import SolveRequest
 
     rates = estimate_cpu_rates(_cpuinfo(2, flags))
     model = model_presets()["qwen2.5-0.5b"]
-    cluster = Cluster(gpu=rates.per_rank(2, 32.0), nodes=1, gpus_per_node=2, host_memory_gib=64.0)
+    cluster = rates.cluster(2, 64.0)
     return SolveRequest(model=ModelSection(name=model.name, path=model.repo_ids[0], arch=model.arch), cluster=cluster, prompt_len=48,
                         response_len=64, train_batch_size=8, n=8, lora="off", pins={**CPU_RUNTIME_PINS, **pins})
 
@@ -215,11 +214,8 @@ def test_cpu_solve_computes_in_bf16_where_the_cpu_has_native_bf16_and_in_fp32_wh
 
 
 def test_cpu_step_time_prices_each_pass_at_its_compute_dtypes_rate():
-    from rlplan.planner.hardware import Cluster
-
     def phases(flags: str, dtype: str) -> dict[str, float]:
-        rates = estimate_cpu_rates(_cpuinfo(2, flags))
-        cluster = Cluster(gpu=rates.per_rank(2, 32.0), nodes=1, gpus_per_node=2, host_memory_gib=64.0)
+        cluster = estimate_cpu_rates(_cpuinfo(2, flags)).cluster(2, 64.0)
         plan = make_plan(overrides={"actor.compute_dtype": dtype, "rollout.dtype": dtype}).evolve(cluster=cluster)
         return predict_step_time(plan, predict_memory(plan)).phase_seconds
 
