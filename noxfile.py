@@ -97,13 +97,26 @@ CROSS_KERNEL_TESTS = ("tests/runtime/test_rollout_engine.py", "tests/runtime/tes
                       "tests/runtime/test_sequence_parallel.py")
 
 
-@nox.session(python=PYTHON)
+# tests_avx2 runs in the tests session's environment rather than a second one: a second copy of the
+# runtime stack is 3.8 GB of disk and another 133 MB vLLM download, and both once turned CI red (a full
+# disk, then a dropped connection) on a run whose tests had passed.
+TESTS_PYTHON = Path(__file__).parent / ".nox" / "tests" / "bin" / "python"
+
+
+@nox.session(python=False)
 def tests_avx2(session: nox.Session) -> None:
     """The cross-kernel tests as an AVX2-only CPU runs them: torch's AVX2 kernels and vLLM's _C_AVX2."""
-    install_runtime(session, "test")
-    env = {**RUNTIME_ENV, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": ".ci/isa_avx2"}
-    session.run("python", ".ci/env_report.py", env=env)
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or CROSS_KERNEL_TESTS), env=env)
+    if not TESTS_PYTHON.exists():
+        session.error(f"tests_avx2 reruns tests in the tests session's environment, and {TESTS_PYTHON} does "
+                      "not exist: run `nox -s tests` first (or `nox -s tests tests_avx2`)")
+    python = str(TESTS_PYTHON)
+    # As if the venv were active: tests that start `rlplan` or Ray workers find its executables first.
+    venv = TESTS_PYTHON.parent.parent
+    env = {**RUNTIME_ENV, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": ".ci/isa_avx2", "VIRTUAL_ENV": str(venv),
+           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    session.run(python, ".ci/env_report.py", env=env, external=True)
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                *(session.posargs or CROSS_KERNEL_TESTS), env=env, external=True)
 
 
 @nox.session(python=PYTHON)
