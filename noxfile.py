@@ -42,7 +42,10 @@ VERL_COMPAT_PACKAGES = ("torch==2.13.0", "-e", ".", "hypothesis>=6.100", "hydra-
                         "transformers>=5.5.3,<5.11,!=5.6.0", "tensordict>=0.8,<=0.10,!=0.9.0", "ray>=2.41",
                         "datasets", "pillow", "peft", "codetiming")
 VERL = "verl==0.9.1"
-RUNTIME_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+# PYTHONFAULTHANDLER: a native crash prints every thread's Python stack, also one during interpreter exit after
+# pytest has finished (a CI run once passed every test and then exited on SIGSEGV, with nothing to read).
+RUNTIME_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+               "PYTHONFAULTHANDLER": "1"}
 
 
 def install(session: nox.Session, *args: str) -> None:

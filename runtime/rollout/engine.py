@@ -8,6 +8,7 @@ when an engine is built, never at module import.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -75,6 +76,33 @@ def _scratch_dir(prefix: str) -> Path:
     return Path(
         tempfile.mkdtemp(prefix=prefix, dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None)
     )
+
+
+def _release_model_state_held_outside_the_engine(model: Any) -> None:
+    """Run in the engine's worker at shutdown: free what vLLM keeps of the model beyond the engine's life.
+
+    - vLLM's layer-wise reload registry (`reload_weights`, a module-level WeakKeyDictionary whose values refer
+      back to their layers) keeps every layer, and so the whole model, alive after the engine shuts down.
+    - Each CPU linear holds a oneDNN matmul handle that only a finalizer calling into torch frees. Left to the
+      garbage collector, that finalizer ran under a test's fake-tensor mode (where it raises and leaks the
+      handle) or during interpreter exit. The handles are released here, once, and the finalizer finds none.
+    Another vLLM version without these internals has nothing of them to free.
+    """
+    try:
+        from vllm._custom_ops import CPUDNNLGEMMHandler
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    except ImportError:
+        return
+    for module in model.modules():
+        LAYERWISE_INFO.pop(module, None)
+        for cell in getattr(getattr(module, "cpu_linear", None), "__closure__", None) or ():
+            try:
+                handle = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(handle, CPUDNNLGEMMHandler) and handle.handler_tensor is not None:
+                handle.dtor(int(handle.handler_tensor.item()))
+                handle.handler_tensor = None
 
 
 class VllmRollout:
@@ -257,8 +285,11 @@ class VllmRollout:
     def shutdown(self) -> None:
         llm = getattr(self, "_llm", None)
         if llm is not None:
+            if self._weights_by_reference:  # the model lives in this process (see __init__)
+                llm.apply_model(_release_model_state_held_outside_the_engine)
             llm.llm_engine.engine_core.shutdown()
             self._llm = None
+            gc.collect()  # the engine's reference cycles go now, while torch is whole, not at interpreter exit
         shutil.rmtree(self._adapter_root, ignore_errors=True)
 
     # --- helpers ----------------------------------------------------------------------------

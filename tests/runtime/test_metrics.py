@@ -117,10 +117,17 @@ def test_mlflow_tracker_logs_to_a_file_store_under_the_run_dir_and_resume_contin
     assert runs[0].data.params["data.train_batch_size"] == str(plan.data.train_batch_size)
 
 
-def test_wandb_tracker_runs_offline_under_the_run_dir(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="needs the wandb extra")
+@pytest.fixture
+def wandb_offline(monkeypatch):
+    """W&B offline, its service and threads stopped after the test rather than during the interpreter's exit."""
+    wandb = pytest.importorskip("wandb", reason="needs the wandb extra")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    yield
+    wandb.teardown()
+
+
+def test_wandb_tracker_runs_offline_under_the_run_dir(tmp_path, wandb_offline):
     plan = _tracker_plan(tmp_path, "wandb")
     log = _log_two_steps(tmp_path, plan)
     (tracker,) = log.trackers

@@ -500,3 +500,36 @@ def test_a_compiled_cpu_engine_samples_the_weights_synced_into_it(model_dir, bas
         assert all(s.response_ids == (eos,) for s in after)
     finally:
         compiled.shutdown()
+
+
+def _onednn_handles(model) -> list:
+    """The oneDNN matmul handles vLLM's CPU linears captured (none where AMX sends small weights elsewhere)."""
+    from vllm._custom_ops import CPUDNNLGEMMHandler
+
+    handles = []
+    for module in model.modules():
+        for cell in getattr(getattr(module, "cpu_linear", None), "__closure__", None) or ():
+            if isinstance(cell.cell_contents, CPUDNNLGEMMHandler):
+                handles.append(cell.cell_contents)
+    return handles
+
+
+@pytest.mark.runtime
+@pytest.mark.vllm
+def test_a_shut_down_engine_frees_its_model_and_releases_every_onednn_handle(model_dir, base_model):
+    """vLLM's reload registry kept the model alive after shutdown, and the oneDNN handles of its CPU linears were
+    left to a finalizer that ran at interpreter exit or under a fake-tensor mode (where it raises and leaks)."""
+    import gc
+    import weakref
+
+    from rlplan.runtime import tiny
+    from rlplan.runtime.rollout import VllmRollout
+
+    rollout = VllmRollout(str(model_dir), tiny.tiny_plan(model_dir), seed=0)
+    rollout.sync_full_weights(_hf_names(base_model))  # reload_weights records every layer in vLLM's registry
+    ((model_ref, handles),) = rollout._engine.apply_model(lambda model: (weakref.ref(model), _onednn_handles(model)))
+    assert model_ref() is not None
+    rollout.shutdown()
+    gc.collect()
+    assert model_ref() is None
+    assert all(handle.handler_tensor is None for handle in handles)
