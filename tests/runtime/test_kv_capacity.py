@@ -67,6 +67,10 @@ def in_process_engine(monkeypatch):
     monkeypatch.setenv("VLLM_NO_USAGE_STATS", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    yield
+    # The test's engines (the refused one through its traceback) go now, with their oneDNN handles, rather
+    # than in a later test's garbage collection, where a fake-tensor mode makes the handles' finalizer fail.
+    gc.collect()
 
 
 def _arch(model_dir) -> Architecture:
@@ -85,7 +89,6 @@ def _engine_blocks(model_dir, max_model_len: int, **budget) -> tuple[int, int]:
         return int(cache.num_gpu_blocks), int(cache.block_size)
     finally:
         del llm
-        gc.collect()  # the engine's cycles (and oneDNN handles) go now, not under a later test's fake-tensor mode
 
 
 def test_tiny_model_kv_tokens_equal_vllms_blocks_for_a_whole_gib(tiny_model_dir, monkeypatch):
