@@ -43,7 +43,7 @@ class GpuSpec:
 
     def tflops(self, dtype: str) -> float:
         """Peak dense matmul TFLOP/s when computing in `dtype` (a plan's compute_dtype or rollout.dtype)."""
-        if dtype in ("float32", "fp32"):
+        if dtype == "float32":
             # Without a figure: TF32 tensor cores (A100, H100) run at half the bf16 dense rate.
             return self.fp32_tflops if self.fp32_tflops is not None else self.bf16_tflops / 2
         return self.bf16_tflops

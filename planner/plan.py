@@ -216,7 +216,7 @@ class RolloutSection:
     # The engine's weights and KV cache. It should compute in the dtype the trainer's forward does
     # (actor.compute_dtype), or it samples from rounded weights the trainer never scores
     # (rules: rollout_dtype_matches_cpu_trainer).
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: ComputeDtype = "bfloat16"
     temperature: float = field(default=1.0, validator=at_least(0.0, "rollout"))
     top_p: float = field(default=1.0, validator=_fraction("rollout"))
     top_k: int = -1

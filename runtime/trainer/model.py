@@ -13,7 +13,7 @@ from typing import Any
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
-from rlplan.planner.plan import LoraConfig
+from rlplan.planner.plan import ComputeDtype, LoraConfig
 
 
 @frozen(kw_only=True)
@@ -26,7 +26,7 @@ class ShardingSpec:
     shard_group_size: int
     # The role's compute_dtype: "bfloat16" all-gathers bf16 copies of the fp32 shards for forward and
     # backward (FSDP2's MixedPrecisionPolicy, verl's fsdp_config.dtype); "float32" computes on the shards.
-    compute_dtype: str
+    compute_dtype: ComputeDtype
     param_offload: bool = False
     reshard_after_forward: bool = True
 

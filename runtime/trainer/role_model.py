@@ -15,7 +15,7 @@ from typing import Any
 from attrs import frozen
 
 from rlplan.planner.layout import ParallelLayout, PlanLayout
-from rlplan.planner.plan import LoraConfig, Plan
+from rlplan.planner.plan import ComputeDtype, LoraConfig, Plan
 from rlplan.runtime.trainer.model import (
     ShardingSpec,
     apply_lora,
@@ -68,7 +68,7 @@ class RoleModel:
 
 
 def sharding_spec(parallel: ParallelLayout, device_type: str, *, param_offload: bool,
-                  compute_dtype: str) -> ShardingSpec:
+                  compute_dtype: ComputeDtype) -> ShardingSpec:
     return ShardingSpec(
         device_type=device_type,
         world_size=parallel.world_size,
