@@ -30,8 +30,9 @@ from rlplan.runtime.trainer.sequence_parallel import (
     SequenceParallelGroup,
     data_parallel_rank,
     new_sequence_parallel_group,
+    use_ulysses_attention,
 )
-from rlplan.runtime.trainer.varlen_attention import use_packed_attention
+from rlplan.runtime.trainer.varlen_attention import use_varlen_attention
 
 
 @frozen(kw_only=True)
@@ -126,6 +127,19 @@ def critic_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleM
             offload_state=critic.optimizer_offload and not critic.offload_policy and device_type != "cpu",
         ),
     )
+
+
+def use_packed_attention(model: Any, *, remove_padding: bool, device_type: str, sequence_parallel: Any) -> None:
+    """The attention a trainer model runs: Ulysses with sequence parallelism, varlen for packed CPU inputs.
+
+    On an accelerator, sdpa with the block-diagonal mask stays: its kernels are fast there, and a
+    per-sequence loop would launch 3 kernels per sequence and layer. The choice lives here, the one place a
+    role's model is built, so that the two attention modules need not import each other.
+    """
+    if sequence_parallel is not None:
+        use_ulysses_attention(model, sequence_parallel.size)
+    elif remove_padding and device_type == "cpu":
+        use_varlen_attention(model)
 
 
 def load_with_attention(path: str, *, value_head: bool, remove_padding: bool, device_type: str,

@@ -114,17 +114,3 @@ def use_varlen_attention(model: Any) -> None:
     """Route the model's attention through `varlen_attention` (registered once per process)."""
     _register()
     model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
-
-
-def use_packed_attention(model: Any, *, remove_padding: bool, device_type: str, sequence_parallel: Any) -> None:
-    """The attention a trainer model runs: Ulysses with sequence parallelism, varlen for packed CPU inputs.
-
-    On an accelerator, sdpa with the block-diagonal mask stays: its kernels are fast there, and a
-    per-sequence loop would launch 3 kernels per sequence and layer.
-    """
-    from rlplan.runtime.trainer.sequence_parallel import use_ulysses_attention
-
-    if sequence_parallel is not None:
-        use_ulysses_attention(model, sequence_parallel.size)
-    elif remove_padding and device_type == "cpu":
-        use_varlen_attention(model)

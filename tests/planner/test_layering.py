@@ -121,3 +121,66 @@ def test_importing_each_planner_module_loads_no_runtime_and_no_heavy_library():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout) == {}
+
+
+ROOT = PLANNER.parent
+PACKAGE_FOLDERS = {"planner": "rlplan.planner", "runtime": "rlplan.runtime"}
+
+
+def _rlplan_modules() -> dict[str, Path]:
+    found = {}
+    for folder, package in PACKAGE_FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            found[name] = path
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every rlplan module -> the rlplan modules it imports anywhere (inside functions too)."""
+    modules = _rlplan_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in _imported_modules(ast.parse(path.read_text(encoding="utf-8"))):
+            # `from rlplan.x import name` may name a module or an attribute: keep the longest module it names.
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles, state, stack = [], {}, []
+
+    def visit(node: str) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                cycles.append([*stack[stack.index(target):], target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_no_two_rlplan_modules_import_each_other_even_inside_functions():
+    """A cycle hidden in a function-level import still ties two modules into one (issue 25: varlen attention and
+    Ulysses once did); the layer that needs both imports both."""
+    # Package __init__ modules re-export their package: they are not part of a module's own dependencies.
+    modules = _rlplan_modules()
+    graph = {name: {t for t in targets if modules[t].name != "__init__.py"} for name, targets in _import_graph().items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]

@@ -125,7 +125,8 @@ def test_packed_log_probs_with_varlen_attention_equal_the_padded_and_the_masked_
 def test_the_trainer_uses_varlen_attention_only_for_packed_inputs_on_cpu():
     from types import SimpleNamespace
 
-    from rlplan.runtime.trainer.varlen_attention import ATTENTION_IMPLEMENTATION, use_packed_attention
+    from rlplan.runtime.trainer.role_model import use_packed_attention
+    from rlplan.runtime.trainer.varlen_attention import ATTENTION_IMPLEMENTATION
 
     chosen = []
     model = SimpleNamespace(set_attn_implementation=chosen.append)
