@@ -24,7 +24,7 @@ end-of-sequence token (verl's `rollout.ignore_eos`), TRL's `generate` may not em
 (`min_new_tokens`, the nearest HF knob; TRL masks whatever follows an EOS, so it must not be sampled there).
 The task's reward counts shares of letters, so it does not depend on the length. `--lengths free` stops at
 EOS on both sides: each step then carries as many tokens as the policy has drifted to, and on this task the
-two policies drift apart within a few steps (see the README).
+two policies drift apart within a few steps (see docs/benchmarks.md).
 
 - TRL: `GRPOTrainer` with HF `generate`, in one process on every core (`--side trl`, a child process).
 - rlplan: `rlplan run` of the plan `rlplan demo` would solve for this workload on `--world-size` CPU ranks.
