@@ -26,6 +26,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlplan.planner.phases import SyncMode
+
 CHECKPOINTS = "checkpoints"
 STAGING_PREFIX = ".tmp-step-"
 COMPLETE_PREFIX = "step-"
@@ -199,7 +201,7 @@ def export_hf_model(directory: Path, model: Any, source_dir: str, rank: int, dty
     if rank == 0:
         target.mkdir(parents=True, exist_ok=True)
     pending: dict[str, dict[str, Any]] = {}
-    for name, tensor in iter_hf_weights(model, mode="merged", dtype=dtype):
+    for name, tensor in iter_hf_weights(model, mode=SyncMode.MERGED, dtype=dtype):
         if rank != 0:
             continue
         filename = split.tensor_to_filename[name]

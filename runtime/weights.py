@@ -17,16 +17,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 from attrs import frozen
+
+from rlplan.planner.phases import SyncMode
 
 PEFT_PREFIX = "base_model.model."
 BASE_LAYER = ".base_layer"
 LORA_MARKER = "lora_"
-
-WeightMode = Literal["merged", "base"]
-
 
 def hf_name(name: str) -> str | None:
     """The Hugging Face name of a trainer parameter, or None for a LoRA tensor (not part of the base model)."""
@@ -87,9 +86,14 @@ def _layer_groups(model: Any, names: list[str]) -> list[tuple[Any | None, list[s
 
 
 def iter_hf_weights(
-    model: Any, *, mode: WeightMode = "merged", layered: bool = False, dtype: Any = None, to_cpu: bool = True
+    model: Any, *, mode: SyncMode = SyncMode.MERGED, layered: bool = False, dtype: Any = None, to_cpu: bool = True
 ) -> Iterator[tuple[str, Any]]:
-    """(hf_name, full tensor) for every base-model parameter, in the model's order."""
+    """(hf_name, full tensor) for every base-model parameter, in the model's order.
+
+    mode: MERGED folds any adapter into its base weight; BASE leaves it out (ADAPTER is not a full-weight mode).
+    """
+    if mode == SyncMode.ADAPTER:
+        raise ValueError("iter_hf_weights streams full weights: SyncMode.ADAPTER goes through adapter_tensors")
     parameters = dict(_named_in_module_order(model))
     if layered:
         groups = _layer_groups(model, list(parameters))
@@ -110,7 +114,7 @@ def iter_hf_weights(
             if target is None:
                 continue
             tensor = read(current[name])
-            lora = _lora_layer(model, name) if mode == "merged" else None
+            lora = _lora_layer(model, name) if mode == SyncMode.MERGED else None
             if lora is not None:
                 tensor = _merged_weight(lora, tensor, read)
             tensor = tensor.detach()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from attrs import frozen
 
+from rlplan.planner.phases import SyncMode
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
 
@@ -170,15 +171,11 @@ class TrainerWorker:
         return self._measured(lambda: self.critic.update(batch, step))
 
     # --- weight sync ----------------------------------------------------------------------------
-    def push_weights(self, rollouts: list[RolloutHandle], what: str) -> tuple[dict[str, float], PhaseMeasurement]:
+    def push_weights(self, rollouts: list[RolloutHandle], what: SyncMode) -> tuple[dict[str, float], PhaseMeasurement]:
         return self._measured(lambda: self._push_weights(rollouts, what))
 
-    def _push_weights(self, rollouts: list[RolloutHandle], what: str) -> dict[str, float]:
-        """Collective gather; rank 0 hands the result to every rollout engine.
-
-        what: "adapter" (LoRA tensors only), "base" (the frozen base weights, LoRA excluded) or
-        "merged" (full weights with any adapter folded in).
-        """
+    def _push_weights(self, rollouts: list[RolloutHandle], what: SyncMode) -> dict[str, float]:
+        """Collective gather; rank 0 hands the result to every rollout engine (`what`: see SyncMode)."""
         import time
 
         import ray
@@ -186,13 +183,13 @@ class TrainerWorker:
         from rlplan.runtime.weights import adapter_config, adapter_tensors, iter_hf_weights
 
         start = time.perf_counter()
-        if what == "adapter":
+        if what == SyncMode.ADAPTER:
             payload: Any = adapter_tensors(self.policy.model)
         else:
             dtype = _torch_dtype(self.plan.rollout.dtype)
             named = iter_hf_weights(
                 self.policy.model,
-                mode="base" if what == "base" else "merged",
+                mode=what,
                 layered=self.plan.rollout.layered_summon,
                 dtype=dtype,
             )
@@ -201,7 +198,7 @@ class TrainerWorker:
         load_seconds = 0.0
         if self.rank == 0:
             reference = ray.put(payload)
-            if what == "adapter":
+            if what == SyncMode.ADAPTER:
                 config = adapter_config(self.policy.model)
                 calls = [r.sync_lora_adapter.remote(reference, config) for r in rollouts]
             else:

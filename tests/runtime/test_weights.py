@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlplan.planner.phases import SyncMode
 from rlplan.runtime.weights import hf_name
 
 pytestmark = pytest.mark.runtime
@@ -30,9 +31,9 @@ def _export_on_rank(rank: int, world_size: int, model_dir: str, adapter_dir: str
     batch = batch.with_fields(old_log_probs=old, ref_log_probs=trainer.compute_ref_log_probs(batch))
     trainer.update(batch, step=0)  # a non-zero adapter
     trained, _ = trainer.compute_log_probs(batch)
-    streamed = dict(iter_hf_weights(trainer.model, mode="merged"))
-    layered = dict(iter_hf_weights(trainer.model, mode="merged", layered=True))
-    base = dict(iter_hf_weights(trainer.model, mode="base"))
+    streamed = dict(iter_hf_weights(trainer.model, mode=SyncMode.MERGED))
+    layered = dict(iter_hf_weights(trainer.model, mode=SyncMode.MERGED, layered=True))
+    base = dict(iter_hf_weights(trainer.model, mode=SyncMode.BASE))
     adapter = adapter_tensors(trainer.model)
     if rank == 0:
         import json
