@@ -182,8 +182,9 @@ def solve(
     device: Annotated[str, typer.Option("--device", metavar="gpu|cpu", help="cpu: plan rlplan's CPU runtime on "
                                         "this machine (--gpus is then its trainer ranks, default 1); the same as "
                                         "--gpu cpu.")] = "gpu",
-    algo: Annotated[str, typer.Option(metavar=choices_metavar(ALGO_CHOICES),
-                                      help="Algorithm; ppo is gae + critic.")] = "grpo",
+    algo: Annotated[str | None, typer.Option(metavar=choices_metavar(ALGO_CHOICES),
+                                      help="Algorithm; ppo is gae + critic (default: the --from plan's, "
+                                           "else grpo).")] = None,
     prompt_len: Annotated[int | None, typer.Option("--prompt-len", help="Max prompt tokens.")] = None,
     response_len: Annotated[int | None, typer.Option("--response-len", help="Max response tokens.")] = None,
     max_response_len: Annotated[int | None, typer.Option("--max-response-len",
@@ -301,7 +302,10 @@ def solve(
                             fix=f"pass --gpus-per-node so that it divides {gpus}")
         cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node,
                           host_memory_gib=1024.0 if host_mem is None else host_mem)
-    algorithm = {"ppo": "gae"}.get(algo.lower(), algo.lower())
+    # Not given (None) keeps the --from plan's algorithm; "grpo" given keeps GRPO even over a PPO plan.
+    algorithm = {"ppo": "gae"}.get((algo or "grpo").lower(), (algo or "grpo").lower())
+    if algo is None and base is not None:
+        algorithm = base.algorithm.adv_estimator
     if algorithm not in get_args(Algorithm):
         raise PlanError(field="--algo", message=f"unknown algorithm {algo!r}.",
                         fix=f"pass one of {', '.join(ALGO_CHOICES)}")
@@ -325,8 +329,6 @@ def solve(
         n = base.rollout.n if n is None else n
         if ppo_mini_batch_size is None:
             ppo_mini_batch_size = base.actor.ppo_mini_batch_size
-        if algo == "grpo" and base.algorithm.adv_estimator != "grpo":
-            algorithm = base.algorithm.adv_estimator
     if prompt_len is None:
         raise PlanError(field="--prompt-len", message="the prompt length is needed.", fix="pass --prompt-len 1024")
     request = SolveRequest(

@@ -586,3 +586,19 @@ def test_import_and_render_json_errors_are_one_json_object_on_stdout_with_exit_2
     assert result.exit_code == 2, result.output
     error = json.loads(result.stdout)["error"]
     assert set(error) == {"field", "message", "fix"} and error["fix"]
+
+
+def test_solve_from_a_ppo_plan_with_algo_grpo_writes_grpo_and_without_algo_keeps_ppo(tmp_path):
+    """--algo not given keeps the --from plan's algorithm; --algo grpo given is GRPO (issue 25: "not given" was
+    spelled "grpo", so `--from ppo.toml --algo grpo` wrote adv_estimator = "gae")."""
+    ppo = tmp_path / "ppo.toml"
+    base = ["solve", "--model", "qwen2.5-0.5b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "512",
+            "--response-len", "512", "--train-batch-size", "64", "--n", "1"]
+    assert invoke(*base, "--algo", "ppo", "-o", str(ppo)).exit_code == 0
+    assert plan_from_toml(ppo.read_text()).algorithm.adv_estimator == "gae"
+    kept, switched = tmp_path / "kept.toml", tmp_path / "grpo.toml"
+    assert invoke("solve", "--from", str(ppo), "-o", str(kept)).exit_code == 0
+    assert plan_from_toml(kept.read_text()).algorithm.adv_estimator == "gae"
+    result = invoke("solve", "--from", str(ppo), "--algo", "grpo", "--n", "4", "-o", str(switched))
+    assert result.exit_code == 0, result.output
+    assert plan_from_toml(switched.read_text()).algorithm.adv_estimator == "grpo"
