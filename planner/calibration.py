@@ -19,6 +19,7 @@ intercept from the slope), the base profile's value is kept and the fit says so.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -309,8 +310,6 @@ def _verl_allocator_observation(run: VerlRun, profile: Profile, family: Any) -> 
 
 def _verl_time_observations(run: VerlRun, profile: Profile) -> tuple[list[TimeObservation], list[str]]:
     """Median seconds per phase over the run's steady steps, beside the step-time model's at the same lengths."""
-    import statistics
-
     from rlplan.planner.compare import TIMING_KEY, steady_steps
     from rlplan.planner.memory import predict_memory
     from rlplan.planner.steptime import predict_step_time
@@ -368,11 +367,14 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
     allocator = None
     if memory:
         allocator = fit_allocator(memory, base.fragmentation_fraction)
-        changes["allocator_cache_gib"] = min(max(allocator.fixed_bytes / GIB, 0.0), 64.0)
+        fraction = base.fragmentation_fraction
         if allocator.slope_fitted:
-            changes["fragmentation_fraction"] = _clamped("fragmentation_fraction", allocator.fragmentation_fraction,
-                                                         notes)
-        else:
+            fraction = _clamped("fragmentation_fraction", allocator.fragmentation_fraction, notes)
+            changes["fragmentation_fraction"] = fraction
+        # The cache at the fraction kept (refitted when the slope was clamped), never below zero.
+        cache = statistics.fmean(o.held_bytes - (1.0 + fraction) * o.allocated_bytes for o in memory) / GIB
+        changes["allocator_cache_gib"] = min(max(cache, 0.0), 64.0)
+        if not allocator.slope_fitted:
             notes.append("fragmentation_fraction: not fitted (one allocation size cannot separate it from the cache; "
                          "pass runs whose trainer bytes differ)")
     else:

@@ -118,7 +118,8 @@ def calibrate_verl_command(logs: list[str], plans: list[str], output: str, *, gp
         return ExitCode.OK
     console = make_console()
     for key, value in changed.items():
-        console.print(f"{key}: {getattr(DEFAULT_PROFILE, key):.4g} -> {value:.4g} ({result.profile.why(key)[:90]})",
+        why = result.profile.why(key)
+        console.print(f"{key}: {getattr(DEFAULT_PROFILE, key):.4g} -> {value:.4g} ({why if len(why) < 80 else why[:77] + '...'})",
                       markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
