@@ -224,7 +224,11 @@ def memory_rows(plan: Plan, report: MemoryReport, log: VerlLog, scope: MetricSco
     per_phase = [PhaseCounter(phase=p.name, allocated_gib=a / GIB, reserved_gib=r / GIB, planner_peak_gib=p.peak_bytes / GIB)
                  for p, a, r in counters]
     rows: list[MemoryRow] = []
-    for key, index in ((scope.allocated_key, 1), (scope.reserved_key, 2)):
+    keys = [(scope.allocated_key, 1), (scope.reserved_key, 2)]
+    if scope.allocated_key.startswith("actor/"):
+        # The critic's engine worker reads the same process-wide counters (verl colocates the roles in one process).
+        keys += [(key.replace("actor/", "critic/", 1), index) for key, index in list(keys)]
+    for key, index in keys:
         peak = _measured_peak(log, key)
         if peak is None:
             continue
@@ -325,11 +329,18 @@ class Forecast:
     # The step at which the trend's mean reaches max_response_length (every response truncated); None: never.
     reaches_max_length_at_step: int | None
     fix: str | None
+    # The first step whose response_length/max reached max_response_length (responses cut there); None: none did.
+    longest_hit_limit_at_step: int | None = None
 
     def mean_at(self, step: int) -> float:
         return self.intercept + self.slope_tokens_per_step * step
 
     def message(self) -> str:
+        return self._fit_message() + (
+            f" (the longest responses reach max_response_length {self.max_response_length} from step "
+            f"{self.longest_hit_limit_at_step}: they are cut there)" if self.longest_hit_limit_at_step is not None else "")
+
+    def _fit_message(self) -> str:
         trend = f"responses {'grow' if self.slope_tokens_per_step >= 0 else 'shrink'} ~{abs(self.slope_tokens_per_step):.2g} tokens/step"
         if self.stops_fitting_at_step is not None:
             text = (f"{trend}; the mean response reaches {self.longest_fitting_mean} tokens, the longest this plan "
@@ -380,9 +391,11 @@ def length_forecast(plan: Plan, log: VerlLog, profile: Profile = DEFAULT_PROFILE
         budget = largest_fitting_token_budget(at_limit, profile)
         fix = (f"set {budget[0]} = {budget[1]}" if budget is not None
                else "re-solve with `rlplan solve --from PLAN` at the lengths to come")
+    hit = next((step for step, value in log.series("response_length/max") if value >= maximum), None)
     return Forecast(slope_tokens_per_step=slope, intercept=intercept, last_step=last, longest_fitting_mean=longest,
                     max_response_length=maximum, stops_fitting_at_step=stops,
-                    reaches_max_length_at_step=_first_step_at(slope, intercept, maximum, last), fix=fix)
+                    reaches_max_length_at_step=_first_step_at(slope, intercept, maximum, last), fix=fix,
+                    longest_hit_limit_at_step=hit)
 
 
 # --- the whole comparison ---------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
                      "max_response_length": forecast.max_response_length,
                      "stops_fitting_at_step": forecast.stops_fitting_at_step,
                      "reaches_max_response_length_at_step": forecast.reaches_max_length_at_step,
+                     "longest_response_hit_limit_at_step": forecast.longest_hit_limit_at_step,
                      "fix": forecast.fix, "message": forecast.message()},
         "notes": list(c.notes),
     }

@@ -160,6 +160,7 @@ def test_forecast_finds_the_step_where_the_plan_stops_fitting(payloads, name):
     assert not predict_memory(at_limit).fits
     assert predict_memory(apply_knobs(at_limit, {key: int(value)})).fits
     assert f"near step {stop}" in forecast["message"] and forecast["fix"] in forecast["message"]
+    assert forecast["longest_response_hit_limit_at_step"] is None  # response_length/max stays below 8192
 
 
 def test_text_output_prints_the_json_numbers(payloads):
@@ -236,6 +237,8 @@ def test_public_runs_memory_against_the_model():
     assert 0.95 < low["memory"][0]["ratio"] <= 1.0 and not low["memory"][0]["exceeds_band"]
     # The reserved figure is where the flat fragmentation allowance fails: 14 GiB held beyond allocated.
     assert low["memory"][1]["exceeds_band"] and code == 1
+    # Both runs' longest responses hit max_response_length (1024) from step 1; the forecast says so.
+    assert low["forecast"]["longest_response_hit_limit_at_step"] == 1 and "cut there" in low["forecast"]["message"]
 
 
 def test_calibrate_from_verl_log_fits_the_allocator_cache_and_compare_then_fits(tmp_path):
@@ -277,3 +280,17 @@ def test_compare_run_is_pure_and_matches_the_command(payloads):
     comparison = compare_run(fixture_plan(), read_verl_log(str(LOGS / "v08_console.log")))
     assert comparison.memory[0].predicted_gib == pytest.approx(payloads["v08_console.log"][1]["memory"][0]["predicted_gib"],
                                                                abs=1e-3)
+
+
+def test_critic_counters_of_engine_workers_are_compared_too(tmp_path):
+    log = tmp_path / "v08_critic.log"
+    lines = [f"step:{s} - prompt_length/mean:np.float64(300.0) - response_length/mean:np.float64(1000.0) - "
+             f"actor/perf/max_memory_allocated_gb:np.float64(40.0) - critic/perf/max_memory_allocated_gb:"
+             f"np.float64(41.0)" for s in (1, 2, 3)]
+    log.write_text("\n".join(lines) + "\n")
+    payload = json.loads(invoke("compare", SCRIPT, str(log), "--gpu", "h100-80g", "--json").output)
+    rows = {row["metric"]: row for row in payload["memory"]}
+    assert set(rows) == {"actor/perf/max_memory_allocated_gb", "critic/perf/max_memory_allocated_gb"}
+    assert rows["critic/perf/max_memory_allocated_gb"]["measured_gib"] == 41.0
+    assert rows["critic/perf/max_memory_allocated_gb"]["predicted_gib"] == rows["actor/perf/max_memory_allocated_gb"][
+        "predicted_gib"]

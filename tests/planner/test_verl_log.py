@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.verl_log import canonical_key, parse_value, parse_verl_log
@@ -105,3 +107,22 @@ def test_a_resumed_run_logging_a_step_twice_keeps_the_later_values():
 def test_a_step_key_inside_another_key_is_not_a_step_line():
     log = parse_verl_log("step:2 - training/global_step:9.000 - timing_s/step:1.5\n")
     assert [s.step for s in log.steps] == [2] and log.steps[0].get("timing_s/step") == 1.5
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(FORMATS), cut=st.floats(min_value=0.0, max_value=1.0))
+def test_a_log_cut_anywhere_reads_only_values_the_whole_log_has(name, cut):
+    """Invariant: a run read while it is written (the text cut at any byte) yields a subset of the whole log's
+    steps, each with exactly the whole log's values: a cut line is never read as a shorter number."""
+    text = (LOGS / name).read_text(encoding="utf-8")
+    whole = {s.step: dict(s.values) for s in read(name).steps}
+    prefix = text[: int(cut * len(text))]
+    try:
+        partial = parse_verl_log(prefix, name)
+    except PlanError:
+        return  # not one finished step yet
+    for step in partial.steps:
+        assert step.step in whole
+        for key, value in step.values.items():
+            expected = whole[step.step][key]
+            assert value == expected or (math.isnan(value) and math.isnan(expected))
