@@ -71,7 +71,8 @@ SCOPES: dict[VersionFamily, MetricScope] = {
     "0.7": MetricScope(family="0.7", versions="v0.7.x", allocated_key="perf/max_memory_allocated_gb",
                        reserved_key="perf/max_memory_reserved_gb", engine_in_process=False, pool_counted_asleep=False,
                        ranks="max over ranks (reduce_metrics, np.max)", read_at=_LEGACY_READ),
-    "0.8": MetricScope(family="0.8", versions="v0.8.0, v0.9.x, HEAD", allocated_key="actor/perf/max_memory_allocated_gb",
+    "0.8": MetricScope(family="0.8", versions="v0.8.0, v0.9.x, HEAD",
+                       allocated_key="actor/perf/max_memory_allocated_gb",
                        reserved_key="actor/perf/max_memory_reserved_gb", engine_in_process=False,
                        pool_counted_asleep=False, ranks="max over ranks and mini batches (reduce_metrics, np.max)",
                        read_at="verl/workers/engine_workers.py TrainingWorker._postprocess_output, after every "
@@ -221,8 +222,8 @@ def _measured_peak(log: VerlLog, key: str) -> tuple[float, int] | None:
 def memory_rows(plan: Plan, report: MemoryReport, log: VerlLog, scope: MetricScope
                 ) -> tuple[list[MemoryRow], list[PhaseCounter]]:
     counters = [(p, *counter_bytes(p, plan, scope, report)) for p in report.phases]
-    per_phase = [PhaseCounter(phase=p.name, allocated_gib=a / GIB, reserved_gib=r / GIB, planner_peak_gib=p.peak_bytes / GIB)
-                 for p, a, r in counters]
+    per_phase = [PhaseCounter(phase=p.name, allocated_gib=a / GIB, reserved_gib=r / GIB,
+                              planner_peak_gib=p.peak_bytes / GIB) for p, a, r in counters]
     rows: list[MemoryRow] = []
     keys = [(scope.allocated_key, 1), (scope.reserved_key, 2)]
     if scope.allocated_key.startswith("actor/"):
@@ -301,14 +302,14 @@ def time_rows(plan: Plan, report: MemoryReport, log: VerlLog, profile: Profile) 
     for phase, key in TIMING_KEY.items():
         if key not in measured or phase not in predicted:
             continue
-        seconds = predicted[phase] + (predicted.get(Phase.WEIGHT_SYNC, 0.0) if phase == Phase.ROLLOUT and sync_in_gen
-                                      else 0.0)
-        rows.append(TimeRow(phase=phase, metric=key + (" (with the weight sync)" if phase == Phase.ROLLOUT and sync_in_gen
-                                                       else ""),
+        with_sync = phase == Phase.ROLLOUT and sync_in_gen
+        seconds = predicted[phase] + (predicted.get(Phase.WEIGHT_SYNC, 0.0) if with_sync else 0.0)
+        rows.append(TimeRow(phase=phase, metric=key + (" (with the weight sync)" if with_sync else ""),
                             measured_s=statistics.median(measured[key]), predicted_s=seconds, steps=len(measured[key])))
     if "timing_s/step" in measured:
-        rows.append(TimeRow(phase="step", metric="timing_s/step", measured_s=statistics.median(measured["timing_s/step"]),
-                            predicted_s=sum(predicted.values()), steps=len(measured["timing_s/step"])))
+        step_times = measured["timing_s/step"]
+        rows.append(TimeRow(phase="step", metric="timing_s/step", measured_s=statistics.median(step_times),
+                            predicted_s=sum(predicted.values()), steps=len(step_times)))
     return rows
 
 
@@ -336,18 +337,21 @@ class Forecast:
         return self.intercept + self.slope_tokens_per_step * step
 
     def message(self) -> str:
-        return self._fit_message() + (
-            f" (the longest responses reach max_response_length {self.max_response_length} from step "
-            f"{self.longest_hit_limit_at_step}: they are cut there)" if self.longest_hit_limit_at_step is not None else "")
+        if self.longest_hit_limit_at_step is None:
+            return self._fit_message()
+        return self._fit_message() + (f" (the longest responses reach max_response_length {self.max_response_length} "
+                                      f"from step {self.longest_hit_limit_at_step}: they are cut there)")
 
     def _fit_message(self) -> str:
-        trend = f"responses {'grow' if self.slope_tokens_per_step >= 0 else 'shrink'} ~{abs(self.slope_tokens_per_step):.2g} tokens/step"
+        direction = "grow" if self.slope_tokens_per_step >= 0 else "shrink"
+        trend = f"responses {direction} ~{abs(self.slope_tokens_per_step):.2g} tokens/step"
         if self.stops_fitting_at_step is not None:
             text = (f"{trend}; the mean response reaches {self.longest_fitting_mean} tokens, the longest this plan "
                     f"fits, near step {self.stops_fitting_at_step}")
             return text + (f"; {self.fix} now" if self.fix else "")
         if self.longest_fitting_mean >= self.max_response_length:
-            return f"{trend}; the plan fits at the full {self.max_response_length}-token response length, whatever the trend"
+            return (f"{trend}; the plan fits at the full {self.max_response_length}-token response length, "
+                    "whatever the trend")
         return (f"{trend}; at this trend the mean response stays below {self.longest_fitting_mean} tokens, the "
                 f"longest this plan fits")
 

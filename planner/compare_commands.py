@@ -119,8 +119,8 @@ def calibrate_verl_command(logs: list[str], plans: list[str], output: str, *, gp
     console = make_console()
     for key, value in changed.items():
         why = result.profile.why(key)
-        console.print(f"{key}: {getattr(DEFAULT_PROFILE, key):.4g} -> {value:.4g} ({why if len(why) < 80 else why[:77] + '...'})",
-                      markup=False)
+        why = why if len(why) < 80 else why[:77] + "..."
+        console.print(f"{key}: {getattr(DEFAULT_PROFILE, key):.4g} -> {value:.4g} ({why})", markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"wrote {output}; plan with it: `rlplan solve ... --profile {output}`", markup=False)

@@ -38,8 +38,8 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
         "phases": [{"phase": str(p.phase), "counter_allocated_gib": _r(p.allocated_gib),
                     "counter_reserved_gib": _r(p.reserved_gib), "planner_peak_gib": _r(p.planner_peak_gib)}
                    for p in c.phases],
-        "times": [{"phase": str(t.phase), "metric": t.metric, "measured_s": _r(t.measured_s), "predicted_s": _r(t.predicted_s),
-                   "ratio": _r(t.ratio, 4), "steps": t.steps} for t in c.times],
+        "times": [{"phase": str(t.phase), "metric": t.metric, "measured_s": _r(t.measured_s),
+                   "predicted_s": _r(t.predicted_s), "ratio": _r(t.ratio, 4), "steps": t.steps} for t in c.times],
         "forecast": {"slope_tokens_per_step": _r(forecast.slope_tokens_per_step, 4),
                      "last_step": forecast.last_step, "longest_fitting_mean_response": forecast.longest_fitting_mean,
                      "max_response_length": forecast.max_response_length,
@@ -100,9 +100,11 @@ def comparison_chart(payload: dict[str, Any], title: str, length_series: list[tu
     import altair as alt
 
     memory_rows = [{"metric": row["metric"].rsplit("/", 1)[-1], "kind": kind, "gib": row[key]}
-                   for row in payload["memory"] for kind, key in (("measured", "measured_gib"), ("predicted", "predicted_gib"))]
+                   for row in payload["memory"]
+                   for kind, key in (("measured", "measured_gib"), ("predicted", "predicted_gib"))]
     time_rows = [{"phase": row["phase"], "kind": kind, "seconds": row[key]}
-                 for row in payload["times"] for kind, key in (("measured", "measured_s"), ("predicted", "predicted_s"))]
+                 for row in payload["times"]
+                 for kind, key in (("measured", "measured_s"), ("predicted", "predicted_s"))]
     forecast = payload["forecast"]
     slope = forecast["slope_tokens_per_step"]
     lengths = [{"step": step, "tokens": value, "series": "response_length/mean"} for step, value in length_series]
