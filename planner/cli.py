@@ -682,6 +682,8 @@ def calibrate(
     gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory of a launch-script --plan.")] = None,
     verl_version: Annotated[str | None, typer.Option("--verl-version", help="verl version of the logs (default: "
                                                      "read from their metric names).")] = None,
+    fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a key of every --plan (with --from-verl-log), "
+                                                  "e.g. rollout.enforce_eager=true.")] = None,
 ) -> None:
     """Fit a calibration profile on a GPU, from a finished run's plan-vs-actual records, from verl logs, or
     measure this CPU.
@@ -693,8 +695,8 @@ def calibrate(
 
         plans = list(plan or []) + ([plan_path] if plan_path else [])
         raise typer.Exit(calibrate_verl_command(from_verl_log, plans, output, gpu=gpu, gpu_mem=gpu_mem,
-                                                host_mem=1024.0, env=[], verl_version=verl_version,
-                                                as_json=json_output))
+                                                host_mem=1024.0, env=[], fixes=parse_fixes(fix or []),
+                                                verl_version=verl_version, as_json=json_output))
     from rlplan.runtime.commands import calibrate_command, calibrate_cpu_command
 
     if cpu:

@@ -93,7 +93,8 @@ def compare_command(plan_path: str, log_path: str, *, gpu: str | None, gpu_mem: 
 
 
 def calibrate_verl_command(logs: list[str], plans: list[str], output: str, *, gpu: str | None, gpu_mem: str | None,
-                           host_mem: float, env: list[str], verl_version: str | None, as_json: bool) -> int:
+                           host_mem: float, env: list[str], fixes: dict[str, Any], verl_version: str | None,
+                           as_json: bool) -> int:
     """Fit a profile from verl logs, each with its plan (one plan serves every log when only one is given)."""
     from rlplan.planner.calibration import VerlRun, calibrate_from_verl_logs
     from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
@@ -107,7 +108,7 @@ def calibrate_verl_command(logs: list[str], plans: list[str], output: str, *, gp
     runs = []
     for index, log_path in enumerate(logs):
         plan_path = plans[index if len(plans) > 1 else 0]
-        plan, _ = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes={})
+        plan, _ = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes)
         runs.append(VerlRun(plan=plan, log=read_verl_log(log_path, "--from-verl-log")))
     result = calibrate_from_verl_logs(runs, name=Path(output).stem, family=_family(verl_version))
     write_atomic(output, profile_to_toml(result.profile), "--output")

@@ -244,7 +244,8 @@ def test_public_runs_memory_against_the_model():
 def test_calibrate_from_verl_log_fits_the_allocator_cache_and_compare_then_fits(tmp_path):
     profile = tmp_path / "min.toml"
     result = invoke("calibrate", "--from-verl-log", str(PUBLIC / "verl_qwen2_7b_min.log"), "--plan",
-                    str(PUBLIC / "qwen2_7b_gsm8k_8gpu_min.sh"), "--gpu", "h100-80g", "-o", str(profile), "--json")
+                    str(PUBLIC / "qwen2_7b_gsm8k_8gpu_min.sh"), "--gpu", "h100-80g", "--fix",
+                    "rollout.enforce_eager=true", "-o", str(profile), "--json")
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     changed = payload["changed"]
@@ -294,3 +295,24 @@ def test_critic_counters_of_engine_workers_are_compared_too(tmp_path):
     assert rows["critic/perf/max_memory_allocated_gb"]["measured_gib"] == 41.0
     assert rows["critic/perf/max_memory_allocated_gb"]["predicted_gib"] == rows["actor/perf/max_memory_allocated_gb"][
         "predicted_gib"]
+
+
+def test_calibrating_from_two_runs_fits_the_fraction_and_centres_the_cache(tmp_path):
+    """Invariant of the least-squares fit at the (clamped) fraction: over the runs it was fitted on, the predicted
+    reserved-minus-allocated gap equals the measured one on average."""
+    profile = tmp_path / "both.toml"
+    runs = (("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log"),
+            ("qwen2_7b_gsm8k_8gpu_recommended.sh", "verl_qwen2_7b_recommended.log"))
+    args = ["calibrate", "--gpu", "h100-80g", "--fix", "rollout.enforce_eager=true", "-o", str(profile), "--json"]
+    for script, log in runs:
+        args += ["--from-verl-log", str(PUBLIC / log), "--plan", str(PUBLIC / script)]
+    payload = json.loads(invoke(*args).output)
+    fitted = load_profile(str(profile))
+    assert fitted.fragmentation_fraction == 0.5 and any("lies outside" in n for n in payload["notes"])
+    residuals = []
+    for script, log in runs:
+        _, out = public_compare(script, log, "--profile", str(profile))
+        allocated, reserved = out["memory"]
+        residuals.append((reserved["measured_gib"] - allocated["measured_gib"])
+                         - (reserved["predicted_gib"] - allocated["predicted_gib"]))
+    assert statistics.fmean(residuals) == pytest.approx(0.0, abs=0.05)
