@@ -19,6 +19,7 @@ intercept from the slope), the base profile's value is kept and the fit says so.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -267,3 +268,122 @@ def _held_memory(row: dict[str, Any], skipped_measures: set[str]) -> dict[str, f
     if not held and any(key.startswith("memory/") and key.endswith("_peak_gib") for key in row):
         skipped_measures.add(str(row.get("memory_measure", "")) or "unlabelled")
     return held
+
+
+# --- observations from a verl run's log (`calibrate --from-verl-log`) ------------------------------------------
+
+
+@frozen(kw_only=True)
+class VerlRun:
+    """One verl run to fit from: the plan it ran (at any lengths) and its parsed log."""
+
+    plan: Plan
+    log: Any  # planner.verl_log.VerlLog (imported lazily: calibration stays importable without it)
+
+
+def _verl_allocator_observation(run: VerlRun, profile: Profile, family: Any) -> tuple[MemoryObservation | None, str]:
+    """The trainer bytes of the plan's predicted peak phase beside what the allocator held above them.
+
+    verl's max_memory_reserved - max_memory_allocated is the cache the allocator kept beyond the live tensors (the
+    engine's pool, when it is in the process, is in both and cancels). With the trainer's own bytes at that phase:
+    held = trainer + gap, so fit_allocator's intercept is the flat cache and its slope the fragmentation fraction.
+    """
+    from rlplan.planner.compare import SCOPES, counter_bytes, infer_family
+    from rlplan.planner.memory import predict_memory
+
+    scope = SCOPES[family or infer_family(run.log)[0]]
+    allocated = run.log.series(scope.allocated_key)
+    reserved = run.log.series(scope.reserved_key)
+    if not allocated or not reserved:
+        return None, (f"{run.log.source}: no {scope.allocated_key} and {scope.reserved_key} pair; the allocator "
+                      "constants are not informed by it")
+    gap = max(v for _, v in reserved) - max(v for _, v in allocated)
+    report = predict_memory(run.plan, profile)
+    peak = max(report.phases, key=lambda p: counter_bytes(p, run.plan, scope, report)[0])
+    engine = run.plan.rollout.name
+    trainer = sum(c.bytes for c in peak.components if c.scope != "overhead" and not c.name.startswith(f"{engine}_")
+                  and c.name not in ("kv_cache", "cuda_graph_pool"))
+    if trainer <= 0 or gap < 0:
+        return None, f"{run.log.source}: reserved below allocated or no trainer bytes at the peak; not used"
+    return MemoryObservation(phase=str(peak.name), allocated_bytes=trainer, held_bytes=trainer + gap * GIB), ""
+
+
+def _verl_time_observations(run: VerlRun, profile: Profile) -> tuple[list[TimeObservation], list[str]]:
+    """Median seconds per phase over the run's steady steps, beside the step-time model's at the same lengths."""
+    from rlplan.planner.compare import TIMING_KEY, steady_steps
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.steptime import predict_step_time
+
+    notes: list[str] = []
+    used = set(steady_steps(run.log))
+    measured: dict[str, float] = {}
+    for phase, key in TIMING_KEY.items():
+        values = [v for step, v in run.log.series(key) if step in used]
+        if values:
+            measured[str(phase)] = statistics.median(values)
+    if Phase.ROLLOUT in measured and Phase.WEIGHT_SYNC not in measured:
+        # Before update_weights had its own timer the sync ran inside gen: take the model's sync time out of it.
+        sync = predict_step_time(run.plan, predict_memory(run.plan, profile), profile).phase_seconds.get(
+            Phase.WEIGHT_SYNC, 0.0)
+        measured[Phase.ROLLOUT] = max(0.1 * measured[Phase.ROLLOUT], measured[Phase.ROLLOUT] - sync)
+        notes.append(f"{run.log.source}: timing_s/gen includes the weight sync; the model's {sync:.2f} s for it is "
+                     "taken out before fitting the decode rate")
+    return time_observations(run.plan, measured, profile), notes
+
+
+def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PROFILE, name: str = "calibrated",
+                             family: Any = None) -> Calibration:
+    """A profile fitted from verl runs: lengths, the allocator's cache and fragmentation, the efficiencies.
+
+    Each run is priced at its own mean lengths (its prompt_length/mean and response_length/mean). Constants a verl
+    log cannot inform are refused by name in the notes: the CUDA context and NCCL (verl's counters exclude them),
+    fragmentation with one allocation size, and any efficiency whose phase the log does not time.
+    """
+    from rlplan.planner.compare import plan_at_run_lengths, run_lengths
+
+    if not runs:
+        raise PlanError(field="--from-verl-log", message="no verl log to fit from.", fix="pass --from-verl-log LOG")
+    notes = ["cuda_context_and_nccl_gib: not fitted (verl's counters exclude the CUDA context and NCCL)"]
+    memory: list[MemoryObservation] = []
+    times: list[TimeObservation] = []
+    weighted = {"prompt": 0.0, "response": 0.0, "steps": 0}
+    for run in runs:
+        lengths = run_lengths(run.log)
+        priced = VerlRun(plan=plan_at_run_lengths(run.plan, lengths), log=run.log)
+        weighted["prompt"] += lengths.prompt_mean * lengths.steps
+        weighted["response"] += lengths.response_mean * lengths.steps
+        weighted["steps"] += lengths.steps
+        observation, why = _verl_allocator_observation(priced, base, family)
+        if observation is not None:
+            memory.append(observation)
+        elif why:
+            notes.append(why)
+        run_times, time_notes = _verl_time_observations(priced, base)
+        times += run_times
+        notes += time_notes
+    changes: dict[str, Any] = {"name": name,
+                               "observed_prompt_length": math.ceil(weighted["prompt"] / weighted["steps"]),
+                               "observed_response_length": math.ceil(weighted["response"] / weighted["steps"])}
+    allocator = None
+    if memory:
+        allocator = fit_allocator(memory, base.fragmentation_fraction)
+        fraction = base.fragmentation_fraction
+        if allocator.slope_fitted:
+            fraction = _clamped("fragmentation_fraction", allocator.fragmentation_fraction, notes)
+            changes["fragmentation_fraction"] = fraction
+        # The cache at the fraction kept (refitted when the slope was clamped), never below zero.
+        cache = statistics.fmean(o.held_bytes - (1.0 + fraction) * o.allocated_bytes for o in memory) / GIB
+        changes["allocator_cache_gib"] = min(max(cache, 0.0), 64.0)
+        if not allocator.slope_fitted:
+            notes.append("fragmentation_fraction: not fitted (one allocation size cannot separate it from the cache; "
+                         "pass runs whose trainer bytes differ)")
+    else:
+        notes.append("allocator_cache_gib, fragmentation_fraction: not fitted (no run logs both memory counters)")
+    efficiencies = fit_efficiencies(times)
+    for key in ("training_mfu", "decode_hbm_efficiency", "prefill_mfu"):
+        if key in efficiencies:
+            changes[key] = _clamped(key, efficiencies[key], notes)
+        else:
+            notes.append(f"{key}: not fitted (no timed phase it bounds)")
+    return Calibration(profile=attrs.evolve(base, **changes), allocator=allocator, efficiencies=efficiencies,
+                       notes=tuple(notes))

@@ -676,11 +676,29 @@ def calibrate(
                                       "bandwidth (what `solve --device cpu` prices), with or without a plan.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object (profile file, changed "
                                               "constants, notes, or the error).")] = False,
+    from_verl_log: Annotated[list[str] | None, typer.Option(
+        "--from-verl-log", help="A verl run's console log or file-logger JSON lines (repeatable); no torch needed.")] = None,
+    plan: Annotated[list[str] | None, typer.Option(
+        "--plan", help="The plan.toml or verl launch script each --from-verl-log ran (repeatable, same order).")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU preset a launch-script --plan ran on.")] = None,
+    gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory of a launch-script --plan.")] = None,
+    verl_version: Annotated[str | None, typer.Option("--verl-version", help="verl version of the logs (default: "
+                                                     "read from their metric names).")] = None,
+    fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a key of every --plan (with --from-verl-log), "
+                                                  "e.g. rollout.enforce_eager=true.")] = None,
 ) -> None:
-    """Fit a calibration profile on a GPU, or from a finished run's plan-vs-actual records, or measure this CPU.
+    """Fit a calibration profile on a GPU, from a finished run's plan-vs-actual records, from verl logs, or
+    measure this CPU.
 
-    Example: rlplan calibrate --from-run runs/demo/metrics.jsonl -o profile.toml
+    Example: rlplan calibrate --from-verl-log run.log --plan run.sh --gpu h100-80g -o profile.toml
     """
+    if from_verl_log:
+        from rlplan.planner.compare_commands import calibrate_verl_command
+
+        plans = list(plan or []) + ([plan_path] if plan_path else [])
+        raise typer.Exit(calibrate_verl_command(from_verl_log, plans, output, gpu=gpu, gpu_mem=gpu_mem,
+                                                host_mem=1024.0, env=[], fixes=parse_fixes(fix or []),
+                                                verl_version=verl_version, as_json=json_output))
     from rlplan.runtime.commands import calibrate_command, calibrate_cpu_command
 
     if cpu:
@@ -688,6 +706,38 @@ def calibrate(
     if plan_path is None and from_run is None:
         raise PlanError(field="calibrate", message="needs a plan or --from-run.", fix="pass plan.toml or --from-run FILE")
     raise typer.Exit(calibrate_command(plan_path, from_run, output, as_json=json_output))
+
+
+@app.command()
+@guarded
+def compare(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN_OR_SCRIPT", help="plan.toml, or the run's verl launch "
+                                             "script (imported as `rlplan import verl` does).")],
+    log_path: Annotated[str, typer.Argument(metavar="VERL_LOG", help="The run's console log (`step:N - ...` lines) "
+                                            "or its file logger's JSON lines; a run still writing is fine.")],
+    gpu: Annotated[str | None, typer.Option(help="GPU preset a launch script ran on.")] = None,
+    gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory of a launch script's GPU.")] = None,
+    host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB (launch script).")] = 1024.0,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for the script's shell variables.")] = None,
+    fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a plan key the log shows differently "
+                                                  "(e.g. rollout.enforce_eager=true); repeatable.")] = None,
+    profile: ProfileOption = None,
+    verl_version: Annotated[str | None, typer.Option("--verl-version", help="verl version that wrote the log "
+                                                     "(default: read from its metric names).")] = None,
+    chart: Annotated[str | None, typer.Option("--chart", help="Also draw measured vs predicted and the length trend "
+                                              "to this .html / .png / .svg; needs the charts extra.")] = None,
+    json_output: JsonOutput = False,
+) -> None:
+    """Hold a plan against a verl run: memory and time per phase at the run's lengths, and the length trend.
+    Exit 1 when a measured memory figure exceeds the prediction by more than the model's error band.
+
+    Example: rlplan compare run_qwen2_7b.sh verl.log --gpu h100-80g
+    """
+    from rlplan.planner.compare_commands import compare_command
+
+    raise typer.Exit(compare_command(plan_path, log_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
+                                     fixes=parse_fixes(fix or []), profile_path=profile, verl_version=verl_version,
+                                     chart=chart, as_json=json_output))
 
 
 # --- interop -------------------------------------------------------------------------

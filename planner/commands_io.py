@@ -77,8 +77,11 @@ def report_error(error: PlanError, *, as_json: bool = False, log: Any = None) ->
 MAX_INPUT_BYTES = 16 * 2**20
 
 
-def read_text(path: str, what: str) -> str:
-    """Read a small regular file as UTF-8; FIFOs, devices, directories and huge files are refused, not read."""
+def read_text(path: str, what: str, limit: int = MAX_INPUT_BYTES, errors: str = "strict") -> str:
+    """Read a small regular file as UTF-8; FIFOs, devices, directories and huge files are refused, not read.
+
+    `limit` raises the size bound for inputs that are larger by nature (a verl run's log); `errors="replace"`
+    reads a log whose lines a crash cut mid-character."""
     import stat
 
     shown = shorten(path)
@@ -98,15 +101,15 @@ def read_text(path: str, what: str) -> str:
         if not stat.S_ISREG(info.st_mode):
             raise PlanError(field=what, message=f"{shown!r} is not a regular file (a pipe, socket or device).",
                             fix="save the content to a file and pass that")
-        if info.st_size > MAX_INPUT_BYTES:
+        if info.st_size > limit:
             raise PlanError(field=what, message=f"{shown!r} is {info.st_size} bytes, more than the "
-                            f"{MAX_INPUT_BYTES // 2**20} MiB limit for this input.", fix="check that this is the right file")
+                            f"{limit // 2**20} MiB limit for this input.", fix="check that this is the right file")
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(MAX_INPUT_BYTES + 1)
-        if len(data) > MAX_INPUT_BYTES:
-            raise PlanError(field=what, message=f"{shown!r} is more than {MAX_INPUT_BYTES // 2**20} MiB.",
+            data = handle.read(limit + 1)
+        if len(data) > limit:
+            raise PlanError(field=what, message=f"{shown!r} is more than {limit // 2**20} MiB.",
                             fix="check that this is the right file")
-        return data.decode("utf-8")
+        return data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as exc:
         raise PlanError(field=what, message=f"{shown!r} is not UTF-8 text ({exc.reason} at byte {exc.start}).",
                         fix="save the file as UTF-8") from None

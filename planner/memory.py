@@ -930,8 +930,12 @@ class _StepContext:
             components += self.vllm_resident
         components += vllm_extra
         components.append(self.overhead)
+        # A calibrated allocator cache (profile.allocator_cache_gib) is held in trainer phases only: verl empties
+        # the trainer's cache before the engine wakes (sharding manager __enter__: empty_cache).
+        cache = self.profile.allocator_cache_gib * GIB if step_is_trainer else 0.0
         components.append(
-            Component("fragmentation_reserve", int(self.profile.fragmentation_fraction * trainer_bytes), "overhead"))
+            Component("fragmentation_reserve", int(self.profile.fragmentation_fraction * trainer_bytes + cache),
+                      "overhead"))
         return PhaseMemory(name, tuple(components), peak_at)
 
 

@@ -53,6 +53,11 @@ class Profile:
         1.5, "CUDA context, cuBLAS workspace and NCCL buffers of the trainer process: 1-2 GiB per GPU", high=16.0)
     fragmentation_fraction: float = _constant(
         0.08, "caching-allocator reserve over allocated trainer memory (memory-model.md 2.8 budgets 5-15 %)", high=0.5)
+    allocator_cache_gib: float = _constant(
+        0.0, "GiB the caching allocator keeps reserved beyond fragmentation_fraction in a trainer phase: blocks "
+             "earlier phases freed, cached beside the engine's pool (0: not calibrated; `calibrate --from-verl-log` "
+             "fits it from max_memory_reserved - max_memory_allocated, 20-23 GiB on the public Qwen2-7B PPO runs, "
+             "docs/verl-compare.md)", high=64.0)
 
     # --- vLLM profile run (memory-model.md 2.6, llm-d G6-G8) ---
     vllm_activation_base_gib: float = _constant(

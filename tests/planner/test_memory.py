@@ -672,3 +672,16 @@ def test_an_fp32_rollout_engine_holds_its_weights_and_kv_cache_at_four_bytes_an_
     fp32 = rollout_budget(make_plan(overrides={"rollout.dtype": "float32"}))
     assert fp32.weights_bytes == 2 * bf16.weights_bytes
     assert fp32.kv_cache_bytes_per_token == 2 * bf16.kv_cache_bytes_per_token
+
+
+def test_a_calibrated_allocator_cache_is_held_in_trainer_phases_only():
+    """profile.allocator_cache_gib (calibrate --from-verl-log) adds to every trainer phase's fragmentation reserve;
+    the rollout phase starts after verl empties the trainer's cache, so it does not carry it."""
+    from rlplan.planner.profile import DEFAULT_PROFILE
+
+    plan = make_plan()
+    base = predict_memory(plan)
+    cached = predict_memory(plan, attrs.evolve(DEFAULT_PROFILE, allocator_cache_gib=3.0))
+    for before, after in zip(base.phases, cached.phases, strict=True):
+        grown = after.bytes_of("fragmentation_reserve") - before.bytes_of("fragmentation_reserve")
+        assert grown == (0 if before.name == "rollout" else pytest.approx(3 * GIB, abs=1))

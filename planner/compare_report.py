@@ -1,0 +1,127 @@
+"""The JSON object, the rich tables and the chart of `rlplan compare`: built from a `Comparison`, never printed.
+
+Kept beside report.py rather than in it: a verl run's comparison has its own shape (a process-wide memory
+peak per verl metric, times per phase, the length trend), and report.py stays the validate/explain/solve view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlplan.planner.compare import Comparison
+
+
+def _r(value: float, digits: int = 3) -> float:
+    return round(value, digits)
+
+
+def comparison_json(c: Comparison) -> dict[str, Any]:
+    scope = c.scope
+    forecast = c.forecast
+    return {
+        "exceeds_band": c.exceeds,
+        "verl_version": scope.versions,
+        "verl_version_reason": c.scope_reason,
+        "scope": {"allocated_metric": scope.allocated_key, "reserved_metric": scope.reserved_key,
+                  "engine_in_trainer_process": scope.engine_in_process,
+                  "sleeping_pool_counted": scope.pool_counted_asleep, "ranks": scope.ranks, "read_at": scope.read_at,
+                  "excludes": "CUDA context, NCCL buffers, memory allocated outside torch's caching allocator",
+                  "reset_between_steps": False},
+        "lengths": {"prompt_mean": _r(c.lengths.prompt_mean), "response_mean": _r(c.lengths.response_mean),
+                    "response_max": c.lengths.response_max, "steps": c.lengths.steps,
+                    "expected_prompt_length": c.plan.data.expected_prompt_length,
+                    "expected_response_length": c.plan.data.expected_response_length},
+        "memory": [{"metric": row.metric, "measured_gib": _r(row.measured_gib), "predicted_gib": _r(row.predicted_gib),
+                    "ratio": _r(row.ratio, 4), "highest_allowed_gib": _r(row.highest_allowed_gib),
+                    "exceeds_band": row.exceeds, "predicted_peak_phase": str(row.predicted_peak_phase),
+                    "measured_peak_step": row.at_step, "band": row.band.describe()} for row in c.memory],
+        "phases": [{"phase": str(p.phase), "counter_allocated_gib": _r(p.allocated_gib),
+                    "counter_reserved_gib": _r(p.reserved_gib), "planner_peak_gib": _r(p.planner_peak_gib)}
+                   for p in c.phases],
+        "times": [{"phase": str(t.phase), "metric": t.metric, "measured_s": _r(t.measured_s),
+                   "predicted_s": _r(t.predicted_s), "ratio": _r(t.ratio, 4), "steps": t.steps} for t in c.times],
+        "forecast": {"slope_tokens_per_step": _r(forecast.slope_tokens_per_step, 4),
+                     "last_step": forecast.last_step, "longest_fitting_mean_response": forecast.longest_fitting_mean,
+                     "max_response_length": forecast.max_response_length,
+                     "stops_fitting_at_step": forecast.stops_fitting_at_step,
+                     "reaches_max_response_length_at_step": forecast.reaches_max_length_at_step,
+                     "longest_response_hit_limit_at_step": forecast.longest_hit_limit_at_step,
+                     "fix": forecast.fix, "message": forecast.message()},
+        "notes": list(c.notes),
+    }
+
+
+def comparison_tables(payload: dict[str, Any]) -> list[Any]:
+    from rich.table import Table
+    from rich.text import Text
+
+    out: list[Any] = []
+    lengths = payload["lengths"]
+    scope = payload["scope"]
+    out.append(Text(
+        f"verl {payload['verl_version']} ({payload['verl_version_reason']}); priced at the run's lengths: "
+        f"{lengths['prompt_mean']:.1f} prompt + {lengths['response_mean']:.1f} response tokens on average over "
+        f"{lengths['steps']} steps (expected lengths {lengths['expected_prompt_length']} + "
+        f"{lengths['expected_response_length']})."))
+    memory = Table(title="memory: verl's process-wide peak vs the prediction of what it covers")
+    for column in ("metric", "measured GiB", "predicted GiB", "ratio", "allowed up to", "predicted peak at", "verdict"):
+        memory.add_column(column, overflow="fold")
+    for row in payload["memory"]:
+        memory.add_row(row["metric"], f"{row['measured_gib']:.2f}", f"{row['predicted_gib']:.2f}",
+                       f"{row['ratio']:.3f}", f"{row['highest_allowed_gib']:.2f}", row["predicted_peak_phase"],
+                       "OVER the error band" if row["exceeds_band"] else "within the band")
+    out.append(memory)
+    if payload["memory"]:
+        out.append(Text(f"error band: {payload['memory'][0]['band']}. Scope: {scope['ranks']}; engine in the trainer "
+                        f"process: {'yes' if scope['engine_in_trainer_process'] else 'no'}; "
+                        f"read at {scope['read_at']}; excludes the {scope['excludes']}.", style="dim"))
+    phases = Table(title="per phase: what the counters would show at each phase's peak (GiB)")
+    for column in ("phase", "allocated", "reserved", "planner peak (with context, engine residue)"):
+        phases.add_column(column, overflow="fold")
+    for row in payload["phases"]:
+        phases.add_row(row["phase"], f"{row['counter_allocated_gib']:.2f}", f"{row['counter_reserved_gib']:.2f}",
+                       f"{row['planner_peak_gib']:.2f}")
+    out.append(phases)
+    times = Table(title="time per phase (median over steady steps)")
+    for column in ("phase", "verl metric", "measured s", "predicted s", "ratio", "steps"):
+        times.add_column(column, overflow="fold")
+    for row in payload["times"]:
+        times.add_row(row["phase"], row["metric"], f"{row['measured_s']:.2f}", f"{row['predicted_s']:.2f}",
+                      f"{row['ratio']:.2f}", str(row["steps"]))
+    out.append(times)
+    out.append(Text(f"forecast: {payload['forecast']['message']}", style="bold"))
+    for note in payload["notes"]:
+        out.append(Text(f"note: {note}", style="dim"))
+    return out
+
+
+def comparison_chart(payload: dict[str, Any], title: str, length_series: list[tuple[int, float]]) -> Any:
+    """Measured vs predicted memory and time side by side, and the response-length trend with its fit."""
+    import altair as alt
+
+    memory_rows = [{"metric": row["metric"].rsplit("/", 1)[-1], "kind": kind, "gib": row[key]}
+                   for row in payload["memory"]
+                   for kind, key in (("measured", "measured_gib"), ("predicted", "predicted_gib"))]
+    time_rows = [{"phase": row["phase"], "kind": kind, "seconds": row[key]}
+                 for row in payload["times"]
+                 for kind, key in (("measured", "measured_s"), ("predicted", "predicted_s"))]
+    forecast = payload["forecast"]
+    slope = forecast["slope_tokens_per_step"]
+    lengths = [{"step": step, "tokens": value, "series": "response_length/mean"} for step, value in length_series]
+    if length_series:
+        first, last = length_series[0][0], length_series[-1][0]
+        mean = sum(v for _, v in length_series) / len(length_series)
+        centre = sum(s for s, _ in length_series) / len(length_series)
+        lengths += [{"step": s, "tokens": mean + slope * (s - centre), "series": "trend"} for s in (first, last)]
+    memory = alt.Chart(alt.Data(values=memory_rows)).mark_bar().encode(
+        x=alt.X("metric:N"), xOffset="kind:N", y=alt.Y("gib:Q", title="GiB per GPU"), color="kind:N",
+        tooltip=["metric:N", "kind:N", alt.Tooltip("gib:Q", format=".2f")]).properties(width=240, height=220,
+                                                                                         title="memory")
+    times = alt.Chart(alt.Data(values=time_rows)).mark_bar().encode(
+        x=alt.X("phase:N", axis=alt.Axis(labelAngle=-30)), xOffset="kind:N", y=alt.Y("seconds:Q"), color="kind:N",
+        tooltip=["phase:N", "kind:N", alt.Tooltip("seconds:Q", format=".2f")]).properties(width=320, height=220,
+                                                                                            title="time per phase")
+    trend = alt.Chart(alt.Data(values=lengths)).mark_line(point=True).encode(
+        x="step:Q", y=alt.Y("tokens:Q", scale=alt.Scale(zero=False)), color="series:N").properties(
+        width=320, height=220, title=forecast["message"][:90])
+    return alt.hconcat(memory, times, trend).resolve_scale(color="independent").properties(title=title)

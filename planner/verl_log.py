@@ -1,0 +1,241 @@
+"""verl's training logs as typed steps: the console logger's lines and the file logger's JSON lines.
+
+verl prints one line per step through its console logger (`verl/utils/logger/aggregate_logger.py`,
+`concat_dict_to_str`): `step:N - key:value - key:value ...`, values as `f"{v:.3f}"` in older versions and
+`pprint.pformat(v)` in newer ones, which under numpy 2 reads `np.float64(20.76)`. Ray prefixes each line with
+`(TaskRunner pid=...)` (in colour), tqdm may share the line, and Ray's de-duplication appends
+`[repeated 7x across cluster]`. The file logger (`trainer.logger` with `file`, `verl/utils/tracking.py`
+`FileLogger`) writes `{"step": N, "data": {...}}` per line with `json.dumps`, so NaN reads `NaN`.
+
+Metric spellings over verl's versions, read as one canonical name each (`canonical_key`):
+`timing/<phase>` (before `timing_s/`), `perf/max_memory_allocated_gb` (v0.3-v0.7, the actor worker's reading)
+and `actor/perf/max_memory_allocated_gb` / `critic/perf/...` (v0.8+, the engine workers'), kept apart
+because they measure different processes.
+
+A log may be read while the run still writes it: a last line without its newline is set aside as
+incomplete, never parsed as a shorter value. Every other line that looks like a step but cannot be read
+is reported with its line number. Pure: text in, values out (the commands layer reads the file).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Literal
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.errors import PlanError
+
+LogFormat = Literal["console", "jsonl"]
+
+# Colour codes Ray wraps its prefixes in, and the de-duplication note it appends.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+# `step:N - ` anywhere on the line (after Ray's prefix or a tqdm bar).
+_STEP = re.compile(r"(?:^|[\s)|\]])step:(\d+)\s+-\s+(.*)$")
+# A value as verl prints it: a float or int, nan / inf, or numpy 2's repr of one.
+_WRAPPED = re.compile(r"^(?:np\.)?(?:float|int|uint)(?:16|32|64)?\((.*)\)$")
+
+
+@frozen
+class StepMetrics:
+    """One step's numeric metrics (canonical keys), with the line it came from."""
+
+    step: int
+    values: Mapping[str, float]
+    line: int
+
+    def get(self, key: str) -> float | None:
+        value = self.values.get(key)
+        return None if value is None or math.isnan(value) else value
+
+
+@frozen
+class BadLine:
+    line: int
+    reason: str
+
+
+@frozen
+class VerlLog:
+    source: str
+    format: LogFormat
+    steps: tuple[StepMetrics, ...]
+    bad_lines: tuple[BadLine, ...] = ()
+    # The last line had no newline: the run is still writing it (or was killed mid-write).
+    incomplete_last_line: int | None = None
+    # Keys that held NaN in some step, each with the first step it did.
+    nan_keys: Mapping[str, int] = attrs.field(factory=dict)
+    # The raw spellings seen that canonical_key rewrote (e.g. "timing/gen").
+    spellings: frozenset[str] = frozenset()
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        """(step, value) for every step that logged a finite value of key, in step order."""
+        return [(s.step, v) for s in self.steps if (v := s.get(key)) is not None and math.isfinite(v)]
+
+    def has(self, key: str) -> bool:
+        return any(s.get(key) is not None for s in self.steps)
+
+    def keys(self) -> set[str]:
+        return {key for s in self.steps for key in s.values}
+
+
+def canonical_key(key: str) -> str:
+    """The name one metric has had across verl's versions: `timing/x` became `timing_s/x`."""
+    if key.startswith("timing/"):
+        return "timing_s/" + key.removeprefix("timing/")
+    return key
+
+
+def parse_value(text: str) -> float | None:
+    """A printed metric value as a float (NaN kept), or None when it is not a number (a string, a list)."""
+    text = text.strip()
+    wrapped = _WRAPPED.match(text)
+    if wrapped:
+        text = wrapped.group(1).strip()
+    if text in ("True", "False"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _console_step(body: str) -> tuple[dict[str, float], list[str]]:
+    """The key:value parts of one console line; the parts that are not key:number pairs, for the report."""
+    values: dict[str, float] = {}
+    unreadable: list[str] = []
+    for part in body.split(" - "):
+        key, sep, raw = part.strip().rpartition(":")
+        if not sep or not key:
+            unreadable.append(part.strip())
+            continue
+        value = parse_value(raw)
+        if value is None:
+            unreadable.append(part.strip())
+            continue
+        values[key.strip()] = value
+    return values, unreadable
+
+
+def _split_lines(text: str) -> tuple[list[str], bool]:
+    """The lines of text, and whether the last one lacks its newline (still being written)."""
+    lines = text.split("\n")
+    incomplete = bool(lines) and lines[-1] != ""
+    if not incomplete:
+        lines.pop()
+    return lines, incomplete
+
+
+def _record(steps: dict[int, StepMetrics], nan_keys: dict[str, int], spellings: set[str],
+            step: int, raw: Mapping[str, float], number: int) -> None:
+    values: dict[str, float] = {}
+    for key, value in raw.items():
+        name = canonical_key(key)
+        if name != key:
+            spellings.add(key.split("/")[0] + "/")
+        if math.isnan(value):
+            nan_keys.setdefault(name, step)
+        values[name] = value
+    previous = steps.get(step)
+    if previous is not None:
+        # A resumed run logs a step again: the later line wins, its missing keys keep the earlier values.
+        values = {**previous.values, **values}
+    steps[step] = StepMetrics(step=step, values=values, line=number)
+
+
+def parse_console_log(text: str, source: str = "log") -> VerlLog:
+    steps: dict[int, StepMetrics] = {}
+    bad: list[BadLine] = []
+    nan_keys: dict[str, int] = {}
+    spellings: set[str] = set()
+    lines, incomplete = _split_lines(text)
+    last = len(lines)
+    for number, raw_line in enumerate(lines, start=1):
+        line = _RAY_REPEATED.sub("", _ANSI.sub("", raw_line.rstrip("\r")))
+        match = _STEP.search(line)
+        if match is None:
+            continue
+        if incomplete and number == last:
+            break
+        values, unreadable = _console_step(match.group(2))
+        if not values:
+            bad.append(BadLine(number, f"step {match.group(1)} has no key:number pair"))
+            continue
+        if unreadable:
+            bad.append(BadLine(number, f"{len(unreadable)} part(s) are not key:number, e.g. {unreadable[0][:60]!r}"))
+        _record(steps, nan_keys, spellings, int(match.group(1)), values, number)
+    return VerlLog(source=source, format="console", steps=tuple(steps[k] for k in sorted(steps)),
+                   bad_lines=tuple(bad), incomplete_last_line=last if incomplete else None,
+                   nan_keys=nan_keys, spellings=frozenset(spellings))
+
+
+def _json_step(obj: object) -> tuple[int, dict[str, float]] | str:
+    """(step, numeric metrics) of one file-logger record, or why it is not one."""
+    if not isinstance(obj, dict):
+        return "is not a JSON object"
+    step = obj.get("step")
+    if isinstance(step, bool) or not isinstance(step, int | float) or not math.isfinite(step):
+        return "has no numeric step"
+    # verl's FileLogger nests the metrics under "data"; a flat record (the step beside the metrics) is read too.
+    data = obj.get("data", {k: v for k, v in obj.items() if k != "step"})
+    if not isinstance(data, dict):
+        return "its data is not an object"
+    values = {str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    if not values:
+        return "has no numeric metric"
+    return int(step), values
+
+
+def parse_jsonl_log(text: str, source: str = "log") -> VerlLog:
+    steps: dict[int, StepMetrics] = {}
+    bad: list[BadLine] = []
+    nan_keys: dict[str, int] = {}
+    spellings: set[str] = set()
+    lines, incomplete = _split_lines(text)
+    last = len(lines)
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if incomplete and number == last:
+            break
+        try:
+            record = _json_step(json.loads(line))  # Python's json reads NaN / Infinity as verl writes them
+        except ValueError as exc:
+            bad.append(BadLine(number, f"not JSON ({str(exc)[:80]})"))
+            continue
+        except RecursionError:
+            bad.append(BadLine(number, "nested too deeply"))
+            continue
+        if isinstance(record, str):
+            bad.append(BadLine(number, record))
+            continue
+        _record(steps, nan_keys, spellings, record[0], record[1], number)
+    return VerlLog(source=source, format="jsonl", steps=tuple(steps[k] for k in sorted(steps)),
+                   bad_lines=tuple(bad), incomplete_last_line=last if incomplete else None,
+                   nan_keys=nan_keys, spellings=frozenset(spellings))
+
+
+def detect_format(text: str) -> LogFormat:
+    """JSON lines when the first non-blank line is a JSON object, else the console format."""
+    for line in text.split("\n"):
+        if line.strip():
+            return "jsonl" if line.lstrip().startswith("{") else "console"
+    return "console"
+
+
+def parse_verl_log(text: str, source: str = "log") -> VerlLog:
+    """A verl log in either format; a PlanError when it holds no readable step at all."""
+    parse = parse_jsonl_log if detect_format(text) == "jsonl" else parse_console_log
+    log = parse(text, source)
+    if not log.steps:
+        detail = (f"; line {log.bad_lines[0].line} {log.bad_lines[0].reason}" if log.bad_lines else "")
+        raise PlanError(field=source, message=f"holds no finished verl step (no `step:N - key:value` line and no "
+                        f"file-logger JSON record){detail}.",
+                        fix="pass the console output of the run (the lines `step:1 - ...`) or the JSON lines of "
+                            "trainer.logger=['console','file']; wait for the first step of a run still starting")
+    return log
