@@ -5,6 +5,8 @@ Imported by cli.py only when --chart, --frontier or `report` is used.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +30,49 @@ def check_chart_path(path: str, flag: str) -> None:
                         fix=f"run {INSTALL_CHARTS}") from None
 
 
+class ScriptSafeJSON(json.JSONEncoder):
+    """JSON that cannot end the <script> element it is inlined in: every `<`, `>` and `&` (and the two line
+    separators JavaScript once read as line ends) is written as its \\u escape, so user text in a chart (a
+    model, GPU or phase name, a metric) stays data. The escapes are JSON, so the parsed spec is unchanged."""
+
+    ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+    def encode(self, o: Any) -> str:
+        # Outside strings JSON has none of these characters, so replacing them everywhere only touches strings.
+        text = super().encode(o)
+        return re.sub("[<>&\u2028\u2029]", lambda match: self.ESCAPES[match.group()], text)
+
+
+def chart_spec(chart: Any) -> dict[str, Any]:
+    """The Vega-Lite spec, data inline. Not validated against the schema: rlplan builds every chart itself,
+    and validating thousands of inlined rows costs seconds to minutes."""
+    import altair as alt
+
+    with alt.data_transformers.disable_max_rows():
+        return chart.to_dict(validate=False)
+
+
 def write_chart(chart: Any, path: str, flag: str) -> None:
-    """HTML with Vega inlined (opens offline, no CDN); PNG / SVG rendered by vl-convert, no browser. Rendered
-    in memory, then written by the one atomic writer, so a failed render leaves no half-written chart."""
-    import io
+    """HTML with Vega inlined (opens offline, no CDN) and the spec escaped for its <script> element; PNG / SVG
+    rendered by vl-convert, no browser. Rendered in memory, then written by the one atomic writer, so a failed
+    render leaves no half-written chart."""
+    import altair as alt
+    import vl_convert
+    from altair.utils._importers import vl_version_for_vl_convert
+    from altair.utils.html import spec_to_html
 
     suffix = Path(path).suffix.lower()
-    buffer: io.BytesIO | io.StringIO = io.BytesIO() if suffix == ".png" else io.StringIO()
+    spec = chart_spec(chart)
+    content: str | bytes
     if suffix == ".html":
-        chart.save(buffer, format="html", inline=True)
+        content = spec_to_html(spec, mode="vega-lite", vega_version=alt.VEGA_VERSION,
+                               vegaembed_version=alt.VEGAEMBED_VERSION, vegalite_version=alt.VEGALITE_VERSION,
+                               template="inline", json_kwds={"cls": ScriptSafeJSON})
+    elif suffix == ".png":
+        content = vl_convert.vegalite_to_png(spec, vl_version=vl_version_for_vl_convert(), scale=2)
     else:
-        chart.save(buffer, format=suffix[1:], scale_factor=2 if suffix == ".png" else 1)
-    write_atomic(path, buffer.getvalue(), flag)
+        content = vl_convert.vegalite_to_svg(spec, vl_version=vl_version_for_vl_convert())
+    write_atomic(path, content, flag)
 
 
 def memory_chart_command(plan: Any, profile: Any, path: str) -> None:
