@@ -10,11 +10,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlplan.planner.commands_io import load_plan, write_atomic
-from rlplan.planner.errors import PlanError
+from rlplan.planner.commands_io import load_plan, refuse_overwriting_inputs, write_atomic
+from rlplan.planner.errors import PlanError, shorten
 
 CHART_SUFFIXES = (".html", ".png", ".svg")
 INSTALL_CHARTS = "pip install -e '.[charts]'"
+# A report draws at most this many points per series: a longer run's steps are merged into ranges.
+DRAWN_STEPS = 1000
 
 
 def check_chart_path(path: str, flag: str) -> None:
@@ -91,31 +93,48 @@ def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: s
 
 def report_command(run_dir: str, output: str) -> dict[str, object]:
     """Draw RUN_DIR's metrics.jsonl (finished or still running) beside its plan's prediction; returns what
-    was drawn and where (the --json object; `report_summary` is its line of text)."""
-    from rlplan.planner.charts import parse_metrics, report_chart, run_report_data
+    was drawn and where (the --json object; `report_summary` is its line of text).
+
+    The file is streamed into at most DRAWN_STEPS step ranges (metrics_file.StepBuckets), so a run of any
+    length draws in seconds and bounded memory; the chart's title and the summary say when steps were merged.
+    """
+    from rlplan.planner.charts import report_chart, run_report_data
+    from rlplan.planner.metrics_file import MetricsReading, StepBuckets, read_metrics_file
+
     directory = Path(run_dir)
     metrics = directory / "metrics.jsonl"
-    if not metrics.is_file():
-        raise PlanError(field="RUN_DIR", message=f"{metrics} does not exist.",
-                        fix="pass the output directory of `rlplan run` (trainer.output_dir), which holds metrics.jsonl")
-    try:
-        records = parse_metrics(metrics.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise PlanError(field=str(metrics), message=f"a line before the last is not JSON ({error}).",
-                        fix="repair or remove that line; only the last line may be cut off") from None
-    if not records:
-        raise PlanError(field=str(metrics), message="no finished step yet.", fix="wait for the first step, then rerun")
     plan_file = directory / "plan.toml"
+    refuse_overwriting_inputs(output, "-o", {"metrics.jsonl": metrics, "plan.toml": plan_file})
+    if not metrics.exists():
+        raise PlanError(field="RUN_DIR", message=f"{shorten(str(metrics))} does not exist.",
+                        fix="pass the output directory of `rlplan run` (trainer.output_dir), which holds metrics.jsonl")
+    reading = MetricsReading()
+    buckets = StepBuckets(limit=DRAWN_STEPS)
+    for record in read_metrics_file(str(metrics), str(metrics), reading):
+        buckets.add(record)
+    if not buckets.steps:
+        raise PlanError(field=str(metrics), message="no finished step yet.", fix="wait for the first step, then rerun")
     predicted: dict[str, float] = {}
     title = directory.name
     if plan_file.is_file():
         plan = load_plan(plan_file)
         predicted = dict(plan.prediction.phase_peak_gib) if plan.prediction is not None else {}
         title = f"{plan.model.name} run {directory.name}"
-    data = run_report_data(records, predicted)
-    write_chart(report_chart(data, title), output, "-o")
-    return {"output": output, "metrics_file": str(metrics), "steps": data["steps"], "last_step": data["last_step"]}
+    points = buckets.records()
+    data = run_report_data(points, predicted)
+    merged = buckets.steps_per_point
+    notes = []
+    if merged > 1:
+        notes.append(f"drawn as {len(points)} points of up to {merged} steps "
+                     "each (means; memory peaks are the maxima)")
+    if reading.skipped_partial:
+        notes.append("the last line, still being written, is left out")
+    data.update(steps=buckets.steps, last_step=buckets.last_step)
+    write_chart(report_chart(data, "; ".join([title, *notes])), output, "-o")
+    return {"output": output, "metrics_file": str(metrics), "steps": buckets.steps, "last_step": buckets.last_step,
+            "steps_per_point": merged, "skipped_lines": reading.skipped_partial, "notes": notes}
 
 
-def report_summary(drawn: dict[str, object]) -> str:
-    return f"{drawn['steps']} steps (last {drawn['last_step']}) of {drawn['metrics_file']}; wrote {drawn['output']}"
+def report_summary(drawn: dict[str, Any]) -> str:
+    notes = "".join(f"; {note}" for note in drawn["notes"])
+    return f"{drawn['steps']} steps (last {drawn['last_step']}) of {drawn['metrics_file']}{notes}; wrote {drawn['output']}"

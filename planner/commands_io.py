@@ -123,11 +123,16 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def refuse_overwriting_input(output: str, input_path: str, what: str = "--output") -> None:
-    """`-o` naming the file being read would replace the input with a different kind of file."""
-    if _same_file(output, input_path):
-        raise PlanError(field=what, message=f"{shorten(output)!r} is the input file; writing it would destroy the input.",
-                        fix="pass a different -o path")
+def refuse_overwriting_inputs(output: str | None, what: str, inputs: dict[str, Any]) -> None:
+    """Every writer's check, before any work: an output that is one of the command's inputs (the same path, a
+    symlink to it or a hard link) would be replaced by a different kind of file. `inputs`: how the command
+    names each input (its flag or argument) -> the path it reads, None when not given."""
+    if not output:
+        return
+    for name, path in inputs.items():
+        if path is not None and _same_file(output, str(path)):
+            raise PlanError(field=what, message=f"{shorten(output)!r} is the input {name} ({shorten(str(path))!r}); "
+                            "writing it would destroy that input.", fix=f"pass a different {what} path")
 
 
 def write_atomic(path: str, content: str | bytes, what: str) -> None:
