@@ -222,3 +222,13 @@ def test_offload_policy_imports_from_verls_fsdp_config_keys():
                        "critic.fsdp.offload_policy=true\n").plan
     assert plan.actor.offload_policy and plan.critic.offload_policy
     assert not plan.passthrough
+
+
+def test_an_integer_past_pythons_text_limit_is_bad_input_naming_its_key():
+    digits = "1" + "0" * 5000
+    script = ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+              f"+foo.bar={digits} data.train_batch_size={{}}\n")
+    for value in (digits, "1" + "0" * 400):
+        with pytest.raises(PlanError) as error:
+            load(script.format(value))
+        assert error.value.field == "data.train_batch_size" and "below 2**63" in error.value.fix
