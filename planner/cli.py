@@ -20,6 +20,7 @@ import typer
 
 from rlplan.planner.commands_io import (
     ExitCode,
+    closed_stdout,
     error_json,
     load_plan,
     load_profile,
@@ -121,6 +122,8 @@ def guarded(function):
             fail(error, as_json=as_json)
         except typer.Exit:
             raise
+        except BrokenPipeError:
+            raise typer.Exit(closed_stdout()) from None
         except KeyboardInterrupt:
             make_console(stderr=True).print("interrupted")
             raise typer.Exit(ExitCode.INTERRUPTED) from None
@@ -767,9 +770,15 @@ def root(
 def main() -> None:
     try:
         app()
+        sys.stdout.flush()  # here, so a reader that went away is seen now and not at interpreter exit
     except SystemExit as exc:
         # click reports usage errors with exit 2 already; keep every code as is.
         sys.exit(exc.code)
+    except BrokenPipeError:
+        sys.exit(closed_stdout())
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(ExitCode.INTERRUPTED)
 
 
 if __name__ == "__main__":

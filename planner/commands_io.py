@@ -32,13 +32,33 @@ class ExitCode(IntEnum):
     INTERNAL = 3
     # Ctrl-C, as a shell reports SIGINT (128 + 2).
     INTERRUPTED = 130
+    # The reader of stdout went away (`rlplan schema | head -1`): as a shell reports SIGPIPE (128 + 13).
+    CLOSED_PIPE = 141
+
+
+def closed_stdout() -> ExitCode:
+    """Stdout's reader is gone: not an error of rlplan or of the input. Point stdout at /dev/null so that
+    nothing more (Python's own flush at exit included) fails writing to it, and exit as a piped CLI does."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (a test runner's buffer): nothing left to quiet
+        pass
+    return ExitCode.CLOSED_PIPE
 
 
 def make_console(*, stderr: bool = False, soft_wrap: bool = False) -> Any:
     """A rich console for a command's output; rich is imported here so that importing a command is cheap."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
+    class CommandConsole(Console):
+        def on_broken_pipe(self) -> None:
+            """Stdout's reader went away: the one quiet exit of every command (rich's own exits 1)."""
+            self.quiet = True
+            raise SystemExit(closed_stdout())
+
+    return CommandConsole(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
 
 
 def error_json(error: PlanError) -> dict[str, Any]:

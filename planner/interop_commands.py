@@ -118,6 +118,8 @@ def render_command(plan_path: str, *, target: str, fmt: str, output: str | None,
             sys.stdout.write(text)
     except PlanError as error:
         return report_error(error, as_json=as_json)
+    except BrokenPipeError:
+        raise  # stdout's reader went away: cli.guarded's quiet exit, not a file we could not chmod
     except OSError as exc:
         return report_error(PlanError(field="--output", message=f"cannot make {output!r} executable: {exc}.",
                                       fix="choose a writable path"), as_json=as_json)
