@@ -5,14 +5,18 @@ Imported by cli.py only when --chart, --frontier or `report` is used.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
-from rlplan.planner.commands_io import load_plan, write_atomic
-from rlplan.planner.errors import PlanError
+from rlplan.planner.commands_io import load_plan, refuse_overwriting_inputs, write_atomic
+from rlplan.planner.errors import PlanError, shorten
 
 CHART_SUFFIXES = (".html", ".png", ".svg")
 INSTALL_CHARTS = "pip install -e '.[charts]'"
+# A report draws at most this many points per series: a longer run's steps are merged into ranges.
+DRAWN_STEPS = 1000
 
 
 def check_chart_path(path: str, flag: str) -> None:
@@ -28,18 +32,49 @@ def check_chart_path(path: str, flag: str) -> None:
                         fix=f"run {INSTALL_CHARTS}") from None
 
 
+class ScriptSafeJSON(json.JSONEncoder):
+    """JSON that cannot end the <script> element it is inlined in: every `<`, `>` and `&` (and the two line
+    separators JavaScript once read as line ends) is written as its \\u escape, so user text in a chart (a
+    model, GPU or phase name, a metric) stays data. The escapes are JSON, so the parsed spec is unchanged."""
+
+    ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+    def encode(self, o: Any) -> str:
+        # Outside strings JSON has none of these characters, so replacing them everywhere only touches strings.
+        text = super().encode(o)
+        return re.sub("[<>&\u2028\u2029]", lambda match: self.ESCAPES[match.group()], text)
+
+
+def chart_spec(chart: Any) -> dict[str, Any]:
+    """The Vega-Lite spec, data inline. Not validated against the schema: rlplan builds every chart itself,
+    and validating thousands of inlined rows costs seconds to minutes."""
+    import altair as alt
+
+    with alt.data_transformers.disable_max_rows():
+        return chart.to_dict(validate=False)
+
+
 def write_chart(chart: Any, path: str, flag: str) -> None:
-    """HTML with Vega inlined (opens offline, no CDN); PNG / SVG rendered by vl-convert, no browser. Rendered
-    in memory, then written by the one atomic writer, so a failed render leaves no half-written chart."""
-    import io
+    """HTML with Vega inlined (opens offline, no CDN) and the spec escaped for its <script> element; PNG / SVG
+    rendered by vl-convert, no browser. Rendered in memory, then written by the one atomic writer, so a failed
+    render leaves no half-written chart."""
+    import altair as alt
+    import vl_convert
+    from altair.utils._importers import vl_version_for_vl_convert
+    from altair.utils.html import spec_to_html
 
     suffix = Path(path).suffix.lower()
-    buffer: io.BytesIO | io.StringIO = io.BytesIO() if suffix == ".png" else io.StringIO()
+    spec = chart_spec(chart)
+    content: str | bytes
     if suffix == ".html":
-        chart.save(buffer, format="html", inline=True)
+        content = spec_to_html(spec, mode="vega-lite", vega_version=alt.VEGA_VERSION,
+                               vegaembed_version=alt.VEGAEMBED_VERSION, vegalite_version=alt.VEGALITE_VERSION,
+                               template="inline", json_kwds={"cls": ScriptSafeJSON})
+    elif suffix == ".png":
+        content = vl_convert.vegalite_to_png(spec, vl_version=vl_version_for_vl_convert(), scale=2)
     else:
-        chart.save(buffer, format=suffix[1:], scale_factor=2 if suffix == ".png" else 1)
-    write_atomic(path, buffer.getvalue(), flag)
+        content = vl_convert.vegalite_to_svg(spec, vl_version=vl_version_for_vl_convert())
+    write_atomic(path, content, flag)
 
 
 def memory_chart_command(plan: Any, profile: Any, path: str) -> None:
@@ -58,31 +93,48 @@ def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: s
 
 def report_command(run_dir: str, output: str) -> dict[str, object]:
     """Draw RUN_DIR's metrics.jsonl (finished or still running) beside its plan's prediction; returns what
-    was drawn and where (the --json object; `report_summary` is its line of text)."""
-    from rlplan.planner.charts import parse_metrics, report_chart, run_report_data
+    was drawn and where (the --json object; `report_summary` is its line of text).
+
+    The file is streamed into at most DRAWN_STEPS step ranges (metrics_file.StepBuckets), so a run of any
+    length draws in seconds and bounded memory; the chart's title and the summary say when steps were merged.
+    """
+    from rlplan.planner.charts import report_chart, run_report_data
+    from rlplan.planner.metrics_file import MetricsReading, StepBuckets, read_metrics_file
+
     directory = Path(run_dir)
     metrics = directory / "metrics.jsonl"
-    if not metrics.is_file():
-        raise PlanError(field="RUN_DIR", message=f"{metrics} does not exist.",
-                        fix="pass the output directory of `rlplan run` (trainer.output_dir), which holds metrics.jsonl")
-    try:
-        records = parse_metrics(metrics.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise PlanError(field=str(metrics), message=f"a line before the last is not JSON ({error}).",
-                        fix="repair or remove that line; only the last line may be cut off") from None
-    if not records:
-        raise PlanError(field=str(metrics), message="no finished step yet.", fix="wait for the first step, then rerun")
     plan_file = directory / "plan.toml"
+    refuse_overwriting_inputs(output, "-o", {"metrics.jsonl": metrics, "plan.toml": plan_file})
+    if not metrics.exists():
+        raise PlanError(field="RUN_DIR", message=f"{shorten(str(metrics))} does not exist.",
+                        fix="pass the output directory of `rlplan run` (trainer.output_dir), which holds metrics.jsonl")
+    reading = MetricsReading()
+    buckets = StepBuckets(limit=DRAWN_STEPS)
+    for record in read_metrics_file(str(metrics), str(metrics), reading):
+        buckets.add(record)
+    if not buckets.steps:
+        raise PlanError(field=str(metrics), message="no finished step yet.", fix="wait for the first step, then rerun")
     predicted: dict[str, float] = {}
     title = directory.name
     if plan_file.is_file():
         plan = load_plan(plan_file)
         predicted = dict(plan.prediction.phase_peak_gib) if plan.prediction is not None else {}
         title = f"{plan.model.name} run {directory.name}"
-    data = run_report_data(records, predicted)
-    write_chart(report_chart(data, title), output, "-o")
-    return {"output": output, "metrics_file": str(metrics), "steps": data["steps"], "last_step": data["last_step"]}
+    points = buckets.records()
+    data = run_report_data(points, predicted)
+    merged = buckets.steps_per_point
+    notes = []
+    if merged > 1:
+        notes.append(f"drawn as {len(points)} points of up to {merged} steps "
+                     "each (means; memory peaks are the maxima)")
+    if reading.skipped_partial:
+        notes.append("the last line, still being written, is left out")
+    data.update(steps=buckets.steps, last_step=buckets.last_step)
+    write_chart(report_chart(data, "; ".join([title, *notes])), output, "-o")
+    return {"output": output, "metrics_file": str(metrics), "steps": buckets.steps, "last_step": buckets.last_step,
+            "steps_per_point": merged, "skipped_lines": reading.skipped_partial, "notes": notes}
 
 
-def report_summary(drawn: dict[str, object]) -> str:
-    return f"{drawn['steps']} steps (last {drawn['last_step']}) of {drawn['metrics_file']}; wrote {drawn['output']}"
+def report_summary(drawn: dict[str, Any]) -> str:
+    notes = "".join(f"; {note}" for note in drawn["notes"])
+    return f"{drawn['steps']} steps (last {drawn['last_step']}) of {drawn['metrics_file']}{notes}; wrote {drawn['output']}"

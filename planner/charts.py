@@ -9,7 +9,6 @@ rows into Altair charts; Altair is the optional `charts` extra, imported only in
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -197,20 +196,6 @@ def frontier_chart(data: dict[str, Any], title: str) -> Any:
 
 
 # --- report RUN_DIR ----------------------------------------------------------------
-
-
-def parse_metrics(text: str) -> list[dict[str, Any]]:
-    """metrics.jsonl's records; a cut-off last line (a run still writing) is left out, a bad earlier one is not."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines) and not text.endswith("\n"):
-                break  # the writer is mid-line
-            raise
-    return records
 
 
 def run_report_data(records: list[dict[str, Any]], plan_phase_peak_gib: dict[str, float]) -> dict[str, Any]:

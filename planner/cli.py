@@ -20,6 +20,7 @@ import typer
 
 from rlplan.planner.commands_io import (
     ExitCode,
+    closed_stdout,
     error_json,
     load_plan,
     load_profile,
@@ -27,6 +28,7 @@ from rlplan.planner.commands_io import (
     make_console,
     print_json,
     read_text,
+    refuse_overwriting_inputs,
     report_error,
     write_atomic,
 )
@@ -120,6 +122,8 @@ def guarded(function):
             fail(error, as_json=as_json)
         except typer.Exit:
             raise
+        except BrokenPipeError:
+            raise typer.Exit(closed_stdout()) from None
         except KeyboardInterrupt:
             make_console(stderr=True).print("interrupted")
             raise typer.Exit(ExitCode.INTERRUPTED) from None
@@ -241,6 +245,10 @@ def solve(
         from rlplan.planner.chart_commands import check_chart_path
 
         check_chart_path(frontier, "--frontier")
+    # The plan -o writes may replace the --from plan (a re-solve in place); nothing else may replace an input.
+    read = {"--profile": profile, "--model": local_config_path(model) if model else None}
+    refuse_overwriting_inputs(output, "--output", read)
+    refuse_overwriting_inputs(frontier, "--frontier", {**read, "--from": from_plan, "--output": output})
     if host_mem is not None and not 0 < host_mem < float("inf"):
         raise PlanError(field="--host-mem", message=f"must be a positive number of GiB, got {host_mem}.",
                         fix="pass --host-mem 1024")
@@ -522,6 +530,7 @@ def explain(
         from rlplan.planner.chart_commands import check_chart_path
 
         check_chart_path(chart, "--chart")
+        refuse_overwriting_inputs(chart, "--chart", {"PLAN": plan_path, "--profile": profile})
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
     if chart:
         from rlplan.planner.chart_commands import memory_chart_command
@@ -596,7 +605,7 @@ def report(
     if json_output:
         print_json(drawn)
     else:
-        make_console().print(report_summary(drawn))
+        make_console(soft_wrap=True).print(report_summary(drawn), markup=False)
 
 
 # --- runtime commands (heavy imports inside) --------------------------------------------
@@ -813,9 +822,15 @@ def root(
 def main() -> None:
     try:
         app()
+        sys.stdout.flush()  # here, so a reader that went away is seen now and not at interpreter exit
     except SystemExit as exc:
         # click reports usage errors with exit 2 already; keep every code as is.
         sys.exit(exc.code)
+    except BrokenPipeError:
+        sys.exit(closed_stdout())
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(ExitCode.INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -32,13 +32,33 @@ class ExitCode(IntEnum):
     INTERNAL = 3
     # Ctrl-C, as a shell reports SIGINT (128 + 2).
     INTERRUPTED = 130
+    # The reader of stdout went away (`rlplan schema | head -1`): as a shell reports SIGPIPE (128 + 13).
+    CLOSED_PIPE = 141
+
+
+def closed_stdout() -> ExitCode:
+    """Stdout's reader is gone: not an error of rlplan or of the input. Point stdout at /dev/null so that
+    nothing more (Python's own flush at exit included) fails writing to it, and exit as a piped CLI does."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (a test runner's buffer): nothing left to quiet
+        pass
+    return ExitCode.CLOSED_PIPE
 
 
 def make_console(*, stderr: bool = False, soft_wrap: bool = False) -> Any:
     """A rich console for a command's output; rich is imported here so that importing a command is cheap."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
+    class CommandConsole(Console):
+        def on_broken_pipe(self) -> None:
+            """Stdout's reader went away: the one quiet exit of every command (rich's own exits 1)."""
+            self.quiet = True
+            raise SystemExit(closed_stdout())
+
+    return CommandConsole(stderr=stderr, highlight=False, soft_wrap=soft_wrap)
 
 
 def error_json(error: PlanError) -> dict[str, Any]:
@@ -126,11 +146,16 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def refuse_overwriting_input(output: str, input_path: str, what: str = "--output") -> None:
-    """`-o` naming the file being read would replace the input with a different kind of file."""
-    if _same_file(output, input_path):
-        raise PlanError(field=what, message=f"{shorten(output)!r} is the input file; writing it would destroy the input.",
-                        fix="pass a different -o path")
+def refuse_overwriting_inputs(output: str | None, what: str, inputs: dict[str, Any]) -> None:
+    """Every writer's check, before any work: an output that is one of the command's inputs (the same path, a
+    symlink to it or a hard link) would be replaced by a different kind of file. `inputs`: how the command
+    names each input (its flag or argument) -> the path it reads, None when not given."""
+    if not output:
+        return
+    for name, path in inputs.items():
+        if path is not None and _same_file(output, str(path)):
+            raise PlanError(field=what, message=f"{shorten(output)!r} is the input {name} ({shorten(str(path))!r}); "
+                            "writing it would destroy that input.", fix=f"pass a different {what} path")
 
 
 def write_atomic(path: str, content: str | bytes, what: str) -> None:

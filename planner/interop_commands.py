@@ -17,7 +17,7 @@ from rlplan.planner.commands_io import (
     local_config_path,
     make_console,
     read_text,
-    refuse_overwriting_input,
+    refuse_overwriting_inputs,
     report_error,
     write_atomic,
 )
@@ -79,8 +79,7 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
     from rlplan.planner.verl_import import import_verl_script
 
     try:
-        if output:
-            refuse_overwriting_input(output, script)
+        refuse_overwriting_inputs(output, "--output", {"SCRIPT": script})
         result = import_verl_script(
             read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
             env=parse_env_pins(env), local_config_reader=read_local_model_config, environment=dict(os.environ),
@@ -108,8 +107,7 @@ def render_command(plan_path: str, *, target: str, fmt: str, output: str | None,
     from rlplan.planner.render import render_plan
 
     try:
-        if output:
-            refuse_overwriting_input(output, plan_path)
+        refuse_overwriting_inputs(output, "--output", {"PLAN": plan_path})
         text = render_plan(load_plan(plan_path), target, fmt, plan_file=plan_path)
         if output:
             write_atomic(output, text, "--output")
@@ -120,6 +118,8 @@ def render_command(plan_path: str, *, target: str, fmt: str, output: str | None,
             sys.stdout.write(text)
     except PlanError as error:
         return report_error(error, as_json=as_json)
+    except BrokenPipeError:
+        raise  # stdout's reader went away: cli.guarded's quiet exit, not a file we could not chmod
     except OSError as exc:
         return report_error(PlanError(field="--output", message=f"cannot make {output!r} executable: {exc}.",
                                       fix="choose a writable path"), as_json=as_json)

@@ -10,6 +10,7 @@ and writes the files).
 
 from __future__ import annotations
 
+import math
 import tomllib
 from typing import Any
 
@@ -26,18 +27,36 @@ def _check_range(low: float, high: float | None, *, open_low: bool = False):
 
     def within(value: float) -> bool:
         too_low = value <= low if open_low else value < low
-        # NaN compares false with every bound, so it is named explicitly.
-        return not (value != value or too_low or (high is not None and value > high))
+        # NaN compares false with every bound, and inf is no constant: both are named explicitly.
+        finite = not isinstance(value, float) or math.isfinite(value)
+        return finite and not (too_low or (high is not None and value > high))
 
     return field_check("profile", within, f"must lie in {bound}, got {{value}}.", f"set {{field}} to a value in {bound}")
 
 
-def _constant(default: float, why: str, low: float = 0.0, high: float | None = None, *, open_low: bool = False,
+def _converter(kind: type) -> Any:
+    """int or float, leaving a value the kind cannot hold (an integer past float's range, inf for an int) for the
+    range check to name instead of raising OverflowError."""
+
+    def convert(value: Any) -> Any:
+        try:
+            return kind(value)
+        except (OverflowError, ValueError):
+            return math.inf
+
+    return convert
+
+
+def _constant(default: float, why: str, low: float = 0.0, high: float = math.inf, *, open_low: bool = False,
               kind: type = float) -> Any:
+    """A named constant with the finite range it may take: every value a profile can hold is bounded, so no
+    product or sum the models form from it overflows."""
+    if not math.isfinite(high):
+        raise ValueError(f"the constant {why[:40]!r} needs a finite upper bound")
     return attrs.field(
         default=default,
         validator=_check_range(low, high, open_low=open_low),
-        converter=kind,
+        converter=_converter(kind),
         metadata={"why": why},
     )
 
@@ -63,10 +82,11 @@ class Profile:
     vllm_activation_base_gib: float = _constant(
         0.03, "vLLM's profiled peak not explained by the two terms below (fit to llm-d G6/G7)", high=64.0)
     vllm_activation_bytes_per_batched_token_hidden: float = _constant(
-        2.5, "dummy forward at max_num_batched_tokens: bytes per token x hidden (Qwen3-0.6B vs 32B, Llama 8B vs 70B)")
+        2.5, "dummy forward at max_num_batched_tokens: bytes per token x hidden (Qwen3-0.6B vs 32B, Llama 8B vs 70B)",
+        high=1000.0)
     vllm_sampler_bytes_per_seq_vocab: float = _constant(
         38.0, "sampler dummy at max_num_seqs x vocab: fp32 logits, probs and int64 sort indices; fits llm-d "
-              "Llama-3.1-8B 4.76, Qwen3 5.56-5.64, gpt-oss 7.38 GiB at 8192 tokens / 1024 seqs")
+              "Llama-3.1-8B 4.76, Qwen3 5.56-5.64, gpt-oss 7.38 GiB at 8192 tokens / 1024 seqs", high=1000.0)
     vllm_non_torch_tp1_gib: float = _constant(0.13, "non-torch memory vLLM profiles at TP 1 (llm-d G8)", high=16.0)
     vllm_non_torch_tp_gib: float = _constant(
         0.55, "non-torch memory at TP > 1: NCCL communicators and custom all-reduce buffers (llm-d G8)", high=16.0)
@@ -76,31 +96,36 @@ class Profile:
     vllm_sleep_residual_gib: float = _constant(
         1.0, "what a sleeping vLLM keeps per GPU: its context, NCCL and non-pool tensors (vLLM 0.13: 1.14 GB, G12)",
         high=32.0)
-    vllm_block_size: int = _constant(16, "vLLM KV block size in tokens as verl launches it", low=1, kind=int)
+    vllm_block_size: int = _constant(16, "vLLM KV block size in tokens as verl launches it", low=1, kind=int, high=4096)
     # --- SGLang rollout (memory-model.md 5.6, the SGLang/verl memory blog G13) ---
     sglang_cuda_graph_pool_gib: float = _constant(
         2.0, "SGLang's CUDA graphs up to cuda_graph_max_bs, outside mem_fraction_static and kept while paused "
              "(blog G13: 1-3 GB for Qwen2.5-7B on H200)", high=16.0)
     sglang_page_size: int = _constant(
-        1, "SGLang's KV page size in tokens (server_args.page_size default; verl does not set it)", low=1, kind=int)
+        1, "SGLang's KV page size in tokens (server_args.page_size default; verl does not set it)", low=1, kind=int,
+        high=4096)
 
     # --- loss head, bytes per token x vocab (memory-model.md 2.4) ---
     head_log_prob_bytes: float = _constant(12.0, "fp32 log-prob head with grad (verl update, entropy_coeff 0); "
-                                                 "tracker-measured at h 64, V 65536, T 4096")
+                                                 "tracker-measured at h 64, V 65536, T 4096", high=1000.0)
     head_entropy_bytes: float = _constant(32.0, "log-prob + full entropy with grad (tracker-measured); entropy "
-                                                "checkpointing does not lower it (the peak is in the logsumexp backward)")
+                                                "checkpointing does not lower it (the peak is in the logsumexp backward)",
+                                   high=1000.0)
     head_chunked_entropy_bytes: float = _constant(24.0, "log-prob + entropy chunked at 2048 rows, with grad "
-                                                        "(tracker-measured)")
+                                                        "(tracker-measured)", high=1000.0)
     head_forward_only_bytes: float = _constant(14.0, "no_grad log-prob + entropy (old-log-prob and ref passes), "
-                                                     "tracker-measured")
+                                                     "tracker-measured", high=1000.0)
 
     # --- layout facts verl does not expose per plan (shard dtypes are plan keys: actor/ref.model_dtype) ---
     activation_offload_resident_layers: int = _constant(
-        2, "layers whose saved activations stay on the GPU under activation offload (in flight)", kind=int)
+        2, "layers whose saved activations stay on the GPU under activation offload (in flight)", kind=int,
+        high=1024)
     shm_model_copies_per_node: int = _constant(
-        1, "bf16 checkpoint copies per node in /dev/shm or page cache (use_shm, vLLM loading safetensors)", kind=int)
+        1, "bf16 checkpoint copies per node in /dev/shm or page cache (use_shm, vLLM loading safetensors)", kind=int,
+        high=64)
     host_process_gib_per_gpu: float = _constant(
-        4.0, "host RSS of the trainer and rollout processes per GPU: CUDA/torch libraries, Python heaps")
+        4.0, "host RSS of the trainer and rollout processes per GPU: CUDA/torch libraries, Python heaps",
+        high=1024.0)
 
     # --- rlplan's own CPU runtime (issue 12): a rank is a process, its memory is its resident set ---
     cpu_trainer_process_gib: float = _constant(
@@ -112,7 +137,7 @@ class Profile:
               "1.74-1.75 GiB while generating with a 1 GiB KV space and 4 MiB of weights)", high=64.0)
     cpu_block_size: int = _constant(
         128, "vLLM CPU's KV block size when none is given (vllm/platforms/cpu.py check_and_update_config, 0.32)",
-        low=1, kind=int)
+        low=1, kind=int, high=4096)
     cpu_measured_tflops: float = _constant(
         0.0, "dense fp32 matmul TFLOP/s this machine's cores reached together (`rlplan calibrate --cpu`); 0: not "
              "measured, `solve --device cpu` then estimates it from /proc/cpuinfo", high=1e6)
@@ -126,10 +151,11 @@ class Profile:
     # --- the data's lengths a run saw (`calibrate --from-run`); 0: none seen ---
     observed_prompt_length: int = _constant(
         0, "mean prompt tokens per sequence of the run this profile was fitted on; prices fixed micro batches "
-           "when a plan sets no data.expected_prompt_length (0: none observed, the maximum is priced)", kind=int)
+           "when a plan sets no data.expected_prompt_length (0: none observed, the maximum is priced)", kind=int,
+        high=10_000_000)
     observed_response_length: int = _constant(
         0, "mean response tokens per sequence of that run; used likewise for data.expected_response_length",
-        kind=int)
+        kind=int, high=10_000_000)
 
     # --- throughput (memory-model.md 2.9) ---
     training_mfu: float = _constant(
@@ -144,7 +170,7 @@ class Profile:
         0.8e9, "fp32 parameters per second one node's CPUs step with torch's AdamW under FSDP2 CPUOffloadPolicy, "
                "shared by the node's ranks: memory-bound at ~28 B/param over several passes; ZeRO-Offload (Ren et "
                "al. 2021) measured PyTorch's CPU Adam at ~1.4 s per 1B params, torch's foreach AdamW is faster",
-        open_low=True)
+        open_low=True, high=1e13)
     collective_efficiency: float = _constant(
         0.7, "fraction of link bandwidth NCCL all-gather / reduce-scatter reach", high=1.0, open_low=True)
     tp_allreduce_latency_us: float = _constant(
@@ -174,9 +200,12 @@ def load_profile_toml(text: str, source: str = "profile.toml") -> Profile:
     """A Profile from TOML text: top-level keys (or a [profile] table); missing keys keep their defaults."""
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: an integer too long to convert
         raise PlanError(field="profile", message=f"{source} is not valid TOML: {exc}.",
                         fix="fix the TOML syntax at the position given") from None
+    except RecursionError:
+        raise PlanError(field="profile", message=f"{source} is nested too deeply to read.",
+                        fix="a profile is flat: one key = value per line") from None
     if set(data) == {"profile"} and isinstance(data["profile"], dict):
         data = data["profile"]
     values: dict[str, Any] = {}

@@ -710,6 +710,23 @@ def _savings(choice: TrainingChoice) -> tuple[int, ...]:
             + 3 * choice.offload_policy + 3 * choice.critic_offload_policy,)
 
 
+def _check_pinned_shape(pinned: Plan, request: SolveRequest) -> None:
+    """Pins the search cannot honour on the requested cluster, named before any division by what they set:
+    a cluster pin that changes the GPU count, a rollout TP that does not divide it."""
+    cluster = request.cluster
+    if pinned.cluster.world_size != cluster.world_size:
+        key = next((k for k in request.pins if k.startswith("cluster.")), "cluster")
+        raise PlanError(field=key, message=f"pins a cluster of {pinned.cluster.nodes} x {pinned.cluster.gpus_per_node} "
+                        f"GPUs, but the solve is for {cluster.nodes} x {cluster.gpus_per_node}.",
+                        fix="describe the cluster with --gpus, --nodes and --gpus-per-node instead of --fix cluster.*")
+    tp = request.pins.get("rollout.tensor_model_parallel_size")
+    if tp is not None and (int(tp) > cluster.world_size or cluster.world_size % int(tp)):
+        options = ", ".join(str(t) for t in tensor_parallel_options(request.model.arch, cluster))
+        raise PlanError(field="rollout.tensor_model_parallel_size",
+                        message=f"is pinned to {tp}, which does not divide the {cluster.world_size} GPUs.",
+                        fix=f"pin one of {options}, or leave it to the solver")
+
+
 def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool = False,
             dropped: list[FrontierPoint] | None = None,
             ) -> tuple[list[Candidate], int, int, Candidate | None]:
@@ -726,7 +743,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
     sequence_len = skeleton.data.max_sequence_length
     pins = request.pins
     # Type-check every pin against the schema once, before the choices below read them as numbers.
-    apply_knobs(skeleton, pins)
+    _check_pinned_shape(apply_knobs(skeleton, pins), request)
     choices = _choices_for(request, sequence_len, feasibility_only)
     tp_options = tensor_parallel_options(request.model.arch, request.cluster)
     pinned_tp = pins.get("rollout.tensor_model_parallel_size")

@@ -37,6 +37,7 @@ def field_check(prefix: str, ok: Callable[[Any], bool], message: str, fix: str) 
 def at_least(minimum: float, prefix: str) -> Validator:
     """A finite number >= minimum, or None (an unset optional knob)."""
     return field_check(
-        prefix, lambda value: value is None or (math.isfinite(value) and value >= minimum),
+        # An int is finite however large (math.isfinite cannot take one past float's range).
+        prefix, lambda value: value is None or ((isinstance(value, int) or math.isfinite(value)) and value >= minimum),
         f"must be >= {minimum}, got {{value}}.", f"set {{field}} to a value >= {minimum}",
     )

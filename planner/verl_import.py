@@ -234,15 +234,25 @@ class ShellScope:
         self.dropped_positional = False
         # Names assigned inside if/case: the script branches and the import cannot tell which branch runs.
         self.branch_assigned: set[str] = set()
-        # Names whose value came from the process environment (not --env, not the script), per expansion.
         self.assigned_by_script: set[str] = set()
+        # Environment variables (not --env, not the script's) an expansion read, directly or through a script
+        # variable assigned from one: the caller clears it before the expansion it asks about.
         self.environment_used: list[str] = []
+        # A script variable whose value came from the environment, as text with `${oc.env:NAME}` in place of
+        # each environment value (what a plan may keep), and the variables it read.
+        self.masked: dict[str, tuple[str, tuple[str, ...]]] = {}
+        # While set, each environment value expands to its `${oc.env:NAME}` reference instead (`expand_masked`).
+        self.masking = False
         self.kept_references: list[str] = []
 
-    def assign(self, name: str, value: str | _Unset) -> None:
+    def assign(self, name: str, value: str | _Unset, masked: str | None = None, read: tuple[str, ...] = ()) -> None:
         if name not in self.pinned:
             self.values[name] = value
             self.assigned_by_script.add(name)
+            if masked is not None:
+                self.masked[name] = (masked, read)
+            else:
+                self.masked.pop(name, None)
 
     def lookup(self, name: str) -> str | None:
         if name in self.pinned:
@@ -250,9 +260,28 @@ class ShellScope:
         value = self.values.get(name)
         if value is not None and name not in self.assigned_by_script:
             self.environment_used.append(name)
+        elif name in self.masked:
+            self.environment_used.extend(self.masked[name][1])
         if isinstance(value, _Unset):
             raise _Unresolved(name, value.reason)
         return value
+
+    def shown(self, name: str, value: str) -> str:
+        """A looked-up value as the expansion writes it: while masking, an environment value is its reference."""
+        if not self.masking or name in self.pinned:
+            return value
+        if name in self.masked:
+            return self.masked[name][0]
+        return value if name in self.assigned_by_script else "${oc.env:" + name + "}"
+
+    def expand_masked(self, raw: str, split: bool = True) -> list[str]:
+        """`expand`, with every value that came from the environment written as `${oc.env:NAME}`: the text a
+        plan may keep (verl reads the reference from the same environment when it runs)."""
+        self.masking = True
+        try:
+            return self.expand(raw, split)
+        finally:
+            self.masking = False
 
     # A word's expansion: a list of fields (unquoted expansions split on whitespace).
     def expand(self, raw: str, split: bool = True) -> list[str]:
@@ -363,7 +392,7 @@ class ShellScope:
         value = self.lookup(name)
         if value is None:
             raise _Unresolved(name, "not set by the script, --env or the environment")
-        return value
+        return self.shown(name, value)
 
     def _braced(self, body: str) -> str:
         match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=?+])?(.*)", body, re.DOTALL)
@@ -380,7 +409,7 @@ class ShellScope:
         if kind == "+":
             return "" if missing else " ".join(self.expand(word, split=False))
         if not missing:
-            return value or ""
+            return self.shown(name, value or "")
         if kind == "?":
             raise _Unresolved(name, "the script requires it (${" + body + "})")
         default = "".join(self.expand(word, split=False))
@@ -390,7 +419,11 @@ class ShellScope:
 
     def _arithmetic(self, expression: str) -> int:
         def substitute(match: re.Match[str]) -> str:
-            return self._value(match.group(1) or match.group(2))
+            name = match.group(1) or match.group(2)
+            value = self._value(name)
+            if value.startswith("${oc.env:"):
+                raise _Unresolved(name, "read from the environment inside $((...)), which a plan cannot refer to")
+            return value
 
         text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?|\b([A-Za-z_][A-Za-z0-9_]*)\b", substitute, expression)
 
@@ -437,12 +470,16 @@ def _run_assignments(scope: ShellScope, words: list[str]) -> int:
     if builtin or only_assignments:
         for word in words[index:first_other]:
             name = _ASSIGNMENT.match(word).group(1)  # type: ignore[union-attr]
+            raw_value = word[len(name) + 1 :]
+            scope.environment_used.clear()
             try:
-                value = "".join(scope.expand(word[len(name) + 1 :], split=False))
+                value = "".join(scope.expand(raw_value, split=False))
+                read = tuple(dict.fromkeys(scope.environment_used))
+                masked = "".join(scope.expand_masked(raw_value, split=False)) if read else None
             except _Unresolved as exc:
                 scope.assign(name, _Unset(name, f"assigned from {exc.name}: {exc.reason}"))
                 continue
-            scope.assign(name, value)
+            scope.assign(name, value, masked, read)
     return first_other
 
 
@@ -467,7 +504,9 @@ def _verl_command(scope: ShellScope, raw_words: list[str]) -> VerlCommand | None
                 try:
                     expanded = scope.expand(raw)
                     if scope.environment_used:
-                        expanded = [_environment_reference(word, raw, scope) for word in expanded]
+                        # No environment value goes into the plan: the override keeps references to it.
+                        expanded = scope.expand_masked(raw)
+                        scope.kept_references.extend(word for word in expanded if "${oc.env:" in word)
                     arguments.extend(expanded)
                 except _Unresolved as exc:
                     raise PlanError(
@@ -478,25 +517,6 @@ def _verl_command(scope: ShellScope, raw_words: list[str]) -> VerlCommand | None
                     ) from None
             return VerlCommand(module=module, arguments=tuple(arguments))
     return None
-
-
-_SINGLE_REFERENCE = re.compile(r"""["']?\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?["']?""")
-
-
-def _environment_reference(word: str, raw: str, scope: ShellScope) -> str:
-    """An override whose value is exactly one environment variable keeps `${oc.env:NAME}`, not the value.
-
-    A secret (an API key, a token) in the environment must not end up in a plan file; verl reads the
-    placeholder from the same environment when it runs. Modeled keys need the value to plan, so they keep it.
-    """
-    key, sep, _ = word.partition("=")
-    raw_key, raw_sep, raw_value = raw.strip("\"'").partition("=")
-    reference = _SINGLE_REFERENCE.fullmatch(raw_value) if sep and raw_sep else None
-    bare_key = key.lstrip("+~")
-    if reference is None or KEY_ALIASES.get(bare_key, bare_key) in BY_KEY or reference.group(1) in scope.pinned:
-        return word
-    scope.kept_references.append(f"{bare_key}=${{oc.env:{reference.group(1)}}}")
-    return f"{key}=${{oc.env:{reference.group(1)}}}"
 
 
 def find_verl_command(text: str, scope: ShellScope) -> tuple[VerlCommand | None, int]:
@@ -607,10 +627,12 @@ def _overrides_from_file(text: str) -> list[str]:
 class _Values:
     """The script's modeled values with verl's defaults behind them, interpolations resolved."""
 
-    def __init__(self, given: dict[str, str], passthrough: dict[str, str], scope: dict[str, str]) -> None:
+    def __init__(self, given: dict[str, str], passthrough: dict[str, str], pinned: dict[str, str],
+                 environment: dict[str, str]) -> None:
         self.given = given
         self.passthrough = passthrough
-        self.scope = scope
+        self.pinned = pinned
+        self.environment = environment
         self.resolving: set[str] = set()
         self.resolved: dict[str, Any] = {}
 
@@ -656,11 +678,19 @@ class _Values:
         expression = expression.strip()
         if expression.startswith("oc.env:"):
             name, _, default = expression[len("oc.env:") :].partition(",")
-            value = self.scope.get(name.strip())
-            if value is None and not default:
-                raise PlanError(field=key, message=f"reads the environment variable {name.strip()}, which is not set.",
-                                fix=f"pass --env {name.strip()}=VALUE")
-            return value if value is not None else parse_value(default)
+            name = name.strip()
+            if name in self.pinned:
+                return self.pinned[name]
+            if name in self.environment:
+                # The plan would keep the value of a modeled key, and no environment value is copied into a plan
+                # unless --env asks for it (a secret, a home directory, a token).
+                raise PlanError(field=key, message=f"takes its value from the environment variable {name}, which "
+                                "an import does not copy into a plan.",
+                                fix=f"pass --env {name}=VALUE to write that value into the plan")
+            if not default:
+                raise PlanError(field=key, message=f"reads the environment variable {name}, which is not set.",
+                                fix=f"pass --env {name}=VALUE")
+            return parse_value(default)
         if expression in BY_KEY:
             return self.field_value(BY_KEY[expression].field)
         if expression in self.passthrough:
@@ -763,8 +793,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
             if near:
                 warnings.append(f"{key} is not a verl key rlplan models; did you mean {near[0]}? Kept as passthrough.")
             passthrough[f"{override.prefix}{override.key}"] = override.value
-    scope = dict(environment or {}) | dict(env)
-    values = _Values(given, passthrough, scope)
+    values = _Values(given, passthrough, dict(env), dict(environment or {}))
     fields = {entry.field: values.field_value(entry.field) for entry in VERL_KEYS}
     for key, field in RENDER_ALSO.items():
         # A render writes these from the plan; when they agree with it they carry nothing more.

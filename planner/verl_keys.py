@@ -375,6 +375,10 @@ class Interpolation:
     text: str
 
 
+# Python refuses to read an integer of more than 4300 digits from text (sys.get_int_max_str_digits).
+MAX_INT_DIGITS = 4000
+
+
 def parse_value(text: str) -> Any:
     """Hydra override value text -> Python value (str, int, float, bool, None, list, Interpolation)."""
     stripped = text.strip(" \t")
@@ -394,7 +398,9 @@ def parse_value(text: str) -> Any:
     if lowered in ("true", "false"):
         return lowered == "true"
     if _INT.fullmatch(stripped):
-        return int(stripped.replace("_", ""))
+        digits = stripped.replace("_", "")
+        # Past Python's int-from-text limit no knob's value lies; kept as text, the key's own check names it.
+        return int(digits) if len(digits) <= MAX_INT_DIGITS else stripped
     if _FLOAT.fullmatch(stripped):
         return float(stripped.replace("_", ""))
     if "${" in stripped:
@@ -436,13 +442,14 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
         if isinstance(value, bool):
             return value
         raise bad("true or false")
+    # An integer past float's range is no knob's value (and math.isfinite cannot even take it).
+    number = isinstance(value, int | float) and not isinstance(value, bool) and abs(value) < 2**63
     if entry.kind == "int":
-        if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-                or int(value) != value):
-            raise bad("an integer")
+        if not number or not math.isfinite(value) or int(value) != value:
+            raise bad("an integer below 2**63")
         return int(value)
     if entry.kind == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if not number or not math.isfinite(value):
             raise bad("a finite number")
         return float(value)
     if entry.kind == "str_list":

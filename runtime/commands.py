@@ -24,10 +24,11 @@ from rlplan.planner.commands_io import (
     load_plan,
     make_console,
     print_json,
+    refuse_overwriting_inputs,
     report_error,
     write_atomic,
 )
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import PlanError, shorten
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.plan import (
     ActorSection,
@@ -311,6 +312,8 @@ def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
 def calibrate_command(plan_path: str | None, from_run: str | None, output: str, as_json: bool = False) -> int:
     console = make_console(stderr=as_json)
     try:
+        refuse_overwriting_inputs(output, "--output", {"PLAN": plan_path, "--from-run": from_run,
+                                                       "plan.toml": _sibling_plan(from_run) if from_run else None})
         plan = _calibration_plan(plan_path, from_run)
         if from_run is not None:
             result = calibrate_from_run(plan, _read_metrics(from_run), name=Path(output).stem)
@@ -325,10 +328,10 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str, 
         print_json({"profile_file": output, "changed": changed, "notes": list(result.notes)})
         return ExitCode.OK
     for note in result.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)
     console.print(f"wrote {output}: " + (", ".join(f"{k} = {v:.4g}" for k, v in changed.items())
-                                         or "no constant changed"))
-    console.print(f"use it with `rlplan solve ... --profile {output}`")
+                                         or "no constant changed"), markup=False)
+    console.print(f"use it with `rlplan solve ... --profile {output}`", markup=False)
     return ExitCode.OK
 
 
@@ -355,7 +358,7 @@ def calibrate_cpu_command(output: str, as_json: bool = False) -> int:
 
 def _calibration_plan(plan_path: str | None, from_run: str | None) -> Plan:
     if plan_path is None and from_run is not None:
-        sibling = Path(from_run).with_name("plan.toml")
+        sibling = _sibling_plan(from_run)
         if not sibling.is_file():
             raise PlanError(field="--from-run", message=f"no plan.toml beside {from_run}, and no plan was given.",
                             fix="pass the run's plan too: `rlplan calibrate plan.toml --from-run metrics.jsonl`")
@@ -366,19 +369,22 @@ def _calibration_plan(plan_path: str | None, from_run: str | None) -> Plan:
     return load_plan(plan_path)
 
 
+def _sibling_plan(from_run: str) -> Path:
+    """The plan a run wrote beside its metrics.jsonl."""
+    return Path(from_run).with_name("plan.toml")
+
+
+# calibrate keeps every record of the run (about a kilobyte a step): 64 MiB is some 60,000 steps.
+CALIBRATE_MAX_BYTES = 64 * 2**20
+
+
 def _read_metrics(path: str) -> list[dict[str, Any]]:
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise PlanError(field="--from-run", message=f"cannot read {path!r}: {exc.strerror}.",
-                        fix="pass a run's metrics.jsonl") from None
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise PlanError(field="--from-run", message=f"line {number} of {path} is not JSON ({exc.msg}).",
-                            fix="pass the metrics.jsonl a run wrote, unedited") from None
+    """Every record of a finished run's metrics.jsonl (metrics_file's checks: a regular file, each line a record
+    or refused by its number); held whole, so a file past CALIBRATE_MAX_BYTES is refused, not read."""
+    from rlplan.planner.metrics_file import read_metrics_file
+
+    rows = list(read_metrics_file(path, "--from-run", max_bytes=CALIBRATE_MAX_BYTES))
+    if not rows:
+        raise PlanError(field="--from-run", message=f"{shorten(path)!r} has no finished step.",
+                        fix="pass the metrics.jsonl of a run that finished at least one step")
     return rows

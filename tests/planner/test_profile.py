@@ -83,3 +83,30 @@ def test_bad_values_become_plan_errors_naming_the_field(text, field):
     with pytest.raises(PlanError) as error:
         load_profile_toml(text)
     assert error.value.field == field
+
+
+NUMERIC_KEYS = [a.name for a in FIELDS if a.name != "name"]
+EXTREME_LITERALS = ["inf", "-inf", "nan", "1e308", "-1e308", "1" + "0" * 400, "-1" + "0" * 400, "1" + "0" * 5000,
+                    "9223372036854775807", "1e-320", "0", "-0.0"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(key=st.sampled_from(NUMERIC_KEYS), literal=st.sampled_from(EXTREME_LITERALS))
+def test_every_profile_value_is_bounded_and_finite_or_bad_input_naming_its_key(key, literal):
+    """Invariant: a loaded profile holds only finite values inside each constant's declared range; anything
+    else is a PlanError on that key (or on `profile` when the TOML itself cannot be read)."""
+    try:
+        profile = load_profile_toml(f"{key} = {literal}\n")
+    except PlanError as error:
+        assert error.field in (f"profile.{key}", "profile")
+        return
+    value = getattr(profile, key)
+    assert value == value and abs(value) < float("inf")
+    assert abs(value) <= 1e13
+
+
+def test_every_constant_declares_a_finite_upper_bound():
+    from rlplan.planner.profile import _constant
+
+    with pytest.raises(ValueError, match="finite upper bound"):
+        _constant(1.0, "a constant without a bound")

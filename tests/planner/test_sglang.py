@@ -98,8 +98,8 @@ def test_blog_qwen25_7b_fsdp8_h200_rollout_breakdown_within_the_blogs_ranges(uti
 
 def import_multiturn_example():
     return import_verl_script((SCRIPTS / "sglang_multiturn_qwen2.5_3b.sh").read_text(), gpu=resolve_gpu("h100-80g"),
-                              host_memory_gib=512.0, env={"PROJECT_DIR": "/verl"}, local_config_reader=lambda p: None,
-                              environment={"HOME": "/home/u"})
+                              host_memory_gib=512.0, env={"PROJECT_DIR": "/verl", "HOME": "/home/u"},
+                              local_config_reader=lambda p: None)
 
 
 def test_verl_sglang_multiturn_example_imports_validates_and_fits_on_8_h100_as_it_ran():

@@ -18,8 +18,8 @@ H100 = resolve_gpu("h100-80g")
 
 # file -> (--env pins, environment, expected error rules or None for valid). Why: see the README there.
 EXPECTED = {
-    "grpo_lora_shell_vars.sh": ({"NGPUS": "8"}, {"HOME": "/home/u"}, {"actor_micro_batch_divides_mini"}),
-    "ppo_offload_deprecated_globals.sh": ({}, {"DATA_DIR": "/data"}, None),
+    "grpo_lora_shell_vars.sh": ({"NGPUS": "8", "HOME": "/home/u"}, {}, {"actor_micro_batch_divides_mini"}),
+    "ppo_offload_deprecated_globals.sh": ({"DATA_DIR": "/data"}, {}, None),
     "dynamic_bsz_ulysses.sh": ({}, {}, {"token_budget_fits_longest_sequence"}),
     "overrides_lora_valid.txt": ({}, {}, None),
 }
@@ -40,7 +40,7 @@ def test_example_scripts_get_their_documented_verdict(name):
 
 
 def test_shell_variables_defaults_quotes_and_lists_resolve():
-    result = load((SCRIPTS / "grpo_lora_shell_vars.sh").read_text(), {"NGPUS": "8"}, {"HOME": "/home/u"})
+    result = load((SCRIPTS / "grpo_lora_shell_vars.sh").read_text(), {"NGPUS": "8", "HOME": "/home/u"})
     plan = result.plan
     assert plan.model.path == "Qwen/Qwen2.5-7B-Instruct" and plan.model.name == "qwen2.5-7b"
     assert plan.cluster.gpus_per_node == 8 and plan.cluster.host_memory_gib == 512.0
@@ -56,7 +56,7 @@ def test_shell_variables_defaults_quotes_and_lists_resolve():
 
 def test_unresolved_variable_is_an_error_naming_it():
     with pytest.raises(PlanError) as error:
-        load((SCRIPTS / "grpo_lora_shell_vars.sh").read_text(), {}, {"HOME": "/home/u"})
+        load((SCRIPTS / "grpo_lora_shell_vars.sh").read_text(), {"HOME": "/home/u"})
     assert error.value.field == "NGPUS" and "--env NGPUS=" in error.value.fix
 
 
@@ -65,12 +65,16 @@ def test_env_pins_win_over_script_assignments_and_environment():
              "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
     assert load(script).plan.data.train_batch_size == 8
     assert load(script, {"TBS": "16"}).plan.data.train_batch_size == 16
-    assert load(script, environment={"NN": "2"}).plan.cluster.nodes == 2
+    assert load(script, {"NN": "2"}, {"NN": "5"}).plan.cluster.nodes == 2
+    # A modeled key's value from the environment would be copied into the plan: refused, naming the variable.
+    with pytest.raises(PlanError) as error:
+        load(script, environment={"NN": "2"})
+    assert error.value.field == "trainer.nnodes" and "NN" in error.value.message and "--env NN=" in error.value.fix
     assert load(script).plan.cluster.nodes == 3
 
 
 def test_deprecated_globals_stay_global_and_aliases_are_read():
-    plan = load((SCRIPTS / "ppo_offload_deprecated_globals.sh").read_text(), environment={"DATA_DIR": "/d"}).plan
+    plan = load((SCRIPTS / "ppo_offload_deprecated_globals.sh").read_text(), {"DATA_DIR": "/d"}).plan
     assert plan.actor.ppo_micro_batch_size == 16 and plan.actor.ppo_micro_batch_size_per_gpu is None
     assert plan.rollout.log_prob_micro_batch_size == 64 and plan.rollout.log_prob_micro_batch_size_per_gpu is None
     assert plan.critic.param_offload and plan.critic.optimizer_offload and plan.uses_critic
@@ -222,3 +226,57 @@ def test_offload_policy_imports_from_verls_fsdp_config_keys():
                        "critic.fsdp.offload_policy=true\n").plan
     assert plan.actor.offload_policy and plan.critic.offload_policy
     assert not plan.passthrough
+
+
+def test_an_integer_past_pythons_text_limit_is_bad_input_naming_its_key():
+    digits = "1" + "0" * 5000
+    script = ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+              f"+foo.bar={digits} data.train_batch_size={{}}\n")
+    for value in (digits, "1" + "0" * 400):
+        with pytest.raises(PlanError) as error:
+            load(script.format(value))
+        assert error.value.field == "data.train_batch_size" and "below 2**63" in error.value.fix
+
+
+SECRET = "s3cr3t-Value_42"
+HEAD = "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+SECRET_SPELLINGS = [
+    HEAD + "trainer.wandb_key=${WANDB_API_KEY:-}",
+    HEAD + "trainer.wandb_key=${WANDB_API_KEY:-default}",
+    HEAD + "trainer.wandb_key=${WANDB_API_KEY:=x}",
+    "KEY=$WANDB_API_KEY\n" + HEAD + "trainer.wandb_key=$KEY",
+    'export KEY="${WANDB_API_KEY}"\nOTHER=pre-$KEY\n' + HEAD + '"+trainer.token=${OTHER}"',
+    HEAD + "trainer.wandb_key=\"$WANDB_API_KEY\"'-x'",
+    HEAD + "'+trainer.a'=\"${WANDB_API_KEY}\"",
+    HEAD + "trainer.experiment_name=$WANDB_API_KEY",
+    HEAD + "trainer.project_name=${WANDB_API_KEY}",
+    HEAD + "data.train_files=$WANDB_API_KEY/train.parquet",
+    HEAD + "trainer.experiment_name='${oc.env:WANDB_API_KEY}'",
+    HEAD + "trainer.experiment_name='${oc.env:WANDB_API_KEY,x}'",
+    HEAD + "data.train_batch_size=$((NUMBER * 2))",
+    HEAD + "data.train_batch_size=$NUMBER",
+    "TBS=${NUMBER}\n" + HEAD + "data.train_batch_size=$TBS",
+]
+
+
+@pytest.mark.parametrize("script", SECRET_SPELLINGS)
+def test_no_value_from_the_environment_reaches_the_plan_or_its_render_unless_passed_with_env(script):
+    """Invariant: whatever the spelling, an environment value is in no plan, rendered script, warning or
+    error; a refusal names the variable; with --env the value is the user's to persist."""
+    from rlplan.planner.planfile import plan_to_toml
+    from rlplan.planner.render import render_plan
+
+    environment = {"WANDB_API_KEY": SECRET, "NUMBER": "4242"}
+    try:
+        result = load(script, environment=environment)
+    except PlanError as error:
+        assert SECRET not in error.paragraph() and "4242" not in error.paragraph()
+        assert "WANDB_API_KEY" in error.paragraph() or "NUMBER" in error.paragraph()
+    else:
+        written = plan_to_toml(result.plan)
+        rendered = render_plan(result.plan, "verl", "script")
+        for text in (written, rendered, *result.warnings):
+            assert SECRET not in text and "4242" not in text
+        assert "${oc.env:WANDB_API_KEY}" in written
+    pinned = load(script, environment, environment).plan
+    assert SECRET in plan_to_toml(pinned) or "4242" in plan_to_toml(pinned) or "8484" in plan_to_toml(pinned)

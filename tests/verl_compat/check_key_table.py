@@ -51,9 +51,9 @@ SCRIPTS = ROOT / "tests" / "data" / "verl_scripts"
 # Script -> (--env pins, process environment): the ones tests/planner/test_verl_import.py and
 # test_sglang.py import them with.
 SCRIPT_ENVIRONMENTS = {
-    "grpo_lora_shell_vars.sh": ({"NGPUS": "8"}, {"HOME": "/home/u"}),
-    "ppo_offload_deprecated_globals.sh": ({}, {"DATA_DIR": "/data"}),
-    "sglang_multiturn_qwen2.5_3b.sh": ({"PROJECT_DIR": "/verl"}, {"HOME": "/home/u"}),
+    "grpo_lora_shell_vars.sh": ({"NGPUS": "8", "HOME": "/home/u"}, {}),
+    "ppo_offload_deprecated_globals.sh": ({"DATA_DIR": "/data"}, {}),
+    "sglang_multiturn_qwen2.5_3b.sh": ({"PROJECT_DIR": "/verl", "HOME": "/home/u"}, {}),
 }
 
 # verl key -> why rlplan's table keeps a different default from verl 0.9's YAML.
