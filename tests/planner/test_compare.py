@@ -316,3 +316,16 @@ def test_calibrating_from_two_runs_fits_the_fraction_and_centres_the_cache(tmp_p
         residuals.append((reserved["measured_gib"] - allocated["measured_gib"])
                          - (reserved["predicted_gib"] - allocated["predicted_gib"]))
     assert statistics.fmean(residuals) == pytest.approx(0.0, abs=0.05)
+
+
+@pytest.mark.parametrize("script, log, measured", [
+    ("run_demo_qwen2.5b_grpo_8gpu.sh", "verl_grpo_qwen2.5b_8gpu.log", 52.804),
+    ("run_demo_qwen2.5b_ppo_8gpu.sh", "verl_ppo_qwen2.5b_8gpu.log", 53.038),
+])
+def test_public_small_model_runs(script, log, measured):
+    """Qwen2.5-0.5B: the counter is mostly the in-process vLLM pool (util 0.6 of the card); docs/accuracy.md
+    section 4 records the 7-8 % under-prediction as a known gap of the rollout's profile-run terms."""
+    code, payload = public_compare(script, log)
+    allocated = payload["memory"][0]
+    assert allocated["measured_gib"] == pytest.approx(measured)
+    assert 1.0 < allocated["ratio"] < 1.10 and code == 1
