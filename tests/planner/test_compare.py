@@ -42,10 +42,18 @@ def fixture_plan():
 
 
 def expected_counter_gib(plan, family: str) -> tuple[float, float, str]:
-    """The comparable prediction worked out from the phase components, independently of compare.counter_bytes."""
+    """The comparable prediction: the phase with the largest counter bytes (allocated, reserved, its name)."""
+    per_phase = expected_phase_counters(plan, family)
+    name = max(per_phase, key=lambda key: per_phase[key][0])
+    return (*per_phase[name], name)
+
+
+def expected_phase_counters(plan, family: str) -> dict[str, tuple[float, float]]:
+    """Per phase, (allocated, reserved) GiB verl's counters would show, worked out from the phase components
+    independently of compare.counter_bytes."""
     scope = SCOPES[family]
     report = predict_memory(plan)
-    best = (0.0, 0.0, "")
+    out = {}
     for phase in report.phases:
         names = {c.name for c in phase.components}
         allocated = 0
@@ -59,9 +67,22 @@ def expected_counter_gib(plan, family: str) -> tuple[float, float, str]:
         if phase.name != "rollout" and scope.engine_in_process and scope.pool_counted_asleep:
             allocated += (0 if "vllm_weights" in names else report.rollout.weights_bytes)
             allocated += (0 if "kv_cache" in names else report.rollout.kv_cache_bytes)
-        if allocated / GIB > best[0]:
-            best = (allocated / GIB, (allocated + phase.bytes_of("fragmentation_reserve")) / GIB, phase.name)
-    return best
+        out[str(phase.name)] = (allocated / GIB, (allocated + phase.bytes_of("fragmentation_reserve")) / GIB)
+    return out
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_per_phase_counter_rows(payloads, name):
+    plan = with_expected_lengths(fixture_plan(), 300, 1176)
+    expected = expected_phase_counters(plan, FAMILY[name])
+    peaks = {str(p.name): p.peak_bytes / GIB for p in predict_memory(plan).phases}
+    rows = payloads[name][1]["phases"]
+    assert [row["phase"] for row in rows] == list(expected)
+    for row in rows:
+        allocated, reserved = expected[row["phase"]]
+        assert row["counter_allocated_gib"] == pytest.approx(allocated, abs=1e-3)
+        assert row["counter_reserved_gib"] == pytest.approx(reserved, abs=1e-3)
+        assert row["planner_peak_gib"] == pytest.approx(peaks[row["phase"]], abs=1e-3)
 
 
 @pytest.fixture(scope="module")
