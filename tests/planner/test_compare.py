@@ -350,3 +350,15 @@ def test_public_small_model_runs(script, log, measured):
     allocated = payload["memory"][0]
     assert allocated["measured_gib"] == pytest.approx(measured)
     assert 1.0 < allocated["ratio"] < 1.10 and code == 1
+
+
+def test_a_run_with_one_step_compares_and_forecasts_no_trend(tmp_path):
+    log = tmp_path / "one.jsonl"
+    log.write_text(json.dumps({"step": 1, "prompt_length/mean": 300.0, "response_length/mean": 1200.0,
+                               "perf/max_memory_allocated_gb": 40.0, "timing_s/gen": 50.0}) + "\n")
+    result = invoke("compare", SCRIPT, str(log), "--gpu", "h100-80g", "--json")
+    payload = json.loads(result.output)
+    assert payload["forecast"]["slope_tokens_per_step"] == 0.0
+    assert payload["forecast"]["stops_fitting_at_step"] is None
+    assert [row["steps"] for row in payload["times"]] == [1]
+    assert payload["memory"][0]["measured_gib"] == 40.0 and result.exit_code == 0
