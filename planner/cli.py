@@ -4,6 +4,7 @@ Reading inputs, loading plans, writing files atomically, printing errors and the
 commands_io.py, which every command module shares. Exit codes (stable, for scripts):
   solve:    0 plan written, 1 no feasible plan, 2 bad input
   validate: 0 valid and fits, 1 valid but predicted not to fit (GPU or host OOM), 2 invalid plan or bad input
+  compare:  0 every measured memory figure within the error band, 1 one above it, 2 bad input
   others:   0 ok, 1 the work failed, 2 bad input; 3 an internal error (a bug) for every command
 Bad input never shows a traceback: it is one paragraph naming the field and the fix.
 Runtime commands (run, demo, measure, calibrate) import torch lazily, inside the command.

@@ -931,7 +931,8 @@ class _StepContext:
         components += vllm_extra
         components.append(self.overhead)
         # A calibrated allocator cache (profile.allocator_cache_gib) is held in trainer phases only: verl empties
-        # the trainer's cache before the engine wakes (sharding manager __enter__: empty_cache).
+        # the cache around the engine's wake-up and sleep (FSDP-vLLM sharding manager __enter__ / __exit__), so it
+        # builds up over the trainer phases between two rollouts.
         cache = self.profile.allocator_cache_gib * GIB if step_is_trainer else 0.0
         components.append(
             Component("fragmentation_reserve", int(self.profile.fragmentation_fraction * trainer_bytes + cache),

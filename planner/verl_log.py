@@ -37,8 +37,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 # `step:N - ` anywhere on the line (after Ray's prefix or a tqdm bar).
 _STEP = re.compile(r"(?:^|[\s)|\]])step:(\d+)\s+-\s+(.*)$")
-# A value as verl prints it: a float or int, nan / inf, or numpy 2's repr of one.
-_WRAPPED = re.compile(r"^(?:np\.)?(?:float|int|uint)(?:16|32|64)?\((.*)\)$")
+# A value as verl prints it: a float or int, nan / inf, numpy 2's repr of one, or a torch scalar's.
+_WRAPPED = re.compile(r"^(?:(?:np|numpy)\.)?(?:float|int|uint)(?:16|32|64)?\((.*)\)$|^tensor\(([^,)]*)[,)]")
 
 
 @frozen
@@ -96,7 +96,7 @@ def parse_value(text: str) -> float | None:
     text = text.strip()
     wrapped = _WRAPPED.match(text)
     if wrapped:
-        text = wrapped.group(1).strip()
+        text = (wrapped.group(1) if wrapped.group(1) is not None else wrapped.group(2)).strip()
     if text in ("True", "False"):
         return None
     try:
@@ -156,8 +156,9 @@ def parse_console_log(text: str, source: str = "log") -> VerlLog:
     lines, incomplete = _split_lines(text)
     last = len(lines)
     for number, raw_line in enumerate(lines, start=1):
-        line = _RAY_REPEATED.sub("", _ANSI.sub("", raw_line.rstrip("\r")))
-        match = _STEP.search(line)
+        # tqdm redraws its bar with carriage returns, so one line can hold a bar and a step: take the step's part.
+        segments = [_RAY_REPEATED.sub("", _ANSI.sub("", part)) for part in raw_line.split("\r")]
+        match = next((m for part in reversed(segments) if (m := _STEP.search(part)) is not None), None)
         if match is None:
             continue
         if incomplete and number == last:

@@ -42,10 +42,18 @@ def fixture_plan():
 
 
 def expected_counter_gib(plan, family: str) -> tuple[float, float, str]:
-    """The comparable prediction worked out from the phase components, independently of compare.counter_bytes."""
+    """The comparable prediction: the phase with the largest counter bytes (allocated, reserved, its name)."""
+    per_phase = expected_phase_counters(plan, family)
+    name = max(per_phase, key=lambda key: per_phase[key][0])
+    return (*per_phase[name], name)
+
+
+def expected_phase_counters(plan, family: str) -> dict[str, tuple[float, float]]:
+    """Per phase, (allocated, reserved) GiB verl's counters would show, worked out from the phase components
+    independently of compare.counter_bytes."""
     scope = SCOPES[family]
     report = predict_memory(plan)
-    best = (0.0, 0.0, "")
+    out = {}
     for phase in report.phases:
         names = {c.name for c in phase.components}
         allocated = 0
@@ -59,9 +67,22 @@ def expected_counter_gib(plan, family: str) -> tuple[float, float, str]:
         if phase.name != "rollout" and scope.engine_in_process and scope.pool_counted_asleep:
             allocated += (0 if "vllm_weights" in names else report.rollout.weights_bytes)
             allocated += (0 if "kv_cache" in names else report.rollout.kv_cache_bytes)
-        if allocated / GIB > best[0]:
-            best = (allocated / GIB, (allocated + phase.bytes_of("fragmentation_reserve")) / GIB, phase.name)
-    return best
+        out[str(phase.name)] = (allocated / GIB, (allocated + phase.bytes_of("fragmentation_reserve")) / GIB)
+    return out
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_per_phase_counter_rows(payloads, name):
+    plan = with_expected_lengths(fixture_plan(), 300, 1176)
+    expected = expected_phase_counters(plan, FAMILY[name])
+    peaks = {str(p.name): p.peak_bytes / GIB for p in predict_memory(plan).phases}
+    rows = payloads[name][1]["phases"]
+    assert [row["phase"] for row in rows] == list(expected)
+    for row in rows:
+        allocated, reserved = expected[row["phase"]]
+        assert row["counter_allocated_gib"] == pytest.approx(allocated, abs=1e-3)
+        assert row["counter_reserved_gib"] == pytest.approx(reserved, abs=1e-3)
+        assert row["planner_peak_gib"] == pytest.approx(peaks[row["phase"]], abs=1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -316,3 +337,28 @@ def test_calibrating_from_two_runs_fits_the_fraction_and_centres_the_cache(tmp_p
         residuals.append((reserved["measured_gib"] - allocated["measured_gib"])
                          - (reserved["predicted_gib"] - allocated["predicted_gib"]))
     assert statistics.fmean(residuals) == pytest.approx(0.0, abs=0.05)
+
+
+@pytest.mark.parametrize("script, log, measured", [
+    ("run_demo_qwen2.5b_grpo_8gpu.sh", "verl_grpo_qwen2.5b_8gpu.log", 52.804),
+    ("run_demo_qwen2.5b_ppo_8gpu.sh", "verl_ppo_qwen2.5b_8gpu.log", 53.038),
+])
+def test_public_small_model_runs(script, log, measured):
+    """Qwen2.5-0.5B: the counter is mostly the in-process vLLM pool (util 0.6 of the card); docs/accuracy.md
+    section 4 records the 7-8 % under-prediction as a known gap of the rollout's profile-run terms."""
+    code, payload = public_compare(script, log)
+    allocated = payload["memory"][0]
+    assert allocated["measured_gib"] == pytest.approx(measured)
+    assert 1.0 < allocated["ratio"] < 1.10 and code == 1
+
+
+def test_a_run_with_one_step_compares_and_forecasts_no_trend(tmp_path):
+    log = tmp_path / "one.jsonl"
+    log.write_text(json.dumps({"step": 1, "prompt_length/mean": 300.0, "response_length/mean": 1200.0,
+                               "perf/max_memory_allocated_gb": 40.0, "timing_s/gen": 50.0}) + "\n")
+    result = invoke("compare", SCRIPT, str(log), "--gpu", "h100-80g", "--json")
+    payload = json.loads(result.output)
+    assert payload["forecast"]["slope_tokens_per_step"] == 0.0
+    assert payload["forecast"]["stops_fitting_at_step"] is None
+    assert [row["steps"] for row in payload["times"]] == [1]
+    assert payload["memory"][0]["measured_gib"] == 40.0 and result.exit_code == 0

@@ -676,7 +676,7 @@ def test_an_fp32_rollout_engine_holds_its_weights_and_kv_cache_at_four_bytes_an_
 
 def test_a_calibrated_allocator_cache_is_held_in_trainer_phases_only():
     """profile.allocator_cache_gib (calibrate --from-verl-log) adds to every trainer phase's fragmentation reserve;
-    the rollout phase starts after verl empties the trainer's cache, so it does not carry it."""
+    verl empties the cache around the engine's wake-up (sharding manager __enter__), so the rollout does not carry it."""
     from rlplan.planner.profile import DEFAULT_PROFILE
 
     plan = make_plan()

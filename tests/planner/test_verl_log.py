@@ -81,7 +81,8 @@ def test_real_logs_with_ray_prefixes_parse_every_step():
 
 
 @pytest.mark.parametrize("text, value", [("0.5", 0.5), ("np.float64(20.76)", 20.76), ("np.int64(3)", 3.0),
-                                         ("-1.7e-08", -1.7e-08), ("1024", 1024.0)])
+                                         ("-1.7e-08", -1.7e-08), ("1024", 1024.0), ("np.float32(2.5)", 2.5),
+                                         ("tensor(0.2500)", 0.25), ("tensor(3., device='cuda:0')", 3.0)])
 def test_values_as_verl_prints_them(text, value):
     assert parse_value(text) == value
 
@@ -126,3 +127,11 @@ def test_a_log_cut_anywhere_reads_only_values_the_whole_log_has(name, cut):
         for key, value in step.values.items():
             expected = whole[step.step][key]
             assert value == expected or (math.isnan(value) and math.isnan(expected))
+
+
+def test_tqdm_carriage_returns_and_windows_line_ends_around_a_step():
+    text = ("Training Progress:   4%|4  | 4/100\r(TaskRunner pid=9) step:4 - a:1.5 - b:2.0\rTraining Progress:   5%|\r\n"
+            "step:5 - a:2.5\r\n")
+    log = parse_verl_log(text)
+    assert [(s.step, dict(s.values)) for s in log.steps] == [(4, {"a": 1.5, "b": 2.0}), (5, {"a": 2.5})]
+    assert not log.bad_lines
