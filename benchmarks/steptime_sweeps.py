@@ -128,6 +128,18 @@ def sweep_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: P
     return lines, summary
 
 
+def held_out_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], base: Profile) -> list[str]:
+    """Leave one sweep out: fit the constants to the other sweeps, then rank and price the one left out."""
+    lines = ["Held out (the constants fitted to the other sweeps only, `--fit` from the built-in values, then "
+             "this sweep priced):", "", "| sweep left out | rank correlation | phases within 25 % |", "|---|---|---|"]
+    for name in sweeps:
+        fitted = fit_step_time(_timings([run for run in runs if run.sweep != name]), base).profile
+        held = [run for run in runs if run.sweep == name]
+        _, summary = sweep_section({name: sweeps[name]}, held, fitted)
+        lines.append(f"| {name} | {summary['sweeps'][name]:+.2f} | {summary['within']} of {summary['phases']} |")
+    return lines + [""]
+
+
 def render_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: Profile) -> str:
     tables, summary = sweep_section(sweeps, runs, profile)
     header = [
@@ -143,7 +155,7 @@ def render_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: 
         "correlation per sweep " + ", ".join(f"{name} {rho:+.2f}" for name, rho in summary["sweeps"].items())
         + ".", "",
     ]
-    return "\n".join(header + tables)
+    return "\n".join(header + tables + held_out_lines(sweeps, runs, profile))
 
 
 def replace_section(text: str, section: str) -> str:
@@ -156,11 +168,14 @@ def replace_section(text: str, section: str) -> str:
     return text[:start] + section.rstrip("\n") + "\n" + tail
 
 
+def _timings(runs: list[Run]) -> list[RunTiming]:
+    return [RunTiming(label=f"{run.sweep} {run.label}", plan=run.plan,
+                      measured_seconds={k: v for k, v in run.measured.items() if k in FITTED_TIMINGS})
+            for run in runs]
+
+
 def fit(runs: list[Run], base: Profile) -> str:
-    timings = [RunTiming(label=f"{run.sweep} {run.label}", plan=run.plan,
-                         measured_seconds={k: v for k, v in run.measured.items() if k in FITTED_TIMINGS})
-               for run in runs]
-    result = fit_step_time(timings, base)
+    result = fit_step_time(_timings(runs), base)
     lines = [f"# fitted to {len(runs)} runs, {result.compared_phases} phases: rms log error "
              f"{result.rms_log_error_before:.3f} -> {result.rms_log_error_after:.3f}"]
     lines += [f"{key} = {getattr(result.profile, key):.4g}" for key in STEP_TIME_CONSTANTS]

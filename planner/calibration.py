@@ -33,7 +33,7 @@ from rlplan.planner.validators import field_check
 
 GIB = 2**30
 
-Efficiency = Literal["training_mfu", "prefill_mfu", "decode_hbm_efficiency"]
+Efficiency = Literal["training_mfu", "training_mfu_light_gpu", "prefill_mfu", "decode_hbm_efficiency"]
 
 # Which profile efficiency bounds each step-time phase (planner/steptime.py).
 EFFICIENCY_OF_PHASE: dict[str, Efficiency] = {
@@ -207,18 +207,36 @@ def memory_observation(plan: Plan, phase: str, held_bytes: float,
 
 def time_observations(plan: Plan, measured_seconds: dict[str, float],
                       profile: Profile = DEFAULT_PROFILE) -> list[TimeObservation]:
-    """Measured phase seconds beside the step-time model's, for the phases one efficiency bounds."""
-    from rlplan.planner.memory import predict_memory
-    from rlplan.planner.steptime import predict_step_time
+    """Measured phase seconds beside the step-time model's, for the phases one efficiency bounds.
 
-    predicted = predict_step_time(plan, predict_memory(plan, profile), profile).phase_seconds
+    A phase also has costs no efficiency scales (a fixed cost per micro batch, the optimizer step):
+    pricing it at the efficiency and at half of it splits seconds = work / efficiency + fixed, and the
+    observation compares the work's share with the measured seconds less the fixed part.  The
+    trainer's passes are bound by the MFU of the plan's GPU class (steptime.training_mfu_key).
+    """
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.steptime import predict_step_time, training_mfu_key
+
+    memory = predict_memory(plan, profile)
+    predicted = predict_step_time(plan, memory, profile).phase_seconds
+    halved: dict[str, dict[str, float]] = {}
     observations = []
     for phase, seconds in measured_seconds.items():
         efficiency = EFFICIENCY_OF_PHASE.get(phase)
         if efficiency is None or seconds <= 0 or predicted.get(phase, 0.0) <= 0:
             continue
-        observations.append(TimeObservation(phase=phase, efficiency=efficiency, assumed=getattr(profile, efficiency),
-                                            predicted_seconds=predicted[phase], measured_seconds=seconds))
+        if efficiency == "training_mfu":
+            efficiency = training_mfu_key(plan, profile)  # type: ignore[assignment]
+        assumed = float(getattr(profile, efficiency))
+        if efficiency not in halved:
+            slower = attrs.evolve(profile, **{efficiency: assumed / 2})
+            halved[efficiency] = predict_step_time(plan, memory, slower).phase_seconds
+        bound = min(predicted[phase], halved[efficiency][phase] - predicted[phase])
+        fixed = predicted[phase] - bound
+        if bound <= 0 or seconds <= fixed:
+            continue
+        observations.append(TimeObservation(phase=phase, efficiency=efficiency, assumed=assumed,
+                                            predicted_seconds=bound, measured_seconds=seconds - fixed))
     return observations
 
 

@@ -247,7 +247,8 @@ def layout_table(payload: dict[str, Any]):
 def time_table(payload: dict[str, Any]):
     from rich.table import Table
 
-    table = Table(title=f"Step time estimate (roofline): {payload['step_time_s']:.2f} s", title_justify="left")
+    table = Table(title=f"Step time estimate at the expected lengths: {payload['step_time_s']:.2f} s "
+                        "(docs/steptime.md: how far from real runs)", title_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
@@ -361,7 +362,9 @@ def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile)
 
 
 def top_candidates_table(rows: list[dict[str, Any]]):
-    """`solve --top N`: each candidate's knobs, peak GiB per phase and step time, best first.
+    """`solve --top N`: each candidate's knobs, peak GiB per phase, step time and its phases, best first.
+
+    The phase seconds are the step-time model's at the plan's expected lengths (planner/steptime.py).
 
     The best shows every searched knob; the others only where they differ from it, so the
     trade-off each one makes is readable at a glance.
@@ -374,6 +377,7 @@ def top_candidates_table(rows: list[dict[str, Any]]):
     table = Table(title=f"The {len(rows)} best candidates", title_justify="left")
     table.add_column("#")
     table.add_column("step s", justify="right")
+    table.add_column("s per phase", overflow="fold")
     table.add_column("peak GiB per phase", overflow="fold")
     table.add_column("knobs (after #1: what differs)", overflow="fold")
     best = rows[0]["knobs"] if rows else {}
@@ -381,7 +385,8 @@ def top_candidates_table(rows: list[dict[str, Any]]):
         phases = "\n".join(f"{name} {peak:.1f}" for name, peak in row["phase_peak_gib"].items())
         knobs = "\n".join(f"{key} = {shown(value)}" for key, value in row["knobs"].items()
                           if value is not None and (row["rank"] == 1 or best.get(key) != value))
-        table.add_row(str(row["rank"]), f"{row['step_time_s']:.1f}", phases, knobs or "(same knobs)")
+        seconds = "\n".join(f"{name} {value:.1f}" for name, value in row.get("phase_seconds", {}).items() if value)
+        table.add_row(str(row["rank"]), f"{row['step_time_s']:.1f}", seconds, phases, knobs or "(same knobs)")
     return table
 
 

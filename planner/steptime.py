@@ -69,14 +69,22 @@ class StepTime:
 class Lengths:
     """Mean prompt and response tokens, and the response length distribution a batch draws from.
 
-    Responses are log-normal with mean `response_mean` and shape `sigma`, cut at `response_max`
-    (verl stops a response there); sigma 0 is every response at its mean (ignore_eos: the maximum).
+    Responses are log-normal of shape `sigma`, cut at `response_max` (verl stops a response there), with
+    `log_median` chosen so that the cut distribution's mean is `response_mean`, the mean a run reports;
+    sigma 0 is every response at its mean (ignore_eos: the maximum).
     """
 
     prompt_mean: float
     response_mean: float
     response_max: int
     sigma: float
+    log_median: float = attrs.field()
+
+    @log_median.default
+    def _log_median_for_the_mean(self) -> float:
+        if self.sigma <= 0.0 or self.response_mean >= self.response_max:
+            return math.log(max(self.response_mean, 1.0))
+        return _log_median_of_capped_mean(self.response_mean, self.response_max, self.sigma)
 
     @property
     def sequence_mean(self) -> float:
@@ -90,22 +98,39 @@ class Lengths:
             return 1.0 if tokens < self.response_mean else 0.0
         if tokens <= 0:
             return 1.0
-        mu = math.log(self.response_mean) - self.sigma**2 / 2
-        return 1.0 - _NORMAL.cdf((math.log(tokens) - mu) / self.sigma)
+        return 1.0 - _NORMAL.cdf((math.log(tokens) - self.log_median) / self.sigma)
 
     def longest_of(self, count: float) -> float:
         """The expected longest response of `count` (its 1 - 1/(count + 1) quantile), at most the maximum."""
         if self.sigma <= 0.0 or count <= 1:
             return min(float(self.response_max), self.response_mean)
-        mu = math.log(self.response_mean) - self.sigma**2 / 2
         z = _NORMAL.inv_cdf(1.0 - 1.0 / (count + 1.0))
-        return min(float(self.response_max), math.exp(mu + self.sigma * z))
+        return min(float(self.response_max), math.exp(self.log_median + self.sigma * z))
 
     @property
     def running_response(self) -> float:
         """Mean tokens generated so far by a running sequence: long responses run longer, so the mean in
         flight is E[L^2] / 2E[L] = mean x exp(sigma^2) / 2 for a log-normal, at most half the maximum."""
         return min(self.response_mean * math.exp(self.sigma**2) / 2, self.response_max / 2)
+
+
+def _capped_mean(log_median: float, cap: float, sigma: float) -> float:
+    """E[min(L, cap)] of a log-normal L with median exp(log_median) and shape sigma."""
+    log_cap = math.log(cap)
+    below = math.exp(log_median + sigma**2 / 2) * _NORMAL.cdf((log_cap - log_median - sigma**2) / sigma)
+    return below + cap * (1.0 - _NORMAL.cdf((log_cap - log_median) / sigma))
+
+
+def _log_median_of_capped_mean(mean: float, cap: float, sigma: float) -> float:
+    """The log-median whose log-normal, cut at `cap`, has mean `mean` (< cap): bisection, the mean rising with it."""
+    low, high = math.log(mean) - sigma**2 / 2 - 1.0, math.log(cap) + 4 * sigma
+    for _ in range(40):
+        middle = (low + high) / 2
+        if _capped_mean(middle, cap, sigma) < mean:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
 
 
 def _mean_length(expected: int | None, observed: int, maximum: int, fraction: float) -> float:

@@ -151,9 +151,11 @@ def test_calibrate_from_run_writes_a_profile_solve_can_load(tmp_path):
     from rlplan.runtime.commands import calibrate_command
 
     plan = make_plan()
-    predicted = time_observations(plan, {"actor_update": 1.0})[0].predicted_seconds
-    # A run whose update took twice the predicted time: achieved MFU is half the assumed one.
-    rows = [{"step": step, "time/actor_update": 2 * predicted} for step in (1, 2, 3)]
+    probe = time_observations(plan, {"actor_update": 1e6})[0]
+    # The update's seconds are work at the MFU plus costs no MFU scales (per micro batch, the optimizer).
+    fixed, work = 1e6 - probe.measured_seconds, probe.predicted_seconds
+    # A run whose MFU-bound work took twice the predicted time: achieved MFU is half the assumed one.
+    rows = [{"step": step, "time/actor_update": fixed + 2 * work} for step in (1, 2, 3)]
     run = _write_run(tmp_path, plan, rows)
     output = tmp_path / "cluster.toml"
     assert calibrate_command(None, str(run / "metrics.jsonl"), str(output)) == 0
@@ -284,8 +286,9 @@ def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_err
     from rlplan.runtime.commands import calibrate_command
 
     plan = make_plan()
-    predicted = time_observations(plan, {"actor_update": 1.0})[0].predicted_seconds
-    run = _write_run(tmp_path, plan, [{"step": step, "time/actor_update": 2 * predicted} for step in (1, 2)])
+    probe = time_observations(plan, {"actor_update": 1e6})[0]
+    fixed, work = 1e6 - probe.measured_seconds, probe.predicted_seconds
+    run = _write_run(tmp_path, plan, [{"step": step, "time/actor_update": fixed + 2 * work} for step in (1, 2)])
     output = tmp_path / "cluster.toml"
     assert calibrate_command(None, str(run / "metrics.jsonl"), str(output), as_json=True) == 0
     report = json.loads(capsys.readouterr().out)
