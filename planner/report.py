@@ -374,7 +374,8 @@ def top_candidates_table(rows: list[dict[str, Any]]):
     def shown(value: Any) -> str:
         return str(value).lower() if isinstance(value, bool) else str(value)
 
-    table = Table(title=f"The {len(rows)} best candidates", title_justify="left")
+    table = Table(title=f"The {len(rows)} best candidates (seconds per phase at the expected lengths)",
+                  title_justify="left")
     table.add_column("#")
     table.add_column("step s", justify="right")
     table.add_column("s per phase", overflow="fold")

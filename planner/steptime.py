@@ -24,6 +24,7 @@ seconds keyed by `Phase` names plus "offload".
 
 from __future__ import annotations
 
+import functools
 import math
 from statistics import NormalDist
 
@@ -121,6 +122,7 @@ def _capped_mean(log_median: float, cap: float, sigma: float) -> float:
     return below + cap * (1.0 - _NORMAL.cdf((log_cap - log_median) / sigma))
 
 
+@functools.lru_cache(maxsize=256)
 def _log_median_of_capped_mean(mean: float, cap: float, sigma: float) -> float:
     """The log-median whose log-normal, cut at `cap`, has mean `mean` (< cap): bisection, the mean rising with it."""
     low, high = math.log(mean) - sigma**2 / 2 - 1.0, math.log(cap) + 4 * sigma

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -299,3 +300,23 @@ def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_err
     assert calibrate_command(None, str(lonely), str(tmp_path / "p.toml"), as_json=True) == 2
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["field"] and error["message"] and error["fix"]
+
+
+def test_step_time_constants_fitted_from_runs_recover_the_profile_that_timed_them():
+    """Whole runs timed (verl's timing_s keys) with known constants fit back to them: one profile for all runs."""
+    from rlplan.planner.calibration import RunTiming, fit_step_time
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
+
+    truth = attrs.evolve(DEFAULT_PROFILE, training_mfu=0.5, decode_seconds_per_sequence=60e-6)
+    # Bigger batches make the engine host-bound (the per-sequence cost shows), smaller ones GPU-bound.
+    plans = [make_plan(overrides={"data.expected_response_length": response, "data.train_batch_size": batch})
+             for response in (128, 512) for batch in (64, 256)]
+    runs = [RunTiming(label=str(i), plan=plan,
+                      measured_seconds=verl_timing_seconds(predict_step_time(plan, predict_memory(plan, truth), truth)))
+            for i, plan in enumerate(plans)]
+    fit = fit_step_time(runs, keys=("training_mfu", "decode_seconds_per_sequence"), rounds=6)
+    assert fit.rms_log_error_before > 0.05
+    assert fit.rms_log_error_after < 0.02
+    assert fit.profile.training_mfu == pytest.approx(0.5, rel=0.05)
+    assert fit.profile.decode_seconds_per_sequence == pytest.approx(60e-6, rel=0.15)
