@@ -18,7 +18,7 @@ from rlplan.planner.memory import (
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import check_plan
-from rlplan.planner.steptime import predict_step_time
+from rlplan.planner.steptime import predict_step_time, workload_lengths
 
 GIB = 2**30
 
@@ -50,6 +50,12 @@ def layout_json(plan: Plan) -> dict[str, Any]:
         "rollout_replicas": parallel.rollout_replicas,
         "roles": roles,
     }
+
+
+def step_time_lengths_json(plan: Plan, profile: Profile) -> dict[str, Any]:
+    lengths = workload_lengths(plan, profile)
+    return {"prompt_mean": round(lengths.prompt_mean, 1), "response_mean": round(lengths.response_mean, 1),
+            "response_sigma": lengths.sigma, "response_max": lengths.response_max}
 
 
 def validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
@@ -102,6 +108,8 @@ def validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
         },
         "step_time_s": round(step.total_seconds, 3),
         "phase_seconds": {k: round(v, 3) for k, v in step.phase_seconds.items()},
+        # The lengths the step time is priced at (planner/steptime.py; docs/steptime.md has its error).
+        "step_time_lengths": step_time_lengths_json(plan, profile),
         "layout": layout_json(plan),
         "notes": list(memory.notes),
         "profile": profile.name,
@@ -247,8 +255,12 @@ def layout_table(payload: dict[str, Any]):
 def time_table(payload: dict[str, Any]):
     from rich.table import Table
 
-    table = Table(title=f"Step time estimate at the expected lengths: {payload['step_time_s']:.2f} s "
-                        "(docs/steptime.md: how far from real runs)", title_justify="left")
+    lengths = payload.get("step_time_lengths", {})
+    at = (f"at mean prompt {lengths['prompt_mean']:.0f} + response {lengths['response_mean']:.0f} tokens"
+          if lengths else "at the expected lengths")
+    table = Table(title=f"Step time estimate {at}: {payload['step_time_s']:.2f} s", title_justify="left",
+                  caption="against published verl runs most phases lie within 25 %, the rollout -46..+65 % "
+                          "(docs/steptime.md)", caption_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
