@@ -34,7 +34,7 @@ from rlplan.planner.validators import field_check
 
 GIB = 2**30
 
-Efficiency = Literal["training_mfu", "prefill_mfu", "decode_hbm_efficiency"]
+Efficiency = Literal["training_mfu", "training_mfu_light_gpu", "prefill_mfu", "decode_hbm_efficiency"]
 
 # Which profile efficiency bounds each step-time phase (planner/steptime.py).
 EFFICIENCY_OF_PHASE: dict[str, Efficiency] = {
@@ -208,18 +208,36 @@ def memory_observation(plan: Plan, phase: str, held_bytes: float,
 
 def time_observations(plan: Plan, measured_seconds: dict[str, float],
                       profile: Profile = DEFAULT_PROFILE) -> list[TimeObservation]:
-    """Measured phase seconds beside the step-time model's, for the phases one efficiency bounds."""
-    from rlplan.planner.memory import predict_memory
-    from rlplan.planner.steptime import predict_step_time
+    """Measured phase seconds beside the step-time model's, for the phases one efficiency bounds.
 
-    predicted = predict_step_time(plan, predict_memory(plan, profile), profile).phase_seconds
+    A phase also has costs no efficiency scales (a fixed cost per micro batch, the optimizer step):
+    pricing it at the efficiency and at half of it splits seconds = work / efficiency + fixed, and the
+    observation compares the work's share with the measured seconds less the fixed part.  The
+    trainer's passes are bound by the MFU of the plan's GPU class (steptime.training_mfu_key).
+    """
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.steptime import predict_step_time, training_mfu_key
+
+    memory = predict_memory(plan, profile)
+    predicted = predict_step_time(plan, memory, profile).phase_seconds
+    halved: dict[str, dict[str, float]] = {}
     observations = []
     for phase, seconds in measured_seconds.items():
         efficiency = EFFICIENCY_OF_PHASE.get(phase)
         if efficiency is None or seconds <= 0 or predicted.get(phase, 0.0) <= 0:
             continue
-        observations.append(TimeObservation(phase=phase, efficiency=efficiency, assumed=getattr(profile, efficiency),
-                                            predicted_seconds=predicted[phase], measured_seconds=seconds))
+        if efficiency == "training_mfu":
+            efficiency = training_mfu_key(plan, profile)  # type: ignore[assignment]
+        assumed = float(getattr(profile, efficiency))
+        if efficiency not in halved:
+            slower = attrs.evolve(profile, **{efficiency: assumed / 2})
+            halved[efficiency] = predict_step_time(plan, memory, slower).phase_seconds
+        bound = min(predicted[phase], halved[efficiency][phase] - predicted[phase])
+        fixed = predicted[phase] - bound
+        if bound <= 0 or seconds <= fixed:
+            continue
+        observations.append(TimeObservation(phase=phase, efficiency=efficiency, assumed=assumed,
+                                            predicted_seconds=bound, measured_seconds=seconds - fixed))
     return observations
 
 
@@ -387,3 +405,103 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
             notes.append(f"{key}: not fitted (no timed phase it bounds)")
     return Calibration(profile=attrs.evolve(base, **changes), allocator=allocator, efficiencies=efficiencies,
                        notes=tuple(notes))
+
+
+# --- step-time constants from whole runs (verl's timing_s per phase) -----------------------------------
+
+# The step-time constants `fit_step_time` tunes (planner/steptime.py, docs/steptime.md): the decode step's
+# host costs, the trainer's MFU per GPU class and fixed per-micro-batch cost, and the response tail.
+STEP_TIME_CONSTANTS: tuple[str, ...] = (
+    "decode_step_floor_s",
+    "decode_eager_seconds_per_layer",
+    "decode_seconds_per_sequence",
+    "tp_allreduce_latency_us",
+    "decode_mfu",
+    "response_length_sigma",
+    "training_mfu",
+    "training_mfu_light_gpu",
+    "micro_batch_seconds_per_layer",
+)
+# The phases a fit compares, by verl's timing key; `step` is their sum plus what rlplan does not price.
+FITTED_TIMINGS: tuple[str, ...] = ("gen", "old_log_prob", "ref", "update_actor", "update_critic", "values")
+
+
+@frozen(kw_only=True)
+class RunTiming:
+    """One run's plan (at the run's mean lengths) and its measured seconds by verl timing key."""
+
+    label: str
+    plan: Plan
+    measured_seconds: dict[str, float]
+
+
+@frozen(kw_only=True)
+class StepTimeFit:
+    profile: Profile
+    # Root mean square of log(predicted / measured) over every compared phase, before and after.
+    rms_log_error_before: float
+    rms_log_error_after: float
+    compared_phases: int
+
+
+def _log_errors(runs: Sequence[RunTiming], profile: Profile, memories: Sequence[Any]) -> list[float]:
+    from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
+
+    errors = []
+    for run, memory in zip(runs, memories, strict=True):
+        predicted = verl_timing_seconds(predict_step_time(run.plan, memory, profile))
+        for key in FITTED_TIMINGS:
+            measured = run.measured_seconds.get(key, 0.0)
+            if measured > 0 and predicted.get(key, 0.0) > 0:
+                errors.append(math.log(predicted[key] / measured))
+    return errors
+
+
+def _rms(errors: Sequence[float]) -> float:
+    return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else 0.0
+
+
+def fit_step_time(runs: Sequence[RunTiming], base: Profile = DEFAULT_PROFILE,
+                  keys: Sequence[str] = STEP_TIME_CONSTANTS, rounds: int = 4, name: str = "calibrated") -> StepTimeFit:
+    """The profile whose step-time constants minimise the squared log error of every measured phase of `runs`.
+
+    Coordinate descent: each key in turn is scanned over a log grid around its value (x1/4 .. x4 first,
+    narrower each round) inside the bounds the profile accepts.  One profile for all runs: never a
+    constant per case.
+    """
+    from rlplan.planner.memory import predict_memory
+
+    if not runs:
+        raise PlanError(field="calibration", message="no runs to fit the step-time constants to.",
+                        fix="give at least one run with measured timing_s phases")
+    memories = [predict_memory(run.plan, base) for run in runs]
+    profile = attrs.evolve(base, name=name)
+    before = _rms(_log_errors(runs, profile, memories))
+    best = before
+    span = 4.0
+    for _ in range(rounds):
+        for key in keys:
+            current = float(getattr(profile, key))
+            for factor in _log_grid(span):
+                value = _within_bounds(key, current * factor)
+                try:
+                    candidate = attrs.evolve(profile, **{key: value})
+                except PlanError:
+                    continue
+                error = _rms(_log_errors(runs, candidate, memories))
+                if error < best - 1e-12:
+                    best, profile = error, candidate
+        span = math.sqrt(span)
+    return StepTimeFit(profile=profile, rms_log_error_before=before, rms_log_error_after=best,
+                       compared_phases=len(_log_errors(runs, profile, memories)))
+
+
+def _log_grid(span: float, points: int = 9) -> list[float]:
+    return [span ** (2 * i / (points - 1) - 1) for i in range(points)]
+
+
+def _within_bounds(key: str, value: float) -> float:
+    """Keep efficiencies at most 1 (the profile refuses more); other constants only positive."""
+    if key.startswith("training_mfu") or key.endswith("_efficiency"):
+        return min(value, 1.0)
+    return value

@@ -363,7 +363,8 @@ def solve(
                                frontier)
     ranked = [result.best, *result.runners_up][:top or 0] if result.best is not None else []
     top_rows = [{"rank": rank, "step_time_s": c.plan.prediction.step_time_s, "gpu_peak_gib": c.plan.prediction.gpu_peak_gib,
-                 "phase_peak_gib": c.plan.prediction.phase_peak_gib, "knobs": searched_knobs(c.plan)}
+                 "phase_peak_gib": c.plan.prediction.phase_peak_gib, "knobs": searched_knobs(c.plan),
+                 "phase_seconds": c.plan.prediction.phase_seconds}
                 for rank, c in enumerate(ranked, start=1)]
     if result.best is None:
         assert result.diagnosis is not None

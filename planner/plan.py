@@ -109,6 +109,9 @@ class DataSection:
     # Mean tokens per sequence the data really has (rlplan only); None = the maximum, the worst case.
     expected_prompt_length: int | None = field(default=None, validator=at_least(1, "data"))
     expected_response_length: int | None = field(default=None, validator=at_least(1, "data"))
+    # Prompts each step generates (verl's data.gen_batch_size): DAPO-style recipes generate 3x the train
+    # batch and keep the groups that carry a signal; None = train_batch_size.
+    gen_batch_size: int | None = field(default=None, validator=at_least(1, "data"))
 
     def __attrs_post_init__(self) -> None:
         for name, maximum in (("prompt", self.max_prompt_length), ("response", self.max_response_length)):

@@ -31,6 +31,7 @@ from rlplan.planner.planfile import plan_from_dict
 from rlplan.planner.presets import ResolvedModel, resolve_model
 from rlplan.planner.quoting import UnclosedQuote, unquoted
 from rlplan.planner.verl_keys import (
+    ARF,
     BY_FIELD,
     BY_KEY,
     DEFAULT_REWARD_NAME,
@@ -732,6 +733,24 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
                         "lists") from None
 
 
+CONTEXT_OVERRIDE_KEY = f"{ARF}.model.override_config.max_position_embeddings"
+
+
+def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str]) -> ResolvedModel:
+    """verl applies `model.override_config` to the HF config it loads: a raised max_position_embeddings
+    (DAPO's Qwen2.5-Math-7B at 32768) is the model's context for the run.  The key stays passthrough,
+    so a rendered script still sets it."""
+    raw = next((passthrough[key] for key in (f"+{CONTEXT_OVERRIDE_KEY}", f"++{CONTEXT_OVERRIDE_KEY}",
+                                              CONTEXT_OVERRIDE_KEY) if key in passthrough), None)
+    if raw is None:
+        return resolved
+    value = parse_value(raw)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(field=CONTEXT_OVERRIDE_KEY, message=f"must be a positive integer, got {raw!r}.",
+                        fix=f"set {CONTEXT_OVERRIDE_KEY} to the context in tokens, e.g. 32768")
+    return attrs.evolve(resolved, arch=attrs.evolve(resolved.arch, max_position_embeddings=value))
+
+
 def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, resolved: ResolvedModel) -> Plan:
     data = _nest(fields)
     data["model"].update(name=resolved.name, arch=attrs.asdict(resolved.arch))
@@ -808,7 +827,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
     fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
     fields["reward.function"] = _reward_function(reward)
-    resolved = _resolve_model(str(model_path), local_config_reader, warnings)
+    resolved = _with_overridden_context(_resolve_model(str(model_path), local_config_reader, warnings), passthrough)
     plan = _build_plan(fields, gpu, host_memory_gib, resolved)
     kept = tuple(passthrough)
     if kept:

@@ -66,6 +66,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("data.train_batch_size", "data.train_batch_size", "int", 1024),
     _k("data.max_prompt_length", "data.max_prompt_length", "int", 512),
     _k("data.max_response_length", "data.max_response_length", "int", 512),
+    _k("data.gen_batch_size", "data.gen_batch_size", "int", None, True),
     _k("data.train_files", "data.train_files", "str_list", ("~/data/rlhf/gsm8k/train.parquet",)),
     _k("data.val_files", "data.val_files", "str_list", ("~/data/rlhf/gsm8k/test.parquet",)),
     _k("data.prompt_key", "data.prompt_key", "str", "prompt"),

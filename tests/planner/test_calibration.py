@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -151,9 +152,11 @@ def test_calibrate_from_run_writes_a_profile_solve_can_load(tmp_path):
     from rlplan.runtime.commands import calibrate_command
 
     plan = make_plan()
-    predicted = time_observations(plan, {"actor_update": 1.0})[0].predicted_seconds
-    # A run whose update took twice the predicted time: achieved MFU is half the assumed one.
-    rows = [{"step": step, "time/actor_update": 2 * predicted} for step in (1, 2, 3)]
+    probe = time_observations(plan, {"actor_update": 1e6})[0]
+    # The update's seconds are work at the MFU plus costs no MFU scales (per micro batch, the optimizer).
+    fixed, work = 1e6 - probe.measured_seconds, probe.predicted_seconds
+    # A run whose MFU-bound work took twice the predicted time: achieved MFU is half the assumed one.
+    rows = [{"step": step, "time/actor_update": fixed + 2 * work} for step in (1, 2, 3)]
     run = _write_run(tmp_path, plan, rows)
     output = tmp_path / "cluster.toml"
     assert calibrate_command(None, str(run / "metrics.jsonl"), str(output)) == 0
@@ -284,8 +287,9 @@ def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_err
     from rlplan.runtime.commands import calibrate_command
 
     plan = make_plan()
-    predicted = time_observations(plan, {"actor_update": 1.0})[0].predicted_seconds
-    run = _write_run(tmp_path, plan, [{"step": step, "time/actor_update": 2 * predicted} for step in (1, 2)])
+    probe = time_observations(plan, {"actor_update": 1e6})[0]
+    fixed, work = 1e6 - probe.measured_seconds, probe.predicted_seconds
+    run = _write_run(tmp_path, plan, [{"step": step, "time/actor_update": fixed + 2 * work} for step in (1, 2)])
     output = tmp_path / "cluster.toml"
     assert calibrate_command(None, str(run / "metrics.jsonl"), str(output), as_json=True) == 0
     report = json.loads(capsys.readouterr().out)
@@ -296,3 +300,23 @@ def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_err
     assert calibrate_command(None, str(lonely), str(tmp_path / "p.toml"), as_json=True) == 2
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["field"] and error["message"] and error["fix"]
+
+
+def test_step_time_constants_fitted_from_runs_recover_the_profile_that_timed_them():
+    """Whole runs timed (verl's timing_s keys) with known constants fit back to them: one profile for all runs."""
+    from rlplan.planner.calibration import RunTiming, fit_step_time
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
+
+    truth = attrs.evolve(DEFAULT_PROFILE, training_mfu=0.5, decode_seconds_per_sequence=60e-6)
+    # Bigger batches make the engine host-bound (the per-sequence cost shows), smaller ones GPU-bound.
+    plans = [make_plan(overrides={"data.expected_response_length": response, "data.train_batch_size": batch})
+             for response in (128, 512) for batch in (64, 256)]
+    runs = [RunTiming(label=str(i), plan=plan,
+                      measured_seconds=verl_timing_seconds(predict_step_time(plan, predict_memory(plan, truth), truth)))
+            for i, plan in enumerate(plans)]
+    fit = fit_step_time(runs, keys=("training_mfu", "decode_seconds_per_sequence"), rounds=6)
+    assert fit.rms_log_error_before > 0.05
+    assert fit.rms_log_error_after < 0.02
+    assert fit.profile.training_mfu == pytest.approx(0.5, rel=0.05)
+    assert fit.profile.decode_seconds_per_sequence == pytest.approx(60e-6, rel=0.15)

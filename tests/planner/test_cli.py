@@ -343,6 +343,9 @@ def test_solve_top_lists_the_best_candidates_with_knobs_phases_and_step_time():
     for row in top:
         assert {"actor_update", "rollout"} <= set(row["phase_peak_gib"])
         assert {"rollout.tensor_model_parallel_size", "actor.param_offload"} <= set(row["knobs"])
+        # Each candidate's predicted seconds per phase (at the expected lengths) sum to its step time.
+        assert {"rollout", "actor_update"} <= set(row["phase_seconds"])
+        assert sum(row["phase_seconds"].values()) == pytest.approx(row["step_time_s"], abs=0.01)
     # The first is the chosen plan.
     assert top[0]["knobs"]["rollout.max_num_seqs"] == payload["plan"]["rollout"]["max_num_seqs"]
     table = invoke(*SOLVE_7B, "--top", "2")

@@ -22,7 +22,10 @@ def test_defaults_lie_in_the_bands_the_references_measured():
     profile = DEFAULT_PROFILE
     assert 1.0 <= profile.cuda_context_and_nccl_gib <= 2.0
     assert 0.05 <= profile.fragmentation_fraction <= 0.15
-    assert 0.33 <= profile.training_mfu <= 0.39  # torchtitan Llama-3.1-8B FSDP on H100
+    # Achieved FLOP/s counting gradient checkpointing's recompute: between the MFU verl FSDP runs report
+    # (6N per token; H100 0.27-0.44, H20 0.57-0.67, verl_megatron_practice) and 4/3 of it (docs/steptime.md).
+    assert 0.27 <= profile.training_mfu <= 0.44 * 4 / 3
+    assert 0.57 <= profile.training_mfu_light_gpu <= 0.67 * 4 / 3
     assert (profile.vllm_non_torch_tp1_gib, profile.vllm_non_torch_tp_gib) == (0.13, 0.55)
     # Measured with the CPU tracker on an isolated loss head (h 64, V 65536, T 4096).
     assert (profile.head_log_prob_bytes, profile.head_entropy_bytes, profile.head_chunked_entropy_bytes,
@@ -50,7 +53,7 @@ def test_toml_round_trip_is_exact(profile):
 
 def test_written_toml_carries_each_reason_as_a_comment():
     text = profile_to_toml(DEFAULT_PROFILE)
-    assert f"# {DEFAULT_PROFILE.why('training_mfu')}\ntraining_mfu = 0.35" in text
+    assert f"# {DEFAULT_PROFILE.why('training_mfu')}\ntraining_mfu = 0.42" in text
 
 
 def test_missing_keys_keep_defaults_and_a_profile_table_is_accepted():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,9 +62,11 @@ def test_more_kv_cache_never_slows_rollout(base, low, raise_by):
 
 
 def test_kv_limited_concurrency_makes_rollout_faster_when_it_binds():
-    """4096 sequences over 8 replicas: the KV cache, not max_num_seqs, caps how many decode together."""
+    """4096 sequences over 8 replicas at long mean lengths: the KV cache, not max_num_seqs, caps how many
+    decode together, and below the engine's host-bound knee more of them read the weights once."""
     overrides = {"data.train_batch_size": 512, "rollout.n": 8, "actor.ppo_mini_batch_size": 64,
-                 "rollout.max_num_seqs": 1024, "data.max_response_length": 4096, "rollout.max_model_len": 4608}
+                 "rollout.max_num_seqs": 1024, "data.max_response_length": 4096, "rollout.max_model_len": 4608,
+                 "data.expected_prompt_length": 512, "data.expected_response_length": 4096}
     tight = make_plan(overrides={**overrides, "rollout.gpu_memory_utilization": 0.4})
     roomy = make_plan(overrides={**overrides, "rollout.gpu_memory_utilization": 0.8})
     tight_memory, roomy_memory = predict_memory(tight), predict_memory(roomy)
@@ -94,18 +97,24 @@ def test_smaller_micro_batches_never_make_an_update_faster(base, micro, gpus):
     assert update_seconds(micro) >= update_seconds(2 * micro) * (1 - 1e-12)
 
 
-def test_update_time_is_the_flop_roofline_when_collectives_hide():
-    plan = make_plan(overrides={"model.gradient_checkpointing": False, "actor.ppo_micro_batch_size_per_gpu": 8})
-    seconds = step_time(plan).phase_seconds["actor_update"]
-    tokens_per_gpu = 64 * 4 * 1536 / 8
-    flops = 3 * QWEN25_7B.forward_flops_per_token(768) * tokens_per_gpu
+def test_update_time_is_the_flop_roofline_at_the_mean_lengths_when_collectives_hide():
+    """Remove padding packs real tokens: the update computes 64 x 4 sequences of the 768 mean tokens, not 1536."""
+    plan = make_plan(overrides={"model.gradient_checkpointing": False, "actor.ppo_micro_batch_size_per_gpu": 8,
+                                "data.expected_prompt_length": 256, "data.expected_response_length": 512})
+    no_fixed_costs = attrs.evolve(DEFAULT_PROFILE, micro_batch_seconds_per_layer=0.0)
+    seconds = predict_step_time(plan, predict_memory(plan), no_fixed_costs).phase_seconds["actor_update"]
+    tokens_per_gpu = 64 * 4 * 768 / 8
+    flops = 3 * QWEN25_7B.forward_flops_per_token(384) * tokens_per_gpu
     roofline = flops / (plan.cluster.gpu.bf16_tflops * 1e12 * DEFAULT_PROFILE.training_mfu)
-    assert seconds == pytest.approx(roofline, rel=0.01)
+    # Four optimizer steps (16-prompt mini batches), each an fp32 AdamW pass over the shard in HBM.
+    hbm = plan.cluster.gpu.hbm_gbps * 1e9 * DEFAULT_PROFILE.decode_hbm_efficiency
+    adamw = 4 * 28 * QWEN25_7B.total_params / 8 / hbm
+    assert seconds == pytest.approx(roofline + adamw, rel=0.01)
 
 
 def test_decode_cannot_beat_reading_the_weights_once_per_token():
     plan = make_plan(overrides={"data.train_batch_size": 8, "rollout.n": 1, "actor.ppo_mini_batch_size": 8,
-                                "actor.ppo_micro_batch_size_per_gpu": 1})
+                                "actor.ppo_micro_batch_size_per_gpu": 1, "data.expected_response_length": 1024})
     one_sequence_per_replica = step_time(plan).phase_seconds["rollout"]
     gpu = plan.cluster.gpu
     weight_reads = 1024 * 2 * QWEN25_7B.total_params / (gpu.hbm_gbps * 1e9 * DEFAULT_PROFILE.decode_hbm_efficiency)
@@ -140,3 +149,143 @@ def test_cpu_offload_policy_never_makes_a_step_faster_and_slows_its_roles_update
     if role == "actor" or plan.uses_critic:
         # The optimizer steps on the CPU and every pass copies the host shards in.
         assert on.phase_seconds[f"{role}_update"] > off.phase_seconds[f"{role}_update"]
+
+
+# --- issue 29: real lengths, decode cost, MFU per GPU class, each pass as verl runs it -----------------------
+
+
+def _sweeps_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "steptime_sweeps.py"
+    spec = importlib.util.spec_from_file_location("steptime_sweeps", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@settings(max_examples=30, deadline=None)
+@given(base=knobs(), response=st.sampled_from([128, 256, 512]), prompt=st.sampled_from([64, 256]))
+def test_shorter_stated_means_never_make_a_phase_slower(base, response, prompt):
+    """Every phase runs at the data's mean lengths: the maxima no longer price a step whose data is short."""
+    def phases(prompt_len: int, response_len: int) -> dict[str, float]:
+        plan = make_plan(overrides={**base, "data.expected_prompt_length": prompt_len,
+                                    "data.expected_response_length": response_len})
+        return step_time(plan).phase_seconds
+
+    short, full = phases(prompt, response), phases(512, 1024)
+    for phase in ("rollout", "old_log_prob", "actor_update"):
+        assert short[phase] <= full[phase] * (1 + 1e-9), phase
+    assert short["rollout"] < full["rollout"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(mean=st.integers(16, 4096), sigma=st.floats(0.05, 1.0), raise_by=st.floats(0.05, 1.0),
+       count=st.sampled_from([256, 1024, 4096]))
+def test_a_heavier_tail_keeps_the_mean_and_never_shortens_the_longest_response(mean, sigma, raise_by, count):
+    """The longest of a batch is its 1 - 1/(count+1) quantile, exp(log_median + sigma z): it grows with the
+    tail while z > sigma, i.e. for batches of hundreds of sequences and shapes up to 2 (z = 2.66 at 256)."""
+    from rlplan.planner.steptime import Lengths
+
+    narrow, wide = (Lengths(prompt_mean=100.0, response_mean=float(mean), response_max=8192, sigma=shape)
+                    for shape in (sigma, sigma + raise_by))
+    # The cut distribution's mean is the stated one: the tail reshapes the batch, not its tokens.
+    for lengths in (narrow, wide):
+        positions = [8192 * (i + 0.5) / 4096 for i in range(4096)]
+        assert sum(lengths.survival(t) for t in positions) * 8192 / 4096 == pytest.approx(mean, rel=0.02, abs=2)
+    assert wide.longest_of(count) >= narrow.longest_of(count) * (1 - 1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(base=knobs(), low=st.sampled_from([0.2, 0.4, 0.6]), raise_by=st.sampled_from([0.2, 0.4]))
+def test_a_heavier_response_tail_never_makes_the_rollout_faster_below_the_cut(base, low, raise_by):
+    """Same mean, longer longest responses (still short of max_response_length): the batch waits for them."""
+    plan = make_plan(overrides={**base, "data.max_response_length": 8192, "rollout.max_model_len": 8704,
+                                "data.expected_response_length": 128})
+    memory = predict_memory(plan)
+
+    def rollout(sigma: float) -> float:
+        profile = attrs.evolve(DEFAULT_PROFILE, response_length_sigma=sigma)
+        return predict_step_time(plan, memory, profile).phase_seconds["rollout"]
+
+    assert rollout(low + raise_by) >= rollout(low) * (1 - 1e-9)
+
+
+def test_eager_decode_is_slower_than_cuda_graphs():
+    graphs = make_plan(overrides={"data.expected_response_length": 256})
+    eager = make_plan(overrides={"data.expected_response_length": 256, "rollout.enforce_eager": True})
+    assert step_time(eager).phase_seconds["rollout"] > step_time(graphs).phase_seconds["rollout"]
+
+
+def test_a_dapo_generation_batch_generates_its_prompts_not_the_train_batch():
+    """recipe.dapo generates gen_batch_size prompts and trains train_batch_size of them."""
+    train = make_plan(overrides={"data.expected_response_length": 256})
+    generate_3x = make_plan(overrides={"data.expected_response_length": 256, "data.gen_batch_size": 192})
+    assert step_time(generate_3x).phase_seconds["rollout"] > step_time(train).phase_seconds["rollout"]
+    assert step_time(generate_3x).phase_seconds["actor_update"] == step_time(train).phase_seconds["actor_update"]
+
+
+def test_the_reference_pass_skips_the_entropy_the_old_log_prob_pass_computes():
+    plan = make_plan(overrides={"actor.use_kl_loss": True, "ref.log_prob_micro_batch_size_per_gpu": 4,
+                                "model.lora.rank": 32})
+    seconds = step_time(plan).phase_seconds
+    assert seconds["ref_log_prob"] < seconds["old_log_prob"]
+
+
+def test_a_flop_poor_gpu_reaches_a_higher_mfu_than_a_flop_dense_one():
+    from rlplan.planner.presets import resolve_gpu
+    from rlplan.planner.steptime import training_mfu_key
+
+    h100, h20 = (make_plan().evolve(cluster=attrs.evolve(make_plan().cluster, gpu=resolve_gpu(name)))
+                 for name in ("h100-80g", "h20-96g"))
+    assert training_mfu_key(h100) == "training_mfu"
+    assert training_mfu_key(h20) == "training_mfu_light_gpu"
+    assert DEFAULT_PROFILE.training_mfu_light_gpu > DEFAULT_PROFILE.training_mfu
+
+
+def test_a_small_model_runs_below_its_flops_roofline():
+    """Fixed costs per micro batch (launches, hooks) dominate a 0.5B model's update, not its FLOPs."""
+    from rlplan.planner.presets import resolve_model
+
+    plan = make_plan(resolve_model("qwen2.5-0.5b").arch, overrides={"data.expected_response_length": 256})
+    without = attrs.evolve(DEFAULT_PROFILE, micro_batch_seconds_per_layer=0.0)
+    memory = predict_memory(plan)
+    with_fixed = predict_step_time(plan, memory).phase_seconds["actor_update"]
+    roofline = predict_step_time(plan, memory, without).phase_seconds["actor_update"]
+    assert with_fixed > 1.5 * roofline
+
+
+def test_verl_timings_sum_the_phases_the_way_verl_times_them():
+    from rlplan.planner.steptime import verl_timing_seconds
+
+    plan = make_plan(overrides={"actor.use_kl_loss": True, "actor.param_offload": True})
+    step = step_time(plan)
+    timings = verl_timing_seconds(step)
+    seconds = step.phase_seconds
+    assert timings["gen"] == pytest.approx(seconds["rollout"] + seconds["weight_sync"])
+    assert timings["update_actor"] == pytest.approx(seconds["actor_update"] + seconds["offload"])
+    assert timings["ref"] == pytest.approx(seconds["ref_log_prob"])
+    assert timings["step"] == pytest.approx(step.total_seconds)
+
+
+def test_published_sweeps_rank_as_measured_and_most_phases_are_within_a_quarter():
+    """benchmarks/data/steptime_sweeps.toml: verl runs with published per-phase seconds (docs/accuracy.md s. 4)."""
+    sweeps = _sweeps_module()
+    data = sweeps.load_sweeps()
+    runs = sweeps.all_runs(data)
+    _, summary = sweeps.sweep_section(data, runs, DEFAULT_PROFILE)
+    assert len(summary["sweeps"]) >= 3
+    for name, rho in summary["sweeps"].items():
+        assert rho >= 0.8, name
+    assert summary["within"] > 0.75 * summary["phases"]
+
+
+def test_rollout_tp1_generates_faster_than_tp4_for_a_7b_model_on_8_h100():
+    """Published: 144 s at TP 1 against 399 s at TP 4 (dapo7b.csv rows 14 and 2): one engine's host work per
+    token does not shrink with TP, and eight engines share it."""
+    sweeps = _sweeps_module()
+    runs = {run.label.split(":")[0]: run for run in sweeps.all_runs(sweeps.load_sweeps()) if run.sweep == "dapo-7b-h100"}
+    tp1, tp4 = (sweeps.predicted_timings(runs[row], DEFAULT_PROFILE)["gen"] for row in ("14", "2"))
+    assert tp4 > 1.5 * tp1

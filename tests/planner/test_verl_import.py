@@ -280,3 +280,28 @@ def test_no_value_from_the_environment_reaches_the_plan_or_its_render_unless_pas
         assert "${oc.env:WANDB_API_KEY}" in written
     pinned = load(script, environment, environment).plan
     assert SECRET in plan_to_toml(pinned) or "4242" in plan_to_toml(pinned) or "8484" in plan_to_toml(pinned)
+
+
+def test_an_override_of_max_position_embeddings_is_the_models_context_and_stays_in_the_script():
+    """DAPO's Qwen2.5-Math-7B runs at 2k + 8k tokens with override_config.max_position_embeddings=32768 (verl
+    applies it to the HF config); against the stock 4096 the plan would be refused."""
+    key = "+actor_rollout_ref.model.override_config.max_position_embeddings"
+    script = ("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B\nactor_rollout_ref.rollout.name=vllm\n"
+              "data.max_prompt_length=2048\ndata.max_response_length=8192\n")
+    stock = load(script).plan
+    raised = load(script + f"{key}=32768\n").plan
+    assert stock.model.arch.max_position_embeddings == 4096
+    assert raised.model.arch.max_position_embeddings == 32768
+    assert raised.passthrough[key] == "32768"
+    assert key in render_plan(raised, "verl")
+    with pytest.raises(PlanError) as error:
+        load(script + f"{key}=lots\n")
+    assert error.value.field == "actor_rollout_ref.model.override_config.max_position_embeddings"
+
+
+def test_a_dapo_generation_batch_imports_as_a_plan_key():
+    plan = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\ndata.train_batch_size=512\n"
+                "data.gen_batch_size=1536\n").plan
+    assert plan.data.gen_batch_size == 1536
+    assert "data.gen_batch_size" not in plan.passthrough
+    assert "data.gen_batch_size=1536" in render_plan(plan, "verl")

@@ -1,0 +1,210 @@
+"""Rank published verl configuration sweeps with rlplan's step-time model (planner/steptime.py).
+
+    python benchmarks/steptime_sweeps.py                      # the tables, on stdout
+    python benchmarks/steptime_sweeps.py --write docs/accuracy.md   # regenerate its section 5 in place
+    python benchmarks/steptime_sweeps.py --fit                # fit the step-time constants to every run
+
+Each run of benchmarks/data/steptime_sweeps.toml is imported from its Hydra overrides (as `rlplan import
+verl` reads a launch script), priced at the run's published mean lengths, and compared phase by phase
+with its measured `timing_s/*` seconds.  Per sweep: Spearman's rank correlation of predicted against
+measured step times, and the error of each phase.  `--fit` runs `calibration.fit_step_time` over all
+runs at once (one profile, never a constant per case) and prints the fitted constants as profile TOML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+
+from rlplan.planner.calibration import FITTED_TIMINGS, STEP_TIME_CONSTANTS, RunTiming, fit_step_time
+from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.plan import Plan
+from rlplan.planner.presets import resolve_gpu
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile, load_profile_toml
+from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
+from rlplan.planner.verl_import import import_verl_script
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "data" / "steptime_sweeps.toml"
+SECTION_HEADING = "## 5. Step time against published verl sweeps"
+# The phases each table shows, in verl's timing keys.
+SHOWN = ("gen", "old_log_prob", "update_actor", "step")
+PHASE_ERROR_LIMIT = 0.25
+RANK_TARGET = 0.8
+
+
+@frozen(kw_only=True)
+class Run:
+    sweep: str
+    label: str
+    plan: Plan
+    measured: dict[str, float]
+
+
+def load_sweeps(path: Path = DATA) -> dict[str, dict[str, Any]]:
+    return {sweep["name"]: sweep for sweep in tomllib.loads(path.read_text(encoding="utf-8"))["sweep"]}
+
+
+def run_plan(sweep: dict[str, Any], run: dict[str, Any]) -> Plan:
+    """The run's plan as `rlplan import verl` reads its overrides, at the run's mean lengths."""
+    overrides = "\n".join([*sweep["common"], *run["overrides"]]) + "\n"
+    imported = import_verl_script(overrides, gpu=resolve_gpu(sweep["gpu"]), host_memory_gib=2048.0, env={},
+                                  local_config_reader=lambda path: None)
+    prompt = int(run.get("prompt_mean", sweep.get("prompt_mean")))
+    response = int(run.get("response_mean", sweep.get("response_mean")))
+    return apply_knobs(imported.plan, {"data.expected_prompt_length": prompt,
+                                       "data.expected_response_length": response})
+
+
+def all_runs(sweeps: dict[str, dict[str, Any]]) -> list[Run]:
+    return [Run(sweep=name, label=run["id"], plan=run_plan(sweep, run),
+                measured={k: float(v) for k, v in run["measured"].items()})
+            for name, sweep in sweeps.items() for run in sweep["run"]]
+
+
+def predicted_timings(run: Run, profile: Profile) -> dict[str, float]:
+    return verl_timing_seconds(predict_step_time(run.plan, predict_memory(run.plan, profile), profile))
+
+
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    result = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            result[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return result
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks."""
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = sum((a - mx) ** 2 for a in rx) ** 0.5
+    sy = sum((b - my) ** 2 for b in ry) ** 0.5
+    return cov / (sx * sy) if sx and sy else float("nan")
+
+
+def sweep_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: Profile) -> tuple[list[str], dict]:
+    """Markdown of every sweep's table and the summary numbers the README quotes."""
+    lines: list[str] = []
+    summary: dict[str, Any] = {"within": 0, "phases": 0, "sweeps": {}}
+    for name, sweep in sweeps.items():
+        members = [run for run in runs if run.sweep == name]
+        predicted = [predicted_timings(run, profile) for run in members]
+        rho = spearman([p["step"] for p in predicted], [run.measured["step"] for run in members])
+        summary["sweeps"][name] = rho
+        lines += [f"### {sweep['title']}", "", f"Source: {sweep['source']}; script {sweep['script']}.",
+                  f"GPU preset `{sweep['gpu']}`. Lengths: {' '.join(sweep['lengths_source'].split())}.", "",
+                  "| run | " + " | ".join(f"{key} s measured / predicted (error)" for key in SHOWN) + " |",
+                  "|---|" + "---|" * len(SHOWN)]
+        for run, timing in zip(members, predicted, strict=True):
+            cells = []
+            for key in SHOWN:
+                measured = run.measured.get(key)
+                if measured is None:
+                    cells.append(f"- / {timing.get(key, 0.0):.0f}")
+                    continue
+                error = timing.get(key, 0.0) / measured - 1
+                summary["phases"] += 1
+                summary["within"] += abs(error) <= PHASE_ERROR_LIMIT
+                cells.append(f"{measured:.0f} / {timing.get(key, 0.0):.0f} ({error:+.0%})")
+            lines.append(f"| {run.label} | " + " | ".join(cells) + " |")
+        lines += ["", f"Spearman rank correlation of step times over {len(members)} runs: **{rho:+.2f}** "
+                  f"(target >= {RANK_TARGET}).", ""]
+    return lines, summary
+
+
+def held_out_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], base: Profile) -> list[str]:
+    """Leave one sweep out: fit the constants to the other sweeps, then rank and price the one left out."""
+    lines = ["Held out (the constants fitted to the other sweeps only, `--fit` from the built-in values, then "
+             "this sweep priced):", "", "| sweep left out | rank correlation | phases within 25 % |", "|---|---|---|"]
+    for name in sweeps:
+        fitted = fit_step_time(_timings([run for run in runs if run.sweep != name]), base).profile
+        held = [run for run in runs if run.sweep == name]
+        _, summary = sweep_section({name: sweeps[name]}, held, fitted)
+        lines.append(f"| {name} | {summary['sweeps'][name]:+.2f} | {summary['within']} of {summary['phases']} |")
+    return lines + [""]
+
+
+def render_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: Profile) -> str:
+    tables, summary = sweep_section(sweeps, runs, profile)
+    header = [
+        SECTION_HEADING, "",
+        "Generated by `python benchmarks/steptime_sweeps.py --write docs/accuracy.md` from "
+        "benchmarks/data/steptime_sweeps.toml (published configurations and their measured `timing_s/*`, with "
+        "sources). Each run is imported from its overrides and priced at its published mean lengths with the "
+        f"profile `{profile.name}`. `gen` is predicted as rollout + weight sync, `update_actor` as the update + "
+        "the actor's offload traffic; `step` as every predicted phase (reward, advantages and checkpointing "
+        "are not priced). The model and its constants: docs/steptime.md. The constants were fitted once to "
+        "all these runs together (`--fit`), so these are in-sample numbers.", "",
+        f"Summary: {summary['within']} of {summary['phases']} phases within {PHASE_ERROR_LIMIT:.0%}; rank "
+        "correlation per sweep " + ", ".join(f"{name} {rho:+.2f}" for name, rho in summary["sweeps"].items())
+        + ".", "",
+    ]
+    return "\n".join(header + tables + held_out_lines(sweeps, runs, profile))
+
+
+def replace_section(text: str, section: str) -> str:
+    """`text` with its section 5 replaced by `section` (appended when absent); later sections are kept."""
+    start = text.find(SECTION_HEADING)
+    if start < 0:
+        return text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
+    end = text.find("\n## ", start + len(SECTION_HEADING))
+    tail = "" if end < 0 else text[end:]
+    return text[:start] + section.rstrip("\n") + "\n" + tail
+
+
+def _timings(runs: list[Run]) -> list[RunTiming]:
+    return [RunTiming(label=f"{run.sweep} {run.label}", plan=run.plan,
+                      measured_seconds={k: v for k, v in run.measured.items() if k in FITTED_TIMINGS})
+            for run in runs]
+
+
+def fit(runs: list[Run], base: Profile) -> str:
+    result = fit_step_time(_timings(runs), base)
+    lines = [f"# fitted to {len(runs)} runs, {result.compared_phases} phases: rms log error "
+             f"{result.rms_log_error_before:.3f} -> {result.rms_log_error_after:.3f}"]
+    lines += [f"{key} = {getattr(result.profile, key):.4g}" for key in STEP_TIME_CONSTANTS]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", type=Path, default=None, help="markdown file whose section 5 to regenerate")
+    parser.add_argument("--profile", type=Path, default=None, help="profile TOML to price with (default: built in)")
+    parser.add_argument("--fit", action="store_true", help="fit the step-time constants to every run and print them")
+    parser.add_argument("--data", type=Path, default=DATA)
+    args = parser.parse_args(argv)
+    profile = (load_profile_toml(args.profile.read_text(encoding="utf-8"), str(args.profile))
+               if args.profile else DEFAULT_PROFILE)
+    sweeps = load_sweeps(args.data)
+    runs = all_runs(sweeps)
+    if args.fit:
+        print(fit(runs, profile))
+        return 0
+    section = render_section(sweeps, runs, profile)
+    if args.write is None:
+        print(section)
+        return 0
+    text = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
+    args.write.write_text(replace_section(text, section), encoding="utf-8")
+    print(f"wrote {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
