@@ -50,10 +50,12 @@ def memory_chart_command(plan: Any, profile: Any, path: str) -> None:
     write_chart(memory_chart(data, plan.model.name), path, "--chart")
 
 
-def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: str, path: str) -> None:
+def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: str, path: str, *,
+                           margin_gib: float = 0.0) -> None:
     from rlplan.planner.charts import frontier_chart, frontier_data
 
-    write_chart(frontier_chart(frontier_data(result.frontier, gpu_limit_gib, top), title), path, "--frontier")
+    write_chart(frontier_chart(frontier_data(result.frontier, gpu_limit_gib, top, margin_gib=margin_gib), title),
+                path, "--frontier")
 
 
 def report_command(run_dir: str, output: str) -> dict[str, object]:

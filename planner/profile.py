@@ -126,6 +126,13 @@ class Profile:
         0, "mean response tokens per sequence of that run; used likewise for data.expected_response_length",
         kind=int)
 
+    # --- the margin `solve` keeps (planner/model_error.py) ---
+    headroom_floor_fraction: float = _constant(
+        0.05, "smallest share of each GPU a solved plan leaves free, whatever the measured rows say: what they "
+              "cannot see (fragmentation budgeted at 5-15 % of trainer bytes around the 8 % priced and the CUDA "
+              "context at 1-2 GiB around 1.5 (memory-model.md 2.8): ~5 % of an 80 GiB GPU whose trainer holds "
+              "~50 GiB), and batches longer than the data's mean", high=0.5)
+
     # --- throughput (memory-model.md 2.9) ---
     training_mfu: float = _constant(
         0.35, "achieved MFU of FSDP training: torchtitan Llama-3.1-8B on H100 reaches 33-39 %", high=1.0, open_low=True)

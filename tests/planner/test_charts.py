@@ -140,6 +140,21 @@ def test_frontier_data_without_top_marks_only_the_chosen(tight_solve):
     assert len(frontier_data(result.frontier, 24.0, top=0)["key"]) == 1
 
 
+def test_frontier_data_gives_each_candidates_headroom_and_the_margin_line(tight_solve):
+    from rlplan.planner.solver import request_margin
+
+    request, result = tight_solve
+    margin = request_margin(request).gib
+    data = frontier_data(result.frontier, request.cluster.gpu.memory_gib, top=3, margin_gib=margin)
+    assert data["margin_gib"] == round(margin, 3) > 0
+    assert data["margin_line_gib"] == round(request.cluster.gpu.memory_gib - margin, 3)
+    for row in data["points"]:
+        assert row["headroom_gib"] == pytest.approx(request.cluster.gpu.memory_gib - row["gpu_peak_gib"], abs=1e-3)
+        if row["feasible"]:  # every plan solve may write stays under the margin line
+            assert row["gpu_peak_gib"] <= data["margin_line_gib"] + 1e-3
+    assert all("free)" in line for line in data["key"])
+
+
 # --- run report ----------------------------------------------------------------------------
 
 
