@@ -611,12 +611,13 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
     def with_util(hundredths: int) -> Plan:
         return plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=hundredths / 100))
 
-    def fits(candidate: Plan) -> bool:
-        # The rollout phase grows with util (vLLM takes util x GPU beside what the trainer leaves),
-        # so "fits" is monotone and bisection finds the largest util; whether that util leaves room
-        # for one max_model_len sequence of KV is checked after.
+    def excess(candidate: Plan) -> int:
+        """Bytes by which the rollout or the sync phase passes the limit (<= 0: fits)."""
         report = predict_memory(candidate, profile)
-        return all(_peak_within_gpu(report, phase, limit_bytes=limit) for phase in (Phase.ROLLOUT, Phase.WEIGHT_SYNC))
+        return max(p.peak_bytes for p in report.phases if p.name in (Phase.ROLLOUT, Phase.WEIGHT_SYNC)) - limit
+
+    def fits(candidate: Plan) -> bool:
+        return excess(candidate) <= 0
 
     limit = gpu_limit_bytes(plan, request)
 
@@ -624,18 +625,9 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
         if not fits(plan):
             return None
     else:
-        low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)
-        if not fits(with_util(low)):
+        lo = _largest_fitting_util(lambda hundredths: excess(with_util(hundredths)), plan.cluster.gpu_memory_bytes)
+        if lo is None:
             return None
-        lo, hi = low, high
-        if fits(with_util(hi)):
-            lo = hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(with_util(mid)):
-                lo = mid
-            else:
-                hi = mid
         plan = with_util(lo)
     report = predict_memory(plan, profile)
     if not report.rollout.holds_max_model_len:
@@ -650,6 +642,38 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
         return resized
     return _least_util_at_same_concurrency(resized, min(resized.rollout.max_num_seqs, sequences_per_replica,
                                                         concurrency), profile)
+
+
+def _largest_fitting_util(excess, capacity_bytes: int) -> int | None:
+    """The largest utilization (hundredths, 10..90) whose `excess` is <= 0, None when even 10 % is over.
+
+    Each of the two phases is either flat in the utilization or grows by one GPU's bytes per unit of it (vLLM
+    and SGLang take util x GPU; the KV cache rounds to blocks), so where 90 % is over by E the largest that
+    fits is about 90 - E / (GPU / 100): that guess and its neighbour usually settle it, bisection otherwise.
+    Whether that utilization leaves room for one max_model_len sequence of KV is checked after.
+    """
+    low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)
+    if excess(low) > 0:
+        return None
+    at_high = excess(high)
+    if at_high <= 0:
+        return high
+    lo, hi = low, high  # excess(lo) <= 0 < excess(hi)
+    guess = high - math.ceil(at_high / (capacity_bytes / 100))
+    if lo < guess < hi:
+        if excess(guess) <= 0:
+            lo = guess
+            if excess(guess + 1) > 0:
+                hi = guess + 1
+        else:
+            hi = guess
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if excess(mid) <= 0:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _least_util_at_same_concurrency(plan: Plan, concurrency: int, profile: Profile) -> Plan:
