@@ -409,8 +409,12 @@ def presets_json(kind: str) -> dict[str, Any]:
     from rlplan.planner.presets import gpu_presets, model_presets
 
     if kind == "gpus":
+        from rlplan.planner.presets import typical_host_memory
+
         return {name: {"memory_gib": g.memory_gib, "bf16_tflops": g.bf16_tflops, "hbm_gbps": g.hbm_gbps,
-                       "pcie_gbps": g.pcie_gbps, "intranode_gbps": g.intranode_gbps}
+                       "pcie_gbps": g.pcie_gbps, "intranode_gbps": g.intranode_gbps,
+                       "host_memory_gib_per_gpu": typical_host_memory(g, 1).gib,
+                       "host_memory_source": typical_host_memory(g, 1).source.removesuffix(", scaled to 1 GPU")}
                 for name, g in gpu_presets().items()}
     return {name: {"params_b": round(p.arch.total_params / 1e9, 3),
                    "active_params_b": round(p.arch.active_params / 1e9, 3),
@@ -424,11 +428,12 @@ def preset_table(kind: str):
     data = presets_json(kind)
     if kind == "gpus":
         table = Table(title="GPU presets (--gpu)", title_justify="left")
-        for column in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "PCIe GB/s", "intra-node GB/s"):
+        for column in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "PCIe GB/s", "intra-node GB/s",
+                       "host GiB/GPU"):
             table.add_column(column, justify="left" if column == "name" else "right")
         for name, g in data.items():
             table.add_row(name, f"{g['memory_gib']:g}", f"{g['bf16_tflops']:g}", f"{g['hbm_gbps']:g}",
-                          f"{g['pcie_gbps']:g}", f"{g['intranode_gbps']:g}")
+                          f"{g['pcie_gbps']:g}", f"{g['intranode_gbps']:g}", f"{g['host_memory_gib_per_gpu']:g}")
         return table
     table = Table(title="Model presets (--model takes the name or any listed repo id)", title_justify="left")
     for column in ("name", "family", "params B", "active B", "repo ids"):
