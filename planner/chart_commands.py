@@ -42,11 +42,13 @@ def write_chart(chart: Any, path: str, flag: str) -> None:
     write_atomic(path, buffer.getvalue(), flag)
 
 
-def memory_chart_command(plan: Any, profile: Any, path: str) -> None:
+def memory_chart_command(plan: Any, profile: Any, path: str, headroom: Any = None) -> None:
     from rlplan.planner.charts import memory_chart, memory_chart_data
     from rlplan.planner.memory import predict_memory
+    from rlplan.planner.model_error import DEFAULT_HEADROOM, plan_margin
 
-    data = memory_chart_data(predict_memory(plan, profile))
+    margin = plan_margin(plan, headroom or DEFAULT_HEADROOM, profile)
+    data = memory_chart_data(predict_memory(plan, profile), margin.gib)
     write_chart(memory_chart(data, plan.model.name), path, "--chart")
 
 

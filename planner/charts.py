@@ -47,8 +47,9 @@ def _gpu_limit_line(limit_gib: float, label: str = "", color: str = "red") -> An
 # --- explain --chart ---------------------------------------------------------------
 
 
-def memory_chart_data(report: MemoryReport) -> dict[str, Any]:
-    """One row per (phase, component) per GPU, the GPU limit, host RAM per node, and the binding component."""
+def memory_chart_data(report: MemoryReport, margin_gib: float = 0.0) -> dict[str, Any]:
+    """One row per (phase, component) per GPU, the GPU limit (and the margin solve keeps below it), host RAM per
+    node, and the binding component."""
     binding = report.binding_constraint
     bars = [
         {"phase": phase.name, "order": index, "component": component.name, "scope": component.scope,
@@ -64,6 +65,7 @@ def memory_chart_data(report: MemoryReport) -> dict[str, Any]:
         "gpu_bars": bars,
         "phase_peaks": [{"phase": p.name, "order": i, "gib": _gib(p.peak_bytes)} for i, p in enumerate(report.phases)],
         "gpu_limit_gib": _gib(report.gpu_capacity_bytes),
+        "margin_gib": round(margin_gib, 3),
         "host_bars": host,
         "host_limit_gib": _gib(report.host_capacity_bytes),
         "binding": {"resource": binding.resource, "where": binding.where, "component": binding.component,
@@ -90,6 +92,9 @@ def memory_chart(data: dict[str, Any], title: str) -> Any:
         tooltip=["phase:N", "component:N", "scope:N", alt.Tooltip("gib:Q", format=".2f")],
     )
     limit = _gpu_limit_line(data["gpu_limit_gib"])
+    if data.get("margin_gib"):
+        limit += _gpu_limit_line(data["gpu_limit_gib"] - data["margin_gib"],
+                                 f"margin: {data['margin_gib']:.1f} GiB kept free", color="#ff7f0e")
     binding_rows = [dict(row, label=data["binding"]["label"]) for row in data["phase_peaks"]
                     if row["phase"] == data["binding"]["where"]]
     binding = alt.Chart(alt.Data(values=binding_rows)).mark_text(dy=-18, fontWeight="bold").encode(

@@ -383,6 +383,8 @@ def solve(
             console = make_console(stderr=True)
             console.print(f"[bold red]no feasible plan[/] {escape(shorten(result.diagnosis.message, 4 * ECHO_LIMIT))}",
                           markup=True)
+            if host_note:
+                console.print(f"note: {host_note}; --host-mem sets it.", markup=False)
         raise typer.Exit(ExitCode.INFEASIBLE)
     plan = result.plan
     verification: list[dict[str, Any]] = []
@@ -543,7 +545,7 @@ def explain(
     if chart:
         from rlplan.planner.chart_commands import memory_chart_command
 
-        memory_chart_command(plan, prof, chart)
+        memory_chart_command(plan, prof, chart, parse_headroom(headroom))
     if json_output:
         print(json.dumps(validation_json(plan, prof, parse_headroom(headroom)), indent=2))
         return
@@ -717,7 +719,8 @@ def import_verl(
     gpu: Annotated[str | None, typer.Option(help="GPU preset the script runs on.")] = None,
     gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory instead of a preset: GiB, or with a "
                                                 "unit (80GB, 81559MiB).")] = None,
-    host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
+    host_mem: Annotated[str | None, typer.Option("--host-mem", help="Host RAM per node: GiB or with a unit "
+                                                 "(512GiB); default: the GPU's typical node, said as a warning.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
     expected_prompt_len: ExpectedPromptLen = None,

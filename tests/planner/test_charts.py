@@ -57,6 +57,7 @@ def test_memory_chart_stacks_sum_to_each_phase_peak_and_the_limit_is_the_gpu():
     assert data["gpu_limit_gib"] == round(report.gpu_capacity_bytes / GIB, 3) == round(80.0, 3)
     assert data["host_limit_gib"] == 1024.0
     assert math.isclose(sum(row["gib"] for row in data["host_bars"]), report.host.total_bytes / GIB, abs_tol=0.01)
+    assert data["margin_gib"] == 0.0 and memory_chart_data(report, 3.96)["margin_gib"] == 3.96
 
 
 def test_memory_chart_flags_exactly_the_binding_component_and_labels_it():

@@ -119,3 +119,14 @@ def test_an_infeasible_solve_lists_more_gpus_of_the_same_kind():
     more = [s for s in payload["suggestions"] if s["more_gpus"]]
     assert [s["gpus"] for s in more] == [16] and more[0]["change"].startswith("--gpus 16")
     assert "1152 GiB" in payload["host_memory_assumed"]
+
+
+def test_import_verl_assumes_the_gpus_typical_host_ram_and_says_so(tmp_path):
+    script = tmp_path / "overrides.txt"
+    script.write_text("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\ntrainer.n_gpus_per_node=8\n")
+    assumed = payload_of("import", "verl", str(script), "--gpu", "h100")
+    assert any("2048 GiB of host RAM per node assumed" in w for w in assumed["warnings"])
+    assert plan_from_toml(assumed["plan_toml"]).cluster.host_memory_gib == 2048
+    given = payload_of("import", "verl", str(script), "--gpu", "h100", "--host-mem", "512GiB")
+    assert plan_from_toml(given["plan_toml"]).cluster.host_memory_gib == 512
+    assert not any("assumed" in w for w in given["warnings"])
