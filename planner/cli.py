@@ -719,8 +719,9 @@ def import_verl(
     gpu: Annotated[str | None, typer.Option(help="GPU preset the script runs on.")] = None,
     gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory instead of a preset: GiB, or with a "
                                                 "unit (80GB, 81559MiB).")] = None,
-    host_mem: Annotated[str | None, typer.Option("--host-mem", help="Host RAM per node: GiB or with a unit "
-                                                 "(512GiB); default: the GPU's typical node, said as a warning.")] = None,
+    host_mem: Annotated[str | None, typer.Option(
+        "--host-mem", help="Host RAM per node: GiB or with a unit (512GiB); default: the GPU's typical node, said "
+                           "as a warning.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
     expected_prompt_len: ExpectedPromptLen = None,

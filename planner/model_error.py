@@ -87,7 +87,7 @@ class ErrorBand:
 
     def describe(self) -> str:
         return (f"model error on {'comparable measured rows' if self.rows else 'all measured rows (none comparable)'}"
-                f": {-100 * self.under:+.0f} % to {100 * self.over:+.0f} %")
+                f": -{100 * self.under:.0f} % to +{100 * self.over:.0f} %")
 
     def as_json(self) -> dict[str, Any]:
         return {"under": round(self.under, 4), "over": round(self.over, 4), "rows": self.rows, "basis": self.basis,
