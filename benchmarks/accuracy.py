@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/accuracy.py            # every row (tens of minutes on 2 cores)
     .venv/bin/python benchmarks/accuracy.py --quick    # the small models only (a few minutes)
     .venv/bin/python benchmarks/accuracy.py --only heads   # section 1b alone, into the existing file
+    .venv/bin/python benchmarks/accuracy.py --only band    # section 1c alone, from presets/measured_accuracy.toml
+
+Every run that measures also writes presets/measured_accuracy.toml: each measured row with the planner's
+prediction, which planner/model_error.py reads at solve time (error bands, the default margin).
 
 Three parts:
 1. Training steps measured on the CPU (FSDPMemTracker over FSDP2 on fake tensors,
@@ -256,15 +260,22 @@ def head_section(rows: list[dict]) -> list[str]:
 HEADS_HEADING = "## 1b. The loss head per kernel: planner vs twin-measured step"
 
 
-def replace_head_section(text: str, section: list[str]) -> str:
-    """`text` with its section 1b replaced by (or, when absent, inserted before section 2 as) `section`."""
-    start = text.find(HEADS_HEADING)
-    end = text.find("\n## 2.")
+def replace_section(text: str, heading: str, section: list[str]) -> str:
+    """`text` with the section under `heading` (up to the next "## " heading) replaced by `section`; a section
+    not there yet goes before section 2."""
+    start = text.find(heading)
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+    else:
+        end = text.find("\n## 2.")
+        start = end + 1
     if end < 0:
         raise SystemExit("the existing file has no section 2; regenerate it whole")
-    if start < 0:
-        start = end + 1
     return text[:start] + "\n".join(section) + "\n" + text[end + 1:]
+
+
+def replace_head_section(text: str, section: list[str]) -> str:
+    return replace_section(text, HEADS_HEADING, section)
 
 
 def _read_cache(cache: Path | None) -> dict[str, dict]:
@@ -369,7 +380,11 @@ def kv_table() -> tuple[list[str], bool]:
 # --- part 2b: torchtitan Llama-3.1-8B full-AC rows (memory-model.md G3) ------------------
 
 
-def torchtitan_rows() -> tuple[list[str], bool]:
+TORCHTITAN_PUBLISHED_GIB = (("FSDP8, seq 32k", 83.9), ("FSDP4 x CP2, seq 64k", 84.2),
+                            ("FSDP2 x CP4, seq 128k", 84.0), ("CP8, seq 256k", 84.5))
+
+
+def torchtitan_rows() -> tuple[list[str], bool, float]:
     """G3: Llama-3.1-8B, 8 H100 (95 GiB HBM2e), full AC, local batch 1, 32768 tokens per GPU after CP."""
     arch = model_presets()["llama-3.1-8b"].arch
     facts = model_facts(arch)
@@ -387,8 +402,7 @@ def torchtitan_rows() -> tuple[list[str], bool]:
     allocated = sum(c.bytes for c in components if c.scope == "step")
     cached = sum(c.bytes for c in components if c.scope == "overhead")
     predicted = allocated * (1 + profile.fragmentation_fraction) + cached + profile.cuda_context_and_nccl_gib * GIB
-    published = (("FSDP8, seq 32k", 83.9), ("FSDP4 x CP2, seq 64k", 84.2), ("FSDP2 x CP4, seq 128k", 84.0),
-                 ("CP8, seq 256k", 84.5))
+    published = TORCHTITAN_PUBLISHED_GIB
     lines = [
         "| torchtitan run (G3) | published GiB (max reserved) | planner allocated GiB | planner reserved GiB | error |",
         "|---|---|---|---|---|",
@@ -405,7 +419,7 @@ def torchtitan_rows() -> tuple[list[str], bool]:
         + f" GiB allocated; reserved adds {profile.fragmentation_fraction:.0%} fragmentation, the cached bf16"
         f" logits block ({cached / GIB:.1f} GiB) and {profile.cuda_context_and_nccl_gib} GiB context/NCCL."
     )
-    return lines, within
+    return lines, within, predicted / GIB
 
 
 # --- part 3: verl device-tuning feasibility (verl-rules.md section 6) --------------------
@@ -490,7 +504,7 @@ def tuning_table() -> tuple[list[str], bool]:
 
 def render(rows: list[dict], quick: bool) -> str:
     kv_lines, kv_exact = kv_table()
-    titan_lines, titan_within = torchtitan_rows()
+    titan_lines, titan_within, _ = torchtitan_rows()
     tuning_lines, tuning_fit = tuning_table()
     models = sorted({row["case"].model for row in rows})
     out = [
@@ -591,21 +605,150 @@ def hand_written_sections(existing: Path) -> str:
     return "" if start < 0 else text[start:]
 
 
+# --- the measured rows as data, and the error bands they give (planner/model_error.py) -------------
+
+ROWS_PATH = ROOT / "presets" / "measured_accuracy.toml"
+BAND_HEADING = "## 1c. Error bands and the margin `solve` keeps"
+
+
+def _row(source: str, model: str, phase: str, head: str, configuration: str, measured_mib: float,
+         predicted_mib: float, strategy: str = "fsdp2") -> dict:
+    return {"source": source, "model": model, "phase": phase, "head": head, "strategy": strategy,
+            "configuration": configuration, "measured_mib": round(measured_mib, 1),
+            "predicted_mib": round(predicted_mib, 1)}
+
+
+def _comparison_row(source: str, model: str, head: str, configuration: str, comparison) -> dict:
+    return _row(source, model, comparison.planner_phase, head, configuration,
+                comparison.measured.peak_bytes / MIB, comparison.predicted_bytes / MIB)
+
+
+def step_data_rows(rows: list[dict]) -> list[dict]:
+    """Section 1: every step runs rlplan's former naive fp32 head (plan_for_case)."""
+    return [_comparison_row("steps", row["case"].model, "naive", row["case"].label, row["comparison"])
+            for row in rows]
+
+
+def head_data_rows(rows: list[dict]) -> list[dict]:
+    return [_comparison_row("heads", HEAD_MODEL.model, row["case"].head, f"{HEAD_MODEL.label}, {row['case'].label}",
+                            row["comparison"]) for row in rows]
+
+
+def published_data_rows() -> list[dict]:
+    """Section 2: torchtitan's whole-GPU reserved peaks (an update, fp32 CE = the naive head) and llm-d's vLLM
+    budgets (the engine: weights + activation + non-torch + KV, published KV against the planner's)."""
+    _, _, titan_gib = torchtitan_rows()
+    rows = [_row("torchtitan", "llama-3.1-8b", "actor_update", "naive", f"{label}, max reserved (whole GPU)",
+                 gib * 1024, titan_gib * 1024) for label, gib in TORCHTITAN_PUBLISHED_GIB]
+    for kv in LLMD_ROWS:
+        planner_kv = vllm_kv_cache_bytes(kv.util * H100_LLMD_GIB * GIB, kv.weights * GIB, kv.activation * GIB,
+                                         kv.non_torch * GIB) / GIB
+        fixed = kv.weights + kv.activation + kv.non_torch
+        rows.append(_row("llm-d", kv.model, "rollout", "", f"TP {kv.tp}, util {kv.util}, vLLM 0.11",
+                         (fixed + kv.kv) * 1024, (fixed + planner_kv) * 1024, strategy="vllm"))
+    return rows
+
+
+def write_data_rows(rows: list[dict], path: Path = ROWS_PATH) -> None:
+    import tomli_w
+
+    header = ("# Measured rows of docs/accuracy.md with the planner's prediction when they were written; planner/\n"
+              "# model_error.py computes error bands and the default margin from them. Written by\n"
+              "# benchmarks/accuracy.py; do not edit by hand. MiB = 2**20 bytes; error = predicted / measured - 1.\n")
+    path.write_text(header + tomli_w.dumps({"row": rows}), encoding="utf-8")
+
+
+def kept_data_rows(replaced_sources: set[str], path: Path = ROWS_PATH) -> list[dict]:
+    """The rows of the current file from the sources a partial run does not regenerate."""
+    import tomllib
+
+    if not path.exists():
+        return []
+    return [row for row in tomllib.loads(path.read_text(encoding="utf-8"))["row"]
+            if row["source"] not in replaced_sources]
+
+
+def band_section() -> list[str]:
+    """Section 1c from the data file as it is now: the band per kind of pass and head, and the default margin."""
+    from rlplan.planner import model_error
+    from rlplan.planner.memory import UPDATE_HEAD_BYTES
+
+    model_error.accuracy_rows.cache_clear()
+    model_error.error_band.cache_clear()
+    model_error.default_margin_fraction.cache_clear()
+    rows = model_error.accuracy_rows()
+    floor = DEFAULT_PROFILE.headroom_floor_fraction
+    lines = [
+        BAND_HEADING,
+        "",
+        "Computed by `planner/model_error.py` from `presets/measured_accuracy.toml`, the measured rows of sections",
+        f"1, 1b and 2 ({len(rows)} rows) with the planner's prediction when they were last written (regenerate",
+        "this section alone with `benchmarks/accuracy.py --only band`). A predicted peak is shown with the band of",
+        "the rows comparable to its phase: the same kind of pass (update: actor_update, critic_update; forward:",
+        "old_log_prob, ref_log_prob, critic_values; engine: rollout, weight_sync), the same loss head (the",
+        "critic's and the engine's phases take every head) and the same FSDP strategy. With no comparable row the",
+        "band is the widest error of every row of its kind, and says so. `under` is the largest fraction by which",
+        "the prediction fell below the measurement; the highest real peak consistent with it is",
+        "predicted / (1 - under).",
+        "",
+        "**The margin `solve` keeps by default** (`--headroom` unset): on every phase, GPU memory of at least",
+        f"max(floor, U) x the GPU's memory is left free, where U is the largest `under` of the plan's phases'",
+        f"bands and the floor is `profile.headroom_floor_fraction` = {floor:.0%} (what the measured rows cannot see:",
+        "fragmentation budgeted 5-15 % of trainer bytes around the 8 % priced, the CUDA context, batches longer",
+        "than the data's mean). `--headroom 10%` or `--headroom 4GiB` replaces the rule, `--headroom 0` keeps no",
+        "margin (and solve says so). Among candidates within 2 % of the fastest predicted step, solve takes the",
+        "one that leaves the most memory, and the rollout takes the smallest utilization whose KV cache still",
+        "holds the sequences it runs at once.",
+        "",
+        "| kind | head | strategy | rows | under | over | basis |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kind in ("update", "forward"):
+        for head in (*UPDATE_HEAD_BYTES, "naive"):
+            band = model_error.error_band(kind, head, "fsdp2")
+            lines.append(f"| {kind} | {head} | fsdp2 | {band.rows} | {-band.under:+.1%} | {band.over:+.1%} | "
+                         f"{band.basis} |")
+    for kind, head in (("update", None), ("forward", None), ("engine", None)):
+        band = model_error.error_band(kind, head, "fsdp2")
+        lines.append(f"| {kind} | any | fsdp2 | {band.rows} | {-band.under:+.1%} | {band.over:+.1%} | {band.basis} |")
+    band = model_error.error_band("update", "flash_attn_ce", "fsdp")
+    lines.append(f"| update | flash_attn_ce | fsdp | {band.rows} | {-band.under:+.1%} | {band.over:+.1%} | "
+                 f"{band.basis} |")
+    lines += ["", "Default margin per head (a GRPO plan without a critic, FSDP2):", "",
+              "| head | margin (share of each GPU) | why |", "|---|---|---|"]
+    for head in (*UPDATE_HEAD_BYTES, "naive"):
+        fraction, why = model_error.default_margin_fraction(head, "fsdp2", False, floor)
+        lines.append(f"| {head} | {fraction:.1%} | {why} |")
+    return [*lines, ""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="measure the small models only")
     parser.add_argument("--output", default=str(ROOT / "docs" / "accuracy.md"))
     parser.add_argument("--cache", type=Path, default=None,
                         help="JSON-lines file of measurements to reuse and extend (re-check a formula change fast)")
-    parser.add_argument("--only", choices=("heads",), default=None,
+    parser.add_argument("--only", choices=("heads", "band"), default=None,
                         help="regenerate one section of the existing file and keep the rest as it is")
+    parser.add_argument("--rows", type=Path, default=ROWS_PATH,
+                        help="the measured rows' data file to write (and, for --only heads, to keep rows from)")
     args = parser.parse_args(argv)
-    heads = head_section(head_rows(args.cache))
-    if args.only == "heads":
-        text = replace_head_section(Path(args.output).read_text(encoding="utf-8"), heads)
+    if args.only == "band":
+        text = Path(args.output).read_text(encoding="utf-8")
     else:
-        text = replace_head_section(render(measured_rows(args.quick, args.cache), args.quick), heads)
-        text += hand_written_sections(Path(args.output))
+        measured_heads = head_rows(args.cache)
+        heads = head_section(measured_heads)
+        if args.only == "heads":
+            data = kept_data_rows({"heads"}, args.rows) + head_data_rows(measured_heads)
+            text = replace_head_section(Path(args.output).read_text(encoding="utf-8"), heads)
+        else:
+            steps = measured_rows(args.quick, args.cache)
+            data = step_data_rows(steps) + head_data_rows(measured_heads) + published_data_rows()
+            text = replace_head_section(render(steps, args.quick), heads)
+            text += hand_written_sections(Path(args.output))
+        write_data_rows(data, args.rows)
+        print(f"wrote {args.rows}")
+    text = replace_section(text, BAND_HEADING, band_section())
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(text, encoding="utf-8")
     print(f"wrote {args.output}")

@@ -77,18 +77,22 @@ def write_chart(chart: Any, path: str, flag: str) -> None:
     write_atomic(path, content, flag)
 
 
-def memory_chart_command(plan: Any, profile: Any, path: str) -> None:
+def memory_chart_command(plan: Any, profile: Any, path: str, headroom: Any = None) -> None:
     from rlplan.planner.charts import memory_chart, memory_chart_data
     from rlplan.planner.memory import predict_memory
+    from rlplan.planner.model_error import DEFAULT_HEADROOM, plan_margin
 
-    data = memory_chart_data(predict_memory(plan, profile))
+    margin = plan_margin(plan, headroom or DEFAULT_HEADROOM, profile)
+    data = memory_chart_data(predict_memory(plan, profile), margin.gib)
     write_chart(memory_chart(data, plan.model.name), path, "--chart")
 
 
-def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: str, path: str) -> None:
+def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: str, path: str, *,
+                           margin_gib: float = 0.0) -> None:
     from rlplan.planner.charts import frontier_chart, frontier_data
 
-    write_chart(frontier_chart(frontier_data(result.frontier, gpu_limit_gib, top), title), path, "--frontier")
+    write_chart(frontier_chart(frontier_data(result.frontier, gpu_limit_gib, top, margin_gib=margin_gib), title),
+                path, "--frontier")
 
 
 def report_command(run_dir: str, output: str) -> dict[str, object]:

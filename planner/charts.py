@@ -32,13 +32,13 @@ def _gib(value: int | float) -> float:
     return round(value / GIB, 3)
 
 
-def _gpu_limit_line(limit_gib: float) -> Any:
-    """The GPU's memory as a dashed red line across the panel, labelled with its GiB."""
+def _gpu_limit_line(limit_gib: float, label: str = "", color: str = "red") -> Any:
+    """The GPU's memory (or another limit) as a dashed line across the panel, labelled with its GiB."""
     import altair as alt
 
-    rows = alt.Data(values=[{"limit": limit_gib, "label": f"GPU memory {limit_gib:.1f} GiB"}])
-    rule = alt.Chart(rows).mark_rule(color="red", strokeDash=[6, 3], size=2).encode(y="limit:Q")
-    text = alt.Chart(rows).mark_text(align="right", dx=-4, dy=-6, color="red", x="width").encode(
+    rows = alt.Data(values=[{"limit": limit_gib, "label": label or f"GPU memory {limit_gib:.1f} GiB"}])
+    rule = alt.Chart(rows).mark_rule(color=color, strokeDash=[6, 3], size=2).encode(y="limit:Q")
+    text = alt.Chart(rows).mark_text(align="right", dx=-4, dy=-6, color=color, x="width").encode(
         y="limit:Q", text="label:N")
     return rule + text
 
@@ -46,8 +46,9 @@ def _gpu_limit_line(limit_gib: float) -> Any:
 # --- explain --chart ---------------------------------------------------------------
 
 
-def memory_chart_data(report: MemoryReport) -> dict[str, Any]:
-    """One row per (phase, component) per GPU, the GPU limit, host RAM per node, and the binding component."""
+def memory_chart_data(report: MemoryReport, margin_gib: float = 0.0) -> dict[str, Any]:
+    """One row per (phase, component) per GPU, the GPU limit (and the margin solve keeps below it), host RAM per
+    node, and the binding component."""
     binding = report.binding_constraint
     bars = [
         {"phase": phase.name, "order": index, "component": component.name, "scope": component.scope,
@@ -63,6 +64,7 @@ def memory_chart_data(report: MemoryReport) -> dict[str, Any]:
         "gpu_bars": bars,
         "phase_peaks": [{"phase": p.name, "order": i, "gib": _gib(p.peak_bytes)} for i, p in enumerate(report.phases)],
         "gpu_limit_gib": _gib(report.gpu_capacity_bytes),
+        "margin_gib": round(margin_gib, 3),
         "host_bars": host,
         "host_limit_gib": _gib(report.host_capacity_bytes),
         "binding": {"resource": binding.resource, "where": binding.where, "component": binding.component,
@@ -89,6 +91,9 @@ def memory_chart(data: dict[str, Any], title: str) -> Any:
         tooltip=["phase:N", "component:N", "scope:N", alt.Tooltip("gib:Q", format=".2f")],
     )
     limit = _gpu_limit_line(data["gpu_limit_gib"])
+    if data.get("margin_gib"):
+        limit += _gpu_limit_line(data["gpu_limit_gib"] - data["margin_gib"],
+                                 f"margin: {data['margin_gib']:.1f} GiB kept free", color="#ff7f0e")
     binding_rows = [dict(row, label=data["binding"]["label"]) for row in data["phase_peaks"]
                     if row["phase"] == data["binding"]["where"]]
     binding = alt.Chart(alt.Data(values=binding_rows)).mark_text(dy=-18, fontWeight="bold").encode(
@@ -119,8 +124,12 @@ def knobs_text(knobs: Iterable[tuple[str, Any]]) -> str:
     return ", ".join(f"{key}={value}" for key, value in knobs if value is not None)
 
 
-def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: int) -> dict[str, Any]:
+def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: int, *,
+                  margin_gib: float = 0.0) -> dict[str, Any]:
     """One row per priced candidate; `mark` is chosen, top N (rank 2..top), feasible or infeasible.
+
+    headroom_gib: what each candidate leaves free of the GPU; margin_gib: what solve keeps free (a second line,
+    `margin_line_gib`, below the GPU's).
 
     key: one line per labelled candidate, the runners-up by the knobs in which they differ from #1.
     """
@@ -134,6 +143,7 @@ def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: in
         else:
             mark = "feasible" if point.feasible else "infeasible"
         rows.append({"step_time_s": round(point.step_time_s, 3), "gpu_peak_gib": round(point.gpu_peak_gib, 3),
+                     "headroom_gib": round(gpu_limit_gib - point.gpu_peak_gib, 3),
                      "feasible": point.feasible, "rank": point.rank, "mark": mark, "reason": point.reason,
                      "label": f"#{point.rank}" if point.feasible and 0 < point.rank <= max(top, 1) else "",
                      "knobs": knobs_text(point.knobs)})
@@ -153,11 +163,13 @@ def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: in
         knobs = by_rank[row["rank"]]
         changed = knobs_text((k, v) for k, v in knobs.items() if by_rank[1].get(k) != v)
         what = "the plan written" if row["rank"] == 1 else (f"as #1 but {changed}" if changed else "the knobs of #1")
-        key.append(f"#{row['rank']}: {row['step_time_s']:.1f} s, {row['gpu_peak_gib']:.2f} GiB: {what}")
+        key.append(f"#{row['rank']}: {row['step_time_s']:.1f} s, {row['gpu_peak_gib']:.2f} GiB "
+                   f"({row['headroom_gib']:.2f} free): {what}")
     # Drawn in this order, so the chosen plan is on top of any candidate at its spot.
     layer = {"infeasible": 0, "feasible": 1, "chosen": 3}
     rows.sort(key=lambda r: (layer.get(r["mark"], 2), -r["rank"]))
-    return {"points": rows, "gpu_limit_gib": round(gpu_limit_gib, 3), "key": key}
+    return {"points": rows, "gpu_limit_gib": round(gpu_limit_gib, 3), "key": key, "margin_gib": round(margin_gib, 3),
+            "margin_line_gib": round(gpu_limit_gib - margin_gib, 3)}
 
 
 def frontier_chart(data: dict[str, Any], title: str) -> Any:
@@ -176,9 +188,13 @@ def frontier_chart(data: dict[str, Any], title: str) -> Any:
             shape=alt.Shape("feasible:N", scale=alt.Scale(domain=[True, False], range=["circle", "cross"])),
             size=alt.condition("datum.rank == 1", alt.value(220), alt.value(60)),
             tooltip=["mark:N", "rank:Q", alt.Tooltip("step_time_s:Q", format=".2f"),
-                     alt.Tooltip("gpu_peak_gib:Q", format=".2f"), "reason:N", "knobs:N"],
+                     alt.Tooltip("gpu_peak_gib:Q", format=".2f"), alt.Tooltip("headroom_gib:Q", format=".2f"),
+                     "reason:N", "knobs:N"],
         )
         layers = [points, _gpu_limit_line(data["gpu_limit_gib"])]
+        if data.get("margin_gib"):
+            layers.append(_gpu_limit_line(data["margin_line_gib"], f"margin: {data['margin_gib']:.1f} GiB kept free",
+                                          color="#ff7f0e"))
         # Near-equal candidates sit close together: their labels step upwards so none hides another.
         for index, row in enumerate(sorted((r for r in rows if r["label"]), key=lambda r: r["rank"])):
             layers.append(alt.Chart(alt.Data(values=[row])).mark_text(

@@ -35,6 +35,7 @@ from rlplan.planner.commands_io import (
 )
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.knobs import with_expected_lengths
+from rlplan.planner.model_error import parse_headroom
 from rlplan.planner.plan import Algorithm, LossHead, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.solver import Objective
@@ -59,6 +60,9 @@ ExpectedPromptLen = Annotated[int | None, typer.Option(
 ExpectedResponseLen = Annotated[int | None, typer.Option(
     "--expected-response-len", help="Mean response tokens of the data (default: the max).")]
 ProfileOption = Annotated[str | None, typer.Option(help="Calibration profile TOML.")]
+HeadroomOption = Annotated[str | None, typer.Option(
+    "--headroom", metavar="10%|4GiB|0", help="GPU memory every phase must leave free: a share of the GPU or an "
+    "amount (default: from the model's measured error, at least 5 %; docs/accuracy.md 1c).")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 app = typer.Typer(
@@ -182,8 +186,10 @@ def solve(
                                                         help="Memory bandwidth of a --gpu-mem GPU, GB/s.")] = None,
     nodes: Annotated[int | None, typer.Option(help="Number of nodes (default: gpus / gpus-per-node).")] = None,
     gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: min(gpus, 8)).")] = None,
-    host_mem: Annotated[float | None, typer.Option("--host-mem", help="Host RAM per node in GiB (default: 1024; "
-                                                   "with --device cpu this machine's MemTotal).")] = None,
+    host_mem: Annotated[str | None, typer.Option("--host-mem", help="Host RAM per node: GiB or with a unit "
+                                                 "(512GiB); default: the GPU's typical node (`rlplan presets gpus`), "
+                                                 "with --device cpu this machine's MemTotal.")] = None,
+    headroom: HeadroomOption = None,
     device: Annotated[str, typer.Option("--device", metavar="gpu|cpu", help="cpu: plan rlplan's CPU runtime on "
                                         "this machine (--gpus is then its trainer ranks, default 1); the same as "
                                         "--gpu cpu.")] = "gpu",
@@ -232,7 +238,7 @@ def solve(
     from rlplan.planner.planfile import plan_from_toml, plan_to_toml
     from rlplan.planner.presets import custom_gpu, defaulted_speeds, parse_gpu_memory, resolve_gpu
     from rlplan.planner.report import solve_summary
-    from rlplan.planner.solver import RUNNERS_UP, SolveRequest, searched_knobs, solve_engines
+    from rlplan.planner.solver import RUNNERS_UP, SolveRequest, request_margin, searched_knobs, solve_engines
 
     # A zero or negative count is a mistake, never a request for the default.
     for flag, value in (("--top", top), ("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
@@ -250,9 +256,10 @@ def solve(
     read = {"--profile": profile, "--model": local_config_path(model) if model else None}
     refuse_overwriting_inputs(output, "--output", read)
     refuse_overwriting_inputs(frontier, "--frontier", {**read, "--from": from_plan, "--output": output})
-    if host_mem is not None and not 0 < host_mem < float("inf"):
-        raise PlanError(field="--host-mem", message=f"must be a positive number of GiB, got {host_mem}.",
-                        fix="pass --host-mem 1024")
+    from rlplan.planner.presets import parse_host_memory, typical_host_memory
+
+    host_gib = parse_host_memory(host_mem)
+    headroom_asked = parse_headroom(headroom)
     if device not in ("gpu", "cpu"):
         raise PlanError(field="--device", message=f"{device!r} is neither gpu nor cpu.",
                         fix="pass --device cpu to plan a run on this machine's CPU, or leave it out")
@@ -273,12 +280,13 @@ def solve(
         raise PlanError(field="--gpu-mem", message="both --gpu and --gpu-mem are given.", fix="pass only one")
     profile_loaded = load_profile(profile)
     cpu_note = ""
+    host_note: str | None = None  # the host RAM figure assumed when --host-mem is not given
     if on_cpu:
         if nodes not in (None, 1):
             raise PlanError(field="--nodes", message=f"a CPU plan runs on this one machine, got {nodes} nodes.",
                             fix="leave out --nodes with --device cpu")
         ranks = gpus or gpus_per_node or 1
-        cluster, rates = cpu_cluster(ranks, host_mem or this_machine_memory_gib() or 1024.0, profile_loaded)
+        cluster, rates = cpu_cluster(ranks, host_gib or this_machine_memory_gib() or 1024.0, profile_loaded)
         gpu_spec = cluster.gpu
         cpu_note = f"CPU rates {rates.source}"
         if not json_output:
@@ -298,7 +306,7 @@ def solve(
     elif gpus is None and base is not None and nodes is None and gpus_per_node is None:
         cluster = base.cluster if gpu is None and gpu_mem is None else base.cluster.__class__(
             gpu=gpu_spec, nodes=base.cluster.nodes, gpus_per_node=base.cluster.gpus_per_node,
-            host_memory_gib=base.cluster.host_memory_gib if host_mem is None else host_mem)
+            host_memory_gib=base.cluster.host_memory_gib if host_gib is None else host_gib)
     else:
         if gpus is None and (nodes is None or gpus_per_node is None):
             raise PlanError(field="--gpus", message="the GPU count is needed.", fix="pass --gpus 8")
@@ -309,8 +317,10 @@ def solve(
         if gpus is not None and node_count * per_node != gpus:
             raise PlanError(field="--gpus", message=f"{gpus} GPUs is not nodes x gpus-per-node ({node_count} x {per_node}).",
                             fix=f"pass --gpus-per-node so that it divides {gpus}")
+        assumed = None if host_gib is not None else typical_host_memory(gpu_spec, per_node)
+        host_note = assumed.describe() if assumed else None
         cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node,
-                          host_memory_gib=1024.0 if host_mem is None else host_mem)
+                          host_memory_gib=assumed.gib if assumed else host_gib)
     # Not given (None) keeps the --from plan's algorithm; "grpo" given keeps GRPO even over a PPO plan.
     algorithm = {"ppo": "gae"}.get((algo or "grpo").lower(), (algo or "grpo").lower())
     if algo is None and base is not None:
@@ -346,6 +356,7 @@ def solve(
         n=5 if n is None else n,
         algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
         lora=int(lora) if lora.isascii() and lora.isdigit() else lora, objective=objective, pins=pins,
+        headroom=headroom_asked,
         base=base, profile=profile_loaded,
         expected_prompt_len=expected_prompt_len, expected_response_len=expected_response_len,
         train_files=_path_list("--train-files", train_files), val_files=_path_list("--val-files", val_files),
@@ -360,11 +371,13 @@ def solve(
 
         frontier_chart_command(result, cluster.gpu.memory_gib, top or 0,
                                f"{model_section.name} on {cluster.nodes * cluster.gpus_per_node} x {cluster.gpu.name}",
-                               frontier)
+                               frontier, margin_gib=request_margin(request).gib)
     ranked = [result.best, *result.runners_up][:top or 0] if result.best is not None else []
     top_rows = [{"rank": rank, "step_time_s": c.plan.prediction.step_time_s, "gpu_peak_gib": c.plan.prediction.gpu_peak_gib,
                  "phase_peak_gib": c.plan.prediction.phase_peak_gib, "knobs": searched_knobs(c.plan),
-                 "phase_seconds": c.plan.prediction.phase_seconds}
+                 "phase_seconds": c.plan.prediction.phase_seconds,
+                 "left_gib": round(cluster.gpu.memory_gib - c.plan.prediction.gpu_peak_gib, 3),
+                 "headroom_gib": round(request_margin(request).gib, 3)}
                 for rank, c in enumerate(ranked, start=1)]
     if result.best is None:
         assert result.diagnosis is not None
@@ -372,8 +385,9 @@ def solve(
             print(json.dumps({
                 "feasible": False, "binding": result.diagnosis.binding, "message": result.diagnosis.message,
                 "suggestions": [{"change": s.change, "detail": s.detail, "step_time_s": s.step_time_s,
-                                 "gpus": s.gpus} for s in result.diagnosis.suggestions],
-                "evaluated": result.evaluated,
+                                 "gpus": s.gpus, "more_gpus": s.more_gpus} for s in result.diagnosis.suggestions],
+                "evaluated": result.evaluated, "headroom_gib": round(request_margin(request).gib, 3),
+                "host_memory_assumed": host_note,
             }, indent=2))
         else:
             from rich.markup import escape
@@ -381,6 +395,8 @@ def solve(
             console = make_console(stderr=True)
             console.print(f"[bold red]no feasible plan[/] {escape(shorten(result.diagnosis.message, 4 * ECHO_LIMIT))}",
                           markup=True)
+            if host_note:
+                console.print(f"note: {host_note}; --host-mem sets it.", markup=False)
         raise typer.Exit(ExitCode.INFEASIBLE)
     plan = result.plan
     verification: list[dict[str, Any]] = []
@@ -403,7 +419,7 @@ def solve(
         from rlplan.planner.planfile import plan_to_dict
         from rlplan.planner.report import validation_json
 
-        payload = validation_json(plan, request.profile)
+        payload = validation_json(plan, request.profile, request.headroom)
         knobs = plan_to_dict(plan)
         knobs["model"].pop("arch", None)  # the architecture is an input, not a knob; --json stays readable
         knobs.pop("prediction", None)
@@ -413,6 +429,7 @@ def solve(
             payload["top"] = top_rows
         if cpu_note:
             payload["cpu_rates"] = cpu_note
+        payload["host_memory_assumed"] = host_note
         if verify:
             payload["verification"] = verification
         report_text = json.dumps(payload, indent=2)
@@ -420,7 +437,7 @@ def solve(
             write_atomic(output, plan_text, "--output")
         print(report_text)
     else:
-        renderables = list(solve_summary(plan, result, output, request.profile))
+        renderables = list(solve_summary(plan, result, output, request.profile, request.headroom, host_note))
         if top:
             from rlplan.planner.report import top_candidates_table
 
@@ -488,15 +505,18 @@ def validate(
     profile: ProfileOption = None,
     expected_prompt_len: ExpectedPromptLen = None,
     expected_response_len: ExpectedResponseLen = None,
+    headroom: HeadroomOption = None,
 ) -> None:
     """Check a plan against verl's rules and the memory model. Exit 0 ok, 1 predicted OOM, 2 invalid.
+
+    A plan that fits but leaves less than the margin (--headroom) gets a warning, not an error.
 
     Example: rlplan validate plan.toml --json
     """
     from rlplan.planner.report import fit_fix, validation_json, validation_tables
 
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
-    payload = validation_json(plan, prof)
+    payload = validation_json(plan, prof, parse_headroom(headroom))
     if payload["valid"] and not payload["feasible"]:
         payload["fix"] = fit_fix(plan, prof, plan_path)
     if json_output:
@@ -521,6 +541,7 @@ def explain(
     expected_response_len: ExpectedResponseLen = None,
     chart: Annotated[str | None, typer.Option("--chart", help="Also draw memory per phase and host RAM to this "
                                               ".html / .png / .svg; needs the charts extra.")] = None,
+    headroom: HeadroomOption = None,
 ) -> None:
     """Per-phase, per-component memory table, the batch layout and the step-time estimate.
 
@@ -537,12 +558,12 @@ def explain(
     if chart:
         from rlplan.planner.chart_commands import memory_chart_command
 
-        memory_chart_command(plan, prof, chart)
+        memory_chart_command(plan, prof, chart, parse_headroom(headroom))
     if json_output:
-        print(json.dumps(validation_json(plan, prof), indent=2))
+        print(json.dumps(validation_json(plan, prof, parse_headroom(headroom)), indent=2))
         return
     console = make_console()
-    for renderable in explain_tables(plan, prof):
+    for renderable in explain_tables(plan, prof, parse_headroom(headroom)):
         console.print(renderable)
 
 
@@ -761,7 +782,9 @@ def import_verl(
     gpu: Annotated[str | None, typer.Option(help="GPU preset the script runs on.")] = None,
     gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory instead of a preset: GiB, or with a "
                                                 "unit (80GB, 81559MiB).")] = None,
-    host_mem: Annotated[float, typer.Option("--host-mem", help="Host RAM per node in GiB.")] = 1024.0,
+    host_mem: Annotated[str | None, typer.Option(
+        "--host-mem", help="Host RAM per node: GiB or with a unit (512GiB); default: the GPU's typical node, said "
+                           "as a warning.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
     expected_prompt_len: ExpectedPromptLen = None,

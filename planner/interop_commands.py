@@ -11,6 +11,8 @@ import stat
 import sys
 from typing import Any
 
+import attrs
+
 from rlplan.planner.commands_io import (
     ExitCode,
     load_plan,
@@ -23,6 +25,7 @@ from rlplan.planner.commands_io import (
 )
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import with_expected_lengths
+from rlplan.planner.presets import parse_host_memory, typical_host_memory
 
 
 def _print_json(payload: dict[str, Any]) -> None:
@@ -69,7 +72,7 @@ def _gpu(gpu: str | None, gpu_mem: str | None):
                     "needs it.", fix="pass --gpu h100-80g (see `rlplan presets gpus`) or --gpu-mem GiB")
 
 
-def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_mem: float, env: list[str],
+def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_mem: str | None, env: list[str],
                    output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None),
                    as_json: bool = False) -> int:
     """With as_json: one object on stdout, {"output", "warnings", "plan_toml"} (the plan's text when no -o)."""
@@ -80,10 +83,17 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
 
     try:
         refuse_overwriting_inputs(output, "--output", {"SCRIPT": script})
+        host_gib = parse_host_memory(host_mem)
         result = import_verl_script(
-            read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
+            read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_gib or 1024.0,
             env=parse_env_pins(env), local_config_reader=read_local_model_config, environment=dict(os.environ),
         )
+        if host_gib is None:  # the script does not say: the GPU class's typical node, said as a warning
+            cluster = result.plan.cluster
+            assumed = typical_host_memory(cluster.gpu, cluster.gpus_per_node)
+            plan = result.plan.evolve(cluster=attrs.evolve(cluster, host_memory_gib=assumed.gib))
+            result = attrs.evolve(result, plan=plan,
+                                  warnings=(*result.warnings, f"{assumed.describe()}; pass --host-mem to change it"))
         text = plan_to_toml(with_expected_lengths(result.plan, *expected_lengths))
         if output:
             write_atomic(output, text, "--output")

@@ -124,12 +124,41 @@ def _gpu_tables() -> dict[str, dict[str, Any]]:
     return _read_package_toml("gpus.toml")
 
 
+# Keys of a GPU table that describe the preset, not the GpuSpec: its other names and its typical host.
+_GPU_TABLE_ONLY_KEYS = frozenset({"aliases", "host_memory_gib", "host_memory_gpus", "host_memory_source"})
+
+
 @functools.cache
 def _gpu_presets() -> dict[str, GpuSpec]:
     return {
-        name: GpuSpec(name=name, **{key: value for key, value in table.items() if key != "aliases"})
+        name: GpuSpec(name=name, **{key: value for key, value in table.items() if key not in _GPU_TABLE_ONLY_KEYS})
         for name, table in _gpu_tables().items()
     }
+
+
+# A GPU without a preset (--gpu-mem): host RAM as a PCIe server of 8 cards is often built.
+CUSTOM_GPU_HOST = (1024.0, 8, "a PCIe server with 8 cards: 1 TiB is common (no single reference)")
+
+
+@frozen(kw_only=True)
+class HostAssumption:
+    """The host RAM per node `solve` assumes when --host-mem is not given, and where the figure comes from."""
+
+    gib: float
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.gib:g} GiB of host RAM per node assumed ({self.source})"
+
+
+def typical_host_memory(gpu: GpuSpec, gpus_per_node: int) -> HostAssumption:
+    """The host RAM typical for a node of `gpus_per_node` GPUs of this kind: the preset's figure scaled per GPU."""
+    table = _gpu_tables().get(gpu.name, {})
+    node_gib, node_gpus, source = (table["host_memory_gib"], table["host_memory_gpus"], table["host_memory_source"]
+                                   ) if "host_memory_gib" in table else CUSTOM_GPU_HOST
+    gib = float(node_gib) * gpus_per_node / int(node_gpus)
+    scaled = "" if gpus_per_node == node_gpus else f", scaled to {gpus_per_node} GPU{'s' * (gpus_per_node > 1)}"
+    return HostAssumption(gib=round(gib, 1), source=f"{source}{scaled}")
 
 
 def gpu_presets() -> dict[str, GpuSpec]:
@@ -280,15 +309,41 @@ _MEMORY_UNITS = {"": 2**30, "g": 2**30, "gi": 2**30, "gib": 2**30, "gb": 10**9, 
 GPU_MEMORY_GIB_RANGE = (1.0, 2048.0)
 
 
-def parse_gpu_memory(text: str | float, flag: str = "--gpu-mem") -> float:
-    """GiB from `80`, `79.18GiB`, `80GB`, `81559MiB` (as nvidia-smi prints it) or `0.5TiB`."""
-    raw = str(text).strip()
+def _amount_and_unit(raw: str) -> tuple[float, str]:
+    """(number, lower-case unit) of `80GB`; NaN when the number is not one."""
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ")
-    unit = raw[len(number):].strip().lower()
     try:
         value = float(number)
     except ValueError:
         value = math.nan
+    return value, raw[len(number):].strip().lower()
+
+
+def parse_memory_amount(text: str | float, flag: str) -> float:
+    """GiB from `512`, `512GiB`, `550GB`, `4096MiB` or `0.5TiB` (a bare number is GiB), for any amount >= 0."""
+    raw = str(text).strip()
+    value, unit = _amount_and_unit(raw)
+    if unit not in _MEMORY_UNITS or not math.isfinite(value) or value < 0:
+        raise PlanError(field=flag, message=f"{raw[:40]!r} is not an amount of memory.",
+                        fix=f"pass GiB or a unit, e.g. {flag} 512 (GiB), {flag} 512GiB or {flag} 550GB")
+    return value * _MEMORY_UNITS[unit] / 2**30
+
+
+def parse_host_memory(text: str | None, flag: str = "--host-mem") -> float | None:
+    """--host-mem: GiB per node, or with a unit as --gpu-mem takes (512GiB, 550GB); None when not given."""
+    if text is None:
+        return None
+    gib = parse_memory_amount(text, flag)
+    if gib <= 0:
+        raise PlanError(field=flag, message=f"must be a positive amount of host RAM per node, got {text!r}.",
+                        fix=f"pass the RAM of one node, e.g. {flag} 512GiB")
+    return gib
+
+
+def parse_gpu_memory(text: str | float, flag: str = "--gpu-mem") -> float:
+    """GiB from `80`, `79.18GiB`, `80GB`, `81559MiB` (as nvidia-smi prints it) or `0.5TiB`."""
+    raw = str(text).strip()
+    value, unit = _amount_and_unit(raw)
     if unit not in _MEMORY_UNITS or not math.isfinite(value):
         raise PlanError(field=flag, message=f"{raw[:40]!r} is not an amount of memory.",
                         fix=f"pass the memory the driver reports, e.g. {flag} 79.18 (GiB), {flag} 81559MiB or {flag} 80GB")

@@ -161,6 +161,13 @@ class Profile:
         0, "mean response tokens per sequence of that run; used likewise for data.expected_response_length",
         kind=int, high=10_000_000)
 
+    # --- the margin `solve` keeps (planner/model_error.py) ---
+    headroom_floor_fraction: float = _constant(
+        0.05, "smallest share of each GPU a solved plan leaves free, whatever the measured rows say: what they "
+              "cannot see (fragmentation budgeted at 5-15 % of trainer bytes around the 8 % priced and the CUDA "
+              "context at 1-2 GiB around 1.5 (memory-model.md 2.8): ~5 % of an 80 GiB GPU whose trainer holds "
+              "~50 GiB), and batches longer than the data's mean", high=0.5)
+
     # --- throughput (memory-model.md 2.9) ---
     training_mfu: float = _constant(
         0.42, "achieved FLOP/s of FSDP training over peak on FLOP-dense GPUs, counting gradient checkpointing's "

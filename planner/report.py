@@ -9,12 +9,14 @@ from typing import Any
 
 from rlplan.planner.errors import ECHO_LIMIT, shorten
 from rlplan.planner.layout import plan_layout
+from rlplan.planner.margin_report import host_note, margin_json, margin_text, margin_warning
 from rlplan.planner.memory import (
     at_max_length,
     longest_expected_response_that_fits,
     predict_memory,
     resolved_loss_head,
 )
+from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import check_plan
@@ -58,8 +60,17 @@ def step_time_lengths_json(plan: Plan, profile: Profile) -> dict[str, Any]:
             "response_sigma": lengths.sigma, "response_max": lengths.response_max}
 
 
-def validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
+def validation_json(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM) -> dict[str, Any]:
     """`validate --json`: rules and memory verdicts, both computed whatever the other says."""
+    payload = _validation_json(plan, profile)
+    payload.update(margin_json(plan, profile, predict_memory(plan, profile), headroom))
+    warning = margin_warning(payload)
+    if warning is not None:
+        payload["warnings"].append(warning)
+    return payload
+
+
+def _validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
     rules = check_plan(plan)
     memory = predict_memory(plan, profile)
     step = predict_step_time(plan, memory, profile)
@@ -322,7 +333,7 @@ def fit_fix(plan: Plan, profile: Profile, plan_path: str) -> str:
 def validation_tables(plan: Plan, profile: Profile, payload: dict[str, Any]) -> list[Any]:
     from rich.text import Text
 
-    out: list[Any] = [_verdict(payload)]
+    out: list[Any] = [_verdict(payload), Text(margin_text(payload))]
     if payload.get("fix"):
         out.append(Text(f"Fix: {payload['fix']}", style="bold"))
     if payload["errors"] or payload["warnings"]:
@@ -331,8 +342,8 @@ def validation_tables(plan: Plan, profile: Profile, payload: dict[str, Any]) -> 
     return out
 
 
-def explain_tables(plan: Plan, profile: Profile) -> list[Any]:
-    payload = validation_json(plan, profile)
+def explain_tables(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM) -> list[Any]:
+    payload = validation_json(plan, profile, headroom)
     out: list[Any] = [knobs_table(plan), layout_table(payload), component_matrix(payload), host_table(payload),
                       time_table(payload)]
     rollout = payload["rollout"]
@@ -351,22 +362,28 @@ def explain_tables(plan: Plan, profile: Profile) -> list[Any]:
     if payload["errors"] or payload["warnings"]:
         out.append(violations_table(payload))
     out.append(_verdict(payload))
+    out.append(Text(margin_text(payload)))
     return out
 
 
-def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile) -> list[Any]:
+def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile,
+                  headroom: Headroom = DEFAULT_HEADROOM, host_assumption: str | None = None) -> list[Any]:
     from rich.text import Text
 
     prediction = plan.prediction
     assert prediction is not None
     out: list[Any] = [knobs_table(plan)]
-    payload = validation_json(plan, profile)
+    payload = validation_json(plan, profile, headroom)
     out.append(phase_table(payload, detailed=False))
     out.append(time_table(payload))
     where = f"written to {output}" if output else "not written"
     out.append(Text(
         f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "
         f"Peak {prediction.gpu_peak_gib:.2f} GiB per GPU, step ~{prediction.step_time_s:.1f} s.", style="bold green"))
+    out.append(Text(margin_text(payload)))
+    note = host_note(plan, predict_memory(plan, profile), host_assumption)
+    if note:
+        out.append(Text(note, style="yellow" if "offloads" in note else ""))
     if not plan.data.train_files:
         out.append(Text("note: data.train_files is empty, so a rendered verl script would train on "
                         "data.train_files=[]: pass --train-files PATH[,PATH] (and --val-files).", style="yellow"))
@@ -386,10 +403,12 @@ def top_candidates_table(rows: list[dict[str, Any]]):
     def shown(value: Any) -> str:
         return str(value).lower() if isinstance(value, bool) else str(value)
 
-    table = Table(title=f"The {len(rows)} best candidates (seconds per phase at the expected lengths)",
+    margin = f"; every one leaves at least the {rows[0]['headroom_gib']:.2f} GiB margin" if rows else ""
+    table = Table(title=f"The {len(rows)} best candidates (seconds per phase at the expected lengths){margin}",
                   title_justify="left")
     table.add_column("#")
     table.add_column("step s", justify="right")
+    table.add_column("free GiB", justify="right")
     table.add_column("s per phase", overflow="fold")
     table.add_column("peak GiB per phase", overflow="fold")
     table.add_column("knobs (after #1: what differs)", overflow="fold")
@@ -399,7 +418,8 @@ def top_candidates_table(rows: list[dict[str, Any]]):
         knobs = "\n".join(f"{key} = {shown(value)}" for key, value in row["knobs"].items()
                           if value is not None and (row["rank"] == 1 or best.get(key) != value))
         seconds = "\n".join(f"{name} {value:.1f}" for name, value in row.get("phase_seconds", {}).items() if value)
-        table.add_row(str(row["rank"]), f"{row['step_time_s']:.1f}", seconds, phases, knobs or "(same knobs)")
+        table.add_row(str(row["rank"]), f"{row['step_time_s']:.1f}", f"{row['left_gib']:.2f}", seconds, phases,
+                      knobs or "(same knobs)")
     return table
 
 
@@ -407,8 +427,12 @@ def presets_json(kind: str) -> dict[str, Any]:
     from rlplan.planner.presets import gpu_presets, model_presets
 
     if kind == "gpus":
+        from rlplan.planner.presets import typical_host_memory
+
         return {name: {"memory_gib": g.memory_gib, "bf16_tflops": g.bf16_tflops, "hbm_gbps": g.hbm_gbps,
-                       "pcie_gbps": g.pcie_gbps, "intranode_gbps": g.intranode_gbps}
+                       "pcie_gbps": g.pcie_gbps, "intranode_gbps": g.intranode_gbps,
+                       "host_memory_gib_per_gpu": typical_host_memory(g, 1).gib,
+                       "host_memory_source": typical_host_memory(g, 1).source.removesuffix(", scaled to 1 GPU")}
                 for name, g in gpu_presets().items()}
     return {name: {"params_b": round(p.arch.total_params / 1e9, 3),
                    "active_params_b": round(p.arch.active_params / 1e9, 3),
@@ -422,11 +446,12 @@ def preset_table(kind: str):
     data = presets_json(kind)
     if kind == "gpus":
         table = Table(title="GPU presets (--gpu)", title_justify="left")
-        for column in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "PCIe GB/s", "intra-node GB/s"):
+        for column in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "PCIe GB/s", "intra-node GB/s",
+                       "host GiB/GPU"):
             table.add_column(column, justify="left" if column == "name" else "right")
         for name, g in data.items():
             table.add_row(name, f"{g['memory_gib']:g}", f"{g['bf16_tflops']:g}", f"{g['hbm_gbps']:g}",
-                          f"{g['pcie_gbps']:g}", f"{g['intranode_gbps']:g}")
+                          f"{g['pcie_gbps']:g}", f"{g['intranode_gbps']:g}", f"{g['host_memory_gib_per_gpu']:g}")
         return table
     table = Table(title="Model presets (--model takes the name or any listed repo id)", title_justify="left")
     for column in ("name", "family", "params B", "active B", "repo ids"):

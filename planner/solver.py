@@ -29,7 +29,8 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, evolve_fields, knob_value
 from rlplan.planner.layout import plan_layout
-from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase
+from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase, rollout_budget
+from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, plan_margin
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import (
     ActorSection,
@@ -80,6 +81,8 @@ class SolveRequest:
     ppo_mini_batch_size: int | None = None
     lora: LoraChoice = "auto"
     objective: Objective = "throughput"
+    # The GPU memory every phase leaves free (--headroom); unset: the default rule of model_error.plan_margin.
+    headroom: Headroom = DEFAULT_HEADROOM
     pins: dict[str, Any] = field(factory=dict)
     base: Plan | None = None
     profile: Profile = DEFAULT_PROFILE
@@ -145,6 +148,8 @@ class Suggestion:
     gpu_memory_gib: float = 0.0
     # False for changes to what is trained (LoRA, lengths, batch) rather than to the hardware.
     keeps_workload: bool = True
+    # More GPUs (nodes) of the kind the request has: always among the changes shown when one fits.
+    more_gpus: bool = False
 
 
 @frozen(kw_only=True)
@@ -440,8 +445,17 @@ def usable_gpu_bytes(capacity_bytes: int, objective: Objective) -> int:
     return int(capacity_bytes * (1 - MEMORY_OBJECTIVE_HEADROOM)) if objective == "memory" else capacity_bytes
 
 
-def _peak_within_gpu(report: MemoryReport, name: str, objective: Objective = "throughput") -> bool:
-    limit = usable_gpu_bytes(report.gpu_capacity_bytes, objective)
+def gpu_limit_bytes(plan: Plan, request: SolveRequest) -> int:
+    """The most GPU memory any phase of a candidate may use: the GPU less the margin (--headroom, else the
+    default rule from the model's measured error), or less 10 % with --objective memory if that keeps more."""
+    capacity = plan.cluster.gpu_memory_bytes
+    margin = plan_margin(plan, request.headroom, request.profile).bytes
+    return min(usable_gpu_bytes(capacity, request.objective), capacity - margin)
+
+
+def _peak_within_gpu(report: MemoryReport, name: str, objective: Objective = "throughput",
+                     limit_bytes: int | None = None) -> bool:
+    limit = usable_gpu_bytes(report.gpu_capacity_bytes, objective) if limit_bytes is None else limit_bytes
     return all(p.peak_bytes <= limit for p in report.phases if p.name == name)
 
 
@@ -456,7 +470,7 @@ def phase_fits(report: MemoryReport, name: str) -> bool:
 def _phase_fits(plan: Plan, phase: str, request: SolveRequest) -> bool:
     """A training or forward phase alone: its peak depends on that pass's token budget only."""
     peak = predict_phase(plan, phase, request.profile).peak_bytes
-    return peak <= usable_gpu_bytes(plan.cluster.gpu_memory_bytes, request.objective)
+    return peak <= gpu_limit_bytes(plan, request)
 
 
 def _budget_floor(plan: Plan) -> int:
@@ -597,29 +611,23 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
     def with_util(hundredths: int) -> Plan:
         return plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=hundredths / 100))
 
-    def fits(candidate: Plan) -> bool:
-        # The rollout phase grows with util (vLLM takes util x GPU beside what the trainer leaves),
-        # so "fits" is monotone and bisection finds the largest util; whether that util leaves room
-        # for one max_model_len sequence of KV is checked after.
+    def excess(candidate: Plan) -> int:
+        """Bytes by which the rollout or the sync phase passes the limit (<= 0: fits)."""
         report = predict_memory(candidate, profile)
-        return all(_peak_within_gpu(report, phase, request.objective) for phase in (Phase.ROLLOUT, Phase.WEIGHT_SYNC))
+        return max(p.peak_bytes for p in report.phases if p.name in (Phase.ROLLOUT, Phase.WEIGHT_SYNC)) - limit
+
+    def fits(candidate: Plan) -> bool:
+        return excess(candidate) <= 0
+
+    limit = gpu_limit_bytes(plan, request)
 
     if "rollout.gpu_memory_utilization" in pins:
         if not fits(plan):
             return None
     else:
-        low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)
-        if not fits(with_util(low)):
+        lo = _largest_fitting_util(lambda hundredths: excess(with_util(hundredths)), plan.cluster.gpu_memory_bytes)
+        if lo is None:
             return None
-        lo, hi = low, high
-        if fits(with_util(hi)):
-            lo = hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(with_util(mid)):
-                lo = mid
-            else:
-                hi = mid
         plan = with_util(lo)
     report = predict_memory(plan, profile)
     if not report.rollout.holds_max_model_len:
@@ -630,7 +638,64 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
     resized = plan.evolve(rollout=_rollout_sizes(plan, pins, max_num_seqs))
     if resized.rollout != plan.rollout and not fits(resized):
         return None
-    return resized
+    if "rollout.gpu_memory_utilization" in pins:
+        return resized
+    return _least_util_at_same_concurrency(resized, min(resized.rollout.max_num_seqs, sequences_per_replica,
+                                                        concurrency), profile)
+
+
+def _largest_fitting_util(excess, capacity_bytes: int) -> int | None:
+    """The largest utilization (hundredths, 10..90) whose `excess` is <= 0, None when even 10 % is over.
+
+    Each of the two phases is either flat in the utilization or grows by one GPU's bytes per unit of it (vLLM
+    and SGLang take util x GPU; the KV cache rounds to blocks), so where 90 % is over by E the largest that
+    fits is about 90 - E / (GPU / 100): that guess and its neighbour usually settle it, bisection otherwise.
+    Whether that utilization leaves room for one max_model_len sequence of KV is checked after.
+    """
+    low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)
+    if excess(low) > 0:
+        return None
+    at_high = excess(high)
+    if at_high <= 0:
+        return high
+    lo, hi = low, high  # excess(lo) <= 0 < excess(hi)
+    guess = high - math.ceil(at_high / (capacity_bytes / 100))
+    if lo < guess < hi:
+        if excess(guess) <= 0:
+            lo = guess
+            if excess(guess + 1) > 0:
+                hi = guess + 1
+        else:
+            hi = guess
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if excess(mid) <= 0:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _least_util_at_same_concurrency(plan: Plan, concurrency: int, profile: Profile) -> Plan:
+    """The smallest utilization whose KV cache still holds `concurrency` full sequences (and max_model_len).
+
+    Decode runs at most that many sequences at once (max_num_seqs, the batch), so a larger cache buys no
+    step time: the memory it would take is left free instead (lower utilization only shrinks every phase).
+    """
+
+    def holds(hundredths: int) -> bool:
+        candidate = plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=hundredths / 100))
+        budget = rollout_budget(candidate, profile)
+        return budget.holds_max_model_len and budget.max_concurrent_sequences >= concurrency
+
+    lo, hi = 9, round(plan.rollout.gpu_memory_utilization * 100)  # holds(hi); lo: below the search's floor
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid
+    return plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=hi / 100))
 
 
 # --- search -------------------------------------------------------------------------
@@ -792,7 +857,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 gpu_memory_utilization=cached.gpu_memory_utilization, max_num_seqs=cached.max_num_seqs,
                 max_num_batched_tokens=cached.max_num_batched_tokens))
             report = predict_memory(solved, request.profile)
-            within = report.gpu_peak_bytes <= usable_gpu_bytes(report.gpu_capacity_bytes, request.objective)
+            within = report.gpu_peak_bytes <= gpu_limit_bytes(solved, request)
             if not (report.fits and within and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
                 closest = _closer(closest, solved, request)
                 if dropped is not None:
@@ -806,7 +871,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             ranked.append(Candidate(plan=solved, memory=report,
                                     step_time=predict_step_time(solved, report, request.profile)))
     ranked.sort(key=lambda c: _preference_key(c, request))
-    return ranked, evaluated, feasible, closest
+    return _roomiest_first(ranked, request), evaluated, feasible, closest
 
 
 def _dropped_point(plan: Plan, request: SolveRequest, reason: str) -> FrontierPoint:
@@ -833,6 +898,24 @@ def _preference_key(candidate: Candidate, request: SolveRequest) -> tuple[float,
     return (lora_last, *_rank_key(candidate, request.objective))
 
 
+# Candidates whose predicted step is within this fraction of the fastest count as equally fast (the step-time
+# model is no finer): among them solve takes the one that leaves the most GPU memory.
+STEP_TIME_TOLERANCE = 0.02
+
+
+def _roomiest_first(ranked: list[Candidate], request: SolveRequest) -> list[Candidate]:
+    """`ranked` with the candidate of least peak memory among those as fast as the best (within the
+    tolerance, and of the best's LoRA class under --lora auto) moved to the front."""
+    if request.objective == "memory" or len(ranked) < 2:
+        return ranked
+    best = ranked[0]
+    fastest = best.step_time.total_seconds * (1 + STEP_TIME_TOLERANCE)
+    near = [c for c in ranked if c.step_time.total_seconds <= fastest
+            and _preference_key(c, request)[0] == _preference_key(best, request)[0]]
+    roomiest = min(near, key=lambda c: (c.memory.gpu_peak_bytes, c.step_time.total_seconds))
+    return [roomiest, *(c for c in ranked if c is not roomiest)]
+
+
 def _closer(current: Candidate | None, plan: Plan, request: SolveRequest) -> Candidate:
     """Keep the infeasible plan that misses by the least, to name the binding constraint."""
     report = predict_memory(plan, request.profile)
@@ -841,6 +924,13 @@ def _closer(current: Candidate | None, plan: Plan, request: SolveRequest) -> Can
                            > current.memory.binding_constraint.relative_headroom):
         return candidate
     return current
+
+
+def request_margin(request: SolveRequest):
+    """The margin the request's plans are held to (model_error.plan_margin on its workload with its pins)."""
+    skeleton = skeleton_plan(request, request.response_len or request.max_response_len or 1)
+    plan = apply_knobs(skeleton.evolve(model=attrs.evolve(skeleton.model, use_remove_padding=True)), request.pins)
+    return plan_margin(plan, request.headroom, request.profile)
 
 
 def finalize(candidate: Candidate, profile: Profile) -> Plan:
@@ -1060,15 +1150,60 @@ HARDWARE_TIER_STEP = 0.1
 
 def _scaled_cluster(cluster: Cluster, factor: int, gpu: Any = None) -> Cluster:
     """`factor` x the GPUs, filling nodes of up to 8 (or the current node size) first."""
-    total = cluster.world_size * factor
+    scaled = cluster_with_gpus(cluster, cluster.world_size * factor)
+    assert scaled is not None  # a multiple of the current count always lays out
+    return attrs.evolve(scaled, gpu=gpu or cluster.gpu)
+
+
+def cluster_with_gpus(cluster: Cluster, total: int) -> Cluster | None:
+    """`total` GPUs of the cluster's kind, filling nodes of up to 8 (or the current node size) first; None when
+    `total` fills no whole number of such nodes."""
     per_node = min(total, max(cluster.gpus_per_node, 8))
     if total % per_node:
         per_node = cluster.gpus_per_node
-    return attrs.evolve(cluster, gpu=gpu or cluster.gpu, nodes=total // per_node, gpus_per_node=per_node)
+    if total % per_node:
+        return None
+    return attrs.evolve(cluster, nodes=total // per_node, gpus_per_node=per_node)
 
 
-def _change_candidates(request: SolveRequest, response_len: int) -> Iterator[tuple[str, str, bool, SolveRequest]]:
-    """(flags, detail, keeps_workload, request) for each axis, at the smallest step along it that fits."""
+def _gpu_count_flags(cluster: Cluster) -> str:
+    """The flags that give `cluster`'s GPU count, as `solve` reads them (8 per node unless told)."""
+    total = cluster.world_size
+    return f"--gpus {total}" + ("" if cluster.gpus_per_node == min(total, 8)
+                                else f" --gpus-per-node {cluster.gpus_per_node}")
+
+
+def _fewest_more_gpus(request: SolveRequest, response_len: int) -> tuple[SolveRequest, int] | None:
+    """More GPUs of the request's kind: the nearest count past the current one that verl's batch rules accept
+    and that fits (with more host RAM per node where that is needed too), and its host-RAM factor.
+
+    Doubling finds a count that fits; the counts between it and the last that did not are then tried in
+    order, so 8 -> 12 is found where 12 fits and satisfies the rules, not only 16.
+    """
+    cluster = request.cluster
+    tried = cluster.world_size
+    for factor in GPU_COUNT_FACTORS:
+        for host_factor in (1, *HOST_MEMORY_FACTORS):
+            host = cluster.host_memory_gib * host_factor
+            doubled = attrs.evolve(request, cluster=attrs.evolve(_scaled_cluster(cluster, factor),
+                                                                 host_memory_gib=host))
+            if not _fits(doubled, response_len):
+                continue
+            for total in range(tried + 1, cluster.world_size * factor):
+                between = cluster_with_gpus(cluster, total)
+                if between is None:
+                    continue
+                candidate = attrs.evolve(request, cluster=attrs.evolve(between, host_memory_gib=host))
+                if not request_rule_violations(candidate, response_len) and _fits(candidate, response_len):
+                    return candidate, host_factor
+            return doubled, host_factor
+        tried = cluster.world_size * factor
+    return None
+
+
+def _change_candidates(request: SolveRequest,
+                       response_len: int) -> Iterator[tuple[str, str, bool, SolveRequest, bool]]:
+    """(flags, detail, keeps_workload, request, more_gpus) for each axis, at the smallest step along it that fits."""
     from rlplan.planner.presets import gpu_presets  # late: only a failed solve needs the table
 
     cluster = request.cluster
@@ -1077,13 +1212,19 @@ def _change_candidates(request: SolveRequest, response_len: int) -> Iterator[tup
     kinds = [cluster.gpu] + sorted((g for g in gpu_presets().values() if g.name != cluster.gpu.name
                                     and g.memory_gib > cluster.gpu.memory_gib
                                     and g.bf16_tflops >= cluster.gpu.bf16_tflops), key=lambda g: g.memory_gib)
+    more = _fewest_more_gpus(request, response_len)
+    if more is not None:
+        candidate, host_factor = more
+        bigger = candidate.cluster
+        flags = _gpu_count_flags(bigger) + (f" --host-mem {bigger.host_memory_gib:g}" if host_factor > 1 else "")
+        detail = f"{bigger.world_size} x {cluster.gpu.name} ({cluster.gpu.memory_gib:g} GiB)" + (
+            f", {bigger.host_memory_gib:g} GiB host RAM per node" if host_factor > 1 else "")
+        yield flags, detail, True, candidate, True
     # More or bigger GPUs may also need more host RAM (a large model's shared-memory copy per node):
     # each GPU step tries the host steps too, so a change needing both is still found.
-    for gpu in kinds:
+    for gpu in kinds[1:]:
         found = False
         for factor, host_factor in itertools.product((1, *GPU_COUNT_FACTORS), (1, *HOST_MEMORY_FACTORS)):
-            if gpu is cluster.gpu and factor == 1:
-                continue
             host = cluster.host_memory_gib * host_factor
             bigger = attrs.evolve(_scaled_cluster(cluster, factor, gpu), host_memory_gib=host)
             candidate = attrs.evolve(request, cluster=bigger)
@@ -1093,7 +1234,7 @@ def _change_candidates(request: SolveRequest, response_len: int) -> Iterator[tup
                     [f"--host-mem {host:g}"] if host_factor > 1 else [])
                 detail = f"{bigger.world_size} x {gpu.name} ({gpu.memory_gib:g} GiB)" + (
                     f", {host:g} GiB host RAM per node" if host_factor > 1 else "")
-                yield " ".join(flags), detail, True, candidate
+                yield " ".join(flags), detail, True, candidate, False
                 found = True
                 break
         if found:
@@ -1102,20 +1243,20 @@ def _change_candidates(request: SolveRequest, response_len: int) -> Iterator[tup
         host = cluster.host_memory_gib * factor
         candidate = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=host))
         if _fits(candidate, response_len):
-            yield f"--host-mem {host:g}", f"{host:g} GiB of host RAM per node", True, candidate
+            yield f"--host-mem {host:g}", f"{host:g} GiB of host RAM per node", True, candidate, False
             break
     if request.lora == "off" or request.lora == 0:
         rank = default_lora_rank(request.model.arch)
         candidate = attrs.evolve(request, lora=rank)
         if _fits(candidate, response_len):
-            yield f"--lora {rank}", f"LoRA rank {rank} instead of full fine-tuning", False, candidate
+            yield f"--lora {rank}", f"LoRA rank {rank} instead of full fine-tuning", False, candidate, False
     shorter = response_len
     while shorter > 256:
         shorter //= 2
         candidate = attrs.evolve(request, response_len=shorter, max_response_len=None)
         if _fits(candidate, shorter):
-            yield f"--response-len {shorter}", f"responses of {shorter} tokens instead of {response_len}", False, \
-                candidate
+            yield (f"--response-len {shorter}", f"responses of {shorter} tokens instead of {response_len}", False,
+                   candidate, False)
             break
     smaller = request.train_batch_size
     while smaller > 1:
@@ -1123,14 +1264,44 @@ def _change_candidates(request: SolveRequest, response_len: int) -> Iterator[tup
         mini = None if request.ppo_mini_batch_size is None else min(request.ppo_mini_batch_size, smaller)
         candidate = attrs.evolve(request, train_batch_size=smaller, ppo_mini_batch_size=mini)
         if _fits(candidate, response_len):
-            yield f"--train-batch-size {smaller}", f"{smaller} prompts per step instead of " \
-                f"{request.train_batch_size}", False, candidate
+            yield (f"--train-batch-size {smaller}", f"{smaller} prompts per step instead of "
+                   f"{request.train_batch_size}", False, candidate, False)
             break
 
 
 def _hardware_tier(suggestion: Suggestion) -> int:
     """GPU memory bought, in steps of 10 %: hardware within one step costs about the same."""
     return math.floor(math.log(max(suggestion.gpu_memory_gib, 1.0)) / math.log(1 + HARDWARE_TIER_STEP))
+
+
+def _margin_binding(closest: Candidate, request: SolveRequest) -> str:
+    """Why a candidate within the GPU still failed: the margin it must leave, or the KV cache / a rule."""
+    margin = plan_margin(closest.plan, request.headroom, request.profile)
+    phase = closest.memory.peak_phase
+    left = (closest.memory.gpu_capacity_bytes - phase.peak_bytes) / GIB
+    if margin.bytes and left < margin.gib:
+        return (f"at best ({_choice_text(closest.plan)}) the {phase.name} phase leaves {left:.2f} GiB of the GPU "
+                f"free, less than the {margin.gib:.2f} GiB margin ({margin.rule}; --headroom sets it)")
+    limit = closest.memory.binding_constraint
+    return f"the {limit.where} phase leaves too little room for {limit.component}"
+
+
+def _suggestion_rank(suggestion: Suggestion) -> tuple[bool, int, float]:
+    return (not suggestion.keeps_workload, _hardware_tier(suggestion), suggestion.step_time_s or 0.0)
+
+
+def _shown_suggestions(suggestions: list[Suggestion]) -> list[Suggestion]:
+    """The best few, one per hardware tier (three variants of "4 x 80 GiB" are one choice, not three), with
+    more GPUs of the same kind always among them when that fits: it keeps the run and the GPUs one has."""
+    ranked = sorted(suggestions, key=_suggestion_rank)
+    tiers: dict[tuple[bool, int], Suggestion] = {}
+    for suggestion in ranked:
+        tiers.setdefault((suggestion.keeps_workload, _hardware_tier(suggestion)), suggestion)
+    shown = list(tiers.values())[:SUGGESTIONS_SHOWN]
+    more = next((s for s in ranked if s.more_gpus), None)
+    if more is not None and more not in shown:
+        shown = sorted([*shown[:SUGGESTIONS_SHOWN - 1], more], key=_suggestion_rank)
+    return shown
 
 
 def diagnose(request: SolveRequest, closest: Candidate | None, response_len: int) -> Diagnosis:
@@ -1145,25 +1316,20 @@ def diagnose(request: SolveRequest, closest: Candidate | None, response_len: int
         over = -limit.headroom_bytes / GIB
         binding = (f"at best ({_choice_text(closest.plan)}) the {limit.where} phase needs {over:.1f} GiB more "
                    f"{'host RAM' if limit.resource == 'host' else 'GPU memory'} than there is, mostly "
-                   f"{limit.component}" if over > 0 else f"the {limit.where} phase leaves too little room for "
-                   f"{limit.component}")
+                   f"{limit.component}" if over > 0 else _margin_binding(closest, request))
     else:
         binding = "no candidate satisfied the pinned knobs and verl's rules"
     suggestions: list[Suggestion] = []
-    for change, detail, keeps_workload, candidate in _change_candidates(request, response_len):
+    for change, detail, keeps_workload, candidate, more_gpus in _change_candidates(request, response_len):
         solved = solve(candidate)
         if solved.best is None:
             continue
         suggestions.append(Suggestion(change=change, detail=detail, keeps_workload=keeps_workload,
+                                      more_gpus=more_gpus,
                                       step_time_s=round(solved.best.step_time.total_seconds, 1),
                                       gpus=candidate.cluster.world_size,
                                       gpu_memory_gib=candidate.cluster.world_size * candidate.cluster.gpu.memory_gib))
-    suggestions.sort(key=lambda s: (not s.keeps_workload, _hardware_tier(s), s.step_time_s))
-    # One suggestion per tier: three variants of "4 x 80 GiB" are one choice for the user, not three.
-    shown: dict[tuple[bool, int], Suggestion] = {}
-    for suggestion in suggestions:
-        shown.setdefault((suggestion.keeps_workload, _hardware_tier(suggestion)), suggestion)
-    suggestions = list(shown.values())[:SUGGESTIONS_SHOWN]
+    suggestions = _shown_suggestions(suggestions)
     if suggestions:
         ranked = "; ".join(f"{s.change} ({s.detail}, ~{s.step_time_s:g} s per step)" for s in suggestions)
         message = f"Nothing fits: {binding}. Changes that fit, best first (each re-solved): {ranked}."

@@ -56,6 +56,7 @@ def test_memory_chart_stacks_sum_to_each_phase_peak_and_the_limit_is_the_gpu():
     assert data["gpu_limit_gib"] == round(report.gpu_capacity_bytes / GIB, 3) == round(80.0, 3)
     assert data["host_limit_gib"] == 1024.0
     assert math.isclose(sum(row["gib"] for row in data["host_bars"]), report.host.total_bytes / GIB, abs_tol=0.01)
+    assert data["margin_gib"] == 0.0 and memory_chart_data(report, 3.96)["margin_gib"] == 3.96
 
 
 def test_memory_chart_flags_exactly_the_binding_component_and_labels_it():
@@ -137,6 +138,21 @@ def test_frontier_data_without_top_marks_only_the_chosen(tight_solve):
     assert {r["mark"] for r in rows} == {"chosen", "feasible", "infeasible"}
     assert [r["label"] for r in rows if r["label"]] == ["#1"]
     assert len(frontier_data(result.frontier, 24.0, top=0)["key"]) == 1
+
+
+def test_frontier_data_gives_each_candidates_headroom_and_the_margin_line(tight_solve):
+    from rlplan.planner.solver import request_margin
+
+    request, result = tight_solve
+    margin = request_margin(request).gib
+    data = frontier_data(result.frontier, request.cluster.gpu.memory_gib, top=3, margin_gib=margin)
+    assert data["margin_gib"] == round(margin, 3) > 0
+    assert data["margin_line_gib"] == round(request.cluster.gpu.memory_gib - margin, 3)
+    for row in data["points"]:
+        assert row["headroom_gib"] == pytest.approx(request.cluster.gpu.memory_gib - row["gpu_peak_gib"], abs=1e-3)
+        if row["feasible"]:  # every plan solve may write stays under the margin line
+            assert row["gpu_peak_gib"] <= data["margin_line_gib"] + 1e-3
+    assert all("free)" in line for line in data["key"])
 
 
 # --- run report ----------------------------------------------------------------------------

@@ -468,3 +468,40 @@ def test_custom_gpu_takes_given_speeds_and_names_the_defaults_it_used():
     with pytest.raises(PlanError) as raised:
         custom_gpu(80, bf16_tflops=float("nan"))
     assert raised.value.field == "--gpu-tflops"
+
+
+@pytest.mark.parametrize("name", sorted(gpu_presets()))
+def test_every_gpu_preset_states_its_typical_host_ram_and_where_the_figure_comes_from(name):
+    from rlplan.planner.presets import typical_host_memory
+
+    gpu = gpu_presets()[name]
+    node = typical_host_memory(gpu, 8)
+    assert node.gib >= 8 * 16 and len(node.source) > 20
+    # Per GPU, so a node of four holds half of a node of eight, and one desktop card its own figure.
+    assert typical_host_memory(gpu, 4).gib == pytest.approx(node.gib / 2, abs=0.1)
+
+
+def test_host_ram_figures_of_the_classes_the_issue_names():
+    from rlplan.planner.presets import resolve_gpu, typical_host_memory
+
+    assert typical_host_memory(resolve_gpu("h100-80g"), 8).gib == 2048       # 8x H100 HGX: DGX H100, AWS p5
+    assert typical_host_memory(resolve_gpu("a100-40g"), 8).gib == 1152       # AWS p4d.24xlarge
+    assert typical_host_memory(resolve_gpu("rtx4090"), 1).gib == 64          # a desktop with one card
+    assert "workstation" in typical_host_memory(resolve_gpu("rtx-a6000"), 1).source
+
+
+@pytest.mark.parametrize(("text", "gib"), [("512", 512.0), ("512GiB", 512.0), ("550GB", 550e9 / 2**30),
+                                           ("0.5TiB", 512.0)])
+def test_host_memory_takes_units_as_gpu_memory_does(text, gib):
+    from rlplan.planner.presets import parse_host_memory
+
+    assert parse_host_memory(text) == pytest.approx(gib)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "lots", "inf"])
+def test_host_memory_that_is_no_amount_is_bad_input_naming_the_flag(text):
+    from rlplan.planner.presets import parse_host_memory
+
+    with pytest.raises(PlanError) as error:
+        parse_host_memory(text)
+    assert error.value.field == "--host-mem"

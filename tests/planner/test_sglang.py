@@ -134,8 +134,12 @@ def test_vllm_only_rollout_keys_warn_with_sglang_and_not_with_vllm():
 
 
 def sync_bound_request(plan: Plan, pins: dict) -> SolveRequest:
+    # At the GPU's edge (no margin), as G11 published its fit / OOM verdicts: these cases are about the wake-up.
+    from rlplan.planner.model_error import Headroom
+
     return SolveRequest(model=plan.model, cluster=plan.cluster, prompt_len=1024, response_len=1024,
-                        train_batch_size=64, n=4, pins={"rollout.gpu_memory_utilization": 0.9, **pins}, base=plan)
+                        train_batch_size=64, n=4, pins={"rollout.gpu_memory_utilization": 0.9, **pins}, base=plan,
+                        headroom=Headroom(gib=0.0))
 
 
 def test_solver_turns_multi_stage_wake_up_on_only_when_it_is_the_difference_between_fitting_and_oom():

@@ -1,0 +1,123 @@
+"""How wrong the memory model is (planner/model_error.py): bands from the measured rows, the margin solve keeps."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from rlplan.planner import model_error
+from rlplan.planner.errors import PlanError
+from rlplan.planner.memory import resolved_loss_head
+from rlplan.planner.model_error import (
+    AccuracyRow,
+    ErrorBand,
+    Headroom,
+    accuracy_rows,
+    parse_headroom,
+    peak_error_band,
+    plan_margin,
+)
+from rlplan.planner.phases import Phase
+from rlplan.planner.profile import DEFAULT_PROFILE
+from tests.planner.plans import make_plan
+
+
+def _errors(kind: str, head: str | None, strategy: str = "fsdp2") -> list[float]:
+    return [row.error for row in accuracy_rows() if row.kind == kind and (head is None or row.head == head)
+            and (kind == "engine" or row.strategy == strategy)]
+
+
+def test_every_row_of_the_data_file_is_a_measurement_beside_a_prediction():
+    rows = accuracy_rows()
+    assert {"steps", "heads", "torchtitan", "llm-d"} <= {row.source for row in rows}
+    for row in rows:
+        assert row.measured_mib > 0 and row.predicted_mib > 0
+        assert row.kind in ("update", "forward", "engine")
+
+
+def test_a_phase_band_is_the_widest_error_of_the_rows_with_its_head_strategy_and_kind():
+    plan = make_plan()
+    head = resolved_loss_head(plan)
+    for phase, kind in ((Phase.ACTOR_UPDATE, "update"), (Phase.OLD_LOG_PROB, "forward")):
+        errors = _errors(kind, head)
+        band = peak_error_band(plan, phase)
+        assert band.rows == len(errors) > 0
+        assert band.under == pytest.approx(max(0.0, -min(errors)))
+        assert band.over == pytest.approx(max(0.0, max(errors)))
+        assert head in band.basis
+    # The critic's value head and the engine take every head's rows.
+    engine = peak_error_band(plan, Phase.ROLLOUT)
+    assert engine.rows == len(_errors("engine", None)) > 0
+
+
+def test_without_comparable_rows_the_band_is_the_widest_of_its_kind_and_says_so():
+    fsdp1 = make_plan(overrides={"actor.strategy": "fsdp"})
+    band = peak_error_band(fsdp1, Phase.ACTOR_UPDATE)
+    every = _errors("update", None) + [r.error for r in accuracy_rows() if r.kind == "update" and r.strategy != "fsdp2"]
+    assert band.rows == 0 and "no measured" in band.basis
+    assert band.under == pytest.approx(max(0.0, -min(every)))
+    assert "none comparable" in band.describe()
+
+
+def test_the_band_follows_the_rows_not_constants(monkeypatch):
+    plan = make_plan()
+    head = resolved_loss_head(plan)
+    fake = (AccuracyRow(source="heads", model="m", phase="actor_update", head=head, strategy="fsdp2",
+                        configuration="c", measured_mib=100.0, predicted_mib=80.0),
+            AccuracyRow(source="heads", model="m", phase="actor_update", head=head, strategy="fsdp2",
+                        configuration="d", measured_mib=100.0, predicted_mib=104.0))
+    monkeypatch.setattr(model_error, "accuracy_rows", lambda: fake)
+    model_error.error_band.cache_clear()
+    model_error.default_margin_fraction.cache_clear()
+    try:
+        band = peak_error_band(plan, Phase.ACTOR_UPDATE)
+        assert (band.rows, band.under, band.over) == (2, pytest.approx(0.2), pytest.approx(0.04))
+        assert band.describe() == "model error on comparable measured rows: -20 % to +4 %"
+        # The default margin is the largest under-prediction once it passes the floor.
+        assert plan_margin(plan).fraction == pytest.approx(0.2)
+    finally:
+        model_error.error_band.cache_clear()
+        model_error.default_margin_fraction.cache_clear()
+
+
+def test_highest_actual_peak_undoes_the_largest_under_prediction():
+    band = ErrorBand(under=0.2, over=0.0, rows=3, basis="three rows")
+    assert band.highest_actual_gib(80.0) == pytest.approx(100.0)
+    with pytest.raises(ValueError):
+        ErrorBand(under=-0.1, over=0.0, rows=0, basis="")
+
+
+def test_default_margin_is_the_floor_or_the_largest_under_prediction_of_the_plans_phases():
+    plan = make_plan()
+    margin = plan_margin(plan)
+    unders = [peak_error_band(plan, phase).under for phase in model_error.plan_phases(plan)]
+    expected = max(DEFAULT_PROFILE.headroom_floor_fraction, *unders)
+    assert margin.default and margin.fraction == pytest.approx(expected)
+    assert margin.bytes == int(expected * plan.cluster.gpu_memory_bytes)
+    raised = plan_margin(plan, profile=attrs.evolve(DEFAULT_PROFILE, headroom_floor_fraction=0.3))
+    assert raised.fraction == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(("text", "fraction", "gib"), [
+    ("10%", 0.1, None), ("4GiB", None, 4.0), ("4096MiB", None, 4.0), ("0", None, 0.0), ("0%", 0.0, None),
+    (None, None, None), ("auto", None, None),
+])
+def test_headroom_takes_a_share_an_amount_or_zero(text, fraction, gib):
+    headroom = parse_headroom(text)
+    assert headroom.fraction == (pytest.approx(fraction) if fraction is not None else None)
+    assert headroom.gib == (pytest.approx(gib) if gib is not None else None)
+
+
+@pytest.mark.parametrize("text", ["-4GiB", "ten", "95%", "nan%", "4 apples", "inf"])
+def test_a_bad_headroom_is_bad_input_naming_the_flag(text):
+    with pytest.raises(PlanError) as error:
+        parse_headroom(text)
+    assert error.value.field == "--headroom"
+
+
+def test_zero_headroom_keeps_no_margin_and_says_so():
+    plan = make_plan()
+    for headroom in (Headroom(gib=0.0), Headroom(fraction=0.0)):
+        margin = plan_margin(plan, headroom)
+        assert margin.bytes == 0 and "no margin" in margin.rule and not margin.default
+    assert plan_margin(plan, Headroom(gib=4.0)).bytes == 4 * 2**30
