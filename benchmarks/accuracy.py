@@ -692,7 +692,7 @@ def band_section() -> list[str]:
         "predicted / (1 - under).",
         "",
         "**The margin `solve` keeps by default** (`--headroom` unset): on every phase, GPU memory of at least",
-        f"max(floor, U) x the GPU's memory is left free, where U is the largest `under` of the plan's phases'",
+        "max(floor, U) x the GPU's memory is left free, where U is the largest `under` of the plan's phases'",
         f"bands and the floor is `profile.headroom_floor_fraction` = {floor:.0%} (what the measured rows cannot see:",
         "fragmentation budgeted 5-15 % of trainer bytes around the 8 % priced, the CUDA context, batches longer",
         "than the data's mean). `--headroom 10%` or `--headroom 4GiB` replaces the rule, `--headroom 0` keeps no",

@@ -152,7 +152,7 @@ class Headroom:
     gib: float | None = None
 
     def __attrs_post_init__(self) -> None:
-        for name, value, high in (("fraction", self.fraction, 0.9), ("gib", self.gib, 4096.0)):
+        for value, high in ((self.fraction, 0.9), (self.gib, 4096.0)):
             if value is not None and not (math.isfinite(value) and 0 <= value <= high):
                 raise PlanError(field="--headroom", message=f"{value:g} is not a margin (0 to {high:g}).",
                                 fix="pass --headroom 10%, --headroom 4GiB or --headroom 0")

@@ -1229,12 +1229,12 @@ def _change_candidates(request: SolveRequest,
             bigger = attrs.evolve(_scaled_cluster(cluster, factor, gpu), host_memory_gib=host)
             candidate = attrs.evolve(request, cluster=bigger)
             if _fits(candidate, response_len):
-                flags = ([] if gpu is cluster.gpu else [f"--gpu {gpu.name}"]) + (
+                words = ([] if gpu is cluster.gpu else [f"--gpu {gpu.name}"]) + (
                     [f"--gpus {bigger.world_size}"] if factor > 1 else []) + (
                     [f"--host-mem {host:g}"] if host_factor > 1 else [])
                 detail = f"{bigger.world_size} x {gpu.name} ({gpu.memory_gib:g} GiB)" + (
                     f", {host:g} GiB host RAM per node" if host_factor > 1 else "")
-                yield " ".join(flags), detail, True, candidate, False
+                yield " ".join(words), detail, True, candidate, False
                 found = True
                 break
         if found:

@@ -532,8 +532,8 @@ def test_among_candidates_as_fast_as_the_best_solve_takes_the_one_leaving_most_m
 
 
 def test_the_rollout_takes_the_smallest_utilization_that_runs_as_many_sequences_at_once():
-    from rlplan.planner.memory import rollout_budget
     from rlplan.planner.layout import plan_layout
+    from rlplan.planner.memory import rollout_budget
 
     plan = solve(issue_request("qwen2.5-7b", "h100-80g", 8, 2048)).plan
     assert plan is not None
@@ -560,7 +560,7 @@ def test_70b_full_fine_tuning_on_8_a100_40g_offers_16_gpus_among_the_fixes():
 
 
 def test_more_gpus_is_the_nearest_count_that_verl_accepts_and_fits():
-    from rlplan.planner.solver import _fits, _fewest_more_gpus, cluster_with_gpus, request_rule_violations
+    from rlplan.planner.solver import _fewest_more_gpus, _fits, cluster_with_gpus, request_rule_violations
 
     request = request_for("qwen2.5-7b", gpus=1, gpu_mem=24.0, prompt=1024, response=8192, batch=8, n=3, lora="off",
                           pins={"actor.offload_policy": False})
