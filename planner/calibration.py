@@ -326,27 +326,23 @@ def _verl_allocator_observation(run: VerlRun, profile: Profile, family: Any) -> 
     return MemoryObservation(phase=str(peak.name), allocated_bytes=trainer, held_bytes=trainer + gap * GIB), ""
 
 
-def _verl_time_observations(run: VerlRun, profile: Profile) -> tuple[list[TimeObservation], list[str]]:
-    """Median seconds per phase over the run's steady steps, beside the step-time model's at the same lengths."""
-    from rlplan.planner.compare import TIMING_KEY, steady_steps
-    from rlplan.planner.memory import predict_memory
-    from rlplan.planner.steptime import predict_step_time
+def _verl_run_timing(run: VerlRun) -> RunTiming | None:
+    """Median seconds per verl timing key over the run's steady steps, as `fit_step_time` compares them."""
+    from rlplan.planner.compare import steady_steps
 
-    notes: list[str] = []
     used = set(steady_steps(run.log))
-    measured: dict[str, float] = {}
-    for phase, key in TIMING_KEY.items():
-        values = [v for step, v in run.log.series(key) if step in used]
-        if values:
-            measured[str(phase)] = statistics.median(values)
-    if Phase.ROLLOUT in measured and Phase.WEIGHT_SYNC not in measured:
-        # Before update_weights had its own timer the sync ran inside gen: take the model's sync time out of it.
-        sync = predict_step_time(run.plan, predict_memory(run.plan, profile), profile).phase_seconds.get(
-            Phase.WEIGHT_SYNC, 0.0)
-        measured[Phase.ROLLOUT] = max(0.1 * measured[Phase.ROLLOUT], measured[Phase.ROLLOUT] - sync)
-        notes.append(f"{run.log.source}: timing_s/gen includes the weight sync; the model's {sync:.2f} s for it is "
-                     "taken out before fitting the decode rate")
-    return time_observations(run.plan, measured, profile), notes
+
+    def median(key: str) -> float | None:
+        values = [v for step, v in run.log.series(f"timing_s/{key}") if step in used and math.isfinite(v)]
+        return statistics.median(values) if values else None
+
+    measured = {key: value for key in FITTED_TIMINGS if (value := median(key)) is not None and value > 0}
+    sync = median("update_weights")
+    if "gen" in measured and sync:
+        # The model's gen is the rollout plus the weight sync (steptime.verl_timing_seconds), as older verl timed it;
+        # newer verl times the sync apart, so it is added back.
+        measured["gen"] += sync
+    return RunTiming(label=str(run.log.source), plan=run.plan, measured_seconds=measured) if measured else None
 
 
 def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PROFILE, name: str = "calibrated",
@@ -363,7 +359,7 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
         raise PlanError(field="--from-verl-log", message="no verl log to fit from.", fix="pass --from-verl-log LOG")
     notes = ["cuda_context_and_nccl_gib: not fitted (verl's counters exclude the CUDA context and NCCL)"]
     memory: list[MemoryObservation] = []
-    times: list[TimeObservation] = []
+    timings: list[RunTiming] = []
     weighted = {"prompt": 0.0, "response": 0.0, "steps": 0}
     for run in runs:
         lengths = run_lengths(run.log)
@@ -376,9 +372,9 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
             memory.append(observation)
         elif why:
             notes.append(why)
-        run_times, time_notes = _verl_time_observations(priced, base)
-        times += run_times
-        notes += time_notes
+        timing = _verl_run_timing(priced)
+        if timing is not None:
+            timings.append(timing)
     changes: dict[str, Any] = {"name": name,
                                "observed_prompt_length": math.ceil(weighted["prompt"] / weighted["steps"]),
                                "observed_response_length": math.ceil(weighted["response"] / weighted["steps"])}
@@ -397,14 +393,21 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
                          "pass runs whose trainer bytes differ)")
     else:
         notes.append("allocator_cache_gib, fragmentation_fraction: not fitted (no run logs both memory counters)")
-    efficiencies = fit_efficiencies(times)
-    for key in ("training_mfu", "decode_hbm_efficiency", "prefill_mfu"):
-        if key in efficiencies:
-            changes[key] = _clamped(key, efficiencies[key], notes)
-        else:
-            notes.append(f"{key}: not fitted (no timed phase it bounds)")
-    return Calibration(profile=attrs.evolve(base, **changes), allocator=allocator, efficiencies=efficiencies,
-                       notes=tuple(notes))
+    profile = attrs.evolve(base, **changes)
+    moved: dict[str, float] = {}
+    if timings:
+        # The step-time constants from the same fit the published sweeps use, one profile for every run given.
+        fit = fit_step_time(timings, profile, name=name)
+        moved = {key: float(getattr(fit.profile, key)) for key in STEP_TIME_CONSTANTS
+                 if getattr(fit.profile, key) != getattr(profile, key)}
+        notes.append(f"step time: rms log error {fit.rms_log_error_before:.2f} -> {fit.rms_log_error_after:.2f} "
+                     f"over {fit.compared_phases} timed phases")
+        notes += [f"{key}: not fitted (the log's timed phases do not move it)"
+                  for key in STEP_TIME_CONSTANTS if key not in moved]
+        profile = fit.profile
+    else:
+        notes.append("step-time constants: not fitted (the log times no phase rlplan prices)")
+    return Calibration(profile=profile, allocator=allocator, efficiencies=moved, notes=tuple(notes))
 
 
 # --- step-time constants from whole runs (verl's timing_s per phase) -----------------------------------

@@ -48,9 +48,11 @@ def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host
         from rlplan.planner.interop_commands import _gpu, parse_env_pins, read_local_model_config
         from rlplan.planner.verl_import import import_verl_script
 
+        # compare writes no plan, so the script is read as the shell that launched it would read it: the process
+        # environment stands in for --env pins ($HOME in data paths), and the user's --env wins over it.
         result = import_verl_script(read_text(path, "PLAN"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
-                                    env=parse_env_pins(env), local_config_reader=read_local_model_config,
-                                    environment=dict(os.environ))
+                                    env={**os.environ, **parse_env_pins(env)},
+                                    local_config_reader=read_local_model_config, environment=dict(os.environ))
         plan, warnings = result.plan, tuple(result.warnings)
     return (apply_knobs(plan, fixes) if fixes else plan), warnings
 
