@@ -72,6 +72,33 @@ def report_error(error: PlanError, *, as_json: bool = False, log: Any = None) ->
     return ExitCode.BAD_INPUT
 
 
+def report_errors(errors: list[PlanError], *, fix_all: str = "", as_json: bool = False, log: Any = None) -> ExitCode:
+    """Every error that blocks a command at once (`rlplan run`), each as report_error's paragraph, then the one
+    change that fixes them together (`fix_all`), if any. Returns ExitCode.BAD_INPUT.
+
+    With --json: {"error": the first, "errors": [every one], "fix_all": ...}, so a script reading "error" as for
+    any other command still finds one.
+    """
+    assert errors, "report_errors needs at least one error"
+    if as_json:
+        payload = error_json(errors[0])
+        payload["errors"] = [error_json(error)["error"] for error in errors]
+        if fix_all:
+            payload["fix_all"] = fix_all
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return ExitCode.BAD_INPUT
+    from rich.markup import escape
+
+    console = log or make_console(stderr=True)
+    if len(errors) > 1:
+        console.print(f"[bold red]{len(errors)} problems[/] block this run; each is listed below.", markup=True)
+    for error in errors:
+        report_error(error, log=console)
+    if fix_all:
+        console.print(f"[bold]Fix them at once:[/] {escape(fix_all)}", markup=True, highlight=False)
+    return ExitCode.BAD_INPUT
+
+
 # Plans, profiles, launch scripts and config.json files are small; anything larger is not one of them
 # (or is /dev/zero), and reading it whole would exhaust memory.
 MAX_INPUT_BYTES = 16 * 2**20

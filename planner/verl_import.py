@@ -572,6 +572,12 @@ def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str
             name, _, value = argument.partition("=")
             if name in ("--config-name", "-cn", "--config-path", "-cp") and not value and arguments:
                 value = arguments.pop(0)
+            if name in ("--config-name", "-cn") and "megatron" in value:
+                raise PlanError(field="--config-name", message=f"is {value}, verl's Megatron trainer, which rlplan "
+                                "does not support yet: it plans FSDP training (fsdp, fsdp2); Megatron's tensor and "
+                                "pipeline parallelism is planned.",
+                                fix="import the FSDP variant of the script (ppo_trainer.yaml), or plan the workload "
+                                "afresh with `rlplan solve --model ... --gpus ...`")
             if name in ("--config-name", "-cn") and value not in ("ppo_trainer", "ppo_trainer.yaml"):
                 warnings.append(f"--config-name {value}: read with ppo_trainer.yaml's defaults, which may differ.")
             elif name not in ("--config-name", "-cn", "--config-path", "-cp"):
@@ -751,6 +757,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         if key in seen and seen[key] != override.value:
             warnings.append(f"{key} is set twice ({seen[key]} and {override.value}); the last one wins, as in Hydra.")
         seen[key] = override.value
+        _refuse_megatron(key, override.value)
         if override.prefix == "~" or override.value is None:
             passthrough[f"~{override.key}"] = override.value or ""
             continue
@@ -785,6 +792,16 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     if kept:
         warnings.append(f"kept {len(kept)} verl key(s) rlplan does not model, rendered back unchanged: {', '.join(kept)}.")
     return ImportResult(plan=plan.evolve(passthrough=passthrough), warnings=tuple(warnings), passthrough_keys=kept)
+
+
+def _refuse_megatron(key: str, value: str | None) -> None:
+    """A Megatron script is refused in plain words: its parallelism (tensor, pipeline, expert) is not what
+    rlplan's memory model and rules price, so no plan of it would be honest."""
+    if key.endswith(".strategy") and (value or "").strip("'\"") == "megatron":
+        raise PlanError(field=key, message="is megatron, which rlplan does not support yet: it plans FSDP "
+                        "training (fsdp, fsdp2); Megatron's tensor and pipeline parallelism is planned.",
+                        fix=f"import the FSDP variant of the script ({key}=fsdp2), or plan the workload "
+                        "afresh with `rlplan solve --model ... --gpus ...`")
 
 
 def _reward_function(reward: dict[str, str]) -> str:

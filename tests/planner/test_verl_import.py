@@ -222,3 +222,18 @@ def test_offload_policy_imports_from_verls_fsdp_config_keys():
                        "critic.fsdp.offload_policy=true\n").plan
     assert plan.actor.offload_policy and plan.critic.offload_policy
     assert not plan.passthrough
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nactor_rollout_ref.actor.strategy=megatron\n",
+     "actor_rollout_ref.actor.strategy"),
+    ("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\ncritic.strategy=megatron\n", "critic.strategy"),
+    ("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer.yaml "
+     "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "--config-name"),
+])
+def test_a_megatron_script_is_refused_in_plain_words_naming_fsdp_as_what_is_planned(text, field):
+    with pytest.raises(PlanError) as error:
+        load(text)
+    assert error.value.field == field
+    assert "not support yet" in error.value.message and "FSDP" in error.value.message
+    assert "typing" not in error.value.paragraph() and "Literal" not in error.value.paragraph()
