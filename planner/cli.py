@@ -88,6 +88,15 @@ def resolve_model_arg(spec: str):
     return resolve_model(spec)
 
 
+def weightless_model_note(spec: str) -> str | None:
+    """--model DIR with a config.json but no weights: model.path is that directory all the same, so say so."""
+    candidate = local_config_path(spec)
+    if candidate is None or any(any(candidate.parent.glob(f"*.{suffix}")) for suffix in ("safetensors", "bin", "pt")):
+        return None
+    return (f"{shorten(str(candidate.parent))} has a config.json but no weights (*.safetensors); model.path is set to "
+            "it all the same, and a run loads the weights from there: put the checkpoint there, or edit model.path.")
+
+
 def parse_fixes(fixes: list[str]) -> dict[str, Any]:
     from rlplan.planner.knobs import parse_pin
 
@@ -258,6 +267,9 @@ def solve(
     else:
         assert model is not None
         resolved = resolve_model_arg(model)
+        weightless = weightless_model_note(model)
+        if weightless and not json_output:
+            make_console(stderr=True).print(f"note: {weightless}", markup=False)
         model_section = ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch)
     if gpu is not None and gpu_mem is not None:
         raise PlanError(field="--gpu-mem", message="both --gpu and --gpu-mem are given.", fix="pass only one")

@@ -586,3 +586,16 @@ def test_import_and_render_json_errors_are_one_json_object_on_stdout_with_exit_2
     assert result.exit_code == 2, result.output
     error = json.loads(result.stdout)["error"]
     assert set(error) == {"field", "message", "fix"} and error["fix"]
+
+
+def test_solve_with_a_config_only_model_directory_says_model_path_has_no_weights(tmp_path):
+    config = {"model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 2048}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ["solve", "--model", str(tmp_path), "--gpus", "1", "--gpu", "h100-80g", "--prompt-len", "128",
+            "--response-len", "128", "--train-batch-size", "8", "--n", "2"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "no weights" in " ".join(result.output.split()) and "model.path" in result.output
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert "no weights" not in invoke(*args).output
