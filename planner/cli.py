@@ -19,6 +19,7 @@ from typing import Annotated, Any, NoReturn, get_args
 import typer
 
 from rlplan.planner.commands_io import (
+    RUNTIME_INSTALL,
     ExitCode,
     error_json,
     load_plan,
@@ -141,7 +142,7 @@ def guarded(function):
                 raise
             needs = "--verify" if function.__name__ == "solve" else function.__name__  # solve needs it only to verify
             fail(PlanError(field=needs, message=f"needs the runtime extra ({exc.name} is not installed).",
-                           fix="pip install 'rlplan[runtime]'"), as_json=as_json)
+                           fix=RUNTIME_INSTALL), as_json=as_json)
         except Exception as exc:  # a bug in rlplan, not bad input: say so, keep the trace behind a flag
             if os.environ.get("RLPLAN_DEBUG"):
                 raise
@@ -591,7 +592,8 @@ def schema(
 @guarded
 def report(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run's output directory (metrics.jsonl, plan.toml).")],
-    output: Annotated[str, typer.Option("-o", "--output", help="Chart to write: .html, .png or .svg.")] = "report.html",
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Chart to write: .html, .png or .svg "
+                                               "(default: RUN_DIR/report.html, beside the run).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object (chart written, metrics file, "
                                               "steps) or the error.")] = False,
 ) -> None:
@@ -601,6 +603,7 @@ def report(
     """
     from rlplan.planner.chart_commands import check_chart_path, report_command, report_summary
 
+    output = output or os.path.join(run_dir, "report.html")  # beside the run, never silently into the cwd
     check_chart_path(output, "-o")
     drawn = report_command(run_dir, output)
     if json_output:

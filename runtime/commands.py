@@ -323,7 +323,28 @@ def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
         f"and written to {plan_file} (update token budget {plan.actor.ppo_max_token_len_per_gpu} per rank); "
         f"{steps} GRPO steps, full fine-tuning"
     )
-    return execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))
+    code = execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))
+    if code == ExitCode.OK:
+        console.print("\n".join(demo_next_steps(out)), markup=False, highlight=False)
+    return code
+
+
+def demo_next_steps(out: Path) -> list[str]:
+    """What to run after the demo: its report, its plan explained, then a plan of one's own (CPU or GPUs)."""
+    run_dir, plan_file = shlex.quote(str(out / "run")), shlex.quote(str(out / "plan.toml"))
+    return [
+        "The demo is a toy (a 2-layer model, 8-token answers): it shows the plan and the runtime end to end; its "
+        "reward curve is no learning result.",
+        "Next:",
+        f"  rlplan report {run_dir}          # the run's charts, written to {run_dir}/report.html",
+        f"  rlplan explain {plan_file}    # where the plan's memory goes, phase by phase",
+        "  rlplan solve --device cpu --model MODEL_DIR --prompt-len 256 --response-len 128 -o plan.toml"
+        "   # your model on this machine",
+        "  rlplan run plan.toml",
+        "  rlplan solve --model qwen2.5-7b --gpus 8 --gpu h100-80g --prompt-len 1024 --response-len 2048 "
+        "-o plan.toml   # a GPU cluster",
+        "  rlplan render plan.toml --target verl -o run.sh   # ... run by verl (examples/ has ready plans)",
+    ]
 
 
 # --- calibrate ---------------------------------------------------------------------------------

@@ -351,7 +351,7 @@ def check_trackers(loggers: tuple[str, ...]) -> None:
             field="trainer.logger",
             message=f"names {', '.join(missing)}, but the {' and '.join(TRACKER_LIBRARIES[n][0] for n in missing)} "
                     f"package{'s are' if len(missing) > 1 else ' is'} not installed, so the run would log nowhere there.",
-            fix=f"pip install 'rlplan[{extras}]' (or 'rlplan[trackers]' for all), or remove "
+            fix=f"pip install -e '.[{extras}]' in the rlplan clone (or '.[trackers]' for all), or remove "
                 f"{', '.join(missing)} from trainer.logger",
         )
 

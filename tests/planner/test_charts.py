@@ -249,3 +249,15 @@ def test_report_json_prints_what_was_drawn_and_errors_as_json_on_stdout(tmp_path
     assert drawn == {"output": str(out), "metrics_file": str(run / "metrics.jsonl"), "steps": 3, "last_step": 3}
     result = runner.invoke(app, ["report", str(tmp_path), "-o", str(out), "--json"])
     assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == "RUN_DIR"
+
+
+def test_report_without_o_writes_beside_the_run_and_says_where_never_into_the_cwd(tmp_path, monkeypatch):
+    pytest.importorskip("altair", reason="the charts extra (altair, vl-convert-python) is not installed")
+    run = write_run(tmp_path / "run", 2, cut_off=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    assert (run / "report.html").is_file() and not list(elsewhere.iterdir())
+    assert str(run / "report.html") in "".join(result.output.split())

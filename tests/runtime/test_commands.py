@@ -94,7 +94,7 @@ def test_a_tracker_whose_library_is_missing_is_refused_before_the_run_starts(wor
     plan = plan.evolve(trainer=attrs.evolve(plan.trainer, logger=("console", "wandb")))
     message = _run_bad(tmp_path, capsys, plan)
     assert "trainer.logger" in message and "wandb package is not installed" in message
-    assert "pip install 'rlplan[wandb]'" in message
+    assert "pip install -e '.[wandb]'" in message
     # Refused before the run starts: not even the plan-as-run is written.
     assert not (tmp_path / "out" / "plan.toml").exists()
 
@@ -193,3 +193,13 @@ def test_a_gpu_plan_on_this_cpu_machine_lists_every_blocking_error_at_once_machi
     listed = [error["field"] for error in payload["errors"]]
     assert set(fields) <= set(listed) and listed[0] == "cluster.gpu" and listed[-1] == "model.path"
     assert "--device cpu" in payload["fix_all"]
+
+
+def test_the_demo_ends_with_the_next_commands_on_its_own_paths(tmp_path):
+    from rlplan.runtime.commands import demo_next_steps
+
+    out = tmp_path / "my demo"
+    text = "\n".join(demo_next_steps(out))
+    assert f"rlplan report '{out / 'run'}'" in text and f"rlplan explain '{out / 'plan.toml'}'" in text
+    assert "rlplan solve --device cpu" in text and "rlplan run plan.toml" in text
+    assert "rlplan render plan.toml --target verl" in text and "toy" in text
