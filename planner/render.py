@@ -19,10 +19,9 @@ import posixpath
 import re
 import shlex
 from importlib import resources
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
-import jinja2
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
@@ -41,6 +40,9 @@ from rlplan.planner.verl_keys import (
     render_str_list,
     verl_sleep_level,
 )
+
+if TYPE_CHECKING:
+    import jinja2
 
 Target = Literal["verl", "slurm", "ray-job"]
 Format = Literal["script", "overrides"]
@@ -61,6 +63,8 @@ def shquote(value: Any) -> str:
 
 @functools.cache
 def _environment() -> jinja2.Environment:
+    import jinja2  # here, not at import: the CLI reads this module's choices on every command
+
     def load(name: str) -> str:
         return resources.files("rlplan.templates").joinpath(name).read_text(encoding="utf-8")
 
