@@ -188,11 +188,10 @@ def execute(plan: Plan, options: RunOptions, console: Any, *, as_json: bool = Fa
     With --json the log (the console, then on stderr) stays human, and stdout gets one JSON object: the
     run's outcome, or {"error": {field, message, fix}}.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rlplan.runtime.loop import PromptSource, run_loop
     from rlplan.runtime.metrics import check_trackers, plan_versus_actual_table
     from rlplan.runtime.platform import blocking_errors, detect_platform
+    from rlplan.runtime.progress import run_progress
     from rlplan.runtime.trainer.model import check_model_dir
 
     platform = detect_platform()
@@ -223,9 +222,7 @@ def execute(plan: Plan, options: RunOptions, console: Any, *, as_json: bool = Fa
         f"at data.max_prompt_length = {plan.data.max_prompt_length})"
     )
     try:
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-        ) as progress:
+        with run_progress(console) as progress:
             summary = run_loop(plan, platform, options, data, console=console, progress=progress)
     except Exception as error:  # noqa: BLE001 - every failure becomes an exit code and a message
         plan_error = _plan_error_of(error)
