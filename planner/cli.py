@@ -514,7 +514,7 @@ def solve(
         console = make_console()
         for renderable in renderables:
             console.print(renderable)
-        console.print(solve_next_step(output, on_cpu), markup=False, highlight=False)
+        console.print(solve_next_step(output, on_cpu), markup=False, highlight=False, soft_wrap=True)
 
 
 def solve_next_step(output: str | None, on_cpu: bool) -> str:

@@ -322,7 +322,8 @@ def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
     )
     code = execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))
     if code == ExitCode.OK:
-        console.print("\n".join(demo_next_steps(out)), markup=False, highlight=False)
+        # soft_wrap: a command is never cut across lines, so it pastes as one.
+        console.print("\n".join(demo_next_steps(out)), markup=False, highlight=False, soft_wrap=True)
     return code
 
 
