@@ -270,6 +270,8 @@ def test_report_without_o_writes_beside_the_run_and_says_where_never_into_the_cw
                                                                      "critic.ppo_micro_batch_size_per_gpu": 2}])
 def test_memory_segments_group_every_component_and_stack_to_each_phases_peak(overrides):
     """Invariant: the grouped stack of a phase sums to its peak, bottom first in MEMORY_GROUPS order."""
+    import itertools
+
     from rlplan.planner.charts import MEMORY_GROUPS, component_group, memory_segments
 
     report = predict_memory(make_plan(overrides=overrides))
@@ -279,7 +281,7 @@ def test_memory_segments_group_every_component_and_stack_to_each_phases_peak(ove
         mine = [s for s in segments if s["phase"] == phase.name]
         assert [s["group_order"] for s in mine] == sorted(s["group_order"] for s in mine)
         assert math.isclose(mine[-1]["y1"], phase.peak_bytes / GIB, abs_tol=0.01 * len(phase.components))
-        assert all(math.isclose(a["y1"], b["y0"], abs_tol=1e-6) for a, b in zip(mine, mine[1:]))
+        assert all(math.isclose(a["y1"], b["y0"], abs_tol=1e-6) for a, b in itertools.pairwise(mine))
     assert {component_group(c.name, c.scope) for p in report.phases for c in p.components} <= set(MEMORY_GROUPS)
     expected = {"kv_cache": "KV cache", "actor_optimizer_state": "optimizer", "actor_grads": "gradients",
                 "activations": "activations", "logits_head": "loss head", "actor_params": "weights",

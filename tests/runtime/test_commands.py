@@ -166,8 +166,8 @@ def test_a_gpu_plan_on_this_cpu_machine_lists_every_blocking_error_at_once_machi
 
     import torch
 
-    from rlplan.planner.hardware import Cluster, GpuSpec
     from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.hardware import Cluster, GpuSpec
     from rlplan.runtime.commands import run_command
 
     if torch.cuda.is_available():
