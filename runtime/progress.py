@@ -15,7 +15,6 @@ def run_progress(console: Any) -> Any:
     """The run's rich Progress: spinner, what is happening, bar, steps done, elapsed, ETA, tokens/s."""
     from rich.progress import (
         BarColumn,
-        MofNCompleteColumn,
         Progress,
         SpinnerColumn,
         TextColumn,
@@ -23,9 +22,11 @@ def run_progress(console: Any) -> Any:
         TimeRemainingColumn,
     )
 
+    # The steps done and the "eta" label are fields: a stage (no total) shows neither "0/?" nor an empty ETA.
     return Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"), console=console,
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),
+        TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"),
+        console=console,
     )
 
 
@@ -45,13 +46,14 @@ class RunProgress:
         self.progress = progress
         self.stage_task: Any = None
         self.step_task: Any = None
+        self.last_step = 0
 
     def stage(self, text: str) -> None:
         """Say what the run is doing before its first step (a bar with no total spins)."""
         if self.progress is None:
             return
         if self.stage_task is None:
-            self.stage_task = self.progress.add_task(text, total=None, rate="")
+            self.stage_task = self.progress.add_task(text, total=None, rate="", done="", eta="")
         else:
             self.progress.update(self.stage_task, description=text)
 
@@ -61,10 +63,13 @@ class RunProgress:
         if self.stage_task is not None:
             self.progress.remove_task(self.stage_task)
             self.stage_task = None
-        self.step_task = self.progress.add_task("training", total=last_step, completed=first_step - 1, rate="")
+        self.last_step = last_step
+        self.step_task = self.progress.add_task("training", total=last_step, completed=first_step - 1, rate="",
+                                                done=f"{first_step - 1}/{last_step}", eta="eta")
 
     def step_done(self, step: int, record: dict[str, Any]) -> None:
         if self.progress is None or self.step_task is None:
             return
         rate = step_tokens_per_s(record)
-        self.progress.update(self.step_task, completed=step, rate=f"{rate:,.0f} tok/s" if rate else "")
+        self.progress.update(self.step_task, completed=step, rate=f"{rate:,.0f} tok/s" if rate else "",
+                             done=f"{step}/{self.last_step}")
