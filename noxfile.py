@@ -132,8 +132,19 @@ def tests_planner(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
     """The main job on its embedded default: the bundled tiny model and toy task, on this CPU."""
-    install_runtime(session)
+    install_runtime(session, "charts")  # charts: the demo's next command is `rlplan report`
     session.run("rlplan", "demo", *session.posargs, env=RUNTIME_ENV)
+
+
+@nox.session(python=PYTHON)
+def env(session: nox.Session) -> None:
+    """A reusable environment with `rlplan` on PATH: the planner, the runtime (vLLM for CPU) and the charts.
+
+    rlplan is not on PyPI: this is how a clone gets everything `rlplan demo`, `run` and `report` need
+    (planner/commands_io.py's RUNTIME_INSTALL points here). Then `source .nox/env/bin/activate`.
+    """
+    install_runtime(session, "charts")
+    session.log(f"ready: `source {session.virtualenv.location}/bin/activate`, then `rlplan demo`")
 
 
 @nox.session(python=PYTHON)

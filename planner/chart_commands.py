@@ -119,11 +119,13 @@ def report_command(run_dir: str, output: str) -> dict[str, object]:
     if not buckets.steps:
         raise PlanError(field=str(metrics), message="no finished step yet.", fix="wait for the first step, then rerun")
     predicted: dict[str, float] = {}
-    title = directory.name
+    # `rlplan demo` writes its run to <dir>/run: name it by both, never "run run".
+    name = f"{directory.resolve().parent.name}/{directory.name}" if directory.name == "run" else directory.name
+    title, subtitle = f"run {name}", ""
     if plan_file.is_file():
         plan = load_plan(plan_file)
         predicted = dict(plan.prediction.phase_peak_gib) if plan.prediction is not None else {}
-        title = f"{plan.model.name} run {directory.name}"
+        title, subtitle = f"{plan.model.name}, run {name}", run_subtitle(plan)
     points = buckets.records()
     data = run_report_data(points, predicted)
     merged = buckets.steps_per_point
@@ -134,9 +136,20 @@ def report_command(run_dir: str, output: str) -> dict[str, object]:
     if reading.skipped_partial:
         notes.append("the last line, still being written, is left out")
     data.update(steps=buckets.steps, last_step=buckets.last_step)
-    write_chart(report_chart(data, "; ".join([title, *notes])), output, "-o")
+    write_chart(report_chart(data, "; ".join([title, *notes]), subtitle), output, "-o")
     return {"output": output, "metrics_file": str(metrics), "steps": buckets.steps, "last_step": buckets.last_step,
             "steps_per_point": merged, "skipped_lines": reading.skipped_partial, "notes": notes}
+
+
+def run_subtitle(plan: Any) -> str:
+    """The model, cluster and key knobs of the run, on the report's page."""
+    cluster, data, actor = plan.cluster, plan.data, plan.actor
+    devices = (f"{cluster.gpus_per_node} CPU rank{'s' if cluster.gpus_per_node > 1 else ''}" if cluster.gpu.is_cpu
+               else f"{cluster.nodes * cluster.gpus_per_node} x {cluster.gpu.name}")
+    lora = f"LoRA rank {plan.model.lora.rank}" if plan.model.lora.rank else "full fine-tuning"
+    return (f"{plan.algorithm.adv_estimator} on {devices}; {data.train_batch_size} prompts x n {plan.rollout.n}, "
+            f"prompt {data.max_prompt_length} + response {data.max_response_length} tokens; {lora}, lr {actor.lr:g}; "
+            f"{actor.compute_dtype}, rollout {plan.rollout.name}")
 
 
 def report_summary(drawn: dict[str, Any]) -> str:

@@ -38,7 +38,9 @@ def _gpu_limit_line(limit_gib: float, label: str = "", color: str = "red") -> An
 
     rows = alt.Data(values=[{"limit": limit_gib, "label": label or f"GPU memory {limit_gib:.1f} GiB"}])
     rule = alt.Chart(rows).mark_rule(color=color, strokeDash=[6, 3], size=2).encode(y="limit:Q")
-    text = alt.Chart(rows).mark_text(align="right", dx=-4, dy=-6, color=color, x="width").encode(
+    # At the left end, just above the line: at the right end it ran into the bars and the panel's title (the
+    # panels leave 15 % of room above the limit for it).
+    text = alt.Chart(rows).mark_text(align="left", dx=4, dy=-6, color=color, x=0).encode(
         y="limit:Q", text="label:N")
     return rule + text
 
@@ -74,47 +76,111 @@ def memory_chart_data(report: MemoryReport, margin_gib: float = 0.0) -> dict[str
     }
 
 
+# The memory chart's groups, bottom of the stack first: what a user can act on, whatever the component's name.
+MEMORY_GROUPS = ("weights", "optimizer", "gradients", "activations", "loss head", "KV cache", "engine", "overheads")
+GROUP_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+ENGINE_PREFIXES = ("vllm_", "sglang_", "cuda_graph_pool")
+
+
+def component_group(name: str, scope: str = "step") -> str:
+    """Which of MEMORY_GROUPS a memory.py component belongs to."""
+    if name == "kv_cache":
+        return "KV cache"
+    if name.startswith(ENGINE_PREFIXES):
+        return "engine"
+    if name in ("logits_head", "loss_head_hidden", "cached_logits_block"):
+        return "loss head"
+    if "optimizer" in name:
+        return "optimizer"
+    if "_grads" in name or "reduce_scatter" in name:
+        return "gradients"
+    if name.startswith("activations") or name in ("forward_transients", "layer_backward_workspace"):
+        return "activations"
+    if scope == "overhead" or name in ("cuda_context_and_nccl", "fragmentation_reserve", "process_overhead"):
+        return "overheads"
+    return "weights"
+
+
+def memory_segments(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One stacked segment per (phase, group), bottom first: its span, its GiB and the components in it."""
+    segments = []
+    for peak in data["phase_peaks"]:
+        rows = [row for row in data["gpu_bars"] if row["phase"] == peak["phase"]]
+        base = 0.0
+        for index, group in enumerate(MEMORY_GROUPS):
+            members = [row for row in rows if component_group(row["component"], row["scope"]) == group]
+            gib = round(sum(row["gib"] for row in members), 3)
+            if not members or gib <= 0:
+                continue
+            segments.append({"phase": peak["phase"], "group": group, "group_order": index, "gib": gib,
+                             "y0": round(base, 3), "y1": round(base + gib, 3), "mid": round(base + gib / 2, 3),
+                             "components": ", ".join(f"{row['component']} {row['gib']:.2f}" for row in members),
+                             "binding": any(row["binding"] for row in members)})
+            base += gib
+    return segments
+
+
 def memory_chart(data: dict[str, Any], title: str) -> Any:
     import altair as alt
 
     order = [row["phase"] for row in data["phase_peaks"]]
-    bars = alt.Chart(alt.Data(values=data["gpu_bars"])).mark_bar().encode(
-        x=alt.X("phase:N", sort=order, title="phase", axis=alt.Axis(labelAngle=0)),
-        # One row per (phase, component): stacked, not aggregated, so each segment keeps its fields.
-        y=alt.Y("gib:Q", stack="zero", title="GiB per GPU"),
-        color=alt.Color("component:N", scale=alt.Scale(scheme="category20"),
-                        legend=alt.Legend(columns=2, symbolLimit=40)),
-        order=alt.Order("component:N"),
-        # The binding component is outlined: that is the bar to shrink.
+    segments = memory_segments(data)
+    tallest = max([data["gpu_limit_gib"], *(row["gib"] for row in data["phase_peaks"])])
+    # Values on the segments tall enough to hold one; the rest are in the tooltip.
+    labelled = [row for row in segments if row["gib"] >= 0.06 * tallest]
+    present = [group for group in MEMORY_GROUPS if any(row["group"] == group for row in segments)]
+    colours = [GROUP_COLOURS[MEMORY_GROUPS.index(group)] for group in present]
+    x = alt.X("phase:N", sort=order, title="phase", axis=alt.Axis(labelAngle=0))
+    bars = alt.Chart(alt.Data(values=segments)).mark_bar().encode(
+        x=x, y=alt.Y("y0:Q", title="GiB per GPU", scale=alt.Scale(domain=[0, tallest * 1.15])), y2="y1:Q",
+        # The legend reads top to bottom as the stack does.
+        color=alt.Color("group:N", scale=alt.Scale(domain=present[::-1], range=colours[::-1]), title="memory",
+                        legend=alt.Legend(symbolType="square")),
+        # The binding group is outlined: that is the segment to shrink.
         stroke=alt.condition("datum.binding", alt.value("black"), alt.value("white")),
         strokeWidth=alt.condition("datum.binding", alt.value(2.5), alt.value(0.5)),
-        tooltip=["phase:N", "component:N", "scope:N", alt.Tooltip("gib:Q", format=".2f")],
+        tooltip=["phase:N", "group:N", alt.Tooltip("gib:Q", format=".2f"), "components:N"],
     )
+    values = alt.Chart(alt.Data(values=labelled)).mark_text(color="white", fontSize=10).encode(
+        x=alt.X("phase:N", sort=order), y="mid:Q", text=alt.Text("gib:Q", format=".1f"))
     limit = _gpu_limit_line(data["gpu_limit_gib"])
     if data.get("margin_gib"):
         limit += _gpu_limit_line(data["gpu_limit_gib"] - data["margin_gib"],
                                  f"margin: {data['margin_gib']:.1f} GiB kept free", color="#ff7f0e")
     binding_rows = [dict(row, label=data["binding"]["label"]) for row in data["phase_peaks"]
                     if row["phase"] == data["binding"]["where"]]
-    binding = alt.Chart(alt.Data(values=binding_rows)).mark_text(dy=-18, fontWeight="bold").encode(
+    binding = alt.Chart(alt.Data(values=binding_rows)).mark_text(dy=-8, fontWeight="bold").encode(
         x=alt.X("phase:N", sort=order), y="gib:Q", text="label:N")
-    gpu_panel = (bars + limit + binding).properties(
+    gpu_panel = (bars + values + limit + binding).properties(
         width=420, height=340, title=f"{title}: GPU memory per phase")
+    return alt.vconcat(gpu_panel, _host_panel(data))
+
+
+def _host_panel(data: dict[str, Any]) -> Any:
+    """Host RAM per node, scaled to the data: a limit far beyond it (1024 GiB against 40) is said, not drawn."""
+    import altair as alt
+
+    largest = max([row["gib"] for row in data["host_bars"]] or [1.0])
+    limit_gib = data["host_limit_gib"]
+    draw_limit = limit_gib <= 1.5 * sum(row["gib"] for row in data["host_bars"])
+    domain = [0, (max(limit_gib, largest) if draw_limit else largest) * 1.15]
+    x = alt.X("gib:Q", title="GiB per node", scale=alt.Scale(domain=domain), axis=alt.Axis(tickCount=6))
     host_bars = alt.Chart(alt.Data(values=data["host_bars"])).mark_bar(color="#7f7f7f").encode(
-        x=alt.X("gib:Q", title="GiB per node", axis=alt.Axis(tickCount=6)), y=alt.Y("component:N", title=None),
+        x=x, y=alt.Y("component:N", title=None),
         stroke=alt.condition("datum.binding", alt.value("black"), alt.value(None)),
         tooltip=["component:N", alt.Tooltip("gib:Q", format=".2f")],
     )
-    host_limit_rows = [{"limit": data["host_limit_gib"], "label": f"host RAM {data['host_limit_gib']:.0f} GiB"}]
-    host_limit = alt.Chart(alt.Data(values=host_limit_rows)).mark_rule(color="red", strokeDash=[6, 3], size=2).encode(
-        x="limit:Q")
     host_text = alt.Chart(alt.Data(values=data["host_bars"])).mark_text(align="left", dx=3).encode(
-        x="gib:Q", y="component:N", text=alt.Text("gib:Q", format=".1f"))
-    host_limit_text = alt.Chart(alt.Data(values=host_limit_rows)).mark_text(
-        align="right", dx=-4, color="red", y=-6).encode(x="limit:Q", text="label:N")
-    host_panel = (host_bars + host_text + host_limit + host_limit_text).properties(
-        width=420, height=22 * max(1, len(data["host_bars"])), title="host RAM per node")
-    return alt.vconcat(gpu_panel, host_panel)
+        x=alt.X("gib:Q", scale=alt.Scale(domain=domain)), y="component:N", text=alt.Text("gib:Q", format=".1f"))
+    layers = [host_bars, host_text]
+    title = "host RAM per node"
+    if draw_limit:
+        rows = [{"limit": limit_gib, "label": f"host RAM {limit_gib:.0f} GiB"}]
+        layers.append(alt.Chart(alt.Data(values=rows)).mark_rule(color="red", strokeDash=[6, 3], size=2).encode(
+            x=alt.X("limit:Q", scale=alt.Scale(domain=domain))))
+    else:
+        title += f" (of {limit_gib:.0f} GiB: the components sum to {sum(r['gib'] for r in data['host_bars']):.1f})"
+    return alt.layer(*layers).properties(width=420, height=22 * max(1, len(data["host_bars"])), title=title)
 
 
 # --- solve --frontier --------------------------------------------------------------
@@ -172,6 +238,36 @@ def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: in
             "margin_line_gib": round(gpu_limit_gib - margin_gib, 3)}
 
 
+def frontier_axis_domains(rows: list[dict[str, Any]], gpu_limit_gib: float,
+                          log: bool = True) -> tuple[list[float], list[float]]:
+    """The step-time and GiB ranges a frontier panel shows: the data's own, padded (a log axis to 900 s for
+    points at 100-175 s, or a 0.06 GiB range, said nothing), the GPU limit always in view."""
+    times = [r["step_time_s"] for r in rows if r["step_time_s"] > 0] or [1.0]
+    low, high = min(times), max(times)
+    if log:
+        time_domain = [low / 1.15, high * 1.15]
+    else:
+        pad = max(0.05 * (high - low), 0.02 * high, 0.5)
+        time_domain = [max(0.0, low - pad), high + pad]
+    gibs = [r["gpu_peak_gib"] for r in rows] + [gpu_limit_gib]
+    # At least a tenth of the GPU below the highest point, so a 0.06 GiB spread reads as the small one it is.
+    span = max(max(gibs) - min(gibs), 0.1 * gpu_limit_gib)
+    return time_domain, [max(0.0, max(gibs) - 1.1 * span), max(gibs) + 0.1 * span]
+
+
+def _time_scale(rows: list[dict[str, Any]], log: bool = True) -> Any:
+    import altair as alt
+
+    domain = frontier_axis_domains(rows, 0.0, log)[0]
+    return alt.Scale(type="log", domain=domain, nice=False) if log else alt.Scale(domain=domain, nice=False)
+
+
+def _memory_scale(rows: list[dict[str, Any]], gpu_limit_gib: float) -> Any:
+    import altair as alt
+
+    return alt.Scale(domain=frontier_axis_domains(rows, gpu_limit_gib)[1], nice=False)
+
+
 def frontier_chart(data: dict[str, Any], title: str) -> Any:
     """All candidates (log step time: infeasible ones can be many times slower), and the feasible ones zoomed."""
     import altair as alt
@@ -181,9 +277,10 @@ def frontier_chart(data: dict[str, Any], title: str) -> Any:
     colours = ["#d62728", *["#ff7f0e"] * (len(marks) - 3), "#1f77b4", "#bbbbbb"]
 
     def panel(rows: list[dict[str, Any]], x_scale: Any, panel_title: str) -> Any:
+        y_scale = _memory_scale(rows, data["gpu_limit_gib"])
         points = alt.Chart(alt.Data(values=rows)).mark_point(filled=True, opacity=0.85).encode(
             x=alt.X("step_time_s:Q", title="predicted step time (s)", scale=x_scale),
-            y=alt.Y("gpu_peak_gib:Q", title="peak GiB per GPU", scale=alt.Scale(zero=False)),
+            y=alt.Y("gpu_peak_gib:Q", title="peak GiB per GPU", scale=y_scale),
             color=alt.Color("mark:N", scale=alt.Scale(domain=marks, range=colours), title="candidate"),
             shape=alt.Shape("feasible:N", scale=alt.Scale(domain=[True, False], range=["circle", "cross"])),
             size=alt.condition("datum.rank == 1", alt.value(220), alt.value(60)),
@@ -191,7 +288,7 @@ def frontier_chart(data: dict[str, Any], title: str) -> Any:
                      alt.Tooltip("gpu_peak_gib:Q", format=".2f"), alt.Tooltip("headroom_gib:Q", format=".2f"),
                      "reason:N", "knobs:N"],
         )
-        layers = [points, _gpu_limit_line(data["gpu_limit_gib"])]
+        layers = [points, _gpu_limit_line(data["gpu_limit_gib"])]  # the limit is inside y_scale's domain
         if data.get("margin_gib"):
             layers.append(_gpu_limit_line(data["margin_line_gib"], f"margin: {data['margin_gib']:.1f} GiB kept free",
                                           color="#ff7f0e"))
@@ -199,11 +296,12 @@ def frontier_chart(data: dict[str, Any], title: str) -> Any:
         for index, row in enumerate(sorted((r for r in rows if r["label"]), key=lambda r: r["rank"])):
             layers.append(alt.Chart(alt.Data(values=[row])).mark_text(
                 align="left", dx=8, dy=-10 - 14 * (index % 3), fontWeight="bold").encode(
-                x=alt.X("step_time_s:Q", scale=x_scale), y="gpu_peak_gib:Q", text="label:N"))
+                x=alt.X("step_time_s:Q", scale=x_scale), y=alt.Y("gpu_peak_gib:Q", scale=y_scale), text="label:N"))
         return alt.layer(*layers).properties(width=420, height=340, title=panel_title)
 
-    everything = panel(data["points"], alt.Scale(type="log"), "every candidate priced")
-    feasible = panel([r for r in data["points"] if r["feasible"]], alt.Scale(zero=False), "the feasible ones")
+    feasible_rows = [r for r in data["points"] if r["feasible"]]
+    everything = panel(data["points"], _time_scale(data["points"]), "every candidate priced")
+    feasible = panel(feasible_rows, _time_scale(feasible_rows, log=False), "the feasible ones")
     # What the labelled candidates are, readable in a PNG where there is no tooltip.
     key = alt.Chart(alt.Data(values=[{"line": line, "order": i} for i, line in enumerate(data["key"])])).mark_text(
         align="left", x=0, fontSize=11).encode(y=alt.Y("order:O", axis=None), text="line:N").properties(
@@ -245,25 +343,31 @@ def run_report_data(records: list[dict[str, Any]], plan_phase_peak_gib: dict[str
               for kind, values in (("predicted", predicted), (f"measured ({measure or 'unknown'})", measured))
               if phase in values]
     return {"series": series, "phase_seconds": times, "memory": memory,
-            "steps": len(records), "last_step": records[-1]["step"] if records else None}
+            "steps": len(records), "last_step": records[-1]["step"] if records else None,
+            # rlplan's CPU runtime measures each phase's process, not a GPU.
+            "per": "process" if measure.startswith("cpu") else "GPU"}
 
 
-def report_chart(data: dict[str, Any], title: str) -> Any:
+def report_chart(data: dict[str, Any], title: str, subtitle: str = "") -> Any:
     import altair as alt
 
+    steps = alt.X("step:Q", axis=alt.Axis(tickMinStep=1, format="d"))  # whole steps, never 1.5
     series = alt.Chart(alt.Data(values=data["series"])).mark_line(point=True).encode(
-        x=alt.X("step:Q"), y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
+        x=steps, y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
         tooltip=["step:Q", "metric:N", alt.Tooltip("value:Q", format=".4g")],
     ).properties(width=260, height=150).facet(
-        facet=alt.Facet("metric:N", title=None), columns=3).resolve_scale(y="independent")
+        facet=alt.Facet("metric:N", title=None), columns=3).resolve_scale(y="independent").resolve_axis(
+        x="independent")  # step labels under every row of panels, not only the last
     times = alt.Chart(alt.Data(values=data["phase_seconds"])).mark_area().encode(
-        x=alt.X("step:Q"), y=alt.Y("sum(seconds):Q", title="seconds per step"),
+        x=steps, y=alt.Y("sum(seconds):Q", title="seconds per step"),
         color=alt.Color("phase:N"), tooltip=["step:Q", "phase:N", alt.Tooltip("seconds:Q", format=".3f")],
     ).properties(width=400, height=220, title="time per phase per step")
     memory = alt.Chart(alt.Data(values=data["memory"])).mark_bar().encode(
-        x=alt.X("phase:N", axis=alt.Axis(labelAngle=-30)), xOffset="kind:N", y=alt.Y("gib:Q", title="peak GiB per GPU"),
+        x=alt.X("phase:N", axis=alt.Axis(labelAngle=-30)), xOffset="kind:N",
+        y=alt.Y("gib:Q", title=f"peak GiB per {data.get('per', 'GPU')}"),
         color=alt.Color("kind:N", title="memory", legend=alt.Legend(labelLimit=400)), tooltip=["phase:N", "kind:N", alt.Tooltip("gib:Q", format=".3f")],
     ).properties(width=400, height=220, title="predicted vs measured peak per phase")
     heading = f"{title}: {data['steps']} steps (last {data['last_step']})"
     panels = alt.hconcat(times, memory).resolve_scale(color="independent")
-    return alt.vconcat(series, panels).resolve_scale(color="independent").properties(title=heading)
+    return alt.vconcat(series, panels).resolve_scale(color="independent").properties(
+        title=alt.TitleParams(heading, subtitle=[subtitle] if subtitle else [], anchor="start"))

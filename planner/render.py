@@ -19,14 +19,13 @@ import posixpath
 import re
 import shlex
 from importlib import resources
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
-import jinja2
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
-from rlplan.planner.knobs import knob_value
+from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.plan import Plan
 from rlplan.planner.verl_keys import (
     BY_FIELD,
@@ -35,10 +34,15 @@ from rlplan.planner.verl_keys import (
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
     VERL_KEYS,
+    Follows,
+    VerlKey,
     format_value,
     render_str_list,
     verl_sleep_level,
 )
+
+if TYPE_CHECKING:
+    import jinja2
 
 Target = Literal["verl", "slurm", "ray-job"]
 Format = Literal["script", "overrides"]
@@ -59,6 +63,8 @@ def shquote(value: Any) -> str:
 
 @functools.cache
 def _environment() -> jinja2.Environment:
+    import jinja2  # here, not at import: the CLI reads this module's choices on every command
+
     def load(name: str) -> str:
         return resources.files("rlplan.templates").joinpath(name).read_text(encoding="utf-8")
 
@@ -82,7 +88,7 @@ def prepare_for_verl(plan: Plan) -> Plan:
             message="verl has no leave-one-out GRPO baseline, so a verl run would train differently.",
             fix='set algorithm.grpo_leave_one_out = false, or algorithm.adv_estimator = "rloo"',
         )
-    for role in ("actor", "ref", "critic"):
+    for role in ("actor", "ref", "critic") if plan.uses_critic else ("actor", "ref"):
         if getattr(plan, role).compute_dtype == "float32":
             # verl 0.9's FSDPEngineConfig asserts dtype in (bfloat16, float16).
             raise PlanError(
@@ -115,7 +121,28 @@ def plan_as_verl_runs_it(plan: Plan) -> Plan:
         prepared.model.lora.enabled, prepared.rollout.layered_summon))
     cluster = Cluster(gpu=plan.cluster.gpu, nodes=plan.cluster.nodes, gpus_per_node=plan.cluster.gpus_per_node,
                       host_memory_gib=plan.cluster.host_memory_gib)
-    return prepared.evolve(rollout=rollout, cluster=cluster, prediction=None)
+    prepared = prepared.evolve(rollout=rollout, cluster=cluster, prediction=None)
+    return apply_knobs(prepared, _unrendered_critic(prepared)) if not prepared.uses_critic else prepared
+
+
+def _rendered(plan: Plan, entry: VerlKey) -> bool:
+    """A plan without a critic renders no critic block but its switch: verl builds no critic then, and
+    a GRPO script full of critic keys reads as if it trained one."""
+    return plan.uses_critic or not entry.key.startswith("critic.") or entry.field == "critic.enable"
+
+
+def _unrendered_critic(plan: Plan) -> dict[str, Any]:
+    """The critic fields a render leaves out, as an import of that script sets them: verl's defaults, a
+    default that follows another key read from the plan."""
+    values: dict[str, Any] = {}
+    for entry in VERL_KEYS:
+        if _rendered(plan, entry):
+            continue
+        value = entry.default
+        while isinstance(value, Follows):
+            value = values[value.field] if value.field in values else knob_value(plan, value.field)
+        values[entry.field] = value
+    return values
 
 
 def verl_overrides(plan: Plan) -> list[str]:
@@ -124,14 +151,14 @@ def verl_overrides(plan: Plan) -> list[str]:
     overrides: list[str] = []
     for entry in VERL_KEYS:
         value = knob_value(prepared, entry.field)
-        if value is None:
+        if value is None or not _rendered(prepared, entry):
             continue
         if entry.kind == "str_list":
             value = render_str_list(value)
         overrides.append(f"{entry.key}={format_value(value)}")
     for key, field in RENDER_ALSO.items():
         value = knob_value(prepared, BY_FIELD[field].field)
-        if value is not None and key not in prepared.passthrough:
+        if value is not None and key not in prepared.passthrough and (prepared.uses_critic or not key.startswith("critic.")):
             overrides.append(f"{key}={format_value(value)}")
     if prepared.reward.function:
         path, _, name = prepared.reward.function.rpartition(":")

@@ -906,6 +906,21 @@ def _platform(ctx: RuleContext) -> Platform:
     return ctx.platform
 
 
+@rule("platform", "a plan for GPUs runs on a machine that has them; a CPU-only machine runs a plan solved for it")
+def _gpu_plan_needs_a_gpu_machine(ctx: RuleContext) -> Iterator[Violation]:
+    # A GPU plan's memory and batch sizes are per GPU; on a CPU machine every rank would share one host's
+    # RAM and cores, so none of its predictions hold there (`solve --device cpu` prices this machine).
+    cluster = ctx.plan.cluster
+    if not _platform(ctx).has_accelerator and not cluster.gpu.is_cpu:
+        yield ctx.violation(
+            f"the plan was solved for {cluster.nodes * cluster.gpus_per_node} x {cluster.gpu.name} "
+            f"on {cluster.nodes} node{'s' if cluster.nodes > 1 else ''}; this machine has no GPU.",
+            "run it where those GPUs are, or re-solve it for this CPU machine with `rlplan solve --device cpu "
+            "--from` the plan",
+            cluster__gpu="cpu",
+        )
+
+
 @rule("platform", "the bundled runtime's rollout engine is vLLM only")
 def _runtime_rolls_out_with_vllm(ctx: RuleContext) -> Iterator[Violation]:
     # runtime/rollout/ drives vLLM; an SGLang plan is for verl, which starts SGLang itself.

@@ -390,8 +390,9 @@ def apply_training_choice(plan: Plan, choice: TrainingChoice, request: SolveRequ
         activation_offload=choice.activation_offload, use_remove_padding=True,
     )
     dp = plan.cluster.world_size // choice.ulysses
-    # LoRA needs about 10x the full-fine-tuning learning rate (verl's LoRA guide).
-    lr = plan.actor.lr * 10 if choice.lora_rank and request.base is None else plan.actor.lr
+    # LoRA needs about 10x the full-fine-tuning learning rate (verl's LoRA guide); rounded to 12 digits so that
+    # 1e-6 x 10 is written 1e-05 in the plan and the script, not 9.999999999999999e-06.
+    lr = float(f"{plan.actor.lr * 10:.12g}") if choice.lora_rank and request.base is None else plan.actor.lr
     actor = attrs.evolve(
         plan.actor, param_offload=choice.param_offload, optimizer_offload=choice.optimizer_offload,
         offload_policy=choice.offload_policy,

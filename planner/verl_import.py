@@ -226,6 +226,10 @@ _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.
                ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.Mod: operator.mod}
 
 
+# Shell variables that hold where the importing machine's shell is, not where the job will run.
+MACHINE_PATH_VARIABLES = ("PWD", "HOME", "OLDPWD", "USER", "TMPDIR")
+
+
 class ShellScope:
     """Variables as bash sees them: --env pins win over the script's assignments, which win over the environment."""
 
@@ -245,6 +249,8 @@ class ShellScope:
         # While set, each environment value expands to its `${oc.env:NAME}` reference instead (`expand_masked`).
         self.masking = False
         self.kept_references: list[str] = []
+        # Variables naming where the importing shell is (its directory, its user's home), read from this machine.
+        self.machine_paths_used: dict[str, str] = {}
 
     def assign(self, name: str, value: str | _Unset, masked: str | None = None, read: tuple[str, ...] = ()) -> None:
         if name not in self.pinned:
@@ -260,12 +266,22 @@ class ShellScope:
             return self.pinned[name]
         value = self.values.get(name)
         if value is not None and name not in self.assigned_by_script:
-            self.environment_used.append(name)
+            self._read_from_environment(name, value)
         elif name in self.masked:
-            self.environment_used.extend(self.masked[name][1])
+            for read in self.masked[name][1]:
+                self._read_from_environment(read, self.values.get(read))
         if isinstance(value, _Unset):
             raise _Unresolved(name, value.reason)
         return value
+
+    def _read_from_environment(self, name: str, value: str | _Unset | None) -> None:
+        # Where the importing shell is ($HOME, $PWD) is not a secret, and nearly every verl example reads its data
+        # under $HOME: a modeled key keeps this machine's value, and the import says so (machine_paths_used). Any
+        # other environment value never reaches a modeled key (the caller refuses it, naming the variable).
+        if name in MACHINE_PATH_VARIABLES and isinstance(value, str):
+            self.machine_paths_used[name] = value
+        else:
+            self.environment_used.append(name)
 
     def shown(self, name: str, value: str) -> str:
         """A looked-up value as the expansion writes it: while masking, an environment value is its reference."""
@@ -582,6 +598,11 @@ def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str
         names = sorted(scope.branch_assigned)
         warnings.append(f"the script branches (if/case) and assigns {', '.join(names)} there; the import read the "
                         f"assignments in order. Pass --env {names[0]}=VALUE to choose the branch's value.")
+    if scope.machine_paths_used:
+        shown = ", ".join(f"${name} = {value}" for name, value in scope.machine_paths_used.items())
+        first = next(iter(scope.machine_paths_used))
+        warnings.append(f"the script's paths use this machine's {shown}; the plan holds those paths, frozen, and "
+                        f"the cluster's may differ. Pass --env {first}=<the path on the cluster> to import theirs.")
     if scope.kept_references:
         warnings.append(f"values from the environment are kept as references, not copied into the plan: "
                         f"{', '.join(scope.kept_references)}.")
@@ -593,6 +614,12 @@ def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str
             name, _, value = argument.partition("=")
             if name in ("--config-name", "-cn", "--config-path", "-cp") and not value and arguments:
                 value = arguments.pop(0)
+            if name in ("--config-name", "-cn") and "megatron" in value:
+                raise PlanError(field="--config-name", message=f"is {value}, verl's Megatron trainer, which rlplan "
+                                "does not support yet: it plans FSDP training (fsdp, fsdp2); Megatron's tensor and "
+                                "pipeline parallelism is planned.",
+                                fix="import the FSDP variant of the script (ppo_trainer.yaml), or plan the workload "
+                                "afresh with `rlplan solve --model ... --gpus ...`")
             if name in ("--config-name", "-cn") and value not in ("ppo_trainer", "ppo_trainer.yaml"):
                 warnings.append(f"--config-name {value}: read with ppo_trainer.yaml's defaults, which may differ.")
             elif name not in ("--config-name", "-cn", "--config-path", "-cp"):
@@ -800,6 +827,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         if key in seen and seen[key] != override.value:
             warnings.append(f"{key} is set twice ({seen[key]} and {override.value}); the last one wins, as in Hydra.")
         seen[key] = override.value
+        _refuse_megatron(key, override.value)
         if override.prefix == "~" or override.value is None:
             passthrough[f"~{override.key}"] = override.value or ""
             continue
@@ -823,6 +851,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         raise PlanError(field="actor_rollout_ref.model.path", message="the script does not say which model it trains.",
                         fix="add actor_rollout_ref.model.path=<hub repo id or local directory>")
     fields["model.path"] = model_path
+    _warn_about_algorithm_defaults(given, fields, warnings)
     if "actor_rollout_ref.rollout.name" not in given:
         warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
     fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
@@ -833,6 +862,42 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     if kept:
         warnings.append(f"kept {len(kept)} verl key(s) rlplan does not model, rendered back unchanged: {', '.join(kept)}.")
     return ImportResult(plan=plan.evolve(passthrough=passthrough), warnings=tuple(warnings), passthrough_keys=kept)
+
+
+def _warn_about_algorithm_defaults(given: dict[str, str], fields: dict[str, Any], warnings: list[str]) -> None:
+    """Say where a verl default, not the script, decides the algorithm or a batch: the plan follows verl
+    (that is what the script runs), and the user may not know it."""
+    estimator = BY_FIELD["algorithm.adv_estimator"]
+    if estimator.key not in given:
+        critic = "with a critic (PPO): the plan trains one too" if fields.get("critic.enable") is not False else ""
+        warnings.append(f"the script sets no {estimator.key}, so verl runs its default, {estimator.default}"
+                        f"{', ' + critic if critic else ''}. Add {estimator.key}=grpo to the script (or --env) if it "
+                        "means GRPO.")
+    for micro, dynamic in DYNAMIC_BSZ_IGNORES:
+        micro_key, dynamic_key = BY_FIELD[micro].key, BY_FIELD[dynamic].key
+        if micro_key in given and fields.get(dynamic):
+            warnings.append(f"{micro_key} = {given[micro_key]} is ignored by verl: {dynamic_key} is true, so "
+                            "batches are cut by tokens (the *_max_token_len_per_gpu budget) instead.")
+
+
+# (a micro batch size, the dynamic-batch switch under which verl ignores it)
+DYNAMIC_BSZ_IGNORES = (
+    ("actor.ppo_micro_batch_size_per_gpu", "actor.use_dynamic_bsz"),
+    ("rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_use_dynamic_bsz"),
+    ("ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_use_dynamic_bsz"),
+    ("critic.ppo_micro_batch_size_per_gpu", "critic.use_dynamic_bsz"),
+    ("critic.forward_micro_batch_size_per_gpu", "critic.use_dynamic_bsz"),
+)
+
+
+def _refuse_megatron(key: str, value: str | None) -> None:
+    """A Megatron script is refused in plain words: its parallelism (tensor, pipeline, expert) is not what
+    rlplan's memory model and rules price, so no plan of it would be honest."""
+    if key.endswith(".strategy") and (value or "").strip("'\"") == "megatron":
+        raise PlanError(field=key, message="is megatron, which rlplan does not support yet: it plans FSDP "
+                        "training (fsdp, fsdp2); Megatron's tensor and pipeline parallelism is planned.",
+                        fix=f"import the FSDP variant of the script ({key}=fsdp2), or plan the workload "
+                        "afresh with `rlplan solve --model ... --gpus ...`")
 
 
 def _reward_function(reward: dict[str, str]) -> str:

@@ -13,6 +13,7 @@ The demo plan is written with the plan schema directly and is small enough for a
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from rlplan.planner.commands_io import (
     print_json,
     refuse_overwriting_inputs,
     report_error,
+    report_errors,
     write_atomic,
 )
 from rlplan.planner.errors import PlanError, shorten
@@ -43,7 +45,7 @@ from rlplan.planner.plan import (
     RolloutSection,
     TrainerSection,
 )
-from rlplan.planner.platform import CPU_RUNTIME_PINS
+from rlplan.planner.platform import CPU_RUNTIME_PINS, Platform
 from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
 from rlplan.planner.this_machine import cpu_cluster
 from rlplan.runtime.calibrate import calibrate_from_run, calibrate_on_gpu, measure_cpu_rates
@@ -168,28 +170,46 @@ def _plan_error_of(error: BaseException) -> PlanError | None:
     return None
 
 
+def replan_fix(plan: Plan, platform: Platform, errors: list[PlanError], plan_source: str) -> str:
+    """The one command that re-solves a plan for this CPU machine, when the plan was not solved for it (its
+    cluster is GPUs) or asks for what the CPU runtime pins; empty otherwise."""
+    if platform.has_accelerator or (plan.cluster.gpu.is_cpu and not any(e.field in CPU_RUNTIME_PINS for e in errors)):
+        return ""
+    return (f"re-solve the plan for this machine, keeping its workload: `rlplan solve --device cpu --from "
+            f"{shlex.quote(plan_source)} -o cpu-plan.toml`, then `rlplan run cpu-plan.toml`")
+
+
 def execute(plan: Plan, options: RunOptions, console: Any, *, as_json: bool = False,
-            plan_file: str | None = None) -> int:
+            plan_file: str | None = None, plan_source: str = "plan.toml") -> int:
     """Check everything that can be checked up front, then run. Returns the exit code.
+
+    Every blocking error is listed at once, the machine the plan is for first (runtime/platform.py), so a plan
+    solved for other hardware is refused in one message with the command that re-solves it for this one.
 
     With --json the log (the console, then on stderr) stays human, and stdout gets one JSON object: the
     run's outcome, or {"error": {field, message, fix}}.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rlplan.runtime.loop import PromptSource, run_loop
     from rlplan.runtime.metrics import check_trackers, plan_versus_actual_table
-    from rlplan.runtime.platform import check_plan_runnable, detect_platform
+    from rlplan.runtime.platform import blocking_errors, detect_platform
+    from rlplan.runtime.progress import run_progress
     from rlplan.runtime.trainer.model import check_model_dir
 
-    try:
-        platform = detect_platform()
-        check_plan_runnable(plan, platform)
-        check_trackers(plan.trainer.logger)
-        check_model_dir(plan.model.path)
-        data = PromptSource.from_plan(plan)
-    except PlanError as error:
-        return report_error(error, as_json=as_json, log=console)
+    platform = detect_platform()
+    errors = blocking_errors(plan, platform)
+    for check in (lambda: check_trackers(plan.trainer.logger), lambda: check_model_dir(plan.model.path)):
+        try:
+            check()
+        except PlanError as error:
+            errors.append(error)
+    data = None
+    if not errors:  # reading the data is worth it only for a plan that can run here
+        try:
+            data = PromptSource.from_plan(plan)
+        except PlanError as error:
+            errors.append(error)
+    if errors or data is None:
+        return report_errors(errors, fix_all=replan_fix(plan, platform, errors, plan_source), as_json=as_json, log=console)
     dataset = data.dataset
     # The plan as run sits beside its metrics: `rlplan calibrate --from-run` and readers of a
     # finished run need both. Written only after every up-front check passed.
@@ -203,9 +223,7 @@ def execute(plan: Plan, options: RunOptions, console: Any, *, as_json: bool = Fa
         f"at data.max_prompt_length = {plan.data.max_prompt_length})"
     )
     try:
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-        ) as progress:
+        with run_progress(console) as progress:
             summary = run_loop(plan, platform, options, data, console=console, progress=progress)
     except Exception as error:  # noqa: BLE001 - every failure becomes an exit code and a message
         plan_error = _plan_error_of(error)
@@ -243,7 +261,7 @@ def run_command(
         return report_error(error, as_json=as_json, log=console)
     directory = Path(output_dir or plan.trainer.output_dir)
     options = RunOptions(output_dir=directory, resume=resume, address=address, max_steps=max_steps)
-    return execute(plan, options, console, as_json=as_json)
+    return execute(plan, options, console, as_json=as_json, plan_source=plan_path)
 
 
 # What the CPU runtime cannot do (or does not need) is pinned; `rlplan solve` picks the rest.
@@ -303,7 +321,29 @@ def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
         f"and written to {plan_file} (update token budget {plan.actor.ppo_max_token_len_per_gpu} per rank); "
         f"{steps} GRPO steps, full fine-tuning"
     )
-    return execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))
+    code = execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))
+    if code == ExitCode.OK:
+        # soft_wrap: a command is never cut across lines, so it pastes as one.
+        console.print("\n".join(demo_next_steps(out)), markup=False, highlight=False, soft_wrap=True)
+    return code
+
+
+def demo_next_steps(out: Path) -> list[str]:
+    """What to run after the demo: its report, its plan explained, then a plan of one's own (CPU or GPUs)."""
+    run_dir, plan_file = shlex.quote(str(out / "run")), shlex.quote(str(out / "plan.toml"))
+    return [
+        "The demo is a toy (a 2-layer model, 8-token answers): it shows the plan and the runtime end to end; its "
+        "reward curve is no learning result.",
+        "Next:",
+        f"  rlplan report {run_dir}          # the run's charts, written to {run_dir}/report.html",
+        f"  rlplan explain {plan_file}    # where the plan's memory goes, phase by phase",
+        "  rlplan solve --device cpu --model MODEL_DIR --prompt-len 256 --response-len 128 -o plan.toml"
+        "   # your model on this machine",
+        "  rlplan run plan.toml",
+        "  rlplan solve --model qwen2.5-7b --gpus 8 --gpu h100-80g --prompt-len 1024 --response-len 2048 "
+        "-o plan.toml   # a GPU cluster",
+        "  rlplan render plan.toml --target verl -o run.sh   # ... run by verl (examples/ has ready plans)",
+    ]
 
 
 # --- calibrate ---------------------------------------------------------------------------------

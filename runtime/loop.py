@@ -428,18 +428,22 @@ def run_loop(
     """Start the workers, optionally restore, run the steps, checkpoint, shut down."""
     import ray
 
+    from rlplan.runtime.progress import RunProgress
     from rlplan.runtime.workers import create_workers, start_ray
 
+    screen = RunProgress(progress)
+    screen.stage("starting Ray")
     started = start_ray(options.address, platform, plan.cluster.world_size)
     workers = None
     log = None
     try:
-        workers = create_workers(plan, platform)
+        workers = create_workers(plan, platform, on_stage=screen.stage)
         controller = Controller(plan, platform, options, workers, data, console)
         first_step = 1
         if options.resume:
             latest = checkpoint.latest_complete_checkpoint(options.output_dir)
             if latest is not None:
+                screen.stage(f"restoring {latest}")
                 first_step = controller.restore(latest) + 1
                 if console is not None:
                     console.print(f"resumed from {latest} (continuing at step {first_step})")
@@ -447,11 +451,12 @@ def run_loop(
         resumed = options.resume and first_step > 1
         log = MetricsLog(options.output_dir, resume=resumed,
                          trackers=open_trackers(plan, options.output_dir, console, resume=resumed))
+        screen.stage("sending the weights to the rollout engine")
         controller.initial_sync()
         if first_step > 1:
             # The engines loaded the initial weights; the restored policy must reach them before step one.
             controller.sync_weights(SyncMode.ADAPTER if plan.model.lora.enabled else SyncMode.MERGED)
-        task = progress.add_task("training", total=last_step, completed=first_step - 1) if progress else None
+        screen.start_steps(first_step, last_step)
         done = 0
         for step in range(first_step, last_step + 1):
             record = controller.step(step)
@@ -460,8 +465,7 @@ def run_loop(
             save_freq = plan.trainer.save_freq
             if save_freq > 0 and (step % save_freq == 0 or step == last_step):
                 controller.save(step)
-            if progress is not None:
-                progress.update(task, completed=step)
+            screen.step_done(step, record)
         return RunSummary(steps_done=done, last_step=last_step, plan_versus_actual=controller.plan_versus_actual())
     finally:
         if log is not None:

@@ -351,7 +351,7 @@ def check_trackers(loggers: tuple[str, ...]) -> None:
             field="trainer.logger",
             message=f"names {', '.join(missing)}, but the {' and '.join(TRACKER_LIBRARIES[n][0] for n in missing)} "
                     f"package{'s are' if len(missing) > 1 else ' is'} not installed, so the run would log nowhere there.",
-            fix=f"pip install 'rlplan[{extras}]' (or 'rlplan[trackers]' for all), or remove "
+            fix=f"pip install -e '.[{extras}]' in the rlplan clone (or '.[trackers]' for all), or remove "
                 f"{', '.join(missing)} from trainer.logger",
         )
 
@@ -427,16 +427,43 @@ def predicted_phase_peaks(plan: Any) -> dict[str, float]:
             if phase.name not in skipped}
 
 
+# How far a CPU run's prediction may sit from its measured RSS, as (predicted - measured) / measured: under-
+# predicting is the costly error (an OOM), so at most 5 % under; at most 25 % over (the per-process constants are
+# the highest RSS measured across machines, planner/profile.py). The demo's table and tests/runtime/test_demo.py
+# hold a run to it.
+PREDICTION_BOUND = (-0.05, 0.25)
+
+
+def prediction_error(predicted_gib: float | None, measured_gib: float | None) -> float | None:
+    """(predicted - measured) / measured: negative when the plan under-predicted; None without both."""
+    if predicted_gib is None or not measured_gib:
+        return None
+    return (predicted_gib - measured_gib) / measured_gib
+
+
+def prediction_verdict(error: float | None, bound: tuple[float, float] = PREDICTION_BOUND) -> str:
+    if error is None:
+        return "-"
+    low, high = bound
+    if error < low:
+        return "UNDER-predicted"
+    return "over, beyond the bound" if error > high else "holds"
+
+
 def plan_versus_actual(predicted_gib: dict[str, float], measured_bytes: dict[str, int], measure: str) -> list[dict[str, Any]]:
-    """Rows of (phase, predicted GiB, measured GiB) over every phase either side knows."""
+    """Rows of (phase, predicted GiB, measured GiB, error, verdict) over every phase either side knows."""
     rows = []
     for phase in sorted(set(predicted_gib) | set(measured_bytes), key=lambda p: (PHASES.index(p) if p in PHASES else 99, p)):
+        measured_gib = measured_bytes[phase] / 2**30 if phase in measured_bytes else None
+        error = prediction_error(predicted_gib.get(phase), measured_gib)
         rows.append(
             {
                 "phase": phase,
                 "predicted_gib": predicted_gib.get(phase),
-                "measured_gib": measured_bytes[phase] / 2**30 if phase in measured_bytes else None,
+                "measured_gib": measured_gib,
                 "measure": measure,
+                "error": error,
+                "verdict": prediction_verdict(error),
             }
         )
     return rows
@@ -452,10 +479,18 @@ def plan_versus_actual_table(rows: list[dict[str, Any]]) -> Any:
     per = "per process" if measure.startswith("cpu") else "per GPU"
     table.add_column(f"predicted GiB ({per})", justify="right")
     table.add_column("measured GiB", justify="right")
+    table.add_column("error", justify="right")
+    table.add_column("verdict")
     for row in rows:
+        error = prediction_error(row["predicted_gib"], row["measured_gib"])
         table.add_row(
             row["phase"],
             "-" if row["predicted_gib"] is None else f"{row['predicted_gib']:.2f}",
             "-" if row["measured_gib"] is None else f"{row['measured_gib']:.2f}",
+            "-" if error is None else f"{100 * error:+.0f} %",
+            prediction_verdict(error),
         )
+    low, high = PREDICTION_BOUND
+    table.caption = (f"error = (predicted - measured) / measured; it holds within {100 * low:+.0f} % to "
+                     f"{100 * high:+.0f} % (under-predicting is the costly side)")
     return table

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 
+from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
-from rlplan.planner.rules import check_plan
+from rlplan.planner.rules import Violation, check_plan
 
 
 def available_cores() -> int:
@@ -49,9 +50,26 @@ def has_cpp_compiler() -> bool:
     return shutil.which(os.environ.get("CXX") or "g++") is not None
 
 
+# The rules about which machine a plan is for: when one fails, most others are its consequences, so it is said first.
+MACHINE_RULES = ("gpu_plan_needs_a_gpu_machine", "plan_gpus_on_this_machine")
+
+
+def blocking_errors(plan: Plan, platform: Platform) -> list[PlanError]:
+    """Every error of every registered rule, the platform rules included, as the paragraphs `rlplan run` prints:
+    the machine the plan is for first, then what this platform cannot run, then verl's own rules."""
+    errors = check_plan(plan, platform).errors
+
+    def order(violation: Violation) -> int:
+        if violation.rule in MACHINE_RULES:
+            return 0
+        return 1 if violation.stage == "platform" else 2
+
+    return [violation.as_plan_error() for violation in sorted(errors, key=order)]
+
+
 def check_plan_runnable(plan: Plan, platform: Platform) -> None:
     """The gate of `rlplan run`: every registered rule, the platform rules included, before any worker
-    starts or anything is written. Raises the first error; the CLI prints it as one paragraph and exits 2."""
-    errors = check_plan(plan, platform).errors
+    starts or anything is written. Raises the first error (`blocking_errors` lists them all)."""
+    errors = blocking_errors(plan, platform)
     if errors:
-        raise errors[0].as_plan_error()
+        raise errors[0]

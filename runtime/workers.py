@@ -339,8 +339,10 @@ def rollout_replicas(plan: Plan, platform: Platform) -> int:
     return plan.cluster.world_size if platform.has_accelerator else 1
 
 
-def create_workers(plan: Plan, platform: Platform) -> WorkerGroup:
-    """One trainer actor per rank in a placement group, and the rollout engines beside them."""
+def create_workers(plan: Plan, platform: Platform, on_stage: Callable[[str], None] | None = None) -> WorkerGroup:
+    """One trainer actor per rank in a placement group, and the rollout engines beside them; `on_stage` hears
+    what is starting (the run's spinner)."""
+    say = on_stage or (lambda text: None)
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -382,10 +384,14 @@ def create_workers(plan: Plan, platform: Platform) -> WorkerGroup:
     # On a CPU the engine starts (vLLM's import, the model, the KV space) while the trainers build theirs; on
     # GPUs it starts after them, as verl's hybrid engine does, since vLLM sizes its pool from what is free.
     rollouts = None if platform.has_accelerator else start_rollouts()
+    ranks = f"{world} trainer rank{'s' if world > 1 else ''}"
+    say(f"loading the model on {ranks}" + ("" if rollouts is None else " while vLLM builds its engine"))
     rendezvous = ray.get(trainers[0].rendezvous.remote())
     ray.get([t.setup.remote(rendezvous) for t in trainers])
     if rollouts is None:
         rollouts = start_rollouts()
+    say("vLLM is building its engine (model, KV cache" + ("" if plan.rollout.enforce_eager else ", compiled kernels")
+        + "; up to a minute or two on a CPU)")
     # A Ray actor's first call waits for its __init__: without this the engine's start-up (~14 s for the
     # 8-layer model on 2 cores) was charged to the first step's wall time, outside every phase it timed.
     ray.get([r.supports_sleep.remote() for r in rollouts])

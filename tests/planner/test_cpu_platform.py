@@ -152,6 +152,7 @@ def test_solve_device_cpu_with_a_gpu_is_bad_input():
 def test_demo_plan_predicted_phases_agree_with_a_recorded_cpu_run_within_ten_percent():
     """The demo's plan-versus-actual table: predicted per-phase RSS against the one measured on a real run."""
     from rlplan.runtime.measure import with_runtime_head  # what runtime.metrics prices; imports no torch
+    from rlplan.runtime.metrics import prediction_error, prediction_verdict
 
     plan = plan_from_toml((DEMO_RUN / "plan.toml").read_text())
     measured = json.loads((DEMO_RUN / "measured.json").read_text())
@@ -159,7 +160,24 @@ def test_demo_plan_predicted_phases_agree_with_a_recorded_cpu_run_within_ten_per
     predicted = {p.name: p.peak_bytes / GIB for p in predict_memory(with_runtime_head(plan)).phases}
     assert set(predicted) == set(measured["measured_peak_gib"])
     for phase, gib in measured["measured_peak_gib"].items():
-        assert predicted[phase] == pytest.approx(gib, rel=0.10), phase
+        error = prediction_error(predicted[phase], gib)
+        assert prediction_verdict(error) == "holds", (phase, predicted[phase], gib)
+
+
+@pytest.mark.parametrize(("phase", "measured_gib"), [
+    # issue 27's report of `nox -s demo` on another AVX-512-BF16 EPYC: trainer phases 0.77-0.79, rollout 1.97.
+    ("actor_update", 0.79), ("old_log_prob", 0.77), ("rollout", 1.97),
+    # this project's 2-core EPYC, 2026-11-25 (4 steps of `rlplan demo`, fresh environment).
+    ("actor_update", 0.67), ("old_log_prob", 0.66), ("rollout", 1.90),
+])
+def test_the_demo_prediction_holds_for_the_rss_measured_on_each_cpu_it_ran_on(phase, measured_gib):
+    """Invariant: never under by more than the bound's 5 %: the plan is an upper bound on every CPU measured."""
+    from rlplan.runtime.measure import with_runtime_head
+    from rlplan.runtime.metrics import prediction_error, prediction_verdict
+
+    plan = plan_from_toml((DEMO_RUN / "plan.toml").read_text())
+    predicted = {p.name: p.peak_bytes / GIB for p in predict_memory(with_runtime_head(plan)).phases}
+    assert prediction_verdict(prediction_error(predicted[phase], measured_gib)) == "holds", predicted[phase]
 
 
 def test_cpu_rollout_is_one_engine_on_the_whole_machine_whatever_the_trainer_ranks():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -120,3 +121,43 @@ def test_none_values_are_omitted_and_come_back_as_defaults():
     data = plan_to_dict(make_plan())
     assert "ppo_micro_batch_size" not in data["actor"]  # the deprecated global stays unset
     assert apply_knobs(make_plan(), {}) == make_plan()
+
+
+def _choice_fields() -> list[tuple[str, tuple]]:
+    """Every fixed-choice (Literal) field of the plan, as (dotted key, allowed values)."""
+    import typing
+
+    import attrs as attrs_module
+
+    from rlplan.planner.plan import Plan
+
+    found = []
+
+    def walk(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for attribute in attrs_module.fields(cls):
+            hint = hints[attribute.name]
+            if typing.get_origin(hint) is typing.Literal:
+                found.append((f"{prefix}{attribute.name}", typing.get_args(hint)))
+            elif attrs_module.has(hint):
+                walk(hint, f"{prefix}{attribute.name}.")
+
+    walk(Plan, "")
+    return found
+
+
+@pytest.mark.parametrize(("key", "allowed"), _choice_fields())
+def test_a_value_outside_a_choice_names_every_allowed_value_in_plain_words(key, allowed):
+    """Invariant: no error shows Python's typing (`typing.Literal[...]`); each lists the values TOML accepts."""
+    data = tomllib.loads(plan_to_toml(make_plan()))
+    *sections, name = key.split(".")
+    table = data
+    for section in sections:
+        table = table.setdefault(section, {})
+    table[name] = "no-such-choice" if isinstance(allowed[0], str) else 0
+    with pytest.raises(PlanError) as error:
+        plan_from_toml(tomli_w.dumps(data))
+    text = error.value.paragraph()
+    assert error.value.field == key and "typing" not in text and "Literal" not in text
+    for value in allowed:
+        assert (f'"{value}"' if isinstance(value, str) else str(value)) in error.value.fix

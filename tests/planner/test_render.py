@@ -233,11 +233,22 @@ def test_leave_one_out_grpo_has_no_verl_form():
 def test_fp32_compute_has_no_verl_form_and_bf16_renders_as_verls_fsdp_dtype(role):
     # verl 0.9's FSDPEngineConfig asserts dtype in (bfloat16, float16); fp32 compute is the CPU runtime's alone.
     with pytest.raises(PlanError) as error:
-        render_plan(apply_knobs(preset_plan(), {f"{role}.compute_dtype": "float32"}), "verl")
+        render_plan(apply_knobs(preset_plan(PPO), {f"{role}.compute_dtype": "float32"}), "verl")
     assert error.value.field == f"{role}.compute_dtype"
     key = {"actor": "actor_rollout_ref.actor.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config",
            "critic": "critic.fsdp"}[role]
-    assert f"{key}.dtype=bfloat16 " in render_plan(preset_plan(), "verl")
+    assert f"{key}.dtype=bfloat16 " in render_plan(preset_plan(PPO), "verl")
+
+
+PPO = {"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 2}
+
+
+def test_a_plan_without_a_critic_renders_no_critic_block_and_a_ppo_plan_renders_it_whole():
+    grpo = render_plan(preset_plan(), "verl")
+    assert not [line for line in grpo.splitlines() if line.strip().startswith("critic.")]
+    ppo = render_plan(preset_plan(PPO), "verl")
+    assert "critic.ppo_micro_batch_size_per_gpu=2 " in ppo and "critic.optim.lr=" in ppo
+    assert "critic.model.path=" in ppo and "critic.strategy=" in ppo
 
 
 @pytest.mark.parametrize(("value", "text"), [

@@ -305,3 +305,49 @@ def test_a_dapo_generation_batch_imports_as_a_plan_key():
     assert plan.data.gen_batch_size == 1536
     assert "data.gen_batch_size" not in plan.passthrough
     assert "data.gen_batch_size=1536" in render_plan(plan, "verl")
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nactor_rollout_ref.actor.strategy=megatron\n",
+     "actor_rollout_ref.actor.strategy"),
+    ("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\ncritic.strategy=megatron\n", "critic.strategy"),
+    ("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer.yaml "
+     "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "--config-name"),
+])
+def test_a_megatron_script_is_refused_in_plain_words_naming_fsdp_as_what_is_planned(text, field):
+    with pytest.raises(PlanError) as error:
+        load(text)
+    assert error.value.field == field
+    assert "not support yet" in error.value.message and "FSDP" in error.value.message
+    assert "typing" not in error.value.paragraph() and "Literal" not in error.value.paragraph()
+
+
+def test_a_script_without_an_estimator_warns_that_verls_default_trains_a_critic():
+    """verl's classic run_qwen2-7b.sh sets no adv_estimator: the plan is then GAE with a critic, said aloud."""
+    result = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nactor_rollout_ref.rollout.name=vllm\n")
+    assert result.plan.uses_critic
+    (warning,) = [w for w in result.warnings if "algorithm.adv_estimator" in w]
+    assert "gae" in warning and "critic" in warning and "algorithm.adv_estimator=grpo" in warning
+    explicit = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nalgorithm.adv_estimator=grpo\n")
+    assert not [w for w in explicit.warnings if "algorithm.adv_estimator" in w]
+
+
+def test_a_micro_batch_pinned_under_dynamic_batch_size_warns_that_verl_ignores_it():
+    base = "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nalgorithm.adv_estimator=grpo\n" \
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4\n"
+    dynamic = load(base + "actor_rollout_ref.actor.use_dynamic_bsz=true\n")
+    (warning,) = [w for w in dynamic.warnings if "ppo_micro_batch_size_per_gpu" in w]
+    assert "ignored" in warning and "use_dynamic_bsz" in warning
+    assert not [w for w in load(base).warnings if "ignored by verl" in w]
+
+
+def test_this_machines_pwd_in_a_script_warns_that_its_paths_are_frozen_and_env_unfreezes_them():
+    script = ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.train_files=$PWD/data/train.parquet "
+              "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n")
+    frozen = load(script, environment={"PWD": "/home/me/verl"})
+    assert frozen.plan.data.train_files == ("/home/me/verl/data/train.parquet",)
+    (warning,) = [w for w in frozen.warnings if "$PWD" in w]
+    assert "/home/me/verl" in warning and "--env PWD=" in warning
+    pinned = load(script, env={"PWD": "/cluster/verl"}, environment={"PWD": "/home/me/verl"})
+    assert pinned.plan.data.train_files == ("/cluster/verl/data/train.parquet",)
+    assert not [w for w in pinned.warnings if "$PWD" in w]

@@ -94,7 +94,7 @@ def test_a_tracker_whose_library_is_missing_is_refused_before_the_run_starts(wor
     plan = plan.evolve(trainer=attrs.evolve(plan.trainer, logger=("console", "wandb")))
     message = _run_bad(tmp_path, capsys, plan)
     assert "trainer.logger" in message and "wandb package is not installed" in message
-    assert "pip install 'rlplan[wandb]'" in message
+    assert "pip install -e '.[wandb]'" in message
     # Refused before the run starts: not even the plan-as-run is written.
     assert not (tmp_path / "out" / "plan.toml").exists()
 
@@ -159,3 +159,47 @@ def test_run_json_prints_the_error_as_one_json_object_on_stdout_and_the_log_on_s
                        as_json=True)
     assert code == ExitCode.BAD_INPUT
     assert "absent.toml" in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+def test_a_gpu_plan_on_this_cpu_machine_lists_every_blocking_error_at_once_machine_first(workspace, tmp_path, capsys):
+    import json
+
+    import torch
+
+    from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.hardware import Cluster, GpuSpec
+    from rlplan.runtime.commands import run_command
+
+    if torch.cuda.is_available():
+        pytest.skip("the check is for machines without an accelerator; this one has CUDA")
+    plan = _plan(workspace)
+    plan = plan.evolve(
+        cluster=Cluster(gpu=GpuSpec(name="H100-80G", memory_gib=79.18), nodes=1, gpus_per_node=8),
+        rollout=attrs.evolve(plan.rollout, free_cache_engine=True),
+        model=attrs.evolve(plan.model, path=str(tmp_path / "no-such-model")),
+    )
+    message = _run_bad(tmp_path, capsys, plan)
+    fields = ("cluster.gpu", "rollout.free_cache_engine", "model.path")
+    assert all(f"error {field}:" in message for field in fields), message
+    assert [message.index(f"error {field}:") for field in fields] == sorted(message.index(f"error {field}:")
+                                                                            for field in fields)
+    assert f"{message.count('error ')} problems block this run" in message
+    assert "rlplan solve --device cpu --from" in message
+    assert "typing." not in message
+    code = run_command(_write_plan(tmp_path / "plan.toml", plan), resume=False, address=None,
+                       output_dir=str(tmp_path / "out"), max_steps=None, as_json=True)
+    payload = json.loads(capsys.readouterr().out)
+    assert code == ExitCode.BAD_INPUT and payload["error"]["field"] == "cluster.gpu"
+    listed = [error["field"] for error in payload["errors"]]
+    assert set(fields) <= set(listed) and listed[0] == "cluster.gpu" and listed[-1] == "model.path"
+    assert "--device cpu" in payload["fix_all"]
+
+
+def test_the_demo_ends_with_the_next_commands_on_its_own_paths(tmp_path):
+    from rlplan.runtime.commands import demo_next_steps
+
+    out = tmp_path / "my demo"
+    text = "\n".join(demo_next_steps(out))
+    assert f"rlplan report '{out / 'run'}'" in text and f"rlplan explain '{out / 'plan.toml'}'" in text
+    assert "rlplan solve --device cpu" in text and "rlplan run plan.toml" in text
+    assert "rlplan render plan.toml --target verl" in text and "toy" in text

@@ -193,3 +193,26 @@ def test_predicted_phases_omit_the_old_log_prob_pass_exactly_when_an_on_policy_s
     phases = predicted_phase_peaks(plan)
     assert "actor_update" in phases
     assert ("old_log_prob" in phases) == (epochs == 2)
+
+
+def test_the_plan_versus_actual_table_prints_the_error_and_a_verdict_against_the_stated_bound():
+    import io
+
+    from rich.console import Console
+
+    from rlplan.runtime.metrics import PREDICTION_BOUND, plan_versus_actual_table, prediction_verdict
+
+    rows = plan_versus_actual({"rollout": 2.0, "actor_update": 0.5, "old_log_prob": 1.5},
+                              {"rollout": 2 * 2**30, "actor_update": 2**30, "old_log_prob": 2**30}, CPU_MEASURE)
+    verdicts = {row["phase"]: (round(row["error"], 2), row["verdict"]) for row in rows}
+    assert verdicts == {"rollout": (0.0, "holds"), "actor_update": (-0.5, "UNDER-predicted"),
+                        "old_log_prob": (0.5, "over, beyond the bound")}
+    out = io.StringIO()
+    Console(file=out, width=200).print(plan_versus_actual_table(rows))
+    text = out.getvalue()
+    assert "-50 %" in text and "UNDER-predicted" in text and "+50 %" in text and "per process" in text
+    low, high = PREDICTION_BOUND
+    assert low < 0 < high and f"{100 * low:+.0f} %" in text
+    # The bound's edges hold; just past them does not.
+    assert prediction_verdict(low) == prediction_verdict(high) == "holds"
+    assert prediction_verdict(low - 0.001) == "UNDER-predicted"

@@ -12,6 +12,7 @@ from rlplan.planner.rules import check_plan
 from rlplan.runtime.platform import (
     Platform,
     available_cores,
+    blocking_errors,
     check_plan_runnable,
     cpu_threads_per_rank,
 )
@@ -19,6 +20,11 @@ from tests.planner.plans import make_plan
 
 CPU = Platform(device_type="cpu")
 GPU = Platform(device_type="cuda", accelerator_count=8)
+
+
+def _on_cpu(plan):
+    """The plan as solved for a CPU machine (`solve --device cpu` names the device "cpu")."""
+    return plan.evolve(cluster=attrs.evolve(plan.cluster, gpu=attrs.evolve(plan.cluster.gpu, name="cpu")))
 
 
 def _platform_refusals(plan, platform) -> list[str]:
@@ -31,7 +37,7 @@ def test_cpu_offload_policy_is_refused_without_an_accelerator_naming_the_field(f
     # FSDP2's CPUOffloadPolicy raises on a machine without an accelerator (runtime-facts.md).
     plan = make_plan(overrides={"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 2,
                                 "rollout.free_cache_engine": False, field: True})
-    errors = [v for v in check_plan(plan, CPU).errors if v.stage == "platform"]
+    errors = [v for v in check_plan(_on_cpu(plan), CPU).errors if v.stage == "platform"]
     assert [e.plan_key for e in errors] == [field] and errors[0].fix
     # On GPUs the trainer shards with CPUOffloadPolicy, as verl does for this key.
     assert field not in _platform_refusals(plan, GPU)
@@ -48,7 +54,7 @@ def test_available_cores_is_this_process_affinity():
 
 @pytest.mark.parametrize("platform", [GPU, CPU])
 def test_sglang_plan_is_refused_naming_rollout_name_on_every_platform(platform):
-    plan = make_plan()
+    plan = make_plan() if platform.has_accelerator else _on_cpu(make_plan())
     sglang = plan.evolve(rollout=attrs.evolve(plan.rollout, name="sglang"))
     with pytest.raises(PlanError) as error:
         check_plan_runnable(sglang, platform)
@@ -134,3 +140,17 @@ def test_a_compiled_cpu_engine_without_a_cpp_compiler_is_refused_with_the_eager_
     eager = make_plan(overrides={"rollout.enforce_eager": True})
     for plan, platform in ((compiled, CPU), (compiled, GPU), (eager, bare_cpu)):
         assert not [v for v in check_plan(plan, platform).errors if v.rule == "compiled_cpu_rollout_needs_a_compiler"]
+
+
+def test_a_gpu_plan_on_a_cpu_machine_is_refused_first_and_every_other_refusal_follows():
+    plan = make_plan(overrides={"rollout.free_cache_engine": True, "actor.strategy": "fsdp"})
+    errors = blocking_errors(plan, CPU)
+    # The machine first (most other refusals follow from it), then the platform, then verl's rules.
+    assert [e.field for e in errors][:3] == ["cluster.gpu", "rollout.free_cache_engine", "actor.strategy"]
+    assert "no GPU" in errors[0].message and "--device cpu" in errors[0].fix
+    # A plan solved for a CPU machine is not refused for its device, and a GPU machine runs a GPU plan.
+    assert "cluster.gpu" not in [e.field for e in blocking_errors(_on_cpu(plan), CPU)]
+    assert "cluster.gpu" not in [e.field for e in blocking_errors(plan, GPU)]
+    with pytest.raises(PlanError) as first:
+        check_plan_runnable(plan, CPU)
+    assert first.value.field == "cluster.gpu"
