@@ -398,7 +398,8 @@ def top_candidates_table(rows: list[dict[str, Any]]):
         phases = "\n".join(f"{name} {peak:.1f}" for name, peak in row["phase_peak_gib"].items())
         knobs = "\n".join(f"{key} = {shown(value)}" for key, value in row["knobs"].items()
                           if value is not None and (row["rank"] == 1 or best.get(key) != value))
-        seconds = "\n".join(f"{name} {value:.1f}" for name, value in row.get("phase_seconds", {}).items() if value)
+        seconds = "\n".join(f"{name} {value:.1f}" for name, value in row.get("phase_seconds", {}).items()
+                            if value)
         table.add_row(str(row["rank"]), f"{row['step_time_s']:.1f}", seconds, phases, knobs or "(same knobs)")
     return table
 

@@ -720,7 +720,8 @@ def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str
         raise PlanError(field=CONTEXT_OVERRIDE_KEY, message=f"must be a positive integer, got {raw!r}.",
                         fix=f"set {CONTEXT_OVERRIDE_KEY} to the context in tokens, e.g. 32768")
     warnings.append(f"{CONTEXT_OVERRIDE_KEY}={value} is applied to the model's context "
-                    f"({resolved.arch.max_position_embeddings} in its config), as verl applies it to the HF config.")
+                    f"({resolved.arch.max_position_embeddings} in its config), as verl applies it to the HF "
+                    "config.")
     return attrs.evolve(resolved, arch=attrs.evolve(resolved.arch, max_position_embeddings=value))
 
 
@@ -801,8 +802,8 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
     fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
     fields["reward.function"] = _reward_function(reward)
-    resolved = _with_overridden_context(_resolve_model(str(model_path), local_config_reader, warnings), passthrough,
-                                        warnings)
+    resolved = _resolve_model(str(model_path), local_config_reader, warnings)
+    resolved = _with_overridden_context(resolved, passthrough, warnings)
     plan = _build_plan(fields, gpu, host_memory_gib, resolved)
     kept = tuple(passthrough)
     if kept:
