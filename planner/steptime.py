@@ -343,8 +343,10 @@ class DecodeStep:
     weight_bytes: float
     kv_bytes_per_token: float
     hbm: float
-    flops_per_token_at: tuple[float, float]  # (matmul FLOPs, attention FLOPs per context token), per TP rank
-    flops: float
+    # Per TP rank: matmul FLOPs per generated token, and attention FLOPs per token of its context.
+    matmul_flops_per_token: float
+    attention_flops_per_context_token: float
+    achieved_flops: float
     tp_seconds_fixed: float
     tp_seconds_per_sequence: float
     host_floor: float
@@ -354,8 +356,8 @@ class DecodeStep:
         if running <= 0:
             return 0.0
         memory = (self.weight_bytes + running * context * self.kv_bytes_per_token) / self.hbm
-        matmul, attention = self.flops_per_token_at
-        compute = running * (matmul + attention * context) / self.flops
+        per_token = self.matmul_flops_per_token + self.attention_flops_per_context_token * context
+        compute = running * per_token / self.achieved_flops
         gpu = max(memory, compute) + self.tp_seconds_fixed + running * self.tp_seconds_per_sequence
         host = self.host_floor + running * self.host_per_sequence
         # The engine's host work and the GPU's kernels overlap; the slower one sets the pace.
@@ -387,8 +389,9 @@ def decode_step(plan: Plan, rates: _Rates, profile: Profile, hbm: float, flops: 
         weight_bytes=rollout.dtype_bytes * weight_params / t,
         kv_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
         hbm=hbm,
-        flops_per_token_at=(facts.matmul_flops_per_token / t, facts.attention_flops_per_context_token / t),
-        flops=flops,
+        matmul_flops_per_token=facts.matmul_flops_per_token / t,
+        attention_flops_per_context_token=facts.attention_flops_per_context_token / t,
+        achieved_flops=flops,
         tp_seconds_fixed=tp_fixed,
         tp_seconds_per_sequence=tp_per_sequence,
         host_floor=profile.decode_step_floor_s + per_layer * facts.layers,
