@@ -153,8 +153,12 @@ class Profile:
     collective_efficiency: float = _constant(
         0.7, "fraction of link bandwidth NCCL all-gather / reduce-scatter reach", high=1.0, open_low=True)
     tp_allreduce_latency_us: float = _constant(
-        135.0, "latency of one small tensor-parallel all-reduce in a decode step, its launch included (eager "
-               "engines launch two per layer from Python)" + FITTED, high=10_000.0)
+        135.0, "latency of one small tensor-parallel all-reduce in an eager decode step, its launch from "
+               "Python included (two per layer)" + FITTED, high=10_000.0)
+    tp_allreduce_graph_latency_us: float = _constant(
+        10.0, "latency of one small tensor-parallel all-reduce in a decode step replayed from CUDA graphs "
+              "(NCCL / custom all-reduce within a node; estimate, no published sweep ran with graphs)",
+        high=10_000.0)
 
     # --- step time at real lengths (issue 29, docs/steptime.md) ---
     unstated_length_fraction: float = _constant(

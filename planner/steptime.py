@@ -376,14 +376,15 @@ def decode_step(plan: Plan, rates: _Rates, profile: Profile, hbm: float, flops: 
         # Experts no sequence in the batch routed to are not read.
         untouched = (1.0 - arch.num_experts_per_token / arch.num_experts) ** max(1.0, concurrency)
         weight_params -= facts.routed_expert_params * untouched
+    eager = rollout.enforce_eager or plan.cluster.gpu.is_cpu
     tp_fixed = tp_per_sequence = 0.0
     if t > 1:
-        # Two all-reduces of the running batch's hidden states per layer.
+        # Two all-reduces of the running batch's hidden states per layer, each launched from Python when eager.
         bandwidth = rates.collective(t)
-        tp_fixed = 2 * facts.layers * profile.tp_allreduce_latency_us * 1e-6
+        latency_us = profile.tp_allreduce_latency_us if eager else profile.tp_allreduce_graph_latency_us
+        tp_fixed = 2 * facts.layers * latency_us * 1e-6
         hidden_bytes = 2.0 * facts.hidden * rollout.dtype_bytes
         tp_per_sequence = 2 * facts.layers * hidden_bytes * (t - 1) / t / bandwidth
-    eager = rollout.enforce_eager or plan.cluster.gpu.is_cpu
     per_layer = profile.decode_eager_seconds_per_layer if eager else profile.decode_graph_seconds_per_layer
     return DecodeStep(
         weight_bytes=rollout.dtype_bytes * weight_params / t,
