@@ -465,7 +465,8 @@ def _rms(errors: Sequence[float]) -> float:
 
 
 def fit_step_time(runs: Sequence[RunTiming], base: Profile = DEFAULT_PROFILE,
-                  keys: Sequence[str] = STEP_TIME_CONSTANTS, rounds: int = 4, name: str = "calibrated") -> StepTimeFit:
+                  keys: Sequence[str] = STEP_TIME_CONSTANTS, rounds: int = 4,
+                  name: str = "calibrated") -> StepTimeFit:
     """The profile whose step-time constants minimise the squared log error of every measured phase of `runs`.
 
     Coordinate descent: each key in turn is scanned over a log grid around its value (x1/4 .. x4 first,
@@ -508,3 +509,30 @@ def _within_bounds(key: str, value: float) -> float:
     if key.startswith("training_mfu") or key.endswith("_efficiency"):
         return min(value, 1.0)
     return value
+
+
+def response_tail_from_run(mean: float, longest: float, sequences: float, maximum: int) -> float | None:
+    """`response_length_sigma` from a run's `response_length/mean` and `response_length/max` over a batch of
+    `sequences` responses: the log-normal shape whose expected longest of that many is the one seen.
+
+    None when the longest hit max_response_length (the cut hides the tail) or is not above the mean.
+    """
+    from rlplan.planner.steptime import Lengths
+
+    if longest >= maximum or longest <= mean or mean <= 0:
+        return None
+
+    def seen_longest(sigma: float) -> float:
+        lengths = Lengths(prompt_mean=0.0, response_mean=mean, response_max=maximum, sigma=sigma)
+        return lengths.longest_of(sequences)
+
+    low, high = 1e-3, 4.0
+    if seen_longest(high) < longest:
+        return high
+    for _ in range(50):
+        middle = (low + high) / 2
+        if seen_longest(middle) < longest:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2

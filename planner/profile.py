@@ -178,14 +178,15 @@ class Profile:
 
     # --- throughput (memory-model.md 2.9) ---
     training_mfu: float = _constant(
-        0.42, "achieved FLOP/s of FSDP training over peak on FLOP-dense GPUs, counting gradient checkpointing's "
-              "recompute: torchtitan Llama-3.1-8B on H100 reaches 33-39 % MFU, verl FSDP H100 runs 0.27-0.44 "
-              "(6N MFU; x4/3 with recompute)" + FITTED, high=1.0, open_low=True)
+        0.42, "achieved FLOP/s of FSDP training over peak on FLOP-dense GPUs, counting gradient "
+              "checkpointing's recompute: torchtitan Llama-3.1-8B on H100 reaches 33-39 % MFU, verl FSDP "
+              "H100 runs 0.27-0.44 (6N MFU; x4/3 with recompute)" + FITTED, high=1.0, open_low=True)
     prefill_mfu: float = _constant(
         0.45, "achieved MFU of vLLM prefill: long dense GEMMs, no backward", high=1.0, open_low=True)
     decode_mfu: float = _constant(
-        0.17, "fraction of peak FLOP/s a decode step's matmuls reach (skinny GEMMs of the running batch); binds "
-              "on FLOP-poor GPUs such as the H20 (148 TFLOP/s against 4 TB/s)" + FITTED, high=1.0, open_low=True)
+        0.17, "fraction of peak FLOP/s a decode step's matmuls reach (skinny GEMMs of the running batch); "
+              "binds on FLOP-poor GPUs such as the H20 (148 TFLOP/s against 4 TB/s)" + FITTED,
+        high=1.0, open_low=True)
     decode_hbm_efficiency: float = _constant(
         0.7, "fraction of peak HBM bandwidth decode reaches reading weights and KV", high=1.0, open_low=True)
     pcie_efficiency: float = _constant(
@@ -198,8 +199,12 @@ class Profile:
     collective_efficiency: float = _constant(
         0.7, "fraction of link bandwidth NCCL all-gather / reduce-scatter reach", high=1.0, open_low=True)
     tp_allreduce_latency_us: float = _constant(
-        135.0, "latency of one small tensor-parallel all-reduce in a decode step, its launch included (eager "
-               "engines launch two per layer from Python)" + FITTED, high=10_000.0)
+        135.0, "latency of one small tensor-parallel all-reduce in an eager decode step, its launch from "
+               "Python included (two per layer)" + FITTED, high=10_000.0)
+    tp_allreduce_graph_latency_us: float = _constant(
+        10.0, "latency of one small tensor-parallel all-reduce in a decode step replayed from CUDA graphs "
+              "(NCCL / custom all-reduce within a node; estimate, no published sweep ran with graphs)",
+        high=10_000.0)
 
     # --- step time at real lengths (issue 29, docs/steptime.md) ---
     unstated_length_fraction: float = _constant(
@@ -212,14 +217,16 @@ class Profile:
              "batch's decode ends with its longest responses" + FITTED, high=4.0)
     training_mfu_light_gpu: float = _constant(
         0.74, "training_mfu on GPUs below training_mfu_dense_gpu_tflops: published verl FSDP runs on H20 "
-              "report 0.57-0.67 MFU (verl_megatron_practice dapo14b/dapo32b.csv), x4/3 with recompute" + FITTED,
+              "report 0.57-0.67 MFU (verl_megatron_practice dapo14b/dapo32b.csv), x4/3 with recompute"
+              + FITTED,
         high=1.0, open_low=True)
     training_mfu_dense_gpu_tflops: float = _constant(
         400.0, "bf16 dense TFLOP/s from which a GPU is FLOP-dense and reaches training_mfu (H100 989) rather "
                "than training_mfu_light_gpu (H20 148, A100 312)", high=1e6)
     micro_batch_seconds_per_layer: float = _constant(
-        0.48e-3, "fixed cost per micro batch, layer and pass (forward = 1, backward 2 more): Python, launches, "
-                "FSDP hooks; what makes small models run below any FLOPs roofline" + FITTED, high=1.0)
+        0.48e-3, "fixed cost per micro batch, layer and pass (forward = 1, backward 2 more): Python, "
+                 "launches, FSDP hooks; what makes small models run below any FLOPs roofline" + FITTED,
+        high=1.0)
     entropy_bytes_per_token_vocab: float = _constant(
         16.0, "HBM bytes per token x vocab of the entropy over fp32 logits (old-log-prob pass; the reference "
               "pass skips it): softmax, log-softmax and the product, read and written", high=1024.0)
@@ -231,10 +238,12 @@ class Profile:
                  "Aug 2025): each kernel launched from Python" + FITTED, high=1.0)
     decode_graph_seconds_per_layer: float = _constant(
         0.02e-3, "host time per layer of a decode step replayed from CUDA graphs: one graph launch per step, "
-             "estimated (no published sweep ran with graphs); the floor and per-sequence cost still apply", high=1.0)
+             "estimated (no published sweep ran with graphs); the floor and per-sequence cost still apply",
+        high=1.0)
     decode_seconds_per_sequence: float = _constant(
         27e-6, "host time per running sequence and decode step of one engine (scheduling, sampling, "
-               "detokenizing): one engine's tokens per second do not grow with its TP size" + FITTED, high=1.0)
+               "detokenizing): one engine's tokens per second do not grow with its TP size" + FITTED,
+        high=1.0)
 
     def why(self, key: str) -> str:
         return attrs.fields_dict(type(self))[key].metadata["why"]

@@ -49,7 +49,7 @@ from rlplan.planner.plan import (
 )
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.rules import VLLM_LORA_RANKS, Violation, check_plan
-from rlplan.planner.steptime import StepTime, predict_step_time
+from rlplan.planner.steptime import StepTime, predict_step_time, rollout_concurrency, workload_lengths
 
 GIB = 2**30
 Objective = Literal["throughput", "memory"]
@@ -633,8 +633,10 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
     report = predict_memory(plan, profile)
     if not report.rollout.holds_max_model_len:
         return None
-    # More sequences than the KV cache holds only makes vLLM preempt; fewer idles the GPU.
-    concurrency = max(1, report.max_concurrent_sequences)
+    # More sequences than the KV cache holds at the expected lengths only makes vLLM preempt; fewer idles
+    # the GPU (the concurrency the step-time model prices, planner/steptime.py).
+    lengths = workload_lengths(plan, profile)
+    concurrency = int(rollout_concurrency(plan, report, lengths, sequences_per_replica))
     max_num_seqs = max(1, min(MAX_NUM_SEQS_CAP, sequences_per_replica, concurrency))
     resized = plan.evolve(rollout=_rollout_sizes(plan, pins, max_num_seqs))
     if resized.rollout != plan.rollout and not fits(resized):

@@ -124,7 +124,8 @@ def _capped_mean(log_median: float, cap: float, sigma: float) -> float:
 
 @functools.lru_cache(maxsize=256)
 def _log_median_of_capped_mean(mean: float, cap: float, sigma: float) -> float:
-    """The log-median whose log-normal, cut at `cap`, has mean `mean` (< cap): bisection, the mean rising with it."""
+    """The log-median whose log-normal, cut at `cap`, has mean `mean` (< cap), by bisection: the mean rises
+    with the median."""
     low, high = math.log(mean) - sigma**2 / 2 - 1.0, math.log(cap) + 4 * sigma
     for _ in range(40):
         middle = (low + high) / 2
@@ -144,7 +145,7 @@ def _mean_length(expected: int | None, observed: int, maximum: int, fraction: fl
 
 
 def workload_lengths(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> Lengths:
-    """The plan's lengths: stated means, else the profile's observed ones, else a stated fraction of the maxima."""
+    """The plan's lengths: stated means, else the profile's observed ones, else a fraction of the maxima."""
     data = plan.data
     prompt = _mean_length(data.expected_prompt_length, profile.observed_prompt_length, data.max_prompt_length,
                           profile.unstated_length_fraction)
@@ -177,7 +178,8 @@ def training_mfu_key(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> str:
 class _Rates:
     """Achieved rates of one cluster under a profile, in FLOP/s and bytes/s."""
 
-    __slots__ = ("gpu", "training_mfu", "prefill_flops", "decode_flops", "hbm", "pcie", "intranode", "internode",
+    __slots__ = ("gpu", "training_mfu", "prefill_flops", "decode_flops", "hbm", "pcie", "intranode",
+                 "internode",
                  "gpus_per_node")
 
     def __init__(self, plan: Plan, profile: Profile) -> None:
@@ -220,7 +222,8 @@ def fsdp_pass_seconds(compute_seconds: float, micro_batches: int, collective_sec
 
 
 def _pass_sequence_length(plan: Plan, lengths: Lengths) -> float:
-    """Tokens per sequence a trainer pass computes: the mean with remove padding, the padded maximum without."""
+    """Tokens per sequence a trainer pass computes: the mean with remove padding, the padded maximum
+    without."""
     if plan.model.use_remove_padding:
         return lengths.sequence_mean
     return float(plan.data.max_sequence_length)
@@ -231,7 +234,8 @@ def _tokens_per_gpu(plan: Plan, role: RoleBatchLayout, lengths: Lengths) -> floa
 
 
 def _micro_batches(plan: Plan, role: RoleBatchLayout, lengths: Lengths) -> int:
-    """Micro batches one GPU runs in the pass: dynamic batches pack the chunk's real tokens into the budget."""
+    """Micro batches one GPU runs in the pass: dynamic batches pack the chunk's real tokens into the
+    budget."""
     if role.max_token_len_per_gpu is None:
         return role.micro_batches_per_step
     chunk_tokens = role.chunk_size * _pass_sequence_length(plan, lengths)
@@ -257,8 +261,10 @@ def _policy_state(plan: Plan, shard: int, critic: bool) -> TrainerState:
     return critic_state(plan, shard) if critic else actor_state(plan, shard)
 
 
-def _fixed_micro_batch_seconds(facts: ModelFacts, micro_batches: int, profile: Profile, passes: float) -> float:
-    """Python, kernel launches and FSDP hooks per micro batch and layer; `passes` = 1 forward, 3 with backward."""
+def _fixed_micro_batch_seconds(facts: ModelFacts, micro_batches: int, profile: Profile,
+                               passes: float) -> float:
+    """Python, kernel launches and FSDP hooks per micro batch and layer; `passes`: 1 forward, 3 with
+    backward."""
     return micro_batches * facts.layers * profile.micro_batch_seconds_per_layer * passes
 
 
@@ -337,8 +343,10 @@ class DecodeStep:
     weight_bytes: float
     kv_bytes_per_token: float
     hbm: float
-    flops_per_token_at: tuple[float, float]  # (matmul FLOPs, attention FLOPs per context token), per TP rank
-    flops: float
+    # Per TP rank: matmul FLOPs per generated token, and attention FLOPs per token of its context.
+    matmul_flops_per_token: float
+    attention_flops_per_context_token: float
+    achieved_flops: float
     tp_seconds_fixed: float
     tp_seconds_per_sequence: float
     host_floor: float
@@ -348,8 +356,8 @@ class DecodeStep:
         if running <= 0:
             return 0.0
         memory = (self.weight_bytes + running * context * self.kv_bytes_per_token) / self.hbm
-        matmul, attention = self.flops_per_token_at
-        compute = running * (matmul + attention * context) / self.flops
+        per_token = self.matmul_flops_per_token + self.attention_flops_per_context_token * context
+        compute = running * per_token / self.achieved_flops
         gpu = max(memory, compute) + self.tp_seconds_fixed + running * self.tp_seconds_per_sequence
         host = self.host_floor + running * self.host_per_sequence
         # The engine's host work and the GPU's kernels overlap; the slower one sets the pace.
@@ -368,20 +376,23 @@ def decode_step(plan: Plan, rates: _Rates, profile: Profile, hbm: float, flops: 
         # Experts no sequence in the batch routed to are not read.
         untouched = (1.0 - arch.num_experts_per_token / arch.num_experts) ** max(1.0, concurrency)
         weight_params -= facts.routed_expert_params * untouched
+    eager = rollout.enforce_eager or plan.cluster.gpu.is_cpu
     tp_fixed = tp_per_sequence = 0.0
     if t > 1:
-        # Two all-reduces of the running batch's hidden states per layer.
+        # Two all-reduces of the running batch's hidden states per layer, each launched from Python when eager.
         bandwidth = rates.collective(t)
-        tp_fixed = 2 * facts.layers * profile.tp_allreduce_latency_us * 1e-6
-        tp_per_sequence = 2 * facts.layers * 2.0 * facts.hidden * rollout.dtype_bytes * (t - 1) / t / bandwidth
-    eager = rollout.enforce_eager or plan.cluster.gpu.is_cpu
+        latency_us = profile.tp_allreduce_latency_us if eager else profile.tp_allreduce_graph_latency_us
+        tp_fixed = 2 * facts.layers * latency_us * 1e-6
+        hidden_bytes = 2.0 * facts.hidden * rollout.dtype_bytes
+        tp_per_sequence = 2 * facts.layers * hidden_bytes * (t - 1) / t / bandwidth
     per_layer = profile.decode_eager_seconds_per_layer if eager else profile.decode_graph_seconds_per_layer
     return DecodeStep(
         weight_bytes=rollout.dtype_bytes * weight_params / t,
         kv_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
         hbm=hbm,
-        flops_per_token_at=(facts.matmul_flops_per_token / t, facts.attention_flops_per_context_token / t),
-        flops=flops,
+        matmul_flops_per_token=facts.matmul_flops_per_token / t,
+        attention_flops_per_context_token=facts.attention_flops_per_context_token / t,
+        achieved_flops=flops,
         tp_seconds_fixed=tp_fixed,
         tp_seconds_per_sequence=tp_per_sequence,
         host_floor=profile.decode_step_floor_s + per_layer * facts.layers,
@@ -389,10 +400,13 @@ def decode_step(plan: Plan, rates: _Rates, profile: Profile, hbm: float, flops: 
     )
 
 
-def _drain_seconds(step: DecodeStep, lengths: Lengths, running: float, longest: float) -> float:
+def _drain_seconds(step: DecodeStep, lengths: Lengths, running: float, longest: float,
+                   kv_tokens: float) -> float:
     """`running` sequences started together, each ending at its own length: the step shrinks as they finish.
 
     Integrates the step time over decode positions 0..longest, with the survivors' count and context.
+    Where the survivors' KV outgrows the cache, vLLM runs only what it holds and preempts the rest, which
+    wait and recompute: that stretch takes survivors / held steps per position.
     """
     if running <= 0 or longest <= 0:
         return 0.0
@@ -402,14 +416,17 @@ def _drain_seconds(step: DecodeStep, lengths: Lengths, running: float, longest: 
         # Denser near the start, where the batch is largest and shrinks fastest.
         position = longest * (i / _DRAIN_POINTS) ** 2
         middle = (previous + position) / 2
+        context = lengths.prompt_mean + middle
         survivors = max(running * lengths.survival(middle), 1.0)
-        seconds += (position - previous) * step.seconds(survivors, lengths.prompt_mean + middle)
+        held = max(1.0, min(survivors, kv_tokens / context))
+        seconds += (position - previous) * survivors / held * step.seconds(held, context)
         previous = position
     return seconds
 
 
 def rollout_concurrency(plan: Plan, memory: MemoryReport, lengths: Lengths, sequences: float) -> float:
-    """Sequences one engine runs at once: max_num_seqs, the batch, or what its KV cache holds at the lengths."""
+    """Sequences one engine runs at once: max_num_seqs, the batch, or what its KV cache holds at the
+    lengths."""
     in_flight = lengths.prompt_mean + lengths.running_response
     kv_held = memory.rollout.usable_kv_cache_tokens / max(1.0, in_flight)
     return max(1.0, min(float(plan.rollout.max_num_seqs), kv_held, math.ceil(sequences)))
@@ -417,7 +434,8 @@ def rollout_concurrency(plan: Plan, memory: MemoryReport, lengths: Lengths, sequ
 
 def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Profile, layout: PlanLayout,
                     lengths: Lengths | None = None) -> float:
-    """Prefill at FLOPs, a full-concurrency phase while the queue lasts, then the drain to the longest response."""
+    """Prefill at FLOPs, a full-concurrency phase while the queue lasts, then the drain to the longest
+    response."""
     lengths = lengths or workload_lengths(plan, profile)
     facts = model_facts(plan.model.arch)
     rollout = plan.rollout
@@ -425,7 +443,7 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
     replicas = max(1, layout.parallel.rollout_replicas)
     prefill_flops, decode_flops, hbm = rates.prefill_flops, rates.decode_flops, rates.hbm
     if layout.parallel.one_rollout_engine:
-        # The one engine generates while the trainer ranks wait: it has every rank's share of cores and bandwidth.
+        # The one engine generates while the trainer ranks wait: every rank's share of cores and bandwidth.
         share = rates.gpus_per_node
         prefill_flops, decode_flops, hbm = prefill_flops * share, decode_flops * share, hbm * share
     prompts_per_step = plan.data.gen_batch_size or plan.data.train_batch_size
@@ -440,7 +458,8 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
     # While sequences wait, the engine runs full: each finishing sequence is replaced at once.
     full = queued * lengths.response_mean / concurrency * step.seconds(
         concurrency, lengths.prompt_mean + lengths.running_response)
-    drain = _drain_seconds(step, lengths, min(concurrency, sequences), lengths.longest_of(sequences))
+    drain = _drain_seconds(step, lengths, min(concurrency, sequences), lengths.longest_of(sequences),
+                           float(memory.rollout.usable_kv_cache_tokens))
     return prefill + full + drain
 
 
@@ -497,7 +516,7 @@ def offload_seconds(plan: Plan, rates: _Rates, shard: int, profile: Profile) -> 
 
 def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAULT_PROFILE,
                       layout: PlanLayout | None = None) -> StepTime:
-    """Seconds of each phase of one step of `plan` at its expected lengths (keys: Phase names and "offload")."""
+    """Seconds of each phase of one step of `plan` at its expected lengths (keys: Phase names, "offload")."""
     layout = layout or plan_layout(plan)
     rates = _Rates(plan, profile)
     lengths = workload_lengths(plan, profile)
@@ -515,11 +534,12 @@ def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAU
         phases[Phase.REF_LOG_PROB] = _forward_pass(plan, layout.ref_log_prob, rates, shard, profile, lengths,
                                                    critic=False, entropy=False)
     if layout.critic_values is not None and layout.critic_update is not None:
-        phases[Phase.CRITIC_VALUES] = _forward_pass(plan, layout.critic_values, rates, shard, profile, lengths,
-                                                    critic=True, entropy=False)
+        phases[Phase.CRITIC_VALUES] = _forward_pass(plan, layout.critic_values, rates, shard, profile,
+                                                    lengths, critic=True, entropy=False)
         phases[Phase.CRITIC_UPDATE] = _update_pass(plan, layout.critic_update, rates, shard, profile, lengths,
                                                    critic=True)
-    phases[Phase.ACTOR_UPDATE] = _update_pass(plan, layout.actor_update, rates, shard, profile, lengths, critic=False)
+    phases[Phase.ACTOR_UPDATE] = _update_pass(plan, layout.actor_update, rates, shard, profile, lengths,
+                                              critic=False)
     phases["offload"] = offload_seconds(plan, rates, shard, profile)
     return StepTime(phases)
 

@@ -763,7 +763,8 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
 CONTEXT_OVERRIDE_KEY = f"{ARF}.model.override_config.max_position_embeddings"
 
 
-def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str]) -> ResolvedModel:
+def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str],
+                             warnings: list[str]) -> ResolvedModel:
     """verl applies `model.override_config` to the HF config it loads: a raised max_position_embeddings
     (DAPO's Qwen2.5-Math-7B at 32768) is the model's context for the run.  The key stays passthrough,
     so a rendered script still sets it."""
@@ -775,6 +776,9 @@ def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PlanError(field=CONTEXT_OVERRIDE_KEY, message=f"must be a positive integer, got {raw!r}.",
                         fix=f"set {CONTEXT_OVERRIDE_KEY} to the context in tokens, e.g. 32768")
+    warnings.append(f"{CONTEXT_OVERRIDE_KEY}={value} is applied to the model's context "
+                    f"({resolved.arch.max_position_embeddings} in its config), as verl applies it to the HF "
+                    "config.")
     return attrs.evolve(resolved, arch=attrs.evolve(resolved.arch, max_position_embeddings=value))
 
 
@@ -856,7 +860,8 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
     fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
     fields["reward.function"] = _reward_function(reward)
-    resolved = _with_overridden_context(_resolve_model(str(model_path), local_config_reader, warnings), passthrough)
+    resolved = _resolve_model(str(model_path), local_config_reader, warnings)
+    resolved = _with_overridden_context(resolved, passthrough, warnings)
     plan = _build_plan(fields, gpu, host_memory_gib, resolved)
     kept = tuple(passthrough)
     if kept:

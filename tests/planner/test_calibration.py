@@ -289,7 +289,8 @@ def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_err
     plan = make_plan()
     probe = time_observations(plan, {"actor_update": 1e6})[0]
     fixed, work = 1e6 - probe.measured_seconds, probe.predicted_seconds
-    run = _write_run(tmp_path, plan, [{"step": step, "time/actor_update": fixed + 2 * work} for step in (1, 2)])
+    rows = [{"step": step, "time/actor_update": fixed + 2 * work} for step in (1, 2)]
+    run = _write_run(tmp_path, plan, rows)
     output = tmp_path / "cluster.toml"
     assert calibrate_command(None, str(run / "metrics.jsonl"), str(output), as_json=True) == 0
     report = json.loads(capsys.readouterr().out)
@@ -303,7 +304,7 @@ def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_err
 
 
 def test_step_time_constants_fitted_from_runs_recover_the_profile_that_timed_them():
-    """Whole runs timed (verl's timing_s keys) with known constants fit back to them: one profile for all runs."""
+    """Whole runs timed (verl's timing_s keys) with known constants fit back to them: one profile for all."""
     from rlplan.planner.calibration import RunTiming, fit_step_time
     from rlplan.planner.memory import predict_memory
     from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
@@ -312,11 +313,41 @@ def test_step_time_constants_fitted_from_runs_recover_the_profile_that_timed_the
     # Bigger batches make the engine host-bound (the per-sequence cost shows), smaller ones GPU-bound.
     plans = [make_plan(overrides={"data.expected_response_length": response, "data.train_batch_size": batch})
              for response in (128, 512) for batch in (64, 256)]
-    runs = [RunTiming(label=str(i), plan=plan,
-                      measured_seconds=verl_timing_seconds(predict_step_time(plan, predict_memory(plan, truth), truth)))
-            for i, plan in enumerate(plans)]
+    def timed(plan):
+        return verl_timing_seconds(predict_step_time(plan, predict_memory(plan, truth), truth))
+
+    runs = [RunTiming(label=str(i), plan=plan, measured_seconds=timed(plan)) for i, plan in enumerate(plans)]
     fit = fit_step_time(runs, keys=("training_mfu", "decode_seconds_per_sequence"), rounds=6)
     assert fit.rms_log_error_before > 0.05
     assert fit.rms_log_error_after < 0.02
     assert fit.profile.training_mfu == pytest.approx(0.5, rel=0.05)
     assert fit.profile.decode_seconds_per_sequence == pytest.approx(60e-6, rel=0.15)
+
+
+@settings(max_examples=30, deadline=None)
+@given(mean=st.integers(100, 2000), sigma=st.floats(0.1, 1.2), sequences=st.sampled_from([256, 1024, 8192]))
+def test_the_response_tail_fitted_from_a_runs_mean_and_max_reproduces_that_max(mean, sigma, sequences):
+    """Invariant: the fitted shape predicts the longest response the run reported (the cut not hiding it)."""
+    from rlplan.planner.calibration import response_tail_from_run
+    from rlplan.planner.steptime import Lengths
+
+    maximum = 65536
+
+    def longest_of(shape: float) -> float:
+        lengths = Lengths(prompt_mean=0.0, response_mean=float(mean), response_max=maximum, sigma=shape)
+        return lengths.longest_of(sequences)
+
+    longest = longest_of(sigma)
+    fitted = response_tail_from_run(float(mean), longest, sequences, maximum)
+    if longest >= maximum:
+        assert fitted is None
+        return
+    assert fitted is not None
+    assert longest_of(fitted) == pytest.approx(longest, rel=1e-3)
+
+
+def test_a_longest_response_at_the_cut_does_not_fit_a_tail():
+    from rlplan.planner.calibration import response_tail_from_run
+
+    assert response_tail_from_run(800.0, 8192.0, 4096, 8192) is None
+    assert response_tail_from_run(800.0, 700.0, 4096, 8192) is None

@@ -221,14 +221,22 @@ def test_pinning_fixed_micro_batches_solves_the_largest_micro_batch_that_divides
 
 
 def test_pinned_rollout_utilization_sizes_max_num_seqs_from_the_kv_cache_it_leaves():
+    from rlplan.planner.layout import plan_layout
+    from rlplan.planner.steptime import workload_lengths
+
     pins = {"rollout.gpu_memory_utilization": 0.3}
-    plan = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5,
+    plan = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=1024, n=5,
                              pins=pins)).plan
     assert plan is not None and plan.rollout.gpu_memory_utilization == 0.3
     report = predict_memory(plan, DEFAULT_PROFILE)
-    # Sized for the pinned 0.3, not for the ~0.8 the solver would pick (640 sequences per replica there).
-    assert plan.rollout.max_num_seqs <= report.max_concurrent_sequences < 640
-    unpinned = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=256, n=5)).plan
+    # Sized for what the pinned 0.3 holds at the expected lengths (a running sequence holds its prompt and
+    # what it generated so far), not for the ~0.8 the solver would pick, nor for the whole batch.
+    lengths = workload_lengths(plan)
+    held = report.rollout.usable_kv_cache_tokens / (lengths.prompt_mean + lengths.running_response)
+    per_replica = 1024 * 5 / plan_layout(plan).parallel.rollout_replicas
+    assert plan.rollout.max_num_seqs <= held < per_replica
+    unpinned = solve(request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=1024, response=2048, batch=1024,
+                                 n=5)).plan
     assert unpinned is not None and unpinned.rollout.max_num_seqs > plan.rollout.max_num_seqs
 
 

@@ -65,8 +65,9 @@ def test_kv_limited_concurrency_makes_rollout_faster_when_it_binds():
     """4096 sequences over 8 replicas at long mean lengths: the KV cache, not max_num_seqs, caps how many
     decode together, and below the engine's host-bound knee more of them read the weights once."""
     overrides = {"data.train_batch_size": 512, "rollout.n": 8, "actor.ppo_mini_batch_size": 64,
-                 "rollout.max_num_seqs": 1024, "data.max_response_length": 4096, "rollout.max_model_len": 4608,
-                 "data.expected_prompt_length": 512, "data.expected_response_length": 4096}
+                 "rollout.max_num_seqs": 1024, "data.max_response_length": 4096,
+                 "rollout.max_model_len": 4608, "data.expected_prompt_length": 512,
+                 "data.expected_response_length": 4096}
     tight = make_plan(overrides={**overrides, "rollout.gpu_memory_utilization": 0.4})
     roomy = make_plan(overrides={**overrides, "rollout.gpu_memory_utilization": 0.8})
     tight_memory, roomy_memory = predict_memory(tight), predict_memory(roomy)
@@ -98,8 +99,10 @@ def test_smaller_micro_batches_never_make_an_update_faster(base, micro, gpus):
 
 
 def test_update_time_is_the_flop_roofline_at_the_mean_lengths_when_collectives_hide():
-    """Remove padding packs real tokens: the update computes 64 x 4 sequences of the 768 mean tokens, not 1536."""
-    plan = make_plan(overrides={"model.gradient_checkpointing": False, "actor.ppo_micro_batch_size_per_gpu": 8,
+    """Remove padding packs real tokens: the update computes 64 x 4 sequences of the 768 mean tokens,
+    not 1536."""
+    plan = make_plan(overrides={"model.gradient_checkpointing": False,
+                                "actor.ppo_micro_batch_size_per_gpu": 8,
                                 "data.expected_prompt_length": 256, "data.expected_response_length": 512})
     no_fixed_costs = attrs.evolve(DEFAULT_PROFILE, micro_batch_seconds_per_layer=0.0)
     seconds = predict_step_time(plan, predict_memory(plan), no_fixed_costs).phase_seconds["actor_update"]
@@ -114,7 +117,8 @@ def test_update_time_is_the_flop_roofline_at_the_mean_lengths_when_collectives_h
 
 def test_decode_cannot_beat_reading_the_weights_once_per_token():
     plan = make_plan(overrides={"data.train_batch_size": 8, "rollout.n": 1, "actor.ppo_mini_batch_size": 8,
-                                "actor.ppo_micro_batch_size_per_gpu": 1, "data.expected_response_length": 1024})
+                                "actor.ppo_micro_batch_size_per_gpu": 1,
+                                "data.expected_response_length": 1024})
     one_sequence_per_replica = step_time(plan).phase_seconds["rollout"]
     gpu = plan.cluster.gpu
     weight_reads = 1024 * 2 * QWEN25_7B.total_params / (gpu.hbm_gbps * 1e9 * DEFAULT_PROFILE.decode_hbm_efficiency)
@@ -151,7 +155,7 @@ def test_cpu_offload_policy_never_makes_a_step_faster_and_slows_its_roles_update
         assert on.phase_seconds[f"{role}_update"] > off.phase_seconds[f"{role}_update"]
 
 
-# --- issue 29: real lengths, decode cost, MFU per GPU class, each pass as verl runs it -----------------------
+# --- issue 29: real lengths, decode cost, MFU per GPU class, each pass as verl runs it ---------------
 
 
 def _sweeps_module():
@@ -194,7 +198,8 @@ def test_a_heavier_tail_keeps_the_mean_and_never_shortens_the_longest_response(m
     # The cut distribution's mean is the stated one: the tail reshapes the batch, not its tokens.
     for lengths in (narrow, wide):
         positions = [8192 * (i + 0.5) / 4096 for i in range(4096)]
-        assert sum(lengths.survival(t) for t in positions) * 8192 / 4096 == pytest.approx(mean, rel=0.02, abs=2)
+        cut_mean = sum(lengths.survival(t) for t in positions) * 8192 / 4096
+        assert cut_mean == pytest.approx(mean, rel=0.02, abs=2)
     assert wide.longest_of(count) >= narrow.longest_of(count) * (1 - 1e-9)
 
 
@@ -224,7 +229,8 @@ def test_a_dapo_generation_batch_generates_its_prompts_not_the_train_batch():
     train = make_plan(overrides={"data.expected_response_length": 256})
     generate_3x = make_plan(overrides={"data.expected_response_length": 256, "data.gen_batch_size": 192})
     assert step_time(generate_3x).phase_seconds["rollout"] > step_time(train).phase_seconds["rollout"]
-    assert step_time(generate_3x).phase_seconds["actor_update"] == step_time(train).phase_seconds["actor_update"]
+    update = step_time(train).phase_seconds["actor_update"]
+    assert step_time(generate_3x).phase_seconds["actor_update"] == update
 
 
 def test_the_reference_pass_skips_the_entropy_the_old_log_prob_pass_computes():
@@ -271,7 +277,7 @@ def test_verl_timings_sum_the_phases_the_way_verl_times_them():
 
 
 def test_published_sweeps_rank_as_measured_and_most_phases_are_within_a_quarter():
-    """benchmarks/data/steptime_sweeps.toml: verl runs with published per-phase seconds (docs/accuracy.md s. 4)."""
+    """benchmarks/data/steptime_sweeps.toml: verl runs with published per-phase seconds (accuracy.md s. 4)."""
     sweeps = _sweeps_module()
     data = sweeps.load_sweeps()
     runs = sweeps.all_runs(data)
@@ -286,6 +292,7 @@ def test_rollout_tp1_generates_faster_than_tp4_for_a_7b_model_on_8_h100():
     """Published: 144 s at TP 1 against 399 s at TP 4 (dapo7b.csv rows 14 and 2): one engine's host work per
     token does not shrink with TP, and eight engines share it."""
     sweeps = _sweeps_module()
-    runs = {run.label.split(":")[0]: run for run in sweeps.all_runs(sweeps.load_sweeps()) if run.sweep == "dapo-7b-h100"}
+    runs = {run.label.split(":")[0]: run for run in sweeps.all_runs(sweeps.load_sweeps())
+            if run.sweep == "dapo-7b-h100"}
     tp1, tp4 = (sweeps.predicted_timings(runs[row], DEFAULT_PROFILE)["gen"] for row in ("14", "2"))
     assert tp4 > 1.5 * tp1
