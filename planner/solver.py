@@ -780,7 +780,7 @@ def _savings(choice: TrainingChoice) -> tuple[int, ...]:
 
 def _check_pinned_shape(pinned: Plan, request: SolveRequest) -> None:
     """Pins the search cannot honour on the requested cluster, named before any division by what they set:
-    a cluster pin that changes the GPU count, a rollout TP that does not divide it."""
+    a cluster pin that changes the GPU count, a rollout TP larger than it."""
     cluster = request.cluster
     if pinned.cluster.world_size != cluster.world_size:
         key = next((k for k in request.pins if k.startswith("cluster.")), "cluster")
@@ -788,10 +788,12 @@ def _check_pinned_shape(pinned: Plan, request: SolveRequest) -> None:
                         f"GPUs, but the solve is for {cluster.nodes} x {cluster.gpus_per_node}.",
                         fix="describe the cluster with --gpus, --nodes and --gpus-per-node instead of --fix cluster.*")
     tp = request.pins.get("rollout.tensor_model_parallel_size")
-    if tp is not None and (int(tp) > cluster.world_size or cluster.world_size % int(tp)):
+    # A TP that only fails to divide the GPUs is a batch rule (rollout_tp_divides_world), named with the nearest
+    # valid values by the diagnosis; one larger than the cluster leaves no engine at all, so nothing can be priced.
+    if tp is not None and int(tp) > cluster.world_size:
         options = ", ".join(str(t) for t in tensor_parallel_options(request.model.arch, cluster))
         raise PlanError(field="rollout.tensor_model_parallel_size",
-                        message=f"is pinned to {tp}, which does not divide the {cluster.world_size} GPUs.",
+                        message=f"is pinned to {tp}, more than the {cluster.world_size} GPUs.",
                         fix=f"pin one of {options}, or leave it to the solver")
 
 
