@@ -300,13 +300,23 @@ def frontier_chart(data: dict[str, Any], title: str) -> Any:
         return alt.layer(*layers).properties(width=420, height=340, title=panel_title)
 
     feasible_rows = [r for r in data["points"] if r["feasible"]]
+    if len(feasible_rows) == len(data["points"]):
+        # Nothing was refused: a second panel of "the feasible ones" would repeat the first.
+        only = panel(feasible_rows, _time_scale(feasible_rows, log=False),
+                     f"every candidate priced: all {len(feasible_rows)} fit")
+        return alt.vconcat(only, _frontier_key(data)).properties(title=title)
     everything = panel(data["points"], _time_scale(data["points"]), "every candidate priced")
     feasible = panel(feasible_rows, _time_scale(feasible_rows, log=False), "the feasible ones")
-    # What the labelled candidates are, readable in a PNG where there is no tooltip.
-    key = alt.Chart(alt.Data(values=[{"line": line, "order": i} for i, line in enumerate(data["key"])])).mark_text(
+    return alt.vconcat(alt.hconcat(everything, feasible), _frontier_key(data)).properties(title=title)
+
+
+def _frontier_key(data: dict[str, Any]) -> Any:
+    """What the labelled candidates are, readable in a PNG where there is no tooltip."""
+    import altair as alt
+
+    return alt.Chart(alt.Data(values=[{"line": line, "order": i} for i, line in enumerate(data["key"])])).mark_text(
         align="left", x=0, fontSize=11).encode(y=alt.Y("order:O", axis=None), text="line:N").properties(
         width=860, height=16 * max(1, len(data["key"])))
-    return alt.vconcat(alt.hconcat(everything, feasible), key).properties(title=title)
 
 
 # --- report RUN_DIR ----------------------------------------------------------------

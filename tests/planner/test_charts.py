@@ -329,3 +329,17 @@ def test_a_report_names_the_demo_run_by_its_folder_and_carries_the_plan_and_per_
     assert "run run" not in html and "demo/run" in html
     assert "prompt 512 + response 1024 tokens" in html and "8 x test-gpu" in html
     assert "peak GiB per process" in html  # metrics_record's measure is the CPU runtime's RSS
+
+
+def test_a_frontier_with_nothing_refused_draws_one_panel_not_the_same_one_twice():
+    pytest.importorskip("altair", reason="the charts extra (altair) is not installed")
+    from rlplan.planner.charts import frontier_chart
+
+    rows = [{"step_time_s": 100.0 + i, "gpu_peak_gib": 70.0, "feasible": True, "rank": i + 1,
+             "mark": "chosen" if i == 0 else "feasible", "reason": "", "label": "#1" if i == 0 else "", "knobs": ""}
+            for i in range(3)]
+    spec = frontier_chart({"points": rows, "gpu_limit_gib": 79.2, "key": ["#1: the plan written"]}, "t").to_dict()
+    assert "hconcat" not in json.dumps(spec) and "all 3 fit" in json.dumps(spec)
+    refused = [*rows, dict(rows[-1], feasible=False, rank=0, mark="infeasible", step_time_s=900.0)]
+    spec = frontier_chart({"points": refused, "gpu_limit_gib": 79.2, "key": ["#1: the plan written"]}, "t").to_dict()
+    assert "hconcat" in json.dumps(spec)

@@ -216,3 +216,10 @@ def test_the_plan_versus_actual_table_prints_the_error_and_a_verdict_against_the
     # The bound's edges hold; just past them does not.
     assert prediction_verdict(low) == prediction_verdict(high) == "holds"
     assert prediction_verdict(low - 0.001) == "UNDER-predicted"
+
+
+def test_a_gpu_run_gets_the_error_but_no_verdict_against_the_cpu_runtimes_bound():
+    from rlplan.runtime.metrics import GPU_MEASURE
+
+    (row,) = plan_versus_actual({"actor_update": 60.0}, {"actor_update": 50 * 2**30}, GPU_MEASURE)
+    assert round(row["error"], 2) == 0.2 and row["verdict"] == "-"
