@@ -712,7 +712,8 @@ def _savings(choice: TrainingChoice) -> tuple[int, ...]:
 
 def _check_pinned_shape(pinned: Plan, request: SolveRequest) -> None:
     """Pins the search cannot honour on the requested cluster, named before any division by what they set:
-    a cluster pin that changes the GPU count, a rollout TP that does not divide it."""
+    a cluster pin that changes the GPU count, a rollout TP larger than it (no engine at all; a TP that does
+    not divide the GPUs is the rule rollout_tp_divides_world's, with its nearest valid values)."""
     cluster = request.cluster
     if pinned.cluster.world_size != cluster.world_size:
         key = next((k for k in request.pins if k.startswith("cluster.")), "cluster")
@@ -720,10 +721,10 @@ def _check_pinned_shape(pinned: Plan, request: SolveRequest) -> None:
                         f"GPUs, but the solve is for {cluster.nodes} x {cluster.gpus_per_node}.",
                         fix="describe the cluster with --gpus, --nodes and --gpus-per-node instead of --fix cluster.*")
     tp = request.pins.get("rollout.tensor_model_parallel_size")
-    if tp is not None and (int(tp) > cluster.world_size or cluster.world_size % int(tp)):
+    if tp is not None and int(tp) > cluster.world_size:
         options = ", ".join(str(t) for t in tensor_parallel_options(request.model.arch, cluster))
         raise PlanError(field="rollout.tensor_model_parallel_size",
-                        message=f"is pinned to {tp}, which does not divide the {cluster.world_size} GPUs.",
+                        message=f"is pinned to {tp}, more than the {cluster.world_size} GPUs.",
                         fix=f"pin one of {options}, or leave it to the solver")
 
 

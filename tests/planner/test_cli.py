@@ -620,3 +620,28 @@ def test_ctrl_c_while_the_modules_load_exits_130_without_a_traceback():
             "main()\n")
     done = subprocess.run([sys.executable, "-c", code, "schema"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 130 and "Traceback" not in done.stderr and "interrupted" in done.stderr
+
+
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--expected-prompt-len", "0"], "--expected-prompt-len"),
+    (["--expected-prompt-len", "513"], "--expected-prompt-len"),
+    (["--expected-response-len", "100000"], "--expected-response-len"),
+    (["--host-mem", "1e300"], "--host-mem"),
+    (["--device", "cpu", "--host-mem", "1e300"], "--host-mem"),
+    (["--device", "cpu", "--rollout", "sglang"], "--rollout"),
+    (["--device", "cpu", "--fix", "rollout.name=sglang"], "rollout.name"),
+])
+def test_solve_refuses_what_validate_or_the_runtime_would_naming_its_own_flag(flags, field):
+    args = ["solve", "--model", "qwen2.5-0.5b", "--prompt-len", "512", "--response-len", "512", *flags]
+    if "cpu" not in flags:
+        args += ["--gpus", "8", "--gpu", "h100-80g"]
+    result = invoke(*args, "--json")
+    assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == field, result.output
+
+
+def test_run_on_an_sglang_plan_names_rollout_name_before_loading_the_runtime(tmp_path):
+    plan = tmp_path / "plan.toml"
+    assert invoke("solve", "--model", "qwen2.5-0.5b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "64",
+                  "--response-len", "64", "--rollout", "sglang", "-o", str(plan)).exit_code == 0
+    result = invoke("run", str(plan), "--json")
+    assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == "rollout.name"

@@ -437,7 +437,6 @@ def test_ppo_8b_on_four_24g_gpus_without_the_offload_policy_names_the_critic_upd
     ({"cluster.gpus_per_node": 3}, "cluster.gpus_per_node"),
     ({"cluster.nodes": 2}, "cluster.nodes"),
     ({"rollout.tensor_model_parallel_size": 16}, "rollout.tensor_model_parallel_size"),
-    ({"rollout.tensor_model_parallel_size": 3}, "rollout.tensor_model_parallel_size"),
 ])
 def test_pins_that_do_not_fit_the_clusters_gpus_are_bad_input_naming_the_key(pins, field):
     request = request_for("qwen2.5-7b", gpus=8, gpu_mem=80, prompt=1024, response=2048, batch=64, n=4, pins=pins)
