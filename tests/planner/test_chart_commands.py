@@ -146,3 +146,15 @@ def test_a_long_run_is_drawn_as_at_most_the_drawn_steps_and_says_so(tmp_path):
     spec = inlined_spec(output.read_text())
     rewards = [row for row in inlined_rows(spec) if row.get("metric") == "reward"]
     assert 0 < len(rewards) <= DRAWN_STEPS
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".png"])
+def test_text_an_svg_cannot_hold_is_replaced_not_a_crash_of_the_renderer(tmp_path, suffix):
+    """vl-convert's SVG writer panics (aborting the process) on characters XML 1.0 lacks; the chart is drawn."""
+    plan = solved_plan(tmp_path, "a\x00b\x01\x1f\ufffe")
+    chart = tmp_path / f"memory{suffix}"
+    result = runner.invoke(app, ["explain", str(plan), "--chart", str(chart)])
+    assert result.exit_code == 0, result.output
+    assert chart.stat().st_size > 0
+    if suffix == ".svg":
+        assert "a\ufffdb" in chart.read_text()
