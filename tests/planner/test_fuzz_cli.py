@@ -369,14 +369,17 @@ def test_user_text_in_every_chart_string_stays_data_in_the_charts_own_script(dat
     """Invariant: explain --chart, solve --frontier and report with hostile text in the model, GPU, phase,
     metric and run names exit 0, 1 or 2 as every command does, and any HTML written holds no script element
     but the Vega bundle and the chart's own."""
+    import tempfile
+
     pytest.importorskip("altair")
     pytest.importorskip("vl_convert")
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # a fresh folder per example
     plan = hostile_chart_plan(seed_plans[data.draw(st.sampled_from(sorted(seed_plans)))], data.draw)
     command = data.draw(st.sampled_from(["explain", "frontier", "report"]))
     suffix = data.draw(st.sampled_from([".html", ".html", ".svg"]))
     output = tmp_path / f"chart{suffix}"
     if command == "report":
-        run = tmp_path / data.draw(st.sampled_from(["run", "</script><script>x()</script>", "r\u2028&<"]))
+        run = tmp_path / data.draw(st.sampled_from(["run", "<script>x()<", "r\u2028&<\x01"]))
         run.mkdir()
         (run / "plan.toml").write_text(tomli_w.dumps(plan), encoding="utf-8")
         records = [runtime_record(step) for step in (1, 2, 3)]
