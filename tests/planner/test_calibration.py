@@ -296,3 +296,14 @@ def test_calibrate_json_prints_one_object_on_stdout_for_a_profile_and_for_an_err
     assert calibrate_command(None, str(lonely), str(tmp_path / "p.toml"), as_json=True) == 2
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["field"] and error["message"] and error["fix"]
+
+
+def test_calibrate_refuses_an_output_that_is_its_metrics_or_its_plan(tmp_path):
+    from rlplan.runtime.commands import calibrate_command
+
+    run = _write_run(tmp_path, make_plan(), [{"step": 1, "time/actor_update": 1.0}])
+    (tmp_path / "link.toml").symlink_to(run / "metrics.jsonl")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for output in (run / "metrics.jsonl", run / "plan.toml", tmp_path / "link.toml"):
+        assert calibrate_command(None, str(run / "metrics.jsonl"), str(output)) == 2
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before

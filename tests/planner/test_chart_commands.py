@@ -116,13 +116,15 @@ def test_a_chart_that_is_or_links_to_an_input_is_refused_and_every_input_kept(tm
         (["report", str(run), "-o", str(tmp_path / "metrics.html")], "-o"),
         (["solve", "--from", str(as_html), "--frontier", str(as_html)], "--frontier"),
         (["solve", "--from", str(plan), "--profile", str(profile), "--frontier", str(profile)], "--frontier"),
+        (["solve", "--from", str(plan), "-o", str(tmp_path / "both.html"), "--frontier", str(tmp_path / "both.html")],
+         "--frontier"),
     ]
     before = {path: path.read_bytes() for path in (plan, as_html, run / "metrics.jsonl", profile)}
     for args, flag in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and f"error {flag}" in result.output, (args, result.output)
-        assert "destroy that input" in " ".join(result.output.split())
-    assert {path: path.read_bytes() for path in before} == before
+        assert "destroy that file" in " ".join(result.output.split())
+    assert {path: path.read_bytes() for path in before} == before and not (tmp_path / "both.html").exists()
 
 
 def test_a_report_path_with_markup_is_written_and_printed_as_text(tmp_path):

@@ -436,7 +436,7 @@ def test_output_equal_to_the_input_is_refused_and_the_input_kept(command, solved
         args = ["import", "verl", str(path), "--gpu", "h100-80g", "-o", str(path)]
     before = path.read_text()
     result = invoke(*args)
-    assert result.exit_code == 2 and "is the input" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "is the same file as" in " ".join(result.output.split())
     assert path.read_text() == before
 
 
