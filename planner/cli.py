@@ -799,8 +799,10 @@ def root(
 
 def main() -> None:
     try:
-        app()
-        sys.stdout.flush()  # here, so a reader that went away is seen now and not at interpreter exit
+        try:
+            app()
+        finally:
+            sys.stdout.flush()  # here, so a reader that went away is seen now and not at interpreter exit
     except SystemExit as exc:
         # click reports usage errors with exit 2 already; keep every code as is.
         sys.exit(exc.code)

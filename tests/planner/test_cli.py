@@ -589,8 +589,8 @@ def test_import_and_render_json_errors_are_one_json_object_on_stdout_with_exit_2
     assert set(error) == {"field", "message", "fix"} and error["fix"]
 
 
-@pytest.mark.parametrize("args", [["schema"], ["presets", "models"], ["render", "PLAN"], ["import", "verl", "SCRIPT",
-                                                                                         "--gpu", "h100-80g"]])
+@pytest.mark.parametrize("args", [["schema"], ["presets", "models"], ["presets", "gpus", "--json"], ["render", "PLAN"],
+                                  ["import", "verl", "SCRIPT", "--gpu", "h100-80g"]])
 def test_a_closed_stdout_exits_141_quietly(args, solved_plan, tmp_path):
     """Invariant: whichever command writes to a reader that went away, it exits as a shell reports SIGPIPE,
     printing nothing on stderr (no traceback, no 'internal error', no misnamed file error)."""
