@@ -54,6 +54,22 @@ def chart_spec(chart: Any) -> dict[str, Any]:
         return chart.to_dict(validate=False)
 
 
+# Characters XML 1.0 cannot hold (C0 controls but tab and newlines, surrogates, U+FFFE/U+FFFF): vl-convert's SVG
+# writer panics on them, which aborts the whole process, so they are replaced before it sees the spec.
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(value: Any) -> Any:
+    """The spec with every string (keys too) holding only characters an SVG can: others become U+FFFD."""
+    if isinstance(value, str):
+        return NOT_XML.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {xml_safe(key): xml_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [xml_safe(item) for item in value]
+    return value
+
+
 def write_chart(chart: Any, path: str, flag: str) -> None:
     """HTML with Vega inlined (opens offline, no CDN) and the spec escaped for its <script> element; PNG / SVG
     rendered by vl-convert, no browser. Rendered in memory, then written by the one atomic writer, so a failed
@@ -71,9 +87,9 @@ def write_chart(chart: Any, path: str, flag: str) -> None:
                                vegaembed_version=alt.VEGAEMBED_VERSION, vegalite_version=alt.VEGALITE_VERSION,
                                template="inline", json_kwds={"cls": ScriptSafeJSON})
     elif suffix == ".png":
-        content = vl_convert.vegalite_to_png(spec, vl_version=vl_version_for_vl_convert(), scale=2)
+        content = vl_convert.vegalite_to_png(xml_safe(spec), vl_version=vl_version_for_vl_convert(), scale=2)
     else:
-        content = vl_convert.vegalite_to_svg(spec, vl_version=vl_version_for_vl_convert())
+        content = vl_convert.vegalite_to_svg(xml_safe(spec), vl_version=vl_version_for_vl_convert())
     write_atomic(path, content, flag)
 
 

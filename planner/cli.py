@@ -337,7 +337,8 @@ def solve(
     for flag, value in (("--top", top), ("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
                         ("--train-batch-size", train_batch_size), ("--n", n),
                         ("--ppo-mini-batch-size", ppo_mini_batch_size), ("--prompt-len", prompt_len),
-                        ("--response-len", response_len), ("--max-response-len", max_response_len)):
+                        ("--response-len", response_len), ("--max-response-len", max_response_len),
+                        ("--expected-prompt-len", expected_prompt_len), ("--expected-response-len", expected_response_len)):
         if value is not None and value < 1:
             raise PlanError(field=flag, message=f"must be >= 1, got {value}.", fix=f"pass a positive {flag} or leave "
                             "it out for the default")
@@ -382,7 +383,13 @@ def solve(
             raise PlanError(field="--nodes", message=f"a CPU plan runs on this one machine, got {nodes} nodes.",
                             fix="leave out --nodes with --device cpu")
         ranks = gpus or gpus_per_node or 1
-        cluster, rates = cpu_cluster(ranks, host_gib or this_machine_memory_gib() or 1024.0, profile_loaded)
+        try:
+            cluster, rates = cpu_cluster(ranks, host_gib or this_machine_memory_gib() or 1024.0, profile_loaded)
+        except PlanError as error:  # a CPU plan's "GPU" memory and host RAM are both --host-mem
+            if host_gib is None or not error.field.startswith("cluster."):
+                raise
+            raise PlanError(field="--host-mem", message=error.message, fix="pass --host-mem in GiB, or leave it out "
+                            "for this machine's MemTotal") from None
         gpu_spec = cluster.gpu
         cpu_note = f"CPU rates {rates.source}"
         if not (json_output or quiet):
@@ -415,8 +422,13 @@ def solve(
                             fix=f"pass --gpus-per-node so that it divides {gpus}")
         assumed = None if host_gib is not None else typical_host_memory(gpu_spec, per_node)
         host_note = assumed.describe() if assumed else None
-        cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node,
-                          host_memory_gib=assumed.gib if assumed else host_gib)
+        try:
+            cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node,
+                              host_memory_gib=assumed.gib if assumed else host_gib)
+        except PlanError as error:
+            if error.field != "cluster.host_memory_gib":
+                raise
+            raise PlanError(field="--host-mem", message=error.message, fix="pass --host-mem in GiB per node") from None
     # Not given (None) keeps the --from plan's algorithm; "grpo" given keeps GRPO even over a PPO plan.
     algorithm = {"ppo": "gae"}.get((algo or "grpo").lower(), (algo or "grpo").lower())
     if algo is None and base is not None:
@@ -446,6 +458,13 @@ def solve(
             ppo_mini_batch_size = base.actor.ppo_mini_batch_size
     if prompt_len is None:
         raise PlanError(field="--prompt-len", message="the prompt length is needed.", fix="pass --prompt-len 1024")
+    # A mean above its maximum is a mistake (validate and explain refuse it too), never silently capped.
+    for flag, mean, maximum, limit in (("--expected-prompt-len", expected_prompt_len, prompt_len, "--prompt-len"),
+                                       ("--expected-response-len", expected_response_len,
+                                        response_len or max_response_len, "--response-len")):
+        if mean is not None and maximum is not None and mean > maximum:
+            raise PlanError(field=flag, message=f"is a mean length and cannot exceed {limit} {maximum}, got {mean}.",
+                            fix=f"pass {flag} at most {maximum}, or leave it out (= the maximum)")
     request = SolveRequest(
         model=model_section, cluster=cluster, prompt_len=prompt_len, response_len=response_len,
         max_response_len=max_response_len, train_batch_size=256 if train_batch_size is None else train_batch_size,
@@ -458,9 +477,14 @@ def solve(
         train_files=_path_list("--train-files", train_files), val_files=_path_list("--val-files", val_files),
     )
     if rollout == "auto":
-        engines: tuple[Any, ...] = ("vllm", "sglang")
+        engines: tuple[Any, ...] = ("vllm",) if on_cpu else ("vllm", "sglang")
     else:
         engines = (rollout or pins.get("rollout.name") or (base.rollout.name if base is not None else "vllm"),)
+    if on_cpu and engines != ("vllm",):
+        # The platform rule runtime_rolls_out_with_vllm would refuse the plan at `rlplan run`: say so now.
+        raise PlanError(field="--rollout" if rollout else "rollout.name",
+                        message=f"rlplan's CPU runtime runs vLLM rollouts only, not {engines[0]}; SGLang plans are "
+                        "for verl on GPUs.", fix="leave out --rollout with --device cpu (vllm), or plan a GPU cluster")
     result = solve_engines(request, engines, keep=max(top or 0, RUNNERS_UP + 1), frontier=frontier is not None)
     if frontier:
         from rlplan.planner.chart_commands import frontier_chart_command
@@ -763,6 +787,12 @@ def run(
 
     Example: rlplan run plan.toml --max-steps 10
     """
+    plan = load_plan(plan_path)
+    if plan.rollout.name != "vllm":
+        # The platform rule runtime_rolls_out_with_vllm, said before the runtime (perhaps not installed) loads.
+        raise PlanError(field="rollout.name", message=f"is {plan.rollout.name}; the bundled runtime runs vLLM "
+                        "rollouts only.", fix="render the plan for verl (rlplan render PLAN --target verl), or re-solve "
+                        "with --rollout vllm to run it here")
     from rlplan.runtime.commands import run_command
 
     raise typer.Exit(run_command(plan_path, resume=resume, address=address or os.environ.get("RAY_ADDRESS"),
@@ -968,8 +998,10 @@ def root(
 
 def main() -> None:
     try:
-        app()
-        sys.stdout.flush()  # here, so a reader that went away is seen now and not at interpreter exit
+        try:
+            app()
+        finally:
+            sys.stdout.flush()  # here, so a reader that went away is seen now and not at interpreter exit
     except SystemExit as exc:
         # click reports usage errors with exit 2 already; keep every code as is.
         sys.exit(exc.code)

@@ -183,6 +183,13 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except (OSError, ValueError):
+        return False
+
+
 def refuse_overwriting_inputs(output: str | None, what: str, inputs: dict[str, Any]) -> None:
     """Every writer's check, before any work: an output that is one of the command's inputs (the same path, a
     symlink to it or a hard link) would be replaced by a different kind of file. `inputs`: how the command
@@ -190,9 +197,11 @@ def refuse_overwriting_inputs(output: str | None, what: str, inputs: dict[str, A
     if not output:
         return
     for name, path in inputs.items():
-        if path is not None and _same_file(output, str(path)):
-            raise PlanError(field=what, message=f"{shorten(output)!r} is the input {name} ({shorten(str(path))!r}); "
-                            "writing it would destroy that input.", fix=f"pass a different {what} path")
+        # The same file now, or the same path once both are written (two outputs of one command).
+        if path is not None and (_same_file(output, str(path)) or _same_path(output, str(path))):
+            raise PlanError(field=what, message=f"{shorten(output)!r} is the same file as {name} "
+                            f"({shorten(str(path))!r}); writing it would destroy that file.",
+                            fix=f"pass a different {what} path")
 
 
 def write_atomic(path: str, content: str | bytes, what: str) -> None:

@@ -711,7 +711,11 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
 @rule("runtime",
       "[R8] max_num_batched_tokens >= max_num_seqs, and >= max_model_len without chunked prefill")
 def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
+    """vLLM's scheduler check (vllm/config/scheduler.py). verl passes neither key to SGLang (see
+    SGLANG_IGNORED_ROLLOUT_KEYS), which sizes its own chunked prefill, so an SGLang plan is not judged by it."""
     rollout = ctx.plan.rollout
+    if rollout.name == "sglang":
+        return
     if rollout.max_num_batched_tokens < rollout.max_num_seqs:
         yield ctx.violation(
             f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below rollout.max_num_seqs = "
@@ -732,6 +736,15 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
 LORA_MERGE_KEY = "actor_rollout_ref.model.lora.merge"
 
 
+def passthrough_value(plan: Plan, key: str, default: str) -> str:
+    """An unmodeled verl key's value as text, however the script spelled the override: `key=`, `+key=` (how
+    real scripts add keys verl's YAML lacks) or `++key=`; Hydra applies them in order, so `++` wins."""
+    for spelling in ("++" + key, "+" + key, key):
+        if spelling in plan.passthrough:
+            return str(plan.passthrough[spelling])
+    return default
+
+
 @rule("runtime",
       "[R9] SGLang receives full weights only: LoRA with SGLang needs model.lora.merge")
 def _sglang_lora_needs_merged_adapter(ctx: RuleContext) -> Iterator[Violation]:
@@ -743,7 +756,7 @@ def _sglang_lora_needs_merged_adapter(ctx: RuleContext) -> Iterator[Violation]:
     adapter must be merged into the base weights before the sync.
     """
     plan = ctx.plan
-    merged = str(plan.passthrough.get(LORA_MERGE_KEY, "false")).lower() == "true"
+    merged = passthrough_value(plan, LORA_MERGE_KEY, "false").lower() == "true"
     if plan.rollout.name == "sglang" and plan.model.lora.enabled and not merged:
         yield ctx.violation(
             f"model.lora.rank = {plan.model.lora.rank} with the SGLang rollout: SGLang serves no adapters, so "
@@ -795,9 +808,8 @@ def _sglang_dp_attention_needs_rollout_dp(ctx: RuleContext) -> Iterator[Violatio
     always holds; but SGLang's ServerArgs._handle_data_parallelism sets enable_dp_attention = False
     when dp_size == 1, silently.
     """
-    passthrough = ctx.plan.passthrough
-    wanted = str(passthrough.get(SGLANG_DP_ATTENTION_KEY, "false")).lower() == "true"
-    dp_text = str(passthrough.get(ROLLOUT_DP_KEY, "1"))
+    wanted = passthrough_value(ctx.plan, SGLANG_DP_ATTENTION_KEY, "false").lower() == "true"
+    dp_text = passthrough_value(ctx.plan, ROLLOUT_DP_KEY, "1")
     # A value rlplan cannot read (an interpolation) is not judged.
     dp = int(dp_text) if dp_text.isdigit() else None
     if ctx.plan.rollout.name == "sglang" and wanted and dp is not None and dp <= 1:

@@ -780,7 +780,8 @@ def _savings(choice: TrainingChoice) -> tuple[int, ...]:
 
 def _check_pinned_shape(pinned: Plan, request: SolveRequest) -> None:
     """Pins the search cannot honour on the requested cluster, named before any division by what they set:
-    a cluster pin that changes the GPU count, a rollout TP larger than it."""
+    a cluster pin that changes the GPU count, a rollout TP larger than it (no engine at all; a TP that does
+    not divide the GPUs is the rule rollout_tp_divides_world's, with its nearest valid values)."""
     cluster = request.cluster
     if pinned.cluster.world_size != cluster.world_size:
         key = next((k for k in request.pins if k.startswith("cluster.")), "cluster")

@@ -789,6 +789,8 @@ def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, re
     try:
         plan = plan_from_dict(data)
     except PlanError as exc:
+        if exc.field == "cluster.host_memory_gib":
+            raise PlanError(field="--host-mem", message=exc.message, fix="pass --host-mem in GiB") from None
         entry = BY_FIELD.get(exc.field)
         if entry is None:
             raise

@@ -351,3 +351,14 @@ def test_a_longest_response_at_the_cut_does_not_fit_a_tail():
 
     assert response_tail_from_run(800.0, 8192.0, 4096, 8192) is None
     assert response_tail_from_run(800.0, 700.0, 4096, 8192) is None
+
+
+def test_calibrate_refuses_an_output_that_is_its_metrics_or_its_plan(tmp_path):
+    from rlplan.runtime.commands import calibrate_command
+
+    run = _write_run(tmp_path, make_plan(), [{"step": 1, "time/actor_update": 1.0}])
+    (tmp_path / "link.toml").symlink_to(run / "metrics.jsonl")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for output in (run / "metrics.jsonl", run / "plan.toml", tmp_path / "link.toml"):
+        assert calibrate_command(None, str(run / "metrics.jsonl"), str(output)) == 2
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before

@@ -116,13 +116,15 @@ def test_a_chart_that_is_or_links_to_an_input_is_refused_and_every_input_kept(tm
         (["report", str(run), "-o", str(tmp_path / "metrics.html")], "-o"),
         (["solve", "--from", str(as_html), "--frontier", str(as_html)], "--frontier"),
         (["solve", "--from", str(plan), "--profile", str(profile), "--frontier", str(profile)], "--frontier"),
+        (["solve", "--from", str(plan), "-o", str(tmp_path / "both.html"), "--frontier", str(tmp_path / "both.html")],
+         "--frontier"),
     ]
     before = {path: path.read_bytes() for path in (plan, as_html, run / "metrics.jsonl", profile)}
     for args, flag in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and f"error {flag}" in result.output, (args, result.output)
-        assert "destroy that input" in " ".join(result.output.split())
-    assert {path: path.read_bytes() for path in before} == before
+        assert "destroy that file" in " ".join(result.output.split())
+    assert {path: path.read_bytes() for path in before} == before and not (tmp_path / "both.html").exists()
 
 
 def test_a_report_path_with_markup_is_written_and_printed_as_text(tmp_path):
@@ -146,3 +148,15 @@ def test_a_long_run_is_drawn_as_at_most_the_drawn_steps_and_says_so(tmp_path):
     spec = inlined_spec(output.read_text())
     rewards = [row for row in inlined_rows(spec) if row.get("metric") == "reward"]
     assert 0 < len(rewards) <= DRAWN_STEPS
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".png"])
+def test_text_an_svg_cannot_hold_is_replaced_not_a_crash_of_the_renderer(tmp_path, suffix):
+    """vl-convert's SVG writer panics (aborting the process) on characters XML 1.0 lacks; the chart is drawn."""
+    plan = solved_plan(tmp_path, "a\x00b\x01\x1f\ufffe")
+    chart = tmp_path / f"memory{suffix}"
+    result = runner.invoke(app, ["explain", str(plan), "--chart", str(chart)])
+    assert result.exit_code == 0, result.output
+    assert chart.stat().st_size > 0
+    if suffix == ".svg":
+        assert "a\ufffdb" in chart.read_text()

@@ -439,7 +439,7 @@ def test_output_equal_to_the_input_is_refused_and_the_input_kept(command, solved
         args = ["import", "verl", str(path), "--gpu", "h100-80g", "-o", str(path)]
     before = path.read_text()
     result = invoke(*args)
-    assert result.exit_code == 2 and "is the input" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "is the same file as" in " ".join(result.output.split())
     assert path.read_text() == before
 
 
@@ -608,8 +608,8 @@ def test_solve_from_a_ppo_plan_with_algo_grpo_writes_grpo_and_without_algo_keeps
     assert plan_from_toml(switched.read_text()).algorithm.adv_estimator == "grpo"
 
 
-@pytest.mark.parametrize("args", [["schema"], ["presets", "models"], ["render", "PLAN"], ["import", "verl", "SCRIPT",
-                                                                                         "--gpu", "h100-80g"]])
+@pytest.mark.parametrize("args", [["schema"], ["presets", "models"], ["presets", "gpus", "--json"], ["render", "PLAN"],
+                                  ["import", "verl", "SCRIPT", "--gpu", "h100-80g"]])
 def test_a_closed_stdout_exits_141_quietly(args, solved_plan, tmp_path):
     """Invariant: whichever command writes to a reader that went away, it exits as a shell reports SIGPIPE,
     printing nothing on stderr (no traceback, no 'internal error', no misnamed file error)."""
@@ -707,3 +707,28 @@ def test_a_lora_plans_learning_rate_is_written_as_a_person_writes_it(tmp_path):
     assert "optim.lr=1e-05 " in script
     for number in re.findall(r"\d+\.\d+(?:e-?\d+)?", text + script):
         assert len(number.split("e")[0].replace(".", "").lstrip("0")) <= 12, number
+
+
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--expected-prompt-len", "0"], "--expected-prompt-len"),
+    (["--expected-prompt-len", "513"], "--expected-prompt-len"),
+    (["--expected-response-len", "100000"], "--expected-response-len"),
+    (["--host-mem", "1e300"], "--host-mem"),
+    (["--device", "cpu", "--host-mem", "1e300"], "--host-mem"),
+    (["--device", "cpu", "--rollout", "sglang"], "--rollout"),
+    (["--device", "cpu", "--fix", "rollout.name=sglang"], "rollout.name"),
+])
+def test_solve_refuses_what_validate_or_the_runtime_would_naming_its_own_flag(flags, field):
+    args = ["solve", "--model", "qwen2.5-0.5b", "--prompt-len", "512", "--response-len", "512", *flags]
+    if "cpu" not in flags:
+        args += ["--gpus", "8", "--gpu", "h100-80g"]
+    result = invoke(*args, "--json")
+    assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == field, result.output
+
+
+def test_run_on_an_sglang_plan_names_rollout_name_before_loading_the_runtime(tmp_path):
+    plan = tmp_path / "plan.toml"
+    assert invoke("solve", "--model", "qwen2.5-0.5b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "64",
+                  "--response-len", "64", "--rollout", "sglang", "-o", str(plan)).exit_code == 0
+    result = invoke("run", str(plan), "--json")
+    assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == "rollout.name"

@@ -15,6 +15,7 @@ import os
 import re
 import tomllib
 from datetime import timedelta
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +275,283 @@ def test_hostile_solve_flags_exit_0_1_or_2_with_a_named_field(changes, tmp_path)
             output = tmp_path / flags["-o"]
     args = ["solve", *[part for pair in flags.items() for part in pair], *fixes]
     run_cli(tmp_path, args, output)
+
+
+# --- round 3 (issue 28): charts, report / calibrate inputs, profiles, secrets --------------------------------
+
+# Fewer examples than the plan fuzzers: a chart is seconds (the first loads vl-convert's Vega bundle), so these
+# stay within a minute or two on 2 cores; RLPLAN_FUZZ_EXAMPLES raises them with the others.
+CHART_FUZZ = settings(FUZZ, max_examples=max(4, EXAMPLES // 3))
+INPUT_FUZZ = settings(FUZZ, max_examples=max(8, EXAMPLES * 2 // 3))
+# Python allocations one command may make at its peak (tracemalloc): a hostile input is refused or streamed,
+# never held whole (the 5.4 GB of a 100k-step report, /dev/zero's MemoryError).
+MEMORY_LIMIT = 512 * 2**20
+
+# Text that would run as script if a chart inlined it raw, or break out of a string, a comment or CDATA.
+SCRIPT_TEXT = st.sampled_from([
+    "</script><script>window.__pwned=1</script>", "</SCRIPT ><script>alert(1)//", "<!--<script>", "]]><script>",
+    "<img src=x onerror=alert(1)>", "\u2028\u2029", "\"};alert(1);//", "' + alert(1) + '", "&lt;/script&gt;",
+    "${alert(1)}", "{{7*7}}", "[/]", "<", ">", "&",
+])
+chart_text = st.one_of(SCRIPT_TEXT, st.builds(lambda a, b: a + b, SCRIPT_TEXT, st.text(max_size=12)))
+
+
+class _ScriptElements(HTMLParser):
+    """Every <script> element's text, as a browser's tokenizer splits the page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scripts: list[str] = []
+        self.inside = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "script":
+            self.scripts.append("")
+            self.inside = True
+
+    def handle_endtag(self, tag: str) -> None:
+        self.inside = self.inside and tag != "script"
+
+    def handle_data(self, data: str) -> None:
+        if self.inside:
+            self.scripts[-1] += data
+
+
+def assert_only_the_charts_own_scripts(path: Path) -> None:
+    """An HTML chart has two script elements, the inlined Vega bundle and the chart's own, whose spec is JSON;
+    a planted `</script>` would end one early and open another."""
+    if not path.is_file() or path.suffix != ".html":
+        return
+    parser = _ScriptElements()
+    parser.feed(path.read_text(encoding="utf-8"))
+    assert len(parser.scripts) == 2, [script[:120] for script in parser.scripts]
+    spec = re.search(r"const spec = (\{.*?\});\n\s*const embedOpt", parser.scripts[1], re.S)
+    assert spec is not None and isinstance(json.loads(spec.group(1)), dict)
+
+
+def run_bounded(directory: Path, args: list[str], output: Path | None = None, env: dict[str, str] | None = None):
+    """run_cli's promises, plus a bounded peak of Python allocations."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        previous = os.environ.copy()
+        os.environ.update(env or {})
+        result = run_cli(directory, args, output)
+    finally:
+        os.environ.clear()
+        os.environ.update(previous)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak < MEMORY_LIMIT, (args, peak)
+    return result
+
+
+def hostile_chart_plan(seed: dict[str, Any], draw) -> dict[str, Any]:
+    data = copy.deepcopy(seed)
+    data["model"]["name"] = draw(chart_text)
+    data["cluster"]["gpu"]["name"] = draw(chart_text)
+    peaks = data["prediction"]["phase_peak_gib"]
+    peaks[draw(chart_text)] = draw(st.sampled_from([1.0, 0.0, 1e30, -3.0]))
+    return data
+
+
+def runtime_record(step: int) -> dict[str, Any]:
+    return {"step": step, "reward_mean": 0.1 * step, "kl_ref": 0.01, "entropy": 1.1, "response_length_mean": 200.0,
+            "sync_logprob_gap": 0.002, "time/rollout": 1.5, "time/actor_update": 2.0, "time/step": 4.0,
+            "memory/rollout_peak_gib": 3.0, "memory/actor_update_peak_gib": 4.0, "prompt_length_mean": 90.0,
+            "sequences": 8.0, "memory_measure": "cuda_memory_held", "prompt_indices": [1, 2, 3]}
+
+
+@CHART_FUZZ
+@given(data=st.data())
+def test_user_text_in_every_chart_string_stays_data_in_the_charts_own_script(data, seed_plans, tmp_path):
+    """Invariant: explain --chart, solve --frontier and report with hostile text in the model, GPU, phase,
+    metric and run names exit 0, 1 or 2 as every command does, and any HTML written holds no script element
+    but the Vega bundle and the chart's own."""
+    import tempfile
+
+    pytest.importorskip("altair")
+    pytest.importorskip("vl_convert")
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # a fresh folder per example
+    plan = hostile_chart_plan(seed_plans[data.draw(st.sampled_from(sorted(seed_plans)))], data.draw)
+    command = data.draw(st.sampled_from(["explain", "frontier", "report"]))
+    suffix = data.draw(st.sampled_from([".html", ".html", ".svg"]))
+    output = tmp_path / f"chart{suffix}"
+    if command == "report":
+        run = tmp_path / data.draw(st.sampled_from(["run", "<script>x()<", "r\u2028&<\x01"]))
+        run.mkdir()
+        (run / "plan.toml").write_text(tomli_w.dumps(plan), encoding="utf-8")
+        records = [runtime_record(step) for step in (1, 2, 3)]
+        for record in records:
+            record["memory_measure"] = data.draw(chart_text)
+            record[f"time/{data.draw(chart_text)}"] = 0.5
+            record[f"memory/{data.draw(chart_text)}_peak_gib"] = 1.5
+            if data.draw(st.booleans()):
+                record.pop("memory/rollout_peak_gib")
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        args = ["report", run.name, "-o", output.name]
+    else:
+        (tmp_path / "plan.toml").write_text(tomli_w.dumps(plan), encoding="utf-8")
+        args = (["explain", "plan.toml", "--chart", output.name] if command == "explain"
+                else ["solve", "--from", "plan.toml", "--frontier", output.name, "--top", "3"])
+    run_bounded(tmp_path, args, output)
+    assert_only_the_charts_own_scripts(output)
+
+
+HOSTILE_METRIC_KEYS = st.sampled_from(["step", "reward_mean", "kl_ref", "entropy", "time/rollout", "time/step",
+                                       "memory/rollout_peak_gib", "memory/rollout_held_gib",
+                                       "memory/actor_update_predicted_gib", "memory_measure", "sequences",
+                                       "prompt_length_mean", "response_length_mean", "prompt_indices"])
+
+
+@st.composite
+def hostile_metrics(draw) -> bytes:
+    """A metrics.jsonl as a run writes it, then damaged: hostile values and keys, a cut-off or binary line,
+    integers past 2**64 or past Python's text limit, nesting too deep, a huge line, a million-step run."""
+    kind = draw(st.sampled_from(["mutated", "mutated", "mutated", "raw", "long"]))
+    if kind == "raw":
+        return draw(st.sampled_from([
+            b"", b"\n\n", b"\xff\xfe\x00garbage\n", b"[1, 2]\n", b"null\n", b'"step"\n', b"{}\n",
+            b'{"step": 1}\n{"step": 2, "rew', b'{"step": 1' + b"0" * 5000 + b"}\n", b"[" * 50_000 + b"]" * 50_000,
+            b'{"step": 1, "reward_mean": 184467440737095516160000}\n', b'{"step": 18446744073709551616}\n',
+            b'{"step": 1, "x": "' + b"a" * (3 * 2**20) + b'"}\n', b'{"step": 1, "reward_mean": NaN}\n',
+        ]))
+    if kind == "long":  # a long run: streamed and merged, never held whole
+        return b"".join(json.dumps(runtime_record(step)).encode() + b"\n" for step in range(1, 20_001))
+    records = [runtime_record(step) for step in range(1, draw(st.integers(min_value=1, max_value=5)) + 1)]
+    for record in records:
+        for _ in range(draw(st.integers(min_value=0, max_value=2))):
+            key = draw(st.one_of(HOSTILE_METRIC_KEYS, st.text(max_size=10)))
+            if draw(st.booleans()):
+                record[key] = draw(st.one_of(hostile_value, st.none(), st.integers(min_value=2**63, max_value=2**80)))
+            else:
+                record.pop(key, None)
+    text = "".join(json.dumps(record) + "\n" for record in records).encode()
+    if draw(st.booleans()):
+        text = text[:draw(st.integers(min_value=0, max_value=len(text)))]  # a run still writing
+    return text
+
+
+@INPUT_FUZZ
+@given(content=hostile_metrics(), command=st.sampled_from(["report", "report", "calibrate"]),
+       kind=st.sampled_from(["file", "file", "file", "file", "fifo", "dev-zero", "directory"]))
+def test_hostile_metrics_files_exit_0_1_or_2_with_the_line_named_in_bounded_memory(content, command, kind,
+                                                                                     seed_plans, tmp_path):
+    """Invariant: report and calibrate --from-run on any metrics.jsonl (or a FIFO, /dev/zero, a directory in its
+    place) exit 0, 1 or 2 without a traceback, name the field (a bad line by its number), finish within the
+    deadline without blocking on a FIFO, and stay within MEMORY_LIMIT."""
+    import tempfile
+
+    if command == "report":
+        pytest.importorskip("altair")
+        pytest.importorskip("vl_convert")
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.toml").write_text(tomli_w.dumps(seed_plans["grpo-0.5b"]), encoding="utf-8")
+    metrics = run / "metrics.jsonl"
+    if kind == "file":
+        metrics.write_bytes(content)
+    elif kind == "fifo":
+        os.mkfifo(metrics)
+    elif kind == "dev-zero":
+        metrics.symlink_to("/dev/zero")
+    else:
+        metrics.mkdir()
+    if command == "report":
+        output = tmp_path / "report.svg"
+        result = run_bounded(tmp_path, ["report", "run", "-o", output.name, "--json"], output)
+    else:
+        output = tmp_path / "profile.toml"
+        result = run_bounded(tmp_path, ["calibrate", "--from-run", "run/metrics.jsonl", "-o", output.name], output)
+    if result.exit_code == 2 and kind == "file" and b"\n" in content.rstrip(b"\n"):
+        assert "line" in result.output or "field" in result.output or "no finished step" in result.output
+
+
+def _profile_keys() -> list[str]:
+    import attrs
+
+    from rlplan.planner.profile import Profile
+
+    return [a.name for a in attrs.fields(Profile) if a.name != "name"]
+
+
+@st.composite
+def hostile_profile(draw) -> str:
+    kind = draw(st.sampled_from(["values", "values", "values", "raw"]))
+    if kind == "raw":
+        return draw(st.sampled_from(["", "[profile]\n", "profile = 3\n", "x = [" * 3000 + "]" * 3000 + "\n",
+                                     "training_mfu = 1" + "0" * 5000 + "\n", "[profile]\nprofile = {a = 1}\n",
+                                     "\x00 = 1\n", "name = \"</script>\"\n"]))
+    lines = []
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        key = draw(st.one_of(st.sampled_from(_profile_keys()), st.text(min_size=1, max_size=8)))
+        literal = draw(st.sampled_from(["inf", "-inf", "nan", "1e308", "-1e308", "0", "-1", "1" + "0" * 400,
+                                        "9223372036854775807", "1e-320", "true", "\"x\"", "[1]", "0.5", "16"]))
+        lines.append(f"{json.dumps(key)} = {literal}")
+    return "\n".join(lines) + "\n"
+
+
+@INPUT_FUZZ
+@given(profile=hostile_profile(), command=st.sampled_from(["solve", "validate", "explain"]))
+def test_hostile_profiles_are_bounded_and_finite_or_bad_input_naming_the_key(profile, command, seed_plans,
+                                                                              tmp_path):
+    """Invariant: any profile TOML either loads with every value finite and inside its range (solve, validate
+    and explain then run on it) or is bad input naming `profile` or `profile.<key>`; never exit 3."""
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
+    (tmp_path / "profile.toml").write_text(profile, encoding="utf-8")
+    (tmp_path / "plan.toml").write_text(tomli_w.dumps(seed_plans["grpo-0.5b"]), encoding="utf-8")
+    if command == "solve":
+        args = ["solve", *SEED_SOLVES["grpo-0.5b"], "--profile", "profile.toml", "--json"]
+    else:
+        args = [command, "plan.toml", "--profile", "profile.toml", "--json"]
+    result = run_bounded(tmp_path, args)
+    if result.exit_code == 2 and '"field": "profile' not in result.output:
+        # Not the profile's fault: the plan's own verdict (validate's INVALID table) or a rule.
+        assert command == "validate" or '"field"' in result.output, result.output[-2000:]
+
+
+SECRET = "pl4nted-S3cret-value"
+SECRET_SCRIPT_PIECES = st.sampled_from([
+    "trainer.wandb_key=$SECRET", "trainer.wandb_key=${SECRET}", "trainer.wandb_key=${SECRET:-}",
+    "trainer.wandb_key=${SECRET:-default}", "trainer.wandb_key=\"$SECRET\"'x'", "'+trainer.token'=\"${SECRET}\"",
+    "+trainer.url=https://u:${SECRET}@host/", "trainer.experiment_name=$SECRET", "trainer.project_name=${SECRET}",
+    "data.train_files=$SECRET/train.parquet", "trainer.experiment_name='${oc.env:SECRET}'",
+    "+x.y='${oc.env:SECRET}'", "data.train_batch_size=$NUMBER", "data.train_batch_size=$((NUMBER*2))",
+    "trainer.wandb_key=$KEY", "trainer.wandb_key=${KEY:+set}", "trainer.n_gpus_per_node=8",
+    "actor_rollout_ref.rollout.n=4", "\\\n", "'", '"',
+])
+SECRET_ASSIGNMENTS = st.sampled_from(["", "KEY=$SECRET\n", "export KEY=\"${SECRET}\"\n", "KEY=${SECRET:-x}\n",
+                                      "OTHER=$SECRET\nKEY=pre-$OTHER\n", "KEY='$SECRET'\n", "TBS=$NUMBER\n"])
+
+
+@INPUT_FUZZ
+@given(assignments=SECRET_ASSIGNMENTS, pieces=st.lists(SECRET_SCRIPT_PIECES, min_size=1, max_size=6),
+       render=st.booleans())
+def test_no_environment_value_is_persisted_printed_or_rendered_by_import_verl(assignments, pieces, render,
+                                                                               tmp_path):
+    """Invariant: with a secret in the environment and no --env, import verl (and a render of what it wrote)
+    exit 0, 1 or 2, and the secret's value appears in no file, no output and no error; a refusal names the
+    variable."""
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
+    script = (assignments + "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+              + " ".join(pieces) + "\n")
+    (tmp_path / "run.sh").write_text(script, encoding="utf-8")
+    environment = {"SECRET": SECRET, "NUMBER": "987654"}
+    output = tmp_path / "plan.toml"
+    result = run_bounded(tmp_path, ["import", "verl", "run.sh", "--gpu", "h100-80g", "-o", "plan.toml"], output,
+                         env=environment)
+    texts = [result.output] + [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()
+                               and p.name != "run.sh"]
+    if render and output.is_file():
+        rendered = run_bounded(tmp_path, ["render", "plan.toml"], env=environment)
+        texts.append(rendered.output)
+    for text in texts:
+        assert SECRET not in text and "987654" not in text and "1975308" not in text, text[-2000:]
+    if result.exit_code == 2 and ("SECRET" in script or "NUMBER" in script):
+        assert NAMES_A_FIELD.search(result.output)

@@ -173,3 +173,37 @@ def test_dp_attention_without_rollout_dp_warns_because_sglang_drops_it():
     assert "sglang_dp_attention_needs_rollout_dp" in {v.rule for v in check_plan(plan).warnings}
     with_dp = plan.evolve(passthrough={**plan.passthrough, "actor_rollout_ref.rollout.data_parallel_size": "2"})
     assert "sglang_dp_attention_needs_rollout_dp" not in {v.rule for v in check_plan(with_dp).violations}
+
+
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+def test_sglang_rules_read_keys_written_with_hydras_add_prefixes(prefix):
+    """Real scripts add keys verl's YAML lacks with `+key=`; the import keeps the prefix in the passthrough."""
+    lora = with_engine(make_plan(overrides={"model.lora.rank": 32, "rollout.load_format": "safetensors"}), "sglang")
+    merged = lora.evolve(passthrough={f"{prefix}actor_rollout_ref.model.lora.merge": "True"})
+    assert "sglang_lora_needs_merged_adapter" not in {v.rule for v in check_plan(merged).violations}
+    dp_attention = with_engine(make_plan(), "sglang").evolve(
+        passthrough={f"{prefix}actor_rollout_ref.rollout.engine_kwargs.sglang.enable_dp_attention": "True"})
+    assert "sglang_dp_attention_needs_rollout_dp" in {v.rule for v in check_plan(dp_attention).warnings}
+    with_dp = dp_attention.evolve(passthrough={**dp_attention.passthrough,
+                                               f"{prefix}actor_rollout_ref.rollout.data_parallel_size": "2"})
+    assert "sglang_dp_attention_needs_rollout_dp" not in {v.rule for v in check_plan(with_dp).violations}
+
+
+def test_an_imported_sglang_script_with_plus_keys_gets_the_merge_and_the_dp_attention_warning():
+    script = ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+              "actor_rollout_ref.rollout.name=sglang actor_rollout_ref.model.lora_rank=16 "
+              "+actor_rollout_ref.model.lora.merge=true "
+              "+actor_rollout_ref.rollout.engine_kwargs.sglang.enable_dp_attention=True\n")
+    plan = import_verl_script(script, gpu=resolve_gpu("h100-80g"), host_memory_gib=512.0, env={},
+                              local_config_reader=lambda p: None).plan
+    report = check_plan(plan)
+    assert "sglang_lora_needs_merged_adapter" not in {v.rule for v in report.violations}
+    assert "sglang_dp_attention_needs_rollout_dp" in {v.rule for v in report.warnings}
+
+
+def test_vllms_scheduler_rule_does_not_judge_an_sglang_plan():
+    """verl passes SGLang neither max_num_batched_tokens nor enable_chunked_prefill."""
+    plan = make_plan(overrides={"rollout.enable_chunked_prefill": False, "rollout.max_num_batched_tokens": 256,
+                                "rollout.max_num_seqs": 512})
+    assert "batched_tokens_cover_sequences" in {v.rule for v in check_plan(plan).errors}
+    assert "batched_tokens_cover_sequences" not in {v.rule for v in check_plan(with_engine(plan, "sglang")).violations}
