@@ -13,6 +13,7 @@ number in the section comes from these computations. Pure planner: no torch.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from rlplan.planner.verl_log import VerlLog
 # benchmarks/ is no package: its shared helpers are imported from beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _sections import replace_section  # noqa: E402
+from steptime_sweeps import PHASE_ERROR_LIMIT  # noqa: E402  (section 5's limit on a phase's error)
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = ROOT / "tests" / "data" / "verl_logs" / "public"
@@ -295,6 +297,17 @@ def allocator_lines(recommended: Compared, low: Compared, low_only: Profile, bot
     ]
 
 
+def time_summary(runs: list[Compared]) -> list[str]:
+    """How many phases lie within section 5's limit, and the farthest one."""
+    ratios = [(measured / predicted, c.run.label, key) for c in runs
+              for key, measured in measured_timings(c.log).items()
+              if (predicted := predicted_timings(c, DEFAULT_PROFILE).get(key))]
+    within = sum(abs(1 / ratio - 1) <= PHASE_ERROR_LIMIT for ratio, _, _ in ratios)
+    ratio, label, key = max(ratios, key=lambda item: abs(math.log(item[0])))
+    return [f"{within} of {len(ratios)} phases are predicted within {PHASE_ERROR_LIMIT:.0%} of the measurement "
+            f"(section 5's limit); the farthest is {label} `{key}`, measured {ratio:.2f}x the prediction.", ""]
+
+
 def time_lines(runs: list[Compared]) -> list[str]:
     small = [c for c in runs if c.run.label.startswith("0.5B")]
     gen_ratios = [measured_timings(c.log)["gen"] / predicted_timings(c, DEFAULT_PROFILE)["gen"] for c in small]
@@ -306,10 +319,12 @@ def time_lines(runs: list[Compared]) -> list[str]:
         "this verl times inside it, `update_actor` the update + the actor's offload traffic, `step` every predicted "
         "phase; reward and advantages are not priced). The step-time model and its constants: docs/steptime.md.", "",
         *time_table(runs), "",
+        *time_summary(runs),
         f"On the 0.5B runs `gen` measures {_span(gen_ratios)}x the prediction: a 0.5B model decoding"
         " in eager mode (these runs' `enforce_eager: True`) is bound by per-step launch and sampling "
         "overheads, not by the HBM reads the roofline prices.", "",
-        "Length forecasts (`rlplan compare`'s trend of response_length/mean over these 12 steps): "
+        "Length forecasts (`rlplan compare`'s trend of response_length/mean over each log's "
+        f"{_span([float(c.comparison.lengths.steps) for c in runs], 0)} steps): "
         + "; ".join(forecasts) + ".", "",
     ]
 
