@@ -141,7 +141,7 @@ def _verdict(r: MemoryRow) -> str:
 
 
 def _band_basis(r: MemoryRow) -> str:
-    return f"{r.band.rows} comparable rows" if r.band.rows else "no comparable row: all rows"
+    return f"{r.band.rows} comparable rows" if r.band.rows else "none comparable: the widest of the phase's kind"
 
 
 def _memory_line(label: str, r: MemoryRow) -> str:
