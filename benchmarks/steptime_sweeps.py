@@ -30,6 +30,10 @@ from rlplan.planner.profile import DEFAULT_PROFILE, Profile, load_profile_toml
 from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
 from rlplan.planner.verl_import import import_verl_script
 
+# benchmarks/ is no package: its shared helpers are imported from beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _sections import replace_section  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data" / "steptime_sweeps.toml"
 SECTION_HEADING = "## 5. Step time against published verl sweeps"
@@ -161,16 +165,6 @@ def render_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: 
     return "\n".join(header + tables + held_out_lines(sweeps, runs, profile))
 
 
-def replace_section(text: str, section: str) -> str:
-    """`text` with its section 5 replaced by `section` (appended when absent); later sections are kept."""
-    start = text.find(SECTION_HEADING)
-    if start < 0:
-        return text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
-    end = text.find("\n## ", start + len(SECTION_HEADING))
-    tail = "" if end < 0 else text[end:]
-    return text[:start] + section.rstrip("\n") + "\n" + tail
-
-
 def _timings(runs: list[Run]) -> list[RunTiming]:
     return [RunTiming(label=f"{run.sweep} {run.label}", plan=run.plan,
                       measured_seconds={k: v for k, v in run.measured.items() if k in FITTED_TIMINGS})
@@ -204,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         print(section)
         return 0
     text = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-    args.write.write_text(replace_section(text, section), encoding="utf-8")
+    args.write.write_text(replace_section(text, SECTION_HEADING, section), encoding="utf-8")
     print(f"wrote {args.write}")
     return 0
 

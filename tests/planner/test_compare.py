@@ -357,11 +357,42 @@ def test_calibrating_from_two_runs_fits_the_fraction_and_centres_the_cache(tmp_p
 ])
 def test_public_small_model_runs(script, log, measured):
     """Qwen2.5-0.5B: the counter is mostly the in-process vLLM pool (util 0.6 of the card); docs/accuracy.md
-    section 4 records the 7-8 % under-prediction as a known gap of the rollout's profile-run terms."""
+    section 4 (benchmarks/public_verl_runs.py) records the under-prediction as a known gap of the rollout's terms."""
     code, payload = public_compare(script, log)
     allocated = payload["memory"][0]
     assert allocated["measured_gib"] == pytest.approx(measured)
     assert 1.0 < allocated["ratio"] < 1.10 and code == 1
+
+
+def _public_runs_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "public_verl_runs.py"
+    spec = importlib.util.spec_from_file_location("public_verl_runs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_accuracy_benchmark_compares_the_public_runs_as_the_command_does():
+    """benchmarks/public_verl_runs.py (docs/accuracy.md section 4) runs compare in process: its memory rows are
+    the ones `rlplan compare --json` prints with the arguments public_compare passes."""
+    bench = _public_runs_module()
+    for run in bench.RUNS:
+        _, payload = public_compare(run.script, run.log)
+        rows = bench.compare(run).comparison.memory
+        assert [(r.metric, round(r.measured_gib, 3), round(r.predicted_gib, 3), r.exceeds) for r in rows] == [
+            (m["metric"], m["measured_gib"], m["predicted_gib"], m["exceeds_band"]) for m in payload["memory"]]
+
+
+def test_the_benchmark_replaces_only_its_own_section():
+    bench = _public_runs_module()
+    text = "# doc\n\n## 3. before\nkept\n\n" + bench.SECTION_HEADING + "\nold 1.23\n\n## 5. after\nkept too\n"
+    replaced = bench.replace_section(text, bench.SECTION_HEADING, bench.SECTION_HEADING + "\n\nnew\n")
+    assert replaced == "# doc\n\n## 3. before\nkept\n\n" + bench.SECTION_HEADING + "\n\nnew\n\n## 5. after\nkept too\n"
+    # A page without the section gets it appended, the rest kept.
+    assert bench.replace_section("# doc\n", "## 4. x", "## 4. x\nnew").endswith("# doc\n\n## 4. x\nnew\n")
 
 
 def test_a_run_with_one_step_compares_and_forecasts_no_trend(tmp_path):
