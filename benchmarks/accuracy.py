@@ -13,7 +13,8 @@ Three parts:
    `rlplan.runtime.measure`) beside the planner's step-scope prediction.
    Target: every row within 5 %, none under-predicted by more than 2 %.
    1b. The same step with every loss head the planner prices, verl's GPU kernels through
-   their memory twins (`rlplan.runtime.head_twins`).
+   their memory twins (`rlplan.runtime.head_twins`), run in verl's sequence (in-place temperature).
+   Target: every row within 3 %, none under-predicted by more than 2 %.
 2. Published figures the model must reproduce: llm-d's vLLM KV-cache rows (exactly,
    from their stated inputs) and torchtitan's Llama-3.1-8B full-AC rows (within 10 %).
 3. verl's device-tuning feasibility points: predicted fit at the published batch and
@@ -179,18 +180,25 @@ def _measured_vs_predicted(plan: Plan, phase: str, key: str, cached: dict[str, d
 # --- part 1b: every loss head, measured through its memory twin --------------------------
 
 
+HEAD_MODEL = StepCase(model="qwen2.5-0.5b")
+# Section 1b's target (issue 24): every twin row within 3 %, none under-predicted by more than 2 %.
+HEAD_ERROR_LIMIT = 0.03
+
+
 @frozen(kw_only=True)
 class HeadCase:
     head: str
     entropy: str = "none"  # none | eager | checkpointed | chunked | compiled (verl's entropy variants)
     phase: str = "update"
+    # The step the head runs in: HEAD_MODEL's, or another model / sharding / micro batch (issue 24's cases).
+    step: StepCase = HEAD_MODEL
 
     @property
     def label(self) -> str:
-        return self.head + ("" if self.entropy == "none" else f", {self.entropy} entropy")
+        head = self.head + ("" if self.entropy == "none" else f", {self.entropy} entropy")
+        return head if self.step == HEAD_MODEL else f"{head} ({self.step.model}, {self.step.label})"
 
 
-HEAD_MODEL = StepCase(model="qwen2.5-0.5b")
 HEAD_CASES = (
     HeadCase(head="chunked"),
     HeadCase(head="chunked", entropy="eager"),
@@ -207,12 +215,16 @@ HEAD_CASES = (
     HeadCase(head="flash_attn_ce", entropy="eager", phase="logprob"),
     HeadCase(head="flash_attn_ce", entropy="compiled", phase="logprob"),
     HeadCase(head="chunked", entropy="eager", phase="logprob"),
+    # Issue 24's under-predicted updates, whose peak is the head's backward: a LoRA r64 3B at 8k tokens per
+    # micro batch on 2 GPUs, and a 14B at 16k tokens.
+    HeadCase(head="flash_attn_ce", step=StepCase(model="qwen2.5-3b", shard_size=2, tokens=8192, lora_rank=64)),
+    HeadCase(head="flash_attn_ce", step=StepCase(model="qwen2.5-14b", tokens=16384)),
 )
 
 
 def plan_for_head_case(case: HeadCase) -> Plan:
     """HEAD_MODEL's plan with the case's head and verl's entropy settings (torch.compile only for "compiled")."""
-    plan = plan_for_case(HEAD_MODEL)
+    plan = plan_for_case(case.step)
     actor = attrs.evolve(plan.actor, loss_head=case.head, use_torch_compile=case.entropy == "compiled",
                          entropy_coeff=0.0 if case.entropy == "none" else 0.001,
                          entropy_checkpointing=case.entropy == "checkpointed",
@@ -238,6 +250,15 @@ def head_section(rows: list[dict]) -> list[str]:
         "tracker) a twin of inductor's fused row reductions: the logits and one value per row saved, one bf16",
         "gradient. Regenerate this section alone with `benchmarks/accuracy.py --only heads`.",
         "",
+        "verl's logits heads (flash_attn_ce, torch_logprob) read the model's output as verl makes it",
+        "(`head_twins.verl_scaled_logits`): `logits_rmpad = output.logits.squeeze(0)` then",
+        "`logits_rmpad.div_(temperature)`, in place on a view. Autograd's CopySlices then runs the division's",
+        "backward after the head's, holding four bf16 logits buffers at once (the head's gradient, a base-sized",
+        "copy, the slice's clone, the quotient: 8 bytes per token x vocab); the planner prices the larger of that",
+        "and the kernel's own stage (planner.memory.head_bytes_per_token_vocab). The last two update rows are",
+        "issue 24's cases, whose update peaks at that stage: priced with the kernel's stage alone (before issue",
+        "24) they were 7,876 and 44,316 MiB, under by 47 % and 11 %.",
+        "",
         "Known gap (fused rows): without a logits head the step's peak moves into the layers' backward, where",
         "the lm_head's bf16 weight gradient (2 V h; tied to the embedding here) waits for the root group's",
         "reduce-scatter. The planner's backward stage does not hold it yet: adding it there would over-predict",
@@ -247,13 +268,14 @@ def head_section(rows: list[dict]) -> list[str]:
         "head runs; the planner's forward stage misses ~0.06 bytes per token x vocab there, which shows only",
         "when the head itself holds no more than the logits (-2.1 %, 36 MiB of 1.7 GiB).",
         "",
-        f"{len(rows)} rows; {_error_summary(rows)}",
+        f"{len(rows)} rows; {_error_summary(rows, HEAD_ERROR_LIMIT)}",
         "",
         "| phase | head | measured MiB | predicted MiB | error | measured peak at | predicted peak at |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        lines.append(f"| {row['comparison'].planner_phase} | {row['case'].label} | {_comparison_cells(row['comparison'])}")
+        lines.append(f"| {row['comparison'].planner_phase} | {row['case'].label} | "
+                     f"{_comparison_cells(row['comparison'], HEAD_ERROR_LIMIT)}")
     return [*lines, ""]
 
 
@@ -305,22 +327,22 @@ def measured_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _comparison_cells(comparison) -> str:
+def _comparison_cells(comparison, limit: float = ERROR_LIMIT) -> str:
     """measured MiB | predicted MiB | error | measured peak at | predicted peak at |"""
-    flag = "" if _row_ok(comparison.error) else " ✗"
+    flag = "" if _row_ok(comparison.error, limit) else " ✗"
     return (f"{comparison.measured.peak_bytes / MIB:,.0f} | {comparison.predicted_bytes / MIB:,.0f} | "
             f"{comparison.error:+.1%}{flag} | {comparison.measured.location.stage} "
             f"({comparison.measured.location.place}) | {comparison.predicted_peak_at or 'forward'} |")
 
 
-def _error_summary(rows: list[dict]) -> str:
+def _error_summary(rows: list[dict], limit: float = ERROR_LIMIT) -> str:
     errors = [row["comparison"].error for row in rows]
-    return (f"{sum(_row_ok(error) for error in errors)} within 5 % and not under-predicted by more than 2 %; "
-            f"largest over-prediction {max(errors):+.1%}, largest under-prediction {min(errors):+.1%}.")
+    return (f"{sum(_row_ok(error, limit) for error in errors)} within {limit * 100:.0f} % and not under-predicted by "
+            f"more than 2 %; largest over-prediction {max(errors):+.1%}, largest under-prediction {min(errors):+.1%}.")
 
 
-def _row_ok(error: float) -> bool:
-    return abs(error) <= ERROR_LIMIT and error >= UNDER_PREDICTION_LIMIT
+def _row_ok(error: float, limit: float = ERROR_LIMIT) -> bool:
+    return abs(error) <= limit and error >= UNDER_PREDICTION_LIMIT
 
 
 # --- part 2a: llm-d vLLM KV-cache rows (memory-model.md G6/G7) ----------------------------

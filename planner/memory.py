@@ -616,9 +616,35 @@ def critic_state(plan: Plan, shard: int) -> TrainerState:
 # (4) log-prob head, the twins measure 30 / 20 / 15 / 14 bytes per T V at 2048 / 4096 / 8192 / 16384
 # tokens; priced as max(10 T + 20 r, 12 T + 16 r) V with r = min(T, 2048) (exact at 2048, 4096 and
 # 16384, +7 % at 8192).  Without grad one chunk at a time: (2 T + 12 r) V, exact at every T.
+#
+# The temperature, after the kernel's backward.  Between the model and the head verl runs, in every
+# version read (dp_actor._forward_micro_batch v0.3 to main; the engine worker's prepare_model_outputs
+# from v0.6, there with a per-token temperature tensor):
+#     logits_rmpad = output.logits.squeeze(0)    # a view
+#     logits_rmpad.div_(temperature)             # in place, on a view of a tensor that requires grad
+# Autograd rebases the view: the model output's grad_fn becomes CopySlices around the division's
+# backward.  That node runs once the head's own backward has freed everything it saved, and holds at
+# once four logits-sized bf16 buffers: the gradient the head produced (flash-attn's in-place one is the
+# logits' own storage), a base-sized copy of it (new_empty_strided + copy_), the slice's contiguous
+# clone handed to the division, and the division's output; it returns the copy, which the lm_head's
+# backward then reads (lm_head_backward_bytes).  Without remove padding verl divides the output itself,
+# no view: the gradient and the quotient, two buffers.  Under no_grad the division costs nothing.  So
+# an update's head holds the larger of its kernel's stage (the tables below) and this one: 8 per T V
+# packed, which is above flash-attn's in-place 2, the row-wise 4 and the compiled entropy's 6, and
+# below the eager, checkpointed and chunked entropies.  verl's fused kernels take the temperature
+# inside the kernel and rlplan's own heads (chunked, naive) divide nothing in place: no such stage.
 
 _NO_ENTROPY = "none"
 ENTROPY_CHUNK_ROWS = 2048
+# The heads verl runs on its (bf16) logits after the in-place division by the temperature.
+VERL_LOGITS_HEADS = ("flash_attn_ce", "torch_logprob")
+_LOGITS_BYTES_PER_TOKEN_VOCAB = 2.0
+# The buffers the division's backward holds at once (see above): packed (a view of the output) or padded.
+_TEMPERATURE_BACKWARD_BUFFERS = {
+    True: ("gradient from the head", "CopySlices' base-sized copy", "the slice's clone", "the quotient"),
+    False: ("gradient from the head", "the quotient"),
+}
+# The kernels' own stage: log-probs and entropy, forward and backward, from the bf16 logits.
 UPDATE_HEAD_BYTES: dict[str, dict[str, float]] = {
     "flash_attn_ce": {_NO_ENTROPY: 2.0, "eager": 14.0, "checkpointed": 14.0, "compiled": 6.0},
     "torch_logprob": {_NO_ENTROPY: 4.0, "eager": 16.0, "checkpointed": 16.0, "compiled": 6.0},
@@ -632,6 +658,27 @@ FORWARD_HEAD_BYTES: dict[str, dict[str, float]] = {
     "fused": UPDATE_HEAD_BYTES["fused"],
     "chunked": {_NO_ENTROPY: 2.25, **dict.fromkeys(("eager", "checkpointed", "chunked", "compiled"), 2.75)},
 }
+
+
+def temperature_backward_bytes_per_token_vocab(head: str, *, packed: bool = True) -> float:
+    """What the backward of verl's in-place division by the temperature holds at once, per T V (see above)."""
+    if head not in VERL_LOGITS_HEADS:
+        return 0.0
+    return _LOGITS_BYTES_PER_TOKEN_VOCAB * len(_TEMPERATURE_BACKWARD_BUFFERS[packed])
+
+
+def head_bytes_per_token_vocab(head: str, entropy: str, *, grad: bool, tokens: int, packed: bool = True) -> float:
+    """The peak bytes per token x vocab of a GPU head (not "naive") as autograd runs verl's sequence, at
+    `tokens` per micro batch: its kernel's own stage, then under grad the temperature's backward after it.
+
+    `entropy` is verl's entropy variant ("none": log-probs only); `packed` is remove padding."""
+    if entropy == "chunked" and head in VERL_LOGITS_HEADS:
+        kernel = chunked_entropy_head_bytes_per_token_vocab(tokens, grad=grad)
+    else:
+        kernel = (UPDATE_HEAD_BYTES if grad else FORWARD_HEAD_BYTES)[head][entropy]
+    if not grad:
+        return kernel
+    return max(kernel, temperature_backward_bytes_per_token_vocab(head, packed=packed))
 
 
 def resolved_loss_head(plan: Plan) -> str:
@@ -688,8 +735,8 @@ def chunked_entropy_head_bytes_per_token_vocab(tokens: int, *, grad: bool) -> fl
     return (2 * t + 12 * rows) / t
 
 
-def _verl_chunked_entropy(plan: Plan, head: str, entropy: bool) -> bool:
-    return entropy and head in ("flash_attn_ce", "torch_logprob") and entropy_variant(plan) == "chunked"
+def _entropy_priced(plan: Plan, entropy: bool) -> str:
+    return entropy_variant(plan) if entropy else _NO_ENTROPY
 
 
 def actor_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, tokens: int) -> float:
@@ -703,9 +750,8 @@ def actor_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROF
         if plan.actor.entropy_from_logits_with_chunking:
             return profile.head_chunked_entropy_bytes
         return profile.head_entropy_bytes
-    if _verl_chunked_entropy(plan, head, entropy):
-        return chunked_entropy_head_bytes_per_token_vocab(tokens, grad=True)
-    return UPDATE_HEAD_BYTES[head][entropy_variant(plan) if entropy else _NO_ENTROPY]
+    return head_bytes_per_token_vocab(head, _entropy_priced(plan, entropy), grad=True, tokens=tokens,
+                                      packed=plan.model.use_remove_padding)
 
 
 def forward_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PROFILE, *,
@@ -714,9 +760,7 @@ def forward_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PR
     head = resolved_loss_head(plan)
     if head == "naive":
         return profile.head_forward_only_bytes
-    if _verl_chunked_entropy(plan, head, entropy):
-        return chunked_entropy_head_bytes_per_token_vocab(tokens, grad=False)
-    return FORWARD_HEAD_BYTES[head][entropy_variant(plan) if entropy else _NO_ENTROPY]
+    return head_bytes_per_token_vocab(head, _entropy_priced(plan, entropy), grad=False, tokens=tokens)
 
 
 def training_components(

@@ -426,6 +426,15 @@ def _has_interpolation(quoted_body: str) -> bool:
     return False
 
 
+# verl's other spellings of a value, read as the plan's (verl/utils/torch_dtypes.py::PrecisionType accepts
+# fp32 / float32 / 32 and bf16 / bfloat16 for fsdp_config.model_dtype).
+_PRECISION_SPELLINGS = {"32": "fp32", "float32": "fp32", "bfloat16": "bf16"}
+VALUE_SPELLINGS: dict[str, dict[str, str]] = {
+    "actor.model_dtype": _PRECISION_SPELLINGS,
+    "ref.model_dtype": _PRECISION_SPELLINGS,
+}
+
+
 def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
     """A parsed Hydra value as the plan field's type, or a PlanError naming verl's key."""
 
@@ -461,7 +470,8 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
     if isinstance(value, list | dict):
         raise bad("a string")
     # A number where a name is expected (experiment_name=7) is the text the user wrote.
-    return value if isinstance(value, str) else raw.strip()
+    text = value if isinstance(value, str) else raw.strip()
+    return VALUE_SPELLINGS.get(entry.field, {}).get(text, text)
 
 
 def render_str_list(value: tuple[str, ...]) -> Any:

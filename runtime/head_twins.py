@@ -24,8 +24,14 @@ runs it on GPUs:
   logsumexp and the weighted sum never materialize), saving its input (the logits) and one fp32 value
   per row, and one fused backward kernel writing the bf16 gradient ``-p * (z - E_p[z]) * grad``.
 
+Before verl's logits heads (``flash_attn_ce``, ``torch_logprob``) the twins run verl's own lines between
+the model and the head (``verl_scaled_logits``: dp_actor._forward_micro_batch, the engine worker's
+prepare_model_outputs): the model's (1, tokens, vocab) output squeezed to a view and divided by the
+temperature in place, which makes autograd rebase the view (CopySlices) and run the division's backward
+after the head's (planner.memory, "The temperature").  The fused kernels take the temperature inside.
+
 ``naive`` (rlplan's fp32 head, runtime.measure) and ``chunked`` (rlplan's lean runtime head,
-runtime.algorithms.lean_head) are the runtime's own code, measured as they are.
+runtime.algorithms.lean_head) are the runtime's own code, measured as they are: it divides nothing in place.
 
 torch is imported inside functions only: rlplan.planner imports this module's names never.
 """
@@ -34,11 +40,29 @@ from __future__ import annotations
 
 from typing import Any
 
-# verl's entropy chunk and its fused kernels' vocab split, as the planner prices them.
-from rlplan.planner.memory import ENTROPY_CHUNK_ROWS, FUSED_DLOGITS_SPLIT_VOCAB
+# verl's entropy chunk, its fused kernels' vocab split and its logits heads, as the planner prices them.
+from rlplan.planner.memory import ENTROPY_CHUNK_ROWS, FUSED_DLOGITS_SPLIT_VOCAB, VERL_LOGITS_HEADS
+
+# Any temperature other than 1 (verl divides whatever its value; only the values depend on it).
+TWIN_TEMPERATURE = 0.7
 
 # The entropy variants a tracker can measure ("compiled" through its twin, see the module docstring).
 MEASURABLE_ENTROPY_VARIANTS = ("eager", "checkpointed", "chunked", "compiled")
+
+
+def verl_scaled_logits(output_logits: Any, temperature: float = TWIN_TEMPERATURE) -> Any:
+    """The (tokens, vocab) logits verl's head reads, made from the model's output as verl makes them.
+
+    Packed (remove padding, one row): ``logits_rmpad = output.logits.squeeze(0)`` then
+    ``logits_rmpad.div_(temperature)``, in place on the view.  Padded rows: ``logits.div_(temperature)``
+    on the output itself, then the rows flattened (verl slices the responses out there; not modelled).
+    """
+    if output_logits.shape[0] == 1:
+        logits = output_logits.squeeze(0)
+        logits.div_(temperature)
+        return logits
+    output_logits.div_(temperature)
+    return output_logits.flatten(0, 1)
 
 
 def _row_blocks(rows: int) -> int:
@@ -289,8 +313,9 @@ def measure_head_bytes_per_token_vocab(head: str, *, entropy: bool, entropy_vari
                                        tokens: tuple[int, int] = (2048, 4096)) -> float:
     """The head's peak bytes per token x vocab, as the slope of a tracker's peak between two token counts.
 
-    An lm_head matmul (hidden x vocab, bf16) feeds the head, as in the model, so the logits and
-    their gradient live and die as they do in a step; the slope drops everything that does not
+    An lm_head matmul (hidden x vocab, bf16) on one packed row feeds the head, as in the model, and
+    verl's logits heads read its output through verl's in-place temperature (verl_scaled_logits), so
+    the logits and their gradients live and die as they do in a step; the slope drops everything that does not
     grow with tokens (the weight, its gradient), and `hidden` << `vocab` makes the (tokens, hidden)
     terms negligible.  Run on fake tensors: nothing is allocated.
     """
@@ -308,7 +333,7 @@ def head_peak_bytes(head: str, *, entropy: bool, entropy_variant: str, grad: boo
 
     tracker = MemTracker()
     with FakeTensorMode():
-        states = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=grad)
+        states = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=grad)
         weight = torch.randn(vocab, hidden, dtype=torch.bfloat16, requires_grad=grad)
         labels = torch.randint(0, vocab, (tokens,))
         with tracker, torch.set_grad_enabled(grad):
@@ -325,11 +350,21 @@ def head_peak_bytes(head: str, *, entropy: bool, entropy_variant: str, grad: boo
 
 def head_outputs(head: str, states: Any, weight: Any, labels: Any, *, entropy: bool,
                  entropy_variant: str) -> tuple[Any, Any]:
-    """(log-probs, entropy or None) of hidden states through an lm_head weight, by the named head."""
+    """(log-probs, entropy or None) of (1, tokens, hidden) states through an lm_head weight, by the named
+    head, reading the model's output as verl does (model_output_logits)."""
     if head == "fused":
-        log_probs, entropy_values = fused_log_probs_and_entropy(states, weight, labels)
+        log_probs, entropy_values = fused_log_probs_and_entropy(states.flatten(0, 1), weight, labels)
         return log_probs, entropy_values if entropy else None
-    return logits_head(head, states @ weight.T, labels, entropy=entropy, entropy_variant=entropy_variant)
+    return logits_head(head, model_output_logits(head, states @ weight.T), labels, entropy=entropy,
+                       entropy_variant=entropy_variant)
+
+
+def model_output_logits(head: str, output_logits: Any) -> Any:
+    """The model's (rows, length, vocab) output as the named head reads it: through verl's in-place
+    temperature for verl's logits heads, as it is (rows flattened) for rlplan's own."""
+    if head in VERL_LOGITS_HEADS:
+        return verl_scaled_logits(output_logits)
+    return output_logits.flatten(0, 1)
 
 
 def logits_head(head: str, logits: Any, labels: Any, *, entropy: bool, entropy_variant: str) -> tuple[Any, Any]:

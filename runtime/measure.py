@@ -505,19 +505,20 @@ def logprob_iteration(model: Any, step: TrainingStep, input_ids: Any, position_i
 def _head(outputs: Any, input_ids: Any, step: TrainingStep, model: Any) -> tuple[Any, Any]:
     """Per-token log-probs of the labels (and the entropy) by the step's head (runtime/head_twins.py).
 
-    `outputs` are the model's logits, or its hidden states for the fused head, which applies the
-    lm_head itself."""
+    `outputs` are the model's logits, which verl's logits heads read through verl's in-place division by
+    the temperature (head_twins.verl_scaled_logits), or its hidden states for the fused head, which
+    applies the lm_head itself."""
     import torch
 
-    from rlplan.runtime.head_twins import fused_log_probs_and_entropy, logits_head
+    from rlplan.runtime.head_twins import fused_log_probs_and_entropy, logits_head, model_output_logits
 
     labels = torch.roll(input_ids, shifts=-1, dims=-1).flatten()
     if step.loss_head == "fused":
         weight = _causal_lm(model).lm_head.weight
         log_probs, entropy = fused_log_probs_and_entropy(outputs.flatten(0, 1), weight, labels)
         return log_probs, entropy if step.calculate_entropy else None
-    return logits_head(step.loss_head, outputs.flatten(0, 1), labels, entropy=step.calculate_entropy,
-                       entropy_variant=step.entropy_variant)
+    return logits_head(step.loss_head, model_output_logits(step.loss_head, outputs), labels,
+                       entropy=step.calculate_entropy, entropy_variant=step.entropy_variant)
 
 
 def _hidden_states_out_of_lm_head(model: Any) -> None:

@@ -22,9 +22,11 @@ from rlplan.planner.memory import (
     GIB,
     MIB,
     RolloutBudget,
+    UPDATE_HEAD_BYTES,
     actor_head_bytes_per_token_vocab,
     critic_state,
     forward_components,
+    head_bytes_per_token_vocab,
     kv_cache_tokens,
     longest_expected_response_that_fits,
     model_facts,
@@ -32,6 +34,7 @@ from rlplan.planner.memory import (
     predict_phase,
     resolved_loss_head,
     rollout_budget,
+    temperature_backward_bytes_per_token_vocab,
     vllm_activation_bytes,
     vllm_kv_cache_bytes,
 )
@@ -506,16 +509,30 @@ def test_auto_head_is_flash_attn_on_gpus_with_remove_padding_and_chunked_on_rlpl
     assert resolved_loss_head(make_plan(overrides={"actor.loss_head": "torch_logprob"})) == "torch_logprob"
 
 
-def test_flash_attn_head_holds_the_bf16_logits_and_a_second_buffer_only_when_entropy_blocks_inplace_backward():
-    assert _update_head({}) == 2
-    # entropy_coeff != 0: not in place (2 + 2) plus the compiled entropy's gradient (2).
-    assert _update_head({"actor.entropy_coeff": 0.001}) == 6
+def test_flash_attn_update_peaks_in_verls_in_place_temperature_unless_an_eager_entropy_holds_more():
+    # The kernel alone: in place 2, with entropy 2 + 2 + the compiled entropy's 2. After it the backward of
+    # verl's div_ on a view of the output (CopySlices) holds four logits buffers: 8 for both.
+    assert UPDATE_HEAD_BYTES["flash_attn_ce"]["none"] == 2 and UPDATE_HEAD_BYTES["flash_attn_ce"]["compiled"] == 6
+    assert _update_head({}) == _update_head({"actor.entropy_coeff": 0.001}) == 8
+    # Eager entropy's own stage is above it.
+    assert _update_head({"actor.entropy_coeff": 0.001, "actor.use_torch_compile": False}) == 14
+    # Padded (no remove padding): verl divides the output itself, no view: the gradient and the quotient.
+    assert _update_head({"model.use_remove_padding": False}) == 4
+    assert temperature_backward_bytes_per_token_vocab("torch_logprob", packed=False) == 4
     # Where the loss is the update's peak, the component is that coefficient x T x V.
     plan = make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": 16, "actor.entropy_coeff": 0.001})
     tokens = plan_layout(plan).actor_update.tokens_per_micro_batch
     update = predict_memory(plan).phase("actor_update")
     assert update.peak_at == "loss"
-    assert update.bytes_of("logits_head") == 6 * tokens * QWEN25_7B.vocab_size
+    assert update.bytes_of("logits_head") == 8 * tokens * QWEN25_7B.vocab_size
+
+
+def test_verls_temperature_costs_nothing_without_grad_nor_for_heads_that_do_not_divide_logits_in_place():
+    for head in ("flash_attn_ce", "torch_logprob"):
+        assert head_bytes_per_token_vocab(head, "none", grad=False, tokens=4096) == 2
+    assert temperature_backward_bytes_per_token_vocab("fused") == 0
+    assert temperature_backward_bytes_per_token_vocab("chunked") == 0
+    assert _update_head({"model.use_fused_kernels": True}) == 0
 
 
 def test_entropy_variants_order_compiled_below_eager_equal_to_checkpointed_below_fp32_chunked():
@@ -543,7 +560,8 @@ def test_chunked_entropy_costs_fewer_bytes_per_token_as_the_micro_batch_grows():
 def test_the_runtimes_chunked_head_holds_logits_gradient_and_one_chunk_whatever_the_entropy():
     chunked = {"actor.loss_head": "chunked"}
     assert _update_head(chunked) == _update_head({**chunked, "actor.entropy_coeff": 0.001}) == 4.75
-    assert _update_head({"actor.loss_head": "flash_attn_ce"}) < _update_head(chunked) < _update_head(
+    # rlplan's runtime divides nothing in place: below verl's flash-attn head with its temperature's backward.
+    assert _update_head(chunked) < _update_head({"actor.loss_head": "flash_attn_ce"}) < _update_head(
         {"actor.loss_head": "naive"})
 
 
@@ -552,7 +570,9 @@ def test_gpu_heads_hold_less_than_the_naive_fp32_head_and_fused_holds_no_logits(
     torch_logprob = _update_head({"actor.loss_head": "torch_logprob"})
     flash = _update_head({"actor.loss_head": "flash_attn_ce"})
     assert _update_head({"model.use_fused_kernels": True}) == 0
-    assert flash < torch_logprob < naive
+    # Both peak in verl's in-place temperature's backward (8), above their kernels (2 and 4).
+    assert flash == torch_logprob < naive
+    assert UPDATE_HEAD_BYTES["flash_attn_ce"]["none"] < UPDATE_HEAD_BYTES["torch_logprob"]["none"]
 
 
 def test_actor_model_dtype_halves_a_lora_base_and_full_shards_in_bf16():

@@ -16,6 +16,7 @@ from rlplan.planner.rules import check_plan
 from rlplan.planner.solver import SolveRequest, solve_engines, solve_rollout
 from rlplan.planner.verl_import import import_verl_script
 from tests.planner.plans import make_plan
+from tests.planner.test_verl_ground_truth import GSM8K_PROMPT_MEAN
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
 GB = 1e9
@@ -107,7 +108,14 @@ def test_verl_sglang_multiturn_example_imports_validates_and_fits_on_8_h100_as_i
     assert plan.rollout.name == "sglang" and plan.rollout.multi_stage_wake_up
     assert plan.rollout.gpu_memory_utilization == 0.85 and plan.rollout.n == 16
     assert not check_plan(plan).errors
-    assert predict_memory(plan).fits
+    # It ran on GSM8K, whose prompts average ~105 tokens (test_verl_ground_truth.GSM8K_PROMPT_MEAN): priced
+    # with every response at its 1024-token maximum, it fits.
+    gsm8k = plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=GSM8K_PROMPT_MEAN))
+    assert predict_memory(gsm8k).fits
+    # 32 fixed micro-batch sequences of 2048 tokens would not: verl's in-place temperature's backward holds
+    # four bf16 logits buffers of 65536 x 151936 (20 GB each) at the update's loss head.
+    at_maximum = predict_memory(plan)
+    assert not at_maximum.fits and at_maximum.binding_constraint.where == "actor_update"
 
 
 def test_sglang_plan_renders_its_engine_and_wake_up_keys_back_to_verl():

@@ -153,6 +153,16 @@ def test_logger_imports_as_the_trainer_trackers_and_renders_back():
     assert error.value.field == "trainer.logger"
 
 
+@pytest.mark.parametrize(("spelling", "dtype"), [("bfloat16", "bf16"), ("bf16", "bf16"), ("float32", "fp32"),
+                                               ("32", "fp32"), ("fp32", "fp32")])
+def test_every_spelling_verls_precision_type_accepts_for_model_dtype_imports_as_the_plans(spelling, dtype):
+    plan = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
+                f"actor_rollout_ref.actor.fsdp_config.model_dtype={spelling}\n"
+                f"actor_rollout_ref.ref.fsdp_config.model_dtype={spelling}\n").plan
+    assert plan.actor.model_dtype == plan.ref.model_dtype == dtype
+    assert not plan.passthrough
+
+
 def test_head_and_dtype_keys_import_as_verl_runs_them():
     base = "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
     plan = load(base).plan

@@ -152,10 +152,9 @@ def test_measure_command_prints_json_and_rejects_a_missing_plan(tmp_path, capsys
 # --- the memory twins of verl's GPU heads --------------------------------------------------
 
 from rlplan.planner.memory import (  # noqa: E402
-    FORWARD_HEAD_BYTES,
     FUSED_DLOGITS_SPLIT_VOCAB,
     UPDATE_HEAD_BYTES,
-    chunked_entropy_head_bytes_per_token_vocab,
+    head_bytes_per_token_vocab,
 )
 from rlplan.runtime.head_twins import head_peak_bytes, measure_head_bytes_per_token_vocab  # noqa: E402
 
@@ -183,18 +182,35 @@ def _twin_bytes(head, entropy, *, grad):
 
 
 @pytest.mark.parametrize(("head", "entropy"), _MEASURED_HEADS, ids=[f"{h}-{e}" for h, e in _MEASURED_HEADS])
-def test_each_twins_update_head_bytes_equal_the_planners_constant(head, entropy):
+def test_each_twin_run_as_verl_runs_it_holds_what_the_planner_prices_for_its_update(head, entropy):
     measured = _twin_bytes(head, entropy, grad=True)
     # The fused backward's (tokens, 9504) bf16 split buffer is priced with the lm_head's backward
     # (planner.memory.lm_head_backward_bytes), not in the coefficient: over vocab 8192 it is 2 per T V.
     split_buffer = 2 * min(8192, FUSED_DLOGITS_SPLIT_VOCAB) / 8192 if head == "fused" else 0.0
-    assert measured == pytest.approx(UPDATE_HEAD_BYTES[head][entropy] + split_buffer, abs=TWIN_TOLERANCE)
+    priced = head_bytes_per_token_vocab(head, entropy, grad=True, tokens=TWIN_TOKENS[1])
+    assert measured == pytest.approx(priced + split_buffer, abs=TWIN_TOLERANCE)
 
 
 @pytest.mark.parametrize(("head", "entropy"), _MEASURED_HEADS, ids=[f"{h}-{e}" for h, e in _MEASURED_HEADS])
-def test_each_twins_no_grad_head_bytes_equal_the_planners_constant(head, entropy):
+def test_each_twin_run_as_verl_runs_it_holds_what_the_planner_prices_without_grad(head, entropy):
     measured = _twin_bytes(head, entropy, grad=False)
-    assert measured == pytest.approx(FORWARD_HEAD_BYTES[head][entropy], abs=TWIN_TOLERANCE)
+    assert measured == pytest.approx(head_bytes_per_token_vocab(head, entropy, grad=False, tokens=TWIN_TOKENS[1]),
+                                     abs=TWIN_TOLERANCE)
+
+
+@pytest.mark.parametrize(("head", "entropy"), [("flash_attn_ce", "none"), ("flash_attn_ce", "compiled")])
+def test_verls_in_place_temperature_is_the_update_heads_peak_where_the_kernel_holds_less(
+        head, entropy, monkeypatch):
+    """Invariant: a verl logits head whose kernel holds less than four logits buffers peaks in the
+    temperature's backward (CopySlices: the head's gradient, a base-sized copy, the slice's clone, the
+    quotient), so the twin run without verl's div_ measures the kernel alone and the sequence 8 per T V."""
+    from rlplan.runtime import head_twins
+
+    with_division = _twin_bytes(head, entropy, grad=True)
+    monkeypatch.setattr(head_twins, "VERL_LOGITS_HEADS", ())
+    kernel_alone = _twin_bytes(head, entropy, grad=True)
+    assert kernel_alone == pytest.approx(UPDATE_HEAD_BYTES[head][entropy], abs=TWIN_TOLERANCE)
+    assert with_division == pytest.approx(8.0, abs=TWIN_TOLERANCE)
 
 
 @pytest.mark.parametrize("tokens", [1024, 4096, 8192, 16384])
@@ -204,7 +220,7 @@ def test_verls_chunked_entropy_is_priced_at_or_just_above_its_twin_at_every_leng
     vocab = 8192
     measured = head_peak_bytes("flash_attn_ce", entropy=True, entropy_variant="chunked", grad=grad,
                                 vocab=vocab, hidden=16, tokens=tokens) / (tokens * vocab)
-    priced = chunked_entropy_head_bytes_per_token_vocab(tokens, grad=grad)
+    priced = head_bytes_per_token_vocab("flash_attn_ce", "chunked", grad=grad, tokens=tokens)
     # The absolute peak also holds the (vocab, 16) weight and its gradient: < 0.2 per T V from 1024 tokens.
     assert measured - 0.2 <= priced <= 1.08 * measured
 
