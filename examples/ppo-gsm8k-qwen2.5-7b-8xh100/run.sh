@@ -28,7 +28,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.strategy=fsdp2 \
     actor_rollout_ref.actor.ppo_mini_batch_size=64 \
     actor_rollout_ref.actor.use_dynamic_bsz=true \
-    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=7168 \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4864 \
     actor_rollout_ref.actor.ppo_epochs=1 \
     actor_rollout_ref.actor.shuffle=false \
     actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 \
@@ -60,9 +60,9 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16384 \
     actor_rollout_ref.rollout.n=1 \
     actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.68 \
-    actor_rollout_ref.rollout.max_num_seqs=128 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.15 \
+    actor_rollout_ref.rollout.max_num_seqs=64 \
     actor_rollout_ref.rollout.max_num_batched_tokens=8192 \
     actor_rollout_ref.rollout.max_model_len=2048 \
     actor_rollout_ref.rollout.enable_chunked_prefill=true \
@@ -82,8 +82,8 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.agent.num_workers=8 \
     actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=2048 \
     critic.use_dynamic_bsz=true \
-    critic.ppo_max_token_len_per_gpu=7680 \
-    critic.forward_max_token_len_per_gpu=7680 \
+    critic.ppo_max_token_len_per_gpu=6144 \
+    critic.forward_max_token_len_per_gpu=6144 \
     critic.ppo_epochs=1 \
     critic.ulysses_sequence_parallel_size=1 \
     critic.fsdp.param_offload=false \
