@@ -1189,21 +1189,23 @@ def _fewest_more_gpus(request: SolveRequest, response_len: int) -> tuple[SolveRe
     cluster = request.cluster
     tried = cluster.world_size
     for factor in GPU_COUNT_FACTORS:
+        top = cluster.world_size * factor
         for host_factor in (1, *HOST_MEMORY_FACTORS):
             host = cluster.host_memory_gib * host_factor
             doubled = attrs.evolve(request, cluster=attrs.evolve(_scaled_cluster(cluster, factor),
                                                                  host_memory_gib=host))
             if not _fits(doubled, response_len):
                 continue
-            for total in range(tried + 1, cluster.world_size * factor):
-                between = cluster_with_gpus(cluster, total)
+            for total in range(tried + 1, top + 1):
+                between = doubled.cluster if total == top else cluster_with_gpus(cluster, total)
                 if between is None:
                     continue
                 candidate = attrs.evolve(request, cluster=attrs.evolve(between, host_memory_gib=host))
                 if not request_rule_violations(candidate, response_len) and _fits(candidate, response_len):
                     return candidate, host_factor
-            return doubled, host_factor
-        tried = cluster.world_size * factor
+            # Memory fits at `top` but no count up to it splits the batch as verl needs: look further out.
+            break
+        tried = top
     return None
 
 

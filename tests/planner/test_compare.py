@@ -255,8 +255,10 @@ def test_public_runs_memory_against_the_model():
     code, rec = public_compare("qwen2_7b_gsm8k_8gpu_recommended.sh", "verl_qwen2_7b_recommended.log")
     allocated = rec["memory"][0]
     assert allocated["measured_gib"] == pytest.approx(83.586)
-    # Known gap (docs/accuracy.md, public verl runs): FSDP1 keeps both models' gradients between steps.
-    assert 1.02 < allocated["ratio"] < 1.10 and code == 1
+    # FSDP1 keeps both models' gradients between steps (docs/accuracy.md section 4), which the planner does not
+    # price outside the updates; the update's peak, with verl's in-place temperature on the logits priced (issue 24),
+    # now reaches that reading within a few percent. The reserved counter still exceeds its band (exit 1).
+    assert 0.95 < allocated["ratio"] < 1.10 and code == 1 and rec["memory"][1]["exceeds_band"]
     code, low = public_compare("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log")
     assert low["memory"][0]["measured_gib"] == pytest.approx(54.493)
     assert 0.95 < low["memory"][0]["ratio"] <= 1.0 and not low["memory"][0]["exceeds_band"]
@@ -341,7 +343,9 @@ def test_calibrating_from_two_runs_fits_the_fraction_and_centres_the_cache(tmp_p
         args += ["--from-verl-log", str(PUBLIC / log), "--plan", str(PUBLIC / script)]
     payload = json.loads(invoke(*args).output)
     fitted = load_profile(str(profile))
-    assert fitted.fragmentation_fraction == 0.5 and any("lies outside" in n for n in payload["notes"])
+    # Two runs of different trainer bytes separate the fraction from the flat cache; at the bound it is clamped, said.
+    assert 0.0 < fitted.fragmentation_fraction <= 0.5
+    assert fitted.fragmentation_fraction < 0.5 or any("lies outside" in n for n in payload["notes"])
     residuals = []
     for script, log in runs:
         _, out = public_compare(script, log, "--profile", str(profile))

@@ -1,6 +1,8 @@
 #!/bin/bash
 # Fixture script (not a public run): GRPO on Qwen2.5-7B-Instruct, 8 GPUs, responses up to 8192 tokens and a
 # large token budget, so the update's memory grows with the mean response length up to it (the forecast's case).
+# The mini batch (32 prompts: 20 sequences per GPU) puts the longest mean response that fits between the log's
+# means (~1,000-1,200 tokens) and the maximum, where the forecast has a step to find.
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_batch_size=256 \
@@ -9,7 +11,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct \
     actor_rollout_ref.model.use_remove_padding=True \
     actor_rollout_ref.model.enable_gradient_checkpointing=True \
-    actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 \
     actor_rollout_ref.actor.use_dynamic_bsz=True \
     actor_rollout_ref.actor.ppo_max_token_len_per_gpu=131072 \
     actor_rollout_ref.actor.use_kl_loss=True \
