@@ -21,8 +21,8 @@ from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import (
     GIB,
     MIB,
-    RolloutBudget,
     UPDATE_HEAD_BYTES,
+    RolloutBudget,
     actor_head_bytes_per_token_vocab,
     critic_state,
     forward_components,
