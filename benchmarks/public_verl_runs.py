@@ -35,7 +35,7 @@ from rlplan.planner.verl_log import VerlLog
 
 # benchmarks/ is no package: its shared helpers are imported from beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sections import replace_section  # noqa: E402
+from _sections import print_or_write_section, replace_section  # noqa: E402, F401 (the tests read replace_section here)
 from steptime_sweeps import PHASE_ERROR_LIMIT  # noqa: E402  (section 5's limit on a phase's error)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -360,13 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, default=None, help="markdown file whose section 4 to regenerate")
     args = parser.parse_args(argv)
     section = compute_section()
-    if args.write is None:
-        print(section)
-        return 0
-    text = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-    args.write.write_text(replace_section(text, SECTION_HEADING, section), encoding="utf-8")
-    print(f"wrote {args.write}")
-    return 0
+    return print_or_write_section(section, SECTION_HEADING, args.write)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from rlplan.planner.verl_import import import_verl_script
 
 # benchmarks/ is no package: its shared helpers are imported from beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sections import replace_section  # noqa: E402
+from _sections import print_or_write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data" / "steptime_sweeps.toml"
@@ -194,13 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(fit(runs, profile))
         return 0
     section = render_section(sweeps, runs, profile)
-    if args.write is None:
-        print(section)
-        return 0
-    text = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-    args.write.write_text(replace_section(text, SECTION_HEADING, section), encoding="utf-8")
-    print(f"wrote {args.write}")
-    return 0
+    return print_or_write_section(section, SECTION_HEADING, args.write)
 
 
 if __name__ == "__main__":
