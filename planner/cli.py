@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated, Any, NoReturn, get_args
+from typing import Annotated, NoReturn, get_args
 
 import typer
 
+from rlplan.planner import solve_commands as steps
 from rlplan.planner.commands_io import (
     RUNTIME_INSTALL,
     ExitCode,
@@ -26,28 +27,27 @@ from rlplan.planner.commands_io import (
     error_json,
     load_plan,
     load_profile,
-    local_config_path,
     make_console,
     print_json,
-    read_text,
     refuse_overwriting_inputs,
     report_error,
     write_atomic,
 )
-from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
+from rlplan.planner.errors import PlanError, shorten
 from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.model_error import parse_headroom
-from rlplan.planner.plan import Algorithm, LossHead, RolloutEngine
-from rlplan.planner.platform import CPU_RUNTIME_PINS
+from rlplan.planner.plan import LossHead
 from rlplan.planner.render import Format, Target
-from rlplan.planner.solver import Objective
-from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
+from rlplan.planner.solve_commands import (  # noqa: F401  (resolve_model_arg: tests and benchmarks import it here)
+    ALGO_CHOICES,
+    OBJECTIVE_CHOICES,
+    ROLLOUT_CHOICES,
+    parse_fixes,
+    resolve_model_arg,
+)
 
-# Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
-# `ppo` is the user's name for the gae estimator with a critic; `auto` lets the solver price both engines.
-ALGO_CHOICES = ("ppo", *get_args(Algorithm))
-ROLLOUT_CHOICES = (*get_args(RolloutEngine), "auto")
-OBJECTIVE_CHOICES = get_args(Objective)
+# Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them
+# (solve's are solve_commands.py's, which checks them).
 RENDER_TARGETS = get_args(Target)
 RENDER_FORMATS = get_args(Format)
 PRESET_KINDS = ("models", "gpus")
@@ -111,44 +111,6 @@ def fail(error: PlanError, *, as_json: bool = False) -> NoReturn:
     raise typer.Exit(report_error(error, as_json=as_json))
 
 
-def resolve_model_arg(spec: str):
-    from rlplan.planner.presets import resolve_model
-
-    candidate = local_config_path(spec)
-    if candidate is not None:
-        text = read_text(str(candidate), "--model")
-        try:
-            config = json.loads(text)
-        except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
-            raise PlanError(field="--model", message=f"{shorten(str(candidate))} is not valid JSON ({shorten(str(exc))}).",
-                            fix="point --model at a Hugging Face config.json or its directory") from None
-        return resolve_model(spec, local_config=config)
-    return resolve_model(spec)
-
-
-def weightless_model_note(spec: str) -> str | None:
-    """--model DIR with a config.json but no weights: model.path is that directory all the same, so say so."""
-    candidate = local_config_path(spec)
-    if candidate is None or any(any(candidate.parent.glob(f"*.{suffix}")) for suffix in ("safetensors", "bin", "pt")):
-        return None
-    return (f"{shorten(str(candidate.parent))} has a config.json but no weights (*.safetensors); model.path is set to "
-            "it all the same, and a run loads the weights from there: put the checkpoint there, or edit model.path.")
-
-
-def parse_fixes(fixes: list[str]) -> dict[str, Any]:
-    from rlplan.planner.knobs import parse_pin
-
-    pins: dict[str, Any] = {}
-    for item in fixes:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise PlanError(field="--fix", message=f"{item!r} is not key=value.",
-                            fix="pass e.g. --fix actor.param_offload=true")
-        field, value = parse_pin(key.strip(), raw.strip())
-        pins[field] = value
-    return pins
-
-
 # Modules only the runtime extra installs: a command that needs one fails as bad setup (exit 2), not as a bug.
 RUNTIME_MODULES = frozenset({"torch", "vllm", "ray", "transformers", "peft", "datasets", "accelerate", "safetensors",
                              "numpy", "pynvml", "tensordict", "tokenizers", "pyarrow"})
@@ -200,17 +162,6 @@ def guarded(function):
 
 
 # --- solve -------------------------------------------------------------------------
-
-
-def _path_list(flag: str, text: str | None) -> tuple[str, ...] | None:
-    """`PATH[,PATH]` as a tuple of paths; None when the flag is not given."""
-    if text is None:
-        return None
-    paths = tuple(part.strip() for part in text.split(","))
-    if not all(paths):
-        raise PlanError(field=flag, message=f"{text!r} has an empty path.",
-                        fix=f"pass {flag} train.parquet or {flag} a.parquet,b.parquet")
-    return paths
 
 
 @app.command()
@@ -326,299 +277,22 @@ def solve(
     Example: rlplan solve --model qwen2.5-7b --gpus 8 --gpu h100-80g --prompt-len 1024 --response-len 2048
     --train-files ~/data/gsm8k/train.parquet -o plan.toml
     """
-    from rlplan.planner.hardware import Cluster
-    from rlplan.planner.plan import ModelSection
-    from rlplan.planner.planfile import plan_from_toml, plan_to_toml
-    from rlplan.planner.presets import custom_gpu, defaulted_speeds, parse_gpu_memory, resolve_gpu
-    from rlplan.planner.report import solve_summary
-    from rlplan.planner.solver import RUNNERS_UP, SolveRequest, request_margin, searched_knobs, solve_engines
+    flags = steps.SolveFlags(**locals())  # before any other name is bound: locals() is the options, by name
+    from rlplan.planner.solver import RUNNERS_UP, solve_engines
 
-    # A zero or negative count is a mistake, never a request for the default.
-    for flag, value in (("--top", top), ("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
-                        ("--train-batch-size", train_batch_size), ("--n", n),
-                        ("--ppo-mini-batch-size", ppo_mini_batch_size), ("--prompt-len", prompt_len),
-                        ("--response-len", response_len), ("--max-response-len", max_response_len),
-                        ("--expected-prompt-len", expected_prompt_len), ("--expected-response-len", expected_response_len)):
-        if value is not None and value < 1:
-            raise PlanError(field=flag, message=f"must be >= 1, got {value}.", fix=f"pass a positive {flag} or leave "
-                            "it out for the default")
-    if frontier:
-        from rlplan.planner.chart_commands import check_chart_path
-
-        check_chart_path(frontier, "--frontier")
-    # The plan -o writes may replace the --from plan (a re-solve in place); nothing else may replace an input.
-    read = {"--profile": profile, "--model": local_config_path(model) if model else None}
-    refuse_overwriting_inputs(output, "--output", read)
-    refuse_overwriting_inputs(frontier, "--frontier", {**read, "--from": from_plan, "--output": output})
-    from rlplan.planner.presets import parse_host_memory, typical_host_memory
-
-    host_gib = parse_host_memory(host_mem)
-    headroom_asked = parse_headroom(headroom)
-    if device not in ("gpu", "cpu"):
-        raise PlanError(field="--device", message=f"{device!r} is neither gpu nor cpu.",
-                        fix="pass --device cpu to plan a run on this machine's CPU, or leave it out")
-    on_cpu = device == "cpu" or (gpu is not None and gpu.strip().lower() == "cpu")
-    if on_cpu and (gpu_mem is not None or (gpu is not None and gpu.strip().lower() != "cpu")):
-        raise PlanError(field="--device", message="--device cpu is given with a GPU (--gpu / --gpu-mem).",
-                        fix="leave out --gpu / --gpu-mem to plan the CPU, or --device cpu to plan the GPU")
-    base = load_plan(from_plan) if from_plan else None
-    if model is None and base is None:
-        raise PlanError(field="--model", message="no model given.", fix="pass --model qwen2.5-7b (or --from plan.toml)")
-    if base is not None and model is None:
-        model_section = base.model
-    else:
-        assert model is not None
-        resolved = resolve_model_arg(model)
-        weightless = weightless_model_note(model)
-        if weightless and not (json_output or quiet):
-            make_console(stderr=True).print(f"note: {weightless}", markup=False)
-        model_section = ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch)
-    if gpu is not None and gpu_mem is not None:
-        raise PlanError(field="--gpu-mem", message="both --gpu and --gpu-mem are given.", fix="pass only one")
-    profile_loaded = load_profile(profile)
-    cpu_note = ""
-    host_note: str | None = None  # the host RAM figure assumed when --host-mem is not given
-    if on_cpu:
-        if nodes not in (None, 1):
-            raise PlanError(field="--nodes", message=f"a CPU plan runs on this one machine, got {nodes} nodes.",
-                            fix="leave out --nodes with --device cpu")
-        ranks = gpus or gpus_per_node or 1
-        try:
-            cluster, rates = cpu_cluster(ranks, host_gib or this_machine_memory_gib() or 1024.0, profile_loaded)
-        except PlanError as error:  # a CPU plan's "GPU" memory and host RAM are both --host-mem
-            if host_gib is None or not error.field.startswith("cluster."):
-                raise
-            raise PlanError(field="--host-mem", message=error.message, fix="pass --host-mem in GiB, or leave it out "
-                            "for this machine's MemTotal") from None
-        gpu_spec = cluster.gpu
-        cpu_note = f"CPU rates {rates.source}"
-        if not (json_output or quiet):
-            make_console(stderr=True).print(f"note: {cpu_note}.", markup=False)
-    elif gpu is not None:
-        gpu_spec = resolve_gpu(gpu)
-    elif gpu_mem is not None:
-        gpu_spec = custom_gpu(parse_gpu_memory(gpu_mem), bf16_tflops=gpu_tflops, hbm_gbps=gpu_bandwidth)
-        if defaulted_speeds(gpu_tflops, gpu_bandwidth) and not (json_output or quiet):
-            make_console(stderr=True).print(f"note: {defaulted_speeds(gpu_tflops, gpu_bandwidth)}.", markup=False)
-    elif base is not None:
-        gpu_spec = base.cluster.gpu
-    else:
-        raise PlanError(field="--gpu", message="no GPU given.", fix="pass --gpu h100-80g or --gpu-mem GiB")
-    if on_cpu:
-        pass  # cluster: this machine, built above
-    elif gpus is None and base is not None and nodes is None and gpus_per_node is None:
-        cluster = base.cluster if gpu is None and gpu_mem is None else base.cluster.__class__(
-            gpu=gpu_spec, nodes=base.cluster.nodes, gpus_per_node=base.cluster.gpus_per_node,
-            host_memory_gib=base.cluster.host_memory_gib if host_gib is None else host_gib)
-    else:
-        if gpus is None and (nodes is None or gpus_per_node is None):
-            raise PlanError(field="--gpus", message="the GPU count is needed.", fix="pass --gpus 8")
-        if gpus is not None and gpus < 1:
-            raise PlanError(field="--gpus", message=f"must be >= 1, got {gpus}.", fix="pass --gpus 8")
-        per_node = gpus_per_node or min(gpus or 8, 8)
-        node_count = nodes or max(1, (gpus or per_node) // per_node)
-        if gpus is not None and node_count * per_node != gpus:
-            raise PlanError(field="--gpus", message=f"{gpus} GPUs is not nodes x gpus-per-node ({node_count} x {per_node}).",
-                            fix=f"pass --gpus-per-node so that it divides {gpus}")
-        assumed = None if host_gib is not None else typical_host_memory(gpu_spec, per_node)
-        host_note = assumed.describe() if assumed else None
-        try:
-            cluster = Cluster(gpu=gpu_spec, nodes=node_count, gpus_per_node=per_node,
-                              host_memory_gib=assumed.gib if assumed else host_gib)
-        except PlanError as error:
-            if error.field != "cluster.host_memory_gib":
-                raise
-            raise PlanError(field="--host-mem", message=error.message, fix="pass --host-mem in GiB per node") from None
-    # Not given (None) keeps the --from plan's algorithm; "grpo" given keeps GRPO even over a PPO plan.
-    algorithm = {"ppo": "gae"}.get((algo or "grpo").lower(), (algo or "grpo").lower())
-    if algo is None and base is not None:
-        algorithm = base.algorithm.adv_estimator
-    if algorithm not in get_args(Algorithm):
-        raise PlanError(field="--algo", message=f"unknown algorithm {algo!r}.",
-                        fix=f"pass one of {', '.join(ALGO_CHOICES)}")
-    if lora not in ("off", "auto") and not (lora.isascii() and lora.isdigit()):
-        raise PlanError(field="--lora", message=f"{lora!r} is not off, auto or a rank.", fix="pass --lora 64")
-    if rollout is not None and rollout not in ROLLOUT_CHOICES:
-        raise PlanError(field="--rollout", message=f"{rollout!r} is not one of {', '.join(ROLLOUT_CHOICES)}.",
-                        fix="pass --rollout vllm (the bundled runtime's engine), sglang or auto")
-    pins = {**(CPU_RUNTIME_PINS if on_cpu else {}), **parse_fixes(fix or [])}
-    if rollout is not None and "rollout.name" in pins:
-        raise PlanError(field="--rollout", message="both --rollout and --fix rollout.name are given.",
-                        fix="pass only --rollout")
-    if objective not in OBJECTIVE_CHOICES:
-        raise PlanError(field="--objective", message=f"{objective!r} is not one of {', '.join(OBJECTIVE_CHOICES)}.",
-                        fix="pass --objective throughput")
-    if base is not None:
-        prompt_len = base.data.max_prompt_length if prompt_len is None else prompt_len
-        if response_len is None and max_response_len is None:
-            response_len = base.data.max_response_length
-        train_batch_size = base.data.train_batch_size if train_batch_size is None else train_batch_size
-        n = base.rollout.n if n is None else n
-        if ppo_mini_batch_size is None:
-            ppo_mini_batch_size = base.actor.ppo_mini_batch_size
-    if prompt_len is None:
-        raise PlanError(field="--prompt-len", message="the prompt length is needed.", fix="pass --prompt-len 1024")
-    # A mean above its maximum is a mistake (validate and explain refuse it too), never silently capped.
-    for flag, mean, maximum, limit in (("--expected-prompt-len", expected_prompt_len, prompt_len, "--prompt-len"),
-                                       ("--expected-response-len", expected_response_len,
-                                        response_len or max_response_len, "--response-len")):
-        if mean is not None and maximum is not None and mean > maximum:
-            raise PlanError(field=flag, message=f"is a mean length and cannot exceed {limit} {maximum}, got {mean}.",
-                            fix=f"pass {flag} at most {maximum}, or leave it out (= the maximum)")
-    request = SolveRequest(
-        model=model_section, cluster=cluster, prompt_len=prompt_len, response_len=response_len,
-        max_response_len=max_response_len, train_batch_size=256 if train_batch_size is None else train_batch_size,
-        n=5 if n is None else n,
-        algorithm=algorithm, ppo_mini_batch_size=ppo_mini_batch_size,
-        lora=int(lora) if lora.isascii() and lora.isdigit() else lora, objective=objective, pins=pins,
-        headroom=headroom_asked,
-        base=base, profile=profile_loaded,
-        expected_prompt_len=expected_prompt_len, expected_response_len=expected_response_len,
-        train_files=_path_list("--train-files", train_files), val_files=_path_list("--val-files", val_files),
-    )
-    if rollout == "auto":
-        engines: tuple[Any, ...] = ("vllm",) if on_cpu else ("vllm", "sglang")
-    else:
-        engines = (rollout or pins.get("rollout.name") or (base.rollout.name if base is not None else "vllm"),)
-    if on_cpu and engines != ("vllm",):
-        # The platform rule runtime_rolls_out_with_vllm would refuse the plan at `rlplan run`: say so now.
-        raise PlanError(field="--rollout" if rollout else "rollout.name",
-                        message=f"rlplan's CPU runtime runs vLLM rollouts only, not {engines[0]}; SGLang plans are "
-                        "for verl on GPUs.", fix="leave out --rollout with --device cpu (vllm), or plan a GPU cluster")
-    result = solve_engines(request, engines, keep=max(top or 0, RUNNERS_UP + 1), frontier=frontier is not None)
-    if frontier:
-        from rlplan.planner.chart_commands import frontier_chart_command
-
-        frontier_chart_command(result, cluster.gpu.memory_gib, top or 0,
-                               f"{model_section.name} on {cluster.nodes * cluster.gpus_per_node} x {cluster.gpu.name}",
-                               frontier, margin_gib=request_margin(request).gib)
-    ranked = [result.best, *result.runners_up][:top or 0] if result.best is not None else []
-    top_rows = [{"rank": rank, "step_time_s": c.plan.prediction.step_time_s, "gpu_peak_gib": c.plan.prediction.gpu_peak_gib,
-                 "phase_peak_gib": c.plan.prediction.phase_peak_gib, "knobs": searched_knobs(c.plan),
-                 "phase_seconds": c.plan.prediction.phase_seconds,
-                 "left_gib": round(cluster.gpu.memory_gib - c.plan.prediction.gpu_peak_gib, 3),
-                 "headroom_gib": round(request_margin(request).gib, 3)}
-                for rank, c in enumerate(ranked, start=1)]
+    steps.check_outputs(flags)
+    base = steps.load_base(flags)
+    inputs = steps.solve_inputs(flags, base, steps.stderr_notes(flags))
+    result = solve_engines(inputs.request, inputs.engines, keep=max(flags.top or 0, RUNNERS_UP + 1),
+                           frontier=flags.frontier is not None)
+    if flags.frontier:
+        steps.draw_frontier(flags, inputs, result)
     if result.best is None:
-        assert result.diagnosis is not None
-        if json_output:
-            print(json.dumps({
-                "feasible": False, "binding": result.diagnosis.binding, "message": result.diagnosis.message,
-                "suggestions": [{"change": s.change, "detail": s.detail, "step_time_s": s.step_time_s,
-                                 "gpus": s.gpus, "more_gpus": s.more_gpus} for s in result.diagnosis.suggestions],
-                "evaluated": result.evaluated, "headroom_gib": round(request_margin(request).gib, 3),
-                "host_memory_assumed": host_note,
-            }, indent=2))
-        else:
-            from rich.markup import escape
-
-            console = make_console(stderr=True)
-            console.print(f"[bold red]no feasible plan[/] {escape(shorten(result.diagnosis.message, 4 * ECHO_LIMIT))}",
-                          markup=True)
-            if host_note:
-                console.print(f"note: {host_note}; --host-mem sets it.", markup=False)
-        raise typer.Exit(ExitCode.INFEASIBLE)
-    plan = result.plan
-    verification: list[dict[str, Any]] = []
-    if verify:
-        plan, verification = verify_candidates([result.best, *result.runners_up], request.profile,
-                                               None if json_output or quiet else make_console())
-        if plan is None:
-            message = ("every candidate's measured training step exceeds the GPU once the planner's "
-                       "non-tracked memory is added; the model under-predicts this workload")
-            if json_output:
-                print(json.dumps({"feasible": False, "message": message, "verification": verification}, indent=2))
-            else:
-                make_console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
-            raise typer.Exit(ExitCode.INFEASIBLE)
-    # Everything that can fail runs before the plan is written, so a written plan means a finished solve.
-    plan_text = plan_to_toml(plan)
-    # Read back as `validate` will: a plan it would reject (a pin its strict reader refuses) is not written.
-    plan_from_toml(plan_text, source="the solved plan")
-    if json_output:
-        from rlplan.planner.planfile import plan_to_dict
-        from rlplan.planner.report import validation_json
-
-        payload = validation_json(plan, request.profile, request.headroom)
-        knobs = plan_to_dict(plan)
-        knobs["model"].pop("arch", None)  # the architecture is an input, not a knob; --json stays readable
-        knobs.pop("prediction", None)
-        payload.update({"plan_file": output, "evaluated": result.evaluated, "feasible_candidates": result.feasible,
-                        "plan": knobs})
-        if top:
-            payload["top"] = top_rows
-        if cpu_note:
-            payload["cpu_rates"] = cpu_note
-        payload["host_memory_assumed"] = host_note
-        if verify:
-            payload["verification"] = verification
-        report_text = json.dumps(payload, indent=2)
-        if output:
-            write_atomic(output, plan_text, "--output")
-        print(report_text)
-    elif quiet:
-        if output:
-            write_atomic(output, plan_text, "--output")
-    else:
-        renderables = list(solve_summary(plan, result, output, request.profile, request.headroom, host_note))
-        if top:
-            from rlplan.planner.report import top_candidates_table
-
-            renderables.append(top_candidates_table(top_rows))
-        if output:
-            write_atomic(output, plan_text, "--output")
-        console = make_console()
-        for renderable in renderables:
-            console.print(renderable)
-        console.print(solve_next_step(output, on_cpu), markup=False, highlight=False, soft_wrap=True)
-
-
-def solve_next_step(output: str | None, on_cpu: bool) -> str:
-    """What to run after a solve: write the plan, or launch it (the CPU runtime here, else verl)."""
-    import shlex
-
-    if not output:
-        return "(plan not written: pass -o plan.toml)"
-    plan = shlex.quote(output)
-    if on_cpu:
-        return f"Next: rlplan explain {plan}   then   rlplan run {plan}"
-    return f"Next: rlplan explain {plan}   then   rlplan render {plan} --target verl -o run.sh"
-
-
-def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str, Any]]]:
-    """Measure the actor update of each candidate, best first; keep the first whose measured peak fits.
-
-    The tracker sees what the step allocates; the planner's resident state and overheads
-    (CUDA context, fragmentation, a sleeping vLLM) are added to it unchanged.
-    """
-    from rlplan.runtime.measure import measure_plan
-
-    rows: list[dict[str, Any]] = []
-    chosen = None
-    for rank, candidate in enumerate(candidates, start=1):
-        if console is not None:
-            console.print(f"verifying candidate {rank}/{len(candidates)} with the CPU tracker ...")
-        # The head verl runs for the candidate, so the measured step replaces its own predicted step.
-        comparison = measure_plan(candidate.plan, "update", profile, head="auto")
-        phase = next(p for p in candidate.memory.phases if p.name == comparison.planner_phase)
-        measured_total = phase.peak_bytes - comparison.predicted_bytes + comparison.measured.peak_bytes
-        fits = measured_total <= candidate.memory.gpu_capacity_bytes
-        rows.append({
-            "rank": rank,
-            "predicted_step_gib": round(comparison.predicted_bytes / 2**30, 3),
-            "measured_step_gib": round(comparison.measured.peak_bytes / 2**30, 3),
-            "error": round(comparison.error, 4),
-            "measured_phase_peak_gib": round(measured_total / 2**30, 3),
-            "fits": fits,
-        })
-        if console is not None:
-            console.print(f"  predicted {rows[-1]['predicted_step_gib']:.2f} GiB, measured "
-                          f"{rows[-1]['measured_step_gib']:.2f} GiB ({100 * comparison.error:+.1f} %): "
-                          f"{'fits' if fits else 'does NOT fit'}")
-        if fits:
-            chosen = candidate.plan
-            break
-    return chosen, rows
+        raise typer.Exit(steps.report_infeasible(flags, inputs, result))
+    plan, verification = steps.verified_plan(flags, inputs, result)
+    if plan is None:
+        raise typer.Exit(steps.report_unverified(flags, verification or []))
+    steps.print_solved(flags, inputs, result, plan, steps.checked_plan_text(plan), verification)
 
 
 # --- validate / explain ----------------------------------------------------------------

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+from attrs import frozen
+
 from rlplan.planner.errors import ECHO_LIMIT, shorten
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.margin_report import host_note, margin_json, margin_text, margin_warning
@@ -16,10 +19,11 @@ from rlplan.planner.memory import (
     predict_memory,
     resolved_loss_head,
 )
-from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom
+from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import check_plan
+from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
 from rlplan.planner.steptime import predict_step_time, workload_lengths
 
 GIB = 2**30
@@ -393,7 +397,81 @@ def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile,
     return out
 
 
-def top_candidates_table(rows: list[dict[str, Any]]):
+@frozen(kw_only=True)
+class TopCandidate:
+    """One row of `solve --top`: a candidate's step, its peak per phase, its searched knobs and what it leaves."""
+
+    rank: int
+    step_time_s: float
+    gpu_peak_gib: float
+    phase_peak_gib: dict[str, float]
+    knobs: dict[str, Any]
+    phase_seconds: dict[str, float]
+    # GPU memory the candidate leaves free, and the margin every candidate keeps (the same for all).
+    left_gib: float
+    headroom_gib: float
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self, recurse=False)
+
+
+def top_candidates(result: SolveResult, request: SolveRequest, top: int) -> list[TopCandidate]:
+    """The `top` best candidates, best first (none when nothing fits)."""
+    ranked = [result.best, *result.runners_up][:top] if result.best is not None else []
+    if not ranked:
+        return []
+    margin_gib = round(request_margin(request).gib, 3)
+    rows = []
+    for rank, candidate in enumerate(ranked, start=1):
+        assert candidate is not None
+        prediction = candidate.plan.prediction
+        assert prediction is not None
+        rows.append(TopCandidate(
+            rank=rank, step_time_s=prediction.step_time_s, gpu_peak_gib=prediction.gpu_peak_gib,
+            phase_peak_gib=prediction.phase_peak_gib, knobs=searched_knobs(candidate.plan),
+            phase_seconds=prediction.phase_seconds,
+            left_gib=round(request.cluster.gpu.memory_gib - prediction.gpu_peak_gib, 3), headroom_gib=margin_gib))
+    return rows
+
+
+def infeasible_json(result: SolveResult, margin: Margin, host_assumption: str | None) -> dict[str, Any]:
+    """`solve --json` when nothing fits: what binds, and the changes that fit, each re-solved."""
+    diagnosis = result.diagnosis
+    assert diagnosis is not None
+    return {
+        "feasible": False, "binding": diagnosis.binding, "message": diagnosis.message,
+        "suggestions": [{"change": s.change, "detail": s.detail, "step_time_s": s.step_time_s,
+                         "gpus": s.gpus, "more_gpus": s.more_gpus} for s in diagnosis.suggestions],
+        "evaluated": result.evaluated, "headroom_gib": round(margin.gib, 3),
+        "host_memory_assumed": host_assumption,
+    }
+
+
+def solved_json(plan: Plan, result: SolveResult, request: SolveRequest, *, output: str | None,
+                top: list[TopCandidate] | None, cluster_notes: tuple[str, str | None],
+                verification: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """`solve --json`: validate's JSON of the plan, its knobs (without the architecture, an input), the search's
+    counts, and what --top, a CPU plan, the host RAM assumption and --verify add."""
+    from rlplan.planner.planfile import plan_to_dict
+
+    cpu_note, host_assumption = cluster_notes
+    payload = validation_json(plan, request.profile, request.headroom)
+    knobs = plan_to_dict(plan)
+    knobs["model"].pop("arch", None)  # the architecture is an input, not a knob; --json stays readable
+    knobs.pop("prediction", None)
+    payload.update({"plan_file": output, "evaluated": result.evaluated, "feasible_candidates": result.feasible,
+                    "plan": knobs})
+    if top:
+        payload["top"] = [row.to_json() for row in top]
+    if cpu_note:
+        payload["cpu_rates"] = cpu_note
+    payload["host_memory_assumed"] = host_assumption
+    if verification is not None:
+        payload["verification"] = verification
+    return payload
+
+
+def top_candidates_table(rows: list[TopCandidate]):
     """`solve --top N`: each candidate's knobs, peak GiB per phase, step time and its phases, best first.
 
     The phase seconds are the step-time model's at the plan's expected lengths (planner/steptime.py).
@@ -406,7 +484,7 @@ def top_candidates_table(rows: list[dict[str, Any]]):
     def shown(value: Any) -> str:
         return str(value).lower() if isinstance(value, bool) else str(value)
 
-    margin = f"; every one leaves at least the {rows[0]['headroom_gib']:.2f} GiB margin" if rows else ""
+    margin = f"; every one leaves at least the {rows[0].headroom_gib:.2f} GiB margin" if rows else ""
     table = Table(title=f"The {len(rows)} best candidates (seconds per phase at the expected lengths){margin}",
                   title_justify="left")
     table.add_column("#")
@@ -415,13 +493,13 @@ def top_candidates_table(rows: list[dict[str, Any]]):
     table.add_column("s per phase", overflow="fold")
     table.add_column("peak GiB per phase", overflow="fold")
     table.add_column("knobs (after #1: what differs)", overflow="fold")
-    best = rows[0]["knobs"] if rows else {}
+    best = rows[0].knobs if rows else {}
     for row in rows:
-        phases = "\n".join(f"{name} {peak:.1f}" for name, peak in row["phase_peak_gib"].items())
-        knobs = "\n".join(f"{key} = {shown(value)}" for key, value in row["knobs"].items()
-                          if value is not None and (row["rank"] == 1 or best.get(key) != value))
-        seconds = "\n".join(f"{name} {value:.1f}" for name, value in row.get("phase_seconds", {}).items() if value)
-        table.add_row(str(row["rank"]), f"{row['step_time_s']:.1f}", f"{row['left_gib']:.2f}", seconds, phases,
+        phases = "\n".join(f"{name} {peak:.1f}" for name, peak in row.phase_peak_gib.items())
+        knobs = "\n".join(f"{key} = {shown(value)}" for key, value in row.knobs.items()
+                          if value is not None and (row.rank == 1 or best.get(key) != value))
+        seconds = "\n".join(f"{name} {value:.1f}" for name, value in row.phase_seconds.items() if value)
+        table.add_row(str(row.rank), f"{row.step_time_s:.1f}", f"{row.left_gib:.2f}", seconds, phases,
                       knobs or "(same knobs)")
     return table
 

@@ -14,7 +14,7 @@ import pytest
 PLANNER = Path(__file__).resolve().parents[2] / "planner"
 # The commands layer: the typer entry and the modules that read files, print and pick exit codes.
 COMMANDS_LAYER = frozenset({"cli", "commands_io", "interop_commands", "chart_commands", "compare_commands",
-                            "this_machine", "metrics_file", "entry"})
+                            "solve_commands", "this_machine", "metrics_file", "entry"})
 PURE_MODULES = sorted(p.stem for p in PLANNER.glob("*.py") if p.stem not in COMMANDS_LAYER | {"__init__"})
 HEAVY = ("torch", "vllm", "ray", "transformers")
 
