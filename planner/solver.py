@@ -953,14 +953,14 @@ def finalize(candidate: Candidate, profile: Profile) -> Plan:
     return candidate.plan.evolve(prediction=prediction)
 
 
-# The knobs the search sets, as `solve --top` shows each candidate's.
+# The knobs the search sets, as `solve --top` shows each candidate's: the training choices, each pass's token
+# budget and micro batch (phases.PASS_KNOBS, which the passes set), and the rollout engine's sizes.
 SEARCHED_KNOBS = (
     "model.lora.rank", "actor.param_offload", "actor.optimizer_offload", "model.gradient_checkpointing",
     "model.activation_offload", "actor.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.param_offload",
     "critic.param_offload", "critic.optimizer_offload", "critic.gradient_checkpointing", "actor.offload_policy",
-    "critic.offload_policy", "actor.ppo_max_token_len_per_gpu", "actor.ppo_micro_batch_size_per_gpu",
-    "rollout.log_prob_max_token_len_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu",
-    "ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
+    "critic.offload_policy",
+    *(key for knobs in PASS_KNOBS.values() for key in (knobs.token_budget, knobs.micro_batch)),
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.max_num_seqs",
     "rollout.max_num_batched_tokens",
 )
@@ -1047,11 +1047,8 @@ def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:
 # Knobs the search itself sets: a rule whose every fix is one of these is the search's business,
 # not a fault of the request.
 SOLVER_SET_KEYS = frozenset({
-    "actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size", "actor.ppo_max_token_len_per_gpu",
-    "rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size",
-    "rollout.log_prob_max_token_len_per_gpu", "ref.log_prob_micro_batch_size_per_gpu",
-    "ref.log_prob_micro_batch_size", "ref.log_prob_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
-    "critic.ppo_micro_batch_size", "critic.forward_micro_batch_size_per_gpu", "critic.ppo_max_token_len_per_gpu",
+    *(key for knobs in PASS_KNOBS.values()
+      for key in (knobs.token_budget, knobs.micro_batch, knobs.legacy_micro_batch) if key is not None),
     "rollout.max_num_seqs", "rollout.max_num_batched_tokens", "rollout.gpu_memory_utilization",
     "rollout.agent_num_workers",
 })
