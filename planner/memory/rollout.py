@@ -1,5 +1,6 @@
 """The rollout engine's budget on one rank (vLLM V1, SGLang, vLLM's CPU backend): its KV cache, weights and
-workspace, the start-up rule `holds_max_model_len`, its CUDA-graph pool and what it resumes for the weight sync."""
+workspace, the start-up check `holds_max_model_len` (not a rules.py rule: `MemoryReport.fits` includes it), its
+CUDA-graph pool and what it resumes for the weight sync."""
 
 from __future__ import annotations
 
@@ -155,7 +156,8 @@ def vllm_cpu_kv_space_gib(plan: Plan) -> int:
 
 
 def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBudget:
-    """The rollout engine's budget of one rank; `holds_max_model_len` is the start-up rule the rules module reports.
+    """The rollout engine's budget of one rank; `holds_max_model_len` is vLLM's start-up check (one max_model_len
+    sequence fits the KV cache), which `MemoryReport.fits` includes and a memory note reports.
 
     SGLang's buffers are priced with vLLM's profile-run terms: the prefill chunk (the plan's
     max_num_batched_tokens; SGLang's chunked_prefill_size) and the sampler's logits at

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import io
+import re
+import tokenize
+from pathlib import Path
+
 import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -239,3 +244,33 @@ def test_every_violation_carries_the_name_and_stage_of_the_rule_that_found_it():
     violations = check_plan(plan, Platform(device_type="cpu")).violations
     assert len({v.rule for v in violations}) >= 5
     assert all(stages[v.rule] == v.stage for v in violations)
+
+
+# A rule cited in the planner's comments and docstrings: "rule name", "rules: name", "rules.py name" or "name rule".
+_CITED_RULE = re.compile(r"(?:\brules?(?:\.py)?[:,]?\s*\(?|\brule\s+)`?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)`?"
+                         r"|`?\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)`?\s+rule\b")
+
+
+def _cited_rule_names(source: str) -> set[str]:
+    """The rule names a module's comments and string literals cite."""
+    cited = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in (tokenize.COMMENT, tokenize.STRING):
+            cited.update(first or second for first, second in _CITED_RULE.findall(token.string))
+    return cited
+
+
+def test_every_rule_a_planner_comment_cites_is_a_registered_rule():
+    """A comment naming a rule that rules.py does not have sends a reader looking for nothing (issue 25)."""
+    planner = Path(__file__).resolve().parents[2] / "planner"
+    unknown = {f"{path.relative_to(planner)}: {name}" for path in planner.rglob("*.py")
+               for name in _cited_rule_names(path.read_text(encoding="utf-8")) if name not in rule_names()}
+    assert unknown == set()
+
+
+def test_a_cited_rule_name_is_found_in_each_spelling():
+    source = ('# the platform rule runtime_rolls_out_with_vllm\n'
+              'x = "(rules: rollout_dtype_matches_cpu_trainer)"  # a batch rule (rollout_tp_divides_world)\n'
+              '# the `holds_max_model_len` rule\n')
+    assert _cited_rule_names(source) == {"runtime_rolls_out_with_vllm", "rollout_dtype_matches_cpu_trainer",
+                                         "rollout_tp_divides_world", "holds_max_model_len"}
