@@ -32,6 +32,7 @@ from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase
 from rlplan.planner.memory.rollout import rollout_budget
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, plan_margin
+from rlplan.planner.monotone import last_holding
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import (
     ActorSection,
@@ -427,16 +428,7 @@ def _largest_fitting(low: int, high: int, fits) -> int | None:
         return None
     if fits(high):
         return high
-    lo, hi = low, high  # fits(lo), not fits(hi)
-    while hi - lo > BUDGET_GRANULARITY:
-        mid = lo + ((hi - lo) // 2 // BUDGET_GRANULARITY) * BUDGET_GRANULARITY
-        if mid <= lo:
-            break
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return last_holding(low, high, fits, step=BUDGET_GRANULARITY)
 
 
 # `--objective memory` keeps this share of each GPU free rather than filling it with KV cache and budgets.
@@ -671,13 +663,7 @@ def _largest_fitting_util(excess, capacity_bytes: int) -> int | None:
                 hi = guess + 1
         else:
             hi = guess
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if excess(mid) <= 0:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return last_holding(lo, hi, lambda hundredths: excess(hundredths) <= 0)
 
 
 def _least_util_at_same_concurrency(plan: Plan, concurrency: int, profile: Profile) -> Plan:
@@ -692,14 +678,10 @@ def _least_util_at_same_concurrency(plan: Plan, concurrency: int, profile: Profi
         budget = rollout_budget(candidate, profile)
         return budget.holds_max_model_len and budget.max_concurrent_sequences >= concurrency
 
-    lo, hi = 9, round(plan.rollout.gpu_memory_utilization * 100)  # holds(hi); lo: below the search's floor
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if holds(mid):
-            hi = mid
-        else:
-            lo = mid
-    return plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=hi / 100))
+    # holds(top); 9 is below the search's floor. The least that holds is one past the last that does not.
+    top = round(plan.rollout.gpu_memory_utilization * 100)
+    least = last_holding(9, top, lambda hundredths: not holds(hundredths)) + 1
+    return plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=least / 100))
 
 
 # --- search -------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from rlplan.planner.memory.rollout import (
     rollout_budget,
     woken_for_weight_sync,
 )
+from rlplan.planner.monotone import last_holding
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
@@ -463,11 +464,4 @@ def longest_expected_response_that_fits(plan: Plan, profile: Profile = DEFAULT_P
         return high
     if not fits(1):
         return 0
-    low = 1
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
+    return last_holding(1, high, fits)
