@@ -182,10 +182,21 @@ class PlanLayout:
         candidates = (self.actor_update, self.old_log_prob, self.ref_log_prob, self.critic_update, self.critic_values)
         return tuple(r for r in candidates if r is not None)
 
+    # Prompts the rollout generates per step (data.gen_batch_size where a recipe over-generates, else the train
+    # batch), and responses per prompt.
+    generated_prompts: int
+    responses_per_prompt: int
+
     @property
-    def rollout_sequences(self) -> int:
-        """Sequences the rollout generates per step, over all replicas."""
-        return self.actor_update.sequences_per_gpu * self.parallel.dp
+    def prompts_per_rollout_engine(self) -> float:
+        """Each engine's share of the generated prompts (the engines split the batch evenly)."""
+        return self.generated_prompts / max(1, self.parallel.rollout_replicas)
+
+    @property
+    def sequences_per_rollout_engine(self) -> float:
+        """Each engine's share of the sequences generated per step: what the solver sizes max_num_seqs from and
+        the step-time model decodes."""
+        return self.generated_prompts * self.responses_per_prompt / max(1, self.parallel.rollout_replicas)
 
 
 def normalized_micro_batch(per_gpu: int | None, global_size: int | None, dp: int) -> int | None:
@@ -302,4 +313,6 @@ def plan_layout(plan: Plan) -> PlanLayout:
         critic_values=critic_values,
         critic_parallel=critic_parallel,
         critic_ppo_mini_batch_size=critic_mini,
+        generated_prompts=plan.data.gen_batch_size or plan.data.train_batch_size,
+        responses_per_prompt=plan.rollout.n,
     )

@@ -598,8 +598,7 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
     """
     profile, pins = request.profile, request.pins
     plan = plan.evolve(rollout=attrs.evolve(plan.rollout, tensor_model_parallel_size=tensor_parallel_size))
-    replicas = plan_layout(plan).parallel.rollout_replicas
-    sequences_per_replica = math.ceil(plan.data.train_batch_size * plan.rollout.n / replicas)
+    sequences_per_replica = math.ceil(plan_layout(plan).sequences_per_rollout_engine)
     plan = plan.evolve(rollout=_rollout_sizes(plan, pins, max(1, min(MAX_NUM_SEQS_CAP, sequences_per_replica))))
 
     def with_util(hundredths: int) -> Plan:

@@ -438,15 +438,13 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: _Rates, profile: Pr
     facts = model_facts(plan.model.arch)
     rollout = plan.rollout
     t = rollout.tensor_model_parallel_size
-    replicas = max(1, layout.parallel.rollout_replicas)
     prefill_flops, decode_flops, hbm = rates.prefill_flops, rates.decode_flops, rates.hbm
     if layout.parallel.one_rollout_engine:
         # The one engine generates while the trainer ranks wait: every rank's share of cores and bandwidth.
         share = rates.gpus_per_node
         prefill_flops, decode_flops, hbm = prefill_flops * share, decode_flops * share, hbm * share
-    prompts_per_step = plan.data.gen_batch_size or plan.data.train_batch_size
-    sequences = prompts_per_step * rollout.n / replicas
-    prompts = prompts_per_step / replicas if rollout.enable_prefix_caching else sequences
+    sequences = layout.sequences_per_rollout_engine
+    prompts = layout.prompts_per_rollout_engine if rollout.enable_prefix_caching else sequences
     prefill = (prompts * lengths.prompt_mean * facts.forward_flops_per_token(lengths.prompt_mean / 2)
                / (t * prefill_flops))
 
