@@ -76,7 +76,7 @@ def _validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
     memory = predict_memory(plan, profile)
     step = predict_step_time(plan, memory, profile)
     binding = memory.binding_constraint
-    feasible = memory.fits and memory.rollout.holds_max_model_len
+    feasible = memory.fits  # its GPU verdict includes the KV cache holding one max_model_len sequence
     worst = memory if plan.data.expected_sequence_length == plan.data.max_sequence_length else predict_memory(
         at_max_length(plan), profile)
     return {

@@ -454,9 +454,10 @@ def _actor_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
         return
     actor = plan.actor
     micro = normalized_micro_batch(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, dp)
+    mini_per_gpu = ctx.layout.actor_update.mini_batch_size_per_gpu
+    assert mini_per_gpu is not None, "an update pass has a mini batch"
     yield from _micro_rules(
-        ctx, "actor", actor.ppo_mini_batch_size,
-        actor.ppo_mini_batch_size * plan.rollout.n // dp, "actor.ppo_micro_batch_size_per_gpu"
+        ctx, "actor", actor.ppo_mini_batch_size, mini_per_gpu, "actor.ppo_micro_batch_size_per_gpu"
         if actor.ppo_micro_batch_size_per_gpu is not None else "actor.ppo_micro_batch_size",
         micro, actor.ppo_micro_batch_size_per_gpu is None,
     )
@@ -469,10 +470,12 @@ def _critic_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
     if not plan.uses_critic or ctx.layout.critic_parallel is None or ctx.layout.critic_parallel.dp <= 0:
         return
     critic, dp, mini = plan.critic, ctx.layout.critic_parallel.dp, ctx.layout.critic_ppo_mini_batch_size
-    assert mini is not None, "the layout has a critic whenever the plan uses one"
+    update = ctx.layout.critic_update
+    assert mini is not None and update is not None and update.mini_batch_size_per_gpu is not None, (
+        "the layout has a critic whenever the plan uses one")
     micro = normalized_micro_batch(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, dp)
     yield from _micro_rules(
-        ctx, "critic", mini, mini * plan.rollout.n // dp,
+        ctx, "critic", mini, update.mini_batch_size_per_gpu,
         "critic.ppo_micro_batch_size_per_gpu" if critic.ppo_micro_batch_size_per_gpu is not None
         else "critic.ppo_micro_batch_size",
         micro, critic.ppo_micro_batch_size_per_gpu is None,

@@ -846,7 +846,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 max_num_batched_tokens=cached.max_num_batched_tokens))
             report = predict_memory(solved, request.profile)
             within = report.gpu_peak_bytes <= gpu_limit_bytes(solved, request)
-            if not (report.fits and within and report.rollout.holds_max_model_len) or not check_plan(solved).valid:
+            if not (report.fits and within) or not check_plan(solved).valid:
                 closest = _closer(closest, solved, request)
                 if dropped is not None:
                     dropped.append(_dropped_point(solved, request, "over the GPU or host memory, or a verl rule"))
