@@ -321,17 +321,18 @@ def validate(
 
     Example: rlplan validate plan.toml --json
     """
-    from rlplan.planner.report import fit_fix, validation_json, validation_tables
+    from rlplan.planner.report import fit_fix, plan_reports, validation_json, validation_tables
 
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
-    payload = validation_json(plan, prof, parse_headroom(headroom))
+    reports = plan_reports(plan, prof)
+    payload = validation_json(plan, prof, parse_headroom(headroom), reports=reports)
     if payload["valid"] and not payload["feasible"]:
         payload["fix"] = fit_fix(plan, prof, plan_path)
     if json_output:
         print(json.dumps(payload, indent=2))
     else:
         console = make_console()
-        for renderable in validation_tables(plan, prof, payload):
+        for renderable in validation_tables(reports, payload):
             console.print(renderable)
     if not payload["valid"]:
         raise typer.Exit(ExitCode.BAD_INPUT)

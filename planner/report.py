@@ -11,17 +11,17 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.errors import ECHO_LIMIT, shorten
-from rlplan.planner.layout import plan_layout
+from rlplan.planner.layout import PlanLayout, plan_layout
 from rlplan.planner.margin_report import host_note, margin_json, margin_text, margin_warning
-from rlplan.planner.memory import predict_memory
+from rlplan.planner.memory import Component, MemoryReport, predict_memory
 from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.memory.phases import at_max_length, longest_expected_response_that_fits
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
-from rlplan.planner.rules import check_plan
+from rlplan.planner.rules import RuleReport, check_plan
 from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
-from rlplan.planner.steptime import predict_step_time, workload_lengths
+from rlplan.planner.steptime import Lengths, StepTime, predict_step_time, workload_lengths
 
 GIB = 2**30
 
@@ -30,8 +30,36 @@ def gib(value: float) -> float:
     return round(value / GIB, 3)
 
 
-def layout_json(plan: Plan) -> dict[str, Any]:
-    layout = plan_layout(plan)
+@frozen(kw_only=True)
+class PlanReports:
+    """What validate, explain and solve say about one plan, each computed once and read by both the JSON and the
+    tables: verl's rules, the memory at the expected lengths and at the maximum, the step time, the batch layout
+    and the lengths the step time is priced at."""
+
+    plan: Plan
+    rules: RuleReport
+    memory: MemoryReport
+    memory_at_max_length: MemoryReport
+    step: StepTime
+    layout: PlanLayout
+    lengths: Lengths
+
+
+def plan_reports(plan: Plan, profile: Profile) -> PlanReports:
+    memory = predict_memory(plan, profile)
+    worst = memory if plan.data.expected_sequence_length == plan.data.max_sequence_length else predict_memory(
+        at_max_length(plan), profile)
+    return PlanReports(plan=plan, rules=check_plan(plan), memory=memory, memory_at_max_length=worst,
+                       step=predict_step_time(plan, memory, profile), layout=plan_layout(plan),
+                       lengths=workload_lengths(plan, profile))
+
+
+def _components_gib(components: tuple[Component, ...] | list[Component]) -> dict[str, float]:
+    return {c.name: gib(c.bytes) for c in components}
+
+
+def layout_json(plan: Plan, layout: PlanLayout | None = None) -> dict[str, Any]:
+    layout = layout or plan_layout(plan)
     roles = {}
     for role in layout.roles:
         roles[role.role] = {
@@ -55,30 +83,28 @@ def layout_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def step_time_lengths_json(plan: Plan, profile: Profile) -> dict[str, Any]:
-    lengths = workload_lengths(plan, profile)
+def step_time_lengths_json(plan: Plan, profile: Profile, lengths: Lengths | None = None) -> dict[str, Any]:
+    lengths = lengths or workload_lengths(plan, profile)
     return {"prompt_mean": round(lengths.prompt_mean, 1), "response_mean": round(lengths.response_mean, 1),
             "response_sigma": lengths.sigma, "response_max": lengths.response_max}
 
 
-def validation_json(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM) -> dict[str, Any]:
+def validation_json(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM, *,
+                    reports: PlanReports | None = None) -> dict[str, Any]:
     """`validate --json`: rules and memory verdicts, both computed whatever the other says."""
-    payload = _validation_json(plan, profile)
-    payload.update(margin_json(plan, profile, predict_memory(plan, profile), headroom))
+    reports = reports or plan_reports(plan, profile)
+    payload = _validation_json(plan, profile, reports)
+    payload.update(margin_json(plan, profile, reports.memory, headroom))
     warning = margin_warning(payload)
     if warning is not None:
         payload["warnings"].append(warning)
     return payload
 
 
-def _validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
-    rules = check_plan(plan)
-    memory = predict_memory(plan, profile)
-    step = predict_step_time(plan, memory, profile)
+def _validation_json(plan: Plan, profile: Profile, reports: PlanReports) -> dict[str, Any]:
+    rules, memory, step, worst = reports.rules, reports.memory, reports.step, reports.memory_at_max_length
     binding = memory.binding_constraint
     feasible = memory.fits  # its GPU verdict includes the KV cache holding one max_model_len sequence
-    worst = memory if plan.data.expected_sequence_length == plan.data.max_sequence_length else predict_memory(
-        at_max_length(plan), profile)
     return {
         "valid": rules.valid,
         "feasible": feasible,
@@ -96,7 +122,7 @@ def _validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
             p.name: {
                 "peak_gib": gib(p.peak_bytes),
                 "peak_at": p.peak_at,
-                "components": {c.name: gib(c.bytes) for c in p.components},
+                "components": _components_gib(p.components),
             }
             for p in memory.phases
         },
@@ -105,7 +131,7 @@ def _validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
         "host": {
             "per_node_gib": gib(memory.host.total_bytes),
             "capacity_gib": gib(memory.host_capacity_bytes),
-            "components": {c.name: gib(c.bytes) for c in memory.host.components},
+            "components": _components_gib(memory.host.components),
         },
         "rollout": {
             "gpu_memory_utilization": plan.rollout.gpu_memory_utilization,
@@ -121,8 +147,8 @@ def _validation_json(plan: Plan, profile: Profile) -> dict[str, Any]:
         "step_time_s": round(step.total_seconds, 3),
         "phase_seconds": {k: round(v, 3) for k, v in step.phase_seconds.items()},
         # The lengths the step time is priced at (planner/steptime.py; docs/steptime.md has its error).
-        "step_time_lengths": step_time_lengths_json(plan, profile),
-        "layout": layout_json(plan),
+        "step_time_lengths": step_time_lengths_json(plan, profile, reports.lengths),
+        "layout": layout_json(plan, reports.layout),
         "notes": list(memory.notes),
         "profile": profile.name,
     }
@@ -183,35 +209,35 @@ def violations_table(payload: dict[str, Any]):
     return table
 
 
-def phase_table(payload: dict[str, Any], detailed: bool):
+def phase_table(memory: MemoryReport, detailed: bool):
     from rich.table import Table
 
-    table = Table(title=f"GPU memory per phase (GiB of {payload['gpu_mem_gib']:.2f})", title_justify="left")
+    capacity = gib(memory.gpu_capacity_bytes)
+    table = Table(title=f"GPU memory per phase (GiB of {capacity:.2f})", title_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("peak", justify="right")
     table.add_column("at")
     table.add_column("components" if detailed else "largest component")
-    capacity = payload["gpu_mem_gib"]
-    for name, phase in payload["phases"].items():
-        components = sorted(phase["components"].items(), key=lambda kv: -kv[1])
-        style = "red" if phase["peak_gib"] > capacity else ""
+    for phase in memory.phases:
+        peak = gib(phase.peak_bytes)
+        components = sorted(_components_gib(phase.components).items(), key=lambda kv: -kv[1])
+        style = "red" if peak > capacity else ""
         if detailed:
             text = ", ".join(f"{k} {v:.2f}" for k, v in components if v >= 0.005)
         else:
             text = f"{components[0][0]} {components[0][1]:.2f}" if components else ""
-        table.add_row(name, f"[{style}]{phase['peak_gib']:.2f}[/]" if style else f"{phase['peak_gib']:.2f}",
-                      phase["peak_at"], text)
+        table.add_row(phase.name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", phase.peak_at, text)
     return table
 
 
-def component_matrix(payload: dict[str, Any]):
+def component_matrix(memory: MemoryReport):
     """Phases as columns, components as rows: where memory goes in each phase."""
     from rich.table import Table
 
-    phases = list(payload["phases"])
+    phases = {phase.name: _components_gib(phase.components) for phase in memory.phases}
     names: list[str] = []
-    for phase in payload["phases"].values():
-        for name in phase["components"]:
+    for components in phases.values():
+        for name in components:
             if name not in names:
                 names.append(name)
     table = Table(title="Where memory goes (GiB per GPU)", title_justify="left")
@@ -219,67 +245,71 @@ def component_matrix(payload: dict[str, Any]):
     for phase in phases:
         table.add_column(phase.replace("_", " "), justify="right", overflow="fold")
     for name in names:
-        row = [payload["phases"][p]["components"].get(name, 0.0) for p in phases]
+        row = [components.get(name, 0.0) for components in phases.values()]
         if all(v < 0.005 for v in row):
             continue
         table.add_row(name, *[f"{v:.2f}" if v >= 0.005 else "" for v in row])
-    table.add_row("[bold]peak[/]", *[f"[bold]{payload['phases'][p]['peak_gib']:.2f}[/]" for p in phases])
+    peaks = {phase.name: gib(phase.peak_bytes) for phase in memory.phases}
+    table.add_row("[bold]peak[/]", *[f"[bold]{peaks[p]:.2f}[/]" for p in phases])
     return table
 
 
-def host_table(payload: dict[str, Any]):
+def host_table(memory: MemoryReport):
     from rich.table import Table
 
-    host = payload["host"]
-    table = Table(title=f"Host RAM per node (GiB of {host['capacity_gib']:.0f})", title_justify="left")
+    table = Table(title=f"Host RAM per node (GiB of {gib(memory.host_capacity_bytes):.0f})", title_justify="left")
     table.add_column("component", style="bold")
     table.add_column("GiB", justify="right")
-    for name, value in sorted(host["components"].items(), key=lambda kv: -kv[1]):
+    for name, value in sorted(_components_gib(memory.host.components).items(), key=lambda kv: -kv[1]):
         if value >= 0.005:
             table.add_row(name, f"{value:.2f}")
-    table.add_row("[bold]total[/]", f"[bold]{host['per_node_gib']:.2f}[/]")
+    table.add_row("[bold]total[/]", f"[bold]{gib(memory.host.total_bytes):.2f}[/]")
     return table
 
 
-def layout_table(payload: dict[str, Any]):
+def layout_table(layout: PlanLayout):
     from rich.table import Table
 
-    layout = payload["layout"]
+    parallel = layout.parallel
     table = Table(
-        title=(f"Batch layout: {layout['world_size']} GPUs, dp {layout['dp']}, Ulysses "
-               f"{layout['ulysses_sequence_parallel_size']}, FSDP shard {layout['fsdp_shard_size']}, rollout TP "
-               f"{layout['rollout_tensor_parallel_size']} x {layout['rollout_replicas']} replicas"),
+        title=(f"Batch layout: {parallel.world_size} GPUs, dp {parallel.dp}, Ulysses "
+               f"{parallel.ulysses_sequence_parallel_size}, FSDP shard {parallel.fsdp_shard_size}, rollout TP "
+               f"{parallel.rollout_tensor_parallel_size} x {parallel.rollout_replicas} replicas"),
         title_justify="left")
     for column in ("pass", "seqs/GPU", "mini/GPU", "micro/GPU", "token budget", "tokens/micro", "micro/mini",
                    "optim steps"):
         table.add_column(column, justify="right" if column != "pass" else "left", overflow="fold")
-    for name, role in layout["roles"].items():
-        def show(value: Any) -> str:
-            return "-" if value is None else str(value)
 
-        table.add_row(name, show(role["sequences_per_gpu"]), show(role["mini_batch_size_per_gpu"]),
-                      show(role["micro_batch_size_per_gpu"]), show(role["max_token_len_per_gpu"]),
-                      show(role["tokens_per_micro_batch"]), show(role["micro_batches_per_mini"]),
-                      show(role["optimizer_steps_per_step"] or None))
+    def show(value: Any) -> str:
+        return "-" if value is None else str(value)
+
+    # One row per pass, as layout_json keys them (a later pass of the same role would replace an earlier one).
+    roles = {role.role: role for role in layout.roles}
+    for name, role in roles.items():
+        table.add_row(name, show(role.sequences_per_gpu), show(role.mini_batch_size_per_gpu),
+                      show(role.micro_batch_size_per_gpu), show(role.max_token_len_per_gpu),
+                      show(role.tokens_per_micro_batch), show(role.micro_batches_per_mini),
+                      show(role.optimizer_steps_per_step or None))
     return table
 
 
-def time_table(payload: dict[str, Any]):
+def time_table(step: StepTime, lengths: Lengths | None):
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    lengths = payload.get("step_time_lengths", {})
-    at = (f"at mean prompt {lengths['prompt_mean']:.0f} + response {lengths['response_mean']:.0f} tokens"
-          if lengths else "at the expected lengths")
-    title = f"Step time estimate {at}: {payload['step_time_s']:.2f} s"
+    at = (f"at mean prompt {round(lengths.prompt_mean, 1):.0f} + response {round(lengths.response_mean, 1):.0f} "
+          "tokens" if lengths else "at the expected lengths")
+    step_seconds = round(step.total_seconds, 3)
+    title = f"Step time estimate {at}: {step_seconds:.2f} s"
     caption = "error vs published verl runs: most phases within 25 %, the rollout -46..+65 % (docs/steptime.md)"
     table = Table()
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
-    total = payload["step_time_s"] or 1.0
-    for name, seconds in payload["phase_seconds"].items():
+    total = step_seconds or 1.0
+    for name, seconds in step.phase_seconds.items():
+        seconds = round(seconds, 3)
         table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%")
     # Title and caption as lines of their own: a table's title folds to the width of its narrow columns.
     return Group(Text(title, style="italic"), table, Text(caption))
@@ -334,7 +364,9 @@ def fit_fix(plan: Plan, profile: Profile, plan_path: str) -> str:
     return f"{resolve}: it keeps the workload and re-solves every knob (no single token budget makes it fit)"
 
 
-def validation_tables(plan: Plan, profile: Profile, payload: dict[str, Any]) -> list[Any]:
+def validation_tables(reports: PlanReports, payload: dict[str, Any]) -> list[Any]:
+    """validate's tables: the verdict and the margin (validation_json's, which adds the margin warning), the
+    violations and the memory per phase."""
     from rich.text import Text
 
     out: list[Any] = [_verdict(payload), Text(margin_text(payload))]
@@ -342,26 +374,27 @@ def validation_tables(plan: Plan, profile: Profile, payload: dict[str, Any]) -> 
         out.append(Text(f"Fix: {payload['fix']}", style="bold"))
     if payload["errors"] or payload["warnings"]:
         out.append(violations_table(payload))
-    out.append(phase_table(payload, detailed=False))
+    out.append(phase_table(reports.memory, detailed=False))
     return out
 
 
 def explain_tables(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM) -> list[Any]:
-    payload = validation_json(plan, profile, headroom)
-    out: list[Any] = [knobs_table(plan), layout_table(payload), component_matrix(payload), host_table(payload),
-                      time_table(payload)]
-    rollout = payload["rollout"]
+    reports = plan_reports(plan, profile)
+    payload = validation_json(plan, profile, headroom, reports=reports)
+    memory = reports.memory
+    out: list[Any] = [knobs_table(plan), layout_table(reports.layout), component_matrix(memory), host_table(memory),
+                      time_table(reports.step, reports.lengths)]
     from rich.text import Text
 
     out.append(Text(
-        f"KV cache per rank: {rollout['kv_cache_gib']:.2f} GiB = {rollout['kv_cache_tokens']} tokens, "
-        f"{rollout['max_concurrent_sequences']} full-length sequences at once (util "
-        f"{rollout['gpu_memory_utilization']:.2f})."))
+        f"KV cache per rank: {gib(max(memory.kv_cache_bytes, 0)):.2f} GiB = {memory.kv_cache_tokens} tokens, "
+        f"{memory.max_concurrent_sequences} full-length sequences at once (util "
+        f"{plan.rollout.gpu_memory_utilization:.2f})."))
     out.append(Text(
         f"Loss head priced: {payload['loss_head']}; fixed micro batches at {payload['expected_prompt_length']} prompt + "
         f"{payload['expected_response_length']} response tokens per sequence on average "
         f"(max {plan.data.max_prompt_length} + {payload['max_response_length']})."))
-    for note in payload["notes"]:
+    for note in memory.notes:
         out.append(Text(f"note: {note}", style="dim"))
     if payload["errors"] or payload["warnings"]:
         out.append(violations_table(payload))
@@ -377,15 +410,16 @@ def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile,
     prediction = plan.prediction
     assert prediction is not None
     out: list[Any] = [knobs_table(plan)]
-    payload = validation_json(plan, profile, headroom)
-    out.append(phase_table(payload, detailed=False))
-    out.append(time_table(payload))
+    reports = plan_reports(plan, profile)
+    payload = validation_json(plan, profile, headroom, reports=reports)
+    out.append(phase_table(reports.memory, detailed=False))
+    out.append(time_table(reports.step, reports.lengths))
     where = f"written to {output}" if output else "not written"
     out.append(Text(
         f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "
         f"Peak {prediction.gpu_peak_gib:.2f} GiB per GPU, step ~{prediction.step_time_s:.1f} s.", style="bold green"))
     out.append(Text(margin_text(payload)))
-    note = host_note(plan, predict_memory(plan, profile), host_assumption)
+    note = host_note(plan, reports.memory, host_assumption)
     if note:
         out.append(Text(note, style="yellow" if "offloads" in note else ""))
     if not plan.data.train_files:
