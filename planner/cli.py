@@ -38,13 +38,7 @@ from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.model_error import parse_headroom
 from rlplan.planner.plan import LossHead
 from rlplan.planner.render import Format, Target
-from rlplan.planner.solve_commands import (  # noqa: F401  (resolve_model_arg: tests and benchmarks import it here)
-    ALGO_CHOICES,
-    OBJECTIVE_CHOICES,
-    ROLLOUT_CHOICES,
-    parse_fixes,
-    resolve_model_arg,
-)
+from rlplan.planner.solve_commands import ALGO_CHOICES, OBJECTIVE_CHOICES, ROLLOUT_CHOICES, parse_fixes
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them
 # (solve's are solve_commands.py's, which checks them).
