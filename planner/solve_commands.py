@@ -175,6 +175,11 @@ def check_outputs(flags: SolveFlags) -> None:
     refuse_overwriting_inputs(flags.frontier, "--frontier", {**read, "--from": flags.from_plan, "--output": flags.output})
 
 
+def load_base(flags: SolveFlags) -> Plan | None:
+    """The --from plan, whose model and workload the flags not given keep."""
+    return load_plan(flags.from_plan) if flags.from_plan else None
+
+
 # --- what the flags name ------------------------------------------------------------------
 
 
@@ -557,8 +562,3 @@ def solve_next_step(output: str | None, on_cpu: bool) -> str:
     if on_cpu:
         return f"Next: rlplan explain {plan}   then   rlplan run {plan}"
     return f"Next: rlplan explain {plan}   then   rlplan render {plan} --target verl -o run.sh"
-
-
-def load_base(flags: SolveFlags) -> Plan | None:
-    """The --from plan, whose model and workload the flags not given keep."""
-    return load_plan(flags.from_plan) if flags.from_plan else None
