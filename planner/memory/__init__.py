@@ -45,17 +45,20 @@ phase, for searches that bisect one knob), re-exported here with the result type
 other name is imported from the module that owns it:
 
     memory.report       the result types: Component (and its scope), PhaseMemory, HostMemory,
-                        BindingConstraint; GIB, MIB
+                        BindingConstraint, a role's per-rank TrainerState; GIB, MIB
     memory.model_facts  ModelFacts of an architecture (per-layer activation bytes, forward
                         transients, largest tensor), cached per Architecture; lora_params
     memory.rollout      the rollout engine's budget (RolloutBudget, rollout_budget: vLLM and SGLang
                         KV cache, weights, workspace), kv_cache_tokens, the CUDA-graph pool,
-                        vllm_cpu_kv_space_gib, rollout_max_model_len, what the engine resumes to sync
+                        vllm_cpu_kv_space_gib, rollout_max_model_len, what the engine resumes to sync;
+                        where engines differ, one EngineMemory record each (ROLLOUT_ENGINES)
     memory.heads        the loss head per kernel (bytes per token x vocab, with and without grad),
-                        resolved_loss_head / runtime_loss_head, entropy_variant
-    memory.fsdp         the FSDP training backend: each role's sharded state (actor_state,
-                        critic_state, the reference's params, the offload policy, on_gpu), the
-                        training step's and a no_grad forward's components, the weight-sync gather
+                        resolved_loss_head / runtime_loss_head, entropy_variant, the update's LossHead
+    memory.backend      the training-backend boundary: the TrainingBackend protocol the phases call,
+                        and the backend of a plan's actor.strategy (training_backend)
+    memory.fsdp         the FSDP training backend (FsdpBackend): each role's sharded state
+                        (actor_state, critic_state, the reference's params, the offload policy, on_gpu),
+                        the training step's and a no_grad forward's components, the weight-sync gather
     memory.phases       the step's phases (predict_memory, predict_phase) and their MemoryReport, host
                         memory, at_max_length, longest_expected_response_that_fits
 The constants (allocator margins, vLLM workspace fit, head coefficients) come from
