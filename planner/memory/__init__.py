@@ -1,18 +1,10 @@
-"""Per-GPU memory of every phase of a colocated verl step (FSDP2 trainer + vLLM or SGLang rollout), and host RAM.
+"""Per-GPU memory of every phase of a colocated verl step (an FSDP trainer + vLLM or SGLang rollout), and host RAM.
 
 The formulas are those of shared/reference/memory-model.md section 2, derived
 from the model's architecture (GQA KV width, tied embeddings, gated MLP width,
 MoE experts and active experts, vocabulary), never from a parameter count alone.
-A step runs these phases, each reported with its components:
-
-    weight_sync    trainer weights pushed into the waking engine (multi-stage wake: KV not yet resident)
-    rollout        generation: vLLM inside util x GPU; SGLang's weights + KV inside it, buffers and
-                   CUDA graphs beside it; with what the trainer leaves on the GPU
-    old_log_prob   actor forward, no_grad
-    ref_log_prob   reference forward, no_grad (only when a KL term needs it)
-    critic_values  critic forward, no_grad (PPO/GAE only)
-    critic_update  critic training step (PPO/GAE only)
-    actor_update   actor training step: max(P_loss, P_bwd, P_opt)
+A step runs the phases memory.phases lists (weight sync, rollout, the log-prob and value passes,
+the updates), each reported with its components.
 
 Every component has a scope.  "step" is what the phase itself allocates, the
 scope a PyTorch memory tracker measures (memory-model.md 3.6); "resident" is
