@@ -877,8 +877,8 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         elif key in BY_KEY:
             # The other backend's key: verl's config for this one ignores it (or Hydra refuses it); kept as
             # written, so rules (lora_keys_the_backend_ignores, ...) can name it.
-            warnings.append(f"{key} is a key of verl's {'FSDP' if backend == 'megatron' else 'Megatron'} trainer, "
-                            f"which {_config_file(config_name or backend)} does not read; kept as passthrough.")
+            warnings.append(f"{key} is a plan key only on {'an FSDP' if backend == 'megatron' else 'a Megatron'} "
+                            "plan; kept as passthrough, rendered back unchanged.")
             passthrough[f"{override.prefix}{override.key}"] = override.value
         elif key in (REWARD_PATH_KEY, REWARD_NAME_KEY):
             reward[key] = override.value

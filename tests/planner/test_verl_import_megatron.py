@@ -93,7 +93,7 @@ def test_strategy_megatron_in_an_overrides_file_makes_a_megatron_plan_and_fsdp_k
     assert result.plan.model.lora.rank == 0  # peft's key: verl's Megatron workers never read it
     assert result.plan.passthrough["actor_rollout_ref.model.lora_rank"] == "16"
     assert "actor_rollout_ref.actor.fsdp_config.param_offload" in result.plan.passthrough
-    assert any("FSDP trainer" in warning for warning in result.warnings)
+    assert any("only on an FSDP plan" in warning for warning in result.warnings)
 
 
 def test_an_fsdp_plan_renders_no_megatron_key_and_a_megatron_plan_no_fsdp_config_key():

@@ -504,6 +504,7 @@ def megatron_verdict(arguments: list[str]) -> None:
 
 def check_megatron_examples() -> None:
     """verl's own Megatron examples, imported and rendered back, compose and validate in verl."""
+    from rlplan.planner.knobs import apply_knobs
     from rlplan.planner.presets import resolve_gpu
     from rlplan.planner.verl_import import import_verl_script
 
@@ -512,6 +513,18 @@ def check_megatron_examples() -> None:
     for name, env in MEGATRON_SCRIPTS.items():
         plan = import_verl_script((scripts / name).read_text(), gpu=gpu, host_memory_gib=2048.0, env=env,
                                   local_config_reader=lambda path: None, environment={}).plan
+        # verl b178a3cd's examples set megatron.grad_offload, which verl 0.9.1 refuses: rlplan's rule says so,
+        # and the plan with the rule's fix applied is what verl must accept.
+        refused_by_rule = [violation for violation in check_plan(plan).errors
+                           if violation.rule == "megatron_grad_offload_is_not_in_verl_0_9"]
+        if refused_by_rule:
+            try:
+                megatron_verdict(script_arguments(render_plan(plan, "verl")))
+                FAILURES.append(f"{name}: rlplan refuses grad_offload, verl accepts it")
+            except Rejected:
+                STATS["megatron_grad_offload_refused_by_both"] += 1
+            for violation in refused_by_rule:
+                plan = apply_knobs(plan, violation.suggested)
         try:
             megatron_verdict(script_arguments(render_plan(plan, "verl")))
             STATS["megatron_example_accepted"] += 1
