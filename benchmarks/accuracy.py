@@ -34,9 +34,9 @@ from attrs import frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.memory import GIB, predict_memory
-from rlplan.planner.memory.fsdp import TrainerState, training_components
+from rlplan.planner.memory.fsdp import training_components
 from rlplan.planner.memory.model_facts import model_facts
-from rlplan.planner.memory.report import MIB
+from rlplan.planner.memory.report import MIB, TrainerState
 from rlplan.planner.memory.rollout import kv_cache_tokens, vllm_kv_cache_bytes
 from rlplan.planner.plan import (
     ActorSection,

@@ -30,7 +30,7 @@ KlLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 LoadFormat = Literal["dummy", "safetensors", "auto"]
 Truncation = Literal["error", "left", "right", "middle", "filter"]
 # The kernel that turns the actor's logits into log-probs (memory.py prices each from its own
-# allocations): "auto" is what verl would run for the plan (planner.memory.resolved_loss_head).
+# allocations): "auto" is what verl would run for the plan (planner.memory.heads.resolved_loss_head).
 LossHead = Literal["auto", "flash_attn_ce", "torch_logprob", "fused", "chunked", "naive"]
 # verl's fsdp_config.model_dtype: the dtype FSDP holds the shards in (compute runs in ComputeDtype).
 ModelDtype = Literal["fp32", "bf16"]

@@ -18,9 +18,10 @@ from typing import Any
 import attrs
 from attrs import frozen
 
-from rlplan.planner.arch import Architecture, architecture_from_hf_config
+from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import GpuSpec
+from rlplan.planner.hf_config import architecture_from_hf_config
 
 # An unknown GPU given only by its memory: assume A100-class compute and PCIe-only links, so
 # step-time estimates err slow rather than promise what the card may not have.

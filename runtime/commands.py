@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 import attrs
 
-from rlplan.planner.arch import architecture_from_hf_config
 from rlplan.planner.commands_io import (
     ExitCode,
     load_plan,
@@ -32,6 +31,7 @@ from rlplan.planner.commands_io import (
 )
 from rlplan.planner.errors import PlanError, shorten
 from rlplan.planner.hardware import Cluster
+from rlplan.planner.hf_config import architecture_from_hf_config
 from rlplan.planner.plan import (
     ActorSection,
     AlgorithmSection,

@@ -284,8 +284,8 @@ def tiny_plan(
     train_files: tuple[str, ...] = (),
 ):
     """A plan for the tiny model on a CPU machine: one small engine, eager mode, toy-sized batches."""
-    from rlplan.planner.arch import architecture_from_hf_config
     from rlplan.planner.hardware import Cluster, GpuSpec
+    from rlplan.planner.hf_config import architecture_from_hf_config
     from rlplan.planner.plan import (
         ActorSection,
         DataSection,

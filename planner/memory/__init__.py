@@ -1,18 +1,10 @@
-"""Per-GPU memory of every phase of a colocated verl step (FSDP2 trainer + vLLM or SGLang rollout), and host RAM.
+"""Per-GPU memory of every phase of a colocated verl step (an FSDP trainer + vLLM or SGLang rollout), and host RAM.
 
 The formulas are those of shared/reference/memory-model.md section 2, derived
 from the model's architecture (GQA KV width, tied embeddings, gated MLP width,
 MoE experts and active experts, vocabulary), never from a parameter count alone.
-A step runs these phases, each reported with its components:
-
-    weight_sync    trainer weights pushed into the waking engine (multi-stage wake: KV not yet resident)
-    rollout        generation: vLLM inside util x GPU; SGLang's weights + KV inside it, buffers and
-                   CUDA graphs beside it; with what the trainer leaves on the GPU
-    old_log_prob   actor forward, no_grad
-    ref_log_prob   reference forward, no_grad (only when a KL term needs it)
-    critic_values  critic forward, no_grad (PPO/GAE only)
-    critic_update  critic training step (PPO/GAE only)
-    actor_update   actor training step: max(P_loss, P_bwd, P_opt)
+A step runs the phases memory.phases lists (weight sync, rollout, the log-prob and value passes,
+the updates), each reported with its components.
 
 Every component has a scope.  "step" is what the phase itself allocates, the
 scope a PyTorch memory tracker measures (memory-model.md 3.6); "resident" is
@@ -45,17 +37,20 @@ phase, for searches that bisect one knob), re-exported here with the result type
 other name is imported from the module that owns it:
 
     memory.report       the result types: Component (and its scope), PhaseMemory, HostMemory,
-                        BindingConstraint; GIB, MIB
+                        BindingConstraint, a role's per-rank TrainerState; GIB, MIB
     memory.model_facts  ModelFacts of an architecture (per-layer activation bytes, forward
                         transients, largest tensor), cached per Architecture; lora_params
     memory.rollout      the rollout engine's budget (RolloutBudget, rollout_budget: vLLM and SGLang
                         KV cache, weights, workspace), kv_cache_tokens, the CUDA-graph pool,
-                        vllm_cpu_kv_space_gib, rollout_max_model_len, what the engine resumes to sync
+                        vllm_cpu_kv_space_gib, rollout_max_model_len, what the engine resumes to sync;
+                        where engines differ, one EngineMemory record each (ROLLOUT_ENGINES)
     memory.heads        the loss head per kernel (bytes per token x vocab, with and without grad),
-                        resolved_loss_head / runtime_loss_head, entropy_variant
-    memory.fsdp         the FSDP training backend: each role's sharded state (actor_state,
-                        critic_state, the reference's params, the offload policy, on_gpu), the
-                        training step's and a no_grad forward's components, the weight-sync gather
+                        resolved_loss_head / runtime_loss_head, entropy_variant, the update's LossHead
+    memory.backend      the training-backend boundary: the TrainingBackend protocol the phases call,
+                        and the backend of a plan's actor.strategy (training_backend)
+    memory.fsdp         the FSDP training backend (FsdpBackend): each role's sharded state
+                        (actor_state, critic_state, the reference's params, the offload policy, on_gpu),
+                        the training step's and a no_grad forward's components, the weight-sync gather
     memory.phases       the step's phases (predict_memory, predict_phase) and their MemoryReport, host
                         memory, at_max_length, longest_expected_response_that_fits
 The constants (allocator margins, vLLM workspace fit, head coefficients) come from

@@ -6,25 +6,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from attrs import frozen
-
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout
+from rlplan.planner.memory.heads import LossHead
 from rlplan.planner.memory.model_facts import ModelFacts, lora_params, model_facts
-from rlplan.planner.memory.report import Component
+from rlplan.planner.memory.report import Component, TrainerState
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-
-
-@frozen
-class TrainerState:
-    """Bytes per GPU of one role's sharded training state."""
-
-    params: float
-    grads: float
-    optimizer: float
-    optimizer_step: float
-    # fp32 reduce-scatter input of the largest layer's trainable parameters.
-    reduce_scatter: float
-
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
@@ -222,3 +209,89 @@ def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -
         return 2 * facts.params + 6 * n_lora + adapter_bucket
     largest_adapter = plan.model.lora.rank * max(arch.hidden_size, arch.intermediate_size, arch.q_width)
     return 6 * largest_adapter + adapter_bucket
+
+
+def _policy_offloaded(role: str, state: TrainerState, ranks: int) -> list[Component]:
+    """A node's pinned host copies under CPUOffloadPolicy: every rank's param, grad and AdamW shards."""
+    return [
+        Component(f"{role}_params_offloaded", int(ranks * state.params)),
+        Component(f"{role}_grads_offloaded", int(ranks * state.grads)),
+        Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)),
+    ]
+
+
+def fsdp_shard_size(layout: PlanLayout) -> int:
+    return max(1, layout.parallel.fsdp_shard_size)
+
+
+class FsdpBackend:
+    """verl's FSDP and FSDP2 workers as the step's phases see them (memory.backend.TrainingBackend)."""
+
+    def role_state(self, plan: Plan, role: Literal["actor", "critic"], layout: PlanLayout) -> TrainerState:
+        shard = fsdp_shard_size(layout)
+        return actor_state(plan, shard) if role == "actor" else critic_state(plan, shard)
+
+    def state_on_gpu(self, plan: Plan, role: Literal["actor", "critic"], state: TrainerState) -> TrainerState:
+        return on_gpu(state, offloaded_by_policy(plan, role))
+
+    def resident_between_phases(self, plan: Plan, role: Literal["actor", "critic"],
+                                state_on_gpu: TrainerState) -> list[Component]:
+        """verl offloads params and optimizer state between phases when param_offload / optimizer_offload are
+        set (under offload_policy it turns both off: nothing to offload between phases)."""
+        section = plan.actor if role == "actor" else plan.critic
+        resident = []
+        if not section.param_offload and state_on_gpu.params:
+            resident.append(Component(f"{role}_params", int(state_on_gpu.params), "resident"))
+        if not section.optimizer_offload and state_on_gpu.optimizer:
+            resident.append(Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer), "resident"))
+        return resident
+
+    def host_components(self, plan: Plan, role: Literal["actor", "critic"], state: TrainerState,
+                        ranks: int) -> list[Component]:
+        if offloaded_by_policy(plan, role):
+            return _policy_offloaded(role, state, ranks)
+        section = plan.actor if role == "actor" else plan.critic
+        host = []
+        if section.param_offload:
+            host.append(Component(f"{role}_params_offloaded", int(ranks * state.params)))
+        if section.optimizer_offload:
+            host.append(Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)))
+        return host
+
+    def reference_params_bytes(self, plan: Plan, layout: PlanLayout) -> int:
+        return ref_param_bytes(plan, model_facts(plan.model.arch), fsdp_shard_size(layout))
+
+    def reference_params_on_host(self, plan: Plan) -> bool:
+        return ref_params_on_host(plan)
+
+    def update_components(self, plan: Plan, role: Literal["actor", "critic"], state_on_gpu: TrainerState,
+                          batch: RoleBatchLayout, head: LossHead | None,
+                          profile: Profile) -> tuple[str, list[Component]]:
+        facts = model_facts(plan.model.arch)
+        embedding = 2 * facts.vocab * facts.hidden
+        if role == "critic":
+            # A value model keeps the embedding but has no lm_head.
+            return training_components(
+                facts, state_on_gpu, tokens=batch.tokens_per_micro_batch,
+                micro_batches_per_mini=batch.micro_batches_per_mini,
+                checkpointing=plan.critic.gradient_checkpointing, activation_offload=False,
+                head_bytes_per_token_vocab=0.0, root_group_bytes=embedding, role="critic", profile=profile)
+        assert head is not None
+        return training_components(
+            facts, state_on_gpu, tokens=batch.tokens_per_micro_batch,
+            micro_batches_per_mini=batch.micro_batches_per_mini,
+            checkpointing=plan.model.gradient_checkpointing, activation_offload=plan.model.activation_offload,
+            head_bytes_per_token_vocab=head.bytes_per_token_vocab, fp32_head=head.fp32,
+            root_group_bytes=embedding * (1 if facts.tied else 2), root_at_loss_bytes=embedding,
+            role="actor", profile=profile, lm_head_backward_bytes=head.lm_head_backward_bytes)
+
+    def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
+                           head_bytes_per_token_vocab: float) -> list[Component]:
+        return forward_components(model_facts(plan.model.arch), params_bytes=params_bytes, params_name=params_name,
+                                  tokens=tokens, head_bytes_per_token_vocab=head_bytes_per_token_vocab)
+
+    def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
+        return weight_sync_gather_bytes(plan, model_facts(plan.model.arch), bucket_bytes)
+
+
+FSDP = FsdpBackend()

@@ -3,7 +3,9 @@ without grad, per entropy variant, and the lm_head's backward after it."""
 
 from __future__ import annotations
 
-from rlplan.planner.memory.model_facts import ModelFacts
+from attrs import frozen
+
+from rlplan.planner.memory.model_facts import ModelFacts, model_facts
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 
@@ -195,3 +197,22 @@ def forward_head_bytes_per_token_vocab(plan: Plan, profile: Profile = DEFAULT_PR
     if head == "naive":
         return profile.head_forward_only_bytes
     return head_bytes_per_token_vocab(head, _entropy_priced(plan, entropy), grad=False, tokens=tokens)
+
+
+@frozen
+class LossHead:
+    """What the update's loss head holds at one micro batch, for a training backend to place in its step."""
+
+    bytes_per_token_vocab: float
+    # rlplan's former fp32 head asks for fp32 blocks the cached bf16 logits block cannot serve.
+    fp32: bool
+    lm_head_backward_bytes: float
+
+
+def update_loss_head(plan: Plan, profile: Profile, tokens: int) -> LossHead:
+    """The actor update's head at `tokens` per micro batch."""
+    return LossHead(
+        bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, profile, tokens=tokens),
+        fp32=resolved_loss_head(plan) == "naive",
+        lm_head_backward_bytes=lm_head_backward_bytes(plan, model_facts(plan.model.arch), tokens),
+    )

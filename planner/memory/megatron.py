@@ -23,11 +23,20 @@ on the last stage under PP) docs/accuracy.md section 6 lists by how much.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
+import attrs
 from attrs import frozen
 
 from rlplan.planner.arch import Architecture
-from rlplan.planner.plan import MegatronSection
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout
+from rlplan.planner.memory.heads import LossHead
+from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.memory.report import Component, TrainerState
+from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.profile import Profile
+
+TrainedRole = Literal["actor", "critic"]
 
 # Megatron-Core's bytes per parameter (theoretical_memory_usage.py): bf16 weight, fp32 gradient, and 12 bytes
 # of optimizer state (fp32 master weight, Adam's two moments) the distributed optimizer shards over DP.
@@ -192,3 +201,134 @@ def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
     """The vocabulary-parallel output layer's input and its fp32 logits over TP (Megatron's 4 s b h (1 + V / h)
     / TP, its estimate's output-layer and cross-entropy term)."""
     return tokens * 4 * (arch.hidden_size + arch.vocab_size) / tp
+
+
+# --- the backend the step's phases price a Megatron plan through (memory.backend.TrainingBackend) ----------
+
+
+def _engine(plan: Plan, role: TrainedRole) -> MegatronSection:
+    """A role's Megatron engine: the actor's, or the critic's (verl's defaults where the plan leaves it unset)."""
+    return plan.actor.mcore if role == "actor" else plan.critic.megatron or MegatronSection()
+
+
+def _trainable_fraction(plan: Plan, role: TrainedRole) -> float:
+    """The share of parameters that train: a Megatron-Bridge LoRA adapter's (priced on the projections peft's
+    all-linear reaches, which Megatron's linear_qkv / linear_proj / linear_fc1 / linear_fc2 are), or all."""
+    if role == "critic" or not plan.model.lora.enabled:
+        return 1.0
+    arch = plan.model.arch
+    return arch.lora_params(plan.model.lora.rank, "all-linear") / model_facts(arch).params
+
+
+def cpu_optimizer_fraction(plan: Plan, role: TrainedRole) -> float:
+    """The share of optimizer state Megatron-Core's CPU optimizer keeps in host RAM for the whole step (0: none)."""
+    prefix = ("actor_rollout_ref.actor" if role == "actor" else "critic") + ".optim.override_optimizer_config."
+
+    def value(name: str, default: str) -> str:
+        key = prefix + name
+        return next((plan.passthrough[spelling] for spelling in ("++" + key, "+" + key, key)
+                     if spelling in plan.passthrough), default).strip("'\"")
+
+    if value("optimizer_cpu_offload", "false").lower() != "true":
+        return 0.0
+    try:
+        return min(max(float(value("optimizer_offload_fraction", "1.0")), 0.0), 1.0)
+    except ValueError:
+        return 1.0
+
+
+class MegatronBackend:
+    """verl's Megatron workers as the step's phases see them: Megatron-Core's persistent grad buffer and
+    distributed optimizer, the pipeline's in-flight micro batches, and verl's offload of each between phases
+    (megatron_workers.py: offload_megatron_model_to_cpu / offload_megatron_optimizer)."""
+
+    def role_state(self, plan: Plan, role: TrainedRole, layout: PlanLayout) -> TrainerState:
+        state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
+                                          _trainable_fraction(plan, role))
+        # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
+        # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy.
+        return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
+                            optimizer_step=0.0, reduce_scatter=0.0)
+
+    def state_on_gpu(self, plan: Plan, role: TrainedRole, state: TrainerState) -> TrainerState:
+        """verl loads every offloaded part back before the update, so a training step holds all of it, except
+        the optimizer state Megatron's CPU optimizer keeps on the host (override_optimizer_config:
+        optimizer_cpu_offload with optimizer_offload_fraction, Megatron-Core's HybridDeviceOptimizer)."""
+        host_fraction = cpu_optimizer_fraction(plan, role)
+        return attrs.evolve(state, optimizer=state.optimizer * (1 - host_fraction)) if host_fraction else state
+
+    def resident_between_phases(self, plan: Plan, role: TrainedRole,
+                                state_on_gpu: TrainerState) -> list[Component]:
+        """Between phases the GPU keeps what the engine does not offload: weights (param_offload), the DDP
+        grad buffer, which Megatron allocates once and keeps (grad_offload), and the optimizer state."""
+        engine = _engine(plan, role)
+        resident = []
+        if not engine.param_offload:
+            resident.append(Component(f"{role}_params", int(state_on_gpu.params), "resident"))
+        if not (engine.grad_offload or engine.param_offload) and state_on_gpu.grads:
+            resident.append(Component(f"{role}_grads", int(state_on_gpu.grads), "resident"))
+        if not engine.optimizer_offload and state_on_gpu.optimizer:
+            resident.append(Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer), "resident"))
+        return resident
+
+    def host_components(self, plan: Plan, role: TrainedRole, state: TrainerState, ranks: int) -> list[Component]:
+        engine = _engine(plan, role)
+        host = []
+        if engine.param_offload:
+            host.append(Component(f"{role}_params_offloaded", int(ranks * (state.params + state.grads))))
+        elif engine.grad_offload:
+            host.append(Component(f"{role}_grads_offloaded", int(ranks * state.grads)))
+        if engine.optimizer_offload:
+            host.append(Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)))
+        return host
+
+    def reference_params_bytes(self, plan: Plan, layout: PlanLayout) -> int:
+        engine = plan.ref.megatron or plan.actor.mcore
+        return int(WEIGHT_BYTES * parameters_on_most_loaded_rank(plan.model.arch, engine).total)
+
+    def reference_params_on_host(self, plan: Plan) -> bool:
+        return (plan.ref.megatron or plan.actor.mcore).param_offload
+
+    def update_components(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
+                          head: LossHead | None, profile: Profile) -> tuple[str, list[Component]]:
+        """The backward peak: the state, the activations the most loaded pipeline stage holds for its in-flight
+        micro batches, the loss head (verl's head kernel over the vocabulary-parallel logits, at least
+        Megatron's fp32 logits) and one layer's backward workspace."""
+        arch, engine = plan.model.arch, _engine(plan, role)
+        tp, cp = engine.tensor_model_parallel_size, engine.context_parallel_size
+        tokens = batch.tokens_per_micro_batch  # on this rank: after CP's split (the layout's sequence split)
+        stages = stage_activations(arch, engine, tokens_per_micro_batch=tokens * cp,
+                                   micro_batches=batch.micro_batches_per_mini)
+        verl_head = head.bytes_per_token_vocab * tokens * arch.vocab_size / tp if head is not None else 0.0
+        extra_head = max(0.0, verl_head - stages.loss_head)
+        workspace = tokens * layer_activation_bytes_per_token(
+            arch, moe=arch.is_moe, tp=tp, etp=engine.expert_tensor_size,
+            sequence_parallel=engine.sequence_parallel and tp > 1)
+        return "backward", [
+            Component(f"{role}_params", int(state_on_gpu.params)),
+            Component(f"{role}_grads", int(state_on_gpu.grads)),
+            Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer)),
+            Component("activations", int(stages.peak)),
+            Component("logits_head", int(extra_head)),
+            Component("layer_backward_workspace", int(workspace)),
+        ]
+
+    def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
+                           head_bytes_per_token_vocab: float) -> list[Component]:
+        """A no_grad forward: the layer transients over TP, or at the head the vocabulary-parallel logits."""
+        facts, tp = model_facts(plan.model.arch), plan.actor.mcore.tensor_model_parallel_size
+        params = Component(params_name, int(params_bytes))
+        layers = Component("forward_transients", int(tokens * facts.forward_transient_bytes_per_token / tp))
+        head = Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab / tp
+                                            + tokens * 4 * facts.hidden))
+        return [params, max(layers, head, key=lambda component: component.bytes)]
+
+    def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
+        """verl's per-tensor export gathers each full tensor from its TP / EP ranks (fp32 conversion as FSDP's
+        full_tensor) and a bucket for the engine."""
+        facts = model_facts(plan.model.arch)
+        copy_bytes = plan.rollout.dtype_bytes
+        return int((4 + copy_bytes) * facts.largest_tensor + min(bucket_bytes, copy_bytes * facts.params))
+
+
+MEGATRON = MegatronBackend()

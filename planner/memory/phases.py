@@ -23,27 +23,12 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
-from rlplan.planner.memory.fsdp import (
-    TrainerState,
-    actor_state,
-    critic_state,
-    forward_components,
-    offloaded_by_policy,
-    on_gpu,
-    ref_param_bytes,
-    ref_params_on_host,
-    training_components,
-    weight_sync_gather_bytes,
-)
-from rlplan.planner.memory.heads import (
-    actor_head_bytes_per_token_vocab,
-    forward_head_bytes_per_token_vocab,
-    lm_head_backward_bytes,
-    resolved_loss_head,
-)
+from rlplan.planner.memory.backend import training_backend
+from rlplan.planner.memory.heads import forward_head_bytes_per_token_vocab, update_loss_head
 from rlplan.planner.memory.model_facts import model_facts
 from rlplan.planner.memory.report import GIB, MIB, BindingConstraint, Component, HostMemory, PhaseMemory
 from rlplan.planner.memory.rollout import (
+    ROLLOUT_ENGINES,
     RolloutBudget,
     cuda_graph_pool_bytes,
     rollout_budget,
@@ -118,7 +103,7 @@ class MemoryReport:
 class _StepContext:
     """What every phase of one plan shares; built once per predict_memory call."""
 
-    __slots__ = ("plan", "profile", "facts", "layout", "shard", "actor", "critic", "actor_gpu", "critic_gpu",
+    __slots__ = ("plan", "profile", "facts", "layout", "trainer", "actor", "critic", "actor_gpu", "critic_gpu",
                  "_budget", "resident_by_role", "_vllm_resident", "overhead", "on_cpu")
 
     def __init__(self, plan: Plan, profile: Profile, layout: PlanLayout) -> None:
@@ -126,12 +111,13 @@ class _StepContext:
         self.profile = profile
         self.facts = model_facts(plan.model.arch)
         self.layout = layout
-        self.shard = max(1, layout.parallel.fsdp_shard_size)
-        self.actor = actor_state(plan, self.shard)
-        self.critic = critic_state(plan, self.shard) if plan.uses_critic else None
-        # The part of each role's state on the GPU (none of it under CPUOffloadPolicy).
-        self.actor_gpu = on_gpu(self.actor, offloaded_by_policy(plan, "actor"))
-        self.critic_gpu = on_gpu(self.critic, offloaded_by_policy(plan, "critic")) if self.critic else None
+        # Everything about how the trainer shards and offloads comes from its backend (memory.backend).
+        self.trainer = training_backend(plan)
+        self.actor = self.trainer.role_state(plan, "actor", layout)
+        self.critic = self.trainer.role_state(plan, "critic", layout) if plan.uses_critic else None
+        # The part of each role's state on the GPU (none of it under an offload policy).
+        self.actor_gpu = self.trainer.state_on_gpu(plan, "actor", self.actor)
+        self.critic_gpu = self.trainer.state_on_gpu(plan, "critic", self.critic) if self.critic else None
         self._budget: RolloutBudget | None = None
         self._vllm_resident: list[Component] | None = None
         self.on_cpu = plan.cluster.gpu.is_cpu
@@ -156,23 +142,13 @@ class _StepContext:
 
     def _resident_by_role(self) -> dict[str, Component]:
         """Trainer state left on the GPU while another phase runs, by name (verl offloads between phases)."""
-        plan = self.plan
-        resident: dict[str, Component] = {}
-        # Under offload_policy verl turns param_offload / optimizer_offload off: nothing to offload between phases.
-        if not plan.actor.param_offload and self.actor_gpu.params:
-            resident["actor_params"] = Component("actor_params", int(self.actor_gpu.params), "resident")
-        if not plan.actor.optimizer_offload and self.actor_gpu.optimizer:
-            resident["actor_optimizer_state"] = Component("actor_optimizer_state", int(self.actor_gpu.optimizer),
-                                                          "resident")
-        if plan.uses_reference and not plan.reference_is_actor and not ref_params_on_host(plan):
+        plan, trainer = self.plan, self.trainer
+        resident = {c.name: c for c in trainer.resident_between_phases(plan, "actor", self.actor_gpu)}
+        if plan.uses_reference and not plan.reference_is_actor and not trainer.reference_params_on_host(plan):
             resident["ref_params"] = Component(
-                "ref_params", ref_param_bytes(plan, self.facts, self.shard), "resident")
+                "ref_params", trainer.reference_params_bytes(plan, self.layout), "resident")
         if self.critic_gpu is not None:
-            if not plan.critic.param_offload and self.critic_gpu.params:
-                resident["critic_params"] = Component("critic_params", int(self.critic_gpu.params), "resident")
-            if not plan.critic.optimizer_offload and self.critic_gpu.optimizer:
-                resident["critic_optimizer_state"] = Component("critic_optimizer_state",
-                                                               int(self.critic_gpu.optimizer), "resident")
+            resident |= {c.name: c for c in trainer.resident_between_phases(plan, "critic", self.critic_gpu)}
         return resident
 
     def _vllm_components(self) -> list[Component]:
@@ -232,76 +208,49 @@ class _StepContext:
 
 
 def _actor_update(ctx: _StepContext) -> PhaseMemory:
-    plan, facts = ctx.plan, ctx.facts
     role = ctx.layout.actor_update
-    peak_at, step = training_components(
-        facts,
-        ctx.actor_gpu,
-        tokens=role.tokens_per_micro_batch,
-        micro_batches_per_mini=role.micro_batches_per_mini,
-        checkpointing=plan.model.gradient_checkpointing,
-        activation_offload=plan.model.activation_offload,
-        head_bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, ctx.profile,
-                                                                    tokens=role.tokens_per_micro_batch),
-        fp32_head=resolved_loss_head(plan) == "naive",
-        root_group_bytes=2 * facts.vocab * facts.hidden * (1 if facts.tied else 2),
-        root_at_loss_bytes=2 * facts.vocab * facts.hidden,
-        role="actor",
-        profile=ctx.profile,
-        lm_head_backward_bytes=lm_head_backward_bytes(plan, facts, role.tokens_per_micro_batch),
-    )
+    head = update_loss_head(ctx.plan, ctx.profile, role.tokens_per_micro_batch)
+    peak_at, step = ctx.trainer.update_components(ctx.plan, "actor", ctx.actor_gpu, role, head, ctx.profile)
     return ctx.phase(Phase.ACTOR_UPDATE, step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
 
 
 def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entropy: bool) -> PhaseMemory:
-    step = forward_components(ctx.facts, params_bytes=ctx.actor_gpu.params, params_name="actor_params",
-                              tokens=role.tokens_per_micro_batch,
-                              head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
-                                  ctx.plan, ctx.profile, entropy=entropy, tokens=role.tokens_per_micro_batch))
+    step = ctx.trainer.forward_components(
+        ctx.plan, params_bytes=ctx.actor_gpu.params, params_name="actor_params", tokens=role.tokens_per_micro_batch,
+        head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
+            ctx.plan, ctx.profile, entropy=entropy, tokens=role.tokens_per_micro_batch))
     return ctx.phase(name, step, loaded=("actor_params",))
 
 
 def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     if ctx.plan.reference_is_actor:
         return _actor_forward(ctx, Phase.REF_LOG_PROB, role, entropy=False)
-    # Offloaded by FSDP itself, the reference's shards stay in host RAM: the GPU holds the gathered layers.
-    on_gpu = 0 if ref_params_on_host(ctx.plan) else ref_param_bytes(ctx.plan, ctx.facts, ctx.shard)
-    step = forward_components(ctx.facts, params_bytes=on_gpu,
-                              params_name="ref_params", tokens=role.tokens_per_micro_batch,
-                              head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
-                                  ctx.plan, ctx.profile, entropy=False, tokens=role.tokens_per_micro_batch))
+    # Offloaded by the trainer itself, the reference's shards stay in host RAM: the GPU holds the gathered layers.
+    trainer = ctx.trainer
+    on_gpu = 0 if trainer.reference_params_on_host(ctx.plan) else trainer.reference_params_bytes(ctx.plan, ctx.layout)
+    step = trainer.forward_components(
+        ctx.plan, params_bytes=on_gpu, params_name="ref_params", tokens=role.tokens_per_micro_batch,
+        head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
+            ctx.plan, ctx.profile, entropy=False, tokens=role.tokens_per_micro_batch))
     return ctx.phase(Phase.REF_LOG_PROB, step, loaded=("ref_params",))
 
 
 def _critic_values(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     assert ctx.critic_gpu is not None
-    step = forward_components(ctx.facts, params_bytes=ctx.critic_gpu.params, params_name="critic_params",
-                              tokens=role.tokens_per_micro_batch, head_bytes_per_token_vocab=0.0)
+    step = ctx.trainer.forward_components(ctx.plan, params_bytes=ctx.critic_gpu.params, params_name="critic_params",
+                                          tokens=role.tokens_per_micro_batch, head_bytes_per_token_vocab=0.0)
     return ctx.phase(Phase.CRITIC_VALUES, step, loaded=("critic_params",))
 
 
 def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     assert ctx.critic_gpu is not None
-    facts = ctx.facts
-    peak_at, step = training_components(
-        facts,
-        ctx.critic_gpu,
-        tokens=role.tokens_per_micro_batch,
-        micro_batches_per_mini=role.micro_batches_per_mini,
-        checkpointing=ctx.plan.critic.gradient_checkpointing,
-        activation_offload=False,
-        head_bytes_per_token_vocab=0.0,
-        # A value model keeps the embedding but has no lm_head.
-        root_group_bytes=2 * facts.vocab * facts.hidden,
-        role="critic",
-        profile=ctx.profile,
-    )
+    peak_at, step = ctx.trainer.update_components(ctx.plan, "critic", ctx.critic_gpu, role, None, ctx.profile)
     return ctx.phase(Phase.CRITIC_UPDATE, step, loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
 
 
 def _weight_sync(ctx: _StepContext) -> PhaseMemory:
     rollout = ctx.plan.rollout
-    gather = weight_sync_gather_bytes(ctx.plan, ctx.facts, rollout.update_weights_bucket_megabytes * MIB)
+    gather = ctx.trainer.weight_sync_gather_bytes(ctx.plan, rollout.update_weights_bucket_megabytes * MIB)
     step = [
         Component("actor_params", int(ctx.actor_gpu.params)),
         Component("weight_sync_gather", gather),
@@ -331,45 +280,24 @@ def _rollout(ctx: _StepContext) -> PhaseMemory:
     return ctx.phase(Phase.ROLLOUT, step, loaded=(), step_is_trainer=False)
 
 
-def _policy_offloaded(role: str, state: TrainerState, ranks: int) -> list[Component]:
-    """A node's pinned host copies under CPUOffloadPolicy: every rank's param, grad and AdamW shards."""
-    return [
-        Component(f"{role}_params_offloaded", int(ranks * state.params)),
-        Component(f"{role}_grads_offloaded", int(ranks * state.grads)),
-        Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)),
-    ]
-
-
 def _host(ctx: _StepContext) -> HostMemory:
     plan, facts, profile = ctx.plan, ctx.facts, ctx.profile
     ranks = plan.cluster.gpus_per_node
-    components: list[Component] = []
-    if offloaded_by_policy(plan, "actor"):
-        components += _policy_offloaded("actor", ctx.actor, ranks)
-    else:
-        if plan.actor.param_offload:
-            components.append(Component("actor_params_offloaded", int(ranks * ctx.actor.params)))
-        if plan.actor.optimizer_offload:
-            components.append(Component("actor_optimizer_offloaded", int(ranks * ctx.actor.optimizer)))
-    if plan.uses_reference and not plan.reference_is_actor and ref_params_on_host(plan):
+    trainer = ctx.trainer
+    components = trainer.host_components(plan, "actor", ctx.actor, ranks)
+    if plan.uses_reference and not plan.reference_is_actor and trainer.reference_params_on_host(plan):
         components.append(Component("ref_params_offloaded",
-                                    ranks * ref_param_bytes(plan, facts, ctx.shard)))
-    if ctx.critic is not None and offloaded_by_policy(plan, "critic"):
-        components += _policy_offloaded("critic", ctx.critic, ranks)
-    elif ctx.critic is not None:
-        if plan.critic.param_offload:
-            components.append(Component("critic_params_offloaded", int(ranks * ctx.critic.params)))
-        if plan.critic.optimizer_offload:
-            components.append(Component("critic_optimizer_offloaded", int(ranks * ctx.critic.optimizer)))
+                                    ranks * trainer.reference_params_bytes(plan, ctx.layout)))
+    if ctx.critic is not None:
+        components += trainer.host_components(plan, "critic", ctx.critic, ranks)
     if plan.model.activation_offload:
         tokens = ctx.layout.actor_update.tokens_per_micro_batch
         offloaded_layers = max(0, facts.layers - profile.activation_offload_resident_layers)
         per_layer = 2 * facts.hidden if plan.model.gradient_checkpointing else facts.layer_activation_bytes_per_token
         components.append(Component("activations_offloaded", ranks * offloaded_layers * tokens * per_layer))
     rollout = plan.rollout
-    # SGLang's memory saver discards paused contents (verl enables no CPU backup in hybrid mode).
-    if rollout.name == "vllm" and rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
-        components.append(Component("vllm_sleep_weights", ranks * ctx.budget.weights_bytes))
+    if rollout.free_cache_engine and ROLLOUT_ENGINES[rollout.name].sleep_copies_weights_to_host(rollout):
+        components.append(Component(f"{rollout.name}_sleep_weights", ranks * ctx.budget.weights_bytes))
     if profile.shm_model_copies_per_node:
         components.append(Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * facts.params))
     if ctx.on_cpu:

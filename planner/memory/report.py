@@ -1,5 +1,5 @@
 """The memory model's result types: components with their scope, a phase's and the host's memory, the limit
-that binds.  Pure values: every other module of the package builds them."""
+that binds, a role's per-rank training state.  Pure values: every other module of the package builds them."""
 
 from __future__ import annotations
 
@@ -72,3 +72,15 @@ class BindingConstraint:
     @property
     def relative_headroom(self) -> float:
         return self.headroom_bytes / self.capacity_bytes if self.capacity_bytes else -math.inf
+
+
+@frozen
+class TrainerState:
+    """Bytes per GPU of one role's sharded training state, as a training backend (memory.backend) reports it."""
+
+    params: float
+    grads: float
+    optimizer: float
+    optimizer_step: float
+    # fp32 reduce-scatter input of the largest layer's trainable parameters.
+    reduce_scatter: float

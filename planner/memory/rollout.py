@@ -1,16 +1,21 @@
 """The rollout engine's budget on one rank (vLLM V1, SGLang, vLLM's CPU backend): its KV cache, weights and
-workspace, the start-up rule `holds_max_model_len`, its CUDA-graph pool and what it resumes for the weight sync."""
+workspace, the start-up rule `holds_max_model_len`, its CUDA-graph pool and what it resumes for the weight sync.
+
+What differs between engines is one `EngineMemory` record each, in ROLLOUT_ENGINES: a new engine is its
+name in plan.RolloutEngine and one record here (with its own KV formula beside vllm_kv_cache_bytes).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 
 from attrs import frozen
 
 from rlplan.planner.arch import Architecture
 from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.memory.report import GIB, Component
-from rlplan.planner.plan import Plan, RolloutEngine
+from rlplan.planner.plan import Plan, RolloutEngine, RolloutSection
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 
 
@@ -41,15 +46,12 @@ class RolloutBudget:
         """Negative when the weights and workspace alone exceed the budget (vLLM: 'No available memory')."""
         if self.on_cpu:
             return self.requested_bytes
-        if self.engine == "sglang":
-            return int(sglang_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.non_torch_bytes))
-        return int(vllm_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.activation_bytes,
-                                       self.non_torch_bytes))
+        return int(ROLLOUT_ENGINES[self.engine].kv_cache_bytes(self))
 
     @property
     def outside_budget_bytes(self) -> int:
         """What the engine allocates beyond requested_bytes while generating (SGLang's buffers)."""
-        return self.activation_bytes if self.engine == "sglang" else 0
+        return self.activation_bytes if ROLLOUT_ENGINES[self.engine].activation_outside_budget else 0
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -98,6 +100,46 @@ def sglang_kv_cache_bytes(static_bytes: float, weights_bytes: float, pre_load_by
     already in use then.  Activations and CUDA graphs are not part of it.
     """
     return static_bytes - weights_bytes - pre_load_bytes
+
+
+@frozen
+class EngineMemory:
+    """Where one rollout engine's memory differs from another's (everything else is priced alike)."""
+
+    # The KV pool carved from the budget (RolloutBudget.requested_bytes) on a GPU.
+    kv_cache_bytes: Callable[[RolloutBudget], float]
+    # SGLang allocates its activation buffers beside mem_fraction_static; vLLM carves them out of util x GPU.
+    activation_outside_budget: bool
+    # verl starts vLLM with enable_lora, which holds one adapter at the plan's rank; SGLang gets
+    # no LoRA arguments (async_sglang_server.py server args) and holds the base weights only.
+    holds_lora_adapter: bool
+    # vLLM's KV block, SGLang's page (1).
+    block_size: Callable[[Profile], int]
+    cuda_graph_pool_gib: Callable[[Profile], float]
+    # Whether its sleep keeps a host copy of the weights: vLLM at sleep level 1, which layered_summon forces;
+    # SGLang's memory saver discards paused contents (verl enables no CPU backup in hybrid mode).
+    sleep_copies_weights_to_host: Callable[[RolloutSection], bool]
+
+
+VLLM = EngineMemory(
+    kv_cache_bytes=lambda budget: vllm_kv_cache_bytes(budget.requested_bytes, budget.weights_bytes,
+                                                      budget.activation_bytes, budget.non_torch_bytes),
+    activation_outside_budget=False,
+    holds_lora_adapter=True,
+    block_size=lambda profile: profile.vllm_block_size,
+    cuda_graph_pool_gib=lambda profile: profile.cuda_graph_pool_gib,
+    sleep_copies_weights_to_host=lambda rollout: rollout.sleep_level == 1 or rollout.layered_summon,
+)
+SGLANG = EngineMemory(
+    kv_cache_bytes=lambda budget: sglang_kv_cache_bytes(budget.requested_bytes, budget.weights_bytes,
+                                                        budget.non_torch_bytes),
+    activation_outside_budget=True,
+    holds_lora_adapter=False,
+    block_size=lambda profile: profile.sglang_page_size,
+    cuda_graph_pool_gib=lambda profile: profile.sglang_cuda_graph_pool_gib,
+    sleep_copies_weights_to_host=lambda rollout: False,
+)
+ROLLOUT_ENGINES: Mapping[RolloutEngine, EngineMemory] = {"vllm": VLLM, "sglang": SGLANG}
 
 
 def kv_tokens_from_bytes(kv_cache_bytes: float, bytes_per_token: int, block_size: int = 16) -> int:
@@ -165,10 +207,8 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
     rollout = plan.rollout
     t = rollout.tensor_model_parallel_size
     facts = model_facts(arch)
-    sglang = rollout.name == "sglang"
-    # verl starts vLLM with enable_lora, which holds one adapter at the plan's rank; SGLang gets
-    # no LoRA arguments (async_sglang_server.py server args) and holds the base weights only.
-    weights = rollout.dtype_bytes * (facts.params + (0 if sglang else lora_params(plan))) // t
+    engine = ROLLOUT_ENGINES[rollout.name]
+    weights = rollout.dtype_bytes * (facts.params + (lora_params(plan) if engine.holds_lora_adapter else 0)) // t
     if plan.cluster.gpu.is_cpu:
         # vLLM's CPU backend: no profile run is subtracted from the KV space, and its default block is 128.
         return RolloutBudget(
@@ -191,7 +231,7 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
                                                    profile)),
         non_torch_bytes=int(vllm_non_torch_bytes(t, profile)),
         kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
-        block_size=profile.sglang_page_size if sglang else profile.vllm_block_size,
+        block_size=engine.block_size(profile),
         max_model_len=rollout_max_model_len(plan),
         sequence_length=plan.data.max_sequence_length,
     )
@@ -220,5 +260,4 @@ def cuda_graph_pool_bytes(plan: Plan, profile: Profile) -> float:
     vLLM compiles C++ kernels instead)."""
     if plan.rollout.enforce_eager or plan.cluster.gpu.is_cpu:
         return 0.0
-    gib = profile.sglang_cuda_graph_pool_gib if plan.rollout.name == "sglang" else profile.cuda_graph_pool_gib
-    return gib * GIB
+    return ROLLOUT_ENGINES[plan.rollout.name].cuda_graph_pool_gib(profile) * GIB

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlplan.planner.arch import Architecture, architecture_from_hf_config
+from rlplan.planner.arch import Architecture
 from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.hf_config import architecture_from_hf_config
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.plan import ActorSection, DataSection, ModelSection, Plan, RolloutSection
 

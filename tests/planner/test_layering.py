@@ -83,7 +83,7 @@ def test_a_pure_planner_module_never_prints(name):
 @pytest.mark.parametrize("name", PURE_MODULES)
 def test_a_pure_planner_module_never_imports_the_runtime_or_typer_anywhere(name):
     """Also not inside a function: a pure module that reached for the runtime (or the command line) would tie
-    the planner to it. (arch.py may import transformers inside its config reader: the import-time test below
+    the planner to it. (hf_config.py may import transformers inside its config reader: the import-time test below
     checks that no heavy library loads with a module.)"""
     found = [module for module in _imported_modules(_tree(name))
              if module.startswith("rlplan.runtime") or module.split(".")[0] == "typer"]

@@ -1,4 +1,4 @@
-"""The per-GPU memory model (planner/memory.py) against memory-model.md's measurements and invariants.
+"""The per-GPU memory model (planner/memory/) against memory-model.md's measurements and invariants.
 
 Training rows: section 3.6/3.7, FSDPMemTracker on real-size Qwen2/Llama models (ws 8 unless noted, one
 micro batch, `logits.float()` + CE loss, whose head costs 12 bytes per token x vocab).  The tracker sees
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlplan.planner.arch import architecture_from_hf_config
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import GpuSpec
+from rlplan.planner.hf_config import architecture_from_hf_config
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import GIB, predict_memory, predict_phase

@@ -129,3 +129,54 @@ def test_in_flight_micro_batches_never_exceed_what_the_schedule_keeps(pp, vpp, m
         assert held == min(pp, micro_batches)
     else:
         assert pp <= held < 2 * pp or math.isclose(held, pp)
+
+
+def _megatron_plan(arch=QWEN3_MOE, **knobs):
+    from rlplan.planner.knobs import apply_knobs
+    from tests.planner.plans import make_plan
+
+    return apply_knobs(make_plan(arch, overrides={"actor.strategy": "megatron"}), knobs)
+
+
+def _update_peak_gib(plan, component: str | None = None) -> float:
+    """The actor update's GPU bytes in GiB: all of them, or one component's."""
+    from rlplan.planner.memory import predict_memory
+
+    phase = predict_memory(plan).phase("actor_update")
+    return sum(c.bytes for c in phase.components if component in (None, c.name)) / 2**30
+
+
+def test_a_megatron_plan_is_priced_by_the_megatron_backend_and_expert_parallelism_lowers_its_update():
+    from rlplan.planner.memory.backend import training_backend
+    from rlplan.planner.memory.megatron import MEGATRON
+
+    plan = _megatron_plan()
+    assert training_backend(plan) is MEGATRON
+    assert _update_peak_gib(_megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})) < _update_peak_gib(plan)
+
+
+def test_megatrons_cpu_optimizer_keeps_its_fraction_of_the_optimizer_state_off_the_gpu_in_the_update():
+    plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
+    key = "+actor_rollout_ref.actor.optim.override_optimizer_config."
+    offloaded = plan.evolve(passthrough={key + "optimizer_cpu_offload": "True",
+                                         key + "optimizer_offload_fraction": "1."})
+    state = state_on_most_loaded_rank(plan.model.arch, plan.actor.mcore, plan.cluster.world_size)
+    assert _update_peak_gib(plan, "actor_optimizer_state") == pytest.approx(state.optimizer / 2**30, rel=1e-3)
+    assert _update_peak_gib(offloaded, "actor_optimizer_state") == 0
+    assert _update_peak_gib(offloaded) < _update_peak_gib(plan)
+
+
+def test_verls_megatron_lora_example_fits_on_the_h100s_it_names_and_the_dense_example_too():
+    """verl's run_qwen3moe-30b_megatron_lora.sh (8 GPUs, TP 2 PP 2 CP 2 EP 4, full recompute, everything
+    offloaded) and run_qwen2-7b_math_megatron.sh (8 GPUs, TP 2 PP 2) price under an 80 GB GPU."""
+    from pathlib import Path
+
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.presets import resolve_gpu
+    from rlplan.planner.verl_import import import_verl_script
+
+    scripts = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
+    for name in ("megatron_moe_lora_qwen3_30b_a3b.sh", "megatron_dense_qwen2_7b.sh"):
+        plan = import_verl_script((scripts / name).read_text(), gpu=resolve_gpu("h100-80g"), host_memory_gib=2048.0,
+                                  env={"HOME": "/h"}, local_config_reader=lambda path: None).plan
+        assert predict_memory(plan).gpu_peak_bytes < plan.cluster.gpu.memory_gib * 2**30, name

@@ -1,4 +1,4 @@
-"""Reading published config.json files of current families (planner/arch.py's reader), the presets
+"""Reading published config.json files of current families (planner/hf_config.py), the presets
 built from them, and the features rlplan refuses rather than mis-cost."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from rlplan.planner.arch import _LIGHT_DEFAULTS, architecture_from_hf_config
 from rlplan.planner.cli import app
 from rlplan.planner.errors import PlanError
+from rlplan.planner.hf_config import _LIGHT_DEFAULTS, architecture_from_hf_config
 from rlplan.planner.presets import model_presets, resolve_model, unsupported_models
 from tests.planner.published_configs import PUBLISHED_CONFIGS, QWEN3_NEXT_80B_A3B
 
@@ -198,9 +198,9 @@ def test_every_new_preset_solves(repo):
 
 
 def test_without_transformers_auto_reads_with_the_light_reader(monkeypatch):
-    import rlplan.planner.arch as arch_module
+    import rlplan.planner.hf_config as hf_config_module
 
-    monkeypatch.setattr(arch_module, "_transformers_config_classes", lambda: None)
+    monkeypatch.setattr(hf_config_module, "_transformers_config_classes", lambda: None)
     for repo in PUBLISHED_CONFIGS:
         assert _read(repo, "auto") == resolve_model(repo).arch
 

