@@ -12,7 +12,7 @@ A step runs these phases, each reported with its components:
     ref_log_prob   reference forward, no_grad (only when a KL term needs it)
     critic_values  critic forward, no_grad (PPO/GAE only)
     critic_update  critic training step (PPO/GAE only)
-    actor_update   actor training step: max(P_loss, P_bwd, P_opt)
+    actor_update   actor training step: max(P_loss, P_bwd, P_opt, P_root: the root groups' backward after the layers)
 
 Every component has a scope.  "step" is what the phase itself allocates, the
 scope a PyTorch memory tracker measures (memory-model.md 3.6); "resident" is
@@ -30,6 +30,8 @@ Component names are stable (the fidelity checks and `explain` key on them):
     fsdp_all_gather_buffers     current + prefetched bf16 layer, 2 x 2 N_L
     fsdp_reduce_scatter_buffer  fp32 gradient reduce-scatter input of one layer
     root_group_unsharded        bf16 embedding (+ untied lm_head) gathered in late backward
+    lm_head_grads, embedding_grads, tied_summed_grads, embedding_reduce_scatter_buffer, embedding_sharded_grads
+                                the root groups' backward after the layers (fsdp.root_backward_components)
     vllm_weights, vllm_activation, vllm_non_torch, kv_cache, cuda_graph_pool,
     vllm_context                what vLLM keeps on the GPU even asleep (context, NCCL)
     sglang_weights, sglang_activation, sglang_non_torch, sglang_context

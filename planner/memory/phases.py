@@ -32,6 +32,7 @@ from rlplan.planner.memory.fsdp import (
     on_gpu,
     ref_param_bytes,
     ref_params_on_host,
+    root_backward_components,
     training_components,
     weight_sync_gather_bytes,
 )
@@ -249,6 +250,8 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
         role="actor",
         profile=ctx.profile,
         lm_head_backward_bytes=lm_head_backward_bytes(plan, facts, role.tokens_per_micro_batch),
+        root_backward=root_backward_components(plan, facts, ctx.actor_gpu,
+                                               accumulating=role.micro_batches_per_mini >= 2),
     )
     return ctx.phase(Phase.ACTOR_UPDATE, step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
 
