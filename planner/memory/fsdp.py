@@ -94,38 +94,41 @@ def critic_state(plan: Plan, shard: int) -> TrainerState:
                         optimizer_step=4 * n / shard, reduce_scatter=4 * facts.layer_params)
 
 
-def root_backward_components(plan: Plan, facts: ModelFacts, state: TrainerState, *,
-                             accumulating: bool) -> tuple[Component, ...]:
+def root_backward_components(plan: Plan, facts: ModelFacts, state: TrainerState, *, accumulating: bool,
+                             role: Literal["actor", "critic"] = "actor") -> tuple[Component, ...]:
     """What an update holds once the layers' backward is done and the root-level groups' backward runs,
     beside its params and optimizer state (the "root_backward" stage of training_components).
 
     FSDP2 (verl's fully_shard of the root module) gathers the root group (the lm_head, and the embedding
     when tied) for the forward and reshards it only in its post-backward, which the final callback runs
-    after every layer: the lm_head's bf16 weight gradient, made right after the head, waits through the
-    whole layers' backward.  The stage then holds every layer's sharded gradient (all of them under
+    after every layer: the actor's lm_head bf16 weight gradient, made right after the head, waits through
+    the whole layers' backward.  The stage then holds every layer's sharded gradient (all of them under
     gradient accumulation) and the embedding's backward:
-      tied: one weight, so one autograd input buffer holds the lm_head's gradient until the embedding's
-            arrives; the tracker adds the two out of place (autograd adds in place only into a plain
-            tensor, and its fake tensors are a subclass; a GPU's in-place add saves that sum, 2 V h)
+      tied actor: one weight, so one autograd input buffer holds the lm_head's gradient until the
+            embedding's arrives; the tracker adds the two out of place (autograd adds in place only into a
+            plain tensor, and its fake tensors are a subclass; a GPU's in-place add saves that sum, 2 V h)
             while the last layer's reduce-scatter buffer is still held (freed at the next reduce-scatter);
-      untied: the embedding's own group reduce-scatters its gradient: the bf16 gradient, its fp32
-            reduce-scatter input (4 V h) and the shard it produces.
+      untied actor, and the critic (a value head, no lm_head): the embedding's group, resharded first,
+            reduce-scatters its gradient: the bf16 gradient, its fp32 reduce-scatter input (4 V h) and the
+            shard it produces.
     A LoRA actor's lm_head and embedding are frozen: no such stage (the layers' backward prices it)."""
-    if plan.model.lora.enabled:
+    if role == "actor" and plan.model.lora.enabled:
         return ()
     weight = 2 * facts.vocab * facts.hidden
-    root_params = facts.vocab * facts.hidden * (1 if facts.tied else 2)
-    root_grads_share = 0.0 if accumulating else state.grads * root_params / facts.params
-    components = [Component("actor_grads", int(state.grads - root_grads_share)),
-                  Component("root_group_unsharded", weight),
-                  Component("lm_head_grads", weight),
-                  Component("embedding_grads", weight)]
-    if facts.tied:
-        return (*components, Component("tied_summed_grads", weight),
+    lm_head = role == "actor"
+    params = facts.params if lm_head else facts.critic_params
+    root_params = facts.vocab * facts.hidden * (2 if lm_head and not facts.tied else 1)
+    root_grads_share = 0.0 if accumulating else state.grads * root_params / params
+    layer_grads = Component(f"{role}_grads", int(state.grads - root_grads_share))
+    if lm_head and facts.tied:
+        return (layer_grads, Component("root_group_unsharded", weight), Component("lm_head_grads", weight),
+                Component("embedding_grads", weight), Component("tied_summed_grads", weight),
                 Component("fsdp_reduce_scatter_buffer", int(state.reduce_scatter)))
-    embedding_shard = state.grads * facts.vocab * facts.hidden / facts.params
-    return (*components, Component("embedding_reduce_scatter_buffer", 2 * weight),
-            Component("embedding_sharded_grads", int(0 if accumulating else embedding_shard)))
+    lm_head_held = (Component("root_group_unsharded", weight), Component("lm_head_grads", weight)) if lm_head else ()
+    embedding_shard = 0.0 if accumulating else state.grads * facts.vocab * facts.hidden / params
+    return (layer_grads, *lm_head_held, Component("embedding_grads", weight),
+            Component("embedding_reduce_scatter_buffer", 2 * weight),
+            Component("embedding_sharded_grads", int(embedding_shard)))
 
 
 def training_components(

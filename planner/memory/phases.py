@@ -298,6 +298,8 @@ def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
         root_group_bytes=2 * facts.vocab * facts.hidden,
         role="critic",
         profile=ctx.profile,
+        root_backward=root_backward_components(ctx.plan, facts, ctx.critic_gpu, role="critic",
+                                               accumulating=role.micro_batches_per_mini >= 2),
     )
     return ctx.phase(Phase.CRITIC_UPDATE, step, loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
 

@@ -757,3 +757,16 @@ def test_a_forward_head_holds_the_last_layers_all_gather_output_fsdp2_frees_only
     head = forward_components(facts, params_bytes=0, params_name="actor_params", tokens=8192,
                               head_bytes_per_token_vocab=2.0)
     assert {c.name: c.bytes for c in head}["fsdp_all_gather_buffers"] == 2 * facts.layer_params
+
+
+def test_a_critic_after_its_layers_reduce_scatters_its_embeddings_gradient_and_holds_no_lm_head():
+    plan = make_plan(overrides={"algorithm.adv_estimator": "gae"})
+    facts = model_facts(plan.model.arch)
+    state = critic_state(plan, 8)
+    stage = {c.name: c.bytes for c in root_backward_components(plan, facts, state, accumulating=False,
+                                                                  role="critic")}
+    weight = 2 * facts.vocab * facts.hidden
+    assert "lm_head_grads" not in stage and "root_group_unsharded" not in stage
+    assert stage["embedding_grads"] == weight and stage["embedding_reduce_scatter_buffer"] == 2 * weight
+    # Its layers' gradients and the embedding's shard add up to every sharded gradient of the value model.
+    assert stage["critic_grads"] + stage["embedding_sharded_grads"] == pytest.approx(state.grads, abs=2)
