@@ -63,6 +63,7 @@ def step_time_lengths_json(plan: Plan, profile: Profile) -> dict[str, Any]:
 def validation_json(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM) -> dict[str, Any]:
     """`validate --json`: rules and memory verdicts, both computed whatever the other says."""
     payload = _validation_json(plan, profile)
+    payload["stack"] = plan.stack.resolved(plan.rollout.name)  # what the verdicts were computed for
     payload.update(margin_json(plan, profile, predict_memory(plan, profile), headroom))
     warning = margin_warning(payload)
     if warning is not None:
@@ -312,6 +313,7 @@ def knobs_table(plan: Plan):
                     f"max_model_len {rollout.max_model_len}, sleep level {rollout.sleep_level}, "
                     f"multi-stage wake {rollout.multi_stage_wake_up}, "
                     f"load_format {rollout.load_format}, layered_summon {rollout.layered_summon}"),
+        ("stack", plan.stack.describe(rollout.name)),
     ]
     table = Table(title="Plan", show_header=False, title_justify="left")
     table.add_column(style="bold")
