@@ -39,7 +39,8 @@ def parse_version(text: str, where: str = "stack.verl") -> Version:
     match = _VERSION.fullmatch(str(text).strip())
     if match is None:
         raise PlanError(field=where, message=f"{text!r} is not a version.",
-                        fix=f"write it as major.minor.patch, e.g. {where}=\"0.4.1\"")
+                        fix=f"write it as major.minor.patch, e.g. {where} 0.4.1" if where.startswith("--")
+                        else f'write it as major.minor.patch, e.g. {where} = "0.4.1"')
     major, minor, patch = (int(part) if part else 0 for part in match.groups())
     return major, minor, patch
 
