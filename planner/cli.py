@@ -932,8 +932,7 @@ def compare(
     fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a plan key the log shows differently "
                                                   "(e.g. rollout.enforce_eager=true); repeatable.")] = None,
     profile: ProfileOption = None,
-    verl_version: Annotated[str | None, typer.Option("--verl-version", help="verl version that wrote the log "
-                                                     "(default: read from its metric names).")] = None,
+    verl_version: VerlVersion = None,
     chart: Annotated[str | None, typer.Option("--chart", help="Also draw measured vs predicted and the length trend "
                                               "to this .html / .png / .svg; needs the charts extra.")] = None,
     json_output: JsonOutput = False,
