@@ -33,16 +33,11 @@ from attrs import frozen
 
 from rlplan.planner.arch import Architecture
 from rlplan.planner.hardware import Cluster
-from rlplan.planner.memory import (
-    GIB,
-    MIB,
-    TrainerState,
-    kv_cache_tokens,
-    model_facts,
-    predict_memory,
-    training_components,
-    vllm_kv_cache_bytes,
-)
+from rlplan.planner.memory import GIB, predict_memory
+from rlplan.planner.memory.fsdp import TrainerState, training_components
+from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.memory.report import MIB
+from rlplan.planner.memory.rollout import kv_cache_tokens, vllm_kv_cache_bytes
 from rlplan.planner.plan import (
     ActorSection,
     DataSection,
@@ -693,7 +688,7 @@ def kept_data_rows(replaced_sources: set[str], path: Path = ROWS_PATH) -> list[d
 def band_section() -> list[str]:
     """Section 1c from the data file as it is now: the band per kind of pass and head, and the default margin."""
     from rlplan.planner import model_error
-    from rlplan.planner.memory import UPDATE_HEAD_BYTES
+    from rlplan.planner.memory.heads import UPDATE_HEAD_BYTES
 
     model_error.accuracy_rows.cache_clear()
     model_error.error_band.cache_clear()

@@ -30,13 +30,8 @@ from attrs import frozen
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import with_expected_lengths
-from rlplan.planner.memory import (
-    GIB,
-    MemoryReport,
-    PhaseMemory,
-    longest_expected_response_that_fits,
-    predict_memory,
-)
+from rlplan.planner.memory import GIB, MemoryReport, PhaseMemory, predict_memory
+from rlplan.planner.memory.phases import longest_expected_response_that_fits
 from rlplan.planner.model_error import ErrorBand, peak_error_band
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan

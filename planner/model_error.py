@@ -26,7 +26,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
-from rlplan.planner.memory import resolved_loss_head
+from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile

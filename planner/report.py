@@ -10,12 +10,9 @@ from typing import Any
 from rlplan.planner.errors import ECHO_LIMIT, shorten
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.margin_report import host_note, margin_json, margin_text, margin_warning
-from rlplan.planner.memory import (
-    at_max_length,
-    longest_expected_response_that_fits,
-    predict_memory,
-    resolved_loss_head,
-)
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.memory.heads import resolved_loss_head
+from rlplan.planner.memory.phases import at_max_length, longest_expected_response_that_fits
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile

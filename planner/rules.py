@@ -31,7 +31,7 @@ from attrs import field, frozen
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
-from rlplan.planner.memory import runtime_loss_head
+from rlplan.planner.memory.heads import runtime_loss_head
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform

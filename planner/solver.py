@@ -29,7 +29,8 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, evolve_fields, knob_value
 from rlplan.planner.layout import plan_layout
-from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase, rollout_budget
+from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase
+from rlplan.planner.memory.rollout import rollout_budget
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, plan_margin
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import (

@@ -32,18 +32,16 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout, reuses_update_log_probs
-from rlplan.planner.memory import (
-    MemoryReport,
-    ModelFacts,
+from rlplan.planner.memory import MemoryReport
+from rlplan.planner.memory.fsdp import (
     TrainerState,
     actor_state,
     critic_state,
-    lora_params,
-    model_facts,
     offloaded_by_policy,
     ref_param_bytes,
     ref_params_on_host,
 )
+from rlplan.planner.memory.model_facts import ModelFacts, lora_params, model_facts
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile

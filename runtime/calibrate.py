@@ -112,7 +112,7 @@ def _real_update_step(plan: Plan) -> tuple[float, float, float]:
     """(GPU bytes held at the peak, seconds per optimizer step, FLOPs per optimizer step) on this GPU."""
     import torch
 
-    from rlplan.planner.memory import model_facts
+    from rlplan.planner.memory.model_facts import model_facts
     from rlplan.runtime.measure import (
         base_dtype,
         build_sharded_model,

@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 # verl's entropy chunk, its fused kernels' vocab split and its logits heads, as the planner prices them.
-from rlplan.planner.memory import ENTROPY_CHUNK_ROWS, FUSED_DLOGITS_SPLIT_VOCAB, VERL_LOGITS_HEADS
+from rlplan.planner.memory.heads import ENTROPY_CHUNK_ROWS, FUSED_DLOGITS_SPLIT_VOCAB, VERL_LOGITS_HEADS
 
 # Any temperature other than 1 (verl divides whatever its value; only the values depend on it).
 TWIN_TEMPERATURE = 0.7

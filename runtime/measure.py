@@ -343,7 +343,7 @@ def training_step_of_plan(plan: Plan, phase: Phase) -> TrainingStep:
     """The step a plan's actor runs in one phase, with the layout's per-GPU numbers and its loss head
     (planner.memory.resolved_loss_head; see plan_as_measured for the head of `rlplan measure`)."""
     from rlplan.planner.layout import plan_layout
-    from rlplan.planner.memory import entropy_variant, resolved_loss_head
+    from rlplan.planner.memory.heads import entropy_variant, resolved_loss_head
 
     if phase not in PHASES:
         raise PlanError(field="--phase", message=f"unknown phase {phase!r}.", fix=f"use one of {', '.join(PHASES)}")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
-from rlplan.planner.memory import vllm_cpu_kv_space_gib
+from rlplan.planner.memory.rollout import vllm_cpu_kv_space_gib
 from rlplan.planner.plan import Plan
 from rlplan.runtime.rollout.adapter_files import write_peft_adapter, write_safetensors_weights
 from rlplan.runtime.rollout.engine_args import vllm_engine_kwargs, vllm_lora_rank

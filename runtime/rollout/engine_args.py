@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlplan.planner.errors import PlanError
-from rlplan.planner.memory import rollout_max_model_len
+from rlplan.planner.memory.rollout import rollout_max_model_len
 from rlplan.planner.plan import Plan
 from rlplan.planner.rules import VLLM_LORA_RANKS
 

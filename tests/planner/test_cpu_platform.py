@@ -13,7 +13,8 @@ from rlplan.planner.cli import app
 from rlplan.planner.hardware import estimate_cpu_rates
 from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import plan_layout
-from rlplan.planner.memory import GIB, predict_memory, rollout_budget, vllm_cpu_kv_space_gib
+from rlplan.planner.memory import GIB, predict_memory
+from rlplan.planner.memory.rollout import rollout_budget, vllm_cpu_kv_space_gib
 from rlplan.planner.planfile import plan_from_toml
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import DEFAULT_PROFILE

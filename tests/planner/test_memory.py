@@ -18,23 +18,22 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import GpuSpec
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
-from rlplan.planner.memory import (
-    GIB,
-    MIB,
+from rlplan.planner.memory import GIB, predict_memory, predict_phase
+from rlplan.planner.memory.fsdp import critic_state, forward_components
+from rlplan.planner.memory.heads import (
     UPDATE_HEAD_BYTES,
-    RolloutBudget,
     actor_head_bytes_per_token_vocab,
-    critic_state,
-    forward_components,
     head_bytes_per_token_vocab,
-    kv_cache_tokens,
-    longest_expected_response_that_fits,
-    model_facts,
-    predict_memory,
-    predict_phase,
     resolved_loss_head,
-    rollout_budget,
     temperature_backward_bytes_per_token_vocab,
+)
+from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.memory.phases import longest_expected_response_that_fits
+from rlplan.planner.memory.report import MIB
+from rlplan.planner.memory.rollout import (
+    RolloutBudget,
+    kv_cache_tokens,
+    rollout_budget,
     vllm_activation_bytes,
     vllm_kv_cache_bytes,
 )
@@ -548,7 +547,7 @@ def test_entropy_variants_order_compiled_below_eager_equal_to_checkpointed_below
 
 
 def test_chunked_entropy_costs_fewer_bytes_per_token_as_the_micro_batch_grows():
-    from rlplan.planner.memory import chunked_entropy_head_bytes_per_token_vocab
+    from rlplan.planner.memory.heads import chunked_entropy_head_bytes_per_token_vocab
 
     for grad in (True, False):
         costs = [chunked_entropy_head_bytes_per_token_vocab(tokens, grad=grad) for tokens in (2048, 4096, 8192, 65536)]
@@ -686,7 +685,7 @@ def test_offload_policy_is_ignored_on_fsdp1_as_verl_ignores_it():
 
 
 def test_an_fp32_rollout_engine_holds_its_weights_and_kv_cache_at_four_bytes_an_element():
-    from rlplan.planner.memory import rollout_budget
+    from rlplan.planner.memory.rollout import rollout_budget
 
     bf16 = rollout_budget(make_plan())
     fp32 = rollout_budget(make_plan(overrides={"rollout.dtype": "float32"}))

@@ -7,7 +7,7 @@ import pytest
 
 from rlplan.planner import model_error
 from rlplan.planner.errors import PlanError
-from rlplan.planner.memory import resolved_loss_head
+from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.model_error import (
     AccuracyRow,
     ErrorBand,

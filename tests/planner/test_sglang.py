@@ -8,7 +8,8 @@ import attrs
 import pytest
 
 from rlplan.planner.hardware import Cluster
-from rlplan.planner.memory import predict_memory, rollout_budget
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.memory.rollout import rollout_budget
 from rlplan.planner.plan import ActorSection, DataSection, ModelSection, Plan, RolloutSection
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.render import verl_overrides

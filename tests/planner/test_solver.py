@@ -541,7 +541,7 @@ def test_among_candidates_as_fast_as_the_best_solve_takes_the_one_leaving_most_m
 
 def test_the_rollout_takes_the_smallest_utilization_that_runs_as_many_sequences_at_once():
     from rlplan.planner.layout import plan_layout
-    from rlplan.planner.memory import rollout_budget
+    from rlplan.planner.memory.rollout import rollout_budget
 
     plan = solve(issue_request("qwen2.5-7b", "h100-80g", 8, 2048)).plan
     assert plan is not None

@@ -14,12 +14,10 @@ import attrs
 import pytest
 from attrs import frozen
 
-from rlplan.planner.memory import (
-    longest_expected_response_that_fits,
-    predict_memory,
-    resolved_loss_head,
-    rollout_budget,
-)
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.memory.heads import resolved_loss_head
+from rlplan.planner.memory.phases import longest_expected_response_that_fits
+from rlplan.planner.memory.rollout import rollout_budget
 from rlplan.planner.plan import (
     Plan,
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlplan.planner.errors import PlanError
-from rlplan.planner.memory import resolved_loss_head
+from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.render import render_plan
 from rlplan.planner.rules import check_plan

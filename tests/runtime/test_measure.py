@@ -151,7 +151,7 @@ def test_measure_command_prints_json_and_rejects_a_missing_plan(tmp_path, capsys
 
 # --- the memory twins of verl's GPU heads --------------------------------------------------
 
-from rlplan.planner.memory import (  # noqa: E402
+from rlplan.planner.memory.heads import (  # noqa: E402
     FUSED_DLOGITS_SPLIT_VOCAB,
     UPDATE_HEAD_BYTES,
     head_bytes_per_token_vocab,

@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from rlplan.planner.errors import PlanError
-from rlplan.planner.memory import vllm_cpu_kv_space_gib as cpu_kv_cache_gib
+from rlplan.planner.memory.rollout import vllm_cpu_kv_space_gib as cpu_kv_cache_gib
 from rlplan.runtime.rollout.engine_args import vllm_engine_kwargs, vllm_lora_rank
 
 LORA_RANK = 8

@@ -1,0 +1,473 @@
+"""The phases of a colocated verl step, each priced per GPU with its components, and host RAM per node.
+
+A step runs these phases (the package docstring lists the components they report):
+
+    weight_sync    trainer weights pushed into the waking engine (multi-stage wake: KV not yet resident)
+    rollout        generation: vLLM inside util x GPU; SGLang's weights + KV inside it, buffers and
+                   CUDA graphs beside it; with what the trainer leaves on the GPU
+    old_log_prob   actor forward, no_grad
+    ref_log_prob   reference forward, no_grad (only when a KL term needs it)
+    critic_values  critic forward, no_grad (PPO/GAE only)
+    critic_update  critic training step (PPO/GAE only)
+    actor_update   actor training step: max(P_loss, P_bwd, P_opt)
+
+Entry points: `predict_memory` (every phase, host, KV budget) and `predict_phase` (one
+phase, for searches that bisect one knob).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
+from rlplan.planner.memory.fsdp import (
+    TrainerState,
+    actor_state,
+    critic_state,
+    forward_components,
+    offloaded_by_policy,
+    on_gpu,
+    ref_param_bytes,
+    ref_params_on_host,
+    training_components,
+    weight_sync_gather_bytes,
+)
+from rlplan.planner.memory.heads import (
+    actor_head_bytes_per_token_vocab,
+    forward_head_bytes_per_token_vocab,
+    lm_head_backward_bytes,
+    resolved_loss_head,
+)
+from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.memory.report import GIB, MIB, BindingConstraint, Component, HostMemory, PhaseMemory
+from rlplan.planner.memory.rollout import (
+    RolloutBudget,
+    cuda_graph_pool_bytes,
+    rollout_budget,
+    woken_for_weight_sync,
+)
+from rlplan.planner.phases import Phase
+from rlplan.planner.plan import Plan
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+
+
+@frozen
+class MemoryReport:
+    phases: tuple[PhaseMemory, ...]
+    host: HostMemory
+    gpu_capacity_bytes: int
+    host_capacity_bytes: int
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    max_concurrent_sequences: int
+    rollout: RolloutBudget
+    notes: tuple[str, ...] = ()
+
+    def phase(self, name: str) -> PhaseMemory:
+        for phase in self.phases:
+            if phase.name == name:
+                return phase
+        raise KeyError(name)
+
+    @property
+    def peak_phase(self) -> PhaseMemory:
+        return max(self.phases, key=lambda p: p.peak_bytes)
+
+    @property
+    def gpu_peak_bytes(self) -> int:
+        return max(p.peak_bytes for p in self.phases)
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.gpu_peak_bytes <= self.gpu_capacity_bytes and self.rollout.holds_max_model_len
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host.total_bytes <= self.host_capacity_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.gpu_capacity_bytes - self.gpu_peak_bytes
+
+    @property
+    def binding_constraint(self) -> BindingConstraint:
+        """The limit with the least headroom relative to its capacity."""
+        candidates = [
+            BindingConstraint("gpu", p.name, p.largest_component.name, self.gpu_capacity_bytes - p.peak_bytes,
+                              self.gpu_capacity_bytes)
+            for p in self.phases
+        ]
+        if self.host.components:
+            largest = max(self.host.components, key=lambda c: c.bytes)
+            candidates.append(BindingConstraint("host", "host", largest.name,
+                                                self.host_capacity_bytes - self.host.total_bytes,
+                                                self.host_capacity_bytes))
+        needed = self.rollout.bytes_needed_for_max_model_len
+        candidates.append(BindingConstraint("kv_cache", "rollout", "kv_cache", self.kv_cache_bytes - needed,
+                                            self.rollout.requested_bytes))
+        return min(candidates, key=lambda c: c.relative_headroom)
+
+
+class _StepContext:
+    """What every phase of one plan shares; built once per predict_memory call."""
+
+    __slots__ = ("plan", "profile", "facts", "layout", "shard", "actor", "critic", "actor_gpu", "critic_gpu",
+                 "_budget", "resident_by_role", "_vllm_resident", "overhead", "on_cpu")
+
+    def __init__(self, plan: Plan, profile: Profile, layout: PlanLayout) -> None:
+        self.plan = plan
+        self.profile = profile
+        self.facts = model_facts(plan.model.arch)
+        self.layout = layout
+        self.shard = max(1, layout.parallel.fsdp_shard_size)
+        self.actor = actor_state(plan, self.shard)
+        self.critic = critic_state(plan, self.shard) if plan.uses_critic else None
+        # The part of each role's state on the GPU (none of it under CPUOffloadPolicy).
+        self.actor_gpu = on_gpu(self.actor, offloaded_by_policy(plan, "actor"))
+        self.critic_gpu = on_gpu(self.critic, offloaded_by_policy(plan, "critic")) if self.critic else None
+        self._budget: RolloutBudget | None = None
+        self._vllm_resident: list[Component] | None = None
+        self.on_cpu = plan.cluster.gpu.is_cpu
+        # On rlplan's CPU runtime a rank is a process and what it measures is its resident set: the
+        # interpreter and libraries take the place of the CUDA context.
+        self.overhead = (
+            Component("cpu_process_baseline", int(profile.cpu_trainer_process_gib * GIB), "overhead") if self.on_cpu
+            else Component("cuda_context_and_nccl", int(profile.cuda_context_and_nccl_gib * GIB), "overhead"))
+        self.resident_by_role = self._resident_by_role()
+
+    @property
+    def budget(self) -> RolloutBudget:
+        if self._budget is None:
+            self._budget = rollout_budget(self.plan, self.profile)
+        return self._budget
+
+    @property
+    def vllm_resident(self) -> list[Component]:
+        if self._vllm_resident is None:
+            self._vllm_resident = self._vllm_components()
+        return self._vllm_resident
+
+    def _resident_by_role(self) -> dict[str, Component]:
+        """Trainer state left on the GPU while another phase runs, by name (verl offloads between phases)."""
+        plan = self.plan
+        resident: dict[str, Component] = {}
+        # Under offload_policy verl turns param_offload / optimizer_offload off: nothing to offload between phases.
+        if not plan.actor.param_offload and self.actor_gpu.params:
+            resident["actor_params"] = Component("actor_params", int(self.actor_gpu.params), "resident")
+        if not plan.actor.optimizer_offload and self.actor_gpu.optimizer:
+            resident["actor_optimizer_state"] = Component("actor_optimizer_state", int(self.actor_gpu.optimizer),
+                                                          "resident")
+        if plan.uses_reference and not plan.reference_is_actor and not ref_params_on_host(plan):
+            resident["ref_params"] = Component(
+                "ref_params", ref_param_bytes(plan, self.facts, self.shard), "resident")
+        if self.critic_gpu is not None:
+            if not plan.critic.param_offload and self.critic_gpu.params:
+                resident["critic_params"] = Component("critic_params", int(self.critic_gpu.params), "resident")
+            if not plan.critic.optimizer_offload and self.critic_gpu.optimizer:
+                resident["critic_optimizer_state"] = Component("critic_optimizer_state",
+                                                               int(self.critic_gpu.optimizer), "resident")
+        return resident
+
+    def _vllm_components(self) -> list[Component]:
+        """The engine's share of the GPU while the trainer runs: the sleep residue, or everything without sleep.
+
+        Asleep, vLLM keeps its context and CUDA-graph pool.  SGLang's memory saver pauses only the
+        "weights" and "kv_cache" regions (verl async_sglang_server.py sleep: release tags
+        ["kv_cache", "weights"]); its context and CUDA graphs stay, its buffers are freed to the allocator.
+        """
+        profile = self.profile
+        engine = self.plan.rollout.name
+        components = [Component(f"{engine}_context", int(profile.vllm_sleep_residual_gib * GIB), "resident")]
+        if graph_pool := cuda_graph_pool_bytes(self.plan, profile):
+            components.append(Component("cuda_graph_pool", int(graph_pool), "resident"))
+        if not self.plan.rollout.free_cache_engine:
+            budget = self.budget
+            components += [
+                Component(f"{engine}_weights", budget.weights_bytes, "resident"),
+                Component(f"{engine}_activation", budget.activation_bytes, "resident"),
+                Component(f"{engine}_non_torch", budget.non_torch_bytes, "resident"),
+                Component("kv_cache", max(0, budget.kv_cache_bytes), "resident"),
+            ]
+        return components
+
+    def phase(self, name: str, step: list[Component], *, loaded: tuple[str, ...], peak_at: str = "",
+              step_is_trainer: bool = True, vllm_extra: tuple[Component, ...] = ()) -> PhaseMemory:
+        """A phase: its own components, the other roles' resident state, vLLM's share, and the overheads.
+
+        `loaded` names the resident state this phase has on the GPU as its own step components.
+        The fragmentation reserve covers the trainer's caching-allocator memory, not vLLM's pools.
+        On CPU each phase is one process's resident set: the engine runs in a process of its own (so a
+        trainer phase holds none of it, and the rollout none of the trainer's state), and torch's CPU
+        allocator keeps no cache to reserve for.
+        """
+        if self.on_cpu:
+            if not step_is_trainer:
+                engine_process = Component(f"{self.plan.rollout.name}_cpu_process_baseline",
+                                           int(self.profile.cpu_rollout_process_gib * GIB), "overhead")
+                return PhaseMemory(name, (*step, engine_process), peak_at)
+            resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
+            return PhaseMemory(name, (*step, *resident, self.overhead), peak_at)
+        resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
+        components = step + resident
+        trainer_bytes = sum(c.bytes for c in (components if step_is_trainer else resident) if c.scope != "overhead")
+        if step_is_trainer:
+            components += self.vllm_resident
+        components += vllm_extra
+        components.append(self.overhead)
+        # A calibrated allocator cache (profile.allocator_cache_gib) is held in trainer phases only: verl empties
+        # the cache around the engine's wake-up and sleep (FSDP-vLLM sharding manager __enter__ / __exit__), so it
+        # builds up over the trainer phases between two rollouts.
+        cache = self.profile.allocator_cache_gib * GIB if step_is_trainer else 0.0
+        components.append(
+            Component("fragmentation_reserve", int(self.profile.fragmentation_fraction * trainer_bytes + cache),
+                      "overhead"))
+        return PhaseMemory(name, tuple(components), peak_at)
+
+
+def _actor_update(ctx: _StepContext) -> PhaseMemory:
+    plan, facts = ctx.plan, ctx.facts
+    role = ctx.layout.actor_update
+    peak_at, step = training_components(
+        facts,
+        ctx.actor_gpu,
+        tokens=role.tokens_per_micro_batch,
+        micro_batches_per_mini=role.micro_batches_per_mini,
+        checkpointing=plan.model.gradient_checkpointing,
+        activation_offload=plan.model.activation_offload,
+        head_bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, ctx.profile,
+                                                                    tokens=role.tokens_per_micro_batch),
+        fp32_head=resolved_loss_head(plan) == "naive",
+        root_group_bytes=2 * facts.vocab * facts.hidden * (1 if facts.tied else 2),
+        root_at_loss_bytes=2 * facts.vocab * facts.hidden,
+        role="actor",
+        profile=ctx.profile,
+        lm_head_backward_bytes=lm_head_backward_bytes(plan, facts, role.tokens_per_micro_batch),
+    )
+    return ctx.phase(Phase.ACTOR_UPDATE, step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
+
+
+def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entropy: bool) -> PhaseMemory:
+    step = forward_components(ctx.facts, params_bytes=ctx.actor_gpu.params, params_name="actor_params",
+                              tokens=role.tokens_per_micro_batch,
+                              head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
+                                  ctx.plan, ctx.profile, entropy=entropy, tokens=role.tokens_per_micro_batch))
+    return ctx.phase(name, step, loaded=("actor_params",))
+
+
+def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
+    if ctx.plan.reference_is_actor:
+        return _actor_forward(ctx, Phase.REF_LOG_PROB, role, entropy=False)
+    # Offloaded by FSDP itself, the reference's shards stay in host RAM: the GPU holds the gathered layers.
+    on_gpu = 0 if ref_params_on_host(ctx.plan) else ref_param_bytes(ctx.plan, ctx.facts, ctx.shard)
+    step = forward_components(ctx.facts, params_bytes=on_gpu,
+                              params_name="ref_params", tokens=role.tokens_per_micro_batch,
+                              head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
+                                  ctx.plan, ctx.profile, entropy=False, tokens=role.tokens_per_micro_batch))
+    return ctx.phase(Phase.REF_LOG_PROB, step, loaded=("ref_params",))
+
+
+def _critic_values(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
+    assert ctx.critic_gpu is not None
+    step = forward_components(ctx.facts, params_bytes=ctx.critic_gpu.params, params_name="critic_params",
+                              tokens=role.tokens_per_micro_batch, head_bytes_per_token_vocab=0.0)
+    return ctx.phase(Phase.CRITIC_VALUES, step, loaded=("critic_params",))
+
+
+def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
+    assert ctx.critic_gpu is not None
+    facts = ctx.facts
+    peak_at, step = training_components(
+        facts,
+        ctx.critic_gpu,
+        tokens=role.tokens_per_micro_batch,
+        micro_batches_per_mini=role.micro_batches_per_mini,
+        checkpointing=ctx.plan.critic.gradient_checkpointing,
+        activation_offload=False,
+        head_bytes_per_token_vocab=0.0,
+        # A value model keeps the embedding but has no lm_head.
+        root_group_bytes=2 * facts.vocab * facts.hidden,
+        role="critic",
+        profile=ctx.profile,
+    )
+    return ctx.phase(Phase.CRITIC_UPDATE, step, loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
+
+
+def _weight_sync(ctx: _StepContext) -> PhaseMemory:
+    rollout = ctx.plan.rollout
+    gather = weight_sync_gather_bytes(ctx.plan, ctx.facts, rollout.update_weights_bucket_megabytes * MIB)
+    step = [
+        Component("actor_params", int(ctx.actor_gpu.params)),
+        Component("weight_sync_gather", gather),
+    ]
+    return ctx.phase(Phase.WEIGHT_SYNC, step, loaded=("actor_params",),
+                     vllm_extra=woken_for_weight_sync(ctx.plan, ctx.budget))
+
+
+def _rollout(ctx: _StepContext) -> PhaseMemory:
+    budget = ctx.budget
+    profile = ctx.profile
+    engine = ctx.plan.rollout.name
+    if ctx.on_cpu:
+        # vLLM CPU: weights and the KV space in the engine's process (its baseline is added by phase()).
+        cpu_step = [Component(f"{engine}_weights", budget.weights_bytes),
+                    Component("kv_cache", max(0, budget.kv_cache_bytes))]
+        return ctx.phase(Phase.ROLLOUT, cpu_step, loaded=(), step_is_trainer=False)
+    step = [
+        Component(f"{engine}_weights", budget.weights_bytes),
+        Component(f"{engine}_activation", budget.activation_bytes),
+        Component(f"{engine}_non_torch", budget.non_torch_bytes),
+        Component("kv_cache", max(0, budget.kv_cache_bytes)),
+        Component(f"{engine}_context", int(profile.vllm_sleep_residual_gib * GIB)),
+    ]
+    if not ctx.plan.rollout.enforce_eager:
+        step.append(Component("cuda_graph_pool", int(cuda_graph_pool_bytes(ctx.plan, profile))))
+    return ctx.phase(Phase.ROLLOUT, step, loaded=(), step_is_trainer=False)
+
+
+def _policy_offloaded(role: str, state: TrainerState, ranks: int) -> list[Component]:
+    """A node's pinned host copies under CPUOffloadPolicy: every rank's param, grad and AdamW shards."""
+    return [
+        Component(f"{role}_params_offloaded", int(ranks * state.params)),
+        Component(f"{role}_grads_offloaded", int(ranks * state.grads)),
+        Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)),
+    ]
+
+
+def _host(ctx: _StepContext) -> HostMemory:
+    plan, facts, profile = ctx.plan, ctx.facts, ctx.profile
+    ranks = plan.cluster.gpus_per_node
+    components: list[Component] = []
+    if offloaded_by_policy(plan, "actor"):
+        components += _policy_offloaded("actor", ctx.actor, ranks)
+    else:
+        if plan.actor.param_offload:
+            components.append(Component("actor_params_offloaded", int(ranks * ctx.actor.params)))
+        if plan.actor.optimizer_offload:
+            components.append(Component("actor_optimizer_offloaded", int(ranks * ctx.actor.optimizer)))
+    if plan.uses_reference and not plan.reference_is_actor and ref_params_on_host(plan):
+        components.append(Component("ref_params_offloaded",
+                                    ranks * ref_param_bytes(plan, facts, ctx.shard)))
+    if ctx.critic is not None and offloaded_by_policy(plan, "critic"):
+        components += _policy_offloaded("critic", ctx.critic, ranks)
+    elif ctx.critic is not None:
+        if plan.critic.param_offload:
+            components.append(Component("critic_params_offloaded", int(ranks * ctx.critic.params)))
+        if plan.critic.optimizer_offload:
+            components.append(Component("critic_optimizer_offloaded", int(ranks * ctx.critic.optimizer)))
+    if plan.model.activation_offload:
+        tokens = ctx.layout.actor_update.tokens_per_micro_batch
+        offloaded_layers = max(0, facts.layers - profile.activation_offload_resident_layers)
+        per_layer = 2 * facts.hidden if plan.model.gradient_checkpointing else facts.layer_activation_bytes_per_token
+        components.append(Component("activations_offloaded", ranks * offloaded_layers * tokens * per_layer))
+    rollout = plan.rollout
+    # SGLang's memory saver discards paused contents (verl enables no CPU backup in hybrid mode).
+    if rollout.name == "vllm" and rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
+        components.append(Component("vllm_sleep_weights", ranks * ctx.budget.weights_bytes))
+    if profile.shm_model_copies_per_node:
+        components.append(Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * facts.params))
+    if ctx.on_cpu:
+        # Each rank's process is priced per 'device' (its share of host RAM); the engine's process, its
+        # weights and its KV space come on top of them: one engine per machine (runtime.workers).
+        engine = ctx.budget
+        components.append(Component("vllm_cpu_engine", int(profile.cpu_rollout_process_gib * GIB)
+                                    + engine.weights_bytes + max(0, engine.kv_cache_bytes)))
+        return HostMemory(tuple(components))
+    components.append(Component("process_overhead", int(ranks * profile.host_process_gib_per_gpu * GIB)))
+    return HostMemory(tuple(components))
+
+
+def _step_phases(ctx: _StepContext) -> dict[str, Callable[[], PhaseMemory]]:
+    """The phases this plan's step runs, in order, each built on demand."""
+    layout = ctx.layout
+    phases: dict[str, Callable[[], PhaseMemory]] = {
+        Phase.WEIGHT_SYNC: lambda: _weight_sync(ctx),
+        Phase.ROLLOUT: lambda: _rollout(ctx),
+        Phase.OLD_LOG_PROB: lambda: _actor_forward(ctx, Phase.OLD_LOG_PROB, layout.old_log_prob, entropy=True),
+    }
+    ref, values, update = layout.ref_log_prob, layout.critic_values, layout.critic_update
+    if ref is not None:
+        phases[Phase.REF_LOG_PROB] = lambda: _ref_forward(ctx, ref)
+    if ctx.critic is not None and values is not None and update is not None:
+        phases[Phase.CRITIC_VALUES] = lambda: _critic_values(ctx, values)
+        phases[Phase.CRITIC_UPDATE] = lambda: _critic_update(ctx, update)
+    phases[Phase.ACTOR_UPDATE] = lambda: _actor_update(ctx)
+    return phases
+
+
+def predict_phase(plan: Plan, name: str, profile: Profile = DEFAULT_PROFILE,
+                  layout: PlanLayout | None = None) -> PhaseMemory:
+    """One phase of predict_memory alone, for searches that bisect one phase's knob."""
+    builders = _step_phases(_StepContext(plan, profile, layout or plan_layout(plan)))
+    if name not in builders:
+        raise KeyError(f"{name!r} is not a phase of this plan's step: {', '.join(builders)}")
+    return builders[name]()
+
+
+def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanLayout | None = None) -> MemoryReport:
+    """Per-GPU peak of every phase, host RAM per node, and the rollout KV budget of one plan."""
+    ctx = _StepContext(plan, profile, layout or plan_layout(plan))
+    phases = [build() for build in _step_phases(ctx).values()]
+    budget = ctx.budget
+    notes: list[str] = []
+    if budget.kv_cache_bytes <= 0:
+        notes.append(f"{plan.rollout.name} weights and workspace exceed gpu_memory_utilization x GPU: "
+                     "no room for a KV cache")
+    elif not budget.holds_max_model_len:
+        notes.append(f"the KV cache holds {budget.kv_cache_tokens} tokens, below max_model_len {budget.max_model_len}")
+    if plan.rollout.free_cache_engine and not plan.rollout.multi_stage_wake_up:
+        notes.append("without multi_stage_wake_up the KV cache is resumed before the weight sync: trainer weights, "
+                     f"rollout weights and KV cache are on the GPU at once; rollout.multi_stage_wake_up = true keeps "
+                     f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
+    if (plan.rollout.name == "vllm" and plan.rollout.layered_summon and plan.rollout.sleep_level == 2
+            and plan.rollout.free_cache_engine):
+        notes.append("layered_summon forces vLLM sleep level 1: weights are copied to host RAM")
+    return MemoryReport(
+        phases=tuple(phases),
+        host=_host(ctx),
+        gpu_capacity_bytes=plan.cluster.gpu_memory_bytes,
+        host_capacity_bytes=plan.cluster.host_memory_bytes_per_node,
+        kv_cache_bytes=max(0, budget.kv_cache_bytes),
+        kv_cache_tokens=budget.kv_cache_tokens,
+        max_concurrent_sequences=budget.max_concurrent_sequences,
+        rollout=budget,
+        notes=tuple(notes),
+    )
+
+
+def at_max_length(plan: Plan) -> Plan:
+    """The plan with its expected lengths dropped: every sequence priced at the maximum (worst case)."""
+    return plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=None, expected_response_length=None))
+
+
+def longest_expected_response_that_fits(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> int:
+    """The largest mean response length (at the plan's expected prompt length) the plan fits at.
+
+    0 when even one-token responses do not fit; max_response_length when it fits at full length.
+    Memory grows monotonically with the mean length (fixed micro batches hold m x mean tokens),
+    so a bisection over predict_memory finds the boundary in log2(max_response_length) calls.
+    """
+
+    def fits(response: int) -> bool:
+        data = attrs.evolve(plan.data, expected_response_length=response)
+        return predict_memory(plan.evolve(data=data), profile).fits
+
+    high = plan.data.max_response_length
+    if fits(high):
+        return high
+    if not fits(1):
+        return 0
+    low = 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low

@@ -1,0 +1,74 @@
+"""The memory model's result types: components with their scope, a phase's and the host's memory, the limit
+that binds.  Pure values: every other module of the package builds them."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from attrs import frozen
+
+GIB = 2**30
+MIB = 2**20
+
+Scope = Literal["step", "resident", "overhead"]
+
+
+@frozen
+class Component:
+    name: str
+    bytes: int
+    scope: Scope = "step"
+
+
+@frozen
+class PhaseMemory:
+    name: str
+    components: tuple[Component, ...]
+    # Which sub-phase set the peak (training: "loss", "backward" or "optimizer_step").
+    peak_at: str = ""
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(c.bytes for c in self.components)
+
+    def scope_bytes(self, scope: Scope) -> int:
+        return sum(c.bytes for c in self.components if c.scope == scope)
+
+    @property
+    def step_bytes(self) -> int:
+        """What this phase allocates itself: the total a PyTorch memory tracker reports."""
+        return self.scope_bytes("step")
+
+    def bytes_of(self, name: str) -> int:
+        return sum(c.bytes for c in self.components if c.name == name)
+
+    @property
+    def largest_component(self) -> Component:
+        return max(self.components, key=lambda c: c.bytes)
+
+
+@frozen
+class HostMemory:
+    """Host RAM one node needs (pinned offload copies, sleeping-engine weights, model files, processes)."""
+
+    components: tuple[Component, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.bytes for c in self.components)
+
+
+@frozen
+class BindingConstraint:
+    """The tightest limit: where, which component dominates there, and the headroom (negative: over by)."""
+
+    resource: Literal["gpu", "host", "kv_cache"]
+    where: str
+    component: str
+    headroom_bytes: int
+    capacity_bytes: int
+
+    @property
+    def relative_headroom(self) -> float:
+        return self.headroom_bytes / self.capacity_bytes if self.capacity_bytes else -math.inf

