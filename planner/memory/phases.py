@@ -53,7 +53,7 @@ from rlplan.planner.memory.rollout import (
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-from rlplan.planner.stack import MICRO_OUTPUTS_HELD_TO_MINI_END, holds
+from rlplan.planner.stack import MICRO_OUTPUTS_HELD_TO_MINI_END, VLLM_V0_ENGINE, holds
 
 
 @frozen
@@ -441,6 +441,11 @@ def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanL
         notes.append("without multi_stage_wake_up the KV cache is resumed before the weight sync: trainer weights, "
                      f"rollout weights and KV cache are on the GPU at once; {remedy} "
                      f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
+    if holds(VLLM_V0_ENGINE, plan.stack, plan.rollout.name) and not plan.cluster.gpu.is_cpu:
+        notes.append(f"vLLM {plan.stack.version_of('vllm')} runs the V0 engine: its profile-run sampler is priced "
+                     f"with V1's {profile.vllm_sampler_bytes_per_seq_vocab:g} bytes per sequence x vocabulary entry, "
+                     "which over-states V0's (a verl run on vLLM 0.8.3 started at no more than 17, docs/accuracy.md "
+                     "3b) and so under-states the KV cache; a profile calibrated on that vLLM sets it")
     if (plan.rollout.name == "vllm" and plan.rollout.layered_summon and plan.rollout.sleep_level == 2
             and plan.rollout.free_cache_engine):
         notes.append("layered_summon forces vLLM sleep level 1: weights are copied to host RAM")

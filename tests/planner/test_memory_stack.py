@@ -64,3 +64,9 @@ def test_without_remove_padding_micro_batches_are_priced_at_padded_positions():
     padded_plan = make_plan(overrides={**means, "model.use_remove_padding": False})
     assert update_component(padded_plan, "activations") > update_component(apply_knobs(padded_plan, {
         "model.use_remove_padding": True}), "activations")
+
+
+def test_a_v0_vllm_says_its_sampler_is_priced_with_v1s_coefficient():
+    v0 = make_plan().evolve(stack=StackSection(vllm="0.8.3"))
+    assert any("V0 engine" in note for note in predict_memory(v0).notes)
+    assert not any("V0 engine" in note for note in predict_memory(make_plan()).notes)
