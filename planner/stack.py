@@ -10,6 +10,7 @@ Pure values: no I/O.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ DEFAULT_ENGINE_VERSIONS: dict[str, str] = {"vllm": DEFAULT_VLLM, "sglang": DEFAU
 _VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[.\-+]?(?:post|dev|rc|a|b|\+)[\w.+-]*)?")
 
 
+@functools.lru_cache(maxsize=256)  # the solver's inner loop asks about the same few versions thousands of times
 def parse_version(text: str, where: str = "stack.verl") -> Version:
     """`0.4.1` -> (0, 4, 1); a suffix (post1, dev, rc1, +cu128) counts as its release. A PlanError naming
     `where` for anything else."""
