@@ -32,6 +32,7 @@ from rlplan.planner.plan import Algorithm, ModelSection, Plan, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
 from rlplan.planner.solver import Objective, SolveRequest, SolveResult
+from rlplan.planner.stack import DEFAULT_STACK, solve_pins
 from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
@@ -95,6 +96,10 @@ class SolveFlags:
     quiet: bool = False
     top: int | None = None
     frontier: str | None = None
+    # The target stack (planner/stack.py); None: the --from plan's, else the default.
+    verl_version: str | None = None
+    vllm_version: str | None = None
+    sglang_version: str | None = None
 
     def __attrs_post_init__(self) -> None:
         for flag, name in _COUNT_FLAGS:
@@ -357,7 +362,9 @@ def solve_inputs(flags: SolveFlags, base: Plan | None, say: Say) -> SolveInputs:
     model = model_section(flags, base, say)
     profile = load_profile(flags.profile)
     cluster = solve_cluster(flags, base, profile, say)
-    pins = {**(CPU_RUNTIME_PINS if flags.on_cpu else {}), **parse_fixes(flags.fix)}
+    stack = solve_pins(base.stack if base else DEFAULT_STACK, flags.verl_version, flags.vllm_version,
+                       flags.sglang_version)
+    pins = {**stack, **(CPU_RUNTIME_PINS if flags.on_cpu else {}), **parse_fixes(flags.fix)}
     if flags.rollout is not None and "rollout.name" in pins:
         raise PlanError(field="--rollout", message="both --rollout and --fix rollout.name are given.",
                         fix="pass only --rollout")
