@@ -88,13 +88,22 @@ def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
                             fix=f"pin a key inside it, e.g. {dotted}.{attrs.fields(type(getattr(obj, head)))[0].name}")
         hint = typing.get_type_hints(type(obj))[head]
         return attrs.evolve(obj, **{head: _coerce(value, hint, dotted)})
-    return attrs.evolve(obj, **{head: set_knob(getattr(obj, head), path[1:], value, dotted)})
+    section = getattr(obj, head)
+    if section is None:
+        # An optional section the plan leaves unset (actor.megatron): a pin inside it starts from its defaults.
+        hint = typing.get_type_hints(type(obj))[head]
+        section_class = next((arg for arg in typing.get_args(hint) if attrs.has(arg)), None)
+        if section_class is not None:
+            section = section_class()
+    return attrs.evolve(obj, **{head: set_knob(section, path[1:], value, dotted)})
 
 
 def knob_value(plan: Plan, dotted: str) -> Any:
     """The plan's value at a dotted key (`rollout.max_num_seqs`), read as apply_knobs would set it."""
     value: Any = plan
     for name in dotted.split("."):
+        if value is None:  # inside an optional section the plan leaves unset
+            return None
         value = getattr(value, name)
     return value
 

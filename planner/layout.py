@@ -19,7 +19,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import MegatronSection, Plan
 
 
 @frozen(kw_only=True)
@@ -34,11 +34,14 @@ class ParallelLayout:
     # rlplan's CPU runtime starts one engine for the whole machine, whatever the ranks and TP
     # (runtime.workers.rollout_replicas): it generates while the trainer ranks wait.
     one_rollout_engine: bool = False
+    # Megatron: the ranks one model replica's weights span (TP x PP); the sequence-parallel size above is then
+    # Megatron's context parallel size (the group a token budget is split over). 1 under FSDP.
+    model_parallel_size: int = 1
 
     @property
     def dp(self) -> int:
-        """Data-parallel ranks: verl's `world_size // sp` for FSDP."""
-        return self.world_size // self.ulysses_sequence_parallel_size
+        """Data-parallel ranks: verl's `world_size // sp` for FSDP, `world // (TP x PP x CP)` for Megatron."""
+        return self.world_size // (self.ulysses_sequence_parallel_size * self.model_parallel_size)
 
     @property
     def fsdp_shard_size(self) -> int:
@@ -220,10 +223,19 @@ def reuses_update_log_probs(plan: Plan, layout: PlanLayout | None = None) -> boo
     return layout.actor_update.is_on_policy and not plan.algorithm.use_kl_in_reward
 
 
+def _sequence_and_model_parallel(plan: Plan, role: str) -> tuple[int, int]:
+    """A role's (sequence-parallel, model-parallel) sizes: (Ulysses sp, 1) under FSDP, (CP, TP x PP) under Megatron."""
+    section = plan.critic if role == "critic" else plan.actor
+    if not plan.is_megatron:
+        return section.ulysses_sequence_parallel_size, 1
+    engine = section.megatron or MegatronSection()  # verl's defaults for an unset critic engine
+    return engine.context_parallel_size, engine.model_parallel_size
+
+
 def plan_layout(plan: Plan) -> PlanLayout:
     world = plan.cluster.world_size
     actor = plan.actor
-    sp = actor.ulysses_sequence_parallel_size
+    sp, model_parallel = _sequence_and_model_parallel(plan, "actor")
     parallel = ParallelLayout(
         world_size=world,
         gpus_per_node=plan.cluster.gpus_per_node,
@@ -231,6 +243,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
         fsdp_size=actor.fsdp_size,
         rollout_tensor_parallel_size=plan.rollout.tensor_model_parallel_size,
         one_rollout_engine=plan.cluster.gpu.is_cpu,
+        model_parallel_size=model_parallel,
     )
     n = plan.rollout.n
     dp = max(parallel.dp, 1)
@@ -279,8 +292,9 @@ def plan_layout(plan: Plan) -> PlanLayout:
     critic_update = critic_values = critic_parallel = critic_mini = None
     if plan.uses_critic:
         critic = plan.critic
-        critic_sp = critic.ulysses_sequence_parallel_size
-        critic_parallel = attrs.evolve(parallel, ulysses_sequence_parallel_size=critic_sp)
+        critic_sp, critic_model_parallel = _sequence_and_model_parallel(plan, "critic")
+        critic_parallel = attrs.evolve(parallel, ulysses_sequence_parallel_size=critic_sp,
+                                       model_parallel_size=critic_model_parallel)
         critic_dp = max(critic_parallel.dp, 1)
         critic_micro = normalized_micro_batch(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, critic_dp)
         critic_mini = critic.ppo_mini_batch_size if critic.ppo_mini_batch_size is not None else actor.ppo_mini_batch_size

@@ -38,6 +38,13 @@ ModelDtype = Literal["fp32", "bf16"]
 # param_dtype; gradients are reduced in fp32). verl 0.9 accepts bfloat16 (its default) and float16;
 # rlplan's runtime computes in bfloat16 or float32 (fp32 on CPUs without native bf16, hardware.CpuRates).
 ComputeDtype = Literal["bfloat16", "float16", "float32"]
+# The training backend (verl: actor_rollout_ref.actor.strategy; ref and critic follow it in a rendered plan).
+Strategy = Literal["fsdp", "fsdp2", "megatron"]
+# Megatron-Core's activation recompute (TransformerConfig.recompute_granularity / recompute_method).
+RecomputeGranularity = Literal["full", "selective"]
+RecomputeMethod = Literal["uniform", "block"]
+# Megatron-Bridge's PEFT flavours (verl: model.lora.type).
+MegatronLoraType = Literal["lora", "vlm_lora", "canonical_lora", "dora"]
 RolloutEngine = Literal["vllm", "sglang"]
 # verl's experiment trackers (verl.utils.tracking.Tracking.supported_backend, verl 0.9); the bundled
 # runtime writes console, tensorboard, wandb and mlflow, and refuses the others before a run starts.
@@ -69,11 +76,21 @@ def _fraction(section: str):
 
 @frozen(kw_only=True)
 class LoraConfig:
-    """PEFT LoRA on the actor (verl: actor_rollout_ref.model.lora_*). rank 0 = full fine-tuning."""
+    """LoRA on the actor. rank 0 = full fine-tuning.
+
+    FSDP runs peft (verl: actor_rollout_ref.model.lora_rank / lora_alpha / target_modules); Megatron runs
+    Megatron-Bridge's own LoRA (verl: actor_rollout_ref.model.lora.*), which reads rank, alpha and
+    target_modules under its own keys and these Megatron-only fields (None: verl's default, unset).
+    """
 
     rank: int = field(default=0, validator=at_least(0, "model.lora"))
     alpha: int = field(default=16, validator=at_least(1, "model.lora"))
     target_modules: tuple[str, ...] = ("all-linear",)
+    type: MegatronLoraType | None = None
+    exclude_modules: tuple[str, ...] | None = None
+    # Merge the adapter into the base weights before each sync (false: vLLM gets the adapter deltas).
+    merge: bool | None = None
+    adapter_path: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -137,11 +154,78 @@ class DataSection:
 
 
 @frozen(kw_only=True)
+class MegatronSection:
+    """One role's Megatron-Core engine (verl: <role>.megatron.*, verl/workers/config/engine.py McoreEngineConfig).
+
+    Parallel sizes as Megatron's parallel_state groups them: a rank's dense layers are split over tensor (TP)
+    x pipeline (PP) ranks, its experts over expert (EP) x expert-tensor (ETP) ranks; the rest of the world is
+    data (and context, CP) parallel. Recompute is Megatron's TransformerConfig knobs, which verl passes
+    through override_transformer_config. Checks between these and the model or the world are rules.
+    """
+
+    tensor_model_parallel_size: int = field(default=1, validator=at_least(1, "megatron"))
+    pipeline_model_parallel_size: int = field(default=1, validator=at_least(1, "megatron"))
+    # None: no interleaved (virtual) pipeline; Megatron's model chunks per pipeline rank otherwise.
+    virtual_pipeline_model_parallel_size: int | None = field(default=None, validator=at_least(1, "megatron"))
+    context_parallel_size: int = field(default=1, validator=at_least(1, "megatron"))
+    expert_model_parallel_size: int = field(default=1, validator=at_least(1, "megatron"))
+    # None: the experts take the dense layers' TP (Megatron's default).
+    expert_tensor_parallel_size: int | None = field(default=None, validator=at_least(1, "megatron"))
+    sequence_parallel: bool = True
+    use_distributed_optimizer: bool = True
+    param_offload: bool = False
+    # None: unset (verl 0.9.1 has no key for it; gradients stay on the GPU).
+    grad_offload: bool | None = None
+    optimizer_offload: bool = False
+    recompute_granularity: RecomputeGranularity | None = None
+    recompute_method: RecomputeMethod | None = None
+    recompute_num_layers: int | None = field(default=None, validator=at_least(1, "megatron"))
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    # Build the model through mbridge / Megatron-Bridge (vanilla_mbridge false: Megatron-Bridge, needed for its LoRA).
+    use_mbridge: bool = True
+    vanilla_mbridge: bool = False
+    use_dist_checkpointing: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        # Megatron-Core's TransformerConfig.__post_init__ refuses these combinations before building anything.
+        granularity, method, layers = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
+        if granularity == "full" and (method is None or layers is None):
+            raise PlanError(field="megatron.recompute_granularity", message="is full, and Megatron-Core's "
+                            "TransformerConfig then needs both recompute_method (uniform or block) and "
+                            f"recompute_num_layers; got {method} and {layers}.",
+                            fix='set megatron.recompute_method = "uniform" and megatron.recompute_num_layers = 1')
+        if granularity == "selective" and layers is not None:
+            raise PlanError(field="megatron.recompute_num_layers", message="is set with selective recompute, which "
+                            "Megatron-Core's TransformerConfig refuses (it recomputes recompute_modules in every "
+                            "layer).", fix="unset megatron.recompute_num_layers")
+
+    @property
+    def expert_tensor_size(self) -> int:
+        """The experts' tensor-parallel size: ETP, or TP where ETP is unset (Megatron's default)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks one copy of the dense layers spans: TP x PP (x CP, which splits the sequence, not the weights)."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
+    def data_parallel_size(self, world: int) -> int:
+        """Megatron's DP: the world over TP x PP x CP (0 where it does not divide; rule megatron_world_divides)."""
+        group = self.model_parallel_size * self.context_parallel_size
+        return world // group if world % group == 0 else 0
+
+    def expert_data_parallel_size(self, world: int) -> int:
+        """The experts' DP: the world over EP x ETP x PP (0 where it does not divide)."""
+        group = self.expert_model_parallel_size * self.expert_tensor_size * self.pipeline_model_parallel_size
+        return world // group if world % group == 0 else 0
+
+
+@frozen(kw_only=True)
 class ActorSection:
     """The policy under training (verl: actor_rollout_ref.actor.*)."""
 
     ppo_mini_batch_size: int = field(validator=at_least(1, "actor"))
-    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    strategy: Strategy = "fsdp2"
     ppo_micro_batch_size_per_gpu: int | None = field(default=None, validator=at_least(1, "actor"))
     # Deprecated global key, kept so imported scripts normalize exactly as in verl.
     ppo_micro_batch_size: int | None = field(default=None, validator=at_least(1, "actor"))
@@ -175,6 +259,12 @@ class ActorSection:
     kl_loss_coef: float = field(default=0.001, validator=at_least(0.0, "actor"))
     kl_loss_type: KlLossType = "low_var_kl"
     entropy_coeff: float = 0.0
+    # Megatron's engine knobs; None on an FSDP plan (and on a Megatron plan: Megatron's defaults, `mcore`).
+    megatron: MegatronSection | None = None
+
+    @property
+    def mcore(self) -> MegatronSection:
+        return self.megatron or MegatronSection()
 
 
 @frozen(kw_only=True)
@@ -189,6 +279,8 @@ class RefSection:
     log_prob_micro_batch_size: int | None = field(default=None, validator=at_least(1, "ref"))
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = field(default=16384, validator=at_least(1, "ref"))
+    # On a Megatron plan: the reference's own parallel sizes (verl defaults them to the actor's).
+    megatron: MegatronSection | None = None
 
 
 @frozen(kw_only=True)
@@ -264,6 +356,8 @@ class CriticSection:
     lr: float = field(default=1e-5, validator=at_least(0.0, "critic"))
     cliprange_value: float = field(default=0.5, validator=at_least(0.0, "critic"))
     grad_clip: float = field(default=1.0, validator=at_least(0.0, "critic"))
+    # On a Megatron plan: the critic's engine (verl's critic.megatron, with its own defaults).
+    megatron: MegatronSection | None = None
 
 
 @frozen(kw_only=True)
@@ -339,8 +433,22 @@ class Plan:
                 message=f"this rlplan reads plan schema version {SCHEMA_VERSION}, the file says {self.schema_version}.",
                 fix=f"re-solve the plan with this rlplan, or set schema_version = {SCHEMA_VERSION} after checking it",
             )
+        if self.actor.strategy != "megatron":
+            for role in ("actor", "ref", "critic"):
+                if getattr(self, role).megatron is not None:
+                    raise PlanError(
+                        field=f"{role}.megatron",
+                        message=f"holds Megatron's engine knobs, but actor.strategy is {self.actor.strategy!r}: "
+                                "verl would build an FSDP model and never read them.",
+                        fix=f'set actor.strategy = "megatron", or remove the [{role}.megatron] table',
+                    )
 
     # --- facts every consumer needs, derived once here --------------------
+    @property
+    def is_megatron(self) -> bool:
+        """verl's Megatron workers train every role (megatron_workers.py); the bundled runtime never runs it."""
+        return self.actor.strategy == "megatron"
+
     @property
     def uses_critic(self) -> bool:
         """verl's need_critic: critic.enable if set, else adv_estimator == gae."""

@@ -26,18 +26,21 @@ import attrs
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.verl_keys import (
     BY_FIELD,
     DEFAULT_REWARD_NAME,
+    REF_FOLLOWS_ACTOR,
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
-    VERL_KEYS,
     Follows,
     VerlKey,
+    backend_of,
     format_value,
-    render_str_list,
+    has_key,
+    rendered_value,
+    table_for,
     verl_sleep_level,
 )
 
@@ -104,6 +107,8 @@ def prepare_for_verl(plan: Plan) -> Plan:
             fix="set model.path to the checkpoint directory or hub repo id",
         )
     rollout = plan.rollout
+    if plan.is_megatron:
+        plan = _with_explicit_megatron_sections(plan)
     if rollout.max_model_len is None:
         # verl would size vLLM for max_position_embeddings (often 32k-128k tokens) instead.
         rollout = attrs.evolve(rollout, max_model_len=plan.fitting_max_model_len)
@@ -111,6 +116,16 @@ def prepare_for_verl(plan: Plan) -> Plan:
         # With dummy weights the first sync pushes the whole base model; verl's docs require safetensors.
         rollout = attrs.evolve(rollout, load_format="safetensors")
     return plan.evolve(rollout=rollout)
+
+
+def _with_explicit_megatron_sections(plan: Plan) -> Plan:
+    """Every role's Megatron engine written out: the reference's parallel sizes and offload follow the actor's
+    where the plan leaves them unset (verl's oc.select defaults), the critic takes Megatron's own defaults."""
+    actor = plan.actor.mcore
+    ref = plan.ref.megatron or attrs.evolve(
+        MegatronSection(), **{name: getattr(actor, name) for name in REF_FOLLOWS_ACTOR})
+    return plan.evolve(actor=attrs.evolve(plan.actor, megatron=actor), ref=attrs.evolve(plan.ref, megatron=ref),
+                       critic=attrs.evolve(plan.critic, megatron=plan.critic.megatron or MegatronSection()))
 
 
 def plan_as_verl_runs_it(plan: Plan) -> Plan:
@@ -122,20 +137,24 @@ def plan_as_verl_runs_it(plan: Plan) -> Plan:
     cluster = Cluster(gpu=plan.cluster.gpu, nodes=plan.cluster.nodes, gpus_per_node=plan.cluster.gpus_per_node,
                       host_memory_gib=plan.cluster.host_memory_gib)
     prepared = prepared.evolve(rollout=rollout, cluster=cluster, prediction=None)
-    return apply_knobs(prepared, _unrendered_critic(prepared)) if not prepared.uses_critic else prepared
+    unrendered = _unrendered(prepared)
+    return apply_knobs(prepared, unrendered) if unrendered else prepared
 
 
 def _rendered(plan: Plan, entry: VerlKey) -> bool:
     """A plan without a critic renders no critic block but its switch: verl builds no critic then, and
-    a GRPO script full of critic keys reads as if it trained one."""
+    a GRPO script full of critic keys reads as if it trained one. A key the plan's backend's config does not
+    have is not rendered (Hydra would refuse it)."""
+    if not has_key(entry, backend_of(plan.actor.strategy)):
+        return False
     return plan.uses_critic or not entry.key.startswith("critic.") or entry.field == "critic.enable"
 
 
-def _unrendered_critic(plan: Plan) -> dict[str, Any]:
-    """The critic fields a render leaves out, as an import of that script sets them: verl's defaults, a
+def _unrendered(plan: Plan) -> dict[str, Any]:
+    """The fields a render leaves out, as an import of that script sets them: verl's defaults, a
     default that follows another key read from the plan."""
     values: dict[str, Any] = {}
-    for entry in VERL_KEYS:
+    for entry in table_for(backend_of(plan.actor.strategy)).values():
         if _rendered(plan, entry):
             continue
         value = entry.default
@@ -149,13 +168,11 @@ def verl_overrides(plan: Plan) -> list[str]:
     """Every knob of the plan as verl Hydra overrides, then the passthrough keys verbatim."""
     prepared = prepare_for_verl(plan)
     overrides: list[str] = []
-    for entry in VERL_KEYS:
+    for entry in table_for(backend_of(prepared.actor.strategy)).values():
         value = knob_value(prepared, entry.field)
         if value is None or not _rendered(prepared, entry):
             continue
-        if entry.kind == "str_list":
-            value = render_str_list(value)
-        overrides.append(f"{entry.key}={format_value(value)}")
+        overrides.append(f"{entry.key}={format_value(rendered_value(entry, value))}")
     for key, field in RENDER_ALSO.items():
         value = knob_value(prepared, BY_FIELD[field].field)
         if value is not None and key not in prepared.passthrough and (prepared.uses_critic or not key.startswith("critic.")):
@@ -205,6 +222,8 @@ def render_plan(plan: Plan, target: str, fmt: str = "script", *, plan_file: str 
         "plan_dir": posixpath.dirname(plan_file) or ".",
         "plan_name": posixpath.basename(plan_file),
     }
+    # verl's Megatron workers read ppo_megatron_trainer.yaml, whose keys (actor.megatron.*) ppo_trainer.yaml lacks.
+    context["config_name"] = "ppo_megatron_trainer" if plan.is_megatron else ""
     if target == "verl":
         context["overrides"] = verl_overrides(plan)
         if fmt == "overrides":

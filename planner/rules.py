@@ -33,7 +33,7 @@ from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory.heads import runtime_loss_head
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.platform import Platform
 
 Severity = Literal["error", "warning"]
@@ -759,7 +759,8 @@ def _sglang_lora_needs_merged_adapter(ctx: RuleContext) -> Iterator[Violation]:
     adapter must be merged into the base weights before the sync.
     """
     plan = ctx.plan
-    merged = passthrough_value(plan, LORA_MERGE_KEY, "false").lower() == "true"
+    merged = (plan.model.lora.merge if plan.model.lora.merge is not None
+              else passthrough_value(plan, LORA_MERGE_KEY, "false").lower() == "true")
     if plan.rollout.name == "sglang" and plan.model.lora.enabled and not merged:
         yield ctx.violation(
             f"model.lora.rank = {plan.model.lora.rank} with the SGLang rollout: SGLang serves no adapters, so "
@@ -921,6 +922,257 @@ def _platform(ctx: RuleContext) -> Platform:
     return ctx.platform
 
 
+# --- the Megatron backend (verl's megatron workers over Megatron-Core) -------------------------------------
+
+
+def _megatron_roles(plan: Plan) -> Iterator[tuple[str, MegatronSection]]:
+    """The roles verl builds with Megatron and their engines: the actor, its reference (verl defaults its
+    parallel sizes to the actor's), and the critic where the plan trains one."""
+    if not plan.is_megatron:
+        return
+    yield "actor", plan.actor.mcore
+    if plan.uses_reference and not plan.reference_is_actor:
+        yield "ref", plan.ref.megatron or plan.actor.mcore
+    if plan.uses_critic:
+        yield "critic", plan.critic.megatron or MegatronSection()
+
+
+@rule("worker", "Megatron's world splits into TP x PP x CP model-parallel groups and DP replicas")
+def _megatron_world_divides(ctx: RuleContext) -> Iterator[Violation]:
+    """megatron/core/parallel_state.py initialize_model_parallel (called from verl's megatron_workers.py
+    ActorRolloutRefWorker.__init__ via mpu.initialize_model_parallel): RuntimeError unless world_size is
+    divisible by tensor x pipeline x context parallel size."""
+    world = ctx.plan.cluster.world_size
+    for role, engine in _megatron_roles(ctx.plan):
+        group = engine.model_parallel_size * engine.context_parallel_size
+        if world % group:
+            yield ctx.violation(
+                f"{role}: the world of {world} GPUs does not split into groups of TP {engine.tensor_model_parallel_size}"
+                f" x PP {engine.pipeline_model_parallel_size} x CP {engine.context_parallel_size} = {group}.",
+                f"choose {role}.megatron sizes whose product divides {world}",
+            )
+
+
+@rule("worker", "MoE experts split over EP x ETP: EP divides the experts, EP x ETP x PP divides the world")
+def _megatron_experts_divide(ctx: RuleContext) -> Iterator[Violation]:
+    """megatron/core/transformer/moe/moe_layer.py (`num_moe_experts % ep_size == 0`, each rank holds
+    num_experts / EP experts) and parallel_state.initialize_model_parallel (the expert groups: world % (ETP x EP
+    x PP) == 0). A dense model has no experts to split (Megatron's arguments refuse EP > 1 without experts)."""
+    plan = ctx.plan
+    experts, world = plan.model.arch.num_experts, plan.cluster.world_size
+    for role, engine in _megatron_roles(plan):
+        ep, etp = engine.expert_model_parallel_size, engine.expert_tensor_size
+        if not experts and ep > 1:
+            yield ctx.violation(f"{role}: expert parallel size {ep} on {plan.model.name}, which has no experts.",
+                                f"set {role}.megatron.expert_model_parallel_size = 1",
+                                **{f"{role}__megatron__expert_model_parallel_size": 1})
+        elif experts and experts % ep:
+            yield ctx.violation(f"{role}: {experts} experts do not split over expert parallel size {ep}.",
+                                f"set {role}.megatron.expert_model_parallel_size to a divisor of {experts}")
+        elif world % (ep * etp * engine.pipeline_model_parallel_size):
+            yield ctx.violation(
+                f"{role}: the world of {world} GPUs does not split into expert groups of EP {ep} x ETP {etp} x PP "
+                f"{engine.pipeline_model_parallel_size}.", f"choose {role}.megatron EP and ETP whose product with PP "
+                f"divides {world}")
+
+
+@rule("worker", "Megatron's tensor parallelism splits attention heads and KV heads evenly")
+def _megatron_heads_divide_tp(ctx: RuleContext) -> Iterator[Violation]:
+    """megatron/core/transformer/attention.py (`divide(num_attention_heads, tp)`, which asserts) and
+    TransformerConfig.__post_init__ (num_query_groups % tensor_model_parallel_size == 0): unlike vLLM,
+    Megatron never copies KV heads across TP ranks. MLA has no KV heads to split."""
+    arch = ctx.plan.model.arch
+    for role, engine in _megatron_roles(ctx.plan):
+        tp = engine.tensor_model_parallel_size
+        kv_ok = arch.is_mla or arch.num_kv_heads % tp == 0
+        if arch.num_attention_heads % tp or not kv_ok:
+            yield ctx.violation(
+                f"{role}: tensor parallel size {tp} does not divide {arch.num_attention_heads} attention heads"
+                + ("" if arch.is_mla else f" and {arch.num_kv_heads} KV heads") + ".",
+                f"set {role}.megatron.tensor_model_parallel_size to a divisor of both",
+                **{f"{role}__megatron__tensor_model_parallel_size": 1})
+
+
+# verl's override_transformer_config keys that place layers unevenly over pipeline stages (Megatron then
+# checks the remaining layers instead); with them in the plan's passthrough the even split is not required.
+UNEVEN_PIPELINE_KEYS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                        "pipeline_model_parallel_layout")
+
+
+def _uneven_pipeline(plan: Plan, role: str) -> bool:
+    prefix = ("critic" if role == "critic" else f"actor_rollout_ref.{role}") + ".megatron.override_transformer_config."
+    return any(passthrough_value(plan, prefix + key, "") for key in UNEVEN_PIPELINE_KEYS)
+
+
+@rule("worker", "the layers split evenly over PP x VPP model chunks")
+def _megatron_layers_divide_pipeline(ctx: RuleContext) -> Iterator[Violation]:
+    """Megatron-Core TransformerConfig / transformer_block.get_num_layers_to_build: num_layers % PP == 0, and
+    with a virtual pipeline each stage's layers % VPP == 0 (ValueError at model build)."""
+    layers = ctx.plan.model.arch.num_layers
+    for role, engine in _megatron_roles(ctx.plan):
+        chunks = engine.pipeline_model_parallel_size * (engine.virtual_pipeline_model_parallel_size or 1)
+        if layers % chunks and not _uneven_pipeline(ctx.plan, role):
+            yield ctx.violation(
+                f"{role}: {layers} layers do not split into PP {engine.pipeline_model_parallel_size} x VPP "
+                f"{engine.virtual_pipeline_model_parallel_size or 1} = {chunks} equal model chunks.",
+                f"choose {role}.megatron pipeline sizes whose product divides {layers}, or place layers with "
+                "override_transformer_config.num_layers_in_first_pipeline_stage",
+                **{f"{role}__megatron__virtual_pipeline_model_parallel_size": None})
+
+
+@rule("worker", "a virtual (interleaved) pipeline needs a pipeline")
+def _megatron_vpp_needs_pipeline(ctx: RuleContext) -> Iterator[Violation]:
+    """megatron/core/parallel_state.py: the interleaved schedule needs pipeline_model_parallel_size > 1."""
+    for role, engine in _megatron_roles(ctx.plan):
+        vpp = engine.virtual_pipeline_model_parallel_size
+        if vpp is not None and vpp > 1 and engine.pipeline_model_parallel_size == 1:
+            yield ctx.violation(f"{role}: virtual pipeline size {vpp} with pipeline size 1; there is no pipeline "
+                                "to interleave.", f"unset {role}.megatron.virtual_pipeline_model_parallel_size",
+                                **{f"{role}__megatron__virtual_pipeline_model_parallel_size": None})
+
+
+@rule("runtime", "with a virtual pipeline the micro batches of a mini batch are a multiple of PP")
+def _megatron_vpp_micro_batches_divide(ctx: RuleContext) -> Iterator[Violation]:
+    """verl/workers/actor/megatron_actor.py forward_backward_batch and engine/megatron/transformer_impl.py:
+    with VPP > 1, `len(micro_batches) % tf_config.microbatch_group_size_per_vp_stage == 0` (asserted), which
+    Megatron-Core defaults to the pipeline size. Dynamic batch sizes round the count up; fixed micro batches
+    must divide it themselves."""
+    plan, update = ctx.plan, ctx.layout.actor_update
+    engine = plan.actor.mcore
+    vpp, pp = engine.virtual_pipeline_model_parallel_size, engine.pipeline_model_parallel_size
+    if not plan.is_megatron or vpp is None or vpp <= 1 or update.uses_dynamic_bsz:
+        return
+    micro_batches = update.micro_batches_per_mini
+    if micro_batches % pp:
+        yield ctx.violation(
+            f"the actor's mini batch of {update.chunk_size} sequences per DP rank is {micro_batches} micro batches, "
+            f"not a multiple of the pipeline size {pp}, which verl asserts with a virtual pipeline.",
+            "change actor.ppo_micro_batch_size_per_gpu or ppo_mini_batch_size so the micro batches per mini batch "
+            f"are a multiple of {pp}, or use dynamic batch sizes")
+
+
+@rule("worker", "full recompute covers at most the layers of one pipeline stage")
+def _megatron_recompute_layers_fit_stage(ctx: RuleContext) -> Iterator[Violation]:
+    """Megatron-Core TransformerConfig.__post_init__: with full recompute, recompute_num_layers must lie between
+    1 and num_layers_per_pipeline_rank (per virtual chunk with VPP)."""
+    layers = ctx.plan.model.arch.num_layers
+    for role, engine in _megatron_roles(ctx.plan):
+        chunks = engine.pipeline_model_parallel_size * (engine.virtual_pipeline_model_parallel_size or 1)
+        per_chunk = max(layers // chunks, 1)
+        if engine.recompute_granularity == "full" and (engine.recompute_num_layers or 0) > per_chunk:
+            yield ctx.violation(
+                f"{role}: recompute_num_layers = {engine.recompute_num_layers}, but a pipeline chunk holds "
+                f"{per_chunk} layers.", f"set {role}.megatron.recompute_num_layers to at most {per_chunk}",
+                **{f"{role}__megatron__recompute_num_layers": per_chunk})
+
+
+@rule("rlplan", "sequence parallel needs tensor parallelism (verl turns it off at TP 1)")
+def _megatron_sequence_parallel_needs_tp(ctx: RuleContext) -> Iterator[Violation]:
+    """verl/workers/config/engine.py McoreEngineConfig.__post_init__: `if tensor_model_parallel_size == 1:
+    sequence_parallel = False` with a warning; the plan should say what runs."""
+    for role, engine in _megatron_roles(ctx.plan):
+        if engine.sequence_parallel and engine.tensor_model_parallel_size == 1:
+            yield ctx.violation(f"{role}.megatron.sequence_parallel is true at TP 1, where verl turns it off.",
+                                f"set {role}.megatron.sequence_parallel = false", severity="warning",
+                                **{f"{role}__megatron__sequence_parallel": False})
+
+
+@rule("config", "MoE with tensor parallelism needs sequence parallel")
+def _megatron_moe_tp_needs_sequence_parallel(ctx: RuleContext) -> Iterator[Violation]:
+    """Megatron-Core TransformerConfig.__post_init__: a MoE model with tensor_model_parallel_size > 1 and
+    expert parallelism refuses to build without sequence_parallel (the token dispatcher expects the
+    sequence-split hidden states)."""
+    if not ctx.plan.model.arch.is_moe:
+        return
+    for role, engine in _megatron_roles(ctx.plan):
+        if engine.tensor_model_parallel_size > 1 and engine.expert_model_parallel_size > 1 \
+                and not engine.sequence_parallel:
+            yield ctx.violation(f"{role}: MoE with TP {engine.tensor_model_parallel_size} and EP "
+                                f"{engine.expert_model_parallel_size} but sequence_parallel off.",
+                                f"set {role}.megatron.sequence_parallel = true",
+                                **{f"{role}__megatron__sequence_parallel": True})
+
+
+@rule("config", "verl 0.9.1's Megatron engine has no grad_offload")
+def _megatron_grad_offload_is_not_in_verl_0_9(ctx: RuleContext) -> Iterator[Violation]:
+    """verl 0.9.1 verl/workers/config/engine.py McoreEngineConfig has no grad_offload field: hydra refuses the
+    override, and added with `+` the dataclass raises TypeError (verl b178a3cd's examples still set it)."""
+    for role in ("actor", "critic"):
+        engine = getattr(ctx.plan, role).megatron
+        if ctx.plan.is_megatron and engine is not None and engine.grad_offload is not None:
+            yield ctx.violation(f"{role}.megatron.grad_offload is set, a key verl 0.9.1's Megatron engine no "
+                                "longer has: hydra refuses the override.",
+                                f"unset {role}.megatron.grad_offload",
+                                **{f"{role}__megatron__grad_offload": None})
+
+
+# peft's LoRA keys (FSDP) and Megatron-Bridge's (model.lora.*): each backend reads only its own.
+PEFT_LORA_KEYS = tuple(f"actor_rollout_ref.model.{name}" for name in (
+    "lora_rank", "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path"))
+BRIDGE_LORA_KEYS = tuple(f"actor_rollout_ref.model.lora.{name}" for name in (
+    "rank", "alpha", "target_modules", "exclude_modules", "type", "adapter_path"))
+
+
+@rule("rlplan", "LoRA keys of the other backend are ignored (peft's model.lora_* vs Megatron-Bridge's model.lora.*)")
+def _lora_keys_the_backend_ignores(ctx: RuleContext) -> Iterator[Violation]:
+    """verl's Megatron workers build Megatron-Bridge's LoRA from model.lora.* (verl/workers/config/
+    megatron_peft.py) and never read peft's model.lora_rank / lora_alpha; the FSDP workers build peft from
+    model.lora_rank and read only model.lora.merge of the other namespace."""
+    plan = ctx.plan
+    ignored = PEFT_LORA_KEYS if plan.is_megatron else BRIDGE_LORA_KEYS
+    found = [key for key in ignored if passthrough_value(plan, key, "") != ""]
+    if found:
+        own = "model.lora.rank / alpha / target_modules" if plan.is_megatron else "model.lora_rank / lora_alpha"
+        yield ctx.violation(
+            f"{', '.join(found)} {'is' if len(found) == 1 else 'are'} ignored by verl's "
+            f"{'Megatron' if plan.is_megatron else 'FSDP'} workers, which read LoRA from {own}.",
+            f"set the plan's model.lora fields instead and remove {found[0]} from the passthrough",
+            severity="warning")
+
+
+# FSDP plan fields verl's Megatron workers never read, with the value that means "unused".
+FSDP_ONLY_FIELDS: dict[str, Any] = {
+    "actor.param_offload": False, "actor.optimizer_offload": False, "actor.offload_policy": False,
+    "actor.fsdp_size": -1, "actor.ulysses_sequence_parallel_size": 1, "ref.param_offload": False,
+    "critic.param_offload": False, "critic.optimizer_offload": False, "critic.offload_policy": False,
+    "critic.ulysses_sequence_parallel_size": 1, "rollout.layered_summon": False,
+}
+
+
+@rule("rlplan", "FSDP-only knobs on a Megatron plan do nothing")
+def _fsdp_knobs_on_a_megatron_plan(ctx: RuleContext) -> Iterator[Violation]:
+    """ppo_megatron_trainer.yaml has no fsdp_config, ulysses or layered-summon keys (a render leaves them out):
+    offload and sequence splitting are Megatron's own knobs there (<role>.megatron.*)."""
+    plan = ctx.plan
+    if not plan.is_megatron:
+        return
+    set_fields = {name: unused for name, unused in FSDP_ONLY_FIELDS.items() if knob_value(plan, name) != unused}
+    if set_fields:
+        yield ctx.violation(
+            f"{', '.join(set_fields)} {'is an FSDP knob' if len(set_fields) == 1 else 'are FSDP knobs'} that verl's "
+            "Megatron workers never read.",
+            "use the Megatron equivalents (actor.megatron.param_offload / optimizer_offload, context_parallel_size)",
+            severity="warning", **{name.replace(".", "__"): unused for name, unused in set_fields.items()})
+
+
+@rule("rlplan", "Megatron-Bridge LoRA targets Megatron's module names, not peft's")
+def _megatron_lora_targets_megatron_modules(ctx: RuleContext) -> Iterator[Violation]:
+    """Megatron-Bridge matches target_modules against Megatron module names (linear_qkv, linear_proj,
+    linear_fc1, linear_fc2; the MLA projections for DeepSeek); peft's "all-linear" or q_proj names match
+    nothing, leaving no adapter to train."""
+    plan = ctx.plan
+    lora = plan.model.lora
+    if plan.is_megatron and lora.enabled and any(name == "all-linear" or name.endswith("_proj") and
+                                                 not name.startswith("linear_") for name in lora.target_modules):
+        mla = plan.model.arch.is_mla
+        names = (["linear_kv_down_proj", "linear_kv_up_proj", "linear_q_down_proj", "linear_q_up_proj",
+                  "linear_proj", "linear_fc1", "linear_fc2"] if mla
+                 else ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
+        yield ctx.violation(f"model.lora.target_modules = {list(lora.target_modules)} are peft's names; "
+                            "Megatron-Bridge matches Megatron's module names.",
+                            f"set model.lora.target_modules = {names}", model__lora__target_modules=tuple(names))
+
+
 @rule("platform", "a plan for GPUs runs on a machine that has them; a CPU-only machine runs a plan solved for it")
 def _gpu_plan_needs_a_gpu_machine(ctx: RuleContext) -> Iterator[Violation]:
     # A GPU plan's memory and batch sizes are per GPU; on a CPU machine every rank would share one host's
@@ -1070,7 +1322,12 @@ def _runtime_critic_sp_matches_actor(ctx: RuleContext) -> Iterator[Violation]:
 @rule("platform", "the bundled runtime trains with FSDP2 only")
 def _runtime_trains_with_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
     strategy = ctx.plan.actor.strategy
-    if strategy != "fsdp2":
+    if strategy == "megatron":
+        yield ctx.violation(
+            "the plan trains with Megatron, which the bundled runtime (FSDP2 and peft) does not run; verl runs it.",
+            "run it with verl: `rlplan render plan.toml --target verl -o run.sh`, or re-solve the plan for FSDP2",
+        )
+    elif strategy != "fsdp2":
         yield ctx.violation(
             f"the bundled runtime trains with FSDP2 only, the plan says {strategy!r}.",
             'set actor.strategy = "fsdp2"', actor__strategy="fsdp2",

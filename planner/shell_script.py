@@ -64,6 +64,12 @@ def _skip_heredoc_bodies(text: str, start: int, heredocs: list[tuple[str, bool]]
     return min(position, len(text))
 
 
+_ARRAY_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_ARRAY_USE = re.compile(r'"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?')
+# Between the element words of an array assignment's one word (a character no script holds).
+ARRAY_SEPARATOR = "\x1f"
+
+
 def shell_commands(text: str) -> Iterator[list[str]]:
     """Simple commands as lists of raw words (quotes kept, line continuations removed)."""
     text = re.sub(r"\\\r?\n", "", text)
@@ -91,6 +97,13 @@ def shell_commands(text: str) -> Iterator[list[str]]:
         if char in " \t":
             end_word()
             i += 1
+            continue
+        if char == "(" and _ARRAY_START.fullmatch("".join(current)):
+            # `NAME=( word word ... )`: a bash array, kept as one word of its element words.
+            end = _matching(text, i, "(", ")")
+            elements = [word for command in shell_commands(text[i + 1 : end - 1]) for word in command]
+            current.append("(" + ARRAY_SEPARATOR.join(elements) + ")")
+            i = end
             continue
         if char in "\n;&|()":
             end_word()
@@ -212,6 +225,8 @@ class ShellScope:
         self.kept_references: list[str] = []
         # Variables naming where the importing shell is (its directory, its user's home), read from this machine.
         self.machine_paths_used: dict[str, str] = {}
+        # Bash arrays the script assigns (`ARGS=(a=1 b=2)`), as their raw element words.
+        self.arrays: dict[str, list[str]] = {}
 
     def assign(self, name: str, value: str | _Unset, masked: str | None = None, read: tuple[str, ...] = ()) -> None:
         if name not in self.pinned:
@@ -267,6 +282,10 @@ class ShellScope:
             # The script's own arguments: nothing when rlplan reads it.
             self.dropped_positional = True
             return []
+        array = _ARRAY_USE.fullmatch(raw)
+        if array and array.group(1) in self.arrays:
+            # `"${ARGS[@]}"`: each element its own word, as bash expands a quoted array.
+            return [word for element in self.arrays[array.group(1)] for word in self.expand(element)]
         fields: list[str] = []
         current: list[str] = []
         has_content = False
@@ -449,6 +468,9 @@ def _run_assignments(scope: ShellScope, words: list[str]) -> int:
         for word in words[index:first_other]:
             name = _ASSIGNMENT.match(word).group(1)  # type: ignore[union-attr]
             raw_value = word[len(name) + 1 :]
+            if raw_value.startswith("(") and raw_value.endswith(")"):
+                scope.arrays[name] = [element for element in raw_value[1:-1].split(ARRAY_SEPARATOR) if element]
+                continue
             scope.environment_used.clear()
             try:
                 value = "".join(scope.expand(raw_value, split=False))

@@ -38,12 +38,15 @@ from rlplan.planner.verl_keys import (
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
-    VERL_KEYS,
+    Backend,
     Follows,
     HydraSyntaxError,
     Interpolation,
+    VerlKey,
+    backend_has,
     coerce,
     parse_value,
+    table_for,
     verl_sleep_level,
 )
 
@@ -84,7 +87,8 @@ class Override:
 
 
 def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str, str],
-                           warnings: list[str]) -> list[str] | None:
+                           warnings: list[str]) -> tuple[list[str], str] | None:
+    """The verl command's Hydra overrides and its --config-name ("" when it names none)."""
     scope = ShellScope(env, environment)
     command, count = find_verl_command(text, scope)
     if command is None:
@@ -109,6 +113,7 @@ def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str
         warnings.append(f"values from the environment are kept as references, not copied into the plan: "
                         f"{', '.join(scope.kept_references)}.")
     overrides: list[str] = []
+    config_name = ""
     arguments = list(command.arguments)
     while arguments:
         argument = arguments.pop(0)
@@ -116,19 +121,24 @@ def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str
             name, _, value = argument.partition("=")
             if name in ("--config-name", "-cn", "--config-path", "-cp") and not value and arguments:
                 value = arguments.pop(0)
-            if name in ("--config-name", "-cn") and "megatron" in value:
-                raise PlanError(field="--config-name", message=f"is {value}, verl's Megatron trainer, which rlplan "
-                                "does not support yet: it plans FSDP training (fsdp, fsdp2); Megatron's tensor and "
-                                "pipeline parallelism is planned.",
-                                fix="import the FSDP variant of the script (ppo_trainer.yaml), or plan the workload "
-                                "afresh with `rlplan solve --model ... --gpus ...`")
-            if name in ("--config-name", "-cn") and value not in ("ppo_trainer", "ppo_trainer.yaml"):
-                warnings.append(f"--config-name {value}: read with ppo_trainer.yaml's defaults, which may differ.")
+            if name in ("--config-name", "-cn"):
+                config_name = value.strip("'\"")
+            if name in ("--config-name", "-cn") and config_name not in (*FSDP_CONFIGS, *MEGATRON_CONFIGS):
+                warnings.append(f"--config-name {value}: read with {_config_file(config_name)}'s defaults, which "
+                                "may differ.")
             elif name not in ("--config-name", "-cn", "--config-path", "-cp"):
                 warnings.append(f"ignored the command-line flag {argument}.")
             continue
         overrides.append(argument)
-    return overrides
+    return overrides, config_name
+
+
+FSDP_CONFIGS = ("ppo_trainer", "ppo_trainer.yaml")
+MEGATRON_CONFIGS = ("ppo_megatron_trainer", "ppo_megatron_trainer.yaml")
+
+
+def _config_file(config_name: str) -> str:
+    return "ppo_megatron_trainer.yaml" if "megatron" in config_name else "ppo_trainer.yaml"
 
 
 _OVERRIDE_LINE = re.compile(r"(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][A-Za-z0-9_.@/-]*)(=.*)?", re.DOTALL)
@@ -158,7 +168,8 @@ class _Values:
     """The script's modeled values with verl's defaults behind them, interpolations resolved."""
 
     def __init__(self, given: dict[str, str], passthrough: dict[str, str], pinned: dict[str, str],
-                 environment: dict[str, str]) -> None:
+                 environment: dict[str, str], table: dict[str, VerlKey]) -> None:
+        self.table = table
         self.given = given
         self.passthrough = passthrough
         self.pinned = pinned
@@ -167,7 +178,7 @@ class _Values:
         self.resolved: dict[str, Any] = {}
 
     def field_value(self, field: str) -> Any:
-        entry = BY_FIELD[field]
+        entry = self.table[field]
         if field in self.resolved:
             return self.resolved[field]
         if entry.key in self.resolving:
@@ -221,7 +232,7 @@ class _Values:
                 raise PlanError(field=key, message=f"reads the environment variable {name}, which is not set.",
                                 fix=f"pass --env {name}=VALUE")
             return parse_value(default)
-        if expression in BY_KEY:
+        if expression in BY_KEY and BY_KEY[expression].field in self.table:
             return self.field_value(BY_KEY[expression].field)
         if expression in self.passthrough:
             return parse_value(self.passthrough[expression])
@@ -314,6 +325,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     `environment` is the process environment the script would inherit.
     """
     warnings: list[str] = []
+    config_name = ""
     if _is_overrides_file(text):
         overrides = _overrides_from_file(text)
     else:
@@ -322,7 +334,9 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
             raise PlanError(field="script", message="has no `python -m verl...` / `-m recipe...` command, and is not "
                             "a file of Hydra overrides (one key=value per line).",
                             fix="import the script that launches verl.trainer.main_ppo")
-        overrides = found
+        overrides, config_name = found
+    backend = _backend(config_name, overrides)
+    table = table_for(backend)
     given: dict[str, str] = {}
     passthrough: dict[str, str] = {}
     reward: dict[str, str] = {}
@@ -335,12 +349,17 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         if key in seen and seen[key] != override.value:
             warnings.append(f"{key} is set twice ({seen[key]} and {override.value}); the last one wins, as in Hydra.")
         seen[key] = override.value
-        _refuse_megatron(key, override.value)
         if override.prefix == "~" or override.value is None:
             passthrough[f"~{override.key}"] = override.value or ""
             continue
-        if key in BY_KEY:
+        if key in BY_KEY and backend_has(key, backend):
             given[key] = override.value
+        elif key in BY_KEY:
+            # The other backend's key: verl's config for this one ignores it (or Hydra refuses it); kept as
+            # written, so rules (lora_keys_the_backend_ignores, ...) can name it.
+            warnings.append(f"{key} is a plan key only on {'an FSDP' if backend == 'megatron' else 'a Megatron'} "
+                            "plan; kept as passthrough, rendered back unchanged.")
+            passthrough[f"{override.prefix}{override.key}"] = override.value
         elif key in (REWARD_PATH_KEY, REWARD_NAME_KEY):
             reward[key] = override.value
         else:
@@ -348,8 +367,8 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
             if near:
                 warnings.append(f"{key} is not a verl key rlplan models; did you mean {near[0]}? Kept as passthrough.")
             passthrough[f"{override.prefix}{override.key}"] = override.value
-    values = _Values(given, passthrough, dict(env), dict(environment or {}))
-    fields = {entry.field: values.field_value(entry.field) for entry in VERL_KEYS}
+    values = _Values(given, passthrough, dict(env), dict(environment or {}), table)
+    fields = {field: values.field_value(field) for field in table}
     for key, field in RENDER_ALSO.items():
         # A render writes these from the plan; when they agree with it they carry nothing more.
         if key in passthrough and parse_value(passthrough[key]) == fields[field]:
@@ -399,14 +418,14 @@ DYNAMIC_BSZ_IGNORES = (
 )
 
 
-def _refuse_megatron(key: str, value: str | None) -> None:
-    """A Megatron script is refused in plain words: its parallelism (tensor, pipeline, expert) is not what
-    rlplan's memory model and rules price, so no plan of it would be honest."""
-    if key.endswith(".strategy") and (value or "").strip("'\"") == "megatron":
-        raise PlanError(field=key, message="is megatron, which rlplan does not support yet: it plans FSDP "
-                        "training (fsdp, fsdp2); Megatron's tensor and pipeline parallelism is planned.",
-                        fix=f"import the FSDP variant of the script ({key}=fsdp2), or plan the workload "
-                        "afresh with `rlplan solve --model ... --gpus ...`")
+def _backend(config_name: str, overrides: list[str]) -> Backend:
+    """Megatron when the command runs verl's Megatron trainer config, or sets the actor's strategy to megatron."""
+    strategy_key = f"{ARF}.actor.strategy"
+    for raw in overrides:
+        override = Override.parse(raw)
+        if override.key == strategy_key and override.value is not None:
+            config_name = "megatron" if override.value.strip("'\"") == "megatron" else "fsdp"
+    return "megatron" if "megatron" in config_name else "fsdp"
 
 
 def _reward_function(reward: dict[str, str]) -> str:

@@ -23,7 +23,12 @@ from attrs import frozen
 from rlplan.planner.errors import PlanError
 from rlplan.planner.quoting import UnclosedQuote, unquoted
 
-Kind = Literal["int", "float", "bool", "str", "str_list"]
+# str_list: one string or a list (verl spells one module/file as a string); list: always a list.
+Kind = Literal["int", "float", "bool", "str", "str_list", "list"]
+# Which of verl's trainer configs has the key: both, ppo_trainer.yaml (FSDP) or ppo_megatron_trainer.yaml.
+# A plan field may have one key per backend (model.lora.rank is peft's model.lora_rank under FSDP and
+# Megatron-Bridge's model.lora.rank under Megatron); a field with no key of the plan's backend is not rendered.
+Backend = Literal["any", "fsdp", "megatron"]
 
 ARF = "actor_rollout_ref"
 
@@ -43,18 +48,76 @@ class VerlKey:
     default: Any
     # The plan may leave it unset (None): then it is not rendered and verl's default applies.
     optional: bool = False
+    backend: Backend = "any"
 
 
 def _k(field: str, key: str, kind: Kind, default: Any, optional: bool = False) -> VerlKey:
     return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional)
 
 
+def _fsdp(field: str, key: str, kind: Kind, default: Any, optional: bool = False) -> VerlKey:
+    """A key only ppo_trainer.yaml has (Hydra refuses it on the Megatron trainer's config)."""
+    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, backend="fsdp")
+
+
+def _mcore(field: str, key: str, kind: Kind, default: Any, optional: bool = False) -> VerlKey:
+    """A key of ppo_megatron_trainer.yaml, with that file's default."""
+    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, backend="megatron")
+
+
+# (name, kind, verl's default, optional) of McoreEngineConfig's keys a plan models.
+_ENGINE_KEYS: tuple[tuple[str, Kind, Any, bool], ...] = (
+    ("tensor_model_parallel_size", "int", 1, False),
+    ("pipeline_model_parallel_size", "int", 1, False),
+    ("virtual_pipeline_model_parallel_size", "int", None, True),
+    ("context_parallel_size", "int", 1, False),
+    ("expert_model_parallel_size", "int", 1, False),
+    ("expert_tensor_parallel_size", "int", None, True),
+    ("sequence_parallel", "bool", True, False),
+    ("use_distributed_optimizer", "bool", True, False),
+    ("param_offload", "bool", False, False),
+    # verl b178a3cd's Megatron examples set it; verl 0.9.1's McoreEngineConfig has no such field (rule
+    # megatron_grad_offload_is_not_in_verl_0_9), so a plan renders it only where it is set.
+    ("grad_offload", "bool", None, True),
+    ("optimizer_offload", "bool", False, False),
+    ("use_mbridge", "bool", True, False),
+    ("vanilla_mbridge", "bool", False, False),
+    ("use_dist_checkpointing", "bool", False, False),
+)
+# Megatron's recompute knobs, which verl passes to TransformerConfig through override_transformer_config.
+_RECOMPUTE_KEYS: tuple[tuple[str, Kind, Any, bool], ...] = (
+    ("recompute_granularity", "str", None, True),
+    ("recompute_method", "str", None, True),
+    ("recompute_num_layers", "int", None, True),
+    ("recompute_modules", "list", ("core_attn",), False),
+)
+_REF_ENGINE_KEYS: tuple[tuple[str, Kind, bool], ...] = (
+    ("tensor_model_parallel_size", "int", False),
+    ("pipeline_model_parallel_size", "int", False),
+    ("virtual_pipeline_model_parallel_size", "int", True),
+    ("context_parallel_size", "int", False),
+    ("expert_model_parallel_size", "int", False),
+    ("expert_tensor_parallel_size", "int", True),
+    ("param_offload", "bool", False),
+)
+# The reference fields ppo_megatron_trainer.yaml defaults to the actor's (ref.megatron.* oc.select).
+REF_FOLLOWS_ACTOR = tuple(name for name, _, _ in _REF_ENGINE_KEYS)
+
+
+def _engine_keys(role: str, prefix: str) -> tuple[VerlKey, ...]:
+    engine = tuple(_mcore(f"{role}.megatron.{name}", f"{prefix}.{name}", kind, default, optional)
+                   for name, kind, default, optional in _ENGINE_KEYS)
+    recompute = tuple(_mcore(f"{role}.megatron.{name}", f"{prefix}.override_transformer_config.{name}", kind,
+                             default, optional) for name, kind, default, optional in _RECOMPUTE_KEYS)
+    return engine + recompute
+
+
 VERL_KEYS: tuple[VerlKey, ...] = (
     # --- model --------------------------------------------------------------
     _k("model.path", f"{ARF}.model.path", "str", None),
-    _k("model.lora.rank", f"{ARF}.model.lora_rank", "int", 0),
-    _k("model.lora.alpha", f"{ARF}.model.lora_alpha", "int", 16),
-    _k("model.lora.target_modules", f"{ARF}.model.target_modules", "str_list", ("all-linear",)),
+    _fsdp("model.lora.rank", f"{ARF}.model.lora_rank", "int", 0),
+    _fsdp("model.lora.alpha", f"{ARF}.model.lora_alpha", "int", 16),
+    _fsdp("model.lora.target_modules", f"{ARF}.model.target_modules", "str_list", ("all-linear",)),
     _k("model.gradient_checkpointing", f"{ARF}.model.enable_gradient_checkpointing", "bool", True),
     _k("model.activation_offload", f"{ARF}.model.enable_activation_offload", "bool", False),
     _k("model.use_remove_padding", f"{ARF}.model.use_remove_padding", "bool", True),
@@ -76,7 +139,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # verl's null seed leaves the sampler unseeded; a plan always carries one.
     _k("data.seed", "data.seed", "int", 1),
     # --- actor --------------------------------------------------------------
-    _k("actor.strategy", f"{ARF}.actor.strategy", "str", "fsdp"),
+    _fsdp("actor.strategy", f"{ARF}.actor.strategy", "str", "fsdp"),
     _k("actor.ppo_mini_batch_size", f"{ARF}.actor.ppo_mini_batch_size", "int", 256),
     _k("actor.ppo_micro_batch_size_per_gpu", f"{ARF}.actor.ppo_micro_batch_size_per_gpu", "int", None, True),
     _k("actor.ppo_micro_batch_size", f"{ARF}.actor.ppo_micro_batch_size", "int", None, True),
@@ -84,21 +147,21 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("actor.ppo_max_token_len_per_gpu", f"{ARF}.actor.ppo_max_token_len_per_gpu", "int", 16384),
     _k("actor.ppo_epochs", f"{ARF}.actor.ppo_epochs", "int", 1),
     _k("actor.shuffle", f"{ARF}.actor.shuffle", "bool", False),
-    _k("actor.ulysses_sequence_parallel_size", f"{ARF}.actor.ulysses_sequence_parallel_size", "int", 1),
-    _k("actor.fsdp_size", f"{ARF}.actor.fsdp_config.fsdp_size", "int", -1),
-    _k("actor.param_offload", f"{ARF}.actor.fsdp_config.param_offload", "bool", False),
-    _k("actor.optimizer_offload", f"{ARF}.actor.fsdp_config.optimizer_offload", "bool", False),
-    _k("actor.offload_policy", f"{ARF}.actor.fsdp_config.offload_policy", "bool", False),
-    _k("actor.entropy_from_logits_with_chunking", f"{ARF}.actor.entropy_from_logits_with_chunking", "bool", False),
-    _k("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False),
+    _fsdp("actor.ulysses_sequence_parallel_size", f"{ARF}.actor.ulysses_sequence_parallel_size", "int", 1),
+    _fsdp("actor.fsdp_size", f"{ARF}.actor.fsdp_config.fsdp_size", "int", -1),
+    _fsdp("actor.param_offload", f"{ARF}.actor.fsdp_config.param_offload", "bool", False),
+    _fsdp("actor.optimizer_offload", f"{ARF}.actor.fsdp_config.optimizer_offload", "bool", False),
+    _fsdp("actor.offload_policy", f"{ARF}.actor.fsdp_config.offload_policy", "bool", False),
+    _fsdp("actor.entropy_from_logits_with_chunking", f"{ARF}.actor.entropy_from_logits_with_chunking", "bool", False),
+    _fsdp("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False),
     _k("actor.use_torch_compile", f"{ARF}.actor.use_torch_compile", "bool", True),
-    _k("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32"),
-    _k("actor.compute_dtype", f"{ARF}.actor.fsdp_config.dtype", "str", "bfloat16"),
+    _fsdp("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32"),
+    _fsdp("actor.compute_dtype", f"{ARF}.actor.fsdp_config.dtype", "str", "bfloat16"),
     _k("actor.lr", f"{ARF}.actor.optim.lr", "float", 1e-6),
     _k("actor.weight_decay", f"{ARF}.actor.optim.weight_decay", "float", 0.01),
     # verl's -1 means "use lr_warmup_steps_ratio", which defaults to 0: no warm-up.
     _k("actor.lr_warmup_steps", f"{ARF}.actor.optim.lr_warmup_steps", "int", 0),
-    _k("actor.grad_clip", f"{ARF}.actor.grad_clip", "float", 1.0),
+    _fsdp("actor.grad_clip", f"{ARF}.actor.grad_clip", "float", 1.0),
     _k("actor.clip_ratio_low", f"{ARF}.actor.clip_ratio_low", "float", 0.2),
     _k("actor.clip_ratio_high", f"{ARF}.actor.clip_ratio_high", "float", 0.2),
     _k("actor.clip_ratio_c", f"{ARF}.actor.clip_ratio_c", "float", 3.0),
@@ -108,9 +171,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("actor.kl_loss_type", f"{ARF}.actor.kl_loss_type", "str", "low_var_kl"),
     _k("actor.entropy_coeff", f"{ARF}.actor.entropy_coeff", "float", 0.0),
     # --- reference ------------------------------------------------------------
-    _k("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
-    _k("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32"),
-    _k("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16"),
+    _fsdp("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
+    _fsdp("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32"),
+    _fsdp("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16"),
     _k("ref.log_prob_micro_batch_size_per_gpu", f"{ARF}.ref.log_prob_micro_batch_size_per_gpu", "int", None, True),
     _k("ref.log_prob_micro_batch_size", f"{ARF}.ref.log_prob_micro_batch_size", "int", None, True),
     _k("ref.log_prob_use_dynamic_bsz", f"{ARF}.ref.log_prob_use_dynamic_bsz", "bool",
@@ -129,7 +192,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("rollout.enable_prefix_caching", f"{ARF}.rollout.enable_prefix_caching", "bool", True),
     _k("rollout.enforce_eager", f"{ARF}.rollout.enforce_eager", "bool", False),
     _k("rollout.free_cache_engine", f"{ARF}.rollout.free_cache_engine", "bool", True),
-    _k("rollout.layered_summon", f"{ARF}.rollout.layered_summon", "bool", False),
+    _fsdp("rollout.layered_summon", f"{ARF}.rollout.layered_summon", "bool", False),
     # verl's YAML default is false, but verl (b178a3cd) never reads the key: fsdp_workers.py
     # rollout_mode resumes "weights", syncs, then resumes "kv_cache" whenever free_cache_engine,
     # so a staged wake is what verl does when a script leaves it unset.
@@ -155,22 +218,22 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("critic.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "int", None, True),
     _k("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu", "int", None, True),
     _k("critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size", "int", None, True),
-    _k("critic.forward_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu", "int", None, True),
+    _fsdp("critic.forward_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu", "int", None, True),
     _k("critic.use_dynamic_bsz", "critic.use_dynamic_bsz", "bool", Follows("actor.use_dynamic_bsz")),
     _k("critic.ppo_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu", "int", 32768),
     _k("critic.forward_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu", "int",
        Follows("critic.ppo_max_token_len_per_gpu")),
     _k("critic.ppo_epochs", "critic.ppo_epochs", "int", Follows("actor.ppo_epochs")),
-    _k("critic.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size", "int", 1),
-    _k("critic.param_offload", "critic.fsdp.param_offload", "bool", False),
-    _k("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False),
-    _k("critic.offload_policy", "critic.fsdp.offload_policy", "bool", False),
-    _k("critic.compute_dtype", "critic.fsdp.dtype", "str", "bfloat16"),
-    _k("critic.gradient_checkpointing", "critic.model.enable_gradient_checkpointing", "bool", True),
-    _k("critic.use_remove_padding", "critic.model.use_remove_padding", "bool", True),
+    _fsdp("critic.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size", "int", 1),
+    _fsdp("critic.param_offload", "critic.fsdp.param_offload", "bool", False),
+    _fsdp("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False),
+    _fsdp("critic.offload_policy", "critic.fsdp.offload_policy", "bool", False),
+    _fsdp("critic.compute_dtype", "critic.fsdp.dtype", "str", "bfloat16"),
+    _fsdp("critic.gradient_checkpointing", "critic.model.enable_gradient_checkpointing", "bool", True),
+    _fsdp("critic.use_remove_padding", "critic.model.use_remove_padding", "bool", True),
     _k("critic.lr", "critic.optim.lr", "float", 1e-5),
     _k("critic.cliprange_value", "critic.cliprange_value", "float", 0.5),
-    _k("critic.grad_clip", "critic.grad_clip", "float", 1.0),
+    _fsdp("critic.grad_clip", "critic.grad_clip", "float", 1.0),
     # --- algorithm ------------------------------------------------------------
     _k("algorithm.adv_estimator", "algorithm.adv_estimator", "str", "gae"),
     _k("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std_in_grpo", "bool", True),
@@ -192,14 +255,78 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("trainer.output_dir", "trainer.default_local_dir", "str",
        "checkpoints/${trainer.project_name}/${trainer.experiment_name}"),
     # The seed of the actor engine (model init, dropout): the closest verl has to one run seed.
-    _k("trainer.seed", f"{ARF}.actor.fsdp_config.seed", "int", 42),
+    _fsdp("trainer.seed", f"{ARF}.actor.fsdp_config.seed", "int", 42),
     _k("trainer.balance_batch", "trainer.balance_batch", "bool", True),
     _k("trainer.val_before_train", "trainer.val_before_train", "bool", True),
     _k("trainer.max_checkpoints_to_keep", "trainer.max_actor_ckpt_to_keep", "int", None, True),
+    # --- the Megatron backend (ppo_megatron_trainer.yaml, verl/workers/config/engine.py McoreEngineConfig) ---
+    _mcore("actor.strategy", f"{ARF}.actor.strategy", "str", "megatron"),
+    _mcore("actor.compute_dtype", f"{ARF}.actor.megatron.dtype", "str", "bfloat16"),
+    _mcore("actor.grad_clip", f"{ARF}.actor.optim.clip_grad", "float", 1.0),
+    _mcore("ref.compute_dtype", f"{ARF}.ref.megatron.dtype", "str", "bfloat16"),
+    _mcore("critic.compute_dtype", "critic.megatron.dtype", "str", "bfloat16"),
+    _mcore("critic.grad_clip", "critic.optim.clip_grad", "float", 1.0),
+    _mcore("trainer.seed", f"{ARF}.actor.megatron.seed", "int", 42),
+    # Megatron-Bridge's LoRA (verl/workers/config/megatron_peft.py); peft's model.lora_* are ignored.
+    _mcore("model.lora.rank", f"{ARF}.model.lora.rank", "int", 0),
+    _mcore("model.lora.alpha", f"{ARF}.model.lora.alpha", "int", 32),
+    _mcore("model.lora.target_modules", f"{ARF}.model.lora.target_modules", "list",
+           ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")),
+    _mcore("model.lora.type", f"{ARF}.model.lora.type", "str", "lora"),
+    _mcore("model.lora.exclude_modules", f"{ARF}.model.lora.exclude_modules", "list", ()),
+    _mcore("model.lora.merge", f"{ARF}.model.lora.merge", "bool", False),
+    _mcore("model.lora.adapter_path", f"{ARF}.model.lora.adapter_path", "str", None, True),
+    *(entry for role, prefix in (("actor", f"{ARF}.actor.megatron"), ("critic", "critic.megatron"))
+      for entry in _engine_keys(role, prefix)),
+    # verl's ref.megatron follows the actor's (oc.select) for these; its other knobs are fixed (forward only).
+    *(_mcore(f"ref.megatron.{name}", f"{ARF}.ref.megatron.{name}", kind, Follows(f"actor.megatron.{name}"),
+             optional=optional)
+      for name, kind, optional in _REF_ENGINE_KEYS),
 )
 
-BY_FIELD: dict[str, VerlKey] = {entry.field: entry for entry in VERL_KEYS}
-BY_KEY: dict[str, VerlKey] = {entry.key: entry for entry in VERL_KEYS}
+
+
+def _first_per(attribute: str) -> dict[str, VerlKey]:
+    table: dict[str, VerlKey] = {}
+    for entry in VERL_KEYS:
+        table.setdefault(getattr(entry, attribute), entry)
+    return table
+
+
+# A field's FSDP key where it has one (the table lists them first), else its Megatron key.
+BY_FIELD: dict[str, VerlKey] = _first_per("field")
+# Every key of either backend; a key both configs share maps to the same field either way.
+BY_KEY: dict[str, VerlKey] = _first_per("key")
+
+
+def backend_of(strategy: str) -> Backend:
+    return "megatron" if strategy == "megatron" else "fsdp"
+
+
+def table_for(backend: Backend) -> dict[str, VerlKey]:
+    """Each plan field's entry for that backend: its own key, or (a field the backend has no key for) the
+    FSDP entry, whose default an import gives the field and which a render does not write (`has_key`)."""
+    table: dict[str, VerlKey] = {}
+    for entry in VERL_KEYS:
+        if entry.backend == backend:
+            table[entry.field] = entry
+        elif entry.backend != "megatron" or backend == "megatron":
+            table.setdefault(entry.field, entry)
+    return table
+
+
+def has_key(entry: VerlKey, backend: Backend) -> bool:
+    """Whether verl's config for that backend has the entry's key."""
+    return entry.backend in ("any", backend)
+
+
+def backend_has(key: str, backend: Backend) -> bool:
+    """Whether verl's config for that backend has the key (some entry of it does)."""
+    return key in _KEYS_OF[backend]
+
+
+_KEYS_OF: dict[Backend, frozenset[str]] = {
+    backend: frozenset(entry.key for entry in VERL_KEYS if has_key(entry, backend)) for backend in ("fsdp", "megatron")}
 
 # The user's reward function `path:name` is two verl keys (verl 0.9 reads the `reward.` pair;
 # older scripts set the top-level pair, which the importer still reads).
@@ -462,7 +589,7 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
         if not number or not math.isfinite(value):
             raise bad("a finite number")
         return float(value)
-    if entry.kind == "str_list":
+    if entry.kind in ("str_list", "list"):
         items = value if isinstance(value, list) else [value]
         if any(isinstance(item, list | dict) or item is None for item in items):
             raise bad("a string or a list of strings")
@@ -477,3 +604,12 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
 def render_str_list(value: tuple[str, ...]) -> Any:
     """verl spells one module/file as a string and several (or none) as a list."""
     return value[0] if len(value) == 1 else list(value)
+
+
+def rendered_value(entry: VerlKey, value: Any) -> Any:
+    """A plan value as the entry's key takes it (a tuple as verl's string-or-list, or as a list)."""
+    if entry.kind == "str_list":
+        return render_str_list(value)
+    if entry.kind == "list":
+        return list(value)
+    return value

@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.fsdp import FSDP
 from rlplan.planner.memory.heads import LossHead
+from rlplan.planner.memory.megatron import MEGATRON
 from rlplan.planner.memory.report import Component, TrainerState
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
@@ -72,7 +73,7 @@ class TrainingBackend(Protocol):
 
 
 # plan.actor.strategy -> its backend (a rendered plan's critic runs the actor's strategy).
-TRAINING_BACKENDS: Mapping[str, TrainingBackend] = {"fsdp": FSDP, "fsdp2": FSDP}
+TRAINING_BACKENDS: Mapping[str, TrainingBackend] = {"fsdp": FSDP, "fsdp2": FSDP, "megatron": MEGATRON}
 
 
 def training_backend(plan: Plan) -> TrainingBackend:

@@ -317,21 +317,6 @@ def test_a_dapo_generation_batch_imports_as_a_plan_key():
     assert "data.gen_batch_size=1536" in render_plan(plan, "verl")
 
 
-@pytest.mark.parametrize(("text", "field"), [
-    ("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nactor_rollout_ref.actor.strategy=megatron\n",
-     "actor_rollout_ref.actor.strategy"),
-    ("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\ncritic.strategy=megatron\n", "critic.strategy"),
-    ("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer.yaml "
-     "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "--config-name"),
-])
-def test_a_megatron_script_is_refused_in_plain_words_naming_fsdp_as_what_is_planned(text, field):
-    with pytest.raises(PlanError) as error:
-        load(text)
-    assert error.value.field == field
-    assert "not support yet" in error.value.message and "FSDP" in error.value.message
-    assert "typing" not in error.value.paragraph() and "Literal" not in error.value.paragraph()
-
-
 def test_a_script_without_an_estimator_warns_that_verls_default_trains_a_critic():
     """verl's classic run_qwen2-7b.sh sets no adv_estimator: the plan is then GAE with a critic, said aloud."""
     result = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nactor_rollout_ref.rollout.name=vllm\n")

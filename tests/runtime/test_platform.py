@@ -96,6 +96,13 @@ def test_platform_rules_run_only_with_a_platform():
     }
 
 
+def test_run_refuses_a_megatron_plan_naming_render_target_verl():
+    plan = make_plan(overrides={"actor.strategy": "megatron"})
+    with pytest.raises(PlanError) as raised:
+        check_plan_runnable(plan, GPU)
+    assert "Megatron" in raised.value.message and "render" in raised.value.fix and "--target verl" in raised.value.fix
+
+
 def test_single_gpu_rollout_fix_names_a_flag_solve_has():
     plan = make_plan(overrides={"rollout.tensor_model_parallel_size": 2})
     (refusal,) = [v for v in check_plan(plan, GPU).errors if v.rule == "runtime_rollout_is_single_gpu"]

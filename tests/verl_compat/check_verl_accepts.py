@@ -468,6 +468,70 @@ def check_hostile_strings(examples: int) -> None:
     arrives_intact()
 
 
+# verl's own Megatron examples (tests/data/verl_scripts) and the --env pins they import with.
+MEGATRON_SCRIPTS = {
+    "megatron_dense_qwen2_7b.sh": {"HOME": "/home/u"},
+    "megatron_moe_qwen3_30b_a3b.sh": {"HOME": "/home/u", "TEST_FILE": "/data/aime-2024.parquet"},
+    "megatron_moe_lora_qwen3_30b_a3b.sh": {"HOME": "/home/u"},
+}
+
+
+def megatron_verdict(arguments: list[str]) -> None:
+    """Raise Rejected where verl refuses a rendered Megatron plan: hydra's compose of ppo_megatron_trainer,
+    validate_config, and the Megatron engine and optimizer dataclasses of actor, reference and critic."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    config_name = next(word.partition("=")[2] for word in arguments if word.startswith("--config-name="))
+    overrides = [word for word in arguments if not word.startswith("--")]
+    try:
+        with initialize_config_dir(config_dir=_config_dir(), version_base=None):
+            config = hydra_compose(config_name=config_name, overrides=overrides)
+    except Exception as exc:
+        raise Rejected("compose", str(exc)) from None
+    use_ref, use_critic = need_reference_policy(config), need_critic(config)
+    try:
+        validate_config(config=config, use_reference_policy=use_ref, use_critic=use_critic)
+        arr = config.actor_rollout_ref
+        for engine in (arr.actor.megatron, arr.actor.optim, *([arr.ref.megatron] if use_ref else []),
+                       *([config.critic.megatron] if use_critic else [])):
+            omega_conf_to_dataclass(engine)
+    except Exception as exc:  # any exception out of verl's checks is verl refusing the config
+        raise Rejected("validate_config", str(exc)) from None
+
+
+def check_megatron_examples() -> None:
+    """verl's own Megatron examples, imported and rendered back, compose and validate in verl."""
+    from rlplan.planner.knobs import apply_knobs
+    from rlplan.planner.presets import resolve_gpu
+    from rlplan.planner.verl_import import import_verl_script
+
+    scripts = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
+    gpu = resolve_gpu("h100-80g")
+    for name, env in MEGATRON_SCRIPTS.items():
+        plan = import_verl_script((scripts / name).read_text(), gpu=gpu, host_memory_gib=2048.0, env=env,
+                                  local_config_reader=lambda path: None, environment={}).plan
+        # verl b178a3cd's examples set megatron.grad_offload, which verl 0.9.1 refuses: rlplan's rule says so,
+        # and the plan with the rule's fix applied is what verl must accept.
+        refused_by_rule = [violation for violation in check_plan(plan).errors
+                           if violation.rule == "megatron_grad_offload_is_not_in_verl_0_9"]
+        if refused_by_rule:
+            try:
+                megatron_verdict(script_arguments(render_plan(plan, "verl")))
+                FAILURES.append(f"{name}: rlplan refuses grad_offload, verl accepts it")
+            except Rejected:
+                STATS["megatron_grad_offload_refused_by_both"] += 1
+            for violation in refused_by_rule:
+                plan = apply_knobs(plan, violation.suggested)
+        try:
+            megatron_verdict(script_arguments(render_plan(plan, "verl")))
+            STATS["megatron_example_accepted"] += 1
+        except Rejected as rejected:
+            FAILURES.append(f"{name}: verl refuses its render: {str(rejected)[:600]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=int(os.environ.get("VERL_COMPAT_EXAMPLES", "300")))
@@ -478,6 +542,7 @@ def main() -> int:
     write_tiny_model(TINY_MODEL)
     load_lora_rank_check_without_vllm()
     check_hostile_strings(max(20, args.examples // 5))
+    check_megatron_examples()
     run_property_checks(args.examples)
     elapsed = time.perf_counter() - started
     print(f"verl {verl.__version__}: {elapsed:.1f} s in all, "

@@ -1,0 +1,334 @@
+"""The Megatron training backend's memory per rank (verl's megatron workers over Megatron-Core): pure functions.
+
+Where a rank's bytes go under Megatron's parallelism, on the most loaded rank:
+
+- weights, gradients and the optimizer: the dense part of the model (attention, norms, dense and shared-expert
+  MLPs, routers) is split over TP x PP, the routed experts over EP x ETP x PP; the first and last pipeline
+  stages also hold the vocabulary-parallel embedding / output layer over TP. Megatron keeps bf16 weights, fp32
+  gradients (its DDP grad buffer) and, per parameter, 12 bytes of fp32 master weights and Adam moments, which
+  the distributed optimizer shards over the data-parallel group (DP x CP for dense parameters, the expert
+  data-parallel group for experts): Megatron-Core's 18, or 6 + 12 / DP, bytes per parameter.
+- activations: Korthikanti et al. (arXiv 2205.05198) Table 2 per layer, generalised to grouped KV heads and
+  gated MLPs and to routed experts, split over TP with sequence parallelism (only the TP-split part without
+  it) and over CP along the sequence; full recompute keeps each layer's input and one recomputed chunk. The
+  first pipeline stage holds min(PP, micro batches) micro batches under 1F1B (the interleaved schedule
+  PP x (1 + (PP - 1) / (PP x VPP))), the last one, and the vocabulary-parallel loss head's fp32 logits.
+
+For a model Megatron-Core's own estimate covers (megatron/training/theoretical_memory_usage.py: ungated MLP,
+multi-head attention, no experts) these functions give its numbers exactly
+(tests/planner/test_memory_megatron.py); where they differ on purpose (gated MLPs, grouped KV heads, experts over EP, the loss head
+on the last stage under PP) docs/accuracy.md section 6 lists by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.arch import Architecture
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout
+from rlplan.planner.memory.heads import LossHead
+from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.memory.report import Component, TrainerState
+from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.profile import Profile
+
+TrainedRole = Literal["actor", "critic"]
+
+# Megatron-Core's bytes per parameter (theoretical_memory_usage.py): bf16 weight, fp32 gradient, and 12 bytes
+# of optimizer state (fp32 master weight, Adam's two moments) the distributed optimizer shards over DP.
+WEIGHT_BYTES = 2
+GRAD_BYTES = 4
+OPTIMIZER_BYTES = 12
+# Per token, the embedding's input ids (int64) and its dropout mask: Megatron's 8 s b + s b h per micro batch.
+EMBEDDING_INPUT_BYTES = 8
+
+
+@frozen
+class RankParameters:
+    """Parameters (elements) one rank holds: the TP x PP-split dense part and the EP x ETP x PP-split experts."""
+
+    dense: float
+    experts: float
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.experts
+
+
+@frozen
+class RankState:
+    """Bytes of one rank's training state."""
+
+    weights: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+
+def routed_expert_params_per_layer(arch: Architecture) -> int:
+    """The routed experts of one MoE layer (without router and shared expert, which stay with the dense part)."""
+    if not arch.is_moe:
+        return 0
+    router = arch.hidden_size * arch.num_experts + (arch.num_experts if arch.expert_bias else 0)
+    shared = 3 * arch.hidden_size * arch.shared_expert_intermediate_size
+    return arch.moe_mlp_params - router - shared
+
+
+def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection) -> RankParameters:
+    """The elements the most loaded rank holds: its stage's layers and the embedding (first stage) or the output
+    layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last)."""
+    tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
+    experts_per_layer = routed_expert_params_per_layer(arch)
+    layer_dense = (arch.num_dense_layers * arch.dense_layer_params
+                   + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size)
+    vocab_layers = arch.embedding_params + (arch.lm_head_params if pp == 1 else 0)
+    dense = (layer_dense / pp + vocab_layers) / tp
+    experts = arch.num_moe_layers * experts_per_layer / (pp * engine.expert_model_parallel_size
+                                                         * engine.expert_tensor_size)
+    return RankParameters(dense=dense, experts=experts)
+
+
+def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world: int,
+                              trainable_fraction: float = 1.0) -> RankState:
+    """Weights, gradients and optimizer state of the most loaded rank.
+
+    `trainable_fraction`: the share of parameters that train (a LoRA adapter's share; 1 for full fine-tuning):
+    only they carry gradients and optimizer state. The distributed optimizer shards the 12 bytes over the dense
+    data-parallel group (world / (TP x PP), which includes CP) and the experts' (world / (EP x ETP x PP)).
+    """
+    params = parameters_on_most_loaded_rank(arch, engine)
+    dense_dp = max(world // engine.model_parallel_size, 1)
+    expert_dp = max(engine.expert_data_parallel_size(world), 1)
+    shard = engine.use_distributed_optimizer
+    optimizer = OPTIMIZER_BYTES * trainable_fraction * (
+        params.dense / (dense_dp if shard else 1) + params.experts / (expert_dp if shard else 1))
+    return RankState(weights=WEIGHT_BYTES * params.total, grads=GRAD_BYTES * trainable_fraction * params.total,
+                     optimizer=optimizer)
+
+
+def layer_activation_bytes_per_token(arch: Architecture, *, moe: bool, tp: int, etp: int,
+                                     sequence_parallel: bool, gated: bool = True) -> float:
+    """Saved activation bytes per token of one layer (selective recompute / flash attention: no score matrix).
+
+    Korthikanti Table 2 term by term: layer-norm inputs (2h each), the attention and MLP inputs (2h each),
+    Q, K and V, the attention output, the fc1 output (twice as wide when gated) and the activation's output,
+    and the two dropout masks (h bytes each). With a multi-head ungated MLP this is Megatron's 18 + 4 f / h.
+    The parts outside the tensor-parallel regions split over TP only with sequence parallelism; a routed
+    token's expert activations (k copies) split over ETP.
+    """
+    h = arch.hidden_size
+    replicated = 2 * h + 2 * h + h + 2 * h + 2 * h + h  # LN1 in, QKV in, dropout, LN2 in, fc1 in, dropout
+    attention = 2 * (arch.q_width + 2 * arch.kv_width) + 2 * arch.q_width
+    # rlplan's architectures are gated (SwiGLU: arch.dense_mlp_params = 3 h I); ungated is Megatron's estimate.
+    gate = 2 if gated else 1
+    if moe:
+        f, k = arch.moe_intermediate_size, arch.num_experts_per_token
+        routed = k * (2 * h + 2 * f * gate + 2 * f)  # the permuted token copy, fc1 output, activation output
+        shared = 2 * arch.shared_expert_intermediate_size * (gate + 1)
+        router = 4 * arch.num_experts  # fp32 routing probabilities
+        split = attention + shared
+        return (replicated / (tp if sequence_parallel else 1) + split / tp + routed / etp + router)
+    f = arch.intermediate_size
+    split = attention + 2 * f * gate + 2 * f
+    return replicated / (tp if sequence_parallel else 1) + split / tp
+
+
+def in_flight_micro_batches(engine: MegatronSection, micro_batches: int) -> float:
+    """Micro batches whose activations the first pipeline stage holds at once: min(PP, m) under 1F1B;
+    PP x (1 + (PP - 1) / (PP x VPP)) under the interleaved schedule (Megatron's memory penalty)."""
+    pp, vpp = engine.pipeline_model_parallel_size, engine.virtual_pipeline_model_parallel_size
+    if vpp is not None and vpp > 1:
+        return pp * (1 + (pp - 1) / (pp * vpp))
+    return min(pp, max(micro_batches, 1))
+
+
+@frozen
+class StageActivations:
+    """Activation bytes of the first and the last pipeline stage for one training step's peak."""
+
+    first: float
+    last: float
+    loss_head: float
+
+    @property
+    def peak(self) -> float:
+        return max(self.first, self.last)
+
+
+def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per_micro_batch: int,
+                      micro_batches: int, gated: bool = True) -> StageActivations:
+    """The saved activations a training step's first and last stages hold at their peak.
+
+    `tokens_per_micro_batch`: one micro batch's tokens on this data-parallel rank (before CP splits them).
+    Full recompute (granularity full) keeps each layer's input and the `recompute_num_layers` layers being
+    recomputed; the loss head's fp32 vocabulary-parallel logits and their gradient sit on the last stage.
+    """
+    tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
+    cp = engine.context_parallel_size
+    tokens = math.ceil(tokens_per_micro_batch / cp)
+    sp = engine.sequence_parallel and tp > 1
+    per_layer = [layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
+                                                  etp=engine.expert_tensor_size, sequence_parallel=sp,
+                                                  gated=gated)
+                 for index in range(arch.num_layers)]
+    stage_layers = arch.num_layers / pp
+    mean_layer = sum(per_layer) / len(per_layer)
+    if engine.recompute_granularity == "full":
+        chunk = engine.recompute_num_layers or 1
+        layer_input = 2 * arch.hidden_size / (tp if sp else 1)
+        stage_bytes_per_token = stage_layers * layer_input + chunk * max(per_layer)
+    else:
+        stage_bytes_per_token = stage_layers * mean_layer
+    embedding_inputs = EMBEDDING_INPUT_BYTES + arch.hidden_size
+    in_flight = in_flight_micro_batches(engine, micro_batches)
+    first = tokens * in_flight * (stage_bytes_per_token + embedding_inputs / tp)
+    loss_head = loss_head_bytes(arch, tp=tp, tokens=tokens)
+    last = tokens * stage_bytes_per_token + loss_head
+    if pp == 1:
+        first += loss_head
+        last = first
+    return StageActivations(first=first, last=last, loss_head=loss_head)
+
+
+def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
+    """The vocabulary-parallel output layer's input and its fp32 logits over TP (Megatron's 4 s b h (1 + V / h)
+    / TP, its estimate's output-layer and cross-entropy term)."""
+    return tokens * 4 * (arch.hidden_size + arch.vocab_size) / tp
+
+
+# --- the backend the step's phases price a Megatron plan through (memory.backend.TrainingBackend) ----------
+
+
+def _engine(plan: Plan, role: TrainedRole) -> MegatronSection:
+    """A role's Megatron engine: the actor's, or the critic's (verl's defaults where the plan leaves it unset)."""
+    return plan.actor.mcore if role == "actor" else plan.critic.megatron or MegatronSection()
+
+
+def _trainable_fraction(plan: Plan, role: TrainedRole) -> float:
+    """The share of parameters that train: a Megatron-Bridge LoRA adapter's (priced on the projections peft's
+    all-linear reaches, which Megatron's linear_qkv / linear_proj / linear_fc1 / linear_fc2 are), or all."""
+    if role == "critic" or not plan.model.lora.enabled:
+        return 1.0
+    arch = plan.model.arch
+    return arch.lora_params(plan.model.lora.rank, "all-linear") / model_facts(arch).params
+
+
+def cpu_optimizer_fraction(plan: Plan, role: TrainedRole) -> float:
+    """The share of optimizer state Megatron-Core's CPU optimizer keeps in host RAM for the whole step (0: none)."""
+    prefix = ("actor_rollout_ref.actor" if role == "actor" else "critic") + ".optim.override_optimizer_config."
+
+    def value(name: str, default: str) -> str:
+        key = prefix + name
+        return next((plan.passthrough[spelling] for spelling in ("++" + key, "+" + key, key)
+                     if spelling in plan.passthrough), default).strip("'\"")
+
+    if value("optimizer_cpu_offload", "false").lower() != "true":
+        return 0.0
+    try:
+        return min(max(float(value("optimizer_offload_fraction", "1.0")), 0.0), 1.0)
+    except ValueError:
+        return 1.0
+
+
+class MegatronBackend:
+    """verl's Megatron workers as the step's phases see them: Megatron-Core's persistent grad buffer and
+    distributed optimizer, the pipeline's in-flight micro batches, and verl's offload of each between phases
+    (megatron_workers.py: offload_megatron_model_to_cpu / offload_megatron_optimizer)."""
+
+    def role_state(self, plan: Plan, role: TrainedRole, layout: PlanLayout) -> TrainerState:
+        state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
+                                          _trainable_fraction(plan, role))
+        # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
+        # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy.
+        return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
+                            optimizer_step=0.0, reduce_scatter=0.0)
+
+    def state_on_gpu(self, plan: Plan, role: TrainedRole, state: TrainerState) -> TrainerState:
+        """verl loads every offloaded part back before the update, so a training step holds all of it, except
+        the optimizer state Megatron's CPU optimizer keeps on the host (override_optimizer_config:
+        optimizer_cpu_offload with optimizer_offload_fraction, Megatron-Core's HybridDeviceOptimizer)."""
+        host_fraction = cpu_optimizer_fraction(plan, role)
+        return attrs.evolve(state, optimizer=state.optimizer * (1 - host_fraction)) if host_fraction else state
+
+    def resident_between_phases(self, plan: Plan, role: TrainedRole,
+                                state_on_gpu: TrainerState) -> list[Component]:
+        """Between phases the GPU keeps what the engine does not offload: weights (param_offload), the DDP
+        grad buffer, which Megatron allocates once and keeps (grad_offload), and the optimizer state."""
+        engine = _engine(plan, role)
+        resident = []
+        if not engine.param_offload:
+            resident.append(Component(f"{role}_params", int(state_on_gpu.params), "resident"))
+        if not (engine.grad_offload or engine.param_offload) and state_on_gpu.grads:
+            resident.append(Component(f"{role}_grads", int(state_on_gpu.grads), "resident"))
+        if not engine.optimizer_offload and state_on_gpu.optimizer:
+            resident.append(Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer), "resident"))
+        return resident
+
+    def host_components(self, plan: Plan, role: TrainedRole, state: TrainerState, ranks: int) -> list[Component]:
+        engine = _engine(plan, role)
+        host = []
+        if engine.param_offload:
+            host.append(Component(f"{role}_params_offloaded", int(ranks * (state.params + state.grads))))
+        elif engine.grad_offload:
+            host.append(Component(f"{role}_grads_offloaded", int(ranks * state.grads)))
+        if engine.optimizer_offload:
+            host.append(Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)))
+        return host
+
+    def reference_params_bytes(self, plan: Plan, layout: PlanLayout) -> int:
+        engine = plan.ref.megatron or plan.actor.mcore
+        return int(WEIGHT_BYTES * parameters_on_most_loaded_rank(plan.model.arch, engine).total)
+
+    def reference_params_on_host(self, plan: Plan) -> bool:
+        return (plan.ref.megatron or plan.actor.mcore).param_offload
+
+    def update_components(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
+                          head: LossHead | None, profile: Profile) -> tuple[str, list[Component]]:
+        """The backward peak: the state, the activations the most loaded pipeline stage holds for its in-flight
+        micro batches, the loss head (verl's head kernel over the vocabulary-parallel logits, at least
+        Megatron's fp32 logits) and one layer's backward workspace."""
+        arch, engine = plan.model.arch, _engine(plan, role)
+        tp, cp = engine.tensor_model_parallel_size, engine.context_parallel_size
+        tokens = batch.tokens_per_micro_batch  # on this rank: after CP's split (the layout's sequence split)
+        stages = stage_activations(arch, engine, tokens_per_micro_batch=tokens * cp,
+                                   micro_batches=batch.micro_batches_per_mini)
+        verl_head = head.bytes_per_token_vocab * tokens * arch.vocab_size / tp if head is not None else 0.0
+        extra_head = max(0.0, verl_head - stages.loss_head)
+        workspace = tokens * layer_activation_bytes_per_token(
+            arch, moe=arch.is_moe, tp=tp, etp=engine.expert_tensor_size,
+            sequence_parallel=engine.sequence_parallel and tp > 1)
+        return "backward", [
+            Component(f"{role}_params", int(state_on_gpu.params)),
+            Component(f"{role}_grads", int(state_on_gpu.grads)),
+            Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer)),
+            Component("activations", int(stages.peak)),
+            Component("logits_head", int(extra_head)),
+            Component("layer_backward_workspace", int(workspace)),
+        ]
+
+    def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
+                           head_bytes_per_token_vocab: float) -> list[Component]:
+        """A no_grad forward: the layer transients over TP, or at the head the vocabulary-parallel logits."""
+        facts, tp = model_facts(plan.model.arch), plan.actor.mcore.tensor_model_parallel_size
+        params = Component(params_name, int(params_bytes))
+        layers = Component("forward_transients", int(tokens * facts.forward_transient_bytes_per_token / tp))
+        head = Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab / tp
+                                            + tokens * 4 * facts.hidden))
+        return [params, max(layers, head, key=lambda component: component.bytes)]
+
+    def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
+        """verl's per-tensor export gathers each full tensor from its TP / EP ranks (fp32 conversion as FSDP's
+        full_tensor) and a bucket for the engine."""
+        facts = model_facts(plan.model.arch)
+        copy_bytes = plan.rollout.dtype_bytes
+        return int((4 + copy_bytes) * facts.largest_tensor + min(bucket_bytes, copy_bytes * facts.params))
+
+
+MEGATRON = MegatronBackend()

@@ -1,0 +1,182 @@
+"""The Megatron backend's per-rank memory (planner/memory/megatron.py) against Megatron-Core's own estimate.
+
+`megatron_estimate` restates megatron/training/theoretical_memory_usage.py (NVIDIA/Megatron-LM, the
+formulas of compute_weight_and_optimizer_memory and, with sequence parallelism and selective recompute,
+compute_activation_memory) for the configurations both cover: no experts, RMSNorm, SwiGLU weights,
+activations of an ungated MLP (the shape its activation formula assumes), DP without context parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlplan.planner.arch import Architecture
+from rlplan.planner.memory.megatron import (
+    in_flight_micro_batches,
+    parameters_on_most_loaded_rank,
+    stage_activations,
+    state_on_most_loaded_rank,
+)
+from rlplan.planner.plan import MegatronSection
+from rlplan.planner.presets import resolve_model
+
+LLAMA_8B = resolve_model("llama-3.1-8b").arch  # GQA, untied, no biases or qk-norm: Megatron's weight formula
+QWEN3_MOE = resolve_model("qwen3-30b-a3b").arch
+
+
+def megatron_weights_and_optimizer(arch: Architecture, *, tp: int, pp: int, dp: int, distributed: bool) -> float:
+    """compute_weight_and_optimizer_memory for a dense RMSNorm SwiGLU model (bytes)."""
+    h = arch.hidden_size
+    attention = 2 * h * h * ((1 + arch.num_kv_heads / arch.num_attention_heads)
+                             * (arch.head_dim * arch.num_attention_heads / h))
+    layer = 2 * h * (arch.intermediate_size * 3 / 2 + 1) + attention
+    embedding = h * arch.vocab_size
+    block = layer * arch.num_layers + h
+    most_loaded = (block / pp + embedding) / tp
+    if not arch.tie_word_embeddings and pp == 1:
+        most_loaded += embedding / tp
+    return most_loaded * (6 + 12 / dp if distributed else 18)
+
+
+def megatron_activations(arch: Architecture, *, seq: int, micro: int, tp: int, pp: int, vpp: int | None,
+                         micro_batches: int | None) -> float:
+    """compute_activation_memory (sequence parallel, selective recompute), bytes, first stage."""
+    h = arch.hidden_size
+    memory = seq * micro * h * (18 + 4 * arch.intermediate_size / h) * arch.num_layers
+    memory += 8 * seq * micro * pp + seq * micro * h * pp
+    if vpp is not None:
+        memory *= 1 + (pp - 1) / (pp * vpp)
+    if vpp is None and pp > 1 and micro_batches is not None:
+        memory *= min(1, micro_batches / pp)
+    if pp == 1:
+        memory += seq * micro * h * 4 * (1 + arch.vocab_size / h)
+    return memory / tp
+
+
+# An MHA, ungated-activation twin of a GPT-style model: Megatron's activation formula's shape.
+MHA_4K = attrs.evolve(LLAMA_8B, num_kv_heads=32)
+
+
+@pytest.mark.parametrize(("tp", "pp", "world", "distributed"), [
+    (1, 1, 8, True), (2, 1, 8, True), (4, 2, 32, True), (8, 4, 64, False), (2, 8, 256, True)])
+def test_weights_grads_and_optimizer_equal_megatron_cores_estimate(tp, pp, world, distributed):
+    engine = MegatronSection(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                             use_distributed_optimizer=distributed)
+    ours = state_on_most_loaded_rank(LLAMA_8B, engine, world).total
+    theirs = megatron_weights_and_optimizer(LLAMA_8B, tp=tp, pp=pp, dp=world // (tp * pp), distributed=distributed)
+    assert ours == pytest.approx(theirs, rel=1e-9)
+
+
+@pytest.mark.parametrize(("tp", "pp", "vpp", "micro_batches"), [
+    (1, 1, None, 4), (2, 1, None, 1), (4, 2, None, 8), (4, 4, None, 2), (2, 4, 2, 16), (8, 2, 4, 8)])
+def test_first_stage_activations_equal_megatron_cores_estimate(tp, pp, vpp, micro_batches):
+    engine = MegatronSection(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                             virtual_pipeline_model_parallel_size=vpp, sequence_parallel=True)
+    seq, micro = 4096, 2
+    ours = stage_activations(MHA_4K, engine, tokens_per_micro_batch=seq * micro, micro_batches=micro_batches,
+                             gated=False).first
+    theirs = megatron_activations(MHA_4K, seq=seq, micro=micro, tp=tp, pp=pp, vpp=vpp, micro_batches=micro_batches)
+    assert ours == pytest.approx(theirs, rel=1e-9)
+
+
+def test_experts_split_over_ep_and_etp_and_their_optimizer_over_the_expert_data_parallel_group():
+    base = MegatronSection(tensor_model_parallel_size=1, expert_model_parallel_size=1)
+    ep8 = MegatronSection(tensor_model_parallel_size=1, expert_model_parallel_size=8)
+    one, eight = (parameters_on_most_loaded_rank(QWEN3_MOE, engine) for engine in (base, ep8))
+    assert eight.experts == pytest.approx(one.experts / 8) and eight.dense == one.dense
+    # 16 GPUs, EP 8: expert DP 2, dense DP 16
+    state = state_on_most_loaded_rank(QWEN3_MOE, ep8, 16)
+    assert state.optimizer == pytest.approx(12 * (eight.dense / 16 + eight.experts / 2))
+
+
+def test_lora_trains_a_fraction_so_only_that_fraction_has_gradients_and_optimizer_state():
+    engine = MegatronSection(tensor_model_parallel_size=2)
+    full, lora = (state_on_most_loaded_rank(LLAMA_8B, engine, 8, fraction) for fraction in (1.0, 0.01))
+    assert lora.weights == full.weights
+    assert lora.grads == pytest.approx(full.grads / 100) and lora.optimizer == pytest.approx(full.optimizer / 100)
+
+
+def test_full_recompute_keeps_layer_inputs_and_one_chunk_so_it_saves_most_of_the_stage():
+    plain = MegatronSection(tensor_model_parallel_size=2)
+    recompute = attrs.evolve(plain, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    kept, saved = (stage_activations(LLAMA_8B, engine, tokens_per_micro_batch=8192, micro_batches=4)
+                   for engine in (plain, recompute))
+    layers_only = kept.first - kept.loss_head
+    assert saved.first - saved.loss_head < layers_only / 4
+    assert saved.loss_head == kept.loss_head
+
+
+def test_context_parallel_splits_the_sequence_and_pp_moves_the_loss_head_to_the_last_stage():
+    engine = MegatronSection(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    cp2 = attrs.evolve(engine, context_parallel_size=2)
+    whole, halved = (stage_activations(LLAMA_8B, e, tokens_per_micro_batch=8192, micro_batches=4)
+                     for e in (engine, cp2))
+    assert halved.first == pytest.approx(whole.first / 2)
+    assert whole.last >= whole.loss_head > 0 and whole.first > whole.last - whole.loss_head
+
+
+@given(pp=st.integers(1, 16), vpp=st.one_of(st.none(), st.integers(2, 8)), micro_batches=st.integers(1, 64))
+def test_in_flight_micro_batches_never_exceed_what_the_schedule_keeps(pp, vpp, micro_batches):
+    """Invariant: 1F1B keeps at most PP micro batches (fewer when there are fewer); interleaving at most 2 PP."""
+    engine = MegatronSection(pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp)
+    held = in_flight_micro_batches(engine, micro_batches)
+    if vpp is None or vpp <= 1:
+        assert held == min(pp, micro_batches)
+    else:
+        assert pp <= held < 2 * pp or math.isclose(held, pp)
+
+
+def _megatron_plan(arch=QWEN3_MOE, **knobs):
+    from rlplan.planner.knobs import apply_knobs
+    from tests.planner.plans import make_plan
+
+    return apply_knobs(make_plan(arch, overrides={"actor.strategy": "megatron"}), knobs)
+
+
+def _update_peak_gib(plan, component: str | None = None) -> float:
+    """The actor update's GPU bytes in GiB: all of them, or one component's."""
+    from rlplan.planner.memory import predict_memory
+
+    phase = predict_memory(plan).phase("actor_update")
+    return sum(c.bytes for c in phase.components if component in (None, c.name)) / 2**30
+
+
+def test_a_megatron_plan_is_priced_by_the_megatron_backend_and_expert_parallelism_lowers_its_update():
+    from rlplan.planner.memory.backend import training_backend
+    from rlplan.planner.memory.megatron import MEGATRON
+
+    plan = _megatron_plan()
+    assert training_backend(plan) is MEGATRON
+    assert _update_peak_gib(_megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})) < _update_peak_gib(plan)
+
+
+def test_megatrons_cpu_optimizer_keeps_its_fraction_of_the_optimizer_state_off_the_gpu_in_the_update():
+    plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
+    key = "+actor_rollout_ref.actor.optim.override_optimizer_config."
+    offloaded = plan.evolve(passthrough={key + "optimizer_cpu_offload": "True",
+                                         key + "optimizer_offload_fraction": "1."})
+    state = state_on_most_loaded_rank(plan.model.arch, plan.actor.mcore, plan.cluster.world_size)
+    assert _update_peak_gib(plan, "actor_optimizer_state") == pytest.approx(state.optimizer / 2**30, rel=1e-3)
+    assert _update_peak_gib(offloaded, "actor_optimizer_state") == 0
+    assert _update_peak_gib(offloaded) < _update_peak_gib(plan)
+
+
+def test_verls_megatron_lora_example_fits_on_the_h100s_it_names_and_the_dense_example_too():
+    """verl's run_qwen3moe-30b_megatron_lora.sh (8 GPUs, TP 2 PP 2 CP 2 EP 4, full recompute, everything
+    offloaded) and run_qwen2-7b_math_megatron.sh (8 GPUs, TP 2 PP 2) price under an 80 GB GPU."""
+    from pathlib import Path
+
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.presets import resolve_gpu
+    from rlplan.planner.verl_import import import_verl_script
+
+    scripts = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
+    for name in ("megatron_moe_lora_qwen3_30b_a3b.sh", "megatron_dense_qwen2_7b.sh"):
+        plan = import_verl_script((scripts / name).read_text(), gpu=resolve_gpu("h100-80g"), host_memory_gib=2048.0,
+                                  env={"HOME": "/h"}, local_config_reader=lambda path: None).plan
+        assert predict_memory(plan).gpu_peak_bytes < plan.cluster.gpu.memory_gib * 2**30, name

@@ -1,0 +1,160 @@
+"""Each Megatron rule fires on the plan it is about, and its suggested fix (or the fix its message names)
+removes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.presets import resolve_model
+from rlplan.planner.rules import check_plan
+from tests.planner.plans import make_plan
+
+QWEN3_MOE = resolve_model("qwen3-30b-a3b").arch  # 48 layers, 32 heads, 4 KV heads, 128 experts
+DEEPSEEK_V3 = resolve_model("deepseek-v3").arch
+MEGATRON = {"actor.strategy": "megatron"}
+
+
+def megatron_plan(arch=None, gpus: int = 8, **knobs):
+    overrides = {**MEGATRON, **{key.replace("__", "."): value for key, value in knobs.items()}}
+    return make_plan(arch, gpus=gpus, overrides=overrides) if arch else make_plan(gpus=gpus, overrides=overrides)
+
+
+def rules_of(plan) -> set[str]:
+    return {violation.rule for violation in check_plan(plan).violations}
+
+
+def fixed(plan, rule: str):
+    """The plan with the suggested changes of `rule`'s violations applied."""
+    for violation in check_plan(plan).violations:
+        if violation.rule == rule:
+            plan = apply_knobs(plan, violation.suggested)
+    return plan
+
+
+def test_a_default_megatron_plan_breaks_no_megatron_rule():
+    plan = megatron_plan(actor__megatron__sequence_parallel=False)
+    assert not {name for name in rules_of(plan) if "megatron" in name or "fsdp_knobs" in name}
+
+
+@pytest.mark.parametrize(("knobs", "fix"), [
+    ({"actor__megatron__tensor_model_parallel_size": 4, "actor__megatron__context_parallel_size": 3},
+     {"actor.megatron.context_parallel_size": 1}),
+    ({"actor__megatron__pipeline_model_parallel_size": 3}, {"actor.megatron.pipeline_model_parallel_size": 2}),
+])
+def test_world_must_split_into_tp_pp_cp_groups(knobs, fix):
+    plan = megatron_plan(**knobs)
+    assert "megatron_world_divides" in rules_of(plan)
+    assert "megatron_world_divides" not in rules_of(apply_knobs(plan, fix))
+
+
+def test_experts_split_over_ep_and_a_dense_model_has_none_to_split():
+    dense = megatron_plan(actor__megatron__expert_model_parallel_size=2)
+    assert "megatron_experts_divide" in rules_of(dense)
+    assert "megatron_experts_divide" not in rules_of(fixed(dense, "megatron_experts_divide"))
+    moe = megatron_plan(QWEN3_MOE, actor__megatron__expert_model_parallel_size=3)  # 128 experts % 3
+    assert "megatron_experts_divide" in rules_of(moe)
+    assert "megatron_experts_divide" not in rules_of(
+        apply_knobs(moe, {"actor.megatron.expert_model_parallel_size": 8}))
+    # EP 8 x ETP 2 = 16 expert ranks on 8 GPUs
+    wide = megatron_plan(QWEN3_MOE, actor__megatron__expert_model_parallel_size=8,
+                         actor__megatron__expert_tensor_parallel_size=2)
+    assert "megatron_experts_divide" in rules_of(wide)
+    assert "megatron_experts_divide" not in rules_of(
+        apply_knobs(wide, {"actor.megatron.expert_tensor_parallel_size": 1}))
+
+
+def test_tp_must_divide_heads_and_kv_heads_but_not_mla_kv():
+    plan = megatron_plan(QWEN3_MOE, actor__megatron__tensor_model_parallel_size=8)  # 4 KV heads
+    assert "megatron_heads_divide_tp" in rules_of(plan)
+    assert "megatron_heads_divide_tp" not in rules_of(
+        apply_knobs(plan, {"actor.megatron.tensor_model_parallel_size": 4}))
+    mla = megatron_plan(DEEPSEEK_V3, actor__megatron__tensor_model_parallel_size=8)
+    assert "megatron_heads_divide_tp" not in rules_of(mla)
+
+
+def test_layers_split_evenly_over_pp_times_vpp_unless_stages_are_placed_unevenly():
+    plan = megatron_plan(QWEN3_MOE, actor__megatron__pipeline_model_parallel_size=2,
+                         actor__megatron__virtual_pipeline_model_parallel_size=5)  # 48 % 10
+    assert "megatron_layers_divide_pipeline" in rules_of(plan)
+    assert "megatron_layers_divide_pipeline" not in rules_of(fixed(plan, "megatron_layers_divide_pipeline"))
+    placed = plan.evolve(passthrough={
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage": "3"})
+    assert "megatron_layers_divide_pipeline" not in rules_of(placed)
+
+
+def test_a_virtual_pipeline_needs_a_pipeline():
+    plan = megatron_plan(actor__megatron__virtual_pipeline_model_parallel_size=2)
+    assert "megatron_vpp_needs_pipeline" in rules_of(plan)
+    assert "megatron_vpp_needs_pipeline" not in rules_of(fixed(plan, "megatron_vpp_needs_pipeline"))
+
+
+def test_with_a_virtual_pipeline_the_micro_batches_per_mini_batch_are_a_multiple_of_pp():
+    # 8 GPUs, PP 2: DP 4; mini 16 prompts x n 4 / 4 = 16 sequences per rank; micro 16 -> 1 micro batch
+    plan = megatron_plan(actor__megatron__pipeline_model_parallel_size=2,
+                         actor__megatron__virtual_pipeline_model_parallel_size=2,
+                         actor__ppo_micro_batch_size_per_gpu=16)
+    assert "megatron_vpp_micro_batches_divide" in rules_of(plan)
+    assert "megatron_vpp_micro_batches_divide" not in rules_of(
+        apply_knobs(plan, {"actor.ppo_micro_batch_size_per_gpu": 8}))
+    assert "megatron_vpp_micro_batches_divide" not in rules_of(apply_knobs(plan, {"actor.use_dynamic_bsz": True}))
+
+
+def test_megatron_dp_is_the_world_over_tp_pp_cp_in_the_batch_layout():
+    from rlplan.planner.layout import plan_layout
+
+    plan = megatron_plan(actor__megatron__tensor_model_parallel_size=2,
+                         actor__megatron__pipeline_model_parallel_size=2)
+    assert plan_layout(plan).parallel.dp == 2
+
+
+def test_full_recompute_covers_at_most_one_stages_layers():
+    # (method and layers first: the section checks each pin's result, and full recompute needs both)
+    plan = megatron_plan(actor__megatron__pipeline_model_parallel_size=4, actor__megatron__recompute_method="uniform",
+                         actor__megatron__recompute_num_layers=8, actor__megatron__recompute_granularity="full")
+    assert "megatron_recompute_layers_fit_stage" in rules_of(plan)  # 28 layers / 4 stages = 7
+    assert "megatron_recompute_layers_fit_stage" not in rules_of(fixed(plan, "megatron_recompute_layers_fit_stage"))
+
+
+def test_sequence_parallel_at_tp_1_is_a_warning_that_verl_turns_it_off():
+    plan = megatron_plan()
+    violations = [v for v in check_plan(plan).violations if v.rule == "megatron_sequence_parallel_needs_tp"]
+    assert violations and violations[0].severity == "warning"
+    assert "megatron_sequence_parallel_needs_tp" not in rules_of(fixed(plan, "megatron_sequence_parallel_needs_tp"))
+
+
+def test_moe_with_tp_and_ep_needs_sequence_parallel():
+    plan = megatron_plan(QWEN3_MOE, actor__megatron__tensor_model_parallel_size=2,
+                         actor__megatron__expert_model_parallel_size=4, actor__megatron__sequence_parallel=False)
+    assert "megatron_moe_tp_needs_sequence_parallel" in rules_of(plan)
+    assert "megatron_moe_tp_needs_sequence_parallel" not in rules_of(
+        fixed(plan, "megatron_moe_tp_needs_sequence_parallel"))
+
+
+def test_grad_offload_is_refused_for_verl_0_9_and_unsetting_it_clears_it():
+    plan = megatron_plan(actor__megatron__grad_offload=True)
+    assert "megatron_grad_offload_is_not_in_verl_0_9" in rules_of(plan)
+    assert "megatron_grad_offload_is_not_in_verl_0_9" not in rules_of(
+        fixed(plan, "megatron_grad_offload_is_not_in_verl_0_9"))
+
+
+@pytest.mark.parametrize(("strategy", "key"), [("megatron", "actor_rollout_ref.model.lora_rank"),
+                                               ("fsdp2", "actor_rollout_ref.model.lora.rank")])
+def test_the_other_backends_lora_keys_are_a_warning_that_verl_ignores_them(strategy, key):
+    plan = make_plan(overrides={"actor.strategy": strategy}).evolve(passthrough={key: "32"})
+    assert "lora_keys_the_backend_ignores" in rules_of(plan)
+    assert "lora_keys_the_backend_ignores" not in rules_of(plan.evolve(passthrough={}))
+
+
+def test_fsdp_knobs_on_a_megatron_plan_warn_and_the_fix_resets_them():
+    plan = megatron_plan(actor__param_offload=True, actor__ulysses_sequence_parallel_size=2)
+    assert "fsdp_knobs_on_a_megatron_plan" in rules_of(plan)
+    assert "fsdp_knobs_on_a_megatron_plan" not in rules_of(fixed(plan, "fsdp_knobs_on_a_megatron_plan"))
+
+
+def test_megatron_lora_with_peft_module_names_names_megatrons():
+    plan = megatron_plan(model__lora__rank=16)  # target_modules stays peft's "all-linear"
+    assert "megatron_lora_targets_megatron_modules" in rules_of(plan)
+    repaired = fixed(plan, "megatron_lora_targets_megatron_modules")
+    assert repaired.model.lora.target_modules == ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+    assert "megatron_lora_targets_megatron_modules" not in rules_of(repaired)
