@@ -40,8 +40,9 @@ from rlplan.planner.memory.megatron import (
     parameters_on_most_loaded_rank,
     routed_expert_params_per_layer,
     state_on_most_loaded_rank,
+    trainable_fraction,
 )
-from rlplan.planner.memory.model_facts import ModelFacts, lora_params, model_facts
+from rlplan.planner.memory.model_facts import ModelFacts, model_facts
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.steptime.passes import (
@@ -192,9 +193,8 @@ def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatron
 
 
 def _trainable_fraction(plan: Plan, critic: bool) -> float:
-    """The share of parameters that train: a LoRA adapter's, or all."""
-    n_lora = 0 if critic else lora_params(plan)
-    return n_lora / model_facts(plan.model.arch).params if n_lora else 1.0
+    """The share of parameters that train: a Megatron-Bridge adapter's (memory.megatron owns it), or all."""
+    return trainable_fraction(plan, "critic" if critic else "actor")
 
 
 def _optimizer_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: MegatronSection, critic: bool) -> float:
@@ -231,7 +231,7 @@ class MegatronTiming:
         plan = ctx.plan
         engine = _engine(plan, batch, critic)
         facts = model_facts(plan.model.arch)
-        frozen_base = not critic and lora_params(plan) > 0
+        frozen_base = _trainable_fraction(plan, critic) < 1.0
         recompute = recomputed_forward_fraction(engine, facts, pass_sequence_length(plan, ctx.lengths) / 2)
         # Backward costs 2x forward, 1x with a frozen base (activation grads only); recompute adds its share.
         passes = (2.0 if frozen_base else 3.0) + recompute
@@ -254,7 +254,8 @@ def weight_sync_gather_seconds(plan: Plan, rates: Rates) -> float:
     tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
     lora = plan.model.lora
     if lora.enabled and not lora.merge:
-        return ring_seconds(WEIGHT_BYTES * lora_params(plan), tp * pp, rates.collective(tp * pp))
+        adapter = _trainable_fraction(plan, critic=False) * model_facts(plan.model.arch).params
+        return ring_seconds(WEIGHT_BYTES * adapter, tp * pp, rates.collective(tp * pp))
     params = parameters_on_most_loaded_rank(plan.model.arch, engine)
     expert_group = engine.expert_model_parallel_size * engine.expert_tensor_size
     seconds = ring_seconds(WEIGHT_BYTES * params.dense * tp, tp, rates.collective(tp))

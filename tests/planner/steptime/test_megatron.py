@@ -137,3 +137,15 @@ def test_megatrons_offload_moves_the_state_over_pcie_between_phases():
     plan = megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
     offloaded = apply_knobs(plan, {"actor.megatron.param_offload": True, "actor.megatron.optimizer_offload": True})
     assert step_seconds(offloaded)["offload"] > 0.0
+
+
+def test_megatron_bridge_lora_with_megatrons_module_names_trains_only_its_adapter():
+    """The adapter named by Megatron's linear_qkv / linear_proj / linear_fc1 / linear_fc2 (verl's Megatron LoRA
+    examples) is a fraction of the model: a frozen base's backward and a sync of the adapter alone."""
+    plan = megatron_plan(QWEN25_7B, **{"actor.megatron.tensor_model_parallel_size": 2, "model.lora.rank": 32,
+                                       "model.lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1",
+                                                                     "linear_fc2"]})
+    full = apply_knobs(plan, {"model.lora.rank": 0})
+    assert step_seconds(plan)["actor_update"] < step_seconds(full)["actor_update"]
+    rates = Rates(plan, DEFAULT_PROFILE)
+    assert 0 < weight_sync_gather_seconds(plan, rates) < weight_sync_gather_seconds(full, rates)
