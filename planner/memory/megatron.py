@@ -219,7 +219,7 @@ def _engine(plan: Plan, role: TrainedRole) -> MegatronSection:
     return plan.actor.mcore if role == "actor" else plan.critic.megatron or MegatronSection()
 
 
-def _trainable_fraction(plan: Plan, role: TrainedRole) -> float:
+def trainable_fraction(plan: Plan, role: TrainedRole) -> float:
     """The share of parameters that train: a Megatron-Bridge LoRA adapter's (priced on the projections peft's
     all-linear reaches, which Megatron's linear_qkv / linear_proj / linear_fc1 / linear_fc2 are), or all."""
     if role == "critic" or not plan.model.lora.enabled:
@@ -252,7 +252,7 @@ class MegatronBackend:
 
     def role_state(self, plan: Plan, role: TrainedRole, layout: PlanLayout) -> TrainerState:
         state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
-                                          _trainable_fraction(plan, role))
+                                          trainable_fraction(plan, role))
         # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
         # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy.
         return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
