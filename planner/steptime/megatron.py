@@ -39,6 +39,7 @@ from rlplan.planner.memory.megatron import (
     cpu_optimizer_fraction,
     parameters_on_most_loaded_rank,
     routed_expert_params_per_layer,
+    stage_share,
     state_on_most_loaded_rank,
     trainable_fraction,
 )
@@ -154,14 +155,15 @@ def _communication_seconds(ctx: StepContext, engine: MegatronSection, tokens: fl
     tp, pp, cp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size, engine.context_parallel_size
     ep, etp = engine.expert_model_parallel_size, engine.expert_tensor_size
     forwards, backwards = 1.0 + recompute, 1.0 if backward else 0.0
-    stage_layers = arch.num_layers / pp
+    stage = stage_share(arch, pp)
+    stage_layers = arch.num_layers * stage
     seconds = (forwards + backwards) * tensor_parallel_seconds(tokens, arch.hidden_size, stage_layers, tp,
                                                                rates.collective(tp))
     # Sequence parallelism leaves each TP rank a slice of the tokens to dispatch and to pass between stages.
     rank_tokens = tokens / tp if engine.sequence_parallel and tp > 1 else tokens
     if arch.is_moe and ep > 1:
         seconds += (forwards + backwards) * expert_all_to_all_seconds(
-            rank_tokens, arch.hidden_size, arch.num_experts_per_token, arch.num_moe_layers / pp, ep,
+            rank_tokens, arch.hidden_size, arch.num_experts_per_token, arch.num_moe_layers * stage, ep,
             rates.collective(ep * etp))
     seconds += (forwards + 2.0 * backwards) * context_parallel_ring_seconds(
         tokens, arch.kv_width / tp, stage_layers, cp, rates.collective(tp * cp))
@@ -184,11 +186,13 @@ def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatron
     context = pass_sequence_length(plan, lengths) / 2
     routed = _routed_flops_share(plan.model.arch, facts, context)
     flops = tokens * training_flops_per_token(plan, facts, lengths, critic) * passes
-    compute = flops * ((1.0 - routed) / tp + routed / engine.expert_tensor_size) / pp
+    # The most loaded stage sets the pipeline's pace (ceil(layers / PP) of them where PP does not divide).
+    stage = stage_share(plan.model.arch, pp)
+    compute = flops * ((1.0 - routed) / tp + routed / engine.expert_tensor_size) * stage
     busy = compute / rates.train_flops(compute_dtype(plan, critic))
     busy += _communication_seconds(ctx, engine, tokens, backward=backward, recompute=recompute)
     micro_batches = pass_micro_batches(plan, batch, lengths)
-    busy += fixed_micro_batch_seconds(facts.layers / pp, micro_batches, ctx.profile, passes)
+    busy += fixed_micro_batch_seconds(facts.layers * stage, micro_batches, ctx.profile, passes)
     # The last stage computes the entropy over its vocabulary-parallel logits while the others wait.
     busy += entropy_passes * entropy_seconds(facts, tokens, rates, ctx.profile) / tp
     schedules = max(1, batch.mini_batches_per_epoch * batch.epochs)
