@@ -248,6 +248,11 @@ def solve(
         "--rollout", metavar=choices_metavar(ROLLOUT_CHOICES), rich_help_panel=SOLVER_PANEL,
         autocompletion=completion(ROLLOUT_CHOICES),
         help="Rollout engine (auto: the better of both; default: the --from plan's engine, else vllm).")] = None,
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", metavar=choices_metavar(steps.STRATEGY_CHOICES), rich_help_panel=SOLVER_PANEL,
+        autocompletion=completion(steps.STRATEGY_CHOICES),
+        help="Training backend: fsdp, megatron (TP/PP/CP/EP searched) or auto (the faster of both; default: the "
+             "--from plan's, else fsdp).")] = None,
     fix: Annotated[list[str] | None, typer.Option(
         "--fix", metavar="KEY=VALUE", rich_help_panel=SOLVER_PANEL,
         help="Pin a knob, e.g. actor.param_offload=true (repeatable).")] = None,

@@ -1076,17 +1076,6 @@ def _megatron_recompute_layers_fit_stage(ctx: RuleContext) -> Iterator[Violation
                 **{f"{role}__megatron__recompute_num_layers": per_chunk})
 
 
-@rule("rlplan", "sequence parallel needs tensor parallelism (verl turns it off at TP 1)")
-def _megatron_sequence_parallel_needs_tp(ctx: RuleContext) -> Iterator[Violation]:
-    """verl/workers/config/engine.py McoreEngineConfig.__post_init__: `if tensor_model_parallel_size == 1:
-    sequence_parallel = False` with a warning; the plan should say what runs."""
-    for role, engine in _megatron_roles(ctx.plan):
-        if engine.sequence_parallel and engine.tensor_model_parallel_size == 1:
-            yield ctx.violation(f"{role}.megatron.sequence_parallel is true at TP 1, where verl turns it off.",
-                                f"set {role}.megatron.sequence_parallel = false", severity="warning",
-                                **{f"{role}__megatron__sequence_parallel": False})
-
-
 @rule("config", "MoE with tensor parallelism needs sequence parallel")
 def _megatron_moe_tp_needs_sequence_parallel(ctx: RuleContext) -> Iterator[Violation]:
     """Megatron-Core TransformerConfig.__post_init__: a MoE model with tensor_model_parallel_size > 1 and

@@ -31,7 +31,7 @@ from rlplan.planner.model_error import Headroom, parse_headroom
 from rlplan.planner.plan import Algorithm, ModelSection, Plan, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
-from rlplan.planner.solver import Objective, SolveRequest, SolveResult
+from rlplan.planner.solver import Objective, SolveRequest, SolveResult, SolveStrategy
 from rlplan.planner.stack import DEFAULT_STACK, solve_pins
 from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 
@@ -40,6 +40,7 @@ from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 ALGO_CHOICES = ("ppo", *get_args(Algorithm))
 ROLLOUT_CHOICES = (*get_args(RolloutEngine), "auto")
 OBJECTIVE_CHOICES = get_args(Objective)
+STRATEGY_CHOICES = get_args(SolveStrategy)
 
 # The count flags: a zero or negative count is a mistake, never a request for the default.
 _COUNT_FLAGS = (("--top", "top"), ("--gpus", "gpus"), ("--nodes", "nodes"), ("--gpus-per-node", "gpus_per_node"),
@@ -87,6 +88,8 @@ class SolveFlags:
     from_plan: str | None = None
     objective: str = "throughput"
     rollout: str | None = None
+    # None: the --from plan's backend (megatron for a Megatron plan), else fsdp.
+    strategy: str | None = None
     fix: tuple[str, ...] = field(default=(), converter=_as_tuple)
     profile: str | None = None
     headroom: str | None = None
@@ -123,6 +126,12 @@ class SolveFlags:
         if self.rollout is not None and self.rollout not in ROLLOUT_CHOICES:
             raise PlanError(field="--rollout", message=f"{self.rollout!r} is not one of {', '.join(ROLLOUT_CHOICES)}.",
                             fix="pass --rollout vllm (the bundled runtime's engine), sglang or auto")
+        if self.strategy is not None and self.strategy not in STRATEGY_CHOICES:
+            raise PlanError(field="--strategy", message=f"{self.strategy!r} is not one of "
+                            f"{', '.join(STRATEGY_CHOICES)}.", fix="pass --strategy megatron, fsdp or auto")
+        if self.on_cpu and self.strategy in ("megatron", "auto"):
+            raise PlanError(field="--strategy", message="rlplan's CPU runtime trains with FSDP2; Megatron plans are "
+                            "for verl on GPUs.", fix="leave out --strategy with --device cpu, or plan a GPU cluster")
         if self.objective not in OBJECTIVE_CHOICES:
             raise PlanError(field="--objective", message=f"{self.objective!r} is not one of "
                             f"{', '.join(OBJECTIVE_CHOICES)}.", fix="pass --objective throughput")
@@ -397,7 +406,15 @@ def request_from_flags(flags: SolveFlags, base: Plan | None, *, model: ModelSect
         pins=pins, headroom=headroom, base=base, profile=profile,
         expected_prompt_len=flags.expected_prompt_len, expected_response_len=flags.expected_response_len,
         train_files=path_list("--train-files", flags.train_files), val_files=path_list("--val-files", flags.val_files),
+        strategy=solve_strategy(flags, base),
     )
+
+
+def solve_strategy(flags: SolveFlags, base: Plan | None) -> SolveStrategy:
+    """--strategy, else the --from plan's backend, else fsdp (the search of every release before Megatron's)."""
+    if flags.strategy is not None:
+        return flags.strategy  # type: ignore[return-value]  # checked by SolveFlags
+    return "megatron" if base is not None and base.is_megatron else "fsdp"
 
 
 def check_means(flags: SolveFlags, prompt_len: int, response_len: int | None) -> None:

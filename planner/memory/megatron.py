@@ -81,6 +81,13 @@ def routed_expert_params_per_layer(arch: Architecture) -> int:
     return arch.moe_mlp_params - router - shared
 
 
+def stage_share(arch: Architecture, pp: int) -> float:
+    """The share of the layers the most loaded pipeline stage holds: 1 / PP where PP divides the layers, else
+    ceil(layers / PP) of them (an uneven placement, e.g. DeepSeek-V3's 61 layers, gives no stage fewer than
+    the even split's largest: priced high rather than low)."""
+    return math.ceil(arch.num_layers / pp) / arch.num_layers
+
+
 def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection) -> RankParameters:
     """The elements the most loaded rank holds: its stage's layers and the embedding (first stage) or the output
     layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last)."""
@@ -89,9 +96,10 @@ def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection) 
     layer_dense = (arch.num_dense_layers * arch.dense_layer_params
                    + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size)
     vocab_layers = arch.embedding_params + (arch.lm_head_params if pp == 1 else 0)
-    dense = (layer_dense / pp + vocab_layers) / tp
-    experts = arch.num_moe_layers * experts_per_layer / (pp * engine.expert_model_parallel_size
-                                                         * engine.expert_tensor_size)
+    stage = stage_share(arch, pp)
+    dense = (layer_dense * stage + vocab_layers) / tp
+    experts = arch.num_moe_layers * experts_per_layer * stage / (engine.expert_model_parallel_size
+                                                                 * engine.expert_tensor_size)
     return RankParameters(dense=dense, experts=experts)
 
 
@@ -178,7 +186,7 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
                                                   etp=engine.expert_tensor_size, sequence_parallel=sp,
                                                   gated=gated)
                  for index in range(arch.num_layers)]
-    stage_layers = arch.num_layers / pp
+    stage_layers = arch.num_layers * stage_share(arch, pp)
     mean_layer = sum(per_layer) / len(per_layer)
     if engine.recompute_granularity == "full":
         chunk = engine.recompute_num_layers or 1
@@ -211,7 +219,7 @@ def _engine(plan: Plan, role: TrainedRole) -> MegatronSection:
     return plan.actor.mcore if role == "actor" else plan.critic.megatron or MegatronSection()
 
 
-def _trainable_fraction(plan: Plan, role: TrainedRole) -> float:
+def trainable_fraction(plan: Plan, role: TrainedRole) -> float:
     """The share of parameters that train: a Megatron-Bridge LoRA adapter's (priced on the projections peft's
     all-linear reaches, which Megatron's linear_qkv / linear_proj / linear_fc1 / linear_fc2 are), or all."""
     if role == "critic" or not plan.model.lora.enabled:
@@ -244,7 +252,7 @@ class MegatronBackend:
 
     def role_state(self, plan: Plan, role: TrainedRole, layout: PlanLayout) -> TrainerState:
         state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
-                                          _trainable_fraction(plan, role))
+                                          trainable_fraction(plan, role))
         # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
         # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy.
         return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
