@@ -59,7 +59,6 @@ from rlplan.planner.solver_megatron import (
     most_saving_per_shape,
     pinned_choices,
     state_fits,
-    unpriced_savings,
 )
 from rlplan.planner.steptime import StepTime, predict_step_time, rollout_concurrency, workload_lengths
 
@@ -848,8 +847,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
         if choice.gradient_checkpointing and resident_key in budgets_at_cap:
             continue  # recompute would only slow a step whose budgets are already as large as useful
         if isinstance(choice, MegatronChoice) and choice.savings and choice.shape_key in shapes_fitting_at_cap:
-            # A Megatron layout that already fits at full budgets without offload or recompute: those only
-            # add host traffic and compute (which the step-time model does not yet price for Megatron).
+            # A Megatron layout that already fits at full budgets without offload or recompute: those only add
+            # host traffic and recomputed forwards (steptime/megatron.py prices both), so they are not priced.
             continue
         plan = apply_knobs(_apply_choice(skeleton, choice, request), pins)
         evaluated += 1
@@ -955,9 +954,7 @@ def _roomiest_first(ranked: list[Candidate], request: SolveRequest) -> list[Cand
     fastest = best.step_time.total_seconds * (1 + STEP_TIME_TOLERANCE)
     near = [c for c in ranked if c.step_time.total_seconds <= fastest
             and _preference_key(c, request)[0] == _preference_key(best, request)[0]]
-    # Megatron's offload and recompute cost time the step-time model does not price yet: the fewest first.
-    roomiest = min(near, key=lambda c: (unpriced_savings(c.plan), c.memory.gpu_peak_bytes,
-                                        c.step_time.total_seconds))
+    roomiest = min(near, key=lambda c: (c.memory.gpu_peak_bytes, c.step_time.total_seconds))
     return [roomiest, *(c for c in ranked if c is not roomiest)]
 
 

@@ -247,10 +247,3 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
                 passthrough.update({first_key: str(uneven[0]), last_key: str(uneven[1])})
     return plan.evolve(model=model, actor=actor, critic=critic, rollout=rollout, passthrough=passthrough)
 
-
-def unpriced_savings(plan: Plan) -> int:
-    """The Megatron offloads and recompute a plan takes (0 for FSDP, whose offload the step-time model prices)."""
-    if not plan.is_megatron:
-        return 0
-    engine = plan.actor.mcore
-    return engine.param_offload + engine.optimizer_offload + (engine.recompute_granularity is not None)
