@@ -471,6 +471,7 @@ def check_hostile_strings(examples: int) -> None:
 # verl's own Megatron examples (tests/data/verl_scripts) and the --env pins they import with.
 MEGATRON_SCRIPTS = {
     "megatron_dense_qwen2_7b.sh": {"HOME": "/home/u"},
+    "megatron_dense_lora_qwen2_7b.sh": {"HOME": "/home/u"},
     "megatron_moe_qwen3_30b_a3b.sh": {"HOME": "/home/u", "TEST_FILE": "/data/aime-2024.parquet"},
     "megatron_moe_lora_qwen3_30b_a3b.sh": {"HOME": "/home/u"},
 }
