@@ -839,16 +839,17 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
     full_ft_feasible = False
     rollout_cache: dict[tuple, RolloutSection | None] = {}
     budgets_at_cap: set[tuple] = set()
-    shapes_fitting_at_cap: set[tuple] = set()
+    fitting_shapes: set[tuple] = set()
     for choice in choices:
         if request.lora == "auto" and choice.lora_rank and full_ft_feasible:
             continue  # full fine-tuning fits: LoRA is only the fallback
         resident_key = _resident_key(choice)
         if choice.gradient_checkpointing and resident_key in budgets_at_cap:
             continue  # recompute would only slow a step whose budgets are already as large as useful
-        if isinstance(choice, MegatronChoice) and choice.savings and choice.shape_key in shapes_fitting_at_cap:
-            # A Megatron layout that already fits at full budgets without offload or recompute: those only add
-            # host traffic and recomputed forwards (steptime/megatron.py prices both), so they are not priced.
+        if isinstance(choice, MegatronChoice) and choice.shape_key in fitting_shapes:
+            # A Megatron layout is tried least saving first and kept at its first feasible choice: more offload
+            # or recompute adds host traffic and recomputed forwards (steptime/megatron.py prices both) for
+            # larger token budgets, a trade the layout search itself outweighs; this keeps solve under a second.
             continue
         plan = apply_knobs(_apply_choice(skeleton, choice, request), pins)
         evaluated += 1
@@ -888,8 +889,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             feasible += 1
             if choice.lora_rank == 0:
                 full_ft_feasible = True
-            if isinstance(choice, MegatronChoice) and resident_key in budgets_at_cap:
-                shapes_fitting_at_cap.add(choice.shape_key)
+            if isinstance(choice, MegatronChoice):
+                fitting_shapes.add(choice.shape_key)
             if feasibility_only:
                 return [Candidate(plan=solved, memory=report, step_time=StepTime(phase_seconds={}))], evaluated, 1, None
             ranked.append(Candidate(plan=solved, memory=report,

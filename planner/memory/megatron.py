@@ -22,6 +22,7 @@ on the last stage under PP) docs/accuracy.md section 6 lists by how much.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -170,6 +171,14 @@ class StageActivations:
         return max(self.first, self.last)
 
 
+@functools.lru_cache(maxsize=256)
+def _per_layer_bytes(arch: Architecture, tp: int, etp: int, sequence_parallel: bool, gated: bool) -> tuple[float, ...]:
+    """Each layer's saved bytes per token (the solver prices thousands of plans on a few layouts: cached)."""
+    return tuple(layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
+                                                  etp=etp, sequence_parallel=sequence_parallel, gated=gated)
+                 for index in range(arch.num_layers))
+
+
 def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per_micro_batch: int,
                       micro_batches: int, gated: bool = True) -> StageActivations:
     """The saved activations a training step's first and last stages hold at their peak.
@@ -182,10 +191,7 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     cp = engine.context_parallel_size
     tokens = math.ceil(tokens_per_micro_batch / cp)
     sp = engine.sequence_parallel and tp > 1
-    per_layer = [layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
-                                                  etp=engine.expert_tensor_size, sequence_parallel=sp,
-                                                  gated=gated)
-                 for index in range(arch.num_layers)]
+    per_layer = _per_layer_bytes(arch, tp, engine.expert_tensor_size, sp, gated)
     stage_layers = arch.num_layers * stage_share(arch, pp)
     mean_layer = sum(per_layer) / len(per_layer)
     if engine.recompute_granularity == "full":
