@@ -136,3 +136,24 @@ def test_megatron_on_this_cpu_is_refused_before_solving():
         SolveFlags(device="cpu", strategy="megatron")
     with pytest.raises(PlanError, match="--strategy"):
         SolveFlags(strategy="deepspeed")
+
+
+def test_the_command_writes_a_megatron_plan_and_a_resolve_from_it_stays_megatron(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from rlplan.planner.cli import app
+
+    runner = CliRunner()
+    plan_path = tmp_path / "plan.toml"
+    solved = runner.invoke(app, ["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--strategy",
+                                 "megatron", "--prompt-len", "1024", "--response-len", "2048", "--json", "-o",
+                                 str(plan_path)])
+    assert solved.exit_code == 0, solved.output
+    assert json.loads(solved.stdout)["plan"]["actor"]["strategy"] == "megatron"
+    validated = runner.invoke(app, ["validate", str(plan_path), "--json"])
+    assert validated.exit_code == 0 and json.loads(validated.stdout)["valid"]
+    again = runner.invoke(app, ["solve", "--from", str(plan_path), "--json"])  # no --strategy: the plan's backend
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["plan"]["actor"]["strategy"] == "megatron"
