@@ -54,6 +54,7 @@ from rlplan.planner.rules import VLLM_LORA_RANKS, Violation, check_plan
 from rlplan.planner.solver_megatron import (
     MegatronChoice,
     apply_megatron_choice,
+    megatron_choice_text,
     megatron_choices,
     megatron_skeleton,
     most_saving_per_shape,
@@ -718,6 +719,8 @@ def _rank_key(candidate: Candidate, objective: Objective) -> tuple[float, ...]:
 def _choice_text(plan: Plan) -> str:
     actor = plan.actor
     parts = [f"LoRA r{plan.model.lora.rank}" if plan.model.lora.enabled else "full fine-tuning"]
+    if plan.is_megatron:
+        return ", ".join([*parts, megatron_choice_text(actor.mcore), f"rollout TP {plan.rollout.tensor_model_parallel_size}"])
     if actor.offload_policy:
         parts.append("CPU offload policy")
     elif actor.param_offload or actor.optimizer_offload:
@@ -758,9 +761,12 @@ def _choices_for(request: SolveRequest, sequence_len: int,
     if request.strategy == "megatron":
         arch, cluster = request.model.arch, request.cluster
         limit = gpu_limit_bytes(skeleton_plan(request, request.response_len or 1), request)
-        space = [choice for choice in pinned_choices(list(megatron_choices(arch, cluster, sequence_len,
-                                                                           lora_ranks(request))), request.pins)
-                 if state_fits(choice, arch, cluster.world_size, limit)]
+        allowed = pinned_choices(list(megatron_choices(arch, cluster, sequence_len, lora_ranks(request))),
+                                 request.pins)
+        space = [choice for choice in allowed if state_fits(choice, arch, cluster.world_size, limit)]
+        if not space:
+            # Nothing can fit: price each layout's most saving choice so the diagnosis names what binds.
+            return most_saving_per_shape(allowed)
         return most_saving_per_shape(space) if feasibility_only else space
     pins = request.pins
     choices = list(training_choices(request, sequence_len))

@@ -247,3 +247,16 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
                 passthrough.update({first_key: str(uneven[0]), last_key: str(uneven[1])})
     return plan.evolve(model=model, actor=actor, critic=critic, rollout=rollout, passthrough=passthrough)
 
+
+
+def megatron_choice_text(engine: MegatronSection) -> str:
+    """A layout as the diagnosis names it: "Megatron TP 8 x PP 2 x EP 32, param+optimizer offload, full recompute"."""
+    sizes = [f"TP {engine.tensor_model_parallel_size}", f"PP {engine.pipeline_model_parallel_size}"]
+    sizes += [f"{name} {size}" for name, size in (("CP", engine.context_parallel_size),
+                                                   ("EP", engine.expert_model_parallel_size)) if size > 1]
+    parts = ["Megatron " + " x ".join(sizes)]
+    if engine.param_offload or engine.optimizer_offload:
+        parts.append("param+optimizer offload" if engine.param_offload else "optimizer offload")
+    if engine.recompute_granularity:
+        parts.append(f"{engine.recompute_granularity} recompute")
+    return ", ".join(parts)

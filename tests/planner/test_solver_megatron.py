@@ -157,3 +157,10 @@ def test_the_command_writes_a_megatron_plan_and_a_resolve_from_it_stays_megatron
     again = runner.invoke(app, ["solve", "--from", str(plan_path), "--json"])  # no --strategy: the plan's backend
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["plan"]["actor"]["strategy"] == "megatron"
+
+
+def test_a_megatron_request_that_cannot_fit_names_the_closest_layout_and_what_binds():
+    result = solve(request_for("deepseek-v3", 16))
+    assert result.plan is None and result.diagnosis is not None
+    assert "Megatron TP" in result.diagnosis.message and "GiB more" in result.diagnosis.message
+    assert result.diagnosis.suggestions  # re-solved changes that fit (more GPUs, bigger GPUs)
