@@ -78,6 +78,7 @@ _GROUP_OF_PLANNER_COMPONENT = {
     "optimizer_step_temporaries": "optimizer",
     "fsdp_all_gather_buffers": "fsdp_buffers",
     "fsdp_reduce_scatter_buffer": "fsdp_buffers",
+    "embedding_reduce_scatter_buffer": "fsdp_buffers",
     "root_group_unsharded": "fsdp_buffers",
     "activations": "activations",
     "layer_backward_workspace": "activations",

@@ -22,6 +22,8 @@ Component names are stable (the fidelity checks and `explain` key on them):
     fsdp_all_gather_buffers     current + prefetched bf16 layer, 2 x 2 N_L
     fsdp_reduce_scatter_buffer  fp32 gradient reduce-scatter input of one layer
     root_group_unsharded        bf16 embedding (+ untied lm_head) gathered in late backward
+    lm_head_grads, embedding_grads, tied_summed_grads, embedding_reduce_scatter_buffer, embedding_sharded_grads
+                                the root groups' backward after the layers (fsdp.root_backward_components)
     vllm_weights, vllm_activation, vllm_non_torch, kv_cache, cuda_graph_pool,
     vllm_context                what vLLM keeps on the GPU even asleep (context, NCCL)
     sglang_weights, sglang_activation, sglang_non_torch, sglang_context

@@ -81,6 +81,43 @@ def critic_state(plan: Plan, shard: int) -> TrainerState:
                         optimizer_step=4 * n / shard, reduce_scatter=4 * facts.layer_params)
 
 
+def root_backward_components(plan: Plan, facts: ModelFacts, state: TrainerState, *, accumulating: bool,
+                             role: Literal["actor", "critic"] = "actor") -> tuple[Component, ...]:
+    """What an update holds once the layers' backward is done and the root-level groups' backward runs,
+    beside its params and optimizer state (the "root_backward" stage of training_components).
+
+    FSDP2 (verl's fully_shard of the root module) gathers the root group (the lm_head, and the embedding
+    when tied) for the forward and reshards it only in its post-backward, which the final callback runs
+    after every layer: the actor's lm_head bf16 weight gradient, made right after the head, waits through
+    the whole layers' backward.  The stage then holds every layer's sharded gradient (all of them under
+    gradient accumulation) and the embedding's backward:
+      tied actor: one weight, so one autograd input buffer holds the lm_head's gradient until the
+            embedding's arrives; the tracker adds the two out of place (autograd adds in place only into a
+            plain tensor, and its fake tensors are a subclass; a GPU's in-place add saves that sum, 2 V h)
+            while the last layer's reduce-scatter buffer is still held (freed at the next reduce-scatter);
+      untied actor, and the critic (a value head, no lm_head): the embedding's group, resharded first,
+            reduce-scatters its gradient: the bf16 gradient, its fp32 reduce-scatter input (4 V h) and the
+            shard it produces.
+    A LoRA actor's lm_head and embedding are frozen: no such stage (the layers' backward prices it)."""
+    if role == "actor" and plan.model.lora.enabled:
+        return ()
+    weight = 2 * facts.vocab * facts.hidden
+    lm_head = role == "actor"
+    params = facts.params if lm_head else facts.critic_params
+    root_params = facts.vocab * facts.hidden * (2 if lm_head and not facts.tied else 1)
+    root_grads_share = 0.0 if accumulating else state.grads * root_params / params
+    layer_grads = Component(f"{role}_grads", int(state.grads - root_grads_share))
+    if lm_head and facts.tied:
+        return (layer_grads, Component("root_group_unsharded", weight), Component("lm_head_grads", weight),
+                Component("embedding_grads", weight), Component("tied_summed_grads", weight),
+                Component("fsdp_reduce_scatter_buffer", int(state.reduce_scatter)))
+    lm_head_held = (Component("root_group_unsharded", weight), Component("lm_head_grads", weight)) if lm_head else ()
+    embedding_shard = 0.0 if accumulating else state.grads * facts.vocab * facts.hidden / params
+    return (layer_grads, *lm_head_held, Component("embedding_grads", weight),
+            Component("embedding_reduce_scatter_buffer", 2 * weight),
+            Component("embedding_sharded_grads", int(embedding_shard)))
+
+
 def training_components(
     facts: ModelFacts,
     state: TrainerState,
@@ -96,8 +133,10 @@ def training_components(
     profile: Profile = DEFAULT_PROFILE,
     fp32_head: bool = True,
     lm_head_backward_bytes: float = 0.0,
+    root_backward: tuple[Component, ...] = (),
 ) -> tuple[str, list[Component]]:
-    """max(P_loss, P_bwd, P_opt) of memory-model.md 2.3 for one FSDP2 training step, as components."""
+    """max(P_loss, P_bwd, P_opt) of memory-model.md 2.3 for one FSDP2 training step, as components, and
+    the root groups' backward after the layers (root_backward_components) where the caller prices it."""
     t = tokens
     layer_act = facts.layer_activation_bytes_per_token
     kept_layers = min(facts.layers, profile.activation_offload_resident_layers)
@@ -120,6 +159,7 @@ def training_components(
     backward = (state.params + state.grads + state.optimizer + saved_late + t * layer_act + gather
                 + state.reduce_scatter + root_group_bytes)
     optimizer_step = state.params + state.grads + state.optimizer + state.optimizer_step
+    after_layers = state.params + state.optimizer + sum(c.bytes for c in root_backward) if root_backward else 0.0
     params = Component(f"{role}_params", int(state.params))
     optimizer = Component(f"{role}_optimizer_state", int(state.optimizer))
     # A caching allocator keeps the bf16 logits' block once they are freed, but the head's backward
@@ -128,8 +168,8 @@ def training_components(
     # No tracker sees it, so it is overhead; it only shows where the head's peak is the step's peak.
     # A head that stays in bf16 (flash CE, the torch fallback) reuses the block: nothing cached.
     cached_block = 2 * t * facts.vocab if head and fp32_head else 0
-    cached_logits = max(0.0, loss + cached_block - max(loss, backward, optimizer_step))
-    if loss >= backward and loss >= optimizer_step:
+    cached_logits = max(0.0, loss + cached_block - max(loss, backward, optimizer_step, after_layers))
+    if loss >= max(backward, optimizer_step, after_layers):
         components = [params, optimizer]
         if accumulating_grads:
             components.append(Component(f"{role}_grads", int(accumulating_grads)))
@@ -143,6 +183,8 @@ def training_components(
         return "loss", components
     grads = Component(f"{role}_grads", int(state.grads))
     cached = [Component("cached_logits_block", int(cached_logits), "overhead")] if cached_logits else []
+    if after_layers > max(backward, optimizer_step):
+        return "root_backward", [params, optimizer, *root_backward, *cached]
     if backward >= optimizer_step:
         return "backward", [
             params, grads, optimizer,
@@ -163,7 +205,9 @@ def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: s
 
     In the layers: weights, the current + prefetched layer all-gather, layer-sized
     transients T (4h + 6I). At the head: weights, the root group's gathered bf16 lm_head
-    (FSDP2 keeps the root unsharded after forward), the hidden states and the fp32
+    (FSDP2 keeps the root unsharded after forward), the last layer's all-gather output (FSDP2 frees a
+    forward all-gather result only at the next group's unshard, and after the last layer none comes:
+    FSDPParamGroup.wait_for_unshard's all_gather_state), the hidden states and the head's
     log-prob / entropy temporaries c T V (measured with the tracker, memory-model.md 3).
     """
     params = Component(params_name, int(params_bytes))
@@ -175,6 +219,7 @@ def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: s
         return [params, *layers]
     head = [
         Component("root_group_unsharded", 2 * facts.vocab * facts.hidden),
+        Component("fsdp_all_gather_buffers", 2 * facts.layer_params),
         Component("loss_head_hidden", tokens * 4 * facts.hidden),
         Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab)),
     ]
@@ -275,7 +320,9 @@ class FsdpBackend:
                 facts, state_on_gpu, tokens=batch.tokens_per_micro_batch,
                 micro_batches_per_mini=batch.micro_batches_per_mini,
                 checkpointing=plan.critic.gradient_checkpointing, activation_offload=False,
-                head_bytes_per_token_vocab=0.0, root_group_bytes=embedding, role="critic", profile=profile)
+                head_bytes_per_token_vocab=0.0, root_group_bytes=embedding, role="critic", profile=profile,
+                root_backward=root_backward_components(plan, facts, state_on_gpu, role="critic",
+                                                       accumulating=batch.micro_batches_per_mini >= 2))
         assert head is not None
         return training_components(
             facts, state_on_gpu, tokens=batch.tokens_per_micro_batch,
@@ -283,7 +330,9 @@ class FsdpBackend:
             checkpointing=plan.model.gradient_checkpointing, activation_offload=plan.model.activation_offload,
             head_bytes_per_token_vocab=head.bytes_per_token_vocab, fp32_head=head.fp32,
             root_group_bytes=embedding * (1 if facts.tied else 2), root_at_loss_bytes=embedding,
-            role="actor", profile=profile, lm_head_backward_bytes=head.lm_head_backward_bytes)
+            role="actor", profile=profile, lm_head_backward_bytes=head.lm_head_backward_bytes,
+            root_backward=root_backward_components(plan, facts, state_on_gpu,
+                                                   accumulating=batch.micro_batches_per_mini >= 2))
 
     def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
                            head_bytes_per_token_vocab: float) -> list[Component]:

@@ -9,7 +9,7 @@ A step runs these phases (the package docstring lists the components they report
     ref_log_prob   reference forward, no_grad (only when a KL term needs it)
     critic_values  critic forward, no_grad (PPO/GAE only)
     critic_update  critic training step (PPO/GAE only)
-    actor_update   actor training step: max(P_loss, P_bwd, P_opt)
+    actor_update   actor training step: max(P_loss, P_bwd, P_opt, P_root: the root groups' backward after the layers)
 
 Entry points: `predict_memory` (every phase, host, KV budget) and `predict_phase` (one
 phase, for searches that bisect one knob).

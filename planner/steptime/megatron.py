@@ -39,6 +39,7 @@ from rlplan.planner.memory.megatron import (
     cpu_optimizer_fraction,
     parameters_on_most_loaded_rank,
     routed_expert_params_per_layer,
+    stage_share,
     state_on_most_loaded_rank,
     trainable_fraction,
 )
@@ -145,33 +146,39 @@ def _routed_flops_share(arch: Architecture, facts: ModelFacts, context: float) -
     return 2.0 * active / facts.forward_flops_per_token(context)
 
 
-def _communication_seconds(ctx: StepContext, engine: MegatronSection, tokens: float, passes: float) -> float:
-    """TP, EP, CP and the pipeline's point-to-point traffic of `passes` forward-equivalents over `tokens`."""
+def _communication_seconds(ctx: StepContext, engine: MegatronSection, tokens: float, *, backward: bool,
+                           recompute: float) -> float:
+    """TP, EP, CP and the pipeline's point-to-point traffic of a forward (repeated `recompute` of itself) and,
+    in an update, a backward over `tokens`: a backward runs the forward's TP collectives and all-to-alls once
+    more (on the activations' gradients, frozen base or not) and sends K, V and their gradients round the ring."""
     arch, rates, world = ctx.plan.model.arch, ctx.rates, ctx.plan.cluster.world_size
     tp, pp, cp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size, engine.context_parallel_size
     ep, etp = engine.expert_model_parallel_size, engine.expert_tensor_size
-    stage_layers = arch.num_layers / pp
-    seconds = tensor_parallel_seconds(tokens, arch.hidden_size, stage_layers, tp, rates.collective(tp)) * passes
+    forwards, backwards = 1.0 + recompute, 1.0 if backward else 0.0
+    stage = stage_share(arch, pp)
+    stage_layers = arch.num_layers * stage
+    seconds = (forwards + backwards) * tensor_parallel_seconds(tokens, arch.hidden_size, stage_layers, tp,
+                                                               rates.collective(tp))
     # Sequence parallelism leaves each TP rank a slice of the tokens to dispatch and to pass between stages.
     rank_tokens = tokens / tp if engine.sequence_parallel and tp > 1 else tokens
     if arch.is_moe and ep > 1:
-        seconds += passes * expert_all_to_all_seconds(rank_tokens, arch.hidden_size, arch.num_experts_per_token,
-                                                      arch.num_moe_layers / pp, ep, rates.collective(ep * etp))
-    # Backward sends the gradients of K and V too: the ring moves twice the forward's bytes.
-    ring_passes = 1.0 + 2.0 * (passes - 1.0)
-    seconds += ring_passes * context_parallel_ring_seconds(tokens, arch.kv_width / tp, stage_layers, cp,
-                                                           rates.collective(tp * cp))
+        seconds += (forwards + backwards) * expert_all_to_all_seconds(
+            rank_tokens, arch.hidden_size, arch.num_experts_per_token, arch.num_moe_layers * stage, ep,
+            rates.collective(ep * etp))
+    seconds += (forwards + 2.0 * backwards) * context_parallel_ring_seconds(
+        tokens, arch.kv_width / tp, stage_layers, cp, rates.collective(tp * cp))
     if pp > 1:
         # Each model chunk's boundary sends its activations forward and their gradients back.
         chunks = engine.virtual_pipeline_model_parallel_size or 1
         boundary_bytes = rank_tokens * arch.hidden_size * ACTIVATION_BYTES
-        seconds += min(passes, 2.0) * chunks * boundary_bytes / rates.collective(world)
+        seconds += (1.0 + backwards) * chunks * boundary_bytes / rates.collective(world)
     return seconds
 
 
 def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: MegatronSection, *, critic: bool,
-                      passes: float, entropy_passes: float) -> float:
-    """A pass's compute and communication on one GPU, stretched by the pipeline's bubble."""
+                      passes: float, backward: bool, recompute: float, entropy_passes: float) -> float:
+    """A pass's compute (`passes` forward-equivalents of FLOPs) and communication on one GPU, stretched by the
+    pipeline's bubble."""
     plan, rates, lengths = ctx.plan, ctx.rates, ctx.lengths
     facts = model_facts(plan.model.arch)
     tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
@@ -179,11 +186,13 @@ def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatron
     context = pass_sequence_length(plan, lengths) / 2
     routed = _routed_flops_share(plan.model.arch, facts, context)
     flops = tokens * training_flops_per_token(plan, facts, lengths, critic) * passes
-    compute = flops * ((1.0 - routed) / tp + routed / engine.expert_tensor_size) / pp
+    # The most loaded stage sets the pipeline's pace (ceil(layers / PP) of them where PP does not divide).
+    stage = stage_share(plan.model.arch, pp)
+    compute = flops * ((1.0 - routed) / tp + routed / engine.expert_tensor_size) * stage
     busy = compute / rates.train_flops(compute_dtype(plan, critic))
-    busy += _communication_seconds(ctx, engine, tokens, passes)
+    busy += _communication_seconds(ctx, engine, tokens, backward=backward, recompute=recompute)
     micro_batches = pass_micro_batches(plan, batch, lengths)
-    busy += fixed_micro_batch_seconds(facts.layers / pp, micro_batches, ctx.profile, passes)
+    busy += fixed_micro_batch_seconds(facts.layers * stage, micro_batches, ctx.profile, passes)
     # The last stage computes the entropy over its vocabulary-parallel logits while the others wait.
     busy += entropy_passes * entropy_seconds(facts, tokens, rates, ctx.profile) / tp
     schedules = max(1, batch.mini_batches_per_epoch * batch.epochs)
@@ -224,7 +233,7 @@ class MegatronTiming:
 
     def forward_seconds(self, ctx: StepContext, batch: RoleBatchLayout, *, critic: bool, entropy: bool) -> float:
         engine = _engine(ctx.plan, batch, critic)
-        return _pipeline_seconds(ctx, batch, engine, critic=critic, passes=1.0,
+        return _pipeline_seconds(ctx, batch, engine, critic=critic, passes=1.0, backward=False, recompute=0.0,
                                  entropy_passes=1.0 if entropy else 0.0)
 
     def update_seconds(self, ctx: StepContext, batch: RoleBatchLayout, *, critic: bool) -> float:
@@ -236,8 +245,9 @@ class MegatronTiming:
         # Backward costs 2x forward, 1x with a frozen base (activation grads only); recompute adds its share.
         passes = (2.0 if frozen_base else 3.0) + recompute
         entropy_passes = 2.0 if not critic and plan.actor.entropy_coeff != 0 else 0.0
-        return (_pipeline_seconds(ctx, batch, engine, critic=critic, passes=passes, entropy_passes=entropy_passes)
-                + _optimizer_seconds(ctx, batch, engine, critic))
+        pipeline = _pipeline_seconds(ctx, batch, engine, critic=critic, passes=passes, backward=True,
+                                     recompute=recompute, entropy_passes=entropy_passes)
+        return pipeline + _optimizer_seconds(ctx, batch, engine, critic)
 
     def weight_sync_gather_seconds(self, ctx: StepContext) -> float:
         return weight_sync_gather_seconds(ctx.plan, ctx.rates)

@@ -8,18 +8,21 @@ fragmentation reserve, no vLLM residue.  vLLM rows: llm-d's H100 measurements (G
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import GpuSpec
 from rlplan.planner.hf_config import architecture_from_hf_config
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import GIB, predict_memory, predict_phase
-from rlplan.planner.memory.fsdp import critic_state, forward_components
+from rlplan.planner.memory.fsdp import actor_state, critic_state, forward_components, root_backward_components
 from rlplan.planner.memory.heads import (
     UPDATE_HEAD_BYTES,
     actor_head_bytes_per_token_vocab,
@@ -704,3 +707,67 @@ def test_a_calibrated_allocator_cache_is_held_in_trainer_phases_only():
     for before, after in zip(base.phases, cached.phases, strict=True):
         grown = after.bytes_of("fragmentation_reserve") - before.bytes_of("fragmentation_reserve")
         assert grown == (0 if before.name == "rollout" else pytest.approx(3 * GIB, abs=1))
+
+
+def _fused_plan(arch: Architecture = QWEN25_7B, **overrides: Any) -> Plan:
+    return make_plan(arch, overrides={"model.use_fused_kernels": True, **overrides})
+
+
+def test_after_the_layers_the_lm_heads_gradient_waits_beside_the_embeddings_backward_tied_or_not():
+    # FSDP2 reshards the root group (the lm_head) only in its post-backward, after every layer.
+    tied = attrs.evolve(QWEN25_7B, tie_word_embeddings=True)
+    for arch, buffers in ((tied, ("root_group_unsharded", "lm_head_grads", "embedding_grads", "tied_summed_grads")),
+                          (QWEN25_7B, ("root_group_unsharded", "lm_head_grads", "embedding_grads"))):
+        plan = _fused_plan(arch)
+        facts = model_facts(arch)
+        state = actor_state(plan, 8)
+        stage = {c.name: c.bytes for c in root_backward_components(plan, facts, state, accumulating=False)}
+        weight = 2 * facts.vocab * facts.hidden
+        assert all(stage[name] == weight for name in buffers)
+        # Only the layers' sharded gradients are there yet: the root groups' are being made.
+        root_params = facts.vocab * facts.hidden * (1 if facts.tied else 2)
+        assert stage["actor_grads"] == int(state.grads * (1 - root_params / facts.params))
+        if facts.tied:
+            assert stage["fsdp_reduce_scatter_buffer"] == int(state.reduce_scatter)
+        else:
+            # The untied embedding's own group reduce-scatters its gradient in fp32.
+            assert stage["embedding_reduce_scatter_buffer"] == 2 * weight
+        accumulated = root_backward_components(plan, facts, state, accumulating=True)
+        assert {c.name: c.bytes for c in accumulated}["actor_grads"] == int(state.grads)
+
+
+def test_a_lora_actor_has_no_root_backward_stage_its_lm_head_and_embedding_are_frozen():
+    plan = _fused_plan(**{"model.lora.rank": 32, "model.lora.alpha": 64})
+    facts = model_facts(plan.model.arch)
+    assert root_backward_components(plan, facts, actor_state(plan, 8), accumulating=False) == ()
+    assert predict_phase(plan, "actor_update").peak_at != "root_backward"
+
+
+def test_a_fused_update_peaks_after_the_layers_and_a_logits_head_still_at_the_loss():
+    # Without a logits head the root groups' backward binds; with verl's flash-attn head the loss does.
+    tied = attrs.evolve(QWEN25_7B, tie_word_embeddings=True)
+    fused = predict_phase(_fused_plan(tied, **{"actor.ppo_micro_batch_size_per_gpu": 1}), "actor_update")
+    assert fused.peak_at == "root_backward"
+    assert fused.bytes_of("lm_head_grads") == 2 * tied.vocab_size * tied.hidden_size
+    logits = predict_phase(make_plan(tied, overrides={"actor.ppo_micro_batch_size_per_gpu": 16}), "actor_update")
+    assert logits.peak_at == "loss"
+
+
+def test_a_forward_head_holds_the_last_layers_all_gather_output_fsdp2_frees_only_at_the_next_unshard():
+    facts = model_facts(QWEN25_7B)
+    head = forward_components(facts, params_bytes=0, params_name="actor_params", tokens=8192,
+                              head_bytes_per_token_vocab=2.0)
+    assert {c.name: c.bytes for c in head}["fsdp_all_gather_buffers"] == 2 * facts.layer_params
+
+
+def test_a_critic_after_its_layers_reduce_scatters_its_embeddings_gradient_and_holds_no_lm_head():
+    plan = make_plan(overrides={"algorithm.adv_estimator": "gae"})
+    facts = model_facts(plan.model.arch)
+    state = critic_state(plan, 8)
+    stage = {c.name: c.bytes for c in root_backward_components(plan, facts, state, accumulating=False,
+                                                                  role="critic")}
+    weight = 2 * facts.vocab * facts.hidden
+    assert "lm_head_grads" not in stage and "root_group_unsharded" not in stage
+    assert stage["embedding_grads"] == weight and stage["embedding_reduce_scatter_buffer"] == 2 * weight
+    # Its layers' gradients and the embedding's shard add up to every sharded gradient of the value model.
+    assert stage["critic_grads"] + stage["embedding_sharded_grads"] == pytest.approx(state.grads, abs=2)
