@@ -78,6 +78,15 @@ def test_deepseek_v3_on_256_h100_places_its_61_layers_unevenly_and_validates():
     assert plan.rollout.tensor_model_parallel_size > 16
 
 
+def test_deepseek_v3_pinned_to_pp_16_places_3_and_2_layers_on_the_end_stages_as_verls_recipe():
+    result = solve(request_for("deepseek-v3", 256, pins={"actor.megatron.pipeline_model_parallel_size": 16}))
+    assert result.plan is not None
+    plan = result.plan
+    assert_a_valid_megatron_plan(plan)
+    first_key, last_key = STAGE_KEYS[0]
+    assert (plan.passthrough[first_key], plan.passthrough[last_key]) == ("3", "2")  # 3 + 14 x 4 + 2 = 61
+
+
 def test_the_default_strategy_is_fsdp_and_auto_keeps_the_faster_backend():
     fsdp = solve(request_for("qwen2.5-7b", 8, strategy="fsdp"))
     assert fsdp.plan is not None and not fsdp.plan.is_megatron
