@@ -54,6 +54,7 @@ from rlplan.planner.rules import VLLM_LORA_RANKS, Violation, check_plan
 from rlplan.planner.solver_megatron import (
     MegatronChoice,
     apply_megatron_choice,
+    fsdp_skeleton,
     megatron_choice_text,
     megatron_choices,
     megatron_skeleton,
@@ -390,6 +391,8 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
     )
     if request.strategy == "megatron":
         plan = megatron_skeleton(plan)
+    elif request.strategy == "fsdp" and plan.is_megatron:
+        plan = fsdp_skeleton(plan)  # --strategy fsdp (or auto's FSDP half) from a Megatron --from plan
     return with_cpu_compute(plan, request.pins) if request.cluster.gpu.is_cpu else plan
 
 

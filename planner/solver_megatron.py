@@ -193,6 +193,14 @@ def megatron_skeleton(plan: Plan) -> Plan:
     )
 
 
+def fsdp_skeleton(plan: Plan) -> Plan:
+    """A Megatron plan's workload (a --from plan) made an FSDP2 one: no engine sections, no Megatron-only keys."""
+    passthrough = {key: value for key, value in plan.passthrough.items() if ".megatron." not in key}
+    return plan.evolve(actor=attrs.evolve(plan.actor, strategy="fsdp2", megatron=None),
+                       ref=attrs.evolve(plan.ref, megatron=None), critic=attrs.evolve(plan.critic, megatron=None),
+                       passthrough=passthrough)
+
+
 def uneven_stage_layers(layers: int, pp: int) -> tuple[int, int] | None:
     """(first, last) stage layers where PP does not divide the layers: the middle stages take ceil(layers / PP),
     the first and last the rest (the first the larger share: the last also holds the loss head); None when even."""

@@ -166,6 +166,10 @@ def test_the_command_writes_a_megatron_plan_and_a_resolve_from_it_stays_megatron
     again = runner.invoke(app, ["solve", "--from", str(plan_path), "--json"])  # no --strategy: the plan's backend
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["plan"]["actor"]["strategy"] == "megatron"
+    as_fsdp = runner.invoke(app, ["solve", "--from", str(plan_path), "--strategy", "fsdp", "--json"])
+    assert as_fsdp.exit_code == 0, as_fsdp.output
+    fsdp_plan = json.loads(as_fsdp.stdout)["plan"]
+    assert fsdp_plan["actor"]["strategy"] == "fsdp2" and "megatron" not in fsdp_plan["actor"]
 
 
 def test_a_megatron_request_that_cannot_fit_names_the_closest_layout_and_what_binds():
