@@ -591,6 +591,7 @@ def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str,
     The tracker sees what the step allocates; the planner's resident state and overheads
     (CUDA context, fragmentation, a sleeping vLLM) are added to it unchanged.
     """
+    from rlplan.planner.phases import Phase
     from rlplan.runtime.measure import measure_plan
 
     rows: list[dict[str, Any]] = []
@@ -599,7 +600,7 @@ def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str,
         if console is not None:
             console.print(f"verifying candidate {rank}/{len(candidates)} with the CPU tracker ...")
         # The head verl runs for the candidate, so the measured step replaces its own predicted step.
-        comparison = measure_plan(candidate.plan, "update", profile, head="auto")
+        comparison = measure_plan(candidate.plan, Phase.ACTOR_UPDATE, profile, head="auto")
         phase = next(p for p in candidate.memory.phases if p.name == comparison.planner_phase)
         measured_total = phase.peak_bytes - comparison.predicted_bytes + comparison.measured.peak_bytes
         fits = measured_total <= candidate.memory.gpu_capacity_bytes
