@@ -387,10 +387,9 @@ def _initialise(model: nn.Module) -> None:
 
 def make_optimizer(model: nn.Module, step: TrainingStep) -> torch.optim.Optimizer:
     from rlplan.runtime.trainer.model import trainable_parameters
-    from rlplan.runtime.trainer.optimization import build_optimizer
+    from rlplan.runtime.trainer.optimization import adamw
 
-    optimizer, _ = build_optimizer(trainable_parameters(model), measured_role_spec(step, "cpu").optimizer)
-    return optimizer
+    return adamw(trainable_parameters(model), measured_role_spec(step, "cpu").optimizer)
 
 
 def make_inputs(step: TrainingStep, device: str = "cpu") -> tuple[Tensor, Tensor]:

@@ -46,11 +46,18 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return min(1.0, (step + 1) / warmup_steps)
 
 
+def adamw(parameters: list[nn.Parameter], settings: OptimizerSettings) -> torch.optim.Optimizer:
+    """The optimizer every trained role steps (and `rlplan measure` emulates)."""
+    import torch
+
+    return torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.999),
+                             foreach=settings.foreach)
+
+
 def build_optimizer(parameters: list[nn.Parameter], settings: OptimizerSettings) -> tuple[torch.optim.Optimizer, LRScheduler]:
     import torch
 
-    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.999),
-                                  foreach=settings.foreach)
+    optimizer = adamw(parameters, settings)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda=lambda step: warmup_factor(step, settings.warmup_steps)
     )
