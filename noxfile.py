@@ -12,6 +12,7 @@ versus_trl: their own environments). Refresh them with one command, `nox -s lock
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -225,6 +226,10 @@ def verl_compat(session: nox.Session, verl: str) -> None:
         session.run("python", "tests/verl_compat/check_key_table.py", *session.posargs, env=env)
         session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs, env=env)
     session.run("python", "tests/verl_compat/check_verl_version.py", env=env)
+    if os.environ.get("CI") and f"verl=={verl}" != VERL:
+        # Each older release's environment is another 1.7 GB; CI's disk holds ~10 GB of environments, and a full
+        # disk once turned CI red. Nothing reuses it there (CI never reuses environments).
+        shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
 @nox.session(python=PYTHON)
