@@ -144,17 +144,17 @@ def _compared_rows(cases, plan_of, cache: Path | None) -> list[dict]:
 
 def _measured_vs_predicted(plan: Plan, phase: str, key: str, cached: dict[str, dict], cache: Path | None):
     """The plan's step measured (or taken from the cache under `key`) beside today's prediction."""
+    from rlplan.runtime.emulation import PeakLocation
     from rlplan.runtime.measure import (
-        PLANNER_PHASE,
-        MeasuredStep,
+        PHASE_OF_FLAG,
         MeasuredVsPredicted,
-        PeakLocation,
         predicted_step,
-        run_measurement,
         training_step_of_plan,
     )
+    from rlplan.runtime.measured_step import MeasuredStep, run_measurement
 
-    step = training_step_of_plan(plan, phase)  # type: ignore[arg-type]
+    measured_phase = PHASE_OF_FLAG[phase]
+    step = training_step_of_plan(plan, measured_phase)
     if key in cached:
         entry = cached[key]
         measured = MeasuredStep(step=step, peak_bytes=entry["peak_bytes"], location=PeakLocation(**entry["location"]),
@@ -162,9 +162,8 @@ def _measured_vs_predicted(plan: Plan, phase: str, key: str, cached: dict[str, d
     else:
         measured = run_measurement(step)
         _append_cache(cache, key, measured)
-    predicted, groups, peak_at = predicted_step(plan, phase)  # type: ignore[arg-type]
-    comparison = MeasuredVsPredicted(phase=phase, planner_phase=PLANNER_PHASE[phase],  # type: ignore[arg-type]
-                                     measured=measured, predicted_bytes=predicted,
+    predicted, groups, peak_at = predicted_step(plan, measured_phase)
+    comparison = MeasuredVsPredicted(phase=measured_phase, measured=measured, predicted_bytes=predicted,
                                      predicted_components=groups, predicted_peak_at=peak_at)
     print(f"measured {measured.peak_bytes / MIB:,.0f} MiB, predicted {predicted / MIB:,.0f} MiB "
           f"({comparison.error:+.1%}), measured in {measured.seconds:.0f} s"

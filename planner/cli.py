@@ -89,6 +89,16 @@ HeadroomOption = Annotated[str | None, typer.Option(
     "--headroom", metavar="10%|4GiB|0", help="GPU memory every phase must leave free: a share of the GPU or an "
     "amount (default: from the model's measured error, at least 5 %; docs/accuracy.md 1c).")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+# The target stack (planner/stack.py): the versions the plan is for; they select version-dependent defaults, rules
+# and memory. Left out: the plan's own [stack], else the default (`rlplan --version`).
+STACK_PANEL = "Stack"
+VerlVersion = Annotated[str | None, typer.Option(
+    "--verl-version", metavar="X.Y.Z", rich_help_panel=STACK_PANEL,
+    help="verl version the run uses (default: the plan's stack; rlplan --version shows the default stack).")]
+VllmVersion = Annotated[str | None, typer.Option(
+    "--vllm-version", metavar="X.Y.Z", rich_help_panel=STACK_PANEL, help="vLLM version (vLLM rollouts only).")]
+SglangVersion = Annotated[str | None, typer.Option(
+    "--sglang-version", metavar="X.Y.Z", rich_help_panel=STACK_PANEL, help="SGLang version (SGLang rollouts only).")]
 
 app = typer.Typer(
     name="rlplan",
@@ -238,6 +248,11 @@ def solve(
         "--rollout", metavar=choices_metavar(ROLLOUT_CHOICES), rich_help_panel=SOLVER_PANEL,
         autocompletion=completion(ROLLOUT_CHOICES),
         help="Rollout engine (auto: the better of both; default: the --from plan's engine, else vllm).")] = None,
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", metavar=choices_metavar(steps.STRATEGY_CHOICES), rich_help_panel=SOLVER_PANEL,
+        autocompletion=completion(steps.STRATEGY_CHOICES),
+        help="Training backend: fsdp, megatron (TP/PP/CP/EP searched) or auto (the faster of both; default: the "
+             "--from plan's, else fsdp).")] = None,
     fix: Annotated[list[str] | None, typer.Option(
         "--fix", metavar="KEY=VALUE", rich_help_panel=SOLVER_PANEL,
         help="Pin a knob, e.g. actor.param_offload=true (repeatable).")] = None,
@@ -265,6 +280,9 @@ def solve(
         "--frontier", metavar="FILE", rich_help_panel=OUTPUT_PANEL,
         help="Also draw every candidate priced (step time vs peak GiB per GPU) to this .html / .png / .svg; needs "
              "the charts extra.")] = None,
+    verl_version: VerlVersion = None,
+    vllm_version: VllmVersion = None,
+    sglang_version: SglangVersion = None,
 ) -> None:
     """Solve every knob for a model, a cluster and a workload; write plan.toml.
 
@@ -292,11 +310,18 @@ def solve(
 # --- validate / explain ----------------------------------------------------------------
 
 
-def plan_with_profile(plan_path: str, profile_path: str | None, prompt: int | None, response: int | None):
+def plan_with_profile(plan_path: str, profile_path: str | None, prompt: int | None, response: int | None,
+                      stack: tuple[str | None, str | None, str | None] = (None, None, None)):
     """The plan at PLAN and the profile, with the --expected-*-len flags (or the profile's observed means)
-    applied: what validate and explain price."""
+    and the version flags (its target stack) applied: what validate and explain price."""
+    from rlplan.planner.stack import stack_from_flags
+
     profile = load_profile(profile_path)
-    return with_expected_lengths(load_plan(plan_path), prompt, response, profile), profile
+    plan = load_plan(plan_path)
+    # The plan's knobs stay as its file states them: only plans built from incomplete input (solve, import) take
+    # the target stack's defaults.
+    plan = plan.evolve(stack=stack_from_flags(plan.stack, *stack))
+    return with_expected_lengths(plan, prompt, response, profile), profile
 
 
 @app.command()
@@ -308,6 +333,9 @@ def validate(
     expected_prompt_len: ExpectedPromptLen = None,
     expected_response_len: ExpectedResponseLen = None,
     headroom: HeadroomOption = None,
+    verl_version: VerlVersion = None,
+    vllm_version: VllmVersion = None,
+    sglang_version: SglangVersion = None,
 ) -> None:
     """Check a plan against verl's rules and the memory model. Exit 0 ok, 1 predicted OOM, 2 invalid.
 
@@ -317,7 +345,8 @@ def validate(
     """
     from rlplan.planner.report import fit_fix, plan_reports, validation_json, validation_tables
 
-    plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
+    plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len,
+                                   (verl_version, vllm_version, sglang_version))
     reports = plan_reports(plan, prof)
     payload = validation_json(plan, prof, parse_headroom(headroom), reports=reports)
     if payload["valid"] and not payload["feasible"]:
@@ -345,6 +374,9 @@ def explain(
     chart: Annotated[str | None, typer.Option("--chart", help="Also draw memory per phase and host RAM to this "
                                               ".html / .png / .svg; needs the charts extra.")] = None,
     headroom: HeadroomOption = None,
+    verl_version: VerlVersion = None,
+    vllm_version: VllmVersion = None,
+    sglang_version: SglangVersion = None,
 ) -> None:
     """Per-phase, per-component memory table, the batch layout and the step-time estimate.
 
@@ -357,7 +389,8 @@ def explain(
 
         check_chart_path(chart, "--chart")
         refuse_overwriting_inputs(chart, "--chart", {"PLAN": plan_path, "--profile": profile})
-    plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len)
+    plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len,
+                                   (verl_version, vllm_version, sglang_version))
     if chart:
         from rlplan.planner.chart_commands import memory_chart_command
 
@@ -570,8 +603,7 @@ def compare(
     fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a plan key the log shows differently "
                                                   "(e.g. rollout.enforce_eager=true); repeatable.")] = None,
     profile: ProfileOption = None,
-    verl_version: Annotated[str | None, typer.Option("--verl-version", help="verl version that wrote the log "
-                                                     "(default: read from its metric names).")] = None,
+    verl_version: VerlVersion = None,
     chart: Annotated[str | None, typer.Option("--chart", help="Also draw measured vs predicted and the length trend "
                                               "to this .html / .png / .svg; needs the charts extra.")] = None,
     json_output: JsonOutput = False,
@@ -607,6 +639,9 @@ def import_verl(
     expected_response_len: ExpectedResponseLen = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, warnings, and "
                                               "the plan's TOML when there is no -o.")] = False,
+    verl_version: VerlVersion = None,
+    vllm_version: VllmVersion = None,
+    sglang_version: SglangVersion = None,
 ) -> None:
     """Import a verl launch script (python3 -m verl.trainer.main_ppo ...) into a plan.
 
@@ -616,7 +651,7 @@ def import_verl(
 
     raise typer.Exit(import_command(script, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
                                     output=output, expected_lengths=(expected_prompt_len, expected_response_len),
-                                    as_json=json_output))
+                                    as_json=json_output, versions=(verl_version, vllm_version, sglang_version)))
 
 
 @app.command()
@@ -651,6 +686,9 @@ def version_callback(value: bool) -> None:
             print(f"rlplan {version('rlplan')}")
         except PackageNotFoundError:  # run from a source tree that was never installed
             print("rlplan (not installed: no version metadata)")
+        from rlplan.planner.stack import default_stack_text
+
+        print(default_stack_text())
         raise typer.Exit(ExitCode.OK)
 
 

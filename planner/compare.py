@@ -36,6 +36,7 @@ from rlplan.planner.model_error import ErrorBand, peak_error_band
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.stack import DEFAULT_VERL, parse_version
 from rlplan.planner.verl_log import VerlLog
 
 VersionFamily = Literal["0.2", "0.3", "0.6", "0.7", "0.8"]
@@ -81,14 +82,9 @@ SCOPES: dict[VersionFamily, MetricScope] = {
 }
 
 
-def version_family(version: str) -> VersionFamily:
-    """`0.4.1` -> "0.3" (the family whose scope it shares); a PlanError for what is not a verl version."""
-    parts = version.strip().lstrip("v").split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    except ValueError:
-        raise PlanError(field="--verl-version", message=f"{version!r} is not a verl version.",
-                        fix="pass e.g. --verl-version 0.4.1") from None
+def version_family(version: str, where: str = "--verl-version") -> VersionFamily:
+    """`0.4.1` -> "0.3" (the family whose scope it shares); a PlanError naming `where` for what is not a version."""
+    major, minor, _ = parse_version(version, where)
     if major > 0 or minor >= 8:
         return "0.8"
     if minor <= 2:
@@ -442,7 +438,9 @@ def compare_run(plan: Plan, log: VerlLog, profile: Profile = DEFAULT_PROFILE,
                 family: VersionFamily | None = None) -> Comparison:
     """The plan at the run's lengths against the log: memory per verl metric, time per phase, the length trend."""
     reason = "--verl-version"
-    if family is None:
+    if family is None and plan.stack.verl != DEFAULT_VERL:
+        family, reason = version_family(plan.stack.verl, "stack.verl"), f"the plan's stack (verl {plan.stack.verl})"
+    if family is None:  # a plan on the default stack says nothing of the verl that ran: the log's spellings do
         family, reason = infer_family(log)
     scope = SCOPES[family]
     lengths = run_lengths(log)

@@ -75,6 +75,10 @@ def compare_command(plan_path: str, log_path: str, *, gpu: str | None, gpu_mem: 
 
         check_chart_path(chart, "--chart")
     plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes)
+    if verl_version is not None:  # the run's verl is the plan's target stack too (as --verl-version elsewhere)
+        from rlplan.planner.stack import stack_from_flags
+
+        plan = plan.evolve(stack=stack_from_flags(plan.stack, verl_version, None, None))
     log = read_verl_log(log_path)
     comparison = compare_run(plan, log, load_profile(profile_path), _family(verl_version))
     payload = comparison_json(comparison)

@@ -74,7 +74,8 @@ def _gpu(gpu: str | None, gpu_mem: str | None):
 
 def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_mem: str | None, env: list[str],
                    output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None),
-                   as_json: bool = False) -> int:
+                   as_json: bool = False,
+                   versions: tuple[str | None, str | None, str | None] = (None, None, None)) -> int:
     """With as_json: one object on stdout, {"output", "warnings", "plan_toml"} (the plan's text when no -o)."""
     from rich.markup import escape
 
@@ -87,6 +88,7 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
         result = import_verl_script(
             read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_gib or 1024.0,
             env=parse_env_pins(env), local_config_reader=read_local_model_config, environment=dict(os.environ),
+            versions=versions,
         )
         if host_gib is None:  # the script does not say: the GPU class's typical node, said as a warning
             cluster = result.plan.cluster

@@ -20,6 +20,7 @@ from attrs import frozen
 
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.stack import SOFT_TOKEN_BUDGET, holds
 
 
 @frozen(kw_only=True)
@@ -92,6 +93,12 @@ class RoleBatchLayout:
     micro_batch_size_per_gpu: int | None = None
     max_token_len_per_gpu: int | None = None
     epochs: int = 1
+    # Without remove padding verl runs (micro batch x (max prompt + max response)) padded positions through the
+    # model and the head, whatever the real lengths.
+    padded: bool = False
+    # The target verl's token budget is not a hard cap (stack.SOFT_TOKEN_BUDGET, before verl PR #7553): a micro
+    # batch may hold one sequence more than the budget.
+    soft_token_budget: bool = False
 
     @property
     def uses_dynamic_bsz(self) -> bool:
@@ -114,11 +121,16 @@ class RoleBatchLayout:
         validate also reports the verdict at the maximum length and the longest mean that fits.
         """
         length = min(self.expected_sequence_length or self.max_sequence_length, self.max_sequence_length)
+        if self.padded:
+            length = self.max_sequence_length
         if self.max_token_len_per_gpu is not None:
             # verl's rearrange_micro_batches packs one chunk (a mini batch, or the whole batch for a
             # forward pass) of this rank: a micro batch never holds more than the chunk's tokens.
             chunk_tokens = math.ceil(self.chunk_size * length / self.sequence_parallel_size)
-            return min(self.max_token_len_per_gpu, chunk_tokens)
+            # Before the cap, Karmarkar-Karp balances ceil(tokens / budget) micro batches: one may exceed the
+            # budget by up to its longest sequence.
+            overshoot = math.ceil(self.max_sequence_length / self.sequence_parallel_size) if self.soft_token_budget else 0
+            return min(self.max_token_len_per_gpu + overshoot, chunk_tokens)
         micro = self.micro_batch_size_per_gpu or 1
         return math.ceil(micro * length / self.sequence_parallel_size)
 
@@ -261,6 +273,8 @@ def plan_layout(plan: Plan) -> PlanLayout:
             micro_batch_size_per_gpu=None if dynamic else micro,
             max_token_len_per_gpu=budget if dynamic else None,
             epochs=epochs,
+            padded=not plan.model.use_remove_padding,
+            soft_token_budget=holds(SOFT_TOKEN_BUDGET, plan.stack, plan.rollout.name),
         )
 
     actor_update = role(

@@ -20,6 +20,7 @@ from attrs import field, frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
+from rlplan.planner.stack import StackSection, check_engine
 from rlplan.planner.validators import at_least, field_check
 
 SCHEMA_VERSION = 1
@@ -421,6 +422,9 @@ class Plan:
     algorithm: AlgorithmSection = AlgorithmSection()
     reward: RewardSection = RewardSection()
     trainer: TrainerSection = TrainerSection()
+    # The verl and engine versions the plan is for: they select version-dependent defaults, rules and memory
+    # (planner/stack.py; docs/verl-versions.md).
+    stack: StackSection = StackSection()
     prediction: Prediction | None = None
     # verl keys rlplan does not model, kept verbatim from an import and rendered back unchanged.
     passthrough: dict[str, str] = field(factory=dict)
@@ -433,6 +437,7 @@ class Plan:
                 message=f"this rlplan reads plan schema version {SCHEMA_VERSION}, the file says {self.schema_version}.",
                 fix=f"re-solve the plan with this rlplan, or set schema_version = {SCHEMA_VERSION} after checking it",
             )
+        check_engine(self.stack, self.rollout.name)
         if self.actor.strategy != "megatron":
             for role in ("actor", "ref", "critic"):
                 if getattr(self, role).megatron is not None:

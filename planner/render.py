@@ -27,6 +27,7 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.stack import in_range, stack_defaults
 from rlplan.planner.verl_keys import (
     BY_FIELD,
     DEFAULT_REWARD_NAME,
@@ -164,13 +165,30 @@ def _unrendered(plan: Plan) -> dict[str, Any]:
     return values
 
 
+def _target_verl_has(plan: Plan, entry: VerlKey, value: Any) -> bool:
+    """Whether the plan's target verl has `entry`'s key. A key it lacks is left out where the plan asks for what
+    that verl does without it, and refused by name otherwise: Hydra would refuse the override at start-up."""
+    verl = plan.stack.verl
+    if in_range(verl, entry.since, entry.before):
+        return True
+    implied = stack_defaults(plan.stack, plan.rollout.name).get(entry.field, entry.default)
+    if value == implied or (entry.kind == "str_list" and tuple(value) == tuple(implied or ())):
+        return False
+    span = " and ".join(part for part in (f"from {entry.since}" if entry.since else "",
+                                          f"before {entry.before}" if entry.before else "") if part)
+    raise PlanError(field=entry.field, message=f"is {format_value(value)}, but the target verl {verl} has no "
+                    f"{entry.key} (verl has it {span}), so the rendered script would not start.",
+                    fix=f"set {entry.field} = {format_value(implied)}, or target a verl that has it "
+                        f"(stack.verl / --verl-version)")
+
+
 def verl_overrides(plan: Plan) -> list[str]:
     """Every knob of the plan as verl Hydra overrides, then the passthrough keys verbatim."""
     prepared = prepare_for_verl(plan)
     overrides: list[str] = []
     for entry in table_for(backend_of(prepared.actor.strategy)).values():
         value = knob_value(prepared, entry.field)
-        if value is None or not _rendered(prepared, entry):
+        if value is None or not _rendered(prepared, entry) or not _target_verl_has(prepared, entry, value):
             continue
         overrides.append(f"{entry.key}={format_value(rendered_value(entry, value))}")
     for key, field in RENDER_ALSO.items():

@@ -94,6 +94,7 @@ def validation_json(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_H
     """`validate --json`: rules and memory verdicts, both computed whatever the other says."""
     reports = reports or plan_reports(plan, profile)
     payload = _validation_json(plan, profile, reports)
+    payload["stack"] = plan.stack.resolved(plan.rollout.name)  # what the verdicts were computed for
     payload.update(margin_json(plan, profile, reports.memory, headroom))
     warning = margin_warning(payload)
     if warning is not None:
@@ -343,6 +344,7 @@ def knobs_table(plan: Plan):
                     f"max_model_len {rollout.max_model_len}, sleep level {rollout.sleep_level}, "
                     f"multi-stage wake {rollout.multi_stage_wake_up}, "
                     f"load_format {rollout.load_format}, layered_summon {rollout.layered_summon}"),
+        ("stack", plan.stack.describe(rollout.name)),
     ]
     table = Table(title="Plan", show_header=False, title_justify="left")
     table.add_column(style="bold")

@@ -35,6 +35,7 @@ from rlplan.planner.memory.heads import runtime_loss_head
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.platform import Platform
+from rlplan.planner.stack import ENGINE_WORKER, Behaviour, holds
 
 Severity = Literal["error", "warning"]
 Stage = Literal["config", "worker", "runtime", "rlplan", "platform"]
@@ -95,17 +96,25 @@ class Rule:
     stage: Stage
     summary: str
     check: Check
+    # The verl behaviour the rule belongs to (planner/stack.py): checked only on stacks where it holds.
+    # None: every stack.
+    applies: Behaviour | None = None
+
+    def applies_to(self, plan: Plan) -> bool:
+        return self.applies is None or holds(self.applies, plan.stack, plan.rollout.name)
 
 
 RULES: list[Rule] = []
 
 
-def rule(stage: Stage, summary: str) -> Callable[[Check], Check]:
+def rule(stage: Stage, summary: str, applies: Behaviour | None = None) -> Callable[[Check], Check]:
     """Register a check as a rule named after its function (`_fsdp_size_divides_world` is
-    "fsdp_size_divides_world"): the name is written once, and its violations carry it and the stage."""
+    "fsdp_size_divides_world"): the name is written once, and its violations carry it and the stage.
+    `applies`: the version-dependent verl behaviour the rule belongs to; on other target stacks it is not run."""
 
     def register(check: Check) -> Check:
-        RULES.append(Rule(name=check.__name__.lstrip("_"), stage=stage, summary=summary, check=check))
+        RULES.append(Rule(name=check.__name__.lstrip("_"), stage=stage, summary=summary, check=check,
+                          applies=applies))
         return check
 
     return register
@@ -133,7 +142,7 @@ def check_plan(plan: Plan, platform: Platform | None = None) -> RuleReport:
     context = RuleContext(plan=plan, layout=plan_layout(plan), platform=platform)
     found: list[Violation] = []
     for registered in RULES:
-        if registered.stage == "platform" and platform is None:
+        if (registered.stage == "platform" and platform is None) or not registered.applies_to(plan):
             continue
         found.extend(registered.check(attrs.evolve(context, rule=registered.name, stage=registered.stage)))
     return RuleReport(violations=tuple(found))
@@ -499,14 +508,15 @@ def _log_prob_micro_batch_positive(ctx: RuleContext) -> Iterator[Violation]:
 
 
 @rule("worker",
-      "[2e] verl's engine worker asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz")
+      "[2e] verl's engine worker asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz",
+      applies=ENGINE_WORKER)
 def _dynamic_bsz_flags_agree(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.actor.use_dynamic_bsz != plan.rollout.log_prob_use_dynamic_bsz:
         yield ctx.violation(
             f"actor.use_dynamic_bsz = {str(plan.actor.use_dynamic_bsz).lower()} but "
             f"rollout.log_prob_use_dynamic_bsz = {str(plan.rollout.log_prob_use_dynamic_bsz).lower()}; verl's "
-            "engine worker (the default since 0.9) asserts they agree.",
+            f"engine worker (the default from verl 0.8; this plan targets {plan.stack.verl}) asserts they agree.",
             f"set rollout.log_prob_use_dynamic_bsz = {str(plan.actor.use_dynamic_bsz).lower()}",
             rollout__log_prob_use_dynamic_bsz=plan.actor.use_dynamic_bsz,
         )
@@ -1064,17 +1074,6 @@ def _megatron_recompute_layers_fit_stage(ctx: RuleContext) -> Iterator[Violation
                 f"{role}: recompute_num_layers = {engine.recompute_num_layers}, but a pipeline chunk holds "
                 f"{per_chunk} layers.", f"set {role}.megatron.recompute_num_layers to at most {per_chunk}",
                 **{f"{role}__megatron__recompute_num_layers": per_chunk})
-
-
-@rule("rlplan", "sequence parallel needs tensor parallelism (verl turns it off at TP 1)")
-def _megatron_sequence_parallel_needs_tp(ctx: RuleContext) -> Iterator[Violation]:
-    """verl/workers/config/engine.py McoreEngineConfig.__post_init__: `if tensor_model_parallel_size == 1:
-    sequence_parallel = False` with a warning; the plan should say what runs."""
-    for role, engine in _megatron_roles(ctx.plan):
-        if engine.sequence_parallel and engine.tensor_model_parallel_size == 1:
-            yield ctx.violation(f"{role}.megatron.sequence_parallel is true at TP 1, where verl turns it off.",
-                                f"set {role}.megatron.sequence_parallel = false", severity="warning",
-                                **{f"{role}__megatron__sequence_parallel": False})
 
 
 @rule("config", "MoE with tensor parallelism needs sequence parallel")

@@ -28,10 +28,12 @@ from rlplan.planner.commands_io import (
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.model_error import Headroom, parse_headroom
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Algorithm, ModelSection, Plan, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
-from rlplan.planner.solver import Objective, SolveRequest, SolveResult
+from rlplan.planner.solver import Objective, SolveRequest, SolveResult, SolveStrategy
+from rlplan.planner.stack import DEFAULT_STACK, solve_pins
 from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
@@ -39,6 +41,7 @@ from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 ALGO_CHOICES = ("ppo", *get_args(Algorithm))
 ROLLOUT_CHOICES = (*get_args(RolloutEngine), "auto")
 OBJECTIVE_CHOICES = get_args(Objective)
+STRATEGY_CHOICES = get_args(SolveStrategy)
 
 # The count flags: a zero or negative count is a mistake, never a request for the default.
 _COUNT_FLAGS = (("--top", "top"), ("--gpus", "gpus"), ("--nodes", "nodes"), ("--gpus-per-node", "gpus_per_node"),
@@ -86,6 +89,8 @@ class SolveFlags:
     from_plan: str | None = None
     objective: str = "throughput"
     rollout: str | None = None
+    # None: the --from plan's backend (megatron for a Megatron plan), else fsdp.
+    strategy: str | None = None
     fix: tuple[str, ...] = field(default=(), converter=_as_tuple)
     profile: str | None = None
     headroom: str | None = None
@@ -95,6 +100,10 @@ class SolveFlags:
     quiet: bool = False
     top: int | None = None
     frontier: str | None = None
+    # The target stack (planner/stack.py); None: the --from plan's, else the default.
+    verl_version: str | None = None
+    vllm_version: str | None = None
+    sglang_version: str | None = None
 
     def __attrs_post_init__(self) -> None:
         for flag, name in _COUNT_FLAGS:
@@ -118,6 +127,12 @@ class SolveFlags:
         if self.rollout is not None and self.rollout not in ROLLOUT_CHOICES:
             raise PlanError(field="--rollout", message=f"{self.rollout!r} is not one of {', '.join(ROLLOUT_CHOICES)}.",
                             fix="pass --rollout vllm (the bundled runtime's engine), sglang or auto")
+        if self.strategy is not None and self.strategy not in STRATEGY_CHOICES:
+            raise PlanError(field="--strategy", message=f"{self.strategy!r} is not one of "
+                            f"{', '.join(STRATEGY_CHOICES)}.", fix="pass --strategy megatron, fsdp or auto")
+        if self.on_cpu and self.strategy in ("megatron", "auto"):
+            raise PlanError(field="--strategy", message="rlplan's CPU runtime trains with FSDP2; Megatron plans are "
+                            "for verl on GPUs.", fix="leave out --strategy with --device cpu, or plan a GPU cluster")
         if self.objective not in OBJECTIVE_CHOICES:
             raise PlanError(field="--objective", message=f"{self.objective!r} is not one of "
                             f"{', '.join(OBJECTIVE_CHOICES)}.", fix="pass --objective throughput")
@@ -357,7 +372,9 @@ def solve_inputs(flags: SolveFlags, base: Plan | None, say: Say) -> SolveInputs:
     model = model_section(flags, base, say)
     profile = load_profile(flags.profile)
     cluster = solve_cluster(flags, base, profile, say)
-    pins = {**(CPU_RUNTIME_PINS if flags.on_cpu else {}), **parse_fixes(flags.fix)}
+    stack = solve_pins(base.stack if base else DEFAULT_STACK, flags.verl_version, flags.vllm_version,
+                       flags.sglang_version)
+    pins = {**stack, **(CPU_RUNTIME_PINS if flags.on_cpu else {}), **parse_fixes(flags.fix)}
     if flags.rollout is not None and "rollout.name" in pins:
         raise PlanError(field="--rollout", message="both --rollout and --fix rollout.name are given.",
                         fix="pass only --rollout")
@@ -390,7 +407,15 @@ def request_from_flags(flags: SolveFlags, base: Plan | None, *, model: ModelSect
         pins=pins, headroom=headroom, base=base, profile=profile,
         expected_prompt_len=flags.expected_prompt_len, expected_response_len=flags.expected_response_len,
         train_files=path_list("--train-files", flags.train_files), val_files=path_list("--val-files", flags.val_files),
+        strategy=solve_strategy(flags, base),
     )
+
+
+def solve_strategy(flags: SolveFlags, base: Plan | None) -> SolveStrategy:
+    """--strategy, else the --from plan's backend, else fsdp (the search of every release before Megatron's)."""
+    if flags.strategy is not None:
+        return flags.strategy  # type: ignore[return-value]  # checked by SolveFlags
+    return "megatron" if base is not None and base.is_megatron else "fsdp"
 
 
 def check_means(flags: SolveFlags, prompt_len: int, response_len: int | None) -> None:
@@ -489,7 +514,7 @@ def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str,
         if console is not None:
             console.print(f"verifying candidate {rank}/{len(candidates)} with the CPU tracker ...")
         # The head verl runs for the candidate, so the measured step replaces its own predicted step.
-        comparison = measure_plan(candidate.plan, "update", profile, head="auto")
+        comparison = measure_plan(candidate.plan, Phase.ACTOR_UPDATE, profile, head="auto")
         phase = next(p for p in candidate.memory.phases if p.name == comparison.planner_phase)
         measured_total = phase.peak_bytes - comparison.predicted_bytes + comparison.measured.peak_bytes
         fits = measured_total <= candidate.memory.gpu_capacity_bytes

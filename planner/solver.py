@@ -51,11 +51,25 @@ from rlplan.planner.plan import (
 )
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.rules import VLLM_LORA_RANKS, Violation, check_plan
+from rlplan.planner.solver_megatron import (
+    MegatronChoice,
+    apply_megatron_choice,
+    fsdp_skeleton,
+    megatron_choice_text,
+    megatron_choices,
+    megatron_skeleton,
+    most_saving_per_shape,
+    pinned_choices,
+    state_fits,
+)
 from rlplan.planner.steptime import StepTime, predict_step_time, rollout_concurrency, workload_lengths
 
 GIB = 2**30
 Objective = Literal["throughput", "memory"]
 LoraChoice = Literal["off", "auto"] | int
+# The training backend the search plans: FSDP (the plan's fsdp / fsdp2), verl's Megatron workers, or both
+# (auto: each searched, the faster plan kept, as `solve_engines` does for rollout engines).
+SolveStrategy = Literal["fsdp", "megatron", "auto"]
 
 # Token budgets are solved in steps of this many tokens: finer steps buy nothing measurable.
 BUDGET_GRANULARITY = 256
@@ -94,6 +108,8 @@ class SolveRequest:
     # data.train_files / data.val_files (verl reads them; the planner never opens them); None keeps the base's.
     train_files: tuple[str, ...] | None = None
     val_files: tuple[str, ...] | None = None
+    # --strategy: which backend's knobs the search sets (solver_megatron.py for Megatron).
+    strategy: SolveStrategy = "fsdp"
 
     @prompt_len.validator
     def _check_prompt_len(self, attribute: attrs.Attribute, value: int) -> None:
@@ -241,9 +257,15 @@ def ulysses_options(arch: Architecture, cluster: Cluster, sequence_len: int) -> 
 
 
 def tensor_parallel_options(arch: Architecture, cluster: Cluster) -> list[int]:
+    """Rollout TPs up to two nodes; beyond, up to the world, only for a model whose bf16 weights would still
+    take over half a GPU at two nodes' TP (DeepSeek-V3 671B: verl's recipe rolls out at TP 32 on H100s)."""
     options = []
     tp = 1
-    while tp <= max(cluster.gpus_per_node, 1) * 2 and tp <= cluster.world_size:
+    two_nodes = max(cluster.gpus_per_node, 1) * 2
+    limit = two_nodes
+    if 2 * arch.total_params / two_nodes > cluster.gpu_memory_bytes / 2:
+        limit = cluster.world_size
+    while tp <= limit and tp <= cluster.world_size:
         if cluster.world_size % tp == 0 and arch.splits_heads(tp, latent_kv=True):
             options.append(tp)
         tp *= 2
@@ -367,6 +389,10 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
         trainer=base.trainer if base is not None else TrainerSection(),
         passthrough=base.passthrough if base is not None else {},
     )
+    if request.strategy == "megatron":
+        plan = megatron_skeleton(plan)
+    elif request.strategy == "fsdp" and plan.is_megatron:
+        plan = fsdp_skeleton(plan)  # --strategy fsdp (or auto's FSDP half) from a Megatron --from plan
     return with_cpu_compute(plan, request.pins) if request.cluster.gpu.is_cpu else plan
 
 
@@ -468,8 +494,9 @@ def _phase_fits(plan: Plan, phase: str, request: SolveRequest) -> bool:
 
 
 def _budget_floor(plan: Plan) -> int:
-    """verl R1: one whole sequence must fit a micro batch of the Ulysses group."""
-    return math.ceil(plan.data.max_sequence_length / plan.actor.ulysses_sequence_parallel_size)
+    """verl R1: one whole sequence must fit a micro batch of the Ulysses (Megatron: context-parallel) group."""
+    split = plan.actor.mcore.context_parallel_size if plan.is_megatron else plan.actor.ulysses_sequence_parallel_size
+    return math.ceil(plan.data.max_sequence_length / split)
 
 
 def _budget_caps(plan: Plan) -> tuple[int, int]:
@@ -695,6 +722,8 @@ def _rank_key(candidate: Candidate, objective: Objective) -> tuple[float, ...]:
 def _choice_text(plan: Plan) -> str:
     actor = plan.actor
     parts = [f"LoRA r{plan.model.lora.rank}" if plan.model.lora.enabled else "full fine-tuning"]
+    if plan.is_megatron:
+        return ", ".join([*parts, megatron_choice_text(actor.mcore), f"rollout TP {plan.rollout.tensor_model_parallel_size}"])
     if actor.offload_policy:
         parts.append("CPU offload policy")
     elif actor.param_offload or actor.optimizer_offload:
@@ -730,7 +759,18 @@ def _pinned_choice_ok(choice: TrainingChoice, pins: dict[str, Any]) -> bool:
     return all(expected[key] == value for key, value in pins.items() if key in expected)
 
 
-def _choices_for(request: SolveRequest, sequence_len: int, feasibility_only: bool) -> list[TrainingChoice]:
+def _choices_for(request: SolveRequest, sequence_len: int,
+                 feasibility_only: bool) -> list[TrainingChoice] | list[MegatronChoice]:
+    if request.strategy == "megatron":
+        arch, cluster = request.model.arch, request.cluster
+        limit = gpu_limit_bytes(skeleton_plan(request, request.response_len or 1), request)
+        allowed = pinned_choices(list(megatron_choices(arch, cluster, sequence_len, lora_ranks(request))),
+                                 request.pins)
+        space = [choice for choice in allowed if state_fits(choice, arch, cluster.world_size, limit)]
+        if not space:
+            # Nothing can fit: price each layout's most saving choice so the diagnosis names what binds.
+            return most_saving_per_shape(allowed)
+        return most_saving_per_shape(space) if feasibility_only else space
     pins = request.pins
     choices = list(training_choices(request, sequence_len))
     pinned_rank = pins.get("model.lora.rank")
@@ -808,15 +848,19 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
     full_ft_feasible = False
     rollout_cache: dict[tuple, RolloutSection | None] = {}
     budgets_at_cap: set[tuple] = set()
+    fitting_shapes: set[tuple] = set()
     for choice in choices:
         if request.lora == "auto" and choice.lora_rank and full_ft_feasible:
             continue  # full fine-tuning fits: LoRA is only the fallback
-        resident_key = (choice.lora_rank, choice.param_offload, choice.optimizer_offload, choice.ref_param_offload,
-                        choice.fsdp_size, choice.critic_param_offload, choice.critic_optimizer_offload,
-                        choice.offload_policy, choice.critic_offload_policy, choice.ulysses)
+        resident_key = _resident_key(choice)
         if choice.gradient_checkpointing and resident_key in budgets_at_cap:
             continue  # recompute would only slow a step whose budgets are already as large as useful
-        plan = apply_knobs(apply_training_choice(skeleton, choice, request), pins)
+        if isinstance(choice, MegatronChoice) and choice.shape_key in fitting_shapes:
+            # A Megatron layout is tried least saving first and kept at its first feasible choice: more offload
+            # or recompute adds host traffic and recomputed forwards (steptime/megatron.py prices both) for
+            # larger token budgets, a trade the layout search itself outweighs; this keeps solve under a second.
+            continue
+        plan = apply_knobs(_apply_choice(skeleton, choice, request), pins)
         evaluated += 1
         trained = solve_token_budgets(plan, request)
         if trained is None:
@@ -854,12 +898,32 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             feasible += 1
             if choice.lora_rank == 0:
                 full_ft_feasible = True
+            if isinstance(choice, MegatronChoice):
+                fitting_shapes.add(choice.shape_key)
             if feasibility_only:
                 return [Candidate(plan=solved, memory=report, step_time=StepTime(phase_seconds={}))], evaluated, 1, None
             ranked.append(Candidate(plan=solved, memory=report,
                                     step_time=predict_step_time(solved, report, request.profile)))
     ranked.sort(key=lambda c: _preference_key(c, request))
     return _roomiest_first(ranked, request), evaluated, feasible, closest
+
+
+def _resident_key(choice: TrainingChoice | MegatronChoice) -> tuple:
+    """What a choice leaves resident between phases, its last entry the sequence split (the rollout's cache
+    key drops it)."""
+    if isinstance(choice, MegatronChoice):
+        return (*choice.resident_key, choice.context)
+    return (choice.lora_rank, choice.param_offload, choice.optimizer_offload, choice.ref_param_offload,
+            choice.fsdp_size, choice.critic_param_offload, choice.critic_optimizer_offload,
+            choice.offload_policy, choice.critic_offload_policy, choice.ulysses)
+
+
+def _apply_choice(skeleton: Plan, choice: TrainingChoice | MegatronChoice, request: SolveRequest) -> Plan:
+    if isinstance(choice, TrainingChoice):
+        return apply_training_choice(skeleton, choice, request)
+    # LoRA needs about 10x the full-fine-tuning learning rate (verl's LoRA guide), as for FSDP.
+    lr_scale = 10.0 if choice.lora_rank and request.base is None else 1.0
+    return apply_megatron_choice(skeleton, choice, lambda dp: _mini_batch_size(request, dp), lr_scale)
 
 
 def _dropped_point(plan: Plan, request: SolveRequest, reason: str) -> FrontierPoint:
@@ -948,10 +1012,21 @@ SEARCHED_KNOBS = (
 )
 
 
+MEGATRON_SEARCHED_KNOBS = (
+    "model.lora.rank", *(f"actor.megatron.{name}" for name in (
+        "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+        "expert_model_parallel_size", "expert_tensor_parallel_size", "param_offload", "optimizer_offload",
+        "recompute_granularity")),
+    *(key for key in SEARCHED_KNOBS if key.startswith(("rollout.", "actor.ppo_", "critic.ppo_", "critic.forward_",
+                                                      "ref.log_prob_"))),
+)
+
+
 def searched_knobs(plan: Plan) -> dict[str, Any]:
-    """The searched knobs of a plan by dotted key; the critic's and the reference's only when the plan has one."""
+    """The searched knobs of a plan by dotted key; the critic's and the reference's only when the plan has one;
+    on a Megatron plan its engine's instead of FSDP's."""
     knobs = {}
-    for dotted in SEARCHED_KNOBS:
+    for dotted in MEGATRON_SEARCHED_KNOBS if plan.is_megatron else SEARCHED_KNOBS:
         if (dotted.startswith("critic.") and not plan.uses_critic) or (
                 dotted.startswith("ref.") and not plan.uses_reference):
             continue
@@ -985,12 +1060,14 @@ def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool =
 
 def solve_engines(request: SolveRequest, engines: tuple[RolloutEngine, ...], *,
                   keep: int = RUNNERS_UP + 1, frontier: bool = False) -> SolveResult:
-    """`solve` once per rollout engine (each pinned), keeping the best plan by the request's objective.
+    """`solve` once per rollout engine (each pinned) and per strategy (both with --strategy auto), keeping the
+    best plan by the request's objective.
 
     When no engine fits, the first engine's diagnosis is returned. The frontier holds every engine's points.
     """
-    results = [solve(attrs.evolve(request, pins={**request.pins, "rollout.name": engine}), keep=keep,
-                     frontier=frontier) for engine in engines]
+    strategies: tuple[SolveStrategy, ...] = ("fsdp", "megatron") if request.strategy == "auto" else (request.strategy,)
+    results = [solve(attrs.evolve(request, strategy=strategy, pins={**request.pins, "rollout.name": engine}),
+                     keep=keep, frontier=frontier) for strategy in strategies for engine in engines]
     evaluated = sum(result.evaluated for result in results)
     points = tuple(point for result in results for point in result.frontier)
     # Each result beside its best candidate, so that the ranking sees a Candidate and not an Optional.
@@ -1046,7 +1123,7 @@ def request_rule_violations(request: SolveRequest, response_len: int) -> list[Vi
     choices = _choices_for(request, skeleton.data.max_sequence_length, feasibility_only=True)
     if not choices:
         return []
-    plan = apply_knobs(apply_training_choice(skeleton, choices[0], request), request.pins)
+    plan = apply_knobs(_apply_choice(skeleton, choices[0], request), request.pins)
     if "rollout.tensor_model_parallel_size" not in request.pins:
         plan = plan.evolve(rollout=attrs.evolve(plan.rollout, tensor_model_parallel_size=1))
     broken = [v for v in check_plan(plan).errors if not (v.suggested and set(v.suggested) <= SOLVER_SET_KEYS)]

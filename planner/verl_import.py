@@ -38,6 +38,7 @@ from rlplan.planner.verl_keys import (
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
+    VERL_KEYS,
     Backend,
     Follows,
     HydraSyntaxError,
@@ -316,13 +317,37 @@ def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, re
         raise PlanError(field="--host-mem", message=exc.message, fix="pass --host-mem in GiB") from None
 
 
+def with_target_stack(plan: Plan, given: dict[str, str], passthrough: dict[str, str], text: str,
+                      versions: tuple[str | None, str | None, str | None], warnings: list[str]) -> Plan:
+    """The imported plan on its target stack: the version flags, else what the script shows (said as a warning),
+    with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
+    from rlplan.planner.knobs import apply_knobs
+    from rlplan.planner.stack import infer_stack, stack_defaults, stack_from_flags
+
+    ranges = {entry.key: (entry.since, entry.before) for entry in VERL_KEYS}
+    inferred = infer_stack(given, passthrough, text, ranges, plan.rollout.name)
+    stack = inferred.stack if inferred is not None else plan.stack
+    if inferred is not None:
+        flagged = [name for name, value in zip(("verl", "vllm", "sglang"), versions, strict=True) if value]
+        overruled = f"; --{'-version, --'.join(flagged)}-version given instead" if flagged else ""
+        warnings.append(f"target stack inferred from the script: {'; '.join(inferred.reasons)}{overruled}.")
+    stack = stack_from_flags(stack, *versions)
+    omitted = {field: value for field, value in stack_defaults(stack, plan.rollout.name).items()
+               if BY_FIELD[field].key not in given}
+    if omitted:
+        warnings.append(f"keys the script leaves out take verl {stack.verl}'s defaults: "
+                        + ", ".join(f"{BY_FIELD[field].key}={value}" for field, value in omitted.items()) + ".")
+    return apply_knobs(plan.evolve(stack=stack), omitted)
+
+
 def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: dict[str, str],
-                       local_config_reader: LocalConfigReader,
-                       environment: dict[str, str] | None = None) -> ImportResult:
+                       local_config_reader: LocalConfigReader, environment: dict[str, str] | None = None,
+                       versions: tuple[str | None, str | None, str | None] = (None, None, None)) -> ImportResult:
     """A verl launch script or a file of Hydra overrides -> plan, warnings, passthrough keys.
 
     `env` holds --env KEY=VALUE pins (they win over the script's own assignments);
-    `environment` is the process environment the script would inherit.
+    `environment` is the process environment the script would inherit; `versions` the
+    --verl-version / --vllm-version / --sglang-version flags.
     """
     warnings: list[str] = []
     config_name = ""
@@ -385,7 +410,8 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     fields["reward.function"] = _reward_function(reward)
     resolved = _resolve_model(str(model_path), local_config_reader, warnings)
     resolved = _with_overridden_context(resolved, passthrough, warnings)
-    plan = _build_plan(fields, gpu, host_memory_gib, resolved)
+    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, passthrough, text, versions,
+                             warnings)
     kept = tuple(passthrough)
     if kept:
         warnings.append(f"kept {len(kept)} verl key(s) rlplan does not model, rendered back unchanged: {', '.join(kept)}.")

@@ -49,15 +49,23 @@ class VerlKey:
     # The plan may leave it unset (None): then it is not rendered and verl's default applies.
     optional: bool = False
     backend: Backend = "any"
+    # The verl versions that have the key (`since` inclusive, `before` exclusive; None: every version read,
+    # v0.3.0.post1 on), read in verl's tagged trainer config: render refuses a key its target verl lacks, and
+    # import infers the stack from keys only some versions have (planner/stack.py).
+    since: str | None = None
+    before: str | None = None
 
 
-def _k(field: str, key: str, kind: Kind, default: Any, optional: bool = False) -> VerlKey:
-    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional)
+def _k(field: str, key: str, kind: Kind, default: Any, optional: bool = False, *, since: str | None = None,
+       before: str | None = None) -> VerlKey:
+    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, since=since, before=before)
 
 
-def _fsdp(field: str, key: str, kind: Kind, default: Any, optional: bool = False) -> VerlKey:
+def _fsdp(field: str, key: str, kind: Kind, default: Any, optional: bool = False, *, since: str | None = None,
+          before: str | None = None) -> VerlKey:
     """A key only ppo_trainer.yaml has (Hydra refuses it on the Megatron trainer's config)."""
-    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, backend="fsdp")
+    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, backend="fsdp",
+                   since=since, before=before)
 
 
 def _mcore(field: str, key: str, kind: Kind, default: Any, optional: bool = False) -> VerlKey:
@@ -119,9 +127,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _fsdp("model.lora.alpha", f"{ARF}.model.lora_alpha", "int", 16),
     _fsdp("model.lora.target_modules", f"{ARF}.model.target_modules", "str_list", ("all-linear",)),
     _k("model.gradient_checkpointing", f"{ARF}.model.enable_gradient_checkpointing", "bool", True),
-    _k("model.activation_offload", f"{ARF}.model.enable_activation_offload", "bool", False),
+    _k("model.activation_offload", f"{ARF}.model.enable_activation_offload", "bool", False, since="0.4.0"),
     _k("model.use_remove_padding", f"{ARF}.model.use_remove_padding", "bool", True),
-    _k("model.use_fused_kernels", f"{ARF}.model.use_fused_kernels", "bool", False),
+    _k("model.use_fused_kernels", f"{ARF}.model.use_fused_kernels", "bool", False, since="0.4.0"),
     # --- cluster ------------------------------------------------------------
     _k("cluster.nodes", "trainer.nnodes", "int", 1),
     _k("cluster.gpus_per_node", "trainer.n_gpus_per_node", "int", 8),
@@ -129,7 +137,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("data.train_batch_size", "data.train_batch_size", "int", 1024),
     _k("data.max_prompt_length", "data.max_prompt_length", "int", 512),
     _k("data.max_response_length", "data.max_response_length", "int", 512),
-    _k("data.gen_batch_size", "data.gen_batch_size", "int", None, True),
+    _k("data.gen_batch_size", "data.gen_batch_size", "int", None, True, since="0.9.0"),
     _k("data.train_files", "data.train_files", "str_list", ("~/data/rlhf/gsm8k/train.parquet",)),
     _k("data.val_files", "data.val_files", "str_list", ("~/data/rlhf/gsm8k/test.parquet",)),
     _k("data.prompt_key", "data.prompt_key", "str", "prompt"),
@@ -151,9 +159,10 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _fsdp("actor.fsdp_size", f"{ARF}.actor.fsdp_config.fsdp_size", "int", -1),
     _fsdp("actor.param_offload", f"{ARF}.actor.fsdp_config.param_offload", "bool", False),
     _fsdp("actor.optimizer_offload", f"{ARF}.actor.fsdp_config.optimizer_offload", "bool", False),
-    _fsdp("actor.offload_policy", f"{ARF}.actor.fsdp_config.offload_policy", "bool", False),
-    _fsdp("actor.entropy_from_logits_with_chunking", f"{ARF}.actor.entropy_from_logits_with_chunking", "bool", False),
-    _fsdp("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False),
+    _fsdp("actor.offload_policy", f"{ARF}.actor.fsdp_config.offload_policy", "bool", False, since="0.4.0"),
+    _fsdp("actor.entropy_from_logits_with_chunking", f"{ARF}.actor.entropy_from_logits_with_chunking", "bool", False,
+          since="0.4.1"),
+    _fsdp("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False, since="0.4.1"),
     _k("actor.use_torch_compile", f"{ARF}.actor.use_torch_compile", "bool", True),
     _fsdp("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32"),
     _fsdp("actor.compute_dtype", f"{ARF}.actor.fsdp_config.dtype", "str", "bfloat16"),
@@ -164,7 +173,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _fsdp("actor.grad_clip", f"{ARF}.actor.grad_clip", "float", 1.0),
     _k("actor.clip_ratio_low", f"{ARF}.actor.clip_ratio_low", "float", 0.2),
     _k("actor.clip_ratio_high", f"{ARF}.actor.clip_ratio_high", "float", 0.2),
-    _k("actor.clip_ratio_c", f"{ARF}.actor.clip_ratio_c", "float", 3.0),
+    _k("actor.clip_ratio_c", f"{ARF}.actor.clip_ratio_c", "float", 3.0, since="0.4.0"),
     _k("actor.loss_agg_mode", f"{ARF}.actor.loss_agg_mode", "str", "token-mean"),
     _k("actor.use_kl_loss", f"{ARF}.actor.use_kl_loss", "bool", False),
     _k("actor.kl_loss_coef", f"{ARF}.actor.kl_loss_coef", "float", 0.001),
@@ -189,14 +198,14 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("rollout.max_num_batched_tokens", f"{ARF}.rollout.max_num_batched_tokens", "int", 8192),
     _k("rollout.max_model_len", f"{ARF}.rollout.max_model_len", "int", None, True),
     _k("rollout.enable_chunked_prefill", f"{ARF}.rollout.enable_chunked_prefill", "bool", True),
-    _k("rollout.enable_prefix_caching", f"{ARF}.rollout.enable_prefix_caching", "bool", True),
+    _k("rollout.enable_prefix_caching", f"{ARF}.rollout.enable_prefix_caching", "bool", True, since="0.6.0"),
     _k("rollout.enforce_eager", f"{ARF}.rollout.enforce_eager", "bool", False),
     _k("rollout.free_cache_engine", f"{ARF}.rollout.free_cache_engine", "bool", True),
-    _fsdp("rollout.layered_summon", f"{ARF}.rollout.layered_summon", "bool", False),
+    _fsdp("rollout.layered_summon", f"{ARF}.rollout.layered_summon", "bool", False, since="0.4.0"),
     # verl's YAML default is false, but verl (b178a3cd) never reads the key: fsdp_workers.py
     # rollout_mode resumes "weights", syncs, then resumes "kv_cache" whenever free_cache_engine,
     # so a staged wake is what verl does when a script leaves it unset.
-    _k("rollout.multi_stage_wake_up", f"{ARF}.rollout.multi_stage_wake_up", "bool", True),
+    _k("rollout.multi_stage_wake_up", f"{ARF}.rollout.multi_stage_wake_up", "bool", True, since="0.4.1"),
     _k("rollout.load_format", f"{ARF}.rollout.load_format", "str", "dummy"),
     _k("rollout.dtype", f"{ARF}.rollout.dtype", "str", "bfloat16"),
     _k("rollout.temperature", f"{ARF}.rollout.temperature", "float", 1.0),
@@ -210,9 +219,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
        Follows("actor.use_dynamic_bsz")),
     _k("rollout.log_prob_max_token_len_per_gpu", f"{ARF}.rollout.log_prob_max_token_len_per_gpu", "int",
        Follows("actor.ppo_max_token_len_per_gpu")),
-    _k("rollout.agent_num_workers", f"{ARF}.rollout.agent.num_workers", "int", 8),
+    _k("rollout.agent_num_workers", f"{ARF}.rollout.agent.num_workers", "int", 8, since="0.5.0"),
     _k("rollout.update_weights_bucket_megabytes",
-       f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048),
+       f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048, since="0.8.0"),
     # --- critic ---------------------------------------------------------------
     _k("critic.enable", "critic.enable", "bool", None, True),
     _k("critic.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "int", None, True),

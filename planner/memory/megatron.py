@@ -22,6 +22,7 @@ on the last stage under PP) docs/accuracy.md section 6 lists by how much.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -31,7 +32,7 @@ from attrs import frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.heads import LossHead
-from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.memory.report import Component, TrainerState
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
@@ -81,6 +82,13 @@ def routed_expert_params_per_layer(arch: Architecture) -> int:
     return arch.moe_mlp_params - router - shared
 
 
+def stage_share(arch: Architecture, pp: int) -> float:
+    """The share of the layers the most loaded pipeline stage holds: 1 / PP where PP divides the layers, else
+    ceil(layers / PP) of them (an uneven placement, e.g. DeepSeek-V3's 61 layers, gives no stage fewer than
+    the even split's largest: priced high rather than low)."""
+    return math.ceil(arch.num_layers / pp) / arch.num_layers
+
+
 def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection) -> RankParameters:
     """The elements the most loaded rank holds: its stage's layers and the embedding (first stage) or the output
     layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last)."""
@@ -89,9 +97,10 @@ def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection) 
     layer_dense = (arch.num_dense_layers * arch.dense_layer_params
                    + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size)
     vocab_layers = arch.embedding_params + (arch.lm_head_params if pp == 1 else 0)
-    dense = (layer_dense / pp + vocab_layers) / tp
-    experts = arch.num_moe_layers * experts_per_layer / (pp * engine.expert_model_parallel_size
-                                                         * engine.expert_tensor_size)
+    stage = stage_share(arch, pp)
+    dense = (layer_dense * stage + vocab_layers) / tp
+    experts = arch.num_moe_layers * experts_per_layer * stage / (engine.expert_model_parallel_size
+                                                                 * engine.expert_tensor_size)
     return RankParameters(dense=dense, experts=experts)
 
 
@@ -162,6 +171,14 @@ class StageActivations:
         return max(self.first, self.last)
 
 
+@functools.lru_cache(maxsize=256)
+def _per_layer_bytes(arch: Architecture, tp: int, etp: int, sequence_parallel: bool, gated: bool) -> tuple[float, ...]:
+    """Each layer's saved bytes per token (the solver prices thousands of plans on a few layouts: cached)."""
+    return tuple(layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
+                                                  etp=etp, sequence_parallel=sequence_parallel, gated=gated)
+                 for index in range(arch.num_layers))
+
+
 def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per_micro_batch: int,
                       micro_batches: int, gated: bool = True) -> StageActivations:
     """The saved activations a training step's first and last stages hold at their peak.
@@ -174,11 +191,8 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     cp = engine.context_parallel_size
     tokens = math.ceil(tokens_per_micro_batch / cp)
     sp = engine.sequence_parallel and tp > 1
-    per_layer = [layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
-                                                  etp=engine.expert_tensor_size, sequence_parallel=sp,
-                                                  gated=gated)
-                 for index in range(arch.num_layers)]
-    stage_layers = arch.num_layers / pp
+    per_layer = _per_layer_bytes(arch, tp, engine.expert_tensor_size, sp, gated)
+    stage_layers = arch.num_layers * stage_share(arch, pp)
     mean_layer = sum(per_layer) / len(per_layer)
     if engine.recompute_granularity == "full":
         chunk = engine.recompute_num_layers or 1
@@ -203,6 +217,28 @@ def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
     return tokens * 4 * (arch.hidden_size + arch.vocab_size) / tp
 
 
+def export_gather_bytes(arch: Architecture, engine: MegatronSection) -> float:
+    """GPU bytes of the weight export's largest tensor in flight on one rank, bf16 as Megatron holds it.
+
+    verl's per_tensor_generator (verl/utils/megatron_utils.py; mbridge's export_weights walks the same way)
+    yields one tensor at a time: the owning pipeline stage broadcasts its TP shard to the other stages; a dense
+    tensor is all-gathered over TP (TP shards: one full tensor) and concatenated (a second full tensor); a routed
+    expert's linear_fc1 / fc2 is all-gathered over EP (EP experts' ETP shards at once), each over ETP (one full
+    expert) and merged (another). The largest dense tensor is the embedding / output layer, the fused QKV or
+    the fused gate+up of a dense MLP; an expert's is its fused gate+up (2 x moe_intermediate x hidden), not the
+    3-D all-experts tensor transformers holds, which Megatron never builds.
+    """
+    h, tp = arch.hidden_size, engine.tensor_model_parallel_size
+    largest_dense = max(arch.vocab_size * h, 2 * arch.intermediate_size * h, (arch.q_width + 2 * arch.kv_width) * h)
+    dense = WEIGHT_BYTES * largest_dense * (2 + 1 / tp)
+    if not arch.is_moe:
+        return dense
+    ep, etp = engine.expert_model_parallel_size, engine.expert_tensor_size
+    expert = 2 * arch.moe_intermediate_size * h
+    experts = WEIGHT_BYTES * expert * (1 / etp + ep / etp + 2)
+    return max(dense, experts)
+
+
 # --- the backend the step's phases price a Megatron plan through (memory.backend.TrainingBackend) ----------
 
 
@@ -211,7 +247,7 @@ def _engine(plan: Plan, role: TrainedRole) -> MegatronSection:
     return plan.actor.mcore if role == "actor" else plan.critic.megatron or MegatronSection()
 
 
-def _trainable_fraction(plan: Plan, role: TrainedRole) -> float:
+def trainable_fraction(plan: Plan, role: TrainedRole) -> float:
     """The share of parameters that train: a Megatron-Bridge LoRA adapter's (priced on the projections peft's
     all-linear reaches, which Megatron's linear_qkv / linear_proj / linear_fc1 / linear_fc2 are), or all."""
     if role == "critic" or not plan.model.lora.enabled:
@@ -244,7 +280,7 @@ class MegatronBackend:
 
     def role_state(self, plan: Plan, role: TrainedRole, layout: PlanLayout) -> TrainerState:
         state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
-                                          _trainable_fraction(plan, role))
+                                          trainable_fraction(plan, role))
         # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
         # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy.
         return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
@@ -324,11 +360,17 @@ class MegatronBackend:
         return [params, max(layers, head, key=lambda component: component.bytes)]
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
-        """verl's per-tensor export gathers each full tensor from its TP / EP ranks (fp32 conversion as FSDP's
-        full_tensor) and a bucket for the engine."""
-        facts = model_facts(plan.model.arch)
+        """The export's largest tensor in flight (`export_gather_bytes`) and one bucket for the engine; a
+        Megatron-Bridge adapter that is not merged, with vLLM holding the base (load_format not dummy), sends
+        only the adapter's tensors."""
+        arch, engine, lora = plan.model.arch, plan.actor.mcore, plan.model.lora
         copy_bytes = plan.rollout.dtype_bytes
-        return int((4 + copy_bytes) * facts.largest_tensor + min(bucket_bytes, copy_bytes * facts.params))
+        if lora.enabled and not lora.merge and plan.rollout.load_format != "dummy":
+            adapter = lora.rank * max(arch.hidden_size, arch.intermediate_size, arch.q_width)
+            gathered = WEIGHT_BYTES * adapter * (2 + 1 / engine.tensor_model_parallel_size)
+            return int(gathered + min(bucket_bytes, WEIGHT_BYTES * lora_params(plan)))
+        params = model_facts(arch).params
+        return int(export_gather_bytes(arch, engine) + min(bucket_bytes, copy_bytes * params))
 
 
 MEGATRON = MegatronBackend()

@@ -32,12 +32,14 @@ from rlplan.planner.memory.rollout import (
     RolloutBudget,
     cuda_graph_pool_bytes,
     rollout_budget,
+    stages_wake_up,
     woken_for_weight_sync,
 )
 from rlplan.planner.monotone import last_holding
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.stack import MICRO_OUTPUTS_HELD_TO_MINI_END, VLLM_V0_ENGINE, holds
 
 
 @frozen
@@ -212,7 +214,19 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
     role = ctx.layout.actor_update
     head = update_loss_head(ctx.plan, ctx.profile, role.tokens_per_micro_batch)
     peak_at, step = ctx.trainer.update_components(ctx.plan, "actor", ctx.actor_gpu, role, head, ctx.profile)
-    return ctx.phase(Phase.ACTOR_UPDATE, step, loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
+    return ctx.phase(Phase.ACTOR_UPDATE, [*step, *_held_micro_outputs(ctx.plan, role)],
+                     loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
+
+
+def _held_micro_outputs(plan: Plan, role: RoleBatchLayout) -> list[Component]:
+    """Before verl PR #6984 (v0.9.0) the engine worker's forward_backward_batch kept every micro batch's
+    model_output, fp32 log-probs and (with entropy_coeff) fp32 entropy per token, until the mini batch ended
+    (stack.MICRO_OUTPUTS_HELD_TO_MINI_END): at the last micro batch's peak the earlier ones' are still held."""
+    if not holds(MICRO_OUTPUTS_HELD_TO_MINI_END, plan.stack, plan.rollout.name):
+        return []
+    earlier = max(0, role.micro_batches_per_mini - 1) * role.tokens_per_micro_batch
+    fp32_per_token = 4 * (2 if plan.actor.entropy_coeff != 0 else 1)
+    return [Component("held_micro_batch_outputs", earlier * fp32_per_token, "step")] if earlier else []
 
 
 def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entropy: bool) -> PhaseMemory:
@@ -350,10 +364,17 @@ def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanL
                      "no room for a KV cache")
     elif not budget.holds_max_model_len:
         notes.append(f"the KV cache holds {budget.kv_cache_tokens} tokens, below max_model_len {budget.max_model_len}")
-    if plan.rollout.free_cache_engine and not plan.rollout.multi_stage_wake_up:
+    if plan.rollout.free_cache_engine and not stages_wake_up(plan):
+        remedy = ("rollout.multi_stage_wake_up = true keeps" if not plan.rollout.multi_stage_wake_up else
+                  f"verl {plan.stack.verl} has no staged wake-up; from verl 0.4.1 multi_stage_wake_up keeps")
         notes.append("without multi_stage_wake_up the KV cache is resumed before the weight sync: trainer weights, "
-                     f"rollout weights and KV cache are on the GPU at once; rollout.multi_stage_wake_up = true keeps "
+                     f"rollout weights and KV cache are on the GPU at once; {remedy} "
                      f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
+    if holds(VLLM_V0_ENGINE, plan.stack, plan.rollout.name) and not plan.cluster.gpu.is_cpu:
+        notes.append(f"vLLM {plan.stack.version_of('vllm')} runs the V0 engine: its profile-run sampler is priced "
+                     f"with V1's {profile.vllm_sampler_bytes_per_seq_vocab:g} bytes per sequence x vocabulary entry, "
+                     "which over-states V0's (a verl run on vLLM 0.8.3 started at no more than 17, docs/accuracy.md "
+                     "3b) and so under-states the KV cache; a profile calibrated on that vLLM sets it")
     if (plan.rollout.name == "vllm" and plan.rollout.layered_summon and plan.rollout.sleep_level == 2
             and plan.rollout.free_cache_engine):
         notes.append("layered_summon forces vLLM sleep level 1: weights are copied to host RAM")

@@ -18,6 +18,7 @@ from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.memory.report import GIB, Component
 from rlplan.planner.plan import Plan, RolloutEngine, RolloutSection
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.stack import UNSTAGED_WAKE_UP, holds
 
 
 @frozen
@@ -239,6 +240,12 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
     )
 
 
+def stages_wake_up(plan: Plan) -> bool:
+    """Whether the engine wakes its weights before its KV cache: rollout.multi_stage_wake_up, on a verl that has it
+    (up to v0.4.0 verl resumed both at once: stack.UNSTAGED_WAKE_UP)."""
+    return plan.rollout.multi_stage_wake_up and not holds(UNSTAGED_WAKE_UP, plan.stack, plan.rollout.name)
+
+
 def woken_for_weight_sync(plan: Plan, budget: RolloutBudget) -> tuple[Component, ...]:
     """The sleeping engine's memory resumed before the trainer's weights are pushed into it.
 
@@ -252,7 +259,7 @@ def woken_for_weight_sync(plan: Plan, budget: RolloutBudget) -> tuple[Component,
     if not rollout.free_cache_engine:
         return ()
     woken = [Component(f"{rollout.name}_weights", budget.weights_bytes, "resident")]
-    if not rollout.multi_stage_wake_up:
+    if not stages_wake_up(plan):
         woken.append(Component("kv_cache", max(0, budget.kv_cache_bytes), "resident"))
     return tuple(woken)
 

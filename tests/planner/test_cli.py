@@ -531,12 +531,16 @@ def test_dash_h_prints_the_same_help_as_long_help_with_an_example(command):
     assert "Example:" in short.output
 
 
-def test_version_prints_the_installed_package_version():
+def test_version_prints_the_installed_package_version_and_the_default_stack():
     from importlib.metadata import version
+
+    from rlplan.planner.stack import DEFAULT_SGLANG, DEFAULT_VERL, DEFAULT_VLLM
 
     result = invoke("--version")
     assert result.exit_code == 0
-    assert result.output.strip() == f"rlplan {version('rlplan')}"
+    first, stack = result.output.strip().splitlines()
+    assert first == f"rlplan {version('rlplan')}"
+    assert f"verl {DEFAULT_VERL}" in stack and f"vLLM {DEFAULT_VLLM}" in stack and f"SGLang {DEFAULT_SGLANG}" in stack
 
 
 def test_help_lists_shell_completion_and_the_choices_of_fixed_set_options():
@@ -657,7 +661,7 @@ def test_solve_with_a_config_only_model_directory_says_model_path_has_no_weights
 def test_solve_help_groups_its_options_in_panels_marks_the_required_and_names_files():
     text = runner.invoke(app, ["solve", "--help"], env={"COLUMNS": "80"}).output
     panels = [line.strip("╭─ ").split(" ")[0] for line in text.splitlines() if line.startswith("╭─")]
-    assert panels == ["Options", "Model", "Cluster", "Workload", "Solver", "Output"]
+    assert panels == ["Options", "Model", "Cluster", "Workload", "Solver", "Output", "Stack"]
     assert "<str>" not in text and "<int>" not in text
     # The algorithm's values are words of the help, never a metavar cut mid-word at 80 columns.
     assert "reinforce_plus_plus" in text and "--ALGO" not in text

@@ -219,6 +219,18 @@ def test_verl_version_option_overrides_the_inference():
     assert payload["verl_version"] == SCOPES["0.7"].versions and not payload["scope"]["engine_in_trainer_process"]
 
 
+def test_a_plan_on_another_stack_is_compared_with_its_versions_scope():
+    from rlplan.planner.stack import StackSection
+
+    log = read_verl_log(str(LOGS / "v08_console.log"))
+    on_default = compare_run(fixture_plan(), log)
+    assert on_default.scope.family == "0.8"  # the default stack says nothing: the log's spellings decide
+    old = compare_run(fixture_plan().evolve(stack=StackSection(verl="0.7.1")), log)
+    assert old.scope.family == "0.7" and "stack" in old.scope_reason
+    flagged = compare_run(fixture_plan().evolve(stack=StackSection(verl="0.7.1")), log, family="0.8")
+    assert flagged.scope.family == "0.8"
+
+
 def test_bad_inputs_exit_2_with_json(tmp_path):
     plan_toml = tmp_path / "plan.toml"
     from rlplan.planner.planfile import plan_to_toml

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.memory import predict_memory
 from rlplan.planner.presets import resolve_model
 from rlplan.planner.rules import check_plan
 from tests.planner.plans import make_plan
@@ -116,11 +117,14 @@ def test_full_recompute_covers_at_most_one_stages_layers():
     assert "megatron_recompute_layers_fit_stage" not in rules_of(fixed(plan, "megatron_recompute_layers_fit_stage"))
 
 
-def test_sequence_parallel_at_tp_1_is_a_warning_that_verl_turns_it_off():
+def test_sequence_parallel_at_tp_1_says_nothing_as_it_changes_nothing():
+    # verl's own default (sequence_parallel true at TP 1): McoreEngineConfig turns it off, and the memory model
+    # splits activations over TP only where TP > 1, so no rule may warn about what no one can act on.
     plan = megatron_plan()
-    violations = [v for v in check_plan(plan).violations if v.rule == "megatron_sequence_parallel_needs_tp"]
-    assert violations and violations[0].severity == "warning"
-    assert "megatron_sequence_parallel_needs_tp" not in rules_of(fixed(plan, "megatron_sequence_parallel_needs_tp"))
+    assert plan.actor.mcore.sequence_parallel and plan.actor.mcore.tensor_model_parallel_size == 1
+    assert not [v for v in check_plan(plan).violations if "sequence_parallel" in v.message]
+    off = apply_knobs(plan, {"actor.megatron.sequence_parallel": False})
+    assert predict_memory(off).gpu_peak_bytes == predict_memory(plan).gpu_peak_bytes
 
 
 def test_moe_with_tp_and_ep_needs_sequence_parallel():

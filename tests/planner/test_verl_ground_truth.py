@@ -33,10 +33,12 @@ GSM8K_PROMPT_MEAN = 105
 PLAUSIBLE_RESPONSE = range(150, 651)
 
 
-# The scripts ran on verl of April-June 2025, whose ppo_trainer.yaml defaulted rollout.enforce_eager to True (and
-# whose vllm_rollout_spmd asserted it whenever free_cache_engine was on); `import verl` fills omitted keys with
-# verl 0.9's defaults (False: CUDA graphs), so the override restores what those runs had.
-THEN_DEFAULT_EAGER = "actor_rollout_ref.rollout.enforce_eager=True"
+# Each row is priced on the stack it ran on (`import verl --verl-version/--vllm-version`): the vLLM the published
+# table names, with the newest verl released before the table (docs/perf/device_tuning.rst, 2025-06-25) whose
+# setup.py admits it: vllm<=0.8.2 until v0.3.0.post1, vllm<=0.8.5 in v0.4.0. Both verls default
+# rollout.enforce_eager to True (no CUDA-graph pool) and wake the engine's weights and KV cache together.
+LORA_STACK = ("0.4.0", "0.8.3", None)
+FULL_STACKS = {"0.8.2": ("0.3.0.post1", "0.8.2", None), "0.8.3": ("0.4.0", "0.8.3", None)}
 
 
 @frozen
@@ -87,7 +89,7 @@ def script_overrides(script: TuningScript, per_gpu: int) -> str:
         "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.rollout.max_num_seqs=512",
         "actor_rollout_ref.rollout.max_model_len=1536", "actor_rollout_ref.rollout.max_num_batched_tokens=1536",
         "actor_rollout_ref.rollout.enable_chunked_prefill=False", "actor_rollout_ref.rollout.load_format=safetensors",
-        "actor_rollout_ref.rollout.layered_summon=True", THEN_DEFAULT_EAGER,
+        "actor_rollout_ref.rollout.layered_summon=True",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size={batch}", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
         "algorithm.kl_ctrl.kl_coef=0.001", "algorithm.use_kl_in_reward=False",
         f"trainer.n_gpus_per_node={script.gpus}", "trainer.nnodes=1",
@@ -98,7 +100,7 @@ def script_plan(script: TuningScript, per_gpu: int) -> Plan:
     """The plan `rlplan import verl` builds from the script on H100s, at GSM8K's mean prompt length."""
     plan = import_verl_script(script_overrides(script, per_gpu), gpu=gpu_presets()["H100-80G"],
                               host_memory_gib=1024.0, env={}, local_config_reader=lambda path: None,
-                              environment={}).plan
+                              environment={}, versions=LORA_STACK).plan
     return plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=GSM8K_PROMPT_MEAN))
 
 
@@ -144,6 +146,7 @@ def test_seven_b_row_is_held_back_only_by_the_rollout_kv_budget():
     numbers = row_numbers(script)
     report = predict_memory(script_plan(script, script.works_per_gpu))
     assert not report.rollout.holds_max_model_len, numbers
+    assert any("V0 engine" in note for note in report.notes)  # the stack's vLLM 0.8.3: said, not yet priced
     assert numbers["longest mean response at works"] == 0, numbers
     # vLLM 0.8.3 (the table's version; the script forces V0 with VLLM_ATTENTION_BACKEND=XFORMERS) sizes the KV
     # cache as rollout_budget does: util x total - (weights incl. LoRA slots + profiled torch peak + non-torch),
@@ -179,6 +182,7 @@ class FullScript:
     util: float
     micro_per_gpu: int | None = None
     token_budget: int | None = None
+    vllm: str = "0.8.2"  # the published table's vLLM for the row
 
 
 # The 72B H20 script sets `model.path=model_path` (no `$`); it is the same Qwen2-72B-Instruct as the H800 one.
@@ -188,7 +192,7 @@ FULL_SCRIPTS = {
     "qwen2.5-coder-14b 4xH800": FullScript("qwen2.5-coder-14b 4xH800", "Qwen/Qwen2.5-Coder-14B-Instruct", "H800-80G",
                                            4, 1, max_length=1024, rollout_tp=4, util=0.5, micro_per_gpu=16),
     "qwen2-72b 32xH800": FullScript("qwen2-72b 32xH800", "Qwen/Qwen2-72B-Instruct", "H800-80G", 8, 4,
-                                    max_length=512, rollout_tp=16, util=0.6, token_budget=24000),
+                                    max_length=512, rollout_tp=16, util=0.6, token_budget=24000, vllm="0.8.3"),
     "qwen2-72b 32xH20": FullScript("qwen2-72b 32xH20", "Qwen/Qwen2-72B-Instruct", "H20-96G", 8, 4,
                                    max_length=512, rollout_tp=16, util=0.6, token_budget=24000),
 }
@@ -218,14 +222,15 @@ def full_script_overrides(script: FullScript) -> str:
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={script.rollout_tp}",
         "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.gpu_memory_utilization={script.util}",
         "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-        THEN_DEFAULT_EAGER, "algorithm.use_kl_in_reward=False",
+        "algorithm.use_kl_in_reward=False",
         f"trainer.n_gpus_per_node={script.gpus_per_node}", f"trainer.nnodes={script.nodes}",
     ]) + "\n"
 
 
 def full_script_plan(script: FullScript) -> Plan:
     plan = import_verl_script(full_script_overrides(script), gpu=gpu_presets()[script.gpu], host_memory_gib=1024.0,
-                              env={}, local_config_reader=lambda path: None, environment={}).plan
+                              env={}, local_config_reader=lambda path: None, environment={},
+                              versions=FULL_STACKS[script.vllm]).plan
     return plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=GSM8K_PROMPT_MEAN))
 
 

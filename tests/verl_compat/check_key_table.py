@@ -34,9 +34,11 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from rlplan.planner.stack import in_range  # noqa: E402
 from rlplan.planner.verl_import import Override, _overrides_from_file, _overrides_from_script  # noqa: E402
 from rlplan.planner.verl_keys import (  # noqa: E402
     BY_FIELD,
+    BY_KEY,
     KEY_ALIASES,
     RENDER_ALSO,
     REWARD_NAME_KEY,
@@ -133,8 +135,10 @@ def follows_key(interpolation: str, key: str) -> str | None:
     return body
 
 
-def check_keys_and_defaults(config: Any, backend: str = "fsdp") -> list[str]:
-    """The table's entries of one backend (those both share included) against that backend's config."""
+def check_keys_and_defaults(config: Any, version: str, backend: str = "fsdp") -> list[str]:
+    """The table's entries of one backend (those both share included) against that backend's config.
+    `version`: the installed verl's; a key the table dates (VerlKey.since / before) is checked to be there in
+    its range and absent outside it."""
     failures: list[str] = []
     name = "ppo_megatron_trainer" if backend == "megatron" else "ppo_trainer"
     entries = [entry for entry in VERL_KEYS if has_key(entry, backend)]  # type: ignore[arg-type]
@@ -142,8 +146,15 @@ def check_keys_and_defaults(config: Any, backend: str = "fsdp") -> list[str]:
     if backend == "fsdp":
         known += [REWARD_PATH_KEY, REWARD_NAME_KEY, *RENDER_ALSO, *KEY_ALIASES.values()]
     for key in known:
-        if raw_node_value(config, key) is _ABSENT and key not in KEYS_BEYOND_THE_CONFIG:
+        entry = BY_KEY.get(key)
+        dated = entry is not None and (entry.since is not None or entry.before is not None)
+        in_version = entry is None or in_range(version, entry.since, entry.before)
+        absent = raw_node_value(config, key) is _ABSENT and key not in KEYS_BEYOND_THE_CONFIG
+        if absent and in_version:
             failures.append(f"keys: {key} is not in verl's {name} config")
+        elif dated and not absent and not in_version:
+            failures.append(f"keys: {key} is in verl {version}'s config, outside its range in verl_keys.py "
+                            f"(since {entry.since}, before {entry.before})")
     for entry in entries:
         raw = raw_node_value(config, entry.key)
         if raw is _ABSENT:
@@ -286,7 +297,8 @@ def main() -> int:
 
     config, megatron_config = compose_defaults(), compose_defaults("ppo_megatron_trainer")
     OmegaConf.clear_resolvers()  # as_omegaconf_holds resolves only escapes, never a lookup
-    failures = check_keys_and_defaults(config) + check_keys_and_defaults(megatron_config, "megatron")
+    failures = (check_keys_and_defaults(config, verl.__version__)
+                + check_keys_and_defaults(megatron_config, verl.__version__, "megatron"))
     corpus_failures, words = check_corpus()
     failures += corpus_failures
     failures += check_codec(args.examples)

@@ -1,0 +1,270 @@
+"""The Megatron backend's search space: the discrete knobs of a Megatron plan and how a plan takes them.
+
+What `training_choices` is for FSDP, `megatron_choices` is for verl's Megatron workers: every tensor (TP),
+pipeline (PP), context (CP), expert (EP) and expert-tensor (ETP) parallel size the rules allow for the model
+and the world, with the distributed optimizer on, and verl's param / optimizer offload and Megatron's full
+recompute as the memory-saving steps (in the order FSDP's are tried: recompute before offload, as it costs
+compute rather than host traffic). The solver's token-budget and rollout passes price each choice as they
+price an FSDP one (planner/solver.py only dispatches on `SolveRequest.strategy`).
+
+Sizes follow the rules in planner/rules.py (one owner each): TP within a node and dividing the attention and
+KV heads (megatron_heads_divide_tp), TP x PP x CP dividing the world (megatron_world_divides), EP dividing the
+experts and EP x ETP x PP the world (megatron_experts_divide), sequence parallel wherever TP > 1 (required with
+MoE and EP: megatron_moe_tp_needs_sequence_parallel). A layer count no pipeline size divides (DeepSeek-V3's 61)
+is placed unevenly through override_transformer_config's num_layers_in_first / last_pipeline_stage, as verl's
+DeepSeek recipe does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.arch import Architecture
+from rlplan.planner.hardware import Cluster
+from rlplan.planner.memory.megatron import state_on_most_loaded_rank
+from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.plan import LoraConfig, MegatronSection, Plan
+
+# Megatron-Bridge's LoRA target modules (verl's Megatron LoRA examples; rule megatron_lora_targets_megatron_modules).
+BRIDGE_LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+BRIDGE_MLA_LORA_TARGETS = ("linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj",
+                           "linear_proj", "linear_fc1", "linear_fc2")
+# Pipelines deeper than this leave each stage too few layers to hide the bubble (verl's largest recipe,
+# DeepSeek-V3 671B on 256 GPUs, runs PP 16).
+MAX_PIPELINE = 16
+# Context parallelism is tried from this sequence length up (below it a sequence fits a rank's activations).
+CONTEXT_PARALLEL_FROM = 8192
+# (param_offload, optimizer_offload) of verl's Megatron engine, least memory-saving first.
+OFFLOAD_STEPS = ((False, False), (False, True), (True, True))
+# The passthrough keys that place the layers unevenly over the pipeline stages (rules.UNEVEN_PIPELINE_KEYS), per
+# role verl builds with Megatron: (first stage key, last stage key).
+STAGE_KEYS = tuple(
+    tuple(f"++{prefix}.megatron.override_transformer_config.num_layers_in_{end}_pipeline_stage"
+          for end in ("first", "last"))
+    for prefix in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"))
+
+
+@frozen(kw_only=True)
+class MegatronChoice:
+    """The discrete knobs of a Megatron plan's training side (one engine for actor, reference and critic)."""
+
+    lora_rank: int
+    tensor: int
+    pipeline: int
+    context: int
+    expert: int
+    # None: the experts take the dense layers' TP (dense models).
+    expert_tensor: int | None
+    param_offload: bool
+    optimizer_offload: bool
+    # Megatron's full recompute, one layer at a time (uniform): the solver loop's "checkpointing" step.
+    recompute: bool
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.recompute
+
+    @property
+    def resident_key(self) -> tuple:
+        """What the trainer leaves resident between phases (recompute changes only the update's activations)."""
+        return (self.lora_rank, self.tensor, self.pipeline, self.context, self.expert, self.expert_tensor,
+                self.param_offload, self.optimizer_offload)
+
+    @property
+    def savings(self) -> int:
+        return self.param_offload + self.optimizer_offload + self.recompute
+
+    @property
+    def shape_key(self) -> tuple:
+        """The choice without its memory-saving steps: one per parallel layout and LoRA rank."""
+        return (self.lora_rank, self.tensor, self.pipeline, self.context, self.expert, self.expert_tensor)
+
+
+def powers_of_two(limit: int) -> Iterator[int]:
+    value = 1
+    while value <= limit:
+        yield value
+        value *= 2
+
+
+def tensor_options(arch: Architecture, cluster: Cluster) -> list[int]:
+    """TP within a node (its all-reduces need NVLink) dividing the world, the heads and the KV heads."""
+    return [tp for tp in powers_of_two(max(cluster.gpus_per_node, 1))
+            if cluster.world_size % tp == 0 and arch.num_attention_heads % tp == 0
+            and (arch.is_mla or arch.num_kv_heads % tp == 0)]
+
+
+def pipeline_options(arch: Architecture, world: int, tp: int) -> list[int]:
+    """PP dividing the world over TP, up to MAX_PIPELINE stages of at least two layers each."""
+    return [pp for pp in powers_of_two(min(MAX_PIPELINE, arch.num_layers // 2 or 1)) if world % (tp * pp) == 0]
+
+
+def context_options(sequence_len: int, world: int, model_parallel: int) -> list[int]:
+    """CP 1, and for long sequences 2 and 4 where the world still divides."""
+    options = [1]
+    if sequence_len >= CONTEXT_PARALLEL_FROM:
+        options += [cp for cp in (2, 4) if world % (model_parallel * cp) == 0]
+    return options
+
+
+def expert_options(arch: Architecture, world: int, pp: int) -> list[tuple[int, int | None]]:
+    """(EP, ETP): a dense model has none; a MoE model's routed experts over EP (dividing the experts, EP x PP
+    dividing the world) at ETP 1, as verl's MoE examples run them; the two largest EPs (all-to-all within
+    fewer ranks costs memory the search would reject anyway)."""
+    if not arch.is_moe:
+        return [(1, None)]
+    valid = [ep for ep in powers_of_two(arch.num_experts) if arch.num_experts % ep == 0 and world % (ep * pp) == 0]
+    return [(ep, 1) for ep in valid[-2:]]
+
+
+def megatron_choices(arch: Architecture, cluster: Cluster, sequence_len: int,
+                     lora_ranks: Sequence[int]) -> Iterator[MegatronChoice]:
+    """Every Megatron layout the rules allow on this model and world, each with its memory-saving steps."""
+    world = cluster.world_size
+    for rank in lora_ranks:
+        for tp in tensor_options(arch, cluster):
+            for pp in pipeline_options(arch, world, tp):
+                for cp, (ep, etp) in itertools.product(context_options(sequence_len, world, tp * pp),
+                                                       expert_options(arch, world, pp)):
+                    for (param_offload, optimizer_offload), recompute in itertools.product(OFFLOAD_STEPS,
+                                                                                          (False, True)):
+                        yield MegatronChoice(lora_rank=rank, tensor=tp, pipeline=pp, context=cp, expert=ep,
+                                             expert_tensor=etp, param_offload=param_offload,
+                                             optimizer_offload=optimizer_offload, recompute=recompute)
+
+
+# The plan fields a pin may set on a Megatron choice, by dotted key.
+PINNABLE = {
+    "model.lora.rank": "lora_rank",
+    "actor.megatron.tensor_model_parallel_size": "tensor",
+    "actor.megatron.pipeline_model_parallel_size": "pipeline",
+    "actor.megatron.context_parallel_size": "context",
+    "actor.megatron.expert_model_parallel_size": "expert",
+    "actor.megatron.expert_tensor_parallel_size": "expert_tensor",
+    "actor.megatron.param_offload": "param_offload",
+    "actor.megatron.optimizer_offload": "optimizer_offload",
+}
+
+
+def pinned_choices(choices: Sequence[MegatronChoice], pins: dict[str, Any]) -> list[MegatronChoice]:
+    """The choices a pin allows; a pinned size outside the space replaces the space's sizes (the rules judge it)."""
+    kept = list(choices)
+    for key, name in PINNABLE.items():
+        if key in pins:
+            value = pins[key]
+            matching = [c for c in kept if getattr(c, name) == value]
+            kept = matching or list({attrs.evolve(c, **{name: value}) for c in kept})
+    if "actor.megatron.recompute_granularity" in pins:
+        kept = [c for c in kept if c.recompute == (pins["actor.megatron.recompute_granularity"] == "full")]
+    return kept
+
+
+def state_fits(choice: MegatronChoice, arch: Architecture, world: int, limit_bytes: int) -> bool:
+    """Whether the update's weights, gradients and optimizer shard alone (verl loads every offloaded part back
+    for the update) leave room on the GPU: a layout whose state does not fit cannot fit at any token budget,
+    whatever its offload or recompute, and is not priced."""
+    trainable = arch.lora_params(choice.lora_rank) / model_facts(arch).params if choice.lora_rank else 1.0
+    return state_on_most_loaded_rank(arch, engine_for(choice), world, trainable).total < limit_bytes
+
+
+def most_saving_per_shape(choices: Sequence[MegatronChoice]) -> list[MegatronChoice]:
+    """Offload and recompute only ever lower memory: if a layout fits at all, its most saving choice does."""
+    groups: dict[tuple, MegatronChoice] = {}
+    for choice in choices:
+        if choice.shape_key not in groups or choice.savings > groups[choice.shape_key].savings:
+            groups[choice.shape_key] = choice
+    return list(groups.values())
+
+
+def megatron_skeleton(plan: Plan) -> Plan:
+    """A neutral plan made a Megatron one: verl's Megatron workers, none of FSDP's knobs."""
+    return plan.evolve(
+        actor=attrs.evolve(plan.actor, strategy="megatron", megatron=MegatronSection(), ulysses_sequence_parallel_size=1,
+                           fsdp_size=-1, param_offload=False, optimizer_offload=False, offload_policy=False),
+        ref=attrs.evolve(plan.ref, param_offload=False, megatron=None),
+        critic=attrs.evolve(plan.critic, param_offload=False, optimizer_offload=False, offload_policy=False,
+                            ulysses_sequence_parallel_size=1, megatron=None),
+        rollout=attrs.evolve(plan.rollout, layered_summon=False),
+    )
+
+
+def fsdp_skeleton(plan: Plan) -> Plan:
+    """A Megatron plan's workload (a --from plan) made an FSDP2 one: no engine sections, no Megatron-only keys."""
+    passthrough = {key: value for key, value in plan.passthrough.items() if ".megatron." not in key}
+    return plan.evolve(actor=attrs.evolve(plan.actor, strategy="fsdp2", megatron=None),
+                       ref=attrs.evolve(plan.ref, megatron=None), critic=attrs.evolve(plan.critic, megatron=None),
+                       passthrough=passthrough)
+
+
+def uneven_stage_layers(layers: int, pp: int) -> tuple[int, int] | None:
+    """(first, last) stage layers where PP does not divide the layers: the middle stages take ceil(layers / PP),
+    the first and last the rest (the first the larger share: the last also holds the loss head); None when even."""
+    if pp == 1 or layers % pp == 0:
+        return None
+    middle = -(-layers // pp)
+    rest = layers - (pp - 2) * middle
+    if rest < 2:
+        return None
+    return rest - rest // 2, rest // 2
+
+
+def engine_for(choice: MegatronChoice) -> MegatronSection:
+    return MegatronSection(
+        tensor_model_parallel_size=choice.tensor, pipeline_model_parallel_size=choice.pipeline,
+        context_parallel_size=choice.context, expert_model_parallel_size=choice.expert,
+        expert_tensor_parallel_size=choice.expert_tensor, sequence_parallel=choice.tensor > 1,
+        use_distributed_optimizer=True, param_offload=choice.param_offload, optimizer_offload=choice.optimizer_offload,
+        recompute_granularity="full" if choice.recompute else None,
+        recompute_method="uniform" if choice.recompute else None,
+        recompute_num_layers=1 if choice.recompute else None,
+    )
+
+
+def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: Callable[[int], int],
+                          lr_scale: float) -> Plan:
+    """`plan` (a Megatron skeleton) with the choice's engine on actor, reference and critic.
+
+    mini_batch_size: the actor's mini batch for a DP size; lr_scale: the learning rate's factor (LoRA's 10x).
+    """
+    arch = plan.model.arch
+    targets = BRIDGE_MLA_LORA_TARGETS if arch.is_mla else BRIDGE_LORA_TARGETS
+    lora = (LoraConfig(rank=choice.lora_rank, alpha=2 * choice.lora_rank, target_modules=targets)
+            if choice.lora_rank else LoraConfig())
+    model = attrs.evolve(plan.model, lora=lora, gradient_checkpointing=False, activation_offload=False,
+                         use_remove_padding=True)
+    engine = engine_for(choice)
+    dp = engine.data_parallel_size(plan.cluster.world_size)
+    actor = attrs.evolve(plan.actor, megatron=engine, ppo_mini_batch_size=mini_batch_size(dp),
+                         lr=float(f"{plan.actor.lr * lr_scale:.12g}"))
+    # The critic trains the whole model (no LoRA) over the same layout.
+    critic = attrs.evolve(plan.critic, megatron=engine)
+    rollout = attrs.evolve(plan.rollout, sleep_level=1 if choice.lora_rank else 2,
+                           load_format="safetensors" if choice.lora_rank else "dummy")
+    stage_keys = {key for keys in STAGE_KEYS for key in keys}
+    passthrough = {k: v for k, v in plan.passthrough.items() if k not in stage_keys}
+    uneven = uneven_stage_layers(arch.num_layers, choice.pipeline)
+    if uneven is not None:
+        roles = (True, plan.uses_reference and not choice.lora_rank, plan.uses_critic)
+        for (first_key, last_key), built in zip(STAGE_KEYS, roles, strict=True):
+            if built:
+                passthrough.update({first_key: str(uneven[0]), last_key: str(uneven[1])})
+    return plan.evolve(model=model, actor=actor, critic=critic, rollout=rollout, passthrough=passthrough)
+
+
+
+def megatron_choice_text(engine: MegatronSection) -> str:
+    """A layout as the diagnosis names it: "Megatron TP 8 x PP 2 x EP 32, param+optimizer offload, full recompute"."""
+    sizes = [f"TP {engine.tensor_model_parallel_size}", f"PP {engine.pipeline_model_parallel_size}"]
+    sizes += [f"{name} {size}" for name, size in (("CP", engine.context_parallel_size),
+                                                   ("EP", engine.expert_model_parallel_size)) if size > 1]
+    parts = ["Megatron " + " x ".join(sizes)]
+    if engine.param_offload or engine.optimizer_offload:
+        parts.append("param+optimizer offload" if engine.param_offload else "optimizer offload")
+    if engine.recompute_granularity:
+        parts.append(f"{engine.recompute_granularity} recompute")
+    return ", ".join(parts)

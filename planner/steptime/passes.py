@@ -1,0 +1,75 @@
+"""What every training backend's passes share: the step's context (plan, layout, rates, profile, lengths),
+the tokens and micro batches one GPU processes in a pass, the FLOPs per token, and the costs that do not
+depend on how the trainer shards (the fixed cost per micro batch and layer, the entropy over the vocabulary)."""
+
+from __future__ import annotations
+
+import math
+
+from attrs import frozen
+
+from rlplan.planner.layout import PlanLayout, RoleBatchLayout
+from rlplan.planner.memory.model_facts import ModelFacts
+from rlplan.planner.plan import Plan
+from rlplan.planner.profile import Profile
+from rlplan.planner.steptime.lengths import Lengths
+from rlplan.planner.steptime.rates import Rates
+
+
+@frozen(kw_only=True)
+class StepContext:
+    """What pricing one step's phases reads: the plan, its batch layout, the cluster's rates, the profile
+    and the workload's lengths."""
+
+    plan: Plan
+    layout: PlanLayout
+    rates: Rates
+    profile: Profile
+    lengths: Lengths
+
+
+def pass_sequence_length(plan: Plan, lengths: Lengths) -> float:
+    """Tokens per sequence a trainer pass computes: the mean with remove padding, the padded maximum
+    without."""
+    if plan.model.use_remove_padding:
+        return lengths.sequence_mean
+    return float(plan.data.max_sequence_length)
+
+
+def tokens_per_gpu(plan: Plan, role: RoleBatchLayout, lengths: Lengths) -> float:
+    return role.sequences_per_gpu * pass_sequence_length(plan, lengths) / role.sequence_parallel_size
+
+
+def pass_micro_batches(plan: Plan, role: RoleBatchLayout, lengths: Lengths) -> int:
+    """Micro batches one GPU runs in the pass: dynamic batches pack the chunk's real tokens into the
+    budget."""
+    if role.max_token_len_per_gpu is None:
+        return role.micro_batches_per_step
+    chunk_tokens = role.chunk_size * pass_sequence_length(plan, lengths)
+    per_chunk = max(1, math.ceil(chunk_tokens / (role.max_token_len_per_gpu * role.sequence_parallel_size)))
+    return role.mini_batches_per_epoch * per_chunk * role.epochs
+
+
+def training_flops_per_token(plan: Plan, facts: ModelFacts, lengths: Lengths, critic: bool) -> float:
+    """Forward FLOPs per token at the mean causal context of a packed sequence (half its length)."""
+    flops = facts.forward_flops_per_token(pass_sequence_length(plan, lengths) / 2)
+    if critic:
+        # A value head replaces the vocabulary projection.
+        flops -= 2.0 * facts.vocab * facts.hidden
+    return flops
+
+
+def compute_dtype(plan: Plan, critic: bool) -> str:
+    # The reference pass is priced at the actor's dtype: with the default YAML both are bfloat16.
+    return plan.critic.compute_dtype if critic else plan.actor.compute_dtype
+
+
+def fixed_micro_batch_seconds(layers: float, micro_batches: int, profile: Profile, passes: float) -> float:
+    """Python, kernel launches and the trainer's hooks per micro batch and layer one GPU runs; `passes`:
+    1 forward, 3 with backward."""
+    return micro_batches * layers * profile.micro_batch_seconds_per_layer * passes
+
+
+def entropy_seconds(facts: ModelFacts, tokens: float, rates: Rates, profile: Profile) -> float:
+    """verl's old-log-prob pass also computes the entropy: memory-bound passes over fp32 logits."""
+    return tokens * facts.vocab * profile.entropy_bytes_per_token_vocab / rates.hbm

@@ -1,0 +1,158 @@
+"""The rollout's step time: each engine's prefill, its decode at the concurrency the KV cache holds, the
+drain of its longest responses, and the engine's side of the weight sync (docs/steptime.md, "Rollout")."""
+
+from __future__ import annotations
+
+import math
+
+from attrs import frozen
+
+from rlplan.planner.layout import PlanLayout
+from rlplan.planner.memory import MemoryReport
+from rlplan.planner.memory.model_facts import lora_params, model_facts
+from rlplan.planner.plan import Plan
+from rlplan.planner.profile import Profile
+from rlplan.planner.steptime.lengths import Lengths, workload_lengths
+from rlplan.planner.steptime.rates import Rates
+
+# Points of the drain integral (the batch's last sequences finishing): enough for 1 % on smooth tails.
+_DRAIN_POINTS = 48
+
+
+@frozen(kw_only=True)
+class DecodeStep:
+    """What one decode step of one engine costs, as a function of its running sequences and their context."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    hbm: float
+    # Per TP rank: matmul FLOPs per generated token, and attention FLOPs per token of its context.
+    matmul_flops_per_token: float
+    attention_flops_per_context_token: float
+    achieved_flops: float
+    tp_seconds_fixed: float
+    tp_seconds_per_sequence: float
+    host_floor: float
+    host_per_sequence: float
+
+    def seconds(self, running: float, context: float) -> float:
+        if running <= 0:
+            return 0.0
+        memory = (self.weight_bytes + running * context * self.kv_bytes_per_token) / self.hbm
+        per_token = self.matmul_flops_per_token + self.attention_flops_per_context_token * context
+        compute = running * per_token / self.achieved_flops
+        gpu = max(memory, compute) + self.tp_seconds_fixed + running * self.tp_seconds_per_sequence
+        host = self.host_floor + running * self.host_per_sequence
+        # The engine's host work and the GPU's kernels overlap; the slower one sets the pace.
+        return max(gpu, host)
+
+
+def decode_step(plan: Plan, rates: Rates, profile: Profile, hbm: float, flops: float,
+                concurrency: float) -> DecodeStep:
+    """The decode step of one engine of the plan: GPU roofline per TP rank and the engine's host costs."""
+    arch = plan.model.arch
+    facts = model_facts(arch)
+    rollout = plan.rollout
+    t = rollout.tensor_model_parallel_size
+    weight_params = float(facts.params)
+    if facts.routed_expert_params:
+        # Experts no sequence in the batch routed to are not read.
+        untouched = (1.0 - arch.num_experts_per_token / arch.num_experts) ** max(1.0, concurrency)
+        weight_params -= facts.routed_expert_params * untouched
+    eager = rollout.enforce_eager or plan.cluster.gpu.is_cpu
+    tp_fixed = tp_per_sequence = 0.0
+    if t > 1:
+        # Two all-reduces of the running batch's hidden states per layer, each launched from Python when eager.
+        bandwidth = rates.collective(t)
+        latency_us = profile.tp_allreduce_latency_us if eager else profile.tp_allreduce_graph_latency_us
+        tp_fixed = 2 * facts.layers * latency_us * 1e-6
+        hidden_bytes = 2.0 * facts.hidden * rollout.dtype_bytes
+        tp_per_sequence = 2 * facts.layers * hidden_bytes * (t - 1) / t / bandwidth
+    per_layer = profile.decode_eager_seconds_per_layer if eager else profile.decode_graph_seconds_per_layer
+    return DecodeStep(
+        weight_bytes=rollout.dtype_bytes * weight_params / t,
+        kv_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
+        hbm=hbm,
+        matmul_flops_per_token=facts.matmul_flops_per_token / t,
+        attention_flops_per_context_token=facts.attention_flops_per_context_token / t,
+        achieved_flops=flops,
+        tp_seconds_fixed=tp_fixed,
+        tp_seconds_per_sequence=tp_per_sequence,
+        host_floor=profile.decode_step_floor_s + per_layer * facts.layers,
+        host_per_sequence=profile.decode_seconds_per_sequence,
+    )
+
+
+def _drain_seconds(step: DecodeStep, lengths: Lengths, running: float, longest: float,
+                   kv_tokens: float) -> float:
+    """`running` sequences started together, each ending at its own length: the step shrinks as they finish.
+
+    Integrates the step time over decode positions 0..longest, with the survivors' count and context.
+    Where the survivors' KV outgrows the cache, vLLM runs only what it holds and preempts the rest, which
+    wait and recompute: that stretch takes survivors / held steps per position.
+    """
+    if running <= 0 or longest <= 0:
+        return 0.0
+    seconds = 0.0
+    previous = 0.0
+    for i in range(1, _DRAIN_POINTS + 1):
+        # Denser near the start, where the batch is largest and shrinks fastest.
+        position = longest * (i / _DRAIN_POINTS) ** 2
+        middle = (previous + position) / 2
+        context = lengths.prompt_mean + middle
+        survivors = max(running * lengths.survival(middle), 1.0)
+        held = max(1.0, min(survivors, kv_tokens / context))
+        seconds += (position - previous) * survivors / held * step.seconds(held, context)
+        previous = position
+    return seconds
+
+
+def rollout_concurrency(plan: Plan, memory: MemoryReport, lengths: Lengths, sequences: float) -> float:
+    """Sequences one engine runs at once: max_num_seqs, the batch, or what its KV cache holds at the
+    lengths."""
+    in_flight = lengths.prompt_mean + lengths.running_response
+    kv_held = memory.rollout.usable_kv_cache_tokens / max(1.0, in_flight)
+    return max(1.0, min(float(plan.rollout.max_num_seqs), kv_held, math.ceil(sequences)))
+
+
+def rollout_seconds(plan: Plan, memory: MemoryReport, rates: Rates, profile: Profile, layout: PlanLayout,
+                    lengths: Lengths | None = None) -> float:
+    """Prefill at FLOPs, a full-concurrency phase while the queue lasts, then the drain to the longest
+    response."""
+    lengths = lengths or workload_lengths(plan, profile)
+    facts = model_facts(plan.model.arch)
+    rollout = plan.rollout
+    t = rollout.tensor_model_parallel_size
+    prefill_flops, decode_flops, hbm = rates.prefill_flops, rates.decode_flops, rates.hbm
+    if layout.parallel.one_rollout_engine:
+        # The one engine generates while the trainer ranks wait: every rank's share of cores and bandwidth.
+        share = rates.gpus_per_node
+        prefill_flops, decode_flops, hbm = prefill_flops * share, decode_flops * share, hbm * share
+    sequences = layout.sequences_per_rollout_engine
+    prompts = layout.prompts_per_rollout_engine if rollout.enable_prefix_caching else sequences
+    prefill = (prompts * lengths.prompt_mean * facts.forward_flops_per_token(lengths.prompt_mean / 2)
+               / (t * prefill_flops))
+
+    concurrency = rollout_concurrency(plan, memory, lengths, sequences)
+    step = decode_step(plan, rates, profile, hbm, decode_flops, concurrency)
+    queued = max(0.0, sequences - concurrency)
+    # While sequences wait, the engine runs full: each finishing sequence is replaced at once.
+    full = queued * lengths.response_mean / concurrency * step.seconds(
+        concurrency, lengths.prompt_mean + lengths.running_response)
+    drain = _drain_seconds(step, lengths, min(concurrency, sequences), lengths.longest_of(sequences),
+                           float(memory.rollout.usable_kv_cache_tokens))
+    return prefill + full + drain
+
+
+def engine_weight_load_seconds(plan: Plan, rates: Rates) -> float:
+    """The engine's side of the weight sync: copy the gathered weights (or the adapter) into its TP shards,
+    and under sleep level 1 move its weights to host at sleep and back at wake over PCIe."""
+    facts = model_facts(plan.model.arch)
+    rollout = plan.rollout
+    t = rollout.tensor_model_parallel_size
+    n_lora = lora_params(plan)
+    seconds = rollout.dtype_bytes * (n_lora or facts.params) / t / rates.hbm
+    if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
+        # Level 1 copies vLLM's weights to host at sleep and back at wake.
+        seconds += 2.0 * rollout.dtype_bytes * (facts.params + n_lora) / t / rates.pcie
+    return seconds

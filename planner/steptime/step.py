@@ -1,0 +1,79 @@
+"""One step's seconds per phase: the rollout priced here, every trainer pass through the plan's training
+backend (steptime.backend), and the same under verl's `timing_s/*` keys."""
+
+from __future__ import annotations
+
+import attrs
+from attrs import frozen
+
+from rlplan.planner.layout import PlanLayout, plan_layout, reuses_update_log_probs
+from rlplan.planner.memory import MemoryReport
+from rlplan.planner.phases import Phase
+from rlplan.planner.plan import Plan
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.steptime.backend import trainer_timing
+from rlplan.planner.steptime.lengths import workload_lengths
+from rlplan.planner.steptime.passes import StepContext
+from rlplan.planner.steptime.rates import Rates
+from rlplan.planner.steptime.rollout import engine_weight_load_seconds, rollout_seconds
+
+
+@frozen
+class StepTime:
+    phase_seconds: dict[str, float] = attrs.field(factory=dict)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.phase_seconds.values())
+
+
+def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAULT_PROFILE,
+                      layout: PlanLayout | None = None) -> StepTime:
+    """Seconds of each phase of one step of `plan` at its expected lengths (keys: Phase names, "offload")."""
+    layout = layout or plan_layout(plan)
+    rates = Rates(plan, profile)
+    lengths = workload_lengths(plan, profile)
+    ctx = StepContext(plan=plan, layout=layout, rates=rates, profile=profile, lengths=lengths)
+    trainer = trainer_timing(plan)
+    # Phases by name, plus "offload" (verl's between-phase moves, which belong to no one phase).
+    phases: dict[str, float] = {
+        Phase.WEIGHT_SYNC: trainer.weight_sync_gather_seconds(ctx) + engine_weight_load_seconds(plan, rates),
+        Phase.ROLLOUT: rollout_seconds(plan, memory, rates, profile, layout, lengths),
+    }
+    # Only rlplan's runtime runs a CPU plan, and it skips the pass on-policy; verl runs it on GPUs regardless.
+    if not (plan.cluster.gpu.is_cpu and reuses_update_log_probs(plan, layout)):
+        phases[Phase.OLD_LOG_PROB] = trainer.forward_seconds(ctx, layout.old_log_prob, critic=False, entropy=True)
+    if layout.ref_log_prob is not None:
+        phases[Phase.REF_LOG_PROB] = trainer.forward_seconds(ctx, layout.ref_log_prob, critic=False, entropy=False)
+    if layout.critic_values is not None and layout.critic_update is not None:
+        phases[Phase.CRITIC_VALUES] = trainer.forward_seconds(ctx, layout.critic_values, critic=True, entropy=False)
+        phases[Phase.CRITIC_UPDATE] = trainer.update_seconds(ctx, layout.critic_update, critic=True)
+    phases[Phase.ACTOR_UPDATE] = trainer.update_seconds(ctx, layout.actor_update, critic=False)
+    phases["offload"] = trainer.offload_seconds(ctx)
+    return StepTime(phases)
+
+
+# verl's `timing_s/<key>` each phase falls under: gen times the weight sync and sleep/wake beside generation
+# (in the versions of the published runs), and the actor's loads and offloads run inside its worker calls,
+# of which the update moves the most.
+VERL_TIMING_OF_PHASE: dict[str, str] = {
+    Phase.ROLLOUT: "gen",
+    Phase.WEIGHT_SYNC: "gen",
+    Phase.OLD_LOG_PROB: "old_log_prob",
+    Phase.REF_LOG_PROB: "ref",
+    Phase.CRITIC_VALUES: "values",
+    Phase.CRITIC_UPDATE: "update_critic",
+    Phase.ACTOR_UPDATE: "update_actor",
+    "offload": "update_actor",
+}
+
+
+def verl_timing_seconds(step: StepTime) -> dict[str, float]:
+    """Predicted seconds under verl's `timing_s/*` keys (gen, old_log_prob, ref, values, update_critic,
+    update_actor) and `step`, their sum: what a verl console log prints to compare with."""
+    timings: dict[str, float] = {}
+    for phase, seconds in step.phase_seconds.items():
+        key = VERL_TIMING_OF_PHASE.get(str(phase), str(phase))
+        timings[key] = timings.get(key, 0.0) + seconds
+    timings["step"] = step.total_seconds
+    return timings

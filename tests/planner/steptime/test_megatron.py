@@ -1,0 +1,153 @@
+"""Megatron's step time (planner/steptime/megatron.py): the pipeline bubble, TP's collectives, expert
+parallelism's all-to-alls, context parallelism's ring, the distributed optimizer and recompute, each as the
+formula says, and a Megatron plan priced through them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.plan import MegatronSection
+from rlplan.planner.presets import resolve_model
+from rlplan.planner.profile import DEFAULT_PROFILE
+from rlplan.planner.steptime import predict_step_time
+from rlplan.planner.steptime.megatron import (
+    context_parallel_ring_seconds,
+    expert_all_to_all_seconds,
+    gradient_sync_seconds,
+    pipeline_bubble_fraction,
+    recomputed_forward_fraction,
+    tensor_parallel_seconds,
+    weight_sync_gather_seconds,
+)
+from rlplan.planner.steptime.rates import Rates
+from tests.planner.plans import QWEN25_7B, make_plan
+
+QWEN3_MOE = resolve_model("qwen3-30b-a3b").arch
+BANDWIDTH = 100e9
+
+
+def megatron_plan(arch=QWEN3_MOE, gpus: int = 8, **knobs):
+    return apply_knobs(make_plan(arch, gpus=gpus, overrides={"actor.strategy": "megatron"}), knobs)
+
+
+def step_seconds(plan) -> dict[str, float]:
+    return {str(phase): seconds for phase, seconds in predict_step_time(plan, predict_memory(plan)).phase_seconds.items()}
+
+
+@given(pp=st.integers(1, 16), vpp=st.integers(1, 8), micro_batches=st.integers(1, 512))
+def test_the_bubble_shrinks_with_micro_batches_and_virtual_stages(pp, vpp, micro_batches):
+    """Invariant: the 1F1B bubble is (PP-1)/(VPP m + PP-1): none without a pipeline, under 1 with one, and never
+    larger with more micro batches per schedule or more model chunks per stage."""
+    bubble = pipeline_bubble_fraction(pp, vpp, micro_batches)
+    assert (bubble == 0.0) if pp == 1 else (0.0 < bubble < 1.0)
+    assert pipeline_bubble_fraction(pp, vpp, micro_batches + 1) <= bubble
+    assert pipeline_bubble_fraction(pp, vpp + 1, micro_batches) <= bubble
+    assert math.isclose(pipeline_bubble_fraction(pp, vpp, micro_batches), (pp - 1) / (vpp * micro_batches + pp - 1))
+
+
+def test_expert_all_to_alls_grow_with_ep_and_jump_when_the_group_leaves_the_node():
+    rates = Rates(make_plan(gpus=32), DEFAULT_PROFILE)
+    assert rates.collective(16) < rates.collective(8)  # the network is slower than NVLink
+
+    def seconds(ep: int) -> float:
+        return expert_all_to_all_seconds(4096, 2048, 8, 48, ep, rates.collective(ep))
+
+    assert seconds(1) == 0.0
+    within = [seconds(ep) for ep in (2, 4, 8)]
+    assert within == sorted(within) and within[0] > 0
+    # Across nodes the (EP-1)/EP share barely grows, the bandwidth falls: the step is the network's.
+    assert seconds(16) / seconds(8) > (15 / 16) / (7 / 8) * 1.5
+    # Dispatch and combine, each the token copies x (EP-1)/EP, per MoE layer.
+    assert seconds(8) == pytest.approx(2 * 48 * 4096 * 8 * 2048 * 2 * 7 / 8 / rates.collective(8))
+
+
+def test_tensor_parallel_collectives_are_two_all_reduces_per_layer_and_none_at_tp_1():
+    assert tensor_parallel_seconds(4096, 4096, 32, 1, BANDWIDTH) == 0.0
+    # An all-reduce (or sequence parallel's all-gather + reduce-scatter) moves 2 (TP-1)/TP of the activations.
+    expected = 2 * 32 * 2 * 4096 * 4096 * 2 * (3 / 4) / BANDWIDTH
+    assert tensor_parallel_seconds(4096, 4096, 32, 4, BANDWIDTH) == pytest.approx(expected)
+    assert tensor_parallel_seconds(4096, 4096, 32, 8, BANDWIDTH) > tensor_parallel_seconds(4096, 4096, 32, 2, BANDWIDTH)
+
+
+def test_context_parallel_ring_sends_kv_cp_minus_1_times_per_layer():
+    assert context_parallel_ring_seconds(8192, 1024, 32, 1, BANDWIDTH) == 0.0
+    assert context_parallel_ring_seconds(8192, 1024, 32, 4, BANDWIDTH) == pytest.approx(
+        32 * 3 * 8192 * 2 * 1024 * 2 / BANDWIDTH)
+
+
+def test_the_distributed_optimizer_moves_fewer_bytes_than_an_all_reduce_and_nothing_without_dp():
+    distributed = gradient_sync_seconds(1e9, 8, BANDWIDTH, distributed_optimizer=True)
+    all_reduce = gradient_sync_seconds(1e9, 8, BANDWIDTH, distributed_optimizer=False)
+    # fp32 reduce-scatter + bf16 all-gather (6 bytes) against an fp32 all-reduce (8 bytes), x (DP-1)/DP.
+    assert distributed == pytest.approx(6e9 * 7 / 8 / BANDWIDTH)
+    assert all_reduce == pytest.approx(8e9 * 7 / 8 / BANDWIDTH)
+    assert gradient_sync_seconds(1e9, 1, BANDWIDTH, distributed_optimizer=True) == 0.0
+
+
+def test_recompute_repeats_the_whole_forward_a_block_of_it_or_only_the_attention_core():
+    facts = model_facts(QWEN25_7B)  # 28 layers
+    full = MegatronSection(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    block = MegatronSection(pipeline_model_parallel_size=2, recompute_granularity="full", recompute_method="block",
+                            recompute_num_layers=7)
+    selective = MegatronSection(recompute_granularity="selective")
+    assert recomputed_forward_fraction(MegatronSection(), facts, 1024) == 0.0
+    assert recomputed_forward_fraction(full, facts, 1024) == 1.0
+    assert recomputed_forward_fraction(block, facts, 1024) == pytest.approx(7 / 14)
+    assert 0.0 < recomputed_forward_fraction(selective, facts, 1024) < recomputed_forward_fraction(selective, facts,
+                                                                                                   8192) < 1.0
+
+
+def test_a_megatron_plan_prices_every_phase_and_full_recompute_slows_its_update():
+    plan = megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
+    phases = step_seconds(plan)
+    assert set(phases) >= {"weight_sync", "rollout", "old_log_prob", "actor_update", "offload"}
+    assert all(math.isfinite(seconds) and seconds >= 0 for seconds in phases.values())
+    assert phases["actor_update"] > 0 and phases["old_log_prob"] > 0 and phases["offload"] == 0.0
+    # One knob at a time: the method and the layer count before the granularity that needs them.
+    recompute = apply_knobs(plan, {"actor.megatron.recompute_method": "uniform",
+                                   "actor.megatron.recompute_num_layers": 1,
+                                   "actor.megatron.recompute_granularity": "full"})
+    assert step_seconds(recompute)["actor_update"] > phases["actor_update"]
+
+
+def test_expert_parallelism_across_nodes_slows_the_log_prob_pass_its_all_to_alls_cross():
+    """A forward's only EP cost is its all-to-alls (an update's also shrinks the experts' gradient sync and
+    optimizer shard, so EP 16 may still win it): on 2 nodes EP 16 sends them over the network."""
+    within = megatron_plan(gpus=16, **{"actor.megatron.expert_model_parallel_size": 8})
+    across = megatron_plan(gpus=16, **{"actor.megatron.expert_model_parallel_size": 16})
+    assert step_seconds(across)["old_log_prob"] > 2 * step_seconds(within)["old_log_prob"]
+
+
+def test_the_weight_sync_gathers_tp_ep_and_pp_shards_and_an_unmerged_adapter_alone():
+    plan = megatron_plan(QWEN25_7B, **{"actor.megatron.tensor_model_parallel_size": 2})
+    rates = Rates(plan, DEFAULT_PROFILE)
+    piped = apply_knobs(plan, {"actor.megatron.pipeline_model_parallel_size": 2})
+    assert weight_sync_gather_seconds(piped, Rates(piped, DEFAULT_PROFILE)) > weight_sync_gather_seconds(plan, rates)
+    assert weight_sync_gather_seconds(megatron_plan(QWEN25_7B), rates) == 0.0  # TP 1, PP 1: every rank has it all
+    adapter = apply_knobs(plan, {"model.lora.rank": 32})
+    assert 0 < weight_sync_gather_seconds(adapter, rates) < weight_sync_gather_seconds(plan, rates)
+
+
+def test_megatrons_offload_moves_the_state_over_pcie_between_phases():
+    plan = megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
+    offloaded = apply_knobs(plan, {"actor.megatron.param_offload": True, "actor.megatron.optimizer_offload": True})
+    assert step_seconds(offloaded)["offload"] > 0.0
+
+
+def test_megatron_bridge_lora_with_megatrons_module_names_trains_only_its_adapter():
+    """The adapter named by Megatron's linear_qkv / linear_proj / linear_fc1 / linear_fc2 (verl's Megatron LoRA
+    examples) is a fraction of the model: a frozen base's backward and a sync of the adapter alone."""
+    plan = megatron_plan(QWEN25_7B, **{"actor.megatron.tensor_model_parallel_size": 2, "model.lora.rank": 32,
+                                       "model.lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1",
+                                                                     "linear_fc2"]})
+    full = apply_knobs(plan, {"model.lora.rank": 0})
+    assert step_seconds(plan)["actor_update"] < step_seconds(full)["actor_update"]
+    rates = Rates(plan, DEFAULT_PROFILE)
+    assert 0 < weight_sync_gather_seconds(plan, rates) < weight_sync_gather_seconds(full, rates)

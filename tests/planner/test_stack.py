@@ -1,0 +1,171 @@
+"""The target stack (planner/stack.py): versions, the default stack, version-dependent defaults, rules and keys."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from rlplan.planner.cli import app
+from rlplan.planner.errors import PlanError
+from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.planfile import plan_from_toml, plan_to_toml
+from rlplan.planner.presets import resolve_gpu
+from rlplan.planner.render import render_plan
+from rlplan.planner.rules import RULES, check_plan
+from rlplan.planner.stack import (
+    BEHAVIOURS,
+    DEFAULT_STACK,
+    DEFAULT_VERL,
+    ENGINE_WORKER,
+    StackSection,
+    holds,
+    parse_version,
+    stack_defaults,
+)
+from rlplan.planner.verl_import import import_verl_script
+from tests.planner.plans import make_plan
+
+runner = CliRunner()
+H100 = resolve_gpu("h100-80g")
+MINIMAL = "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\nactor_rollout_ref.rollout.name=vllm\n"
+
+
+def load(text: str, versions=(None, None, None)):
+    return import_verl_script(text, gpu=H100, host_memory_gib=512.0, env={}, local_config_reader=lambda path: None,
+                              environment={}, versions=versions)
+
+
+@pytest.mark.parametrize(("text", "release"), [("0.4.1", (0, 4, 1)), ("v0.3.0.post1", (0, 3, 0)),
+                                               ("0.8.0.dev", (0, 8, 0)), ("0.5.0rc1", (0, 5, 0)),
+                                               ("0.11.1+cu128", (0, 11, 1)), ("1", (1, 0, 0))])
+def test_versions_parse_to_their_release(text, release):
+    assert parse_version(text) == release
+
+
+@pytest.mark.parametrize("text", ["", "latest", "0.x", "0.4.1.2.3", "..."])
+def test_a_bad_version_is_an_error_naming_the_field(text):
+    with pytest.raises(PlanError) as raised:
+        StackSection(verl=text)
+    assert raised.value.field == "stack.verl"
+
+
+@given(st.tuples(*(st.integers(0, 30),) * 3), st.tuples(*(st.integers(0, 30),) * 3))
+def test_version_order_is_the_order_of_release_numbers(a, b):
+    """Invariant: comparing parsed versions is comparing their (major, minor, patch) tuples."""
+    text_a, text_b = ".".join(map(str, a)), ".".join(map(str, b))
+    assert (parse_version(text_a) < parse_version(text_b)) == (a < b)
+
+
+def test_the_plan_names_a_version_only_for_its_own_rollout_engine():
+    plan = make_plan()
+    plan.evolve(stack=StackSection(vllm="0.8.3"))
+    with pytest.raises(PlanError) as raised:
+        plan.evolve(stack=StackSection(sglang="0.4.6"))
+    assert raised.value.field == "stack.sglang"
+
+
+def test_the_stack_round_trips_through_plan_toml_and_a_file_without_it_gets_the_default():
+    plan = make_plan().evolve(stack=StackSection(verl="0.4.0", vllm="0.8.3"))
+    text = plan_to_toml(plan)
+    assert '[stack]\nverl = "0.4.0"\nvllm = "0.8.3"' in text
+    assert plan_from_toml(text).stack == plan.stack
+    without = text.replace('[stack]\nverl = "0.4.0"\nvllm = "0.8.3"\n', "")
+    assert plan_from_toml(without).stack == DEFAULT_STACK
+
+
+def test_every_behaviour_names_its_code_path_and_a_range():
+    for behaviour in BEHAVIOURS:
+        assert behaviour.code_path and (behaviour.since or behaviour.before), behaviour.name
+
+
+def test_the_default_stack_has_verl_09s_defaults():
+    assert stack_defaults(DEFAULT_STACK) == {}
+
+
+@pytest.mark.parametrize(("verl", "expected"), [
+    ("0.3.0.post1", {"actor.entropy_coeff": 0.001, "rollout.enforce_eager": True,
+                     "rollout.multi_stage_wake_up": False}),
+    ("0.4.0", {"rollout.enforce_eager": True, "rollout.multi_stage_wake_up": False}),
+    ("0.5.0", {"rollout.enforce_eager": True}),
+    ("0.6.0", {}),
+])
+def test_old_verls_defaults_are_what_their_yaml_said(verl, expected):
+    assert stack_defaults(StackSection(verl=verl)) == expected
+
+
+def test_import_fills_omitted_keys_with_the_target_verls_defaults_and_keeps_the_scripts_own():
+    old = load(MINIMAL, versions=("0.3.0.post1", None, None)).plan
+    assert old.stack.verl == "0.3.0.post1"
+    assert old.actor.entropy_coeff == 0.001 and old.rollout.enforce_eager and not old.rollout.multi_stage_wake_up
+    pinned = load(MINIMAL + "actor_rollout_ref.actor.entropy_coeff=0\n", versions=("0.3.0.post1", None, None)).plan
+    assert pinned.actor.entropy_coeff == 0.0
+    assert load(MINIMAL).plan.stack == DEFAULT_STACK and not load(MINIMAL).plan.rollout.enforce_eager
+
+
+def test_import_infers_vllms_v0_era_from_the_xformers_backend_and_says_so():
+    result = load("export VLLM_ATTENTION_BACKEND=XFORMERS\npython3 -m verl.trainer.main_ppo "
+                  + MINIMAL.replace("\n", " "))
+    assert result.plan.stack.vllm == "0.8.5" and result.plan.stack.verl == DEFAULT_VERL
+    assert any("VLLM_ATTENTION_BACKEND=XFORMERS" in warning for warning in result.warnings)
+
+
+def test_import_infers_the_newest_verl_a_removed_key_allows_and_a_flag_overrules_it():
+    text = MINIMAL + "actor_rollout_ref.rollout.mode=sync\n"
+    result = load(text)
+    assert result.plan.stack.verl == "0.6.1"
+    assert any("rollout.mode=sync" in warning and "0.6.1" in warning for warning in result.warnings)
+    assert load(text, versions=("0.5.0", None, None)).plan.stack.verl == "0.5.0"
+
+
+def test_import_infers_nothing_from_keys_every_version_has():
+    assert load(MINIMAL + "actor_rollout_ref.rollout.multi_stage_wake_up=true\n").plan.stack == DEFAULT_STACK
+
+
+def test_engine_worker_rule_applies_only_on_stacks_with_the_engine_worker():
+    applies = {rule.name: rule.applies for rule in RULES}
+    assert applies["dynamic_bsz_flags_agree"] is ENGINE_WORKER
+    mixed = apply_knobs(make_plan(), {"actor.use_dynamic_bsz": True, "rollout.log_prob_use_dynamic_bsz": False})
+    refused = {v.rule for v in check_plan(mixed).errors}
+    assert "dynamic_bsz_flags_agree" in refused
+    legacy = mixed.evolve(stack=StackSection(verl="0.7.1"))
+    assert not holds(ENGINE_WORKER, legacy.stack)
+    assert "dynamic_bsz_flags_agree" not in {v.rule for v in check_plan(legacy).errors}
+    assert "dynamic_bsz_flags_agree" in {v.rule for v in check_plan(legacy.evolve(
+        stack=StackSection(verl="0.8.0"))).errors}
+
+
+def test_render_leaves_out_a_key_the_target_verl_lacks_when_the_plan_asks_for_its_behaviour():
+    plan = attrs.evolve(make_plan(), stack=StackSection(verl="0.4.0"))
+    plan = apply_knobs(plan.evolve(model=attrs.evolve(plan.model, path="Qwen/Qwen2.5-7B-Instruct")),
+                       {"rollout.multi_stage_wake_up": False})
+    overrides = render_plan(plan, "verl", "overrides")
+    assert "multi_stage_wake_up" not in overrides and "entropy_checkpointing" not in overrides
+    assert "layered_summon" in overrides  # verl 0.4.0 has it
+
+
+def test_render_refuses_by_name_a_key_the_target_verl_lacks_when_the_plan_changes_it():
+    plan = make_plan(overrides={"actor.entropy_checkpointing": True})
+    plan = plan.evolve(model=attrs.evolve(plan.model, path="Qwen/Qwen2.5-7B-Instruct"),
+                       stack=StackSection(verl="0.4.0"))
+    with pytest.raises(PlanError) as raised:
+        render_plan(plan, "verl", "overrides")
+    assert raised.value.field == "actor.entropy_checkpointing" and "0.4.1" in raised.value.message
+
+
+def test_version_flags_reach_validate_and_solve_json(tmp_path):
+    path = tmp_path / "plan.toml"
+    path.write_text(plan_to_toml(make_plan()))
+    result = runner.invoke(app, ["validate", str(path), "--json", "--verl-version", "0.4.0", "--vllm-version", "0.8.3"])
+    assert json.loads(result.output)["stack"] == {"verl": "0.4.0", "vllm": "0.8.3"}
+    bad = runner.invoke(app, ["validate", str(path), "--json", "--verl-version", "newest"])
+    assert bad.exit_code == 2 and json.loads(bad.output)["error"]["field"] == "--verl-version"
+    solved = runner.invoke(app, ["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len",
+                                 "512", "--response-len", "1024", "--verl-version", "0.3.0.post1", "--json"])
+    payload = json.loads(solved.output)
+    assert payload["stack"]["verl"] == "0.3.0.post1"
+    assert payload["plan"]["actor"]["entropy_coeff"] == 0.001 and payload["plan"]["rollout"]["enforce_eager"]
