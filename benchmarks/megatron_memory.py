@@ -123,18 +123,17 @@ def section() -> str:
         "the optimizer on the CPU) prices its update above the H20's 96 GB, term by term from the code: bf16 "
         "weights 9.6 GiB and fp32 grads 19.2 GiB (5.16 B parameters per rank: 1.54 B dense + 29.0 B experts / EP "
         "8; verl's DDP config sets grad_reduce_in_fp32 and loads the grad buffer back before the update; the "
-        "precision-aware CPU optimizer keeps master weights and moments on the host), layer activations 48.0 GiB "
+        "precision-aware CPU optimizer keeps master weights and moments on the host), layer activations 56.0 GiB "
         "(per token per layer: 8 routed copies x (fc1's saved input 2 h, the fc1 output weighted SwiGLU saves "
-        "4 f, fc2's saved input 2 f) = 68 KiB, attention 18 KiB, norms' and linears' inputs 16 KiB, fp32 router "
-        "scores 0.5 KiB), the loss head 11.6 GiB (Megatron's fp32 vocab-parallel logits, then the backward of "
-        "verl's in-place temperature division on the logits' transposed view: 8 bytes per token x vocab), one "
-        "layer's backward workspace 1.0 GiB, the 8 % allocator reserve 7.2 GiB and 2.5 GiB of contexts: 99.2 "
-        "GiB. More nodes do not lower it: EP stays 8, the token budget is per GPU and the optimizer is on the "
-        "host, so 1 to 4 nodes price the same. The term the run may spend less on is the allocator reserve "
-        "(92.0 GiB without it, under 95 GiB); one it may spend more on is attention (the rotary Q and K are new "
-        "tensors beside the fused QKV output, which V's view may keep alive: up to 2 (q + kv) bytes per token "
-        "per layer, 4.2 GiB here, not priced). No measurement of that run is at hand, so the row stands as a "
-        "prediction, not a validation.", "",
+        "4 f, fc2's saved input 2 f) = 68 KiB; attention 35 KiB, with Qwen3's QK norms saving the query's copy "
+        "and the fused QKV output beside the rotary Q and K core attention saves; the norms' and linears' inputs "
+        "16 KiB; fp32 router scores 0.5 KiB; no dropout masks at hidden_dropout 0), the loss head 11.6 GiB "
+        "(Megatron's fp32 vocab-parallel logits, then the backward of verl's in-place temperature division on "
+        "the logits' transposed view: 8 bytes per token x vocab), one layer's backward workspace 1.2 GiB, the "
+        "8 % allocator reserve 7.8 GiB and 2.5 GiB of contexts: 108.0 GiB, 100.2 GiB without the reserve. More "
+        "nodes do not lower it: EP stays 8, the token budget is per GPU and the optimizer is on the host, so 1 "
+        "to 4 nodes price the same. Against the script's 'tested on 1-4 nodes of 96G H20' this stays open: no "
+        "measurement of that run is at hand, so the row is a prediction, not a validation.", "",
         *verl_run_rows(),
     ]) + "\n"
 

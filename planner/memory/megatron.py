@@ -144,6 +144,12 @@ def layer_activation_bytes_per_token(arch: Architecture, *, moe: bool, tp: int, 
     masks = 2 * h if dropout_masks else 0  # the masks after attention and after the MLP, a byte per element
     replicated = 2 * h + 2 * h + 2 * h + 2 * h + masks  # LN1 in, QKV in, LN2 in, fc1 in, the dropout masks
     attention = 2 * (arch.q_width + 2 * arch.kv_width) + 2 * arch.q_width
+    if arch.qk_norm:
+        # Megatron's SelfAttention.get_query_key_value_tensors splits the fused QKV output into views; the
+        # query's reshape to [tokens, heads, head_dim] copies it (2 q), and q_layernorm / k_layernorm (TENorm:
+        # TE's RMSNorm saves its input) keep that copy and the key view (so the whole QKV output); the normed
+        # Q and K then pass rotary embedding into new tensors core attention saves (2 q + 2 kv).
+        attention += 2 * arch.q_width + 2 * (arch.q_width + arch.kv_width)
     # rlplan's architectures are gated (SwiGLU: arch.dense_mlp_params = 3 h I); ungated is Megatron's estimate.
     gate = 2 if gated else 1
     if moe:

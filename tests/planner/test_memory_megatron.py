@@ -186,15 +186,21 @@ def test_verls_megatron_lora_example_fits_on_the_h100s_it_names_and_the_dense_ex
 
 def test_a_qwen3_moe_layer_saves_what_megatrons_code_saves_and_verl_saves_no_dropout_masks():
     """Per token, a Qwen3-30B-A3B layer at TP 1 / ETP 1: 8 routed copies x (grouped fc1's saved input 2 h,
-    the fc1 output weighted SwiGLU saves 4 f, fc2's saved input 2 f), attention (QKV out, core output), the
-    norms' and linears' inputs (8 h) and fp32 router scores; verl's hidden_dropout 0 saves no masks (2 h)."""
+    the fc1 output weighted SwiGLU saves 4 f, fc2's saved input 2 f), attention (QKV out, core output, and
+    under QK norm the query's copy and the rotary Q and K), the norms' and linears' inputs (8 h) and fp32 router
+    scores; verl's hidden_dropout 0 saves no masks (2 h)."""
     h, f = QWEN3_MOE.hidden_size, QWEN3_MOE.moe_intermediate_size
     verl = layer_activation_bytes_per_token(QWEN3_MOE, moe=True, tp=1, etp=1, sequence_parallel=False,
                                             dropout_masks=False)
-    attention = 2 * (QWEN3_MOE.q_width + 2 * QWEN3_MOE.kv_width) + 2 * QWEN3_MOE.q_width
-    assert verl == 8 * (2 * h + 4 * f + 2 * f) + attention + 8 * h + 4 * QWEN3_MOE.num_experts == 104_960
+    q, kv = QWEN3_MOE.q_width, QWEN3_MOE.kv_width
+    # QKV output and core output, then the QK norms' query copy and the rotary Q and K core attention saves
+    attention = 2 * (q + 2 * kv) + 2 * q + 2 * q + 2 * (q + kv)
+    assert verl == 8 * (2 * h + 4 * f + 2 * f) + attention + 8 * h + 4 * QWEN3_MOE.num_experts == 122_368
     with_masks = layer_activation_bytes_per_token(QWEN3_MOE, moe=True, tp=1, etp=1, sequence_parallel=False)
     assert with_masks - verl == 2 * h
+    no_qk_norm = layer_activation_bytes_per_token(attrs.evolve(QWEN3_MOE, qk_norm=False), moe=True, tp=1, etp=1,
+                                                  sequence_parallel=False, dropout_masks=False)
+    assert verl - no_qk_norm == 4 * q + 2 * kv
 
 
 def _moe_full_example(nodes: int):
