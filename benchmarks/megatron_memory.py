@@ -19,7 +19,11 @@ import attrs
 
 from rlplan.planner.arch import Architecture
 from rlplan.planner.memory import predict_memory
-from rlplan.planner.memory.megatron import stage_activations, state_on_most_loaded_rank
+from rlplan.planner.memory.megatron import (
+    VERL_SAVES_DROPOUT_MASKS,
+    stage_activations,
+    state_on_most_loaded_rank,
+)
 from rlplan.planner.plan import MegatronSection
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.verl_import import import_verl_script
@@ -71,8 +75,8 @@ def estimate_rows() -> list[str]:
                                           micro_batches=micro_batches)
         ungated = stage_activations(mha, engine, tokens_per_micro_batch=SEQ * MICRO, micro_batches=micro_batches,
                                     gated=False).first
-        gated = stage_activations(arch, engine, tokens_per_micro_batch=SEQ * MICRO,
-                                  micro_batches=micro_batches).peak
+        gated = stage_activations(arch, engine, tokens_per_micro_batch=SEQ * MICRO, micro_batches=micro_batches,
+                                  dropout_masks=VERL_SAVES_DROPOUT_MASKS).peak
         layout = f"{tp} x {pp}" + (f" x {vpp}" if vpp else "")
         rows.append(f"| {name} | {world} | {layout} | {theirs_state / GIB:.2f} / {ours_state / GIB:.2f} "
                     f"({_error(ours_state, theirs_state)}) | {theirs_act / GIB:.2f} / {ungated / GIB:.2f} "
@@ -107,17 +111,29 @@ def section() -> str:
         f"loaded rank, a micro batch of {SEQ} tokens). Weights, fp32 gradients and the distributed optimizer "
         "agree to the precision shown (the estimate leaves out Qwen2.5's QKV biases, a few hundred thousand "
         "parameters); activations agree on the shape the estimate assumes (an ungated MLP, multi-head attention) "
-        "and the last column is what rlplan prices for the model itself (SwiGLU's wider fc1 output, grouped KV "
-        "heads): larger, as it should be, never below the estimate. MoE models have no comparable row: "
-        "Megatron-Core's estimate splits experts over TP only, rlplan over EP x ETP x PP "
+        "and the last column is what rlplan prices for the model itself under verl (SwiGLU's wider fc1 output, "
+        "grouped KV heads, and no hidden-dropout masks: verl sets hidden_dropout from the HF config, 0 here, and "
+        "dropout with p = 0 saves none): larger, as it should be, never below the estimate. MoE models have no "
+        "comparable row: Megatron-Core's estimate splits experts over TP only, rlplan over EP x ETP x PP "
         "(tests/planner/test_memory_megatron.py).", "",
         *estimate_rows(), "",
         "verl's own Megatron examples, imported from tests/data/verl_scripts/ and priced per GPU by the whole "
         "step model (rollout, log-prob passes and update through memory/backend.py's Megatron backend). The MoE "
-        "full fine-tuning example (dynamic batches of 10240 tokens, no recompute, EP 8 on one node) prices its "
-        "update above the H20's 96 GB: its routed-expert activations (8 experts x (input copy, fc1 output, "
-        "SwiGLU output) per token per layer) are most of it. No measurement of that run is at hand to say "
-        "whether rlplan over-predicts it; until one is, the row stands as a prediction, not a validation.", "",
+        "full fine-tuning example (Qwen3-30B-A3B, EP 8, TP 1 PP 1, dynamic batches of 10240 tokens, no recompute, "
+        "the optimizer on the CPU) prices its update above the H20's 96 GB, term by term from the code: bf16 "
+        "weights 9.6 GiB and fp32 grads 19.2 GiB (5.16 B parameters per rank: 1.54 B dense + 29.0 B experts / EP "
+        "8; verl's DDP config sets grad_reduce_in_fp32 and loads the grad buffer back before the update; the "
+        "precision-aware CPU optimizer keeps master weights and moments on the host), layer activations 56.0 GiB "
+        "(per token per layer: 8 routed copies x (fc1's saved input 2 h, the fc1 output weighted SwiGLU saves "
+        "4 f, fc2's saved input 2 f) = 68 KiB; attention 35 KiB, with Qwen3's QK norms saving the query's copy "
+        "and the fused QKV output beside the rotary Q and K core attention saves; the norms' and linears' inputs "
+        "16 KiB; fp32 router scores 0.5 KiB; no dropout masks at hidden_dropout 0), the loss head 11.6 GiB "
+        "(Megatron's fp32 vocab-parallel logits, then the backward of verl's in-place temperature division on "
+        "the logits' transposed view: 8 bytes per token x vocab), one layer's backward workspace 1.2 GiB, the "
+        "8 % allocator reserve 7.8 GiB and 2.5 GiB of contexts: 108.0 GiB, 100.2 GiB without the reserve. More "
+        "nodes do not lower it: EP stays 8, the token budget is per GPU and the optimizer is on the host, so 1 "
+        "to 4 nodes price the same. Against the script's 'tested on 1-4 nodes of 96G H20' this stays open: no "
+        "measurement of that run is at hand, so the row is a prediction, not a validation.", "",
         *verl_run_rows(),
     ]) + "\n"
 

@@ -46,6 +46,12 @@ GRAD_BYTES = 4
 OPTIMIZER_BYTES = 12
 # Per token, the embedding's input ids (int64) and its dropout mask: Megatron's 8 s b + s b h per micro batch.
 EMBEDDING_INPUT_BYTES = 8
+# verl builds Megatron's TransformerConfig with hidden_dropout = getattr(hf_config, "hidden_dropout", 0.0) and
+# the HF attention_dropout (verl/models/mcore/config_converter.py; mbridge's base config reads them alike): 0
+# for the families rlplan models. Megatron's bias_dropout_add then calls torch.nn.functional.dropout with
+# p = 0, which ATen returns as its input (aten/src/ATen/native/Dropout.cpp: the fused kernel needs 0 < p < 1,
+# and _dropout returns the input when p == 0): no mask is saved. Megatron-Core's estimate keeps the masks.
+VERL_SAVES_DROPOUT_MASKS = False
 
 
 @frozen
@@ -123,18 +129,27 @@ def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world
 
 
 def layer_activation_bytes_per_token(arch: Architecture, *, moe: bool, tp: int, etp: int,
-                                     sequence_parallel: bool, gated: bool = True) -> float:
+                                     sequence_parallel: bool, gated: bool = True,
+                                     dropout_masks: bool = True) -> float:
     """Saved activation bytes per token of one layer (selective recompute / flash attention: no score matrix).
 
     Korthikanti Table 2 term by term: layer-norm inputs (2h each), the attention and MLP inputs (2h each),
     Q, K and V, the attention output, the fc1 output (twice as wide when gated) and the activation's output,
     and the two dropout masks (h bytes each). With a multi-head ungated MLP this is Megatron's 18 + 4 f / h.
     The parts outside the tensor-parallel regions split over TP only with sequence parallelism; a routed
-    token's expert activations (k copies) split over ETP.
+    token's expert activations (k copies) split over ETP. `dropout_masks`: the two hidden-dropout masks, saved
+    only where hidden_dropout > 0 (VERL_SAVES_DROPOUT_MASKS).
     """
     h = arch.hidden_size
-    replicated = 2 * h + 2 * h + h + 2 * h + 2 * h + h  # LN1 in, QKV in, dropout, LN2 in, fc1 in, dropout
+    masks = 2 * h if dropout_masks else 0  # the masks after attention and after the MLP, a byte per element
+    replicated = 2 * h + 2 * h + 2 * h + 2 * h + masks  # LN1 in, QKV in, LN2 in, fc1 in, the dropout masks
     attention = 2 * (arch.q_width + 2 * arch.kv_width) + 2 * arch.q_width
+    if arch.qk_norm:
+        # Megatron's SelfAttention.get_query_key_value_tensors splits the fused QKV output into views; the
+        # query's reshape to [tokens, heads, head_dim] copies it (2 q), and q_layernorm / k_layernorm (TENorm:
+        # TE's RMSNorm saves its input) keep that copy and the key view (so the whole QKV output); the normed
+        # Q and K then pass rotary embedding into new tensors core attention saves (2 q + 2 kv).
+        attention += 2 * arch.q_width + 2 * (arch.q_width + arch.kv_width)
     # rlplan's architectures are gated (SwiGLU: arch.dense_mlp_params = 3 h I); ungated is Megatron's estimate.
     gate = 2 if gated else 1
     if moe:
@@ -172,15 +187,17 @@ class StageActivations:
 
 
 @functools.lru_cache(maxsize=256)
-def _per_layer_bytes(arch: Architecture, tp: int, etp: int, sequence_parallel: bool, gated: bool) -> tuple[float, ...]:
+def _per_layer_bytes(arch: Architecture, tp: int, etp: int, sequence_parallel: bool, gated: bool,
+                     dropout_masks: bool = True) -> tuple[float, ...]:
     """Each layer's saved bytes per token (the solver prices thousands of plans on a few layouts: cached)."""
     return tuple(layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
-                                                  etp=etp, sequence_parallel=sequence_parallel, gated=gated)
+                                                  etp=etp, sequence_parallel=sequence_parallel, gated=gated,
+                                                  dropout_masks=dropout_masks)
                  for index in range(arch.num_layers))
 
 
 def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per_micro_batch: int,
-                      micro_batches: int, gated: bool = True) -> StageActivations:
+                      micro_batches: int, gated: bool = True, dropout_masks: bool = True) -> StageActivations:
     """The saved activations a training step's first and last stages hold at their peak.
 
     `tokens_per_micro_batch`: one micro batch's tokens on this data-parallel rank (before CP splits them).
@@ -191,7 +208,7 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     cp = engine.context_parallel_size
     tokens = math.ceil(tokens_per_micro_batch / cp)
     sp = engine.sequence_parallel and tp > 1
-    per_layer = _per_layer_bytes(arch, tp, engine.expert_tensor_size, sp, gated)
+    per_layer = _per_layer_bytes(arch, tp, engine.expert_tensor_size, sp, gated, dropout_masks)
     stage_layers = arch.num_layers * stage_share(arch, pp)
     mean_layer = sum(per_layer) / len(per_layer)
     if engine.recompute_granularity == "full":
@@ -334,12 +351,13 @@ class MegatronBackend:
         tp, cp = engine.tensor_model_parallel_size, engine.context_parallel_size
         tokens = batch.tokens_per_micro_batch  # on this rank: after CP's split (the layout's sequence split)
         stages = stage_activations(arch, engine, tokens_per_micro_batch=tokens * cp,
-                                   micro_batches=batch.micro_batches_per_mini)
+                                   micro_batches=batch.micro_batches_per_mini,
+                                   dropout_masks=VERL_SAVES_DROPOUT_MASKS)
         verl_head = head.bytes_per_token_vocab * tokens * arch.vocab_size / tp if head is not None else 0.0
         extra_head = max(0.0, verl_head - stages.loss_head)
         workspace = tokens * layer_activation_bytes_per_token(
             arch, moe=arch.is_moe, tp=tp, etp=engine.expert_tensor_size,
-            sequence_parallel=engine.sequence_parallel and tp > 1)
+            sequence_parallel=engine.sequence_parallel and tp > 1, dropout_masks=VERL_SAVES_DROPOUT_MASKS)
         return "backward", [
             Component(f"{role}_params", int(state_on_gpu.params)),
             Component(f"{role}_grads", int(state_on_gpu.grads)),

@@ -19,6 +19,7 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.memory.megatron import (
     export_gather_bytes,
     in_flight_micro_batches,
+    layer_activation_bytes_per_token,
     parameters_on_most_loaded_rank,
     stage_activations,
     state_on_most_loaded_rank,
@@ -181,6 +182,48 @@ def test_verls_megatron_lora_example_fits_on_the_h100s_it_names_and_the_dense_ex
         plan = import_verl_script((scripts / name).read_text(), gpu=resolve_gpu("h100-80g"), host_memory_gib=2048.0,
                                   env={"HOME": "/h"}, local_config_reader=lambda path: None).plan
         assert predict_memory(plan).gpu_peak_bytes < plan.cluster.gpu.memory_gib * 2**30, name
+
+
+def test_a_qwen3_moe_layer_saves_what_megatrons_code_saves_and_verl_saves_no_dropout_masks():
+    """Per token, a Qwen3-30B-A3B layer at TP 1 / ETP 1: 8 routed copies x (grouped fc1's saved input 2 h,
+    the fc1 output weighted SwiGLU saves 4 f, fc2's saved input 2 f), attention (QKV out, core output, and
+    under QK norm the query's copy and the rotary Q and K), the norms' and linears' inputs (8 h) and fp32 router
+    scores; verl's hidden_dropout 0 saves no masks (2 h)."""
+    h, f = QWEN3_MOE.hidden_size, QWEN3_MOE.moe_intermediate_size
+    verl = layer_activation_bytes_per_token(QWEN3_MOE, moe=True, tp=1, etp=1, sequence_parallel=False,
+                                            dropout_masks=False)
+    q, kv = QWEN3_MOE.q_width, QWEN3_MOE.kv_width
+    # QKV output and core output, then the QK norms' query copy and the rotary Q and K core attention saves
+    attention = 2 * (q + 2 * kv) + 2 * q + 2 * q + 2 * (q + kv)
+    assert verl == 8 * (2 * h + 4 * f + 2 * f) + attention + 8 * h + 4 * QWEN3_MOE.num_experts == 122_368
+    with_masks = layer_activation_bytes_per_token(QWEN3_MOE, moe=True, tp=1, etp=1, sequence_parallel=False)
+    assert with_masks - verl == 2 * h
+    no_qk_norm = layer_activation_bytes_per_token(attrs.evolve(QWEN3_MOE, qk_norm=False), moe=True, tp=1, etp=1,
+                                                  sequence_parallel=False, dropout_masks=False)
+    assert verl - no_qk_norm == 4 * q + 2 * kv
+
+
+def _moe_full_example(nodes: int):
+    from pathlib import Path
+
+    from rlplan.planner.presets import resolve_gpu
+    from rlplan.planner.verl_import import import_verl_script
+
+    script = Path(__file__).resolve().parents[1] / "data" / "verl_scripts" / "megatron_moe_qwen3_30b_a3b.sh"
+    return import_verl_script(script.read_text(), gpu=resolve_gpu("h20-96g"), host_memory_gib=2048.0,
+                              env={"HOME": "/h", "TEST_FILE": "/t.parquet", "NNODES": str(nodes)},
+                              local_config_reader=lambda path: None).plan
+
+
+def test_verls_moe_full_example_prices_the_same_update_on_one_node_as_on_four():
+    """EP stays 8, the token budget is per GPU and the optimizer lives on the host: more nodes (the script
+    says 1 to 4) lower no term of a rank's update; the fp32 grad buffer (verl's grad_reduce_in_fp32) is there."""
+    one, four = _moe_full_example(1), _moe_full_example(4)
+    assert four.cluster.world_size == 4 * one.cluster.world_size
+    assert _update_peak_gib(four) == pytest.approx(_update_peak_gib(one), rel=1e-3)
+    params = parameters_on_most_loaded_rank(one.model.arch, one.actor.mcore).total
+    assert _update_peak_gib(one, "actor_grads") == pytest.approx(4 * params / 2**30, rel=1e-3)
+    assert _update_peak_gib(one, "actor_optimizer_state") == 0
 
 
 # --- the weight sync's export (verl's per_tensor_generator / mbridge export_weights) ---------------------
