@@ -89,9 +89,10 @@ def test_the_default_stack_has_verl_09s_defaults():
 
 @pytest.mark.parametrize(("verl", "expected"), [
     ("0.3.0.post1", {"actor.entropy_coeff": 0.001, "rollout.enforce_eager": True,
-                     "rollout.multi_stage_wake_up": False}),
-    ("0.4.0", {"rollout.enforce_eager": True, "rollout.multi_stage_wake_up": False}),
-    ("0.5.0", {"rollout.enforce_eager": True}),
+                     "rollout.multi_stage_wake_up": False, "ref.model_dtype": "bf16",
+                     "trainer.val_before_train": True}),
+    ("0.4.0", {"rollout.enforce_eager": True, "rollout.multi_stage_wake_up": False, "ref.model_dtype": "bf16"}),
+    ("0.5.0", {"rollout.enforce_eager": True, "ref.model_dtype": "bf16"}),
     ("0.6.0", {}),
 ])
 def test_old_verls_defaults_are_what_their_yaml_said(verl, expected):
@@ -142,9 +143,10 @@ def test_engine_worker_rule_applies_only_on_stacks_with_the_engine_worker():
 def test_render_leaves_out_a_key_the_target_verl_lacks_when_the_plan_asks_for_its_behaviour():
     plan = attrs.evolve(make_plan(), stack=StackSection(verl="0.4.0"))
     plan = apply_knobs(plan.evolve(model=attrs.evolve(plan.model, path="Qwen/Qwen2.5-7B-Instruct")),
-                       {"rollout.multi_stage_wake_up": False})
+                       stack_defaults(plan.stack))  # multi_stage_wake_up false, the reference in bf16
     overrides = render_plan(plan, "verl", "overrides")
     assert "multi_stage_wake_up" not in overrides and "entropy_checkpointing" not in overrides
+    assert "model_dtype" not in overrides
     assert "layered_summon" in overrides  # verl 0.4.0 has it
 
 
