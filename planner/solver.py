@@ -54,12 +54,13 @@ from rlplan.planner.rules import VLLM_LORA_RANKS, Violation, check_plan
 from rlplan.planner.solver_megatron import (
     MegatronChoice,
     apply_megatron_choice,
+    fsdp_skeleton,
+    megatron_choice_text,
     megatron_choices,
     megatron_skeleton,
     most_saving_per_shape,
     pinned_choices,
     state_fits,
-    unpriced_savings,
 )
 from rlplan.planner.steptime import StepTime, predict_step_time, rollout_concurrency, workload_lengths
 
@@ -390,6 +391,8 @@ def skeleton_plan(request: SolveRequest, response_len: int) -> Plan:
     )
     if request.strategy == "megatron":
         plan = megatron_skeleton(plan)
+    elif request.strategy == "fsdp" and plan.is_megatron:
+        plan = fsdp_skeleton(plan)  # --strategy fsdp (or auto's FSDP half) from a Megatron --from plan
     return with_cpu_compute(plan, request.pins) if request.cluster.gpu.is_cpu else plan
 
 
@@ -719,6 +722,8 @@ def _rank_key(candidate: Candidate, objective: Objective) -> tuple[float, ...]:
 def _choice_text(plan: Plan) -> str:
     actor = plan.actor
     parts = [f"LoRA r{plan.model.lora.rank}" if plan.model.lora.enabled else "full fine-tuning"]
+    if plan.is_megatron:
+        return ", ".join([*parts, megatron_choice_text(actor.mcore), f"rollout TP {plan.rollout.tensor_model_parallel_size}"])
     if actor.offload_policy:
         parts.append("CPU offload policy")
     elif actor.param_offload or actor.optimizer_offload:
@@ -759,9 +764,12 @@ def _choices_for(request: SolveRequest, sequence_len: int,
     if request.strategy == "megatron":
         arch, cluster = request.model.arch, request.cluster
         limit = gpu_limit_bytes(skeleton_plan(request, request.response_len or 1), request)
-        space = [choice for choice in pinned_choices(list(megatron_choices(arch, cluster, sequence_len,
-                                                                           lora_ranks(request))), request.pins)
-                 if state_fits(choice, arch, cluster.world_size, limit)]
+        allowed = pinned_choices(list(megatron_choices(arch, cluster, sequence_len, lora_ranks(request))),
+                                 request.pins)
+        space = [choice for choice in allowed if state_fits(choice, arch, cluster.world_size, limit)]
+        if not space:
+            # Nothing can fit: price each layout's most saving choice so the diagnosis names what binds.
+            return most_saving_per_shape(allowed)
         return most_saving_per_shape(space) if feasibility_only else space
     pins = request.pins
     choices = list(training_choices(request, sequence_len))
@@ -840,16 +848,17 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
     full_ft_feasible = False
     rollout_cache: dict[tuple, RolloutSection | None] = {}
     budgets_at_cap: set[tuple] = set()
-    shapes_fitting_at_cap: set[tuple] = set()
+    fitting_shapes: set[tuple] = set()
     for choice in choices:
         if request.lora == "auto" and choice.lora_rank and full_ft_feasible:
             continue  # full fine-tuning fits: LoRA is only the fallback
         resident_key = _resident_key(choice)
         if choice.gradient_checkpointing and resident_key in budgets_at_cap:
             continue  # recompute would only slow a step whose budgets are already as large as useful
-        if isinstance(choice, MegatronChoice) and choice.savings and choice.shape_key in shapes_fitting_at_cap:
-            # A Megatron layout that already fits at full budgets without offload or recompute: those only
-            # add host traffic and compute (which the step-time model does not yet price for Megatron).
+        if isinstance(choice, MegatronChoice) and choice.shape_key in fitting_shapes:
+            # A Megatron layout is tried least saving first and kept at its first feasible choice: more offload
+            # or recompute adds host traffic and recomputed forwards (steptime/megatron.py prices both) for
+            # larger token budgets, a trade the layout search itself outweighs; this keeps solve under a second.
             continue
         plan = apply_knobs(_apply_choice(skeleton, choice, request), pins)
         evaluated += 1
@@ -889,8 +898,8 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             feasible += 1
             if choice.lora_rank == 0:
                 full_ft_feasible = True
-            if isinstance(choice, MegatronChoice) and resident_key in budgets_at_cap:
-                shapes_fitting_at_cap.add(choice.shape_key)
+            if isinstance(choice, MegatronChoice):
+                fitting_shapes.add(choice.shape_key)
             if feasibility_only:
                 return [Candidate(plan=solved, memory=report, step_time=StepTime(phase_seconds={}))], evaluated, 1, None
             ranked.append(Candidate(plan=solved, memory=report,
@@ -955,9 +964,7 @@ def _roomiest_first(ranked: list[Candidate], request: SolveRequest) -> list[Cand
     fastest = best.step_time.total_seconds * (1 + STEP_TIME_TOLERANCE)
     near = [c for c in ranked if c.step_time.total_seconds <= fastest
             and _preference_key(c, request)[0] == _preference_key(best, request)[0]]
-    # Megatron's offload and recompute cost time the step-time model does not price yet: the fewest first.
-    roomiest = min(near, key=lambda c: (unpriced_savings(c.plan), c.memory.gpu_peak_bytes,
-                                        c.step_time.total_seconds))
+    roomiest = min(near, key=lambda c: (c.memory.gpu_peak_bytes, c.step_time.total_seconds))
     return [roomiest, *(c for c in ranked if c is not roomiest)]
 
 

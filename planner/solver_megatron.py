@@ -193,6 +193,14 @@ def megatron_skeleton(plan: Plan) -> Plan:
     )
 
 
+def fsdp_skeleton(plan: Plan) -> Plan:
+    """A Megatron plan's workload (a --from plan) made an FSDP2 one: no engine sections, no Megatron-only keys."""
+    passthrough = {key: value for key, value in plan.passthrough.items() if ".megatron." not in key}
+    return plan.evolve(actor=attrs.evolve(plan.actor, strategy="fsdp2", megatron=None),
+                       ref=attrs.evolve(plan.ref, megatron=None), critic=attrs.evolve(plan.critic, megatron=None),
+                       passthrough=passthrough)
+
+
 def uneven_stage_layers(layers: int, pp: int) -> tuple[int, int] | None:
     """(first, last) stage layers where PP does not divide the layers: the middle stages take ceil(layers / PP),
     the first and last the rest (the first the larger share: the last also holds the loss head); None when even."""
@@ -248,9 +256,15 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
     return plan.evolve(model=model, actor=actor, critic=critic, rollout=rollout, passthrough=passthrough)
 
 
-def unpriced_savings(plan: Plan) -> int:
-    """The Megatron offloads and recompute a plan takes (0 for FSDP, whose offload the step-time model prices)."""
-    if not plan.is_megatron:
-        return 0
-    engine = plan.actor.mcore
-    return engine.param_offload + engine.optimizer_offload + (engine.recompute_granularity is not None)
+
+def megatron_choice_text(engine: MegatronSection) -> str:
+    """A layout as the diagnosis names it: "Megatron TP 8 x PP 2 x EP 32, param+optimizer offload, full recompute"."""
+    sizes = [f"TP {engine.tensor_model_parallel_size}", f"PP {engine.pipeline_model_parallel_size}"]
+    sizes += [f"{name} {size}" for name, size in (("CP", engine.context_parallel_size),
+                                                   ("EP", engine.expert_model_parallel_size)) if size > 1]
+    parts = ["Megatron " + " x ".join(sizes)]
+    if engine.param_offload or engine.optimizer_offload:
+        parts.append("param+optimizer offload" if engine.param_offload else "optimizer offload")
+    if engine.recompute_granularity:
+        parts.append(f"{engine.recompute_granularity} recompute")
+    return ", ".join(parts)

@@ -22,6 +22,7 @@ on the last stage under PP) docs/accuracy.md section 6 lists by how much.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -31,7 +32,7 @@ from attrs import frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.heads import LossHead
-from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.memory.report import Component, TrainerState
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
@@ -170,6 +171,14 @@ class StageActivations:
         return max(self.first, self.last)
 
 
+@functools.lru_cache(maxsize=256)
+def _per_layer_bytes(arch: Architecture, tp: int, etp: int, sequence_parallel: bool, gated: bool) -> tuple[float, ...]:
+    """Each layer's saved bytes per token (the solver prices thousands of plans on a few layouts: cached)."""
+    return tuple(layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
+                                                  etp=etp, sequence_parallel=sequence_parallel, gated=gated)
+                 for index in range(arch.num_layers))
+
+
 def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per_micro_batch: int,
                       micro_batches: int, gated: bool = True) -> StageActivations:
     """The saved activations a training step's first and last stages hold at their peak.
@@ -182,10 +191,7 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     cp = engine.context_parallel_size
     tokens = math.ceil(tokens_per_micro_batch / cp)
     sp = engine.sequence_parallel and tp > 1
-    per_layer = [layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
-                                                  etp=engine.expert_tensor_size, sequence_parallel=sp,
-                                                  gated=gated)
-                 for index in range(arch.num_layers)]
+    per_layer = _per_layer_bytes(arch, tp, engine.expert_tensor_size, sp, gated)
     stage_layers = arch.num_layers * stage_share(arch, pp)
     mean_layer = sum(per_layer) / len(per_layer)
     if engine.recompute_granularity == "full":
@@ -209,6 +215,28 @@ def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
     """The vocabulary-parallel output layer's input and its fp32 logits over TP (Megatron's 4 s b h (1 + V / h)
     / TP, its estimate's output-layer and cross-entropy term)."""
     return tokens * 4 * (arch.hidden_size + arch.vocab_size) / tp
+
+
+def export_gather_bytes(arch: Architecture, engine: MegatronSection) -> float:
+    """GPU bytes of the weight export's largest tensor in flight on one rank, bf16 as Megatron holds it.
+
+    verl's per_tensor_generator (verl/utils/megatron_utils.py; mbridge's export_weights walks the same way)
+    yields one tensor at a time: the owning pipeline stage broadcasts its TP shard to the other stages; a dense
+    tensor is all-gathered over TP (TP shards: one full tensor) and concatenated (a second full tensor); a routed
+    expert's linear_fc1 / fc2 is all-gathered over EP (EP experts' ETP shards at once), each over ETP (one full
+    expert) and merged (another). The largest dense tensor is the embedding / output layer, the fused QKV or
+    the fused gate+up of a dense MLP; an expert's is its fused gate+up (2 x moe_intermediate x hidden), not the
+    3-D all-experts tensor transformers holds, which Megatron never builds.
+    """
+    h, tp = arch.hidden_size, engine.tensor_model_parallel_size
+    largest_dense = max(arch.vocab_size * h, 2 * arch.intermediate_size * h, (arch.q_width + 2 * arch.kv_width) * h)
+    dense = WEIGHT_BYTES * largest_dense * (2 + 1 / tp)
+    if not arch.is_moe:
+        return dense
+    ep, etp = engine.expert_model_parallel_size, engine.expert_tensor_size
+    expert = 2 * arch.moe_intermediate_size * h
+    experts = WEIGHT_BYTES * expert * (1 / etp + ep / etp + 2)
+    return max(dense, experts)
 
 
 # --- the backend the step's phases price a Megatron plan through (memory.backend.TrainingBackend) ----------
@@ -332,11 +360,17 @@ class MegatronBackend:
         return [params, max(layers, head, key=lambda component: component.bytes)]
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
-        """verl's per-tensor export gathers each full tensor from its TP / EP ranks (fp32 conversion as FSDP's
-        full_tensor) and a bucket for the engine."""
-        facts = model_facts(plan.model.arch)
+        """The export's largest tensor in flight (`export_gather_bytes`) and one bucket for the engine; a
+        Megatron-Bridge adapter that is not merged, with vLLM holding the base (load_format not dummy), sends
+        only the adapter's tensors."""
+        arch, engine, lora = plan.model.arch, plan.actor.mcore, plan.model.lora
         copy_bytes = plan.rollout.dtype_bytes
-        return int((4 + copy_bytes) * facts.largest_tensor + min(bucket_bytes, copy_bytes * facts.params))
+        if lora.enabled and not lora.merge and plan.rollout.load_format != "dummy":
+            adapter = lora.rank * max(arch.hidden_size, arch.intermediate_size, arch.q_width)
+            gathered = WEIGHT_BYTES * adapter * (2 + 1 / engine.tensor_model_parallel_size)
+            return int(gathered + min(bucket_bytes, WEIGHT_BYTES * lora_params(plan)))
+        params = model_facts(arch).params
+        return int(export_gather_bytes(arch, engine) + min(bucket_bytes, copy_bytes * params))
 
 
 MEGATRON = MegatronBackend()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from rlplan.planner.arch import Architecture
 from rlplan.planner.memory.megatron import (
+    export_gather_bytes,
     in_flight_micro_batches,
     parameters_on_most_loaded_rank,
     stage_activations,
@@ -180,3 +181,36 @@ def test_verls_megatron_lora_example_fits_on_the_h100s_it_names_and_the_dense_ex
         plan = import_verl_script((scripts / name).read_text(), gpu=resolve_gpu("h100-80g"), host_memory_gib=2048.0,
                                   env={"HOME": "/h"}, local_config_reader=lambda path: None).plan
         assert predict_memory(plan).gpu_peak_bytes < plan.cluster.gpu.memory_gib * 2**30, name
+
+
+# --- the weight sync's export (verl's per_tensor_generator / mbridge export_weights) ---------------------
+
+
+def test_a_dense_export_holds_two_full_copies_of_its_largest_tensor_and_the_broadcast_shard():
+    engine = MegatronSection(tensor_model_parallel_size=4)
+    embedding = LLAMA_8B.vocab_size * LLAMA_8B.hidden_size  # Llama's largest tensor: 128256 x 4096
+    assert export_gather_bytes(LLAMA_8B, engine) == pytest.approx(2 * embedding * (2 + 1 / 4))
+
+
+@given(ep=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]))
+def test_an_expert_export_grows_with_ep_and_never_prices_the_3d_all_experts_tensor(ep):
+    """Invariant: the EP all-gather holds EP expert shards at once, so the export grows with EP; one expert
+    at a time stays under what the FSDP formula priced, the fp32 + bf16 copies of transformers' fused tensor
+    of all 128 experts."""
+    bigger = MegatronSection(expert_model_parallel_size=min(ep * 2, 128), expert_tensor_parallel_size=1)
+    engine = MegatronSection(expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
+    assert export_gather_bytes(QWEN3_MOE, engine) <= export_gather_bytes(QWEN3_MOE, bigger)
+    all_experts = QWEN3_MOE.num_experts * 2 * QWEN3_MOE.moe_intermediate_size * QWEN3_MOE.hidden_size
+    assert export_gather_bytes(QWEN3_MOE, engine) < (4 + 2) * all_experts
+
+
+def test_an_unmerged_bridge_adapter_syncs_only_its_adapter():
+    from rlplan.planner.memory.megatron import MEGATRON
+    from tests.planner.plans import make_plan
+
+    overrides = {"actor.strategy": "megatron", "model.lora.rank": 32, "model.lora.alpha": 64,
+                 "model.lora.target_modules": ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")}
+    adapter = make_plan(gpus=8, overrides={**overrides, "rollout.load_format": "safetensors"})
+    first_sync = make_plan(gpus=8, overrides={**overrides, "rollout.load_format": "dummy"})
+    bucket = 512 * 2**20
+    assert MEGATRON.weight_sync_gather_bytes(adapter, bucket) < MEGATRON.weight_sync_gather_bytes(first_sync, bucket)

@@ -78,6 +78,15 @@ def test_deepseek_v3_on_256_h100_places_its_61_layers_unevenly_and_validates():
     assert plan.rollout.tensor_model_parallel_size > 16
 
 
+def test_deepseek_v3_pinned_to_pp_16_places_3_and_2_layers_on_the_end_stages_as_verls_recipe():
+    result = solve(request_for("deepseek-v3", 256, pins={"actor.megatron.pipeline_model_parallel_size": 16}))
+    assert result.plan is not None
+    plan = result.plan
+    assert_a_valid_megatron_plan(plan)
+    first_key, last_key = STAGE_KEYS[0]
+    assert (plan.passthrough[first_key], plan.passthrough[last_key]) == ("3", "2")  # 3 + 14 x 4 + 2 = 61
+
+
 def test_the_default_strategy_is_fsdp_and_auto_keeps_the_faster_backend():
     fsdp = solve(request_for("qwen2.5-7b", 8, strategy="fsdp"))
     assert fsdp.plan is not None and not fsdp.plan.is_megatron
@@ -136,3 +145,35 @@ def test_megatron_on_this_cpu_is_refused_before_solving():
         SolveFlags(device="cpu", strategy="megatron")
     with pytest.raises(PlanError, match="--strategy"):
         SolveFlags(strategy="deepspeed")
+
+
+def test_the_command_writes_a_megatron_plan_and_a_resolve_from_it_stays_megatron(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from rlplan.planner.cli import app
+
+    runner = CliRunner()
+    plan_path = tmp_path / "plan.toml"
+    solved = runner.invoke(app, ["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--strategy",
+                                 "megatron", "--prompt-len", "1024", "--response-len", "2048", "--json", "-o",
+                                 str(plan_path)])
+    assert solved.exit_code == 0, solved.output
+    assert json.loads(solved.stdout)["plan"]["actor"]["strategy"] == "megatron"
+    validated = runner.invoke(app, ["validate", str(plan_path), "--json"])
+    assert validated.exit_code == 0 and json.loads(validated.stdout)["valid"]
+    again = runner.invoke(app, ["solve", "--from", str(plan_path), "--json"])  # no --strategy: the plan's backend
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["plan"]["actor"]["strategy"] == "megatron"
+    as_fsdp = runner.invoke(app, ["solve", "--from", str(plan_path), "--strategy", "fsdp", "--json"])
+    assert as_fsdp.exit_code == 0, as_fsdp.output
+    fsdp_plan = json.loads(as_fsdp.stdout)["plan"]
+    assert fsdp_plan["actor"]["strategy"] == "fsdp2" and "megatron" not in fsdp_plan["actor"]
+
+
+def test_a_megatron_request_that_cannot_fit_names_the_closest_layout_and_what_binds():
+    result = solve(request_for("deepseek-v3", 16))
+    assert result.plan is None and result.diagnosis is not None
+    assert "Megatron TP" in result.diagnosis.message and "GiB more" in result.diagnosis.message
+    assert result.diagnosis.suggestions  # re-solved changes that fit (more GPUs, bigger GPUs)

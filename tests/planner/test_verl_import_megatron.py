@@ -9,6 +9,7 @@ import pytest
 from rlplan.planner.planfile import plan_to_dict
 from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.render import plan_as_verl_runs_it, render_plan
+from rlplan.planner.rules import check_plan
 from rlplan.planner.shell_script import shell_commands
 from rlplan.planner.verl_import import Override, import_verl_script
 
@@ -18,6 +19,7 @@ H100 = resolve_gpu("h100-80g")
 # file -> --env pins (the MoE script reads its test set from a variable it never sets).
 MEGATRON_SCRIPTS = {
     "megatron_dense_qwen2_7b.sh": {"HOME": "/home/u"},
+    "megatron_dense_lora_qwen2_7b.sh": {"HOME": "/home/u"},
     "megatron_moe_qwen3_30b_a3b.sh": {"HOME": "/home/u", "TEST_FILE": "/data/aime-2024.parquet"},
     "megatron_moe_lora_qwen3_30b_a3b.sh": {"HOME": "/home/u"},
 }
@@ -73,6 +75,17 @@ def test_the_moe_example_reads_tp_pp_cp_ep_etp_offload_and_recompute_for_actor_a
     lora = plan.model.lora
     assert (lora.rank, lora.alpha, lora.type, lora.merge) == (32, 64, "lora", False)
     assert lora.target_modules == ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+def test_the_dense_lora_example_reads_megatron_bridges_lora_and_tp_4_for_actor_and_reference():
+    plan = load((SCRIPTS / "megatron_dense_lora_qwen2_7b.sh").read_text(), {"HOME": "/h"}).plan
+    assert (plan.model.lora.rank, plan.model.lora.alpha) == (16, 32)
+    # verl's Megatron LoRA default targets, Megatron's module names (not peft's all-linear).
+    assert set(plan.model.lora.target_modules) == {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}
+    assert plan.actor.mcore.tensor_model_parallel_size == 4 and plan.actor.mcore.pipeline_model_parallel_size == 1
+    assert plan.ref.megatron is not None and plan.ref.megatron.tensor_model_parallel_size == 4
+    report = check_plan(plan)
+    assert report.valid and not [v for v in report.violations if v.rule.startswith("megatron_")]
 
 
 def test_the_reference_follows_the_actors_parallel_sizes_where_the_script_leaves_them_unset():

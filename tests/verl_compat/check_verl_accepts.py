@@ -471,6 +471,7 @@ def check_hostile_strings(examples: int) -> None:
 # verl's own Megatron examples (tests/data/verl_scripts) and the --env pins they import with.
 MEGATRON_SCRIPTS = {
     "megatron_dense_qwen2_7b.sh": {"HOME": "/home/u"},
+    "megatron_dense_lora_qwen2_7b.sh": {"HOME": "/home/u"},
     "megatron_moe_qwen3_30b_a3b.sh": {"HOME": "/home/u", "TEST_FILE": "/data/aime-2024.parquet"},
     "megatron_moe_lora_qwen3_30b_a3b.sh": {"HOME": "/home/u"},
 }
@@ -533,8 +534,11 @@ def check_megatron_examples() -> None:
 
 
 # `rlplan solve --strategy megatron` requests the issue names (issue 26): (model, GPUs, prompt, response, LoRA).
-MEGATRON_SOLVES = (("qwen3-30b-a3b", 16, 1024, 4096, "auto"), ("qwen3-30b-a3b", 16, 1024, 2048, 32),
-                   ("deepseek-v3", 256, 1024, 2048, "auto"), ("qwen2.5-7b", 8, 2048, 8192, "off"))
+# DeepSeek-V3 also pinned to PP 16: its 61 layers then take the uneven placement's override keys.
+MEGATRON_SOLVES = (("qwen3-30b-a3b", 16, 1024, 4096, "auto", {}), ("qwen3-30b-a3b", 16, 1024, 2048, 32, {}),
+                   ("deepseek-v3", 256, 1024, 2048, "auto", {}),
+                   ("deepseek-v3", 256, 1024, 2048, "auto", {"actor.megatron.pipeline_model_parallel_size": 16}),
+                   ("qwen2.5-7b", 8, 2048, 8192, "off", {}))
 
 
 def check_megatron_solved_plans() -> None:
@@ -545,13 +549,14 @@ def check_megatron_solved_plans() -> None:
     from rlplan.planner.solver import SolveRequest, solve
 
     gpu = resolve_gpu("h100-80g")
-    for model, gpus, prompt, response, lora in MEGATRON_SOLVES:
+    for model, gpus, prompt, response, lora, pins in MEGATRON_SOLVES:
         resolved = resolve_model(model)
         request = SolveRequest(model=ModelSection(name=resolved.name, path=resolved.path, arch=resolved.arch),
                                cluster=Cluster(gpu=gpu, nodes=max(gpus // 8, 1), gpus_per_node=min(gpus, 8),
                                                host_memory_gib=2048.0),
-                               prompt_len=prompt, response_len=response, lora=lora, strategy="megatron")
-        label = f"solve --strategy megatron {model} on {gpus} GPUs, LoRA {lora}"
+                               prompt_len=prompt, response_len=response, lora=lora, strategy="megatron",
+                               pins=pins)
+        label = f"solve --strategy megatron {model} on {gpus} GPUs, LoRA {lora}, pins {pins}"
         plan = solve(request).plan
         if plan is None:
             FAILURES.append(f"{label}: no plan")
