@@ -7,7 +7,6 @@ attrs.evolve (rather than through plain data and back) and lets their validators
 
 from __future__ import annotations
 
-import functools
 import math
 import types
 import typing
@@ -75,11 +74,15 @@ def parse_pin(key: str, raw: str) -> tuple[str, Any]:
     return entry.field, coerce(entry, value, raw)
 
 
-@functools.cache
+_FIELD_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _field_hints(section_class: type) -> dict[str, Any]:
     """A plan section's resolved field types (resolving them evaluates every annotation: the solver pins each
     candidate, so once per class)."""
-    return typing.get_type_hints(section_class)
+    if section_class not in _FIELD_HINTS:
+        _FIELD_HINTS[section_class] = typing.get_type_hints(section_class)
+    return _FIELD_HINTS[section_class]
 
 
 def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
