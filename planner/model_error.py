@@ -80,18 +80,23 @@ class ErrorBand:
     rows: int = attrs.field(validator=attrs.validators.ge(0))
     # Which rows, in words.
     basis: str
+    # True: no measured row covers the plan's training backend at all; `under` is the stated assumption
+    # (profile.unmeasured_backend_under_fraction), not a measurement.
+    assumed: bool = False
 
     def highest_actual_gib(self, predicted_gib: float) -> float:
         """The largest real peak consistent with the band: the prediction was `under` too low at worst."""
         return predicted_gib / (1 - self.under)
 
     def describe(self) -> str:
+        if self.assumed:
+            return f"model error unmeasured for this training backend: assumed -{100 * self.under:.0f} %"
         return (f"model error on {'comparable measured rows' if self.rows else 'all measured rows (none comparable)'}"
                 f": -{100 * self.under:.0f} % to +{100 * self.over:.0f} %")
 
     def as_json(self) -> dict[str, Any]:
         return {"under": round(self.under, 4), "over": round(self.over, 4), "rows": self.rows, "basis": self.basis,
-                "text": self.describe()}
+                "assumed": self.assumed, "text": self.describe()}
 
 
 @functools.cache
@@ -110,6 +115,13 @@ def _rows(count: int) -> str:
     return f"{count} row" + "s" * (count != 1)
 
 
+def _same_backend(measured: str, planned: str) -> bool:
+    """FSDP and FSDP2 are one backend here: the same per-rank sharding and the same loss-head code."""
+    def family(strategy: str) -> str:
+        return "fsdp" if strategy.startswith("fsdp") else strategy
+    return family(measured) == family(planned)
+
+
 @functools.cache
 def error_band(kind: str, head: str | None, strategy: str) -> ErrorBand:
     """The band of the rows of `kind` with `head` (None: any) under `strategy` (the engine's: any)."""
@@ -118,6 +130,13 @@ def error_band(kind: str, head: str | None, strategy: str) -> ErrorBand:
                        and (kind == "engine" or row.strategy == strategy))
     what = {"update": "update", "forward": "forward-pass", "engine": "rollout-engine"}[kind]
     owner = "vLLM" if kind == "engine" else strategy
+    if kind != "engine" and not any(_same_backend(row.strategy, strategy) for row in accuracy_rows()):
+        # Rows of another backend say nothing about this one's code path: assume the error an unmeasured
+        # path has shown before, and say so.
+        under = DEFAULT_PROFILE.unmeasured_backend_under_fraction
+        return ErrorBand(under=under, over=0.0, rows=0, assumed=True,
+                         basis=f"no measured row of the {strategy} backend: -{100 * under:.1f} % assumed "
+                               "(profile.unmeasured_backend_under_fraction)")
     if comparable:
         sources = ", ".join(sorted({row.source for row in comparable}))
         return _band(comparable, f"{_rows(len(comparable))} measured: {owner} {what}"

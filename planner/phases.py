@@ -2,6 +2,22 @@
 
 StrEnums, as torchtitan's MeshAxisName: each member is its string, so TOML, JSON, metrics keys and
 older callers that pass plain strings read and compare unchanged, while new code names them once.
+
+Glossary (one name per concept, planner and runtime alike):
+
+- **step**: one RL iteration: every phase below once, in order, ending in one optimizer update per
+  trained role (`trainer.total_training_steps` counts them). Not a *training step* inside a phase.
+- **phase** (`Phase`): a part of the step that runs on the GPUs and is priced: its own memory peak
+  (planner.memory), its seconds (planner.steptime) and its metrics keys (`time/<phase>`,
+  `memory/<phase>_gib`). The controller's work between phases (`ControllerWork`: reward, advantages)
+  is timed but never priced: it holds no GPU memory.
+- **pass**: a phase in which a trainer runs its model over the batch in micro batches (the two updates and
+  the three log-prob/value forwards); `PASS_KNOBS` holds each pass's batching keys.
+- **rule stage** (planner.rules `Stage`): where verl would refuse a plan (config, worker, runtime, rlplan,
+  platform): a property of a rule, not of the step.
+- **measured stage** (runtime.emulation `MeasuredStage`): forward, loss, backward or optimizer inside one
+  training step that `rlplan measure` emulates; where its memory peak was reached.
+- **sync mode** (`SyncMode`): what the trainer sends the rollout engine in the weight_sync phase.
 """
 
 from __future__ import annotations
@@ -21,6 +37,13 @@ class Phase(StrEnum):
     CRITIC_VALUES = "critic_values"  # critic forward, PPO/GAE only
     CRITIC_UPDATE = "critic_update"  # critic training step
     ACTOR_UPDATE = "actor_update"  # actor training step
+
+
+class ControllerWork(StrEnum):
+    """The controller's work between the phases: timed (`time/<name>`), never priced (no GPU memory)."""
+
+    REWARD = "reward"  # scores of the rollouts, by data source
+    ADVANTAGES = "advantages"  # GRPO / RLOO / REINFORCE++ on the controller, GAE from the critic's values
 
 
 class SyncMode(StrEnum):

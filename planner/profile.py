@@ -176,6 +176,12 @@ class Profile:
               "context at 1-2 GiB around 1.5 (memory-model.md 2.8): ~5 % of an 80 GiB GPU whose trainer holds "
               "~50 GiB), and batches longer than the data's mean", high=0.5)
 
+    unmeasured_backend_under_fraction: float = _constant(
+        0.134, "under-prediction assumed for a training backend no measured row covers (Megatron today): the "
+               "largest one the FSDP model showed on a code path before that path was measured (the fused loss "
+               "head's update, -13.4 %, docs/accuracy.md 1b before issue 24); replaced by the rows once a "
+               "backend's peaks are measured", high=0.5)
+
     # --- throughput (memory-model.md 2.9) ---
     training_mfu: float = _constant(
         0.42, "achieved FLOP/s of FSDP training over peak on FLOP-dense GPUs, counting gradient "

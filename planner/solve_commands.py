@@ -28,6 +28,7 @@ from rlplan.planner.commands_io import (
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.model_error import Headroom, parse_headroom
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Algorithm, ModelSection, Plan, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
@@ -513,7 +514,7 @@ def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str,
         if console is not None:
             console.print(f"verifying candidate {rank}/{len(candidates)} with the CPU tracker ...")
         # The head verl runs for the candidate, so the measured step replaces its own predicted step.
-        comparison = measure_plan(candidate.plan, "update", profile, head="auto")
+        comparison = measure_plan(candidate.plan, Phase.ACTOR_UPDATE, profile, head="auto")
         phase = next(p for p in candidate.memory.phases if p.name == comparison.planner_phase)
         measured_total = phase.peak_bytes - comparison.predicted_bytes + comparison.measured.peak_bytes
         fits = measured_total <= candidate.memory.gpu_capacity_bytes

@@ -15,6 +15,7 @@ writing the profile, printing, exit codes) is runtime/commands.py's.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -29,6 +30,7 @@ from rlplan.planner.calibration import (
     observed_lengths,
 )
 from rlplan.planner.errors import PlanError
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE
 
@@ -67,7 +69,7 @@ def measure_cpu_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -
     return 2.0 * size**3 / best_mm / 1e12, 2.0 * size**3 / best_mm16 / 1e12, 2.0 * source.numel() * 4 / best_copy / 1e9
 
 
-def _seconds(work: Any) -> float:
+def _seconds(work: Callable[[], object]) -> float:
     started = time.perf_counter()
     work()
     return time.perf_counter() - started
@@ -100,10 +102,10 @@ def calibrate_on_gpu(plan: Plan, name: str = "calibrated") -> Calibration:
     # The head verl runs for the plan (its twin on this GPU), priced the same way; a compiled entropy as eager.
     plan = plan_as_measured(plan, "auto")
     held_bytes, seconds, flops = _real_update_step(plan)
-    memory: list[MemoryObservation] = [memory_observation(plan, "actor_update", held_bytes)]
+    memory: list[MemoryObservation] = [memory_observation(plan, Phase.ACTOR_UPDATE, held_bytes)]
     mfu = DEFAULT_PROFILE.training_mfu
     peak_flops = plan.cluster.gpu.bf16_tflops * 1e12
-    times = [TimeObservation(phase="actor_update", efficiency="training_mfu", assumed=mfu,
+    times = [TimeObservation(phase=Phase.ACTOR_UPDATE, efficiency="training_mfu", assumed=mfu,
                              predicted_seconds=flops / (mfu * peak_flops), measured_seconds=seconds)]
     return calibrate(memory, times, name=name)
 
@@ -113,26 +115,24 @@ def _real_update_step(plan: Plan) -> tuple[float, float, float]:
     import torch
 
     from rlplan.planner.memory.model_facts import model_facts
-    from rlplan.runtime.measure import (
+    from rlplan.runtime.emulation import default_dtype, faithful_emulation, fake_process_group
+    from rlplan.runtime.measure import training_step_of_plan
+    from rlplan.runtime.measured_step import (
         base_dtype,
         build_sharded_model,
-        default_dtype,
-        faithful_emulation,
-        fake_process_group,
         make_inputs,
         make_optimizer,
-        training_step_of_plan,
         update_iteration,
     )
 
-    step = training_step_of_plan(plan, "update")
+    step = training_step_of_plan(plan, Phase.ACTOR_UPDATE)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     # What the process already holds before the model: CUDA context, cuBLAS and NCCL workspaces.
     baseline = total - free
     with fake_process_group(step.shard_size), faithful_emulation(), default_dtype(base_dtype(step)):
         model = build_sharded_model(step, None, device="cuda")
-        optimizer = make_optimizer(model)
+        optimizer = make_optimizer(model, step)
         input_ids, position_ids = make_inputs(step, device="cuda")
         torch.cuda.reset_peak_memory_stats()
         timed: list[float] = []

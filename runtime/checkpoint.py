@@ -24,9 +24,14 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlplan.planner.phases import SyncMode
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.optim.lr_scheduler import LRScheduler
 
 CHECKPOINTS = "checkpoints"
 STAGING_PREFIX = ".tmp-step-"
@@ -128,7 +133,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_training_state(directory: Path, name: str, model: Any, optimizer: Any, scheduler: Any, rank: int) -> None:
+def save_training_state(directory: Path, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, rank: int) -> None:
     """Collective: every rank writes its model and optimizer shards, plus its own scheduler and RNG."""
     import torch
     import torch.distributed.checkpoint as dcp
@@ -142,7 +147,7 @@ def save_training_state(directory: Path, name: str, model: Any, optimizer: Any, 
     )
 
 
-def load_training_state(directory: Path, name: str, model: Any, optimizer: Any, scheduler: Any, rank: int) -> None:
+def load_training_state(directory: Path, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, rank: int) -> None:
     """Collective: restore what `save_training_state` wrote, in place."""
     import torch
     import torch.distributed.checkpoint as dcp
@@ -160,7 +165,7 @@ def load_training_state(directory: Path, name: str, model: Any, optimizer: Any, 
 # --- exports usable outside rlplan ---------------------------------------------------------------
 
 
-def export_adapter(directory: Path, model: Any, rank: int) -> None:
+def export_adapter(directory: Path, model: nn.Module, rank: int) -> None:
     """Collective gather of the LoRA weights; rank 0 writes them with peft's own `save_pretrained`."""
     from rlplan.runtime.weights import LORA_MARKER, full
 
@@ -178,7 +183,7 @@ def export_adapter(directory: Path, model: Any, rank: int) -> None:
 HF_MAX_SHARD_SIZE = "5GB"
 
 
-def export_hf_model(directory: Path, model: Any, source_dir: str, rank: int, dtype: Any = None,
+def export_hf_model(directory: Path, model: nn.Module, source_dir: str, rank: int, dtype: torch.dtype | None = None,
                     max_shard_size: int | str = HF_MAX_SHARD_SIZE) -> None:
     """Collective gather; rank 0 writes the merged model as HF sharded safetensors beside the source's config.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
@@ -50,6 +50,9 @@ from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
 from rlplan.planner.this_machine import cpu_cluster
 from rlplan.runtime.calibrate import calibrate_from_run, calibrate_on_gpu, measure_cpu_rates
 from rlplan.runtime.loop import RunOptions
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DemoAlgorithm = Literal["grpo", "grpo_full", "ppo"]
 
@@ -179,7 +182,7 @@ def replan_fix(plan: Plan, platform: Platform, errors: list[PlanError], plan_sou
             f"{shlex.quote(plan_source)} -o cpu-plan.toml`, then `rlplan run cpu-plan.toml`")
 
 
-def execute(plan: Plan, options: RunOptions, console: Any, *, as_json: bool = False,
+def execute(plan: Plan, options: RunOptions, console: Console, *, as_json: bool = False,
             plan_file: str | None = None, plan_source: str = "plan.toml") -> int:
     """Check everything that can be checked up front, then run. Returns the exit code.
 

@@ -11,13 +11,16 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from attrs import define, field, frozen
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import DataSection
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 
@@ -92,14 +95,14 @@ def truncate_prompt(ids: Sequence[int], max_length: int, side: str) -> tuple[int
     raise ValueError(f"unknown truncation side {side!r}")
 
 
-def tokenize_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[int]:
     """Token ids of the chat-templated prompt, ending where the assistant's answer starts."""
     text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
     # The template writes every special token itself; the tokenizer must not add more.
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def build_prompt_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, data: DataSection) -> PromptDataset:
+def build_prompt_dataset(rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, data: DataSection) -> PromptDataset:
     """Tokenize rows and apply data.max_prompt_length as verl does.
 
     filter_overlong_prompts (or truncation "filter") drops overlong prompts first; what is
@@ -150,7 +153,7 @@ def build_prompt_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, data: D
     return PromptDataset(records=tuple(records), num_filtered=num_filtered, num_truncated=len(overlong))
 
 
-def load_prompt_dataset(files: Sequence[str | Path], tokenizer: Any, data: DataSection) -> PromptDataset:
+def load_prompt_dataset(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, data: DataSection) -> PromptDataset:
     """Read every file (in order) and build one dataset from their rows."""
     rows: list[dict[str, Any]] = []
     for path in files:

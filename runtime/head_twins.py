@@ -38,7 +38,12 @@ torch is imported inside functions only: rlplan.planner imports this module's na
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+    from torch.autograd.function import FunctionCtx
 
 # verl's entropy chunk, its fused kernels' vocab split and its logits heads, as the planner prices them.
 from rlplan.planner.memory.heads import ENTROPY_CHUNK_ROWS, FUSED_DLOGITS_SPLIT_VOCAB, VERL_LOGITS_HEADS
@@ -50,7 +55,7 @@ TWIN_TEMPERATURE = 0.7
 MEASURABLE_ENTROPY_VARIANTS = ("eager", "checkpointed", "chunked", "compiled")
 
 
-def verl_scaled_logits(output_logits: Any, temperature: float = TWIN_TEMPERATURE) -> Any:
+def verl_scaled_logits(output_logits: Tensor, temperature: float = TWIN_TEMPERATURE) -> Tensor:
     """The (tokens, vocab) logits verl's head reads, made from the model's output as verl makes them.
 
     Packed (remove padding, one row): ``logits_rmpad = output.logits.squeeze(0)`` then
@@ -71,7 +76,7 @@ def _row_blocks(rows: int) -> int:
     return max(1, rows // 256)
 
 
-def _block_log_softmax_stats(block: Any, labels: Any) -> tuple[Any, Any]:
+def _block_log_softmax_stats(block: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     """(lse, label logit) of one block of rows, in fp32."""
     import torch
 
@@ -79,14 +84,14 @@ def _block_log_softmax_stats(block: Any, labels: Any) -> tuple[Any, Any]:
     return torch.logsumexp(block, dim=-1), block.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
-def flash_cross_entropy_function() -> Any:
+def flash_cross_entropy_function() -> type[torch.autograd.Function]:
     import torch
 
     class FlashCrossEntropyTwin(torch.autograd.Function):
         """losses = lse - logit[label], saving what flash-attn's CrossEntropyLoss saves."""
 
         @staticmethod
-        def forward(ctx: Any, logits: Any, labels: Any, inplace_backward: bool) -> Any:
+        def forward(ctx: FunctionCtx, logits: Tensor, labels: Tensor, inplace_backward: bool) -> tuple[Tensor, Tensor]:
             rows = logits.shape[0]
             losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
             lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
@@ -105,7 +110,7 @@ def flash_cross_entropy_function() -> Any:
             return losses, z_losses
 
         @staticmethod
-        def backward(ctx: Any, grad_losses: Any, grad_z_losses: Any) -> Any:
+        def backward(ctx: FunctionCtx, grad_losses: Tensor, grad_z_losses: Tensor) -> tuple[Tensor | None, ...]:
             del grad_z_losses
             logits, lse, labels = ctx.saved_tensors
             dlogits = logits if ctx.inplace_backward else torch.empty_like(logits)
@@ -123,18 +128,18 @@ def flash_cross_entropy_function() -> Any:
     return FlashCrossEntropyTwin
 
 
-def flash_cross_entropy_loss(logits: Any, labels: Any, inplace_backward: bool = False) -> tuple[Any, Any]:
+def flash_cross_entropy_loss(logits: Tensor, labels: Tensor, inplace_backward: bool = False) -> tuple[Tensor, Tensor]:
     """The twin of flash_attn.ops.triton.cross_entropy.cross_entropy_loss: (losses, z_losses)."""
     return flash_cross_entropy_function().apply(logits, labels, inplace_backward)
 
 
-def flash_attn_log_probs(logits: Any, labels: Any, *, inplace_backward: bool) -> Any:
+def flash_attn_log_probs(logits: Tensor, labels: Tensor, *, inplace_backward: bool) -> Tensor:
     """verl's logprobs_from_logits_flash_attn: -losses of flash-attn's cross entropy."""
     losses, _ = flash_cross_entropy_loss(logits, labels, inplace_backward)
     return -losses
 
 
-def row_wise_log_probs(logits: Any, labels: Any) -> Any:
+def row_wise_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
     """verl's logprobs_from_logits_v2 on bf16 logits: one log_softmax per row, gathered."""
     import torch
 
@@ -148,7 +153,7 @@ def row_wise_log_probs(logits: Any, labels: Any) -> Any:
     return torch.stack(picked)
 
 
-def verl_entropy(logits: Any) -> Any:
+def verl_entropy(logits: Tensor) -> Tensor:
     """verl's entropy_from_logits: softmax in the logits' dtype."""
     import torch
 
@@ -156,7 +161,7 @@ def verl_entropy(logits: Any) -> Any:
     return torch.logsumexp(logits, dim=-1) - torch.sum(probabilities * logits, dim=-1)
 
 
-def verl_chunked_entropy(logits: Any, chunk_rows: int = ENTROPY_CHUNK_ROWS) -> Any:
+def verl_chunked_entropy(logits: Tensor, chunk_rows: int = ENTROPY_CHUNK_ROWS) -> Tensor:
     """verl's entropy_from_logits_with_chunking: fp32 chunks written into one result vector."""
     import torch
 
@@ -168,14 +173,14 @@ def verl_chunked_entropy(logits: Any, chunk_rows: int = ENTROPY_CHUNK_ROWS) -> A
     return entropy
 
 
-def compiled_entropy_function() -> Any:
+def compiled_entropy_function() -> type[torch.autograd.Function]:
     import torch
 
     class CompiledEntropyTwin(torch.autograd.Function):
         """verl's entropy_from_logits as inductor fuses it: row reductions, the logits saved, one bf16 gradient."""
 
         @staticmethod
-        def forward(ctx: Any, logits: Any) -> Any:
+        def forward(ctx: FunctionCtx, logits: Tensor) -> Tensor:
             rows = logits.shape[0]
             # Reductions in fp32 (fp64 stays fp64), as inductor accumulates a bf16 reduction.
             work = torch.promote_types(logits.dtype, torch.float32)
@@ -192,7 +197,7 @@ def compiled_entropy_function() -> Any:
             return entropy.to(logits.dtype)
 
         @staticmethod
-        def backward(ctx: Any, grad_entropy: Any) -> Any:
+        def backward(ctx: FunctionCtx, grad_entropy: Tensor) -> tuple[Tensor | None, ...]:
             logits, mean_logit = ctx.saved_tensors
             work = mean_logit.dtype
             dlogits = torch.empty_like(logits)
@@ -210,12 +215,12 @@ def compiled_entropy_function() -> Any:
     return CompiledEntropyTwin
 
 
-def compiled_entropy(logits: Any) -> Any:
+def compiled_entropy(logits: Tensor) -> Tensor:
     """The twin of torch.compile(entropy_from_logits) (verl's default, actor.use_torch_compile)."""
     return compiled_entropy_function().apply(logits)
 
 
-def verl_entropy_variant(logits: Any, variant: str) -> Any:
+def verl_entropy_variant(logits: Tensor, variant: str) -> Tensor:
     """The entropy verl computes for the plan's variant (eager, checkpointed, chunked or compiled)."""
     if variant == "chunked":
         return verl_chunked_entropy(logits)
@@ -230,7 +235,7 @@ def verl_entropy_variant(logits: Any, variant: str) -> Any:
     raise ValueError(f"entropy variant {variant!r} has no memory twin; use one of {MEASURABLE_ENTROPY_VARIANTS}")
 
 
-def fused_linear_function() -> Any:
+def fused_linear_function() -> type[torch.autograd.Function]:
     import torch
 
     from rlplan.runtime.algorithms.lean_head import chunk_gradient, chunk_values
@@ -240,7 +245,7 @@ def fused_linear_function() -> Any:
         values only (verl's use_fused_kernels): no (tokens, vocab) tensor outlives one block."""
 
         @staticmethod
-        def forward(ctx: Any, hidden: Any, weight: Any, labels: Any) -> Any:
+        def forward(ctx: FunctionCtx, hidden: Tensor, weight: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
             rows = hidden.shape[0]
             lse, log_probs, entropy = (torch.empty(rows, dtype=torch.float32, device=hidden.device)
                                        for _ in range(3))
@@ -254,7 +259,7 @@ def fused_linear_function() -> Any:
             return log_probs, entropy
 
         @staticmethod
-        def backward(ctx: Any, grad_log_probs: Any, grad_entropy: Any) -> Any:
+        def backward(ctx: FunctionCtx, grad_log_probs: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, ...]:
             hidden, weight, labels, lse, entropy = ctx.saved_tensors
             # verl's default backward (_Split_Dlogits_N): bf16 d_hidden and d_weight, and one bf16
             # (tokens, 9504) buffer the logits' gradient is built in, vocab split by vocab split.
@@ -280,11 +285,11 @@ def fused_linear_function() -> Any:
     return FusedLinearLogProbTwin
 
 
-def fused_log_probs_and_entropy(hidden: Any, weight: Any, labels: Any) -> tuple[Any, Any]:
+def fused_log_probs_and_entropy(hidden: Tensor, weight: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return fused_linear_function().apply(hidden, weight, labels)
 
 
-def naive_log_probs_and_entropy(logits: Any, labels: Any, *, entropy: bool, chunked: bool) -> tuple[Any, Any]:
+def naive_log_probs_and_entropy(logits: Tensor, labels: Tensor, *, entropy: bool, chunked: bool) -> tuple[Tensor, Tensor | None]:
     """rlplan's former runtime head: fp32 logits, cross entropy, entropy whole or in 2048-row chunks."""
     import torch
 
@@ -298,7 +303,7 @@ def naive_log_probs_and_entropy(logits: Any, labels: Any, *, entropy: bool, chun
     return log_probs, torch.cat(chunks)
 
 
-def _fp32_entropy(logits: Any) -> Any:
+def _fp32_entropy(logits: Tensor) -> Tensor:
     import torch
 
     probabilities = torch.nn.functional.softmax(logits, dim=-1)
@@ -348,8 +353,8 @@ def head_peak_bytes(head: str, *, entropy: bool, entropy_variant: str, grad: boo
     return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
 
 
-def head_outputs(head: str, states: Any, weight: Any, labels: Any, *, entropy: bool,
-                 entropy_variant: str) -> tuple[Any, Any]:
+def head_outputs(head: str, states: Tensor, weight: Tensor, labels: Tensor, *, entropy: bool,
+                 entropy_variant: str) -> tuple[Tensor, Tensor | None]:
     """(log-probs, entropy or None) of (1, tokens, hidden) states through an lm_head weight, by the named
     head, reading the model's output as verl does (model_output_logits)."""
     if head == "fused":
@@ -359,7 +364,7 @@ def head_outputs(head: str, states: Any, weight: Any, labels: Any, *, entropy: b
                        entropy_variant=entropy_variant)
 
 
-def model_output_logits(head: str, output_logits: Any) -> Any:
+def model_output_logits(head: str, output_logits: Tensor) -> Tensor:
     """The model's (rows, length, vocab) output as the named head reads it: through verl's in-place
     temperature for verl's logits heads, as it is (rows flattened) for rlplan's own."""
     if head in VERL_LOGITS_HEADS:
@@ -367,7 +372,7 @@ def model_output_logits(head: str, output_logits: Any) -> Any:
     return output_logits.flatten(0, 1)
 
 
-def logits_head(head: str, logits: Any, labels: Any, *, entropy: bool, entropy_variant: str) -> tuple[Any, Any]:
+def logits_head(head: str, logits: Tensor, labels: Tensor, *, entropy: bool, entropy_variant: str) -> tuple[Tensor, Tensor | None]:
     """(log-probs, entropy or None) of (rows, vocab) logits, computed by the named head as it runs."""
     if head == "flash_attn_ce":
         # verl: inplace_backward = not calculate_entropy (the entropy still needs the logits).

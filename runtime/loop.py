@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from attrs import define, frozen
 
 from rlplan.planner.layout import plan_layout, reuses_update_log_probs
-from rlplan.planner.phases import Phase, SyncMode
+from rlplan.planner.phases import ControllerWork, Phase, SyncMode
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
 from rlplan.runtime import checkpoint
@@ -50,7 +50,10 @@ from rlplan.runtime.trainer.token_batch import (
 if TYPE_CHECKING:
     # Only for annotations: these modules are imported where they are first used (PromptSource.from_plan,
     # run_loop), so that importing the loop starts neither Ray nor the data readers.
+    from rich.console import Console
+    from rich.progress import Progress
     from torch import Tensor
+    from transformers import PreTrainedTokenizerBase
 
     from rlplan.runtime.data import PromptDataset, PromptRecord, PromptSampler
     from rlplan.runtime.rewards import RewardFunction
@@ -85,7 +88,7 @@ class PromptSource:
     dataset: PromptDataset
     sampler: PromptSampler
     reward: RewardFunction
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
 
     @classmethod
     def from_plan(cls, plan: Plan) -> PromptSource:
@@ -133,7 +136,7 @@ def total_steps(plan: Plan, dataset_size: int, max_steps: int | None) -> int:
 class Controller:
     """Drives the workers through the steps of a run and records what happened."""
 
-    def __init__(self, plan: Plan, platform: Platform, options: RunOptions, workers: WorkerGroup, data: PromptSource, console: Any = None) -> None:
+    def __init__(self, plan: Plan, platform: Platform, options: RunOptions, workers: WorkerGroup, data: PromptSource, console: Console | None = None) -> None:
         self.plan = plan
         self.platform = platform
         self.options = options
@@ -223,7 +226,7 @@ class Controller:
         scores = torch.tensor(
             [self.data.score(batch_rows[prompt], sample.response_ids) for prompt, sample in samples], dtype=torch.float32
         )
-        record["time/reward"] = time.perf_counter() - reward_start
+        record[f"time/{ControllerWork.REWARD}"] = time.perf_counter() - reward_start
         batch = token_batch_from_sequences(
             [s.prompt_ids for _, s in samples], [s.response_ids for _, s in samples], self.data.pad_token_id
         )
@@ -248,7 +251,7 @@ class Controller:
         # 4 advantages
         advantage_start = time.perf_counter()
         batch = self.with_advantages(batch, scores, group_index, record)
-        record["time/advantages"] = time.perf_counter() - advantage_start
+        record[f"time/{ControllerWork.ADVANTAGES}"] = time.perf_counter() - advantage_start
 
         # 5 actor (and critic) update
         shards = [batch.select(part) for part in partitions]
@@ -372,14 +375,14 @@ def _fields(shard: TokenBatch, **fields: Tensor) -> TokenBatch:
     return TokenBatch({"input_ids": shard["input_ids"], "prompt_lengths": shard["prompt_lengths"], "sequence_lengths": shard["sequence_lengths"], **fields})
 
 
-def _with_old_log_probs(batch: TokenBatch, shards: list[TokenBatch], scores: list[Any], order: list[int]) -> TokenBatch:
+def _with_old_log_probs(batch: TokenBatch, shards: list[TokenBatch], scores: list[tuple[Tensor, Tensor]], order: list[int]) -> TokenBatch:
     """The batch with the trainer's per-shard (log-probs, entropy) as old_log_probs and entropy, in batch order."""
     width = batch.response_mask.shape[1]
     old = concat_batches([_fields(shard, old_log_probs=lp, entropy=ent) for shard, (lp, ent) in zip(shards, scores, strict=True)], order)
     return batch.with_fields(old_log_probs=old["old_log_probs"][:, :width], entropy=old["entropy"][:, :width])
 
 
-def _kl_to_reference(batch: TokenBatch, kind: str, mask: Any) -> float:
+def _kl_to_reference(batch: TokenBatch, kind: str, mask: Tensor) -> float:
     from rlplan.runtime import algorithms
 
     kl = algorithms.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], kind) * mask
@@ -423,7 +426,7 @@ def _batch_statistics(batch: TokenBatch, scores: Tensor, mask: Tensor) -> dict[s
 
 
 def run_loop(
-    plan: Plan, platform: Platform, options: RunOptions, data: PromptSource, console: Any = None, progress: Any = None
+    plan: Plan, platform: Platform, options: RunOptions, data: PromptSource, console: Console | None = None, progress: Progress | None = None
 ) -> RunSummary:
     """Start the workers, optionally restore, run the steps, checkpoint, shut down."""
     import ray

@@ -34,12 +34,17 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
-from rlplan.planner.phases import Phase
+from rlplan.planner.phases import ControllerWork, Phase
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from rlplan.planner.plan import Plan
 
 METRICS_FILE = "metrics.jsonl"
 GPU_MEASURE = "cuda_max_memory_allocated"
@@ -47,8 +52,12 @@ CPU_MEASURE = "cpu_process_rss_sampled_peak"
 HELD_MEASURE = "cuda_memory_held"
 # What a measured piece of work returns.
 T = TypeVar("T")
-# The planner's phase names (planner.memory), in step order.
-PHASES = ("rollout", "reward", "old_log_prob", "ref_log_prob", "critic_values", "advantages", "critic_update", "actor_update", "weight_sync")
+# The phases and the controller's work between them, in the order a step's record shows them.
+STEP_ORDER: tuple[Phase | ControllerWork, ...] = (
+    Phase.ROLLOUT, ControllerWork.REWARD, Phase.OLD_LOG_PROB, Phase.REF_LOG_PROB, Phase.CRITIC_VALUES,
+    ControllerWork.ADVANTAGES, Phase.CRITIC_UPDATE, Phase.ACTOR_UPDATE, Phase.WEIGHT_SYNC,
+)
+_STEP_POSITION: dict[str, int] = {name: position for position, name in enumerate(STEP_ORDER)}
 
 
 def _rss_bytes() -> int:
@@ -231,7 +240,7 @@ class Tracker(abc.ABC):
 
 
 class ConsoleTracker(Tracker):
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: Console) -> None:
         self.console = console
 
     def log(self, record: dict[str, Any], scalars: dict[str, float], step: int) -> None:
@@ -253,7 +262,7 @@ class TensorBoardTracker(Tracker):
         self.writer.close()
 
 
-def _run_id(output_dir: Path, name: str, resume: bool, new_id: Any) -> str:
+def _run_id(output_dir: Path, name: str, resume: bool, new_id: Callable[[], object]) -> str:
     """The tracker's run id, kept in the run directory so `rlplan run --resume` continues the same run."""
     path = output_dir / f"{name}-run-id"
     if resume and path.exists():
@@ -356,7 +365,7 @@ def check_trackers(loggers: tuple[str, ...]) -> None:
         )
 
 
-def open_trackers(plan: Any, output_dir: str | os.PathLike[str], console: Any, *, resume: bool) -> tuple[Tracker, ...]:
+def open_trackers(plan: Plan, output_dir: str | os.PathLike[str], console: Console | None, *, resume: bool) -> tuple[Tracker, ...]:
     """The trackers of `plan.trainer.logger`, in its order (check_trackers has passed)."""
     from rlplan.planner.planfile import plan_to_dict
 
@@ -407,7 +416,7 @@ def read_metrics(output_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 # --- plan versus actual -----------------------------------------------------------------------
 
 
-def predicted_phase_peaks(plan: Any) -> dict[str, float]:
+def predicted_phase_peaks(plan: Plan) -> dict[str, float]:
     """The planner's predicted per-GPU (per-process on CPU) peak per phase in GiB, when the memory model is
     available.
 
@@ -453,7 +462,7 @@ def prediction_verdict(error: float | None, bound: tuple[float, float] = PREDICT
 def plan_versus_actual(predicted_gib: dict[str, float], measured_bytes: dict[str, int], measure: str) -> list[dict[str, Any]]:
     """Rows of (phase, predicted GiB, measured GiB, error, verdict) over every phase either side knows."""
     rows = []
-    for phase in sorted(set(predicted_gib) | set(measured_bytes), key=lambda p: (PHASES.index(p) if p in PHASES else 99, p)):
+    for phase in sorted(set(predicted_gib) | set(measured_bytes), key=lambda p: (_STEP_POSITION.get(p, len(STEP_ORDER)), p)):
         measured_gib = measured_bytes[phase] / 2**30 if phase in measured_bytes else None
         error = prediction_error(predicted_gib.get(phase), measured_gib)
         rows.append(

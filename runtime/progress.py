@@ -8,10 +8,14 @@ loop can run without a screen (progress=None, as the tests and --json's stdout n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 
-def run_progress(console: Any) -> Any:
+def run_progress(console: Console) -> Progress:
     """The run's rich Progress: spinner, what is happening, bar, steps done, elapsed, ETA, tokens/s."""
     from rich.progress import (
         BarColumn,
@@ -42,10 +46,10 @@ def step_tokens_per_s(record: dict[str, Any]) -> float | None:
 class RunProgress:
     """The stage spinner, then the step bar, on one rich Progress (or nothing, when there is no screen)."""
 
-    def __init__(self, progress: Any = None) -> None:
+    def __init__(self, progress: Progress | None = None) -> None:
         self.progress = progress
-        self.stage_task: Any = None
-        self.step_task: Any = None
+        self.stage_task: TaskID | None = None
+        self.step_task: TaskID | None = None
         self.last_step = 0
 
     def stage(self, text: str) -> None:

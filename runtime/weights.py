@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from attrs import frozen
 
 from rlplan.planner.phases import SyncMode
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
 
 PEFT_PREFIX = "base_model.model."
 BASE_LAYER = ".base_layer"
@@ -36,12 +40,12 @@ def hf_name(name: str) -> str | None:
     return name.replace(BASE_LAYER, "")
 
 
-def full(tensor: Any) -> Any:
+def full(tensor: Tensor) -> Tensor:
     """The whole tensor behind a DTensor shard (a collective), or the tensor itself."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def _lora_layer(model: Any, parameter_name: str) -> Any | None:
+def _lora_layer(model: nn.Module, parameter_name: str) -> nn.Module | None:
     """The peft LoRA module owning `...<module>.base_layer.weight`, if it is one."""
     suffix = BASE_LAYER + ".weight"
     if not parameter_name.endswith(suffix):
@@ -50,7 +54,7 @@ def _lora_layer(model: Any, parameter_name: str) -> Any | None:
     return module if hasattr(module, "lora_A") else None
 
 
-def _merged_weight(layer: Any, base_weight: Any, read: Any) -> Any:
+def _merged_weight(layer: nn.Module, base_weight: Tensor, read: Callable[[Tensor], Tensor]) -> Tensor:
     """W + B A scaling for every active adapter of a peft LoRA linear layer."""
     merged = base_weight.float()
     for adapter in layer.active_adapters:
@@ -62,11 +66,11 @@ def _merged_weight(layer: Any, base_weight: Any, read: Any) -> Any:
     return merged.to(base_weight.dtype)
 
 
-def _named_in_module_order(model: Any) -> list[tuple[str, Any]]:
+def _named_in_module_order(model: nn.Module) -> list[tuple[str, Tensor]]:
     return list(model.named_parameters())
 
 
-def _layer_groups(model: Any, names: list[str]) -> list[tuple[Any | None, list[str]]]:
+def _layer_groups(model: nn.Module, names: list[str]) -> list[tuple[nn.Module | None, list[str]]]:
     """Parameter names grouped by the FSDP-sharded decoder layer holding them (None: outside any layer)."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -75,7 +79,7 @@ def _layer_groups(model: Any, names: list[str]) -> list[tuple[Any | None, list[s
         for prefix, module in model.named_modules()
         if prefix and isinstance(module, FSDPModule) and hasattr(module, "self_attn")
     ]
-    groups: list[tuple[Any | None, list[str]]] = []
+    groups: list[tuple[nn.Module | None, list[str]]] = []
     for name in names:
         owner = next((module for prefix, module in layer_prefixes if name.startswith(prefix)), None)
         if groups and groups[-1][0] is owner:
@@ -86,8 +90,9 @@ def _layer_groups(model: Any, names: list[str]) -> list[tuple[Any | None, list[s
 
 
 def iter_hf_weights(
-    model: Any, *, mode: SyncMode = SyncMode.MERGED, layered: bool = False, dtype: Any = None, to_cpu: bool = True
-) -> Iterator[tuple[str, Any]]:
+    model: nn.Module, *, mode: SyncMode = SyncMode.MERGED, layered: bool = False, dtype: torch.dtype | None = None,
+    to_cpu: bool = True,
+) -> Iterator[tuple[str, Tensor]]:
     """(hf_name, full tensor) for every base-model parameter, in the model's order.
 
     mode: MERGED folds any adapter into its base weight; BASE leaves it out (ADAPTER is not a full-weight mode).
@@ -130,14 +135,14 @@ class TensorSpec:
     """A tensor's shape and dtype: enough to plan shards before gathering anything."""
 
     shape: tuple[int, ...]
-    dtype: Any
+    dtype: torch.dtype
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def hf_weight_layout(model: Any, *, dtype: Any = None) -> dict[str, TensorSpec]:
+def hf_weight_layout(model: nn.Module, *, dtype: torch.dtype | None = None) -> dict[str, TensorSpec]:
     """What `iter_hf_weights` will yield, in its order, as shapes: a DTensor knows its global shape."""
     layout = {}
     for name, parameter in _named_in_module_order(model):
@@ -147,7 +152,7 @@ def hf_weight_layout(model: Any, *, dtype: Any = None) -> dict[str, TensorSpec]:
     return layout
 
 
-def adapter_tensors(model: Any, *, to_cpu: bool = True) -> dict[str, Any]:
+def adapter_tensors(model: nn.Module, *, to_cpu: bool = True) -> dict[str, Tensor]:
     """The LoRA weights as peft's state dict (`...q_proj.lora_A.weight`), the format `save_pretrained` writes."""
     from peft import get_peft_model_state_dict
 
@@ -157,7 +162,7 @@ def adapter_tensors(model: Any, *, to_cpu: bool = True) -> dict[str, Any]:
     return get_peft_model_state_dict(model, state_dict=gathered)
 
 
-def adapter_config(model: Any) -> dict[str, Any]:
+def adapter_config(model: nn.Module) -> dict[str, object]:
     """The active adapter's adapter_config.json contents, JSON-ready."""
     config = model.peft_config[model.active_adapter].to_dict()
     return json.loads(json.dumps(config, default=lambda value: sorted(value) if isinstance(value, set) else str(value)))

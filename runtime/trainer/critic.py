@@ -6,7 +6,7 @@ value head, and is trained in full (no LoRA) with its own optimizer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
 from rlplan.planner.plan import Plan
@@ -16,9 +16,13 @@ from rlplan.runtime.trainer.policy import concat_rows
 from rlplan.runtime.trainer.role_model import RoleTrainer, critic_model_spec
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
 
 class CriticTrainer(RoleTrainer):
-    def __init__(self, plan: Plan, *, device: Any, device_type: str, rank: int) -> None:
+    def __init__(self, plan: Plan, *, device: torch.device | str, device_type: str, rank: int) -> None:
         self.layout: PlanLayout = plan_layout(plan)
         if self.layout.critic_update is None or self.layout.critic_values is None or self.layout.critic_parallel is None:
             raise ValueError("the plan uses no critic")
@@ -28,7 +32,7 @@ class CriticTrainer(RoleTrainer):
             remove_padding=plan.critic.use_remove_padding, sequence_parallel=self.sequence_parallel
         )
 
-    def compute_values(self, batch: TokenBatch) -> Any:
+    def compute_values(self, batch: TokenBatch) -> Tensor:
         import torch
 
         self.model.eval()
@@ -37,7 +41,7 @@ class CriticTrainer(RoleTrainer):
             parts = [value_forward(self.model, batch.select(rows), self.device, self.forward_options) for rows in groups]
         return concat_rows(parts, groups, len(batch))
 
-    def _micro_loss(self, micro: TokenBatch, normalizer: float) -> tuple[Any, dict[str, float]]:
+    def _micro_loss(self, micro: TokenBatch, normalizer: float) -> tuple[Tensor, dict[str, float]]:
         from rlplan.runtime.algorithms import masked_mean, value_loss
 
         mask = micro.response_mask.to(self.device)
@@ -59,9 +63,12 @@ class CriticTrainer(RoleTrainer):
         }
 
     def update(self, batch: TokenBatch, step: int) -> dict[str, float]:
+        role = self.layout.critic_update
+        if role is None:
+            raise ValueError("the plan trains no critic")
         summary = self._ppo_update(
             batch,
-            role=self.layout.critic_update,
+            role=role,
             world_size=self.layout.critic_parallel.world_size if self.layout.critic_parallel else 1,
             seed=self.plan.trainer.seed * 7919 + step * 31 + self.data_rank,
         )

@@ -22,11 +22,17 @@ picked, so every rank of the group returns the whole micro batch's numbers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attrs import frozen
 
 from rlplan.runtime.trainer.token_batch import TokenBatch
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from rlplan.runtime.trainer.sequence_parallel import PackedShard, SequenceParallelGroup
 
 
 @frozen(kw_only=True)
@@ -35,10 +41,10 @@ class ForwardOptions:
     # The rollout's sampling temperature: vLLM reports log-probs of logits / T, so the trainer scores the same.
     temperature: float = 1.0
     # This rank's Ulysses group (a SequenceParallelGroup), None without sequence parallelism.
-    sequence_parallel: Any = None
+    sequence_parallel: SequenceParallelGroup | None = None
 
 
-def model_inputs(micro: TokenBatch, device: Any, *, remove_padding: bool) -> tuple[dict[str, Any], Any]:
+def model_inputs(micro: TokenBatch, device: torch.device | str, *, remove_padding: bool) -> tuple[dict[str, Tensor | None], Tensor]:
     """The model's keyword arguments and, per response token, the flat row index of its predicting logit."""
     import torch
 
@@ -46,7 +52,7 @@ def model_inputs(micro: TokenBatch, device: Any, *, remove_padding: bool) -> tup
     lengths = micro["sequence_lengths"].tolist()
     prompts = micro["prompt_lengths"].tolist()
     width = input_ids.shape[1]
-    rows: list[Any] = []
+    rows: list[Tensor] = []
     if remove_padding:
         from rlplan.runtime.batching import pack_sequences
 
@@ -65,7 +71,7 @@ def model_inputs(micro: TokenBatch, device: Any, *, remove_padding: bool) -> tup
     return inputs, torch.cat(rows).to(device)
 
 
-def response_labels(micro: TokenBatch, device: Any) -> Any:
+def response_labels(micro: TokenBatch, device: torch.device | str) -> Tensor:
     import torch
 
     ids = micro["input_ids"]
@@ -75,7 +81,7 @@ def response_labels(micro: TokenBatch, device: Any) -> Any:
     return torch.cat(parts).to(device)
 
 
-def scatter_to_responses(flat: Any, micro: TokenBatch) -> Any:
+def scatter_to_responses(flat: Tensor, micro: TokenBatch) -> Tensor:
     """(N,) values over all response tokens -> (b, R) right-padded, on flat's device."""
     import torch
 
@@ -85,14 +91,14 @@ def scatter_to_responses(flat: Any, micro: TokenBatch) -> Any:
     return out.masked_scatter(mask, flat)
 
 
-def _head(logits: Any, labels: Any, with_entropy: bool) -> tuple[Any, Any]:
+def _head(logits: Tensor, labels: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """(log-probs, entropy or None) per row of (rows, vocab) logits, by the runtime's lean head."""
     from rlplan.runtime.algorithms.lean_head import lean_log_probs_and_entropy
 
     return lean_log_probs_and_entropy(logits, labels, with_entropy=with_entropy)
 
 
-def policy_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardOptions, *, with_entropy: bool) -> tuple[Any, Any]:
+def policy_forward(model: nn.Module, micro: TokenBatch, device: torch.device | str, options: ForwardOptions, *, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """Log-probs of the response tokens, and their entropy when asked, both (b, R) in fp32."""
     if options.sequence_parallel is not None:
         return _policy_forward_sequence_parallel(model, micro, device, options, with_entropy=with_entropy)
@@ -106,14 +112,20 @@ def policy_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardO
     return scatter_to_responses(log_probs, micro), (scatter_to_responses(entropy, micro) if with_entropy else None)
 
 
-def _sequence_parallel_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardOptions) -> tuple[Any, Any, Any]:
+def _ulysses_group(options: ForwardOptions) -> SequenceParallelGroup:
+    if options.sequence_parallel is None:
+        raise ValueError("the sequence-parallel forward needs this rank's Ulysses group")
+    return options.sequence_parallel
+
+
+def _sequence_parallel_forward(model: nn.Module, micro: TokenBatch, device: torch.device | str, options: ForwardOptions) -> tuple[Tensor, PackedShard, Tensor]:
     """(this rank's (S_pad/sp, out) model outputs, its shard, the response rows of the packed stream)."""
     from rlplan.runtime.trainer.sequence_parallel import UlyssesAttentionInputs, shard_packed
 
     if not options.remove_padding:
         raise ValueError("Ulysses sequence parallelism needs packed inputs (use_remove_padding)")
+    group = _ulysses_group(options)
     inputs, rows = model_inputs(micro, device, remove_padding=True)
-    group = options.sequence_parallel
     shard = shard_packed(inputs["input_ids"], inputs["position_ids"], group)
     outputs = model(
         input_ids=shard.input_ids,
@@ -126,14 +138,14 @@ def _sequence_parallel_forward(model: Any, micro: TokenBatch, device: Any, optio
 
 
 def _policy_forward_sequence_parallel(
-    model: Any, micro: TokenBatch, device: Any, options: ForwardOptions, *, with_entropy: bool
-) -> tuple[Any, Any]:
+    model: nn.Module, micro: TokenBatch, device: torch.device | str, options: ForwardOptions, *, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
     from rlplan.runtime.trainer.sequence_parallel import gather_tokens
 
     logits, shard, rows = _sequence_parallel_forward(model, micro, device, options)
     if options.temperature > 0 and options.temperature != 1.0:
         logits = logits / options.temperature
-    group = options.sequence_parallel
+    group = _ulysses_group(options)
     local_log_probs, local_entropy = _head(logits, shard.labels, with_entropy)
     log_probs = gather_tokens(local_log_probs, group).index_select(0, rows)
     entropy = None
@@ -142,7 +154,7 @@ def _policy_forward_sequence_parallel(
     return scatter_to_responses(log_probs, micro), entropy
 
 
-def value_forward(model: Any, micro: TokenBatch, device: Any, options: ForwardOptions) -> Any:
+def value_forward(model: nn.Module, micro: TokenBatch, device: torch.device | str, options: ForwardOptions) -> Tensor:
     """The critic's value of the state before each response token, (b, R) in fp32."""
     if options.sequence_parallel is not None:
         from rlplan.runtime.trainer.sequence_parallel import gather_tokens

@@ -8,14 +8,17 @@ shards; token-budget micro batches take the largest count any rank needs
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlplan.planner.layout import RoleBatchLayout
 from rlplan.planner.phases import TOKEN_BUDGET_KEY, Phase
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
+if TYPE_CHECKING:
+    import torch
 
-def all_reduce_max(value: int, device: Any) -> int:
+
+def all_reduce_max(value: int, device: torch.device | str) -> int:
     import torch
     import torch.distributed as dist
 
@@ -25,7 +28,7 @@ def all_reduce_max(value: int, device: Any) -> int:
     return int(tensor.item())
 
 
-def all_reduce_sum(value: float, device: Any) -> float:
+def all_reduce_sum(value: float, device: torch.device | str) -> float:
     import torch
     import torch.distributed as dist
 
@@ -35,7 +38,7 @@ def all_reduce_sum(value: float, device: Any) -> float:
     return float(tensor.item())
 
 
-def micro_batch_indices(batch: TokenBatch, role: RoleBatchLayout, device: Any) -> list[list[int]]:
+def micro_batch_indices(batch: TokenBatch, role: RoleBatchLayout, device: torch.device | str) -> list[list[int]]:
     """Index lists, one per micro batch, covering `batch` once."""
     from rlplan.runtime.batching import fixed_micro_batches, token_budget_micro_batches
 
@@ -50,7 +53,7 @@ def micro_batch_indices(batch: TokenBatch, role: RoleBatchLayout, device: Any) -
     return [list(group) for group in fixed_micro_batches(len(batch), size)]
 
 
-def mini_batch_indices(size: int, mini_batch_size: int, *, shuffle: bool, generator: Any = None) -> list[list[int]]:
+def mini_batch_indices(size: int, mini_batch_size: int, *, shuffle: bool, generator: torch.Generator = None) -> list[list[int]]:
     """Consecutive (or, with `shuffle`, permuted) chunks of `mini_batch_size` samples."""
     import torch
 

@@ -8,12 +8,19 @@ layer's parameters are gathered at a time in forward and backward.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attrs import frozen
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.plan import ComputeDtype, LoraConfig
+
+if TYPE_CHECKING:
+    import torch
+    from peft import LoraConfig as PeftLoraConfig
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers import PretrainedConfig
 
 
 @frozen(kw_only=True)
@@ -28,7 +35,10 @@ class ShardingSpec:
     # backward (FSDP2's MixedPrecisionPolicy, verl's fsdp_config.dtype); "float32" computes on the shards.
     compute_dtype: ComputeDtype
     param_offload: bool = False
-    reshard_after_forward: bool = True
+    # True frees every group's gathered weights after its forward, the root's too. None is FSDP2's default,
+    # which keeps the root group (lm_head, final norm, a tied embedding) gathered from forward to backward:
+    # what rlplan measure emulates and the planner prices as root_group_unsharded.
+    reshard_after_forward: bool | None = True
 
     @property
     def replicate_group_count(self) -> int:
@@ -58,7 +68,7 @@ def lora_target_modules(target_modules: tuple[str, ...]) -> str | list[str]:
     return list(target_modules)
 
 
-def lora_peft_config(lora: LoraConfig) -> Any:
+def lora_peft_config(lora: LoraConfig) -> PeftLoraConfig:
     from peft import LoraConfig as PeftLoraConfig
 
     return PeftLoraConfig(
@@ -71,7 +81,7 @@ def lora_peft_config(lora: LoraConfig) -> Any:
     )
 
 
-def load_hf_model(path: str, *, value_head: bool, train_dtype: Any) -> Any:
+def load_hf_model(path: str, *, value_head: bool, train_dtype: torch.dtype) -> nn.Module:
     """A causal LM, or for the critic the same backbone with a one-output token head."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -90,26 +100,36 @@ def load_hf_model(path: str, *, value_head: bool, train_dtype: Any) -> Any:
     return model
 
 
-def decoder_layers(model: Any) -> list[Any]:
+def hf_model_on_meta(config: PretrainedConfig) -> nn.Module:
+    """A causal LM of `config`'s shapes on the meta device, in the default dtype, without weights: what
+    `rlplan measure` shards over fake tensors (runtime.measured_step)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated transformer blocks, found through the model's own `_no_split_modules`."""
-    names = set(getattr(_base(model), "_no_split_modules", None) or ())
+    names = set(getattr(base_model(model), "_no_split_modules", None) or ())
     layers = [module for module in model.modules() if type(module).__name__ in names]
     if not layers:
         raise PlanError(
             field="model.path",
-            message=f"cannot find the decoder layers of {type(_base(model)).__name__} to shard them.",
+            message=f"cannot find the decoder layers of {type(base_model(model)).__name__} to shard them.",
             fix="use a Hugging Face decoder model whose class lists _no_split_modules",
         )
     return layers
 
 
-def _base(model: Any) -> Any:
-    """The transformers model under a peft wrapper."""
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper, or the model itself."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if get_base is not None else model
 
 
-def apply_lora(model: Any, lora: LoraConfig, *, gradient_checkpointing: bool) -> Any:
+def apply_lora(model: nn.Module, lora: LoraConfig, *, gradient_checkpointing: bool) -> nn.Module:
     from peft import get_peft_model
 
     if gradient_checkpointing:
@@ -118,11 +138,11 @@ def apply_lora(model: Any, lora: LoraConfig, *, gradient_checkpointing: bool) ->
     return get_peft_model(model, lora_peft_config(lora))
 
 
-def enable_gradient_checkpointing(model: Any) -> None:
-    _base(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    base_model(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def device_mesh(spec: ShardingSpec) -> Any:
+def device_mesh(spec: ShardingSpec) -> DeviceMesh:
     from torch.distributed.device_mesh import init_device_mesh
 
     if spec.replicate_group_count == 1:
@@ -134,18 +154,18 @@ def device_mesh(spec: ShardingSpec) -> Any:
     )
 
 
-def shard_model(model: Any, spec: ShardingSpec, mesh: Any) -> Any:
+def shard_model(model: nn.Module, spec: ShardingSpec, mesh: DeviceMesh) -> nn.Module:
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
+    options: dict[str, object] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
     if spec.compute_dtype == "bfloat16":
         # Reducing gradients in fp32 keeps small LoRA gradients from rounding away across ranks.
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     options["offload_policy"] = CPUOffloadPolicy(pin_memory=True) if spec.param_offload else OffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, **options)
-    base = _base(model)
+    base = base_model(model)
     if not base.config.tie_word_embeddings:
         # A tied embedding must stay in the root's group, together with the LM head that shares it.
         fully_shard(base.get_input_embeddings(), **options)
@@ -153,5 +173,5 @@ def shard_model(model: Any, spec: ShardingSpec, mesh: Any) -> Any:
     return model
 
 
-def trainable_parameters(model: Any) -> list[Any]:
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attrs import frozen
+
+if TYPE_CHECKING:
+    import contextlib
+    from collections.abc import Callable
+
+    import torch
+    from torch import Tensor, nn
+    from torch.optim.lr_scheduler import LRScheduler
+
+    from rlplan.planner.layout import RoleBatchLayout
+    from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
 @frozen(kw_only=True)
@@ -16,6 +27,9 @@ class OptimizerSettings:
     grad_clip: float = 1.0
     # Keep Adam moments in host memory between steps (verl's optimizer_offload).
     offload_state: bool = False
+    # AdamW's multi-tensor implementation; None lets PyTorch choose (foreach for CUDA parameters, a
+    # per-tensor loop for CPU ones). rlplan measure emulates a GPU on device cpu, so it asks for foreach.
+    foreach: bool | None = None
 
 
 @frozen(kw_only=True)
@@ -32,24 +46,32 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return min(1.0, (step + 1) / warmup_steps)
 
 
-def build_optimizer(parameters: list[Any], settings: OptimizerSettings) -> tuple[Any, Any]:
+def adamw(parameters: list[nn.Parameter], settings: OptimizerSettings) -> torch.optim.Optimizer:
+    """The optimizer every trained role steps (and `rlplan measure` emulates)."""
     import torch
 
-    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.999))
+    return torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.999),
+                             foreach=settings.foreach)
+
+
+def build_optimizer(parameters: list[nn.Parameter], settings: OptimizerSettings) -> tuple[torch.optim.Optimizer, LRScheduler]:
+    import torch
+
+    optimizer = adamw(parameters, settings)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda=lambda step: warmup_factor(step, settings.warmup_steps)
     )
     return optimizer, scheduler
 
 
-def move_optimizer_state(optimizer: Any, device: Any) -> None:
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
     for state in optimizer.state.values():
         for key, value in state.items():
             if hasattr(value, "to") and getattr(value, "dim", lambda: 0)() > 0:
                 state[key] = value.to(device, non_blocking=True)
 
 
-def guarded_step(model: Any, optimizer: Any, scheduler: Any, settings: OptimizerSettings, device: Any) -> StepOutcome:
+def guarded_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, settings: OptimizerSettings, device: torch.device | str) -> StepOutcome:
     """Clip, then step unless the gradient norm is not finite (one bad batch must not poison the weights)."""
     import torch
 
@@ -99,18 +121,18 @@ class UpdateSummary:
 
 def ppo_update(
     *,
-    model: Any,
-    optimizer: Any,
-    scheduler: Any,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
     settings: OptimizerSettings,
-    batch: Any,
-    role: Any,
+    batch: TokenBatch,
+    role: RoleBatchLayout,
     loss_agg_mode: str,
     world_size: int,
-    device: Any,
+    device: torch.device | str,
     shuffle: bool,
-    generator: Any,
-    micro_loss: Any,
+    generator: torch.Generator,
+    micro_loss: Callable[[TokenBatch, float], tuple[Tensor, dict[str, float]]],
     activation_offload: bool = False,
 ) -> UpdateSummary:
     """epochs x mini batches of optimizer steps; each mini batch's gradient accumulates over micro batches.
@@ -153,7 +175,7 @@ def ppo_update(
     )
 
 
-def activation_offload_context(enabled: bool) -> Any:
+def activation_offload_context(enabled: bool) -> contextlib.AbstractContextManager[object]:
     import contextlib
 
     import torch

@@ -7,7 +7,7 @@ same way and, where an accelerator exists and the plan asks, offloaded).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attrs import frozen
 
@@ -18,8 +18,15 @@ from rlplan.runtime.trainer.micro_batches import micro_batch_indices
 from rlplan.runtime.trainer.role_model import RoleTrainer, actor_model_spec, build_reference_model
 from rlplan.runtime.trainer.token_batch import TokenBatch
 
+if TYPE_CHECKING:
 
-def concat_rows(parts: list[Any], order: list[list[int]], total: int) -> Any:
+    import torch
+    from torch import Tensor, nn
+
+    from rlplan.planner.layout import RoleBatchLayout
+
+
+def concat_rows(parts: list[Tensor], order: list[list[int]], total: int) -> Tensor:
     """Put per-micro-batch (b, R_i) results back into one (B, max R) tensor in the original order."""
     import torch
 
@@ -37,14 +44,14 @@ class ActorUpdate:
     metrics: dict[str, float]
     # On-policy updates only: the first forward's per-token log-probs and entropy, (B, R) on CPU in the
     # batch's row order; they stand in for the skipped old-log-prob pass. None otherwise.
-    log_probs: Any = None
-    entropy: Any = None
+    log_probs: Tensor = None
+    entropy: Tensor = None
 
 
 class PolicyTrainer(RoleTrainer):
     """The actor (and, for full fine-tuning with a KL term, its reference) on this rank."""
 
-    def __init__(self, plan: Plan, *, device: Any, device_type: str, rank: int) -> None:
+    def __init__(self, plan: Plan, *, device: torch.device | str, device_type: str, rank: int) -> None:
         self.layout: PlanLayout = plan_layout(plan)
         super().__init__(plan, actor_model_spec(plan, self.layout, device_type), device=device, rank=rank)
         self.forward_options = ForwardOptions(
@@ -59,10 +66,10 @@ class PolicyTrainer(RoleTrainer):
                 sequence_parallel=self.sequence_parallel,
             )
         # An on-policy update's (sample indices, log-probs, entropy) per micro batch, collected by _micro_loss.
-        self._update_scores: list[tuple[list[int], Any, Any]] = []
+        self._update_scores: list[tuple[list[int], Tensor, Tensor | None]] = []
 
     # --- forward-only passes ------------------------------------------------
-    def _score(self, model: Any, batch: TokenBatch, role: Any, *, with_entropy: bool) -> tuple[Any, Any]:
+    def _score(self, model: nn.Module, batch: TokenBatch, role: RoleBatchLayout, *, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         import torch
 
         model.eval()
@@ -76,11 +83,11 @@ class PolicyTrainer(RoleTrainer):
                 entropies.append(entropy if entropy is not None else torch.zeros_like(logp))
         return concat_rows(log_probs, groups, len(batch)), concat_rows(entropies, groups, len(batch))
 
-    def compute_log_probs(self, batch: TokenBatch) -> tuple[Any, Any]:
+    def compute_log_probs(self, batch: TokenBatch) -> tuple[Tensor, Tensor | None]:
         """Old log-probs of the response tokens and their entropy, (B, R) each, on CPU."""
         return self._score(self.model, batch, self.layout.old_log_prob, with_entropy=True)
 
-    def compute_ref_log_probs(self, batch: TokenBatch) -> Any:
+    def compute_ref_log_probs(self, batch: TokenBatch) -> Tensor:
         role = self.layout.ref_log_prob or self.layout.old_log_prob
         if self.reference is not None:
             return self._score(self.reference, batch, role, with_entropy=False)[0]
@@ -90,7 +97,7 @@ class PolicyTrainer(RoleTrainer):
             return self._score(self.model, batch, role, with_entropy=False)[0]
 
     # --- the update ---------------------------------------------------------
-    def _micro_loss(self, micro: TokenBatch, normalizer: float) -> tuple[Any, dict[str, float]]:
+    def _micro_loss(self, micro: TokenBatch, normalizer: float) -> tuple[Tensor, dict[str, float]]:
         from rlplan.runtime.algorithms import aggregate_loss, kl_penalty, masked_mean, policy_loss
 
         actor = self.plan.actor
@@ -100,7 +107,8 @@ class PolicyTrainer(RoleTrainer):
         want_entropy = actor.entropy_coeff != 0.0 or on_policy
         logp, entropy = policy_forward(self.model, micro, self.device, self.forward_options, with_entropy=want_entropy)
         if on_policy:
-            self._update_scores.append((micro["sample_index"].tolist(), logp.detach(), entropy.detach()))
+            self._update_scores.append((micro["sample_index"].tolist(), logp.detach(),
+                                        entropy.detach() if entropy is not None else None))
         old_logp = logp.detach() if on_policy else micro["old_log_probs"].to(self.device)
         max_length = self.plan.data.max_response_length
         loss, stats = policy_loss(

@@ -10,7 +10,7 @@ and the optimizer over what is left trainable.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attrs import frozen
 
@@ -33,6 +33,15 @@ from rlplan.runtime.trainer.sequence_parallel import (
     use_ulysses_attention,
 )
 from rlplan.runtime.trainer.varlen_attention import use_varlen_attention
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.optim.lr_scheduler import LRScheduler
+
+    from rlplan.planner.layout import RoleBatchLayout
+    from rlplan.runtime.trainer.token_batch import TokenBatch
 
 
 @frozen(kw_only=True)
@@ -59,10 +68,10 @@ class RoleModelSpec:
 class RoleModel:
     """A role's sharded model on this rank with the mesh, groups and optimizer built for it."""
 
-    model: Any
-    mesh: Any
-    optimizer: Any
-    scheduler: Any
+    model: nn.Module
+    mesh: DeviceMesh
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler
     sequence_parallel: SequenceParallelGroup | None
     # The data-parallel shard this rank trains on (ranks of one Ulysses group share one).
     data_rank: int
@@ -129,7 +138,8 @@ def critic_model_spec(plan: Plan, layout: PlanLayout, device_type: str) -> RoleM
     )
 
 
-def use_packed_attention(model: Any, *, remove_padding: bool, device_type: str, sequence_parallel: Any) -> None:
+def use_packed_attention(model: nn.Module, *, remove_padding: bool, device_type: str,
+                         sequence_parallel: SequenceParallelGroup | None) -> None:
     """The attention a trainer model runs: Ulysses with sequence parallelism, varlen for packed CPU inputs.
 
     On an accelerator, sdpa with the block-diagonal mask stays: its kernels are fast there, and a
@@ -143,7 +153,7 @@ def use_packed_attention(model: Any, *, remove_padding: bool, device_type: str, 
 
 
 def load_with_attention(path: str, *, value_head: bool, remove_padding: bool, device_type: str,
-                        sequence_parallel: SequenceParallelGroup | None) -> Any:
+                        sequence_parallel: SequenceParallelGroup | None) -> nn.Module:
     """The Hugging Face model in fp32 with the attention its inputs need: Ulysses where the role splits
     sequences, one SDPA per sequence for packed inputs on CPU (never an (S, S) mask there)."""
     import torch
@@ -154,12 +164,30 @@ def load_with_attention(path: str, *, value_head: bool, remove_padding: bool, de
     return model
 
 
-def place_and_shard(model: Any, spec: ShardingSpec, mesh: Any, device: Any) -> Any:
+def place_and_shard(model: nn.Module, spec: ShardingSpec, mesh: DeviceMesh, device: torch.device | str) -> nn.Module:
     # With param offload FSDP2 moves each shard to the host itself; the whole model never goes to the device.
     return shard_model(model if spec.param_offload else model.to(device), spec, mesh)
 
 
-def build_role_model(spec: RoleModelSpec, *, device: Any, rank: int) -> RoleModel:
+def wrap_for_training(model: nn.Module, *, lora: LoraConfig | None, gradient_checkpointing: bool) -> nn.Module:
+    """LoRA, then gradient checkpointing: what a trained model goes through before it is sharded (the run's
+    loaded model and `rlplan measure`'s model on the meta device alike)."""
+    if lora is not None:
+        model = apply_lora(model, lora, gradient_checkpointing=gradient_checkpointing)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def shard_on_meta(model: nn.Module, spec: ShardingSpec, mesh: DeviceMesh, device: torch.device | str) -> nn.Module:
+    """Shard a model built on the meta device, then allocate its shards on `device` (uninitialised; fake
+    under a FakeTensorMode): `rlplan measure`'s emulation, which never loads weights."""
+    model = shard_model(model, spec, mesh)
+    model.to_empty(device=device)
+    return model
+
+
+def build_role_model(spec: RoleModelSpec, *, device: torch.device | str, rank: int) -> RoleModel:
     import torch
 
     sharding = spec.sharding
@@ -168,10 +196,7 @@ def build_role_model(spec: RoleModelSpec, *, device: Any, rank: int) -> RoleMode
     torch.manual_seed(spec.init_seed)
     model = load_with_attention(spec.path, value_head=spec.value_head, remove_padding=spec.remove_padding,
                                 device_type=sharding.device_type, sequence_parallel=sequence_parallel)
-    if spec.lora is not None:
-        model = apply_lora(model, spec.lora, gradient_checkpointing=spec.gradient_checkpointing)
-    if spec.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+    model = wrap_for_training(model, lora=spec.lora, gradient_checkpointing=spec.gradient_checkpointing)
     model = place_and_shard(model, sharding, mesh, device)
     optimizer, scheduler = build_optimizer(trainable_parameters(model), spec.optimizer)
     return RoleModel(
@@ -188,7 +213,7 @@ class RoleTrainer(ABC):
     """What the actor's and the critic's trainers share: the role's model built from its spec on this rank,
     and the PPO update loop over it (the subclass supplies the layouts and the per-micro-batch loss)."""
 
-    def __init__(self, plan: Plan, spec: RoleModelSpec, *, device: Any, rank: int) -> None:
+    def __init__(self, plan: Plan, spec: RoleModelSpec, *, device: torch.device | str, rank: int) -> None:
         self.plan = plan
         self.device = device
         self.rank = rank
@@ -198,10 +223,10 @@ class RoleTrainer(ABC):
         self.sequence_parallel, self.data_rank = built.sequence_parallel, built.data_rank
 
     @abstractmethod
-    def _micro_loss(self, micro: Any, normalizer: float) -> tuple[Any, dict[str, float]]:
+    def _micro_loss(self, micro: TokenBatch, normalizer: float) -> tuple[Tensor, dict[str, float]]:
         """The role's loss on one micro batch (normalized by the mini batch's global count) and its metrics."""
 
-    def _ppo_update(self, batch: Any, *, role: Any, world_size: int, seed: int,
+    def _ppo_update(self, batch: TokenBatch, *, role: RoleBatchLayout, world_size: int, seed: int,
                     activation_offload: bool = False) -> UpdateSummary:
         """ppo_update on this rank's share; `seed` draws the mini-batch shuffle (distinct per role, step and
         data rank, the same on the ranks of one Ulysses group)."""
@@ -227,9 +252,9 @@ class RoleTrainer(ABC):
 
 
 def build_reference_model(
-    plan: Plan, layout: PlanLayout, *, device_type: str, device: Any, mesh: Any,
+    plan: Plan, layout: PlanLayout, *, device_type: str, device: torch.device | str, mesh: DeviceMesh,
     sequence_parallel: SequenceParallelGroup | None,
-) -> Any:
+) -> nn.Module:
     """A frozen copy of the actor's initial weights, sharded on the actor's mesh, in eval mode."""
     # As verl: on GPUs the reference always shards with CPU offload (planner.memory.ref_params_on_host).
     spec = sharding_spec(layout.parallel, device_type, param_offload=plan.ref.param_offload or device_type != "cpu",

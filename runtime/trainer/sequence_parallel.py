@@ -15,11 +15,18 @@ that the sum over the group is the gradient of the whole micro batch (verl's gra
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attrs import frozen
 
 from rlplan.planner.arch import heads_split_evenly
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+    from torch.autograd.function import FunctionCtx
+    from torch.distributed import ProcessGroup
+    from transformers import PretrainedConfig
 
 ATTENTION_IMPLEMENTATION = "rlplan_ulysses"
 
@@ -31,7 +38,7 @@ class SequenceParallelGroup:
     size: int
     rank: int
     dp_index: int
-    process_group: Any
+    process_group: ProcessGroup
 
 
 def new_sequence_parallel_group(world_size: int, size: int, rank: int) -> SequenceParallelGroup | None:
@@ -57,7 +64,7 @@ def data_parallel_rank(group: SequenceParallelGroup | None, rank: int) -> int:
     return group.dp_index if group is not None else rank
 
 
-def _all_to_all(tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Any:
+def _all_to_all(tensor: Tensor, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Tensor:
     import torch
     import torch.distributed as dist
 
@@ -68,43 +75,43 @@ def _all_to_all(tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceP
 
 
 @functools.cache
-def _autograd_functions() -> tuple[Any, Any]:
+def _autograd_functions() -> tuple[type[torch.autograd.Function], type[torch.autograd.Function]]:
     import torch
     import torch.distributed as dist
 
     class AllToAll(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Any:
+        def forward(ctx: FunctionCtx, tensor: Tensor, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Tensor:
             ctx.dims, ctx.group = (scatter_dim, gather_dim), group
             return _all_to_all(tensor, scatter_dim, gather_dim, group)
 
         @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
+        def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
             scatter_dim, gather_dim = ctx.dims
             return _all_to_all(grad, gather_dim, scatter_dim, ctx.group), None, None, None
 
     class GatherTokens(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, local: Any, group: SequenceParallelGroup) -> Any:
+        def forward(ctx: FunctionCtx, local: Tensor, group: SequenceParallelGroup) -> Tensor:
             ctx.group = group
             parts = [torch.empty_like(local) for _ in range(group.size)]
             dist.all_gather(parts, local.contiguous(), group=group.process_group)
             return torch.cat(parts, dim=0)
 
         @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
+        def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
             group = ctx.group
             return grad.chunk(group.size, dim=0)[group.rank] * group.size, None
 
     return AllToAll, GatherTokens
 
 
-def all_to_all(tensor: Any, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Any:
+def all_to_all(tensor: Tensor, scatter_dim: int, gather_dim: int, group: SequenceParallelGroup) -> Tensor:
     """Split `scatter_dim` over the group, concatenate what arrives along `gather_dim` (differentiable)."""
     return _autograd_functions()[0].apply(tensor, scatter_dim, gather_dim, group)
 
 
-def gather_tokens(local: Any, group: SequenceParallelGroup) -> Any:
+def gather_tokens(local: Tensor, group: SequenceParallelGroup) -> Tensor:
     """(S/sp, ...) per rank -> (S, ...) on every rank, in rank order (differentiable, grad scaled by sp)."""
     return _autograd_functions()[1].apply(local, group)
 
@@ -113,14 +120,14 @@ def gather_tokens(local: Any, group: SequenceParallelGroup) -> Any:
 class PackedShard:
     """This rank's slice of a packed micro batch, padded to a multiple of sp."""
 
-    input_ids: Any  # (1, S_pad / sp)
-    position_ids: Any  # (1, S_pad / sp)
-    labels: Any  # (S_pad / sp,) the next token of each local position
+    input_ids: Tensor  # (1, S_pad / sp)
+    position_ids: Tensor  # (1, S_pad / sp)
+    labels: Tensor  # (S_pad / sp,) the next token of each local position
     cu_seqlens: list[int]  # the sequence starts of the whole padded stream, ending with S_pad
     total_tokens: int  # S, before padding
 
 
-def shard_packed(input_ids: Any, position_ids: Any, group: SequenceParallelGroup) -> PackedShard:
+def shard_packed(input_ids: Tensor, position_ids: Tensor, group: SequenceParallelGroup) -> PackedShard:
     """Pad the (1, S) packed stream to a multiple of sp and keep this rank's contiguous slice.
 
     The padding is its own sequence (positions restart at 0), so no real token attends to it.
@@ -155,18 +162,18 @@ class UlyssesAttentionInputs:
 
 
 def ulysses_attention(
-    module: Any,
-    query: Any,
-    key: Any,
-    value: Any,
-    attention_mask: Any,
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
     *,
     ulysses: UlyssesAttentionInputs,
     scaling: float | None = None,
     dropout: float = 0.0,
     sliding_window: int | None = None,
-    **kwargs: Any,
-) -> tuple[Any, None]:
+    **kwargs: object,
+) -> tuple[Tensor, None]:
     """transformers' attention interface: per-sequence sdpa over the whole packed stream, on heads/sp heads per rank."""
     from rlplan.runtime.trainer.varlen_attention import varlen_sdpa
 
@@ -185,7 +192,7 @@ def ulysses_attention(
     return all_to_all(output.transpose(1, 2), 1, 2, group), None
 
 
-def use_ulysses_attention(model: Any, size: int) -> None:
+def use_ulysses_attention(model: nn.Module, size: int) -> None:
     """Route the model's attention through `ulysses_attention` (registered once per process)."""
     from transformers import AttentionInterface
 
@@ -194,7 +201,7 @@ def use_ulysses_attention(model: Any, size: int) -> None:
     model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
 
 
-def check_heads_divide(config: Any, size: int) -> None:
+def check_heads_divide(config: PretrainedConfig, size: int) -> None:
     """Ulysses splits the attention heads over the group, and the KV heads or copies of them (rule R5)."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads

@@ -18,12 +18,15 @@ for every packed sequence (the layout transformers itself reads).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 ATTENTION_IMPLEMENTATION = "rlplan_varlen"
 
 
-def cu_seqlens_from_positions(position_ids: Any) -> list[int]:
+def cu_seqlens_from_positions(position_ids: Tensor) -> list[int]:
     """Cumulative sequence starts of a (1, S) or (S,) packed stream, e.g. [0, 3, 5, 6] for positions 012 01 0."""
     positions = position_ids.reshape(-1)
     starts = (positions == 0).nonzero().reshape(-1).tolist()
@@ -32,8 +35,8 @@ def cu_seqlens_from_positions(position_ids: Any) -> list[int]:
     return [*starts, int(positions.shape[0])]
 
 
-def varlen_sdpa(query: Any, key: Any, value: Any, cu_seqlens: list[int], *, scale: float | None = None,
-                dropout: float = 0.0) -> Any:
+def varlen_sdpa(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: list[int], *, scale: float | None = None,
+                dropout: float = 0.0) -> Tensor:
     """(1, heads, S, d) causal attention within each [cu_seqlens[i], cu_seqlens[i+1]) slice, never across.
 
     Key/value may have fewer heads than the query (GQA); each query head group shares its KV head.
@@ -58,19 +61,19 @@ def varlen_sdpa(query: Any, key: Any, value: Any, cu_seqlens: list[int], *, scal
 
 
 def varlen_attention(
-    module: Any,
-    query: Any,
-    key: Any,
-    value: Any,
-    attention_mask: Any,
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
     *,
     scaling: float | None = None,
     dropout: float = 0.0,
     sliding_window: int | None = None,
-    cu_seq_lens_q: Any = None,
-    position_ids: Any = None,
-    **kwargs: Any,
-) -> tuple[Any, None]:
+    cu_seq_lens_q: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    **kwargs: object,
+) -> tuple[Tensor, None]:
     """transformers' attention interface: per-sequence SDPA for a packed row, sdpa for a padded batch."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -92,7 +95,7 @@ def varlen_attention(
     return output.transpose(1, 2).contiguous(), None
 
 
-def varlen_mask(*args: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
+def varlen_mask(*args: object, attention_mask: Tensor | None = None, **kwargs: object) -> Tensor | None:
     """No (S, S) mask for a stream without padding (attention splits it by position ids); sdpa's mask otherwise."""
     from transformers.masking_utils import sdpa_mask
 
@@ -110,7 +113,7 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, varlen_mask)
 
 
-def use_varlen_attention(model: Any) -> None:
+def use_varlen_attention(model: nn.Module) -> None:
     """Route the model's attention through `varlen_attention` (registered once per process)."""
     _register()
     model.set_attn_implementation(ATTENTION_IMPLEMENTATION)

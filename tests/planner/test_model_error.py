@@ -121,3 +121,20 @@ def test_zero_headroom_keeps_no_margin_and_says_so():
         margin = plan_margin(plan, headroom)
         assert margin.bytes == 0 and "no margin" in margin.rule and not margin.default
     assert plan_margin(plan, Headroom(gib=4.0)).bytes == 4 * 2**30
+
+
+def test_a_backend_no_measured_row_covers_gets_the_stated_assumption_not_another_backends_rows():
+    from rlplan.planner.knobs import apply_knobs
+    from tests.planner.test_verl_import_megatron import SCRIPTS, load
+
+    megatron = load((SCRIPTS / "megatron_dense_qwen2_7b.sh").read_text(), {"HOME": "/home/u"}).plan
+    assert megatron.actor.strategy == "megatron"
+    assumed = DEFAULT_PROFILE.unmeasured_backend_under_fraction
+    for phase in (Phase.ACTOR_UPDATE, Phase.OLD_LOG_PROB):
+        band = peak_error_band(megatron, phase)
+        assert band.assumed and band.rows == 0 and band.under == pytest.approx(assumed)
+        assert "unmeasured" in band.describe()
+    assert peak_error_band(megatron, Phase.ROLLOUT).assumed is False  # the engine's rows are the engine's
+    assert plan_margin(megatron).fraction >= assumed
+    # FSDP1 and FSDP2 are one backend: FSDP2's rows cover an FSDP1 plan.
+    assert not peak_error_band(apply_knobs(make_plan(), {"actor.strategy": "fsdp"}), Phase.ACTOR_UPDATE).assumed

@@ -13,13 +13,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from rlplan.runtime.measure import (  # noqa: E402
-    TrainingStep,
-    measure_command,
-    measure_training_step,
-    plan_as_measured,
-    training_step_of_plan,
-)
+from rlplan.planner.phases import Phase  # noqa: E402
+from rlplan.runtime.measure import measure_command, plan_as_measured, training_step_of_plan  # noqa: E402
+from rlplan.runtime.measured_step import TrainingStep, build_sharded_model, measure_training_step  # noqa: E402
 from tests.planner.plans import make_plan  # noqa: E402
 
 pytestmark = pytest.mark.runtime
@@ -36,7 +32,7 @@ TINY = Architecture(
         {"gradient_checkpointing": True},
         {"gradient_checkpointing": False, "calculate_entropy": True},
         {"lora_rank": 8, "lora_alpha": 16},
-        {"phase": "logprob", "calculate_entropy": True},
+        {"phase": Phase.OLD_LOG_PROB, "calculate_entropy": True},
     ],
     ids=["ac", "no-ac-entropy", "lora", "logprob"],
 )
@@ -86,19 +82,41 @@ def test_an_unverified_family_is_refused_with_the_supported_ones_named():
         TrainingStep(arch=gemma, shard_size=2, tokens_per_micro_batch=64)
 
 
+def test_only_the_actor_update_and_its_log_prob_pass_are_measured():
+    with pytest.raises(PlanError, match="cannot measure the 'rollout' phase"):
+        TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64, phase=Phase.ROLLOUT)
+
+
+def test_the_measured_model_is_wrapped_and_sharded_as_the_run_builds_it():
+    """One builder: the measured step's model goes through role_model's LoRA (peft's causal-LM adapter, the
+    embedding's output made to require grad under checkpointing) and FSDP2 over every decoder layer."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from rlplan.runtime.emulation import default_dtype, fake_mode, fake_process_group
+    from rlplan.runtime.measured_step import base_dtype
+    from rlplan.runtime.trainer.model import base_model
+
+    step = TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64, lora_rank=8)
+    with fake_process_group(step.shard_size), default_dtype(base_dtype(step)):
+        model = build_sharded_model(step, fake_mode())
+        assert type(model).__name__.startswith("FSDPPeftModelForCausalLM")
+        assert all(isinstance(layer, FSDPModule) for layer in base_model(model).model.layers)
+        assert base_model(model).get_input_embeddings()._forward_hooks  # enable_input_require_grads
+
+
 def test_plan_step_takes_the_layouts_per_gpu_numbers_and_the_head_verl_runs():
     plan = make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": 2, "model.lora.rank": 16,
                                 "actor.entropy_coeff": 0.01})
     # verl's default compiles the entropy: measured through the compiled twin.
     plan = plan_as_measured(plan, "auto")
-    step = training_step_of_plan(plan, "update")
+    step = training_step_of_plan(plan, Phase.ACTOR_UPDATE)
     assert step.shard_size == 8
     assert step.tokens_per_micro_batch == 2 * 1536
     assert step.lora_rank == 16 and step.calculate_entropy
     assert (step.loss_head, step.entropy_variant) == ("flash_attn_ce", "compiled")
     assert step.micro_batches == 2
-    assert training_step_of_plan(plan, "logprob").calculate_entropy
-    assert training_step_of_plan(plan_as_measured(plan), "update").loss_head == "chunked"
+    assert training_step_of_plan(plan, Phase.OLD_LOG_PROB).calculate_entropy
+    assert training_step_of_plan(plan_as_measured(plan), Phase.ACTOR_UPDATE).loss_head == "chunked"
 
 
 SMALL_QWEN = attrs.evolve(model_presets()["qwen2.5-0.5b"].arch, num_layers=4)
@@ -134,6 +152,11 @@ def test_planner_prediction_is_within_5_percent_of_the_measured_peak(overrides, 
     assert done.returncode == 0, done.stderr
     comparison = json.loads(done.stdout)
     assert abs(comparison["error"]) <= 0.05, comparison
+
+
+def test_measure_command_refuses_a_phase_word_it_does_not_know(tmp_path, capsys):
+    assert measure_command(str(tmp_path / "plan.toml"), "actor_update", json_output=True) == 2
+    assert "--phase" in capsys.readouterr().out
 
 
 def test_measure_command_prints_json_and_rejects_a_missing_plan(tmp_path, capsys):

@@ -8,9 +8,11 @@ import threading
 
 import pytest
 
+from rlplan.planner.phases import ControllerWork, Phase
 from rlplan.runtime.metrics import (
     CPU_MEASURE,
     METRICS_FILE,
+    STEP_ORDER,
     MetricsLog,
     PeakMemoryProbe,
     held_at_peak,
@@ -167,6 +169,12 @@ def test_held_memory_adds_what_the_driver_counts_beyond_the_pool_to_the_pools_pe
     assert held_at_peak(40 * gib, 36 * gib, int(37.2 * gib)) == 40 * gib + int(1.2 * gib)
     # A driver figure below the pool (NVML sampled before a late allocation) adds nothing negative.
     assert held_at_peak(40 * gib, 36 * gib, 35 * gib) == 40 * gib
+
+
+def test_the_step_order_names_every_phase_and_every_piece_of_controller_work_once():
+    """Invariant: whatever phase a run reports or the planner prices, the table has a place for it."""
+    assert sorted(STEP_ORDER) == sorted([*Phase, *ControllerWork])
+    assert STEP_ORDER.index(Phase.ROLLOUT) < STEP_ORDER.index(ControllerWork.REWARD) < STEP_ORDER.index(Phase.ACTOR_UPDATE)
 
 
 def test_plan_versus_actual_lists_every_phase_either_side_knows():

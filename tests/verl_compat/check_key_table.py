@@ -59,6 +59,7 @@ SCRIPT_ENVIRONMENTS = {
     "ppo_offload_deprecated_globals.sh": ({"DATA_DIR": "/data"}, {}),
     "sglang_multiturn_qwen2.5_3b.sh": ({"PROJECT_DIR": "/verl", "HOME": "/home/u"}, {}),
     "megatron_dense_qwen2_7b.sh": ({"HOME": "/home/u"}, {}),
+    "megatron_dense_lora_qwen2_7b.sh": ({"HOME": "/home/u"}, {}),
     "megatron_moe_qwen3_30b_a3b.sh": ({"HOME": "/home/u", "TEST_FILE": "/data/aime-2024.parquet"}, {}),
     "megatron_moe_lora_qwen3_30b_a3b.sh": ({"HOME": "/home/u"}, {}),
 }
