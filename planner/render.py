@@ -35,6 +35,7 @@ from rlplan.planner.verl_keys import (
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
+    UNREAD_WHERE_ABSENT,
     Follows,
     VerlKey,
     backend_of,
@@ -171,6 +172,8 @@ def _target_verl_has(plan: Plan, entry: VerlKey, value: Any) -> bool:
     verl = plan.stack.verl
     if in_range(verl, entry.since, entry.before):
         return True
+    if entry.field in UNREAD_WHERE_ABSENT:
+        return False
     implied = stack_defaults(plan.stack, plan.rollout.name).get(entry.field, entry.default)
     if value == implied or (entry.kind == "str_list" and tuple(value) == tuple(implied or ())):
         return False

@@ -147,6 +147,15 @@ UNSTAGED_WAKE_UP = Behaviour(
     code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (rollout.multi_stage_wake_up from v0.4.1)",
     summary="the rollout's weights and KV cache wake together, before the weight sync (no staged wake-up)",
     default=("rollout.multi_stage_wake_up", False))
+REF_LOADS_BF16 = Behaviour(
+    name="ref_loads_bf16", package="verl", before="0.6.0",
+    code_path="verl/workers/fsdp_workers.py _build_model_optimizer: without fsdp_config.model_dtype (in the YAML "
+              "from v0.6.0, fp32) the actor loads fp32 and the reference bf16",
+    summary="the reference model's FSDP shards are bf16", default=("ref.model_dtype", "bf16"))
+VALIDATES_BEFORE_TRAIN = Behaviour(
+    name="validates_before_train", package="verl", before="0.4.0",
+    code_path="verl/trainer/ppo/ray_trainer.py fit: trainer.get('val_before_train', True) (in the YAML from v0.4.0)",
+    summary="verl validates before the first step", default=("trainer.val_before_train", True))
 ENGINE_WORKER = Behaviour(
     name="engine_worker", package="verl", since="0.8.0",
     code_path="verl/trainer/main_ppo.py: the engine worker (verl/workers/engine_workers.py) is the default from "
@@ -170,7 +179,7 @@ VLLM_V0_ENGINE = Behaviour(
     summary="vLLM's V0 engine: a smaller profile-run sampler than V1's")
 
 BEHAVIOURS: tuple[Behaviour, ...] = (ENTROPY_COEFF_DEFAULT_0001, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP,
-                                     ENGINE_WORKER, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET,
+                                     REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN, ENGINE_WORKER, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET,
                                      VLLM_V0_ENGINE)
 
 

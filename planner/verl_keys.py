@@ -123,9 +123,10 @@ def _engine_keys(role: str, prefix: str) -> tuple[VerlKey, ...]:
 VERL_KEYS: tuple[VerlKey, ...] = (
     # --- model --------------------------------------------------------------
     _k("model.path", f"{ARF}.model.path", "str", None),
-    _fsdp("model.lora.rank", f"{ARF}.model.lora_rank", "int", 0),
-    _fsdp("model.lora.alpha", f"{ARF}.model.lora_alpha", "int", 16),
-    _fsdp("model.lora.target_modules", f"{ARF}.model.target_modules", "str_list", ("all-linear",)),
+    _fsdp("model.lora.rank", f"{ARF}.model.lora_rank", "int", 0, since="0.4.0"),
+    _fsdp("model.lora.alpha", f"{ARF}.model.lora_alpha", "int", 16, since="0.4.0"),
+    _fsdp("model.lora.target_modules", f"{ARF}.model.target_modules", "str_list", ("all-linear",),
+          since="0.4.0"),
     _k("model.gradient_checkpointing", f"{ARF}.model.enable_gradient_checkpointing", "bool", True),
     _k("model.activation_offload", f"{ARF}.model.enable_activation_offload", "bool", False, since="0.4.0"),
     _k("model.use_remove_padding", f"{ARF}.model.use_remove_padding", "bool", True),
@@ -145,7 +146,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("data.filter_overlong_prompts", "data.filter_overlong_prompts", "bool", False),
     _k("data.shuffle", "data.shuffle", "bool", True),
     # verl's null seed leaves the sampler unseeded; a plan always carries one.
-    _k("data.seed", "data.seed", "int", 1),
+    _k("data.seed", "data.seed", "int", 1, since="0.6.1"),
     # --- actor --------------------------------------------------------------
     _fsdp("actor.strategy", f"{ARF}.actor.strategy", "str", "fsdp"),
     _k("actor.ppo_mini_batch_size", f"{ARF}.actor.ppo_mini_batch_size", "int", 256),
@@ -164,25 +165,25 @@ VERL_KEYS: tuple[VerlKey, ...] = (
           since="0.4.1"),
     _fsdp("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False, since="0.4.1"),
     _k("actor.use_torch_compile", f"{ARF}.actor.use_torch_compile", "bool", True),
-    _fsdp("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32"),
-    _fsdp("actor.compute_dtype", f"{ARF}.actor.fsdp_config.dtype", "str", "bfloat16"),
+    _fsdp("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32", since="0.6.0"),
+    _fsdp("actor.compute_dtype", f"{ARF}.actor.fsdp_config.dtype", "str", "bfloat16", since="0.6.1"),
     _k("actor.lr", f"{ARF}.actor.optim.lr", "float", 1e-6),
-    _k("actor.weight_decay", f"{ARF}.actor.optim.weight_decay", "float", 0.01),
+    _k("actor.weight_decay", f"{ARF}.actor.optim.weight_decay", "float", 0.01, since="0.4.0"),
     # verl's -1 means "use lr_warmup_steps_ratio", which defaults to 0: no warm-up.
     _k("actor.lr_warmup_steps", f"{ARF}.actor.optim.lr_warmup_steps", "int", 0),
     _fsdp("actor.grad_clip", f"{ARF}.actor.grad_clip", "float", 1.0),
-    _k("actor.clip_ratio_low", f"{ARF}.actor.clip_ratio_low", "float", 0.2),
-    _k("actor.clip_ratio_high", f"{ARF}.actor.clip_ratio_high", "float", 0.2),
+    _k("actor.clip_ratio_low", f"{ARF}.actor.clip_ratio_low", "float", 0.2, since="0.4.0"),
+    _k("actor.clip_ratio_high", f"{ARF}.actor.clip_ratio_high", "float", 0.2, since="0.4.0"),
     _k("actor.clip_ratio_c", f"{ARF}.actor.clip_ratio_c", "float", 3.0, since="0.4.0"),
-    _k("actor.loss_agg_mode", f"{ARF}.actor.loss_agg_mode", "str", "token-mean"),
+    _k("actor.loss_agg_mode", f"{ARF}.actor.loss_agg_mode", "str", "token-mean", since="0.4.0"),
     _k("actor.use_kl_loss", f"{ARF}.actor.use_kl_loss", "bool", False),
     _k("actor.kl_loss_coef", f"{ARF}.actor.kl_loss_coef", "float", 0.001),
     _k("actor.kl_loss_type", f"{ARF}.actor.kl_loss_type", "str", "low_var_kl"),
     _k("actor.entropy_coeff", f"{ARF}.actor.entropy_coeff", "float", 0.0),
     # --- reference ------------------------------------------------------------
     _fsdp("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
-    _fsdp("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32"),
-    _fsdp("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16"),
+    _fsdp("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32", since="0.6.0"),
+    _fsdp("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16", since="0.6.1"),
     _k("ref.log_prob_micro_batch_size_per_gpu", f"{ARF}.ref.log_prob_micro_batch_size_per_gpu", "int", None, True),
     _k("ref.log_prob_micro_batch_size", f"{ARF}.ref.log_prob_micro_batch_size", "int", None, True),
     _k("ref.log_prob_use_dynamic_bsz", f"{ARF}.ref.log_prob_use_dynamic_bsz", "bool",
@@ -221,9 +222,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
        Follows("actor.ppo_max_token_len_per_gpu")),
     _k("rollout.agent_num_workers", f"{ARF}.rollout.agent.num_workers", "int", 8, since="0.5.0"),
     _k("rollout.update_weights_bucket_megabytes",
-       f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048, since="0.8.0"),
+       f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048, since="0.7.1"),
     # --- critic ---------------------------------------------------------------
-    _k("critic.enable", "critic.enable", "bool", None, True),
+    _k("critic.enable", "critic.enable", "bool", None, True, since="0.6.0"),
     _k("critic.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "int", None, True),
     _k("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu", "int", None, True),
     _k("critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size", "int", None, True),
@@ -234,10 +235,10 @@ VERL_KEYS: tuple[VerlKey, ...] = (
        Follows("critic.ppo_max_token_len_per_gpu")),
     _k("critic.ppo_epochs", "critic.ppo_epochs", "int", Follows("actor.ppo_epochs")),
     _fsdp("critic.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size", "int", 1),
-    _fsdp("critic.param_offload", "critic.fsdp.param_offload", "bool", False),
-    _fsdp("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False),
-    _fsdp("critic.offload_policy", "critic.fsdp.offload_policy", "bool", False),
-    _fsdp("critic.compute_dtype", "critic.fsdp.dtype", "str", "bfloat16"),
+    _fsdp("critic.param_offload", "critic.fsdp.param_offload", "bool", False, since="0.8.0"),
+    _fsdp("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False, since="0.8.0"),
+    _fsdp("critic.offload_policy", "critic.fsdp.offload_policy", "bool", False, since="0.8.0"),
+    _fsdp("critic.compute_dtype", "critic.fsdp.dtype", "str", "bfloat16", since="0.8.0"),
     _fsdp("critic.gradient_checkpointing", "critic.model.enable_gradient_checkpointing", "bool", True),
     _fsdp("critic.use_remove_padding", "critic.model.use_remove_padding", "bool", True),
     _k("critic.lr", "critic.optim.lr", "float", 1e-5),
@@ -245,10 +246,10 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _fsdp("critic.grad_clip", "critic.grad_clip", "float", 1.0),
     # --- algorithm ------------------------------------------------------------
     _k("algorithm.adv_estimator", "algorithm.adv_estimator", "str", "gae"),
-    _k("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std_in_grpo", "bool", True),
+    _k("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std_in_grpo", "bool", True, since="0.4.0"),
     _k("algorithm.gamma", "algorithm.gamma", "float", 1.0),
     _k("algorithm.lam", "algorithm.lam", "float", 1.0),
-    _k("algorithm.use_kl_in_reward", "algorithm.use_kl_in_reward", "bool", False),
+    _k("algorithm.use_kl_in_reward", "algorithm.use_kl_in_reward", "bool", False, since="0.4.0"),
     _k("algorithm.kl_penalty", "algorithm.kl_penalty", "str", "kl"),
     _k("algorithm.kl_coef", "algorithm.kl_ctrl.kl_coef", "float", 0.001),
     # --- trainer --------------------------------------------------------------
@@ -264,9 +265,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("trainer.output_dir", "trainer.default_local_dir", "str",
        "checkpoints/${trainer.project_name}/${trainer.experiment_name}"),
     # The seed of the actor engine (model init, dropout): the closest verl has to one run seed.
-    _fsdp("trainer.seed", f"{ARF}.actor.fsdp_config.seed", "int", 42),
+    _fsdp("trainer.seed", f"{ARF}.actor.fsdp_config.seed", "int", 42, since="0.7.0"),
     _k("trainer.balance_batch", "trainer.balance_batch", "bool", True),
-    _k("trainer.val_before_train", "trainer.val_before_train", "bool", True),
+    _k("trainer.val_before_train", "trainer.val_before_train", "bool", True, since="0.4.0"),
     _k("trainer.max_checkpoints_to_keep", "trainer.max_actor_ckpt_to_keep", "int", None, True),
     # --- the Megatron backend (ppo_megatron_trainer.yaml, verl/workers/config/engine.py McoreEngineConfig) ---
     _mcore("actor.strategy", f"{ARF}.actor.strategy", "str", "megatron"),
@@ -353,6 +354,14 @@ KEY_ALIASES = {
 
 # Keys a render also writes, for a consistent verl config, from the plan field named; an import
 # drops them when they agree with that field and keeps them in passthrough otherwise.
+# Dated keys whose value a verl without the key never reads, so render leaves them out there whatever the plan says
+# (a key it lacks is otherwise refused unless the plan asks for what that verl does anyway).
+UNREAD_WHERE_ABSENT = {
+    # verl before 0.7.0 seeds no FSDP engine; from 0.7.0 fsdp_config.seed is read only by enable_full_determinism
+    # (verl/workers/engine/fsdp/transformer_impl.py), which a plan does not switch on.
+    "trainer.seed": "verl's FSDP actor has no seed before 0.7.0",
+}
+
 RENDER_ALSO = {
     # verl's ref and critic default their strategy to fsdp on their own.
     "critic.strategy": "actor.strategy",

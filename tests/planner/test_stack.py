@@ -89,9 +89,10 @@ def test_the_default_stack_has_verl_09s_defaults():
 
 @pytest.mark.parametrize(("verl", "expected"), [
     ("0.3.0.post1", {"actor.entropy_coeff": 0.001, "rollout.enforce_eager": True,
-                     "rollout.multi_stage_wake_up": False}),
-    ("0.4.0", {"rollout.enforce_eager": True, "rollout.multi_stage_wake_up": False}),
-    ("0.5.0", {"rollout.enforce_eager": True}),
+                     "rollout.multi_stage_wake_up": False, "ref.model_dtype": "bf16",
+                     "trainer.val_before_train": True}),
+    ("0.4.0", {"rollout.enforce_eager": True, "rollout.multi_stage_wake_up": False, "ref.model_dtype": "bf16"}),
+    ("0.5.0", {"rollout.enforce_eager": True, "ref.model_dtype": "bf16"}),
     ("0.6.0", {}),
 ])
 def test_old_verls_defaults_are_what_their_yaml_said(verl, expected):
@@ -142,9 +143,10 @@ def test_engine_worker_rule_applies_only_on_stacks_with_the_engine_worker():
 def test_render_leaves_out_a_key_the_target_verl_lacks_when_the_plan_asks_for_its_behaviour():
     plan = attrs.evolve(make_plan(), stack=StackSection(verl="0.4.0"))
     plan = apply_knobs(plan.evolve(model=attrs.evolve(plan.model, path="Qwen/Qwen2.5-7B-Instruct")),
-                       {"rollout.multi_stage_wake_up": False})
+                       stack_defaults(plan.stack))  # multi_stage_wake_up false, the reference in bf16
     overrides = render_plan(plan, "verl", "overrides")
     assert "multi_stage_wake_up" not in overrides and "entropy_checkpointing" not in overrides
+    assert "model_dtype" not in overrides
     assert "layered_summon" in overrides  # verl 0.4.0 has it
 
 
@@ -155,6 +157,22 @@ def test_render_refuses_by_name_a_key_the_target_verl_lacks_when_the_plan_change
     with pytest.raises(PlanError) as raised:
         render_plan(plan, "verl", "overrides")
     assert raised.value.field == "actor.entropy_checkpointing" and "0.4.1" in raised.value.message
+
+
+def test_render_leaves_out_the_actor_seed_a_verl_before_0_7_cannot_read_and_writes_it_from_0_7():
+    plan = make_plan(overrides={"trainer.seed": 7})
+    plan = plan.evolve(model=attrs.evolve(plan.model, path="Qwen/Qwen2.5-7B-Instruct"))
+    assert "fsdp_config.seed" not in render_plan(plan.evolve(stack=StackSection(verl="0.6.1")), "verl", "overrides")
+    assert "fsdp_config.seed=7" in render_plan(plan.evolve(stack=StackSection(verl="0.7.0")), "verl", "overrides")
+
+
+def test_render_refuses_a_critic_offload_on_a_verl_before_critic_fsdp():
+    plan = make_plan(overrides={"algorithm.adv_estimator": "gae", "critic.param_offload": True})
+    plan = plan.evolve(model=attrs.evolve(plan.model, path="Qwen/Qwen2.5-7B-Instruct"),
+                       stack=StackSection(verl="0.7.1"))
+    with pytest.raises(PlanError) as raised:
+        render_plan(plan, "verl", "overrides")
+    assert raised.value.field == "critic.param_offload" and "0.8.0" in raised.value.message
 
 
 def test_version_flags_reach_validate_and_solve_json(tmp_path):

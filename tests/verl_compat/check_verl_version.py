@@ -91,7 +91,10 @@ def check_behaviour_defaults(config: Any, version: str) -> tuple[int, list[str]]
         # A version without the key behaves as if it were the behaviour's value (that is why the default is set).
         # A key whose YAML default rlplan deliberately does not follow (verl never reads it) shows the behaviour
         # only by being absent.
-        yaml_has_value = raw is _ABSENT or (key not in DELIBERATE_DEFAULTS and resolved_default(config, key) == value)
+        # A behaviour whose value is also the YAML's default where the key exists (val_before_train) shows only by
+        # the key's absence.
+        shown_by_value = key not in DELIBERATE_DEFAULTS and value != BY_FIELD[field].default
+        yaml_has_value = raw is _ABSENT or (shown_by_value and resolved_default(config, key) == value)
         if yaml_has_value != behaviour.holds_for(version):
             shown = "no such key" if raw is _ABSENT else repr(resolved_default(config, key))
             failures.append(f"defaults: stack.py says {behaviour.name} ({field} = {value!r}) "
@@ -111,10 +114,18 @@ def check_rendered_keys(config: Any, version: str) -> tuple[int, list[str]]:
     looked up), then hydra composes the whole script's overrides."""
     failures = []
     for name, knobs in RENDERED_LAYOUTS.items():
+        # A layout switching on a key this verl lacks must be refused, naming it (LoRA before 0.4.0).
+        lacking = [field for field in knobs if field in BY_FIELD
+                   and not in_range(version, BY_FIELD[field].since, BY_FIELD[field].before)]
         try:
             words = script_arguments(render_plan(plan_on(version, knobs), "verl"))
         except PlanError as error:
+            if error.field in lacking:
+                continue
             failures.append(f"render: the {name} plan for verl {version} is refused: {error.field}: {error.message}")
+            continue
+        if lacking:
+            failures.append(f"render: the {name} plan for verl {version} renders although verl lacks {lacking}")
             continue
         keys = [word.split("=", 1)[0] for word in words if not word.startswith(("+", "~"))]
         missing = [key for key in keys if raw_node_value(config, key) is _ABSENT]
@@ -145,8 +156,10 @@ def check_render_refuses_missing(version: str) -> tuple[int, list[str]]:
             continue
         implied = defaults.get(entry.field, entry.default)
         checked += 1
+        # A plan without a critic renders no critic keys (render._rendered): switch a critic key on one with a critic.
+        critic = RENDERED_LAYOUTS["ppo_critic"] if entry.key.startswith("critic.") else {}
         try:
-            render_plan(plan_on(version, {entry.field: not implied}), "verl")
+            render_plan(plan_on(version, {**critic, entry.field: not implied}), "verl")
         except PlanError as error:
             if error.field != entry.field:
                 failures.append(f"render: {entry.field} = {not implied} on verl {version} is refused for "
