@@ -36,6 +36,8 @@ from _sections import print_or_write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data" / "steptime_sweeps.toml"
+# verl's Megatron runs: priced by the Megatron step-time backend, never part of `--fit` (out of sample).
+MEGATRON_DATA = ROOT / "benchmarks" / "data" / "steptime_sweeps_megatron.toml"
 SECTION_HEADING = "## 5. Step time against published verl sweeps"
 # The phases each table shows, in verl's timing keys.
 SHOWN = ("gen", "old_log_prob", "update_actor", "step")
@@ -147,7 +149,21 @@ def held_out_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], base: Pro
     return lines + [""]
 
 
-def render_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: Profile) -> str:
+def megatron_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: Profile) -> list[str]:
+    """The Megatron runs' tables: priced with the constants fitted to the FSDP runs, so out of sample."""
+    if not sweeps:
+        return []
+    tables, summary = sweep_section(sweeps, runs, profile)
+    return ["### Megatron runs (out of sample)", "",
+            f"From benchmarks/data/{MEGATRON_DATA.name}, priced by the Megatron step-time backend "
+            "(planner/steptime/megatron.py) with the same profile; `--fit` never reads these runs. "
+            f"Summary: {summary['within']} of {summary['phases']} phases within {PHASE_ERROR_LIMIT:.0%}; rank "
+            "correlation " + ", ".join(f"{name} {rho:+.2f}" for name, rho in summary["sweeps"].items()) + ".", "",
+            *[line.replace("### ", "#### ", 1) if line.startswith("### ") else line for line in tables]]
+
+
+def render_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: Profile,
+                   megatron: tuple[dict[str, dict[str, Any]], list[Run]] = ({}, [])) -> str:
     tables, summary = sweep_section(sweeps, runs, profile)
     header = [
         SECTION_HEADING, "",
@@ -162,7 +178,7 @@ def render_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: 
         "correlation per sweep " + ", ".join(f"{name} {rho:+.2f}" for name, rho in summary["sweeps"].items())
         + ".", "",
     ]
-    return "\n".join(header + tables + held_out_lines(sweeps, runs, profile))
+    return "\n".join(header + tables + held_out_lines(sweeps, runs, profile) + megatron_lines(*megatron, profile))
 
 
 def _timings(runs: list[Run]) -> list[RunTiming]:
@@ -185,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, default=None, help="profile TOML to price with (default: built in)")
     parser.add_argument("--fit", action="store_true", help="fit the step-time constants to every run and print them")
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--megatron-data", type=Path, default=MEGATRON_DATA)
     args = parser.parse_args(argv)
     profile = (load_profile_toml(args.profile.read_text(encoding="utf-8"), str(args.profile))
                if args.profile else DEFAULT_PROFILE)
@@ -193,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         print(fit(runs, profile))
         return 0
-    section = render_section(sweeps, runs, profile)
+    megatron_sweeps = load_sweeps(args.megatron_data) if args.megatron_data.exists() else {}
+    section = render_section(sweeps, runs, profile, (megatron_sweeps, all_runs(megatron_sweeps)))
     return print_or_write_section(section, SECTION_HEADING, args.write)
 
 

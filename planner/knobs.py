@@ -74,6 +74,17 @@ def parse_pin(key: str, raw: str) -> tuple[str, Any]:
     return entry.field, coerce(entry, value, raw)
 
 
+_FIELD_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _field_hints(section_class: type) -> dict[str, Any]:
+    """A plan section's resolved field types (resolving them evaluates every annotation: the solver pins each
+    candidate, so once per class)."""
+    if section_class not in _FIELD_HINTS:
+        _FIELD_HINTS[section_class] = typing.get_type_hints(section_class)
+    return _FIELD_HINTS[section_class]
+
+
 def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
     if not attrs.has(type(obj)):
         raise PlanError(field=dotted, message="goes below a plain value; only leaf keys can be pinned.", fix="pin a leaf key such as actor.param_offload or model.lora.rank")
@@ -86,12 +97,12 @@ def set_knob(obj: Any, path: list[str], value: Any, dotted: str) -> Any:
         if attrs.has(type(getattr(obj, head))):
             raise PlanError(field=dotted, message="is a section, not a knob; only leaf keys can be pinned.",
                             fix=f"pin a key inside it, e.g. {dotted}.{attrs.fields(type(getattr(obj, head)))[0].name}")
-        hint = typing.get_type_hints(type(obj))[head]
+        hint = _field_hints(type(obj))[head]
         return attrs.evolve(obj, **{head: _coerce(value, hint, dotted)})
     section = getattr(obj, head)
     if section is None:
         # An optional section the plan leaves unset (actor.megatron): a pin inside it starts from its defaults.
-        hint = typing.get_type_hints(type(obj))[head]
+        hint = _field_hints(type(obj))[head]
         section_class = next((arg for arg in typing.get_args(hint) if attrs.has(arg)), None)
         if section_class is not None:
             section = section_class()

@@ -25,7 +25,6 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
-import attrs
 from attrs import field, frozen
 
 from rlplan.planner.errors import PlanError
@@ -139,12 +138,14 @@ class RuleReport:
 
 def check_plan(plan: Plan, platform: Platform | None = None) -> RuleReport:
     """Every registered rule over `plan`; the "platform" rules too when the runtime passes its `platform`."""
-    context = RuleContext(plan=plan, layout=plan_layout(plan), platform=platform)
+    layout = plan_layout(plan)
     found: list[Violation] = []
     for registered in RULES:
         if (registered.stage == "platform" and platform is None) or not registered.applies_to(plan):
             continue
-        found.extend(registered.check(attrs.evolve(context, rule=registered.name, stage=registered.stage)))
+        # Built directly rather than evolved from one context: the solver checks every candidate it ranks.
+        found.extend(registered.check(RuleContext(plan=plan, layout=layout, platform=platform, rule=registered.name,
+                                                  stage=registered.stage)))
     return RuleReport(violations=tuple(found))
 
 

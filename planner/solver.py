@@ -29,7 +29,7 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, evolve_fields, knob_value
 from rlplan.planner.layout import plan_layout
-from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase
+from rlplan.planner.memory import MemoryReport, predict_memory, predict_phase, predict_phases
 from rlplan.planner.memory.rollout import rollout_budget
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, plan_margin
 from rlplan.planner.monotone import last_holding
@@ -633,8 +633,8 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
 
     def excess(candidate: Plan) -> int:
         """Bytes by which the rollout or the sync phase passes the limit (<= 0: fits)."""
-        report = predict_memory(candidate, profile)
-        return max(p.peak_bytes for p in report.phases if p.name in (Phase.ROLLOUT, Phase.WEIGHT_SYNC)) - limit
+        phases = predict_phases(candidate, (Phase.ROLLOUT, Phase.WEIGHT_SYNC), profile)
+        return max(p.peak_bytes for p in phases) - limit
 
     def fits(candidate: Plan) -> bool:
         return excess(candidate) <= 0

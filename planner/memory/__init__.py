@@ -59,7 +59,7 @@ The constants (allocator margins, vLLM workspace fit, head coefficients) come fr
 the `Profile`, never from literals here.
 """
 
-from rlplan.planner.memory.phases import MemoryReport, predict_memory, predict_phase
+from rlplan.planner.memory.phases import MemoryReport, predict_memory, predict_phase, predict_phases
 from rlplan.planner.memory.report import GIB, Component, PhaseMemory
 
-__all__ = ["GIB", "Component", "MemoryReport", "PhaseMemory", "predict_memory", "predict_phase"]
+__all__ = ["GIB", "Component", "MemoryReport", "PhaseMemory", "predict_memory", "predict_phase", "predict_phases"]

@@ -32,7 +32,7 @@ from attrs import frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.heads import LossHead
-from rlplan.planner.memory.model_facts import lora_params, model_facts
+from rlplan.planner.memory.model_facts import cached_per_arch, lora_params, model_facts
 from rlplan.planner.memory.report import Component, TrainerState
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
@@ -98,15 +98,20 @@ def stage_share(arch: Architecture, pp: int) -> float:
 def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection) -> RankParameters:
     """The elements the most loaded rank holds: its stage's layers and the embedding (first stage) or the output
     layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last)."""
-    tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
+    sizes = (engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size,
+             engine.expert_model_parallel_size, engine.expert_tensor_size)
+    # The solver prices thousands of plans on a few layouts: one computation per (architecture, sizes).
+    return cached_per_arch(arch, ("megatron_rank_params", sizes), lambda: _rank_parameters(arch, *sizes))
+
+
+def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int) -> RankParameters:
     experts_per_layer = routed_expert_params_per_layer(arch)
     layer_dense = (arch.num_dense_layers * arch.dense_layer_params
                    + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size)
     vocab_layers = arch.embedding_params + (arch.lm_head_params if pp == 1 else 0)
     stage = stage_share(arch, pp)
     dense = (layer_dense * stage + vocab_layers) / tp
-    experts = arch.num_moe_layers * experts_per_layer * stage / (engine.expert_model_parallel_size
-                                                                 * engine.expert_tensor_size)
+    experts = arch.num_moe_layers * experts_per_layer * stage / (ep * etp)
     return RankParameters(dense=dense, experts=experts)
 
 
@@ -205,18 +210,14 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     recomputed; the loss head's fp32 vocabulary-parallel logits and their gradient sit on the last stage.
     """
     tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
-    cp = engine.context_parallel_size
-    tokens = math.ceil(tokens_per_micro_batch / cp)
+    tokens = math.ceil(tokens_per_micro_batch / engine.context_parallel_size)
     sp = engine.sequence_parallel and tp > 1
-    per_layer = _per_layer_bytes(arch, tp, engine.expert_tensor_size, sp, gated, dropout_masks)
-    stage_layers = arch.num_layers * stage_share(arch, pp)
-    mean_layer = sum(per_layer) / len(per_layer)
-    if engine.recompute_granularity == "full":
-        chunk = engine.recompute_num_layers or 1
-        layer_input = 2 * arch.hidden_size / (tp if sp else 1)
-        stage_bytes_per_token = stage_layers * layer_input + chunk * max(per_layer)
-    else:
-        stage_bytes_per_token = stage_layers * mean_layer
+    recompute = (engine.recompute_num_layers or 1) if engine.recompute_granularity == "full" else None
+    # Per layout, not per token budget: the solver's budget search calls this thousands of times on a few layouts.
+    stage_bytes_per_token = cached_per_arch(
+        arch, ("megatron_stage_bytes", tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks, recompute),
+        lambda: _stage_bytes_per_token(arch, tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks,
+                                       recompute))
     embedding_inputs = EMBEDDING_INPUT_BYTES + arch.hidden_size
     in_flight = in_flight_micro_batches(engine, micro_batches)
     first = tokens * in_flight * (stage_bytes_per_token + embedding_inputs / tp)
@@ -226,6 +227,18 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
         first += loss_head
         last = first
     return StageActivations(first=first, last=last, loss_head=loss_head)
+
+
+def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: bool, gated: bool,
+                           dropout_masks: bool, recompute_chunk: int | None) -> float:
+    """Saved bytes per token of the most loaded stage's layers; under full recompute (`recompute_chunk` layers
+    at a time) each layer's input and one recomputed chunk."""
+    per_layer = _per_layer_bytes(arch, tp, etp, sp, gated, dropout_masks)
+    stage_layers = arch.num_layers * stage_share(arch, pp)
+    if recompute_chunk is not None:
+        layer_input = 2 * arch.hidden_size / (tp if sp else 1)
+        return stage_layers * layer_input + recompute_chunk * max(per_layer)
+    return stage_layers * (sum(per_layer) / len(per_layer))
 
 
 def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:

@@ -79,6 +79,11 @@ def _cached(arch: Architecture, key: object, compute: Callable[[], T]) -> T:
     return value
 
 
+def cached_per_arch(arch: Architecture, key: object, compute: Callable[[], T]) -> T:
+    """`compute()` once per architecture and hashable `key` (the backends' per-layout sizes share this cache)."""
+    return _cached(arch, key, compute)
+
+
 def model_facts(arch: Architecture) -> ModelFacts:
     return _cached(arch, None, lambda: _model_facts(arch))
 

@@ -353,6 +353,13 @@ def predict_phase(plan: Plan, name: str, profile: Profile = DEFAULT_PROFILE,
     return builders[name]()
 
 
+def predict_phases(plan: Plan, names: tuple[str, ...], profile: Profile = DEFAULT_PROFILE) -> list[PhaseMemory]:
+    """The named phases of predict_memory (those the plan's step runs) from one shared context, for searches whose
+    knob moves only them (the rollout's utilization: the rollout and the weight sync)."""
+    builders = _step_phases(_StepContext(plan, profile, plan_layout(plan)))
+    return [builders[name]() for name in names if name in builders]
+
+
 def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanLayout | None = None) -> MemoryReport:
     """Per-GPU peak of every phase, host RAM per node, and the rollout KV budget of one plan."""
     ctx = _StepContext(plan, profile, layout or plan_layout(plan))

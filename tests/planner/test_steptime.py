@@ -296,3 +296,22 @@ def test_rollout_tp1_generates_faster_than_tp4_for_a_7b_model_on_8_h100():
             if run.sweep == "dapo-7b-h100"}
     tp1, tp4 = (sweeps.predicted_timings(runs[row], DEFAULT_PROFILE)["gen"] for row in ("14", "2"))
     assert tp4 > 1.5 * tp1
+
+
+def test_published_megatron_runs_import_as_the_megatron_layouts_they_ran():
+    """benchmarks/data/steptime_sweeps_megatron.toml (accuracy.md s. 5, out of sample): each run is priced as the
+    Megatron plan its overrides describe (TP, PP, VPP, CP, EP, recompute), with every phase it measured priced."""
+    sweeps = _sweeps_module()
+    data = sweeps.load_sweeps(sweeps.MEGATRON_DATA)
+    assert not set(data) & set(sweeps.load_sweeps()), "the Megatron runs stay out of the FSDP sweeps --fit reads"
+    for run in sweeps.all_runs(data):
+        engine = run.plan.actor.mcore
+        label = run.label.split(", ")[1]
+        assert run.plan.is_megatron, run.label
+        assert f"tp{engine.tensor_model_parallel_size}" in label, run.label
+        assert (engine.pipeline_model_parallel_size > 1) == ("pp" in label), run.label
+        assert (engine.context_parallel_size > 1) == ("cp" in label), run.label
+        assert (engine.expert_model_parallel_size > 1) == ("ep" in label), run.label
+        assert (engine.recompute_granularity == "full") == ("full recompute" in label), run.label
+        predicted = sweeps.predicted_timings(run, DEFAULT_PROFILE)
+        assert all(predicted[key] > 0 for key in sweeps.SHOWN), run.label
