@@ -29,7 +29,7 @@ from attrs import field, frozen
 from rlplan.planner.errors import PlanError
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
-from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.profile import DEFAULT_PROFILE, MAX_OBSERVED_LENGTH, Profile
 from rlplan.planner.validators import field_check
 
 GIB = 2**30
@@ -163,6 +163,13 @@ def observed_lengths(rows: Sequence[dict[str, Any]]) -> ObservedLengths | None:
         weight += w
     if not weight or totals["prompt"] <= 0 or totals["response"] <= 0:
         return None
+    for name in ("prompt", "response"):
+        mean = totals[name] / weight
+        if not mean <= MAX_OBSERVED_LENGTH:  # also NaN
+            raise PlanError(field=f"metrics {name}_length_mean",
+                            message=f"averages {mean:.4g} tokens per sequence over the run's lines, beyond any "
+                                    f"context length ({MAX_OBSERVED_LENGTH:,}): the metrics file is not a run's.",
+                            fix=f"correct or drop the lines whose {name}_length_mean is not a token count")
     return ObservedLengths(prompt_mean=totals["prompt"] / weight, response_mean=totals["response"] / weight)
 
 

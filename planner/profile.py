@@ -65,6 +65,10 @@ def _constant(default: float, why: str, low: float = 0.0, high: float = math.inf
 FITTED = " [fitted: benchmarks/steptime_sweeps.py --fit to 13 published verl runs; docs/steptime.md]"
 
 
+# The longest mean sequence length a profile may record: far beyond any model's context, so a larger one is a
+# broken metrics file, not a run.
+MAX_OBSERVED_LENGTH = 10_000_000
+
 @frozen(kw_only=True)
 class Profile:
     """Calibration constants of the memory and step-time models (GiB = 2**30 bytes)."""
@@ -164,10 +168,10 @@ class Profile:
     observed_prompt_length: int = _constant(
         0, "mean prompt tokens per sequence of the run this profile was fitted on; prices fixed micro batches "
            "when a plan sets no data.expected_prompt_length (0: none observed, the maximum is priced)", kind=int,
-        high=10_000_000)
+        high=MAX_OBSERVED_LENGTH)
     observed_response_length: int = _constant(
         0, "mean response tokens per sequence of that run; used likewise for data.expected_response_length",
-        kind=int, high=10_000_000)
+        kind=int, high=MAX_OBSERVED_LENGTH)
 
     # --- the margin `solve` keeps (planner/model_error.py) ---
     headroom_floor_fraction: float = _constant(

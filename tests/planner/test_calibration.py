@@ -362,3 +362,14 @@ def test_calibrate_refuses_an_output_that_is_its_metrics_or_its_plan(tmp_path):
     for output in (run / "metrics.jsonl", run / "plan.toml", tmp_path / "link.toml"):
         assert calibrate_command(None, str(run / "metrics.jsonl"), str(output)) == 2
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+@pytest.mark.parametrize("metric", ["prompt_length_mean", "response_length_mean"])
+def test_a_run_whose_mean_length_is_no_token_count_is_bad_input_naming_the_metric(metric):
+    from rlplan.planner.calibration import observed_lengths
+
+    rows = [{"prompt_length_mean": 300.0, "response_length_mean": 600.0, metric: 2.0**62}]
+    with pytest.raises(PlanError) as raised:
+        observed_lengths(rows)
+    assert raised.value.field == f"metrics {metric}" and "lines" in raised.value.message
+    assert observed_lengths([{"prompt_length_mean": 300.0, "response_length_mean": 600.0}]) is not None
