@@ -99,7 +99,7 @@ class MeasuredVsPredicted:
 
 def training_step_of_plan(plan: Plan, phase: Phase) -> TrainingStep:
     """The step a plan's actor runs in one phase, with the layout's per-GPU numbers and its loss head
-    (planner.memory.resolved_loss_head; see plan_as_measured for the head of `rlplan measure`)."""
+    (planner.memory.heads.resolved_loss_head; see plan_as_measured for the head of `rlplan measure`)."""
     from rlplan.planner.layout import plan_layout
     from rlplan.planner.memory.heads import entropy_variant, resolved_loss_head
 

