@@ -24,11 +24,28 @@ Version = tuple[int, int, int]
 
 # verl: the version nox's verl_compat session installs and checks the rules against (noxfile.VERL).
 DEFAULT_VERL = "0.9.1"
-# vLLM: the V1 engine the rollout terms are fitted to (llm-d, vLLM 0.11: memory-model.md G6-G8).
-DEFAULT_VLLM = "0.11.0"
-# SGLang: the one verl pinned (setup.py's sglang extra) when rlplan's SGLang terms were read (G11, G13, 2025-06).
-DEFAULT_SGLANG = "0.4.6.post5"
-DEFAULT_ENGINE_VERSIONS: dict[str, str] = {"vllm": DEFAULT_VLLM, "sglang": DEFAULT_SGLANG}
+# The engine versions rlplan's rollout terms were read at: vLLM's V1 engine at 0.11 (llm-d, memory-model.md G6-G8;
+# the KV capacity is checked against vLLM 0.32's own engine on CPU by tests/runtime/test_kv_capacity.py), SGLang at
+# verl 0.4's pin (G11, G13, 2025-06). A plan's engine version left out is one of these only where its verl release
+# allows it (`default_engine_version`).
+FITTED_VLLM = "0.11.0"
+FITTED_SGLANG = "0.4.6.post5"
+FITTED_ENGINE_VERSIONS: dict[str, str] = {"vllm": FITTED_VLLM, "sglang": FITTED_SGLANG}
+
+# What each verl release's `vllm` and `sglang` extras allow (its wheel's Requires-Dist, read 2026-11-25 from PyPI):
+# (lowest, highest), both inclusive, None where open. A release between two of these has the older one's pins.
+VERL_ENGINE_PINS: dict[str, dict[str, tuple[str | None, str | None]]] = {
+    "0.3.0.post1": {"vllm": (None, "0.8.2"), "sglang": ("0.4.4.post3", "0.4.4.post3")},
+    "0.4.0": {"vllm": (None, "0.8.5"), "sglang": ("0.4.6.post5", "0.4.6.post5")},
+    "0.5.0": {"vllm": ("0.7.3", "0.8.5"), "sglang": ("0.4.6.post5", "0.4.6.post5")},
+    "0.6.0": {"vllm": ("0.7.3", "0.9.1"), "sglang": ("0.5.2", "0.5.2")},
+    "0.6.1": {"vllm": ("0.8.5", "0.11.0"), "sglang": ("0.5.5", "0.5.5")},
+    "0.7.0": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.6", "0.5.6")},
+    "0.8.0": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.8", "0.5.8")},
+    "0.9.0": {"vllm": ("0.18.0", None), "sglang": ("0.5.8", "0.5.8")},
+    "0.9.1": {"vllm": ("0.24.0", "0.24.0"), "sglang": ("0.5.12", "0.5.12")},
+}
+
 
 # 0.4.1, v0.3.0.post1, 0.8.0.dev, 0.5.0rc1, 0.11.1+cu128: the release numbers, then any pre/post/dev/local tail.
 _VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[.\-+]?(?:post|dev|rc|a|b|\+)[\w.+-]*)?")
@@ -69,9 +86,11 @@ class StackSection:
     sglang: str | None = field(default=None, validator=_version_check)
 
     def version_of(self, package: Package) -> str:
-        """The version text of `package` on this stack (an engine left out: its default)."""
+        """The version text of `package` on this stack (an engine left out: what its verl release installs)."""
         given = getattr(self, package)
-        return given if given is not None else DEFAULT_ENGINE_VERSIONS[package]
+        if given is not None or package == "verl":
+            return given
+        return default_engine_version(self.verl, package)
 
     def resolved(self, engine: str) -> dict[str, str]:
         """The stack as shown (`--json`, `--version`): verl and the plan's rollout engine, each with its version."""
@@ -82,6 +101,31 @@ class StackSection:
 
 
 DEFAULT_STACK = StackSection()
+
+
+def engine_pins(verl: str, engine: str) -> tuple[str | None, str | None]:
+    """The (lowest, highest) `engine` version verl release `verl` installs with (VERL_ENGINE_PINS: the newest
+    listed release not after it; one older than all: the oldest's)."""
+    release = parse_version(verl)
+    listed = sorted(VERL_ENGINE_PINS, key=parse_version)
+    known = [name for name in listed if parse_version(name) <= release] or listed[:1]
+    return VERL_ENGINE_PINS[known[-1]][engine]
+
+
+def default_engine_version(verl: str, engine: str) -> str:
+    """The engine version a plan on verl `verl` gets when it names none: the version rlplan's terms were read at
+    where that verl allows it (they then hold as read), else the newest the release allows (its lowest where the
+    range is open above): a verl that refuses vLLM 0.11 is not run with it."""
+    fitted = FITTED_ENGINE_VERSIONS[engine]
+    lowest, highest = engine_pins(verl, engine)
+    if in_range(fitted, lowest, None) and (highest is None or parse_version(fitted) <= parse_version(highest)):
+        return fitted
+    return highest or lowest or fitted  # no table row is open at both ends
+
+
+# The default stack's engines, as `rlplan --version` prints them.
+DEFAULT_VLLM = default_engine_version(DEFAULT_VERL, "vllm")
+DEFAULT_SGLANG = default_engine_version(DEFAULT_VERL, "sglang")
 
 
 def check_engine(stack: StackSection, engine: str) -> None:
@@ -96,7 +140,8 @@ def check_engine(stack: StackSection, engine: str) -> None:
 def default_stack_text() -> str:
     """What `rlplan --version` prints under the package version."""
     return (f"target stack by default (what the rules are checked against): verl {DEFAULT_VERL}, "
-            f"vLLM {DEFAULT_VLLM} or SGLang {DEFAULT_SGLANG}")
+            f"vLLM {DEFAULT_VLLM} or SGLang {DEFAULT_SGLANG} (the versions verl {DEFAULT_VERL} installs; rollout "
+            f"terms read at vLLM {FITTED_VLLM} and SGLang {FITTED_SGLANG})")
 
 
 # --- behaviours that hold for some versions -----------------------------------------------------

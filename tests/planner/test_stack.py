@@ -22,7 +22,10 @@ from rlplan.planner.stack import (
     DEFAULT_STACK,
     DEFAULT_VERL,
     ENGINE_WORKER,
+    FITTED_ENGINE_VERSIONS,
+    VERL_ENGINE_PINS,
     StackSection,
+    default_engine_version,
     holds,
     parse_version,
     stack_defaults,
@@ -76,6 +79,32 @@ def test_the_stack_round_trips_through_plan_toml_and_a_file_without_it_gets_the_
     assert plan_from_toml(text).stack == plan.stack
     without = text.replace('[stack]\nverl = "0.4.0"\nvllm = "0.8.3"\n', "")
     assert plan_from_toml(without).stack == DEFAULT_STACK
+
+
+@pytest.mark.parametrize(("verl", "vllm", "sglang"), [
+    ("0.3.0.post1", "0.8.2", "0.4.4.post3"),   # vllm<=0.8.2: vLLM 0.11 is not what this verl installs
+    ("0.4.1", "0.8.5", "0.4.6.post5"),         # a release between two listed ones has the older one's pins
+    ("0.6.0", "0.9.1", "0.5.2"),
+    ("0.7.1", "0.11.0", "0.5.6"),              # vllm 0.8.5..0.12.0 allows the version the terms were read at
+    ("0.9.0", "0.18.0", "0.5.8"),              # vllm>=0.18.0, open above: its lowest
+    ("0.9.1", "0.24.0", "0.5.12"),
+    ("0.2.0", "0.8.2", "0.4.4.post3"),         # older than every listed release: the oldest's
+])
+def test_an_engine_left_out_is_what_the_verl_release_installs(verl, vllm, sglang):
+    stack = StackSection(verl=verl)
+    assert (stack.version_of("vllm"), stack.version_of("sglang")) == (vllm, sglang)
+    assert StackSection(verl=verl, vllm="0.10.1").version_of("vllm") == "0.10.1"  # a given version is kept
+
+
+@given(st.sampled_from(sorted(VERL_ENGINE_PINS)), st.sampled_from(["vllm", "sglang"]))
+def test_an_engine_default_is_always_within_the_verl_releases_pins(verl, engine):
+    lowest, highest = VERL_ENGINE_PINS[verl][engine]
+    chosen = parse_version(default_engine_version(verl, engine))
+    assert lowest is None or chosen >= parse_version(lowest)
+    assert highest is None or chosen <= parse_version(highest)
+    fitted = parse_version(FITTED_ENGINE_VERSIONS[engine])
+    if (lowest is None or fitted >= parse_version(lowest)) and (highest is None or fitted <= parse_version(highest)):
+        assert chosen == fitted  # the terms' own version wherever the release allows it
 
 
 def test_every_behaviour_names_its_code_path_and_a_range():
