@@ -411,6 +411,17 @@ def _reads_as_other_type(text: str) -> bool:
     return lowered in ("null", "true", "false") or bool(_INT.fullmatch(text) or _FLOAT.fullmatch(text))
 
 
+def _after_backslashes(text: str, start: int) -> tuple[int, str]:
+    """Where the run of backslashes at `start` ends (`start` when there is none), and the character there ('' at the end).
+
+    Quoting and unquoting both treat a backslash run by what follows it (a quote, `${`, the end).
+    """
+    end = start
+    while end < len(text) and text[end] == "\\":
+        end += 1
+    return end, text[end:end + 1]
+
+
 def _quote(text: str) -> str:
     """A single-quoted Hydra string that Hydra and OmegaConf read back as exactly `text`.
 
@@ -421,11 +432,8 @@ def _quote(text: str) -> str:
     out: list[str] = []
     i = 0
     while i < len(text):
-        j = i
-        while j < len(text) and text[j] == "\\":
-            j += 1
+        j, nxt = _after_backslashes(text, i)
         run = text[i:j]
-        nxt = text[j] if j < len(text) else ""
         if run:
             ends_before_special = j == len(text) or nxt == "'" or text.startswith("${", j)
             out.append(run * 2 if ends_before_special else run)
@@ -464,12 +472,9 @@ def _unquote(body: str, quote: str) -> str:
     out: list[str] = []
     i = 0
     while i < len(body):
-        j = i
-        while j < len(body) and body[j] == "\\":
-            j += 1
+        j, nxt = _after_backslashes(body, i)
         run_length = j - i
         if run_length:
-            nxt = body[j] if j < len(body) else ""
             if nxt == quote:
                 out.append("\\" * (run_length // 2))
                 if run_length % 2:
