@@ -25,6 +25,7 @@ from rlplan.planner.phases import Phase
 from rlplan.planner.profile import DEFAULT_PROFILE
 from rlplan.planner.steptime import predict_step_time
 from tests.data.verl_logs.make_fixtures import STEPS, metrics
+from tests.repo_scripts import load_script
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "verl_logs"
 SCRIPT = str(LOGS / "grpo_qwen2.5-7b_long.sh")
@@ -382,14 +383,7 @@ def test_public_small_model_runs(script, log, measured):
 
 
 def _public_runs_module():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "public_verl_runs.py"
-    spec = importlib.util.spec_from_file_location("public_verl_runs", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/public_verl_runs.py")
 
 
 def test_the_accuracy_benchmark_compares_the_public_runs_as_the_command_does():
