@@ -120,6 +120,20 @@ def _engine_keys(role: str, prefix: str) -> tuple[VerlKey, ...]:
     return engine + recompute
 
 
+def _log_prob_keys(section: Literal["ref", "rollout"]) -> tuple[VerlKey, ...]:
+    """The four knobs of a forward-only log-prob pass, which verl's ref and rollout sections name alike; left
+    unset, its dynamic-batch flag and token budget follow the actor's."""
+    return (
+        _k(f"{section}.log_prob_micro_batch_size_per_gpu", f"{ARF}.{section}.log_prob_micro_batch_size_per_gpu",
+           "int", None, True),
+        _k(f"{section}.log_prob_micro_batch_size", f"{ARF}.{section}.log_prob_micro_batch_size", "int", None, True),
+        _k(f"{section}.log_prob_use_dynamic_bsz", f"{ARF}.{section}.log_prob_use_dynamic_bsz", "bool",
+           Follows("actor.use_dynamic_bsz")),
+        _k(f"{section}.log_prob_max_token_len_per_gpu", f"{ARF}.{section}.log_prob_max_token_len_per_gpu", "int",
+           Follows("actor.ppo_max_token_len_per_gpu")),
+    )
+
+
 VERL_KEYS: tuple[VerlKey, ...] = (
     # --- model --------------------------------------------------------------
     _k("model.path", f"{ARF}.model.path", "str", None),
@@ -184,12 +198,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _fsdp("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
     _fsdp("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32", since="0.6.0"),
     _fsdp("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16", since="0.6.1"),
-    _k("ref.log_prob_micro_batch_size_per_gpu", f"{ARF}.ref.log_prob_micro_batch_size_per_gpu", "int", None, True),
-    _k("ref.log_prob_micro_batch_size", f"{ARF}.ref.log_prob_micro_batch_size", "int", None, True),
-    _k("ref.log_prob_use_dynamic_bsz", f"{ARF}.ref.log_prob_use_dynamic_bsz", "bool",
-       Follows("actor.use_dynamic_bsz")),
-    _k("ref.log_prob_max_token_len_per_gpu", f"{ARF}.ref.log_prob_max_token_len_per_gpu", "int",
-       Follows("actor.ppo_max_token_len_per_gpu")),
+    *_log_prob_keys("ref"),
     # --- rollout (verl passes these on to vLLM's engine arguments) ------------
     _k("rollout.n", f"{ARF}.rollout.n", "int", 1),
     _k("rollout.name", f"{ARF}.rollout.name", "str", "vllm"),
@@ -213,13 +222,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("rollout.top_p", f"{ARF}.rollout.top_p", "float", 1.0),
     _k("rollout.top_k", f"{ARF}.rollout.top_k", "int", -1),
     _k("rollout.ignore_eos", f"{ARF}.rollout.ignore_eos", "bool", False),
-    _k("rollout.log_prob_micro_batch_size_per_gpu", f"{ARF}.rollout.log_prob_micro_batch_size_per_gpu", "int",
-       None, True),
-    _k("rollout.log_prob_micro_batch_size", f"{ARF}.rollout.log_prob_micro_batch_size", "int", None, True),
-    _k("rollout.log_prob_use_dynamic_bsz", f"{ARF}.rollout.log_prob_use_dynamic_bsz", "bool",
-       Follows("actor.use_dynamic_bsz")),
-    _k("rollout.log_prob_max_token_len_per_gpu", f"{ARF}.rollout.log_prob_max_token_len_per_gpu", "int",
-       Follows("actor.ppo_max_token_len_per_gpu")),
+    *_log_prob_keys("rollout"),
     _k("rollout.agent_num_workers", f"{ARF}.rollout.agent.num_workers", "int", 8, since="0.5.0"),
     _k("rollout.update_weights_bucket_megabytes",
        f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048, since="0.7.1"),
