@@ -38,6 +38,7 @@ from rlplan.planner.memory.fsdp import training_components
 from rlplan.planner.memory.model_facts import model_facts
 from rlplan.planner.memory.report import MIB, TrainerState
 from rlplan.planner.memory.rollout import kv_cache_tokens, vllm_kv_cache_bytes
+from rlplan.planner.monotone import last_holding
 from rlplan.planner.plan import (
     ActorSection,
     DataSection,
@@ -508,13 +509,7 @@ def largest_fitting_batch(row: TuningRow) -> int:
     low, high = step, step
     while _fits_gpu(tuning_plan(row, high)):
         low, high = high, high * 2
-    while high - low > step:
-        middle = (low + high) // 2 // step * step
-        if _fits_gpu(tuning_plan(row, middle)):
-            low = middle
-        else:
-            high = middle
-    return low
+    return last_holding(low, high, lambda batch: _fits_gpu(tuning_plan(row, batch)), step)
 
 
 def tuning_table() -> tuple[list[str], bool]:

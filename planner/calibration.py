@@ -92,6 +92,15 @@ class Calibration:
     efficiencies: dict[str, float]
     notes: tuple[str, ...] = ()
 
+    def changed_constants(self) -> dict[str, Any]:
+        """The constants the fit moved off the default profile's values (the profile's name aside)."""
+        return {key: value for key, value in attrs.asdict(self.profile).items()
+                if key != "name" and value != getattr(DEFAULT_PROFILE, key)}
+
+    def to_json(self, profile_file: str) -> dict[str, Any]:
+        """What `calibrate --json` prints once the fitted profile is written to profile_file."""
+        return {"profile_file": profile_file, "changed": self.changed_constants(), "notes": list(self.notes)}
+
 
 def fit_allocator(observations: Sequence[MemoryObservation],
                   default_fragmentation: float = DEFAULT_PROFILE.fragmentation_fraction) -> AllocatorFit:

@@ -134,11 +134,9 @@ def report_errors(errors: list[PlanError], *, fix_all: str = "", as_json: bool =
 MAX_INPUT_BYTES = 16 * 2**20
 
 
-def read_text(path: str, what: str, limit: int = MAX_INPUT_BYTES, errors: str = "strict") -> str:
-    """Read a small regular file as UTF-8; FIFOs, devices, directories and huge files are refused, not read.
-
-    `limit` raises the size bound for inputs that are larger by nature (a verl run's log); `errors="replace"`
-    reads a log whose lines a crash cut mid-character."""
+def open_regular_file(path: str, what: str) -> int:
+    """A blocking descriptor on `path`, which must be a regular file: FIFOs, sockets, devices and directories are
+    PlanErrors on `what`, refused before a byte is read."""
     import stat
 
     shown = shorten(path)
@@ -151,15 +149,28 @@ def read_text(path: str, what: str, limit: int = MAX_INPUT_BYTES, errors: str = 
         raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file") from None
     except (OSError, ValueError) as exc:
         raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the path") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
             raise PlanError(field=what, message=f"{shown!r} is a directory, not a file.", fix="pass the file")
-        if not stat.S_ISREG(info.st_mode):
-            raise PlanError(field=what, message=f"{shown!r} is not a regular file (a pipe, socket or device).",
-                            fix="save the content to a file and pass that")
-        if info.st_size > limit:
-            raise PlanError(field=what, message=f"{shown!r} is {info.st_size} bytes, more than the "
+        raise PlanError(field=what, message=f"{shown!r} is not a regular file (a pipe, socket or device).",
+                        fix="save the content to a file and pass that")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_text(path: str, what: str, limit: int = MAX_INPUT_BYTES, errors: str = "strict") -> str:
+    """Read a small regular file as UTF-8; FIFOs, devices, directories and huge files are refused, not read.
+
+    `limit` raises the size bound for inputs that are larger by nature (a verl run's log); `errors="replace"`
+    reads a log whose lines a crash cut mid-character."""
+    shown = shorten(path)
+    fd = open_regular_file(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise PlanError(field=what, message=f"{shown!r} is {size} bytes, more than the "
                             f"{limit // 2**20} MiB limit for this input.", fix="check that this is the right file")
         with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(limit + 1)

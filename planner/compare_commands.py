@@ -9,8 +9,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from rlplan.planner.commands_io import (
     ExitCode,
     load_plan,
@@ -118,13 +116,11 @@ def calibrate_verl_command(logs: list[str], plans: list[str], output: str, *, gp
         runs.append(VerlRun(plan=plan, log=read_verl_log(log_path, "--from-verl-log")))
     result = calibrate_from_verl_logs(runs, name=Path(output).stem, family=_family(verl_version))
     write_atomic(output, profile_to_toml(result.profile), "--output")
-    changed = {key: value for key, value in attrs.asdict(result.profile).items()
-               if key != "name" and value != getattr(DEFAULT_PROFILE, key)}
     if as_json:
-        print_json({"profile_file": output, "changed": changed, "notes": list(result.notes)})
+        print_json(result.to_json(output))
         return ExitCode.OK
     console = make_console()
-    for key, value in changed.items():
+    for key, value in result.changed_constants().items():
         why = result.profile.why(key)
         why = why if len(why) < 80 else why[:77] + "..."
         console.print(f"{key}: {getattr(DEFAULT_PROFILE, key):.4g} -> {value:.4g} ({why})", markup=False)

@@ -19,7 +19,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.plan import MegatronSection, Plan, RefSection, RolloutSection
 from rlplan.planner.stack import SOFT_TOKEN_BUDGET, holds
 
 
@@ -285,24 +285,19 @@ def plan_layout(plan: Plan) -> PlanLayout:
         dynamic=actor.use_dynamic_bsz,
         epochs=actor.ppo_epochs,
     )
-    rollout = plan.rollout
-    old_log_prob = role(
-        Phase.OLD_LOG_PROB,
-        mini=None,
-        micro=normalized_micro_batch(rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size, dp),
-        budget=rollout.log_prob_max_token_len_per_gpu,
-        dynamic=rollout.log_prob_use_dynamic_bsz,
-    )
-    ref_log_prob = None
-    if plan.uses_reference:
-        ref = plan.ref
-        ref_log_prob = role(
-            Phase.REF_LOG_PROB,
+    def log_prob_pass(name: Phase, section: RolloutSection | RefSection) -> RoleBatchLayout:
+        """A forward-only log-prob pass: the rollout's and the reference's sections name its knobs alike."""
+        return role(
+            name,
             mini=None,
-            micro=normalized_micro_batch(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size, dp),
-            budget=ref.log_prob_max_token_len_per_gpu,
-            dynamic=ref.log_prob_use_dynamic_bsz,
+            micro=normalized_micro_batch(section.log_prob_micro_batch_size_per_gpu, section.log_prob_micro_batch_size,
+                                         dp),
+            budget=section.log_prob_max_token_len_per_gpu,
+            dynamic=section.log_prob_use_dynamic_bsz,
         )
+
+    old_log_prob = log_prob_pass(Phase.OLD_LOG_PROB, plan.rollout)
+    ref_log_prob = log_prob_pass(Phase.REF_LOG_PROB, plan.ref) if plan.uses_reference else None
     critic_update = critic_values = critic_parallel = critic_mini = None
     if plan.uses_critic:
         critic = plan.critic

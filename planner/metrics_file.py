@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Iterator
 from typing import Any
 
 from attrs import define, field
 
+from rlplan.planner.commands_io import open_regular_file
 from rlplan.planner.errors import PlanError, shorten
 
 # One step's record is about a kilobyte; a line past this is not one (or is /dev/zero's endless line).
@@ -122,24 +122,6 @@ def parse_record(line: str, where: str) -> dict[str, Any]:
     return record
 
 
-def _open_regular(path: str, what: str) -> int:
-    shown = shorten(path)
-    try:
-        # O_NONBLOCK: opening a FIFO with no writer cannot block; the fstat below refuses it.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise PlanError(field=what, message=f"{shown} does not exist.", fix="pass a run's metrics.jsonl") from None
-    except (OSError, ValueError) as exc:
-        raise PlanError(field=what, message=f"cannot read {shown!r}: {exc}.", fix="check the path") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a pipe, socket or device)"
-        raise PlanError(field=what, message=f"{shown!r} is {kind}.", fix="pass the metrics.jsonl a run wrote")
-    os.set_blocking(fd, True)
-    return fd
-
-
 def read_metrics_file(path: str, what: str, reading: MetricsReading | None = None,
                       max_bytes: int | None = None) -> Iterator[dict[str, Any]]:
     """The records of a metrics.jsonl, one line at a time, in file order.
@@ -150,7 +132,7 @@ def read_metrics_file(path: str, what: str, reading: MetricsReading | None = Non
     """
     reading = reading if reading is not None else MetricsReading()
     shown = shorten(path)
-    fd = _open_regular(path, what)
+    fd = open_regular_file(path, what)
     with os.fdopen(fd, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
         if max_bytes is not None and size > max_bytes:

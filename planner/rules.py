@@ -32,7 +32,7 @@ from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory.heads import runtime_loss_head
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
-from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.plan import ActorSection, CriticSection, MegatronSection, Plan
 from rlplan.planner.platform import Platform
 from rlplan.planner.stack import ENGINE_WORKER, Behaviour, holds
 
@@ -351,6 +351,13 @@ def _loss_head_is_what_the_runtime_runs(ctx: RuleContext) -> Iterator[Violation]
         )
 
 
+def _trained_sections(plan: Plan) -> Iterator[tuple[Literal["actor", "critic"], ActorSection | CriticSection]]:
+    """The sections verl trains with their own FSDP state: the actor's, and the critic's when the plan has one."""
+    yield "actor", plan.actor
+    if plan.uses_critic:
+        yield "critic", plan.critic
+
+
 @rule("worker", "fsdp_config.offload_policy takes effect only with strategy fsdp2")
 def _offload_policy_needs_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
     """verl reads offload_policy only on its fsdp2 branch and builds FSDP1 without any CPU offload.
@@ -363,9 +370,8 @@ def _offload_policy_needs_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.actor.strategy == "fsdp2":
         return
-    for section, wanted in (("actor", plan.actor.offload_policy),
-                            ("critic", plan.critic.offload_policy and plan.uses_critic)):
-        if wanted:
+    for section, config in _trained_sections(plan):
+        if config.offload_policy:
             yield ctx.violation(
                 f"{section}.offload_policy is true, but verl builds the {section} with FSDP1 for strategy "
                 f'"{plan.actor.strategy}" and ignores it: params, grads and optimizer state stay on the GPU.',
@@ -383,8 +389,8 @@ def _offload_policy_supersedes_offloads(ctx: RuleContext) -> Iterator[Violation]
     plan = ctx.plan
     if plan.actor.strategy != "fsdp2":
         return
-    for section, config, active in (("actor", plan.actor, True), ("critic", plan.critic, plan.uses_critic)):
-        if active and config.offload_policy and (config.param_offload or config.optimizer_offload):
+    for section, config in _trained_sections(plan):
+        if config.offload_policy and (config.param_offload or config.optimizer_offload):
             yield ctx.violation(
                 f"{section}.offload_policy keeps the {section}'s state in host RAM for the whole step, so verl "
                 f"ignores {section}.param_offload / optimizer_offload.",
@@ -416,8 +422,8 @@ def _fsdp_size_divides_world(ctx: RuleContext) -> Iterator[Violation]:
 def _ulysses_divides_world(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     world = plan.cluster.world_size
-    for section, sp in (("actor", plan.actor.ulysses_sequence_parallel_size),
-                        ("critic", plan.critic.ulysses_sequence_parallel_size if plan.uses_critic else 1)):
+    for section, config in _trained_sections(plan):
+        sp = config.ulysses_sequence_parallel_size
         if world % sp:
             better = _largest_divisor_at_most(world, sp)
             yield ctx.violation(

@@ -120,6 +120,20 @@ def _engine_keys(role: str, prefix: str) -> tuple[VerlKey, ...]:
     return engine + recompute
 
 
+def _log_prob_keys(section: Literal["ref", "rollout"]) -> tuple[VerlKey, ...]:
+    """The four knobs of a forward-only log-prob pass, which verl's ref and rollout sections name alike; left
+    unset, its dynamic-batch flag and token budget follow the actor's."""
+    return (
+        _k(f"{section}.log_prob_micro_batch_size_per_gpu", f"{ARF}.{section}.log_prob_micro_batch_size_per_gpu",
+           "int", None, True),
+        _k(f"{section}.log_prob_micro_batch_size", f"{ARF}.{section}.log_prob_micro_batch_size", "int", None, True),
+        _k(f"{section}.log_prob_use_dynamic_bsz", f"{ARF}.{section}.log_prob_use_dynamic_bsz", "bool",
+           Follows("actor.use_dynamic_bsz")),
+        _k(f"{section}.log_prob_max_token_len_per_gpu", f"{ARF}.{section}.log_prob_max_token_len_per_gpu", "int",
+           Follows("actor.ppo_max_token_len_per_gpu")),
+    )
+
+
 VERL_KEYS: tuple[VerlKey, ...] = (
     # --- model --------------------------------------------------------------
     _k("model.path", f"{ARF}.model.path", "str", None),
@@ -184,12 +198,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _fsdp("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
     _fsdp("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32", since="0.6.0"),
     _fsdp("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16", since="0.6.1"),
-    _k("ref.log_prob_micro_batch_size_per_gpu", f"{ARF}.ref.log_prob_micro_batch_size_per_gpu", "int", None, True),
-    _k("ref.log_prob_micro_batch_size", f"{ARF}.ref.log_prob_micro_batch_size", "int", None, True),
-    _k("ref.log_prob_use_dynamic_bsz", f"{ARF}.ref.log_prob_use_dynamic_bsz", "bool",
-       Follows("actor.use_dynamic_bsz")),
-    _k("ref.log_prob_max_token_len_per_gpu", f"{ARF}.ref.log_prob_max_token_len_per_gpu", "int",
-       Follows("actor.ppo_max_token_len_per_gpu")),
+    *_log_prob_keys("ref"),
     # --- rollout (verl passes these on to vLLM's engine arguments) ------------
     _k("rollout.n", f"{ARF}.rollout.n", "int", 1),
     _k("rollout.name", f"{ARF}.rollout.name", "str", "vllm"),
@@ -213,13 +222,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("rollout.top_p", f"{ARF}.rollout.top_p", "float", 1.0),
     _k("rollout.top_k", f"{ARF}.rollout.top_k", "int", -1),
     _k("rollout.ignore_eos", f"{ARF}.rollout.ignore_eos", "bool", False),
-    _k("rollout.log_prob_micro_batch_size_per_gpu", f"{ARF}.rollout.log_prob_micro_batch_size_per_gpu", "int",
-       None, True),
-    _k("rollout.log_prob_micro_batch_size", f"{ARF}.rollout.log_prob_micro_batch_size", "int", None, True),
-    _k("rollout.log_prob_use_dynamic_bsz", f"{ARF}.rollout.log_prob_use_dynamic_bsz", "bool",
-       Follows("actor.use_dynamic_bsz")),
-    _k("rollout.log_prob_max_token_len_per_gpu", f"{ARF}.rollout.log_prob_max_token_len_per_gpu", "int",
-       Follows("actor.ppo_max_token_len_per_gpu")),
+    *_log_prob_keys("rollout"),
     _k("rollout.agent_num_workers", f"{ARF}.rollout.agent.num_workers", "int", 8, since="0.5.0"),
     _k("rollout.update_weights_bucket_megabytes",
        f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048, since="0.7.1"),
@@ -411,6 +414,17 @@ def _reads_as_other_type(text: str) -> bool:
     return lowered in ("null", "true", "false") or bool(_INT.fullmatch(text) or _FLOAT.fullmatch(text))
 
 
+def _after_backslashes(text: str, start: int) -> tuple[int, str]:
+    """Where the run of backslashes at `start` ends (`start` when there is none), and the character there ('' at the end).
+
+    Quoting and unquoting both treat a backslash run by what follows it (a quote, `${`, the end).
+    """
+    end = start
+    while end < len(text) and text[end] == "\\":
+        end += 1
+    return end, text[end:end + 1]
+
+
 def _quote(text: str) -> str:
     """A single-quoted Hydra string that Hydra and OmegaConf read back as exactly `text`.
 
@@ -421,11 +435,8 @@ def _quote(text: str) -> str:
     out: list[str] = []
     i = 0
     while i < len(text):
-        j = i
-        while j < len(text) and text[j] == "\\":
-            j += 1
+        j, nxt = _after_backslashes(text, i)
         run = text[i:j]
-        nxt = text[j] if j < len(text) else ""
         if run:
             ends_before_special = j == len(text) or nxt == "'" or text.startswith("${", j)
             out.append(run * 2 if ends_before_special else run)
@@ -464,12 +475,9 @@ def _unquote(body: str, quote: str) -> str:
     out: list[str] = []
     i = 0
     while i < len(body):
-        j = i
-        while j < len(body) and body[j] == "\\":
-            j += 1
+        j, nxt = _after_backslashes(body, i)
         run_length = j - i
         if run_length:
-            nxt = body[j] if j < len(body) else ""
             if nxt == quote:
                 out.append("\\" * (run_length // 2))
                 if run_length % 2:

@@ -122,57 +122,61 @@ def _console_step(body: str) -> tuple[dict[str, float], list[str]]:
     return values, unreadable
 
 
-def _split_lines(text: str) -> tuple[list[str], bool]:
-    """The lines of text, and whether the last one lacks its newline (still being written)."""
+def _complete_lines(text: str) -> tuple[list[str], int | None]:
+    """The lines of text that end in a newline, and the number of a last line that does not (still being written)."""
     lines = text.split("\n")
-    incomplete = bool(lines) and lines[-1] != ""
-    if not incomplete:
-        lines.pop()
-    return lines, incomplete
+    tail = lines.pop()
+    return lines, (len(lines) + 1 if tail else None)
 
 
-def _record(steps: dict[int, StepMetrics], nan_keys: dict[str, int], spellings: set[str],
-            step: int, raw: Mapping[str, float], number: int) -> None:
-    values: dict[str, float] = {}
-    for key, value in raw.items():
-        name = canonical_key(key)
-        if name != key:
-            spellings.add(key.split("/")[0] + "/")
-        if math.isnan(value):
-            nan_keys.setdefault(name, step)
-        values[name] = value
-    previous = steps.get(step)
-    if previous is not None:
-        # A resumed run logs a step again: the later line wins, its missing keys keep the earlier values.
-        values = {**previous.values, **values}
-    steps[step] = StepMetrics(step=step, values=values, line=number)
+@attrs.define
+class _LogReader:
+    """What one parse gathers line by line (steps, unreadable lines, NaN keys, old spellings) until it is a VerlLog."""
+
+    steps: dict[int, StepMetrics] = attrs.field(factory=dict)
+    bad: list[BadLine] = attrs.field(factory=list)
+    nan_keys: dict[str, int] = attrs.field(factory=dict)
+    spellings: set[str] = attrs.field(factory=set)
+
+    def record(self, step: int, raw: Mapping[str, float], number: int) -> None:
+        values: dict[str, float] = {}
+        for key, value in raw.items():
+            name = canonical_key(key)
+            if name != key:
+                self.spellings.add(key.split("/")[0] + "/")
+            if math.isnan(value):
+                self.nan_keys.setdefault(name, step)
+            values[name] = value
+        previous = self.steps.get(step)
+        if previous is not None:
+            # A resumed run logs a step again: the later line wins, its missing keys keep the earlier values.
+            values = {**previous.values, **values}
+        self.steps[step] = StepMetrics(step=step, values=values, line=number)
+
+    def log(self, source: str, log_format: LogFormat, incomplete_last_line: int | None) -> VerlLog:
+        return VerlLog(source=source, format=log_format, steps=tuple(self.steps[k] for k in sorted(self.steps)),
+                       bad_lines=tuple(self.bad), incomplete_last_line=incomplete_last_line,
+                       nan_keys=self.nan_keys, spellings=frozenset(self.spellings))
 
 
 def parse_console_log(text: str, source: str = "log") -> VerlLog:
-    steps: dict[int, StepMetrics] = {}
-    bad: list[BadLine] = []
-    nan_keys: dict[str, int] = {}
-    spellings: set[str] = set()
-    lines, incomplete = _split_lines(text)
-    last = len(lines)
+    reader = _LogReader()
+    lines, incomplete = _complete_lines(text)
     for number, raw_line in enumerate(lines, start=1):
         # tqdm redraws its bar with carriage returns, so one line can hold a bar and a step: take the step's part.
         segments = [_RAY_REPEATED.sub("", _ANSI.sub("", part)) for part in raw_line.split("\r")]
         match = next((m for part in reversed(segments) if (m := _STEP.search(part)) is not None), None)
         if match is None:
             continue
-        if incomplete and number == last:
-            break
         values, unreadable = _console_step(match.group(2))
         if not values:
-            bad.append(BadLine(number, f"step {match.group(1)} has no key:number pair"))
+            reader.bad.append(BadLine(number, f"step {match.group(1)} has no key:number pair"))
             continue
         if unreadable:
-            bad.append(BadLine(number, f"{len(unreadable)} part(s) are not key:number, e.g. {unreadable[0][:60]!r}"))
-        _record(steps, nan_keys, spellings, int(match.group(1)), values, number)
-    return VerlLog(source=source, format="console", steps=tuple(steps[k] for k in sorted(steps)),
-                   bad_lines=tuple(bad), incomplete_last_line=last if incomplete else None,
-                   nan_keys=nan_keys, spellings=frozenset(spellings))
+            reader.bad.append(BadLine(number, f"{len(unreadable)} part(s) are not key:number, "
+                                              f"e.g. {unreadable[0][:60]!r}"))
+        reader.record(int(match.group(1)), values, number)
+    return reader.log(source, "console", incomplete)
 
 
 def _json_step(obj: object) -> tuple[int, dict[str, float]] | str:
@@ -193,32 +197,24 @@ def _json_step(obj: object) -> tuple[int, dict[str, float]] | str:
 
 
 def parse_jsonl_log(text: str, source: str = "log") -> VerlLog:
-    steps: dict[int, StepMetrics] = {}
-    bad: list[BadLine] = []
-    nan_keys: dict[str, int] = {}
-    spellings: set[str] = set()
-    lines, incomplete = _split_lines(text)
-    last = len(lines)
+    reader = _LogReader()
+    lines, incomplete = _complete_lines(text)
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        if incomplete and number == last:
-            break
         try:
             record = _json_step(json.loads(line))  # Python's json reads NaN / Infinity as verl writes them
         except ValueError as exc:
-            bad.append(BadLine(number, f"not JSON ({str(exc)[:80]})"))
+            reader.bad.append(BadLine(number, f"not JSON ({str(exc)[:80]})"))
             continue
         except RecursionError:
-            bad.append(BadLine(number, "nested too deeply"))
+            reader.bad.append(BadLine(number, "nested too deeply"))
             continue
         if isinstance(record, str):
-            bad.append(BadLine(number, record))
+            reader.bad.append(BadLine(number, record))
             continue
-        _record(steps, nan_keys, spellings, record[0], record[1], number)
-    return VerlLog(source=source, format="jsonl", steps=tuple(steps[k] for k in sorted(steps)),
-                   bad_lines=tuple(bad), incomplete_last_line=last if incomplete else None,
-                   nan_keys=nan_keys, spellings=frozenset(spellings))
+        reader.record(record[0], record[1], number)
+    return reader.log(source, "jsonl", incomplete)
 
 
 def detect_format(text: str) -> LogFormat:

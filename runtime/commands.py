@@ -365,11 +365,10 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str, 
         write_atomic(output, profile_to_toml(result.profile), "--output")
     except PlanError as error:
         return report_error(error, as_json=as_json)
-    changed = {key: value for key, value in attrs.asdict(result.profile).items()
-               if key != "name" and value != getattr(DEFAULT_PROFILE, key)}
     if as_json:
-        print_json({"profile_file": output, "changed": changed, "notes": list(result.notes)})
+        print_json(result.to_json(output))
         return ExitCode.OK
+    changed = result.changed_constants()
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"wrote {output}: " + (", ".join(f"{k} = {v:.4g}" for k, v in changed.items())

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import re
 import tomllib
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -13,49 +11,13 @@ import tomli_w
 from typer.testing import CliRunner
 
 from rlplan.planner.cli import app
+from tests.planner.chart_html import inlined_spec
 
 pytest.importorskip("altair")
 pytest.importorskip("vl_convert")
 
 runner = CliRunner()
 HOSTILE = "</script><script>alert(1)</script><!-- & \u2028\u2029 </SCRIPT >"
-
-
-class ScriptElements(HTMLParser):
-    """The text of every <script> element, as a browser's tokenizer splits them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scripts: list[str] = []
-        self._inside = False
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag == "script":
-            self.scripts.append("")
-            self._inside = True
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "script":
-            self._inside = False
-
-    def handle_data(self, data: str) -> None:
-        if self._inside:
-            self.scripts[-1] += data
-
-
-def chart_scripts(html: str) -> list[str]:
-    parser = ScriptElements()
-    parser.feed(html)
-    return parser.scripts
-
-
-def inlined_spec(html: str) -> dict:
-    """The chart's own script: the Vega bundle first, then `const spec = {...};` and the embed call."""
-    scripts = chart_scripts(html)
-    assert len(scripts) == 2, [s[:80] for s in scripts]
-    match = re.search(r"const spec = (\{.*?\});\n\s*const embedOpt", scripts[1], re.S)
-    assert match is not None
-    return json.loads(match.group(1))
 
 
 def inlined_rows(node) -> list[dict]:

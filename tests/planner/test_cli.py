@@ -9,22 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from rlplan.planner.cli import app
 from rlplan.planner.planfile import plan_from_toml, plan_to_toml
+from tests.planner.cli_runner import invoke, runner
 from tests.planner.plans import make_plan
-
-runner = CliRunner()
 
 SOLVE_7B = ["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--algo", "grpo",
             "--prompt-len", "1024", "--response-len", "2048", "--train-batch-size", "256", "--n", "5"]
-
-
-def invoke(*args: str):
-    result = runner.invoke(app, list(args))
-    assert "Traceback" not in result.output
-    return result
 
 
 @pytest.fixture(scope="module")

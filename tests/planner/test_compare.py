@@ -9,10 +9,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from rlplan.planner.calibration import STEP_TIME_CONSTANTS
-from rlplan.planner.cli import app
 from rlplan.planner.commands_io import load_profile
 from rlplan.planner.compare import SCOPES, compare_run, infer_family, version_family
 from rlplan.planner.compare_commands import load_plan_or_script, read_verl_log
@@ -25,18 +23,13 @@ from rlplan.planner.phases import Phase
 from rlplan.planner.profile import DEFAULT_PROFILE
 from rlplan.planner.steptime import predict_step_time
 from tests.data.verl_logs.make_fixtures import STEPS, metrics
+from tests.planner.cli_runner import invoke
+from tests.repo_scripts import load_script
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "verl_logs"
 SCRIPT = str(LOGS / "grpo_qwen2.5-7b_long.sh")
 PUBLIC = LOGS / "public"
-runner = CliRunner()
 FAMILY = {"v02_console.log": "0.2", "v03_console.log": "0.3", "v08_console.log": "0.8", "v08_file.jsonl": "0.8"}
-
-
-def invoke(*args: str):
-    result = runner.invoke(app, list(args))
-    assert "Traceback" not in result.output
-    return result
 
 
 def fixture_plan():
@@ -382,14 +375,7 @@ def test_public_small_model_runs(script, log, measured):
 
 
 def _public_runs_module():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "public_verl_runs.py"
-    spec = importlib.util.spec_from_file_location("public_verl_runs", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/public_verl_runs.py")
 
 
 def test_the_accuracy_benchmark_compares_the_public_runs_as_the_command_does():

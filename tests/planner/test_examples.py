@@ -3,7 +3,6 @@ gallery.toml still solves with today's solver (by the same code `python examples
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,12 @@ from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.render import render_plan
 from rlplan.planner.rules import check_plan
 from rlplan.planner.verl_import import import_verl_script
+from tests.repo_scripts import load_script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _regenerate_module():
-    spec = importlib.util.spec_from_file_location("regenerate", EXAMPLES / "regenerate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REGENERATE = _regenerate_module()
+REGENERATE = load_script("examples/regenerate.py")
 ENTRIES = REGENERATE.gallery()
 NAMES = [entry["name"] for entry in ENTRIES]
 

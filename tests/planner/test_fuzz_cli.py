@@ -15,7 +15,6 @@ import os
 import re
 import tomllib
 from datetime import timedelta
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from rlplan.planner.cli import app
+from tests.planner.chart_html import inlined_spec
 
 EXAMPLES = int(os.environ.get("RLPLAN_FUZZ_EXAMPLES", "25"))
 # The deadline catches hangs and quadratic blow-ups, not a slow shared machine: a case takes well under 5 s.
@@ -296,37 +296,12 @@ SCRIPT_TEXT = st.sampled_from([
 chart_text = st.one_of(SCRIPT_TEXT, st.builds(lambda a, b: a + b, SCRIPT_TEXT, st.text(max_size=12)))
 
 
-class _ScriptElements(HTMLParser):
-    """Every <script> element's text, as a browser's tokenizer splits the page."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scripts: list[str] = []
-        self.inside = False
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag == "script":
-            self.scripts.append("")
-            self.inside = True
-
-    def handle_endtag(self, tag: str) -> None:
-        self.inside = self.inside and tag != "script"
-
-    def handle_data(self, data: str) -> None:
-        if self.inside:
-            self.scripts[-1] += data
-
-
 def assert_only_the_charts_own_scripts(path: Path) -> None:
     """An HTML chart has two script elements, the inlined Vega bundle and the chart's own, whose spec is JSON;
     a planted `</script>` would end one early and open another."""
     if not path.is_file() or path.suffix != ".html":
         return
-    parser = _ScriptElements()
-    parser.feed(path.read_text(encoding="utf-8"))
-    assert len(parser.scripts) == 2, [script[:120] for script in parser.scripts]
-    spec = re.search(r"const spec = (\{.*?\});\n\s*const embedOpt", parser.scripts[1], re.S)
-    assert spec is not None and isinstance(json.loads(spec.group(1)), dict)
+    inlined_spec(path.read_text(encoding="utf-8"))
 
 
 def run_bounded(directory: Path, args: list[str], output: Path | None = None, env: dict[str, str] | None = None):

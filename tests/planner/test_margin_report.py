@@ -5,24 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
 from rlplan.planner.planfile import plan_from_toml
-
-runner = CliRunner()
+from tests.planner.cli_runner import invoke
 
 SOLVE_7B = ["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "1024",
             "--response-len", "2048"]
 # Full fine-tuning of a 3B on one 24 GiB card: its training state goes to host RAM.
 SOLVE_OFFLOAD = ["solve", "--model", "qwen2.5-3b", "--gpus", "1", "--gpu", "rtx4090", "--prompt-len", "512",
                  "--response-len", "512", "--train-batch-size", "8", "--n", "2", "--lora", "off"]
-
-
-def invoke(*args: str):
-    result = runner.invoke(app, list(args))
-    assert "Traceback" not in result.output
-    return result
 
 
 def payload_of(*args: str) -> dict:

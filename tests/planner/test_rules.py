@@ -8,6 +8,7 @@ import tokenize
 from pathlib import Path
 
 import attrs
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -233,6 +234,19 @@ def test_offload_policy_on_fsdp1_is_an_error_and_beside_phase_offloads_a_warning
     assert warning.severity == "warning" and warning.suggested["actor.param_offload"] is False
     assert not [v for v in check_plan(make_plan(overrides={"actor.offload_policy": True})).violations
                 if v.rule.startswith("offload_policy")]
+
+
+@pytest.mark.parametrize(("rule", "overrides"), [
+    ("offload_policy_needs_fsdp2", {"actor.strategy": "fsdp", "critic.offload_policy": True}),
+    ("offload_policy_supersedes_offloads", {"critic.offload_policy": True, "critic.optimizer_offload": True}),
+    ("ulysses_divides_world", {"critic.ulysses_sequence_parallel_size": 3}),
+])
+def test_the_critics_fsdp_rules_check_its_section_only_when_the_plan_trains_a_critic(rule, overrides):
+    """Invariant: a critic section a plan does not train (GRPO) is never the subject of a rule on trained state."""
+    ppo = check_plan(make_plan(overrides={**overrides, "algorithm.adv_estimator": "gae"}))
+    assert [v.message.split(".")[0] for v in ppo.violations if v.rule == rule] == ["critic"]
+    grpo = check_plan(make_plan(overrides={**overrides, "algorithm.adv_estimator": "grpo"}))
+    assert not [v for v in grpo.violations if v.rule == rule]
 
 
 def test_every_violation_carries_the_name_and_stage_of_the_rule_that_found_it():

@@ -12,6 +12,7 @@ from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE
 from rlplan.planner.steptime import StepTime, predict_step_time
 from tests.planner.plans import QWEN25_7B, make_plan
+from tests.repo_scripts import load_script
 
 
 def step_time(plan: Plan) -> StepTime:
@@ -159,15 +160,7 @@ def test_cpu_offload_policy_never_makes_a_step_faster_and_slows_its_roles_update
 
 
 def _sweeps_module():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "steptime_sweeps.py"
-    spec = importlib.util.spec_from_file_location("steptime_sweeps", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/steptime_sweeps.py")
 
 
 @settings(max_examples=30, deadline=None)
