@@ -379,23 +379,21 @@ def validate(
 
     Example: rlplan validate plan.toml --json
     """
-    from rlplan.planner.report import fit_fix, plan_reports, validation_json, validation_tables
+    from rlplan.planner.report import fit_fix, plan_reports, reports_json, validation_tables
 
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len,
                                    (verl_version, vllm_version, sglang_version))
-    reports = plan_reports(plan, prof)
-    payload = validation_json(plan, prof, parse_headroom(headroom), reports=reports)
-    if payload["valid"] and not payload["feasible"]:
-        payload["fix"] = fit_fix(plan, prof, plan_path)
+    reports = plan_reports(plan, prof, parse_headroom(headroom))
+    fix = fit_fix(plan, prof, plan_path) if reports.rules.valid and not reports.feasible else None
     if json_output:
-        print(json.dumps(payload, indent=2))
+        print(json.dumps({**reports_json(reports), **({"fix": fix} if fix else {})}, indent=2))
     else:
         console = make_console()
-        for renderable in validation_tables(reports, payload):
+        for renderable in validation_tables(reports, fix):
             console.print(renderable)
-    if not payload["valid"]:
+    if not reports.rules.valid:
         raise typer.Exit(ExitCode.BAD_INPUT)
-    if not payload["feasible"]:
+    if not reports.feasible:
         raise typer.Exit(ExitCode.INFEASIBLE)
 
 
@@ -418,7 +416,7 @@ def explain(
 
     Example: rlplan explain plan.toml --chart memory.html
     """
-    from rlplan.planner.report import explain_tables, validation_json
+    from rlplan.planner.report import explain_tables, plan_reports, reports_json
 
     if chart:
         from rlplan.planner.chart_commands import check_chart_path
@@ -431,11 +429,12 @@ def explain(
         from rlplan.planner.chart_commands import memory_chart_command
 
         memory_chart_command(plan, prof, chart, parse_headroom(headroom))
+    reports = plan_reports(plan, prof, parse_headroom(headroom))
     if json_output:
-        print(json.dumps(validation_json(plan, prof, parse_headroom(headroom)), indent=2))
+        print(json.dumps(reports_json(reports), indent=2))
         return
     console = make_console()
-    for renderable in explain_tables(plan, prof, parse_headroom(headroom)):
+    for renderable in explain_tables(reports):
         console.print(renderable)
 
 
