@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated, NoReturn, get_args
+from typing import Annotated, Any, NoReturn, get_args
 
 import typer
 
@@ -80,14 +80,27 @@ OUTPUT_PANEL = "Output"
 HELP_OPTION_NAMES = {"help_option_names": ["-h", "--help"]}
 
 # Options that several commands take, written once (typer copies the Option for each command).
-ExpectedPromptLen = Annotated[int | None, typer.Option(
-    "--expected-prompt-len", help="Mean prompt tokens of the data (default: the max).")]
-ExpectedResponseLen = Annotated[int | None, typer.Option(
-    "--expected-response-len", help="Mean response tokens of the data (default: the max).")]
+def expected_len_option(part: str, *, metavar: str | None = None, panel: str | None = None) -> Any:
+    """--expected-prompt-len / --expected-response-len: solve shows them in its Workload panel as TOKENS."""
+    return typer.Option(f"--expected-{part}-len", metavar=metavar, rich_help_panel=panel,
+                        help=f"Mean {part} tokens of the data (default: the max).")
+
+
+def headroom_option(*, panel: str | None = None) -> Any:
+    return typer.Option("--headroom", metavar="10%|4GiB|0", rich_help_panel=panel,
+                        help="GPU memory every phase must leave free: a share of the GPU or an amount (default: from "
+                             "the model's measured error, at least 5 %; docs/accuracy.md 1c).")
+
+
+def plan_output_option(*, metavar: str | None = None, panel: str | None = None) -> Any:
+    return typer.Option("-o", "--output", metavar=metavar, rich_help_panel=panel, help="Where to write plan.toml.")
+
+
+ExpectedPromptLen = Annotated[int | None, expected_len_option("prompt")]
+ExpectedResponseLen = Annotated[int | None, expected_len_option("response")]
 ProfileOption = Annotated[str | None, typer.Option("--profile", metavar="FILE", help="Calibration profile TOML.")]
-HeadroomOption = Annotated[str | None, typer.Option(
-    "--headroom", metavar="10%|4GiB|0", help="GPU memory every phase must leave free: a share of the GPU or an "
-    "amount (default: from the model's measured error, at least 5 %; docs/accuracy.md 1c).")]
+HeadroomOption = Annotated[str | None, headroom_option()]
+PlanOutput = Annotated[str | None, plan_output_option()]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 # The target stack (planner/stack.py): the versions the plan is for; they select version-dependent defaults, rules
 # and memory. Left out: the plan's own [stack], else the default (`rlplan --version`).
@@ -167,119 +180,142 @@ def guarded(function):
 
 # --- solve -------------------------------------------------------------------------
 
+# solve's options, in the order `rlplan solve --help` shows them.
+ModelFlag = Annotated[str | None, typer.Option(
+    "--model", metavar="NAME|DIR", rich_help_panel=MODEL_PANEL,
+    help="Preset name, Hugging Face repo id, or local config.json / dir. Required unless --from.")]
+LoraFlag = Annotated[str, typer.Option(
+    "--lora", metavar="off|auto|RANK", rich_help_panel=MODEL_PANEL,
+    autocompletion=completion(("off", "auto", "8", "16", "32", "64")),
+    help="LoRA adapters: off (full fine-tuning), auto (the solver's choice) or a rank.")]
+GpusFlag = Annotated[int | None, typer.Option(
+    "--gpus", metavar="N", rich_help_panel=CLUSTER_PANEL, help="Total number of GPUs.")]
+GpuFlag = Annotated[str | None, typer.Option(
+    "--gpu", metavar="NAME", rich_help_panel=CLUSTER_PANEL, autocompletion=complete_gpu_presets,
+    help="GPU preset, e.g. h100-80g (`rlplan presets gpus`). Required unless --gpu-mem, --device cpu or --from.")]
+GpuMemFlag = Annotated[str | None, typer.Option(
+    "--gpu-mem", metavar="GIB", rich_help_panel=CLUSTER_PANEL,
+    help="GPU memory for a GPU without a preset: GiB, or with a unit (80GB, 81559MiB).")]
+GpuTflopsFlag = Annotated[float | None, typer.Option(
+    "--gpu-tflops", metavar="TFLOPS", rich_help_panel=CLUSTER_PANEL, help="Dense BF16 TFLOPS of a --gpu-mem GPU.")]
+GpuBandwidthFlag = Annotated[float | None, typer.Option(
+    "--gpu-bandwidth", metavar="GB/S", rich_help_panel=CLUSTER_PANEL, help="Memory bandwidth of a --gpu-mem GPU, GB/s.")]
+NodesFlag = Annotated[int | None, typer.Option(
+    "--nodes", metavar="N", rich_help_panel=CLUSTER_PANEL, help="Number of nodes (default: gpus / gpus-per-node).")]
+GpusPerNodeFlag = Annotated[int | None, typer.Option(
+    "--gpus-per-node", metavar="N", rich_help_panel=CLUSTER_PANEL, help="GPUs per node (default: min(gpus, 8)).")]
+HostMemFlag = Annotated[str | None, typer.Option(
+    "--host-mem", metavar="GIB", rich_help_panel=CLUSTER_PANEL,
+    help="Host RAM per node: GiB or with a unit (512GiB); default: the GPU's typical node (`rlplan presets gpus`), "
+         "with --device cpu this machine's MemTotal.")]
+DeviceFlag = Annotated[str, typer.Option(
+    "--device", metavar="gpu|cpu", rich_help_panel=CLUSTER_PANEL, autocompletion=completion(("gpu", "cpu")),
+    help="cpu: plan rlplan's CPU runtime on this machine (--gpus is then its trainer ranks, default 1); the same as "
+         "--gpu cpu.")]
+AlgoFlag = Annotated[str | None, typer.Option(
+    "--algo", metavar="ALGO", rich_help_panel=WORKLOAD_PANEL, autocompletion=completion(ALGO_CHOICES),
+    help=f"Algorithm: {', '.join(ALGO_CHOICES)} (ppo is gae + critic; default: the --from plan's, else grpo).")]
+PromptLenFlag = Annotated[int | None, typer.Option(
+    "--prompt-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL, help="Max prompt tokens. Required unless --from.")]
+ResponseLenFlag = Annotated[int | None, typer.Option(
+    "--response-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL, help="Max response tokens.")]
+MaxResponseLenFlag = Annotated[int | None, typer.Option(
+    "--max-response-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
+    help="Find the longest response up to this that fits.")]
+TrainBatchSizeFlag = Annotated[int | None, typer.Option(
+    "--train-batch-size", metavar="PROMPTS", rich_help_panel=WORKLOAD_PANEL, help="Prompts per step (default 256).")]
+ResponsesPerPromptFlag = Annotated[int | None, typer.Option(
+    "--n", metavar="N", rich_help_panel=WORKLOAD_PANEL, help="Responses per prompt (rollout.n, default 5).")]
+PpoMiniBatchSizeFlag = Annotated[int | None, typer.Option(
+    "--ppo-mini-batch-size", metavar="PROMPTS", rich_help_panel=WORKLOAD_PANEL, help="Prompts per optimizer step.")]
+SolveExpectedPromptLen = Annotated[int | None, expected_len_option("prompt", metavar="TOKENS",
+                                                                   panel=WORKLOAD_PANEL)]
+SolveExpectedResponseLen = Annotated[int | None, expected_len_option("response", metavar="TOKENS",
+                                                                     panel=WORKLOAD_PANEL)]
+TrainFilesFlag = Annotated[str | None, typer.Option(
+    "--train-files", metavar="PATH[,PATH]", rich_help_panel=WORKLOAD_PANEL,
+    help="data.train_files: the parquet file(s) verl trains on (default: the --from plan's, else none).")]
+ValFilesFlag = Annotated[str | None, typer.Option(
+    "--val-files", metavar="PATH[,PATH]", rich_help_panel=WORKLOAD_PANEL,
+    help="data.val_files: validation parquet file(s).")]
+FromPlanFlag = Annotated[str | None, typer.Option(
+    "--from", metavar="PLAN", rich_help_panel=WORKLOAD_PANEL, help="Keep this plan's model and workload; solve the "
+    "knobs.")]
+ObjectiveFlag = Annotated[str, typer.Option(
+    "--objective", metavar=choices_metavar(OBJECTIVE_CHOICES), rich_help_panel=SOLVER_PANEL,
+    autocompletion=completion(OBJECTIVE_CHOICES), help="What the solver optimizes.")]
+RolloutFlag = Annotated[str | None, typer.Option(
+    "--rollout", metavar=choices_metavar(ROLLOUT_CHOICES), rich_help_panel=SOLVER_PANEL,
+    autocompletion=completion(ROLLOUT_CHOICES),
+    help="Rollout engine (auto: the better of both; default: the --from plan's engine, else vllm).")]
+StrategyFlag = Annotated[str | None, typer.Option(
+    "--strategy", metavar=choices_metavar(steps.STRATEGY_CHOICES), rich_help_panel=SOLVER_PANEL,
+    autocompletion=completion(steps.STRATEGY_CHOICES),
+    help="Training backend: fsdp, megatron (TP/PP/CP/EP searched) or auto (the faster of both; default: the --from "
+         "plan's, else fsdp).")]
+SolveFixFlag = Annotated[list[str] | None, typer.Option(
+    "--fix", metavar="KEY=VALUE", rich_help_panel=SOLVER_PANEL,
+    help="Pin a knob, e.g. actor.param_offload=true (repeatable).")]
+SolveProfile = Annotated[str | None, typer.Option(
+    "--profile", metavar="FILE", rich_help_panel=SOLVER_PANEL, help="Calibration profile TOML (`rlplan calibrate`).")]
+SolveHeadroom = Annotated[str | None, headroom_option(panel=SOLVER_PANEL)]
+VerifyFlag = Annotated[bool, typer.Option(
+    "--verify", rich_help_panel=SOLVER_PANEL,
+    help="Measure the top candidates' training step with the CPU tracker (needs the runtime extra) and keep the "
+         "first that fits.")]
+SolvePlanOutput = Annotated[str | None, plan_output_option(metavar="FILE", panel=OUTPUT_PANEL)]
+SolveJsonOutput = Annotated[bool, typer.Option(
+    "--json", rich_help_panel=OUTPUT_PANEL, help="Print one JSON object instead of tables.")]
+QuietFlag = Annotated[bool, typer.Option(
+    "-q", "--quiet", rich_help_panel=OUTPUT_PANEL,
+    help="Print only errors: no tables, notes or next step (the exit code and -o say the rest).")]
+TopFlag = Annotated[int | None, typer.Option(
+    "--top", metavar="N", rich_help_panel=OUTPUT_PANEL,
+    help="Also list the N best candidates (knobs, peak GiB per phase, step time).")]
+FrontierFlag = Annotated[str | None, typer.Option(
+    "--frontier", metavar="FILE", rich_help_panel=OUTPUT_PANEL,
+    help="Also draw every candidate priced (step time vs peak GiB per GPU) to this .html / .png / .svg; needs the "
+         "charts extra.")]
+
 
 @app.command()
 @guarded
 def solve(
-    model: Annotated[str | None, typer.Option(
-        "--model", metavar="NAME|DIR", rich_help_panel=MODEL_PANEL,
-        help="Preset name, Hugging Face repo id, or local config.json / dir. Required unless --from.")] = None,
-    lora: Annotated[str, typer.Option(
-        "--lora", metavar="off|auto|RANK", rich_help_panel=MODEL_PANEL, autocompletion=completion(("off", "auto", "8", "16",
-                                                                                          "32", "64")),
-        help="LoRA adapters: off (full fine-tuning), auto (the solver's choice) or a rank.")] = "auto",
-    gpus: Annotated[int | None, typer.Option(
-        "--gpus", metavar="N", rich_help_panel=CLUSTER_PANEL, help="Total number of GPUs.")] = None,
-    gpu: Annotated[str | None, typer.Option(
-        "--gpu", metavar="NAME", rich_help_panel=CLUSTER_PANEL, autocompletion=complete_gpu_presets,
-        help="GPU preset, e.g. h100-80g (`rlplan presets gpus`). Required unless --gpu-mem, --device cpu or "
-             "--from.")] = None,
-    gpu_mem: Annotated[str | None, typer.Option(
-        "--gpu-mem", metavar="GIB", rich_help_panel=CLUSTER_PANEL,
-        help="GPU memory for a GPU without a preset: GiB, or with a unit (80GB, 81559MiB).")] = None,
-    gpu_tflops: Annotated[float | None, typer.Option(
-        "--gpu-tflops", metavar="TFLOPS", rich_help_panel=CLUSTER_PANEL,
-        help="Dense BF16 TFLOPS of a --gpu-mem GPU.")] = None,
-    gpu_bandwidth: Annotated[float | None, typer.Option(
-        "--gpu-bandwidth", metavar="GB/S", rich_help_panel=CLUSTER_PANEL,
-        help="Memory bandwidth of a --gpu-mem GPU, GB/s.")] = None,
-    nodes: Annotated[int | None, typer.Option(
-        "--nodes", metavar="N", rich_help_panel=CLUSTER_PANEL, help="Number of nodes (default: gpus / gpus-per-node).")] = None,
-    gpus_per_node: Annotated[int | None, typer.Option(
-        "--gpus-per-node", metavar="N", rich_help_panel=CLUSTER_PANEL,
-        help="GPUs per node (default: min(gpus, 8)).")] = None,
-    host_mem: Annotated[str | None, typer.Option(
-        "--host-mem", metavar="GIB", rich_help_panel=CLUSTER_PANEL,
-        help="Host RAM per node: GiB or with a unit (512GiB); default: the GPU's typical node (`rlplan presets "
-             "gpus`), with --device cpu this machine's MemTotal.")] = None,
-    device: Annotated[str, typer.Option(
-        "--device", metavar="gpu|cpu", rich_help_panel=CLUSTER_PANEL, autocompletion=completion(("gpu", "cpu")),
-        help="cpu: plan rlplan's CPU runtime on this machine (--gpus is then its trainer ranks, default 1); the "
-             "same as --gpu cpu.")] = "gpu",
-    algo: Annotated[str | None, typer.Option(
-        "--algo", metavar="ALGO", rich_help_panel=WORKLOAD_PANEL, autocompletion=completion(ALGO_CHOICES),
-        help=f"Algorithm: {', '.join(ALGO_CHOICES)} (ppo is gae + critic; default: the --from plan's, else "
-             "grpo).")] = None,
-    prompt_len: Annotated[int | None, typer.Option(
-        "--prompt-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
-        help="Max prompt tokens. Required unless --from.")] = None,
-    response_len: Annotated[int | None, typer.Option(
-        "--response-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL, help="Max response tokens.")] = None,
-    max_response_len: Annotated[int | None, typer.Option(
-        "--max-response-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
-        help="Find the longest response up to this that fits.")] = None,
-    train_batch_size: Annotated[int | None, typer.Option(
-        "--train-batch-size", metavar="PROMPTS", rich_help_panel=WORKLOAD_PANEL,
-        help="Prompts per step (default 256).")] = None,
-    n: Annotated[int | None, typer.Option(
-        "--n", metavar="N", rich_help_panel=WORKLOAD_PANEL, help="Responses per prompt (rollout.n, default 5).")] = None,
-    ppo_mini_batch_size: Annotated[int | None, typer.Option(
-        "--ppo-mini-batch-size", metavar="PROMPTS", rich_help_panel=WORKLOAD_PANEL,
-        help="Prompts per optimizer step.")] = None,
-    expected_prompt_len: Annotated[int | None, typer.Option(
-        "--expected-prompt-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
-        help="Mean prompt tokens of the data (default: the max).")] = None,
-    expected_response_len: Annotated[int | None, typer.Option(
-        "--expected-response-len", metavar="TOKENS", rich_help_panel=WORKLOAD_PANEL,
-        help="Mean response tokens of the data (default: the max).")] = None,
-    train_files: Annotated[str | None, typer.Option(
-        "--train-files", metavar="PATH[,PATH]", rich_help_panel=WORKLOAD_PANEL,
-        help="data.train_files: the parquet file(s) verl trains on (default: the --from plan's, else none).")] = None,
-    val_files: Annotated[str | None, typer.Option(
-        "--val-files", metavar="PATH[,PATH]", rich_help_panel=WORKLOAD_PANEL,
-        help="data.val_files: validation parquet file(s).")] = None,
-    from_plan: Annotated[str | None, typer.Option(
-        "--from", metavar="PLAN", rich_help_panel=WORKLOAD_PANEL,
-        help="Keep this plan's model and workload; solve the knobs.")] = None,
-    objective: Annotated[str, typer.Option(
-        "--objective", metavar=choices_metavar(OBJECTIVE_CHOICES), rich_help_panel=SOLVER_PANEL,
-        autocompletion=completion(OBJECTIVE_CHOICES), help="What the solver optimizes.")] = "throughput",
-    rollout: Annotated[str | None, typer.Option(
-        "--rollout", metavar=choices_metavar(ROLLOUT_CHOICES), rich_help_panel=SOLVER_PANEL,
-        autocompletion=completion(ROLLOUT_CHOICES),
-        help="Rollout engine (auto: the better of both; default: the --from plan's engine, else vllm).")] = None,
-    strategy: Annotated[str | None, typer.Option(
-        "--strategy", metavar=choices_metavar(steps.STRATEGY_CHOICES), rich_help_panel=SOLVER_PANEL,
-        autocompletion=completion(steps.STRATEGY_CHOICES),
-        help="Training backend: fsdp, megatron (TP/PP/CP/EP searched) or auto (the faster of both; default: the "
-             "--from plan's, else fsdp).")] = None,
-    fix: Annotated[list[str] | None, typer.Option(
-        "--fix", metavar="KEY=VALUE", rich_help_panel=SOLVER_PANEL,
-        help="Pin a knob, e.g. actor.param_offload=true (repeatable).")] = None,
-    profile: Annotated[str | None, typer.Option(
-        "--profile", metavar="FILE", rich_help_panel=SOLVER_PANEL, help="Calibration profile TOML (`rlplan calibrate`).")] = None,
-    headroom: Annotated[str | None, typer.Option(
-        "--headroom", metavar="10%|4GiB|0", rich_help_panel=SOLVER_PANEL,
-        help="GPU memory every phase must leave free: a share of the GPU or an amount (default: from the model's "
-             "measured error, at least 5 %; docs/accuracy.md 1c).")] = None,
-    verify: Annotated[bool, typer.Option(
-        "--verify", rich_help_panel=SOLVER_PANEL,
-        help="Measure the top candidates' training step with the CPU tracker (needs the runtime extra) and keep "
-             "the first that fits.")] = False,
-    output: Annotated[str | None, typer.Option(
-        "-o", "--output", metavar="FILE", rich_help_panel=OUTPUT_PANEL, help="Where to write plan.toml.")] = None,
-    json_output: Annotated[bool, typer.Option(
-        "--json", rich_help_panel=OUTPUT_PANEL, help="Print one JSON object instead of tables.")] = False,
-    quiet: Annotated[bool, typer.Option(
-        "-q", "--quiet", rich_help_panel=OUTPUT_PANEL,
-        help="Print only errors: no tables, notes or next step (the exit code and -o say the rest).")] = False,
-    top: Annotated[int | None, typer.Option(
-        "--top", metavar="N", rich_help_panel=OUTPUT_PANEL,
-        help="Also list the N best candidates (knobs, peak GiB per phase, step time).")] = None,
-    frontier: Annotated[str | None, typer.Option(
-        "--frontier", metavar="FILE", rich_help_panel=OUTPUT_PANEL,
-        help="Also draw every candidate priced (step time vs peak GiB per GPU) to this .html / .png / .svg; needs "
-             "the charts extra.")] = None,
+    model: ModelFlag = None,
+    lora: LoraFlag = "auto",
+    gpus: GpusFlag = None,
+    gpu: GpuFlag = None,
+    gpu_mem: GpuMemFlag = None,
+    gpu_tflops: GpuTflopsFlag = None,
+    gpu_bandwidth: GpuBandwidthFlag = None,
+    nodes: NodesFlag = None,
+    gpus_per_node: GpusPerNodeFlag = None,
+    host_mem: HostMemFlag = None,
+    device: DeviceFlag = "gpu",
+    algo: AlgoFlag = None,
+    prompt_len: PromptLenFlag = None,
+    response_len: ResponseLenFlag = None,
+    max_response_len: MaxResponseLenFlag = None,
+    train_batch_size: TrainBatchSizeFlag = None,
+    n: ResponsesPerPromptFlag = None,
+    ppo_mini_batch_size: PpoMiniBatchSizeFlag = None,
+    expected_prompt_len: SolveExpectedPromptLen = None,
+    expected_response_len: SolveExpectedResponseLen = None,
+    train_files: TrainFilesFlag = None,
+    val_files: ValFilesFlag = None,
+    from_plan: FromPlanFlag = None,
+    objective: ObjectiveFlag = "throughput",
+    rollout: RolloutFlag = None,
+    strategy: StrategyFlag = None,
+    fix: SolveFixFlag = None,
+    profile: SolveProfile = None,
+    headroom: SolveHeadroom = None,
+    verify: VerifyFlag = False,
+    output: SolvePlanOutput = None,
+    json_output: SolveJsonOutput = False,
+    quiet: QuietFlag = False,
+    top: TopFlag = None,
+    frontier: FrontierFlag = None,
     verl_version: VerlVersion = None,
     vllm_version: VllmVersion = None,
     sglang_version: SglangVersion = None,
@@ -343,23 +379,21 @@ def validate(
 
     Example: rlplan validate plan.toml --json
     """
-    from rlplan.planner.report import fit_fix, plan_reports, validation_json, validation_tables
+    from rlplan.planner.report import fit_fix, plan_reports, reports_json, validation_tables
 
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len,
                                    (verl_version, vllm_version, sglang_version))
-    reports = plan_reports(plan, prof)
-    payload = validation_json(plan, prof, parse_headroom(headroom), reports=reports)
-    if payload["valid"] and not payload["feasible"]:
-        payload["fix"] = fit_fix(plan, prof, plan_path)
+    reports = plan_reports(plan, prof, parse_headroom(headroom))
+    fix = fit_fix(plan, prof, plan_path) if reports.rules.valid and not reports.feasible else None
     if json_output:
-        print(json.dumps(payload, indent=2))
+        print(json.dumps({**reports_json(reports), **({"fix": fix} if fix else {})}, indent=2))
     else:
         console = make_console()
-        for renderable in validation_tables(reports, payload):
+        for renderable in validation_tables(reports, fix):
             console.print(renderable)
-    if not payload["valid"]:
+    if not reports.rules.valid:
         raise typer.Exit(ExitCode.BAD_INPUT)
-    if not payload["feasible"]:
+    if not reports.feasible:
         raise typer.Exit(ExitCode.INFEASIBLE)
 
 
@@ -382,7 +416,7 @@ def explain(
 
     Example: rlplan explain plan.toml --chart memory.html
     """
-    from rlplan.planner.report import explain_tables, validation_json
+    from rlplan.planner.report import explain_tables, plan_reports, reports_json
 
     if chart:
         from rlplan.planner.chart_commands import check_chart_path
@@ -395,11 +429,12 @@ def explain(
         from rlplan.planner.chart_commands import memory_chart_command
 
         memory_chart_command(plan, prof, chart, parse_headroom(headroom))
+    reports = plan_reports(plan, prof, parse_headroom(headroom))
     if json_output:
-        print(json.dumps(validation_json(plan, prof, parse_headroom(headroom)), indent=2))
+        print(json.dumps(reports_json(reports), indent=2))
         return
     console = make_console()
-    for renderable in explain_tables(plan, prof, parse_headroom(headroom)):
+    for renderable in explain_tables(reports):
         console.print(renderable)
 
 
@@ -634,7 +669,7 @@ def import_verl(
         "--host-mem", help="Host RAM per node: GiB or with a unit (512GiB); default: the GPU's typical node, said "
                            "as a warning.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
-    output: Annotated[str | None, typer.Option("-o", "--output", help="Where to write plan.toml.")] = None,
+    output: PlanOutput = None,
     expected_prompt_len: ExpectedPromptLen = None,
     expected_response_len: ExpectedResponseLen = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, warnings, and "

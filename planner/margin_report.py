@@ -1,15 +1,25 @@
 """What `solve`, `validate` and `explain` say about how close to the edge a plan is: the margin it keeps, the
 error band of every predicted peak, and the host RAM figure it was priced against.
 
-Pure: builds dictionaries and text; report.py puts them in its payload and tables, the CLI prints them.
+Pure: `margin_report` builds the typed record once; the JSON (`margin_json`) and the lines (`margin_text`,
+`margin_warning`) are functions of it. report.py puts them in its payload and tables, the CLI prints them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from attrs import frozen
+
 from rlplan.planner.memory import MemoryReport
-from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, peak_error_band, plan_margin
+from rlplan.planner.model_error import (
+    DEFAULT_HEADROOM,
+    ErrorBand,
+    Headroom,
+    Margin,
+    peak_error_band,
+    plan_margin,
+)
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 
@@ -21,50 +31,89 @@ OFFLOADED_STATE = ("actor_params_offloaded", "actor_grads_offloaded", "actor_opt
                    "activations_offloaded")
 
 
-def margin_json(plan: Plan, profile: Profile, memory: MemoryReport,
-                headroom: Headroom = DEFAULT_HEADROOM) -> dict[str, Any]:
-    """`headroom_gib` (the margin the plan is held to), what it leaves, and the error band of every peak."""
+@frozen(kw_only=True)
+class MarginWarning:
+    """A warning (never an error: the plan may still run) that the plan leaves less than its margin; shown and
+    written beside the rules' warnings, as they are (rule, message, fix)."""
+
+    message: str
+    fix: str
+    rule: str = "memory_margin"
+
+    def as_json(self) -> dict[str, str]:
+        return {"rule": self.rule, "message": self.message, "fix": self.fix}
+
+
+@frozen(kw_only=True)
+class MarginReport:
+    """How close to the edge one plan is: the margin it is held to, what its peak leaves of the GPU, and the error
+    band of every phase's peak. GiB figures are rounded as --json shows them, so the lines and the JSON agree."""
+
+    margin: Margin
+    # The phase with the highest GPU peak, and that peak.
+    peak_phase: str
+    peak_gib: float
+    gpu_mem_gib: float
+    # GPU memory the peak leaves free (negative: over), and whether that is less than the margin.
+    left_gib: float
+    below_margin: bool
+    # The error band of each phase's peak, by phase; the peak phase's is `band`.
+    bands: dict[str, ErrorBand]
+    # The largest real peak consistent with the peak phase's band.
+    highest_actual_gib: float
+
+    @property
+    def band(self) -> ErrorBand:
+        return self.bands[self.peak_phase]
+
+
+def margin_report(plan: Plan, profile: Profile, memory: MemoryReport,
+                  headroom: Headroom = DEFAULT_HEADROOM) -> MarginReport:
     margin = plan_margin(plan, headroom, profile)
     peak = memory.peak_phase
     left = memory.gpu_capacity_bytes - peak.peak_bytes
     bands = {p.name: peak_error_band(plan, p.name) for p in memory.phases}
-    band = bands[peak.name]
+    return MarginReport(margin=margin, peak_phase=peak.name, peak_gib=round(peak.peak_bytes / GIB, 3),
+                        gpu_mem_gib=round(memory.gpu_capacity_bytes / GIB, 3), left_gib=round(left / GIB, 3),
+                        below_margin=left < margin.bytes, bands=bands,
+                        highest_actual_gib=round(bands[peak.name].highest_actual_gib(peak.peak_bytes / GIB), 3))
+
+
+def margin_json(report: MarginReport) -> dict[str, Any]:
+    """`headroom_gib` (the margin the plan is held to), what it leaves, and the error band of every peak."""
     return {
-        "headroom_gib": round(margin.gib, 3),
-        "headroom": {**margin.as_json(), "left_gib": round(left / GIB, 3), "below_margin": left < margin.bytes},
-        "error_band": {**band.as_json(), "phase": peak.name,
-                       "highest_actual_gib": round(band.highest_actual_gib(peak.peak_bytes / GIB), 3)},
-        "phase_error_bands": {name: b.as_json() for name, b in bands.items()},
+        "headroom_gib": round(report.margin.gib, 3),
+        "headroom": {**report.margin.as_json(), "left_gib": report.left_gib, "below_margin": report.below_margin},
+        "error_band": {**report.band.as_json(), "phase": report.peak_phase,
+                       "highest_actual_gib": report.highest_actual_gib},
+        "phase_error_bands": {name: band.as_json() for name, band in report.bands.items()},
     }
 
 
-def peak_text(payload: dict[str, Any]) -> str:
+def peak_text(report: MarginReport) -> str:
     """"peak 71.20 GiB in actor_update (model error on comparable measured rows: -3 % to +4 %)"."""
-    band = payload["error_band"]
-    return f"peak {payload['gpu_peak_gib']:.2f} GiB in {band['phase']} ({band['text']})"
+    return f"peak {report.peak_gib:.2f} GiB in {report.peak_phase} ({report.band.describe()})"
 
 
-def margin_text(payload: dict[str, Any]) -> str:
+def margin_text(report: MarginReport) -> str:
     """The margin line every command prints under its verdict."""
-    headroom = payload["headroom"]
-    band = payload["error_band"]
-    return (f"{peak_text(payload)}, at most {band['highest_actual_gib']:.2f} GiB if the model errs as on those rows; "
-            f"leaves {headroom['left_gib']:.2f} GiB of {payload['gpu_mem_gib']:.2f}, margin {headroom['gib']:.2f} GiB "
-            f"({headroom['rule']}).")
+    margin = report.margin.as_json()
+    return (f"{peak_text(report)}, at most {report.highest_actual_gib:.2f} GiB if the model errs as on those rows; "
+            f"leaves {report.left_gib:.2f} GiB of {report.gpu_mem_gib:.2f}, margin {margin['gib']:.2f} GiB "
+            f"({report.margin.rule}).")
 
 
-def margin_warning(payload: dict[str, Any]) -> dict[str, str] | None:
-    """A warning (never an error: the plan may still run) when the plan leaves less than its margin."""
-    headroom = payload["headroom"]
-    if not headroom["below_margin"] or not payload["feasible"]:
+def margin_warning(report: MarginReport, feasible: bool) -> MarginWarning | None:
+    """A feasible plan that leaves less than its margin; None otherwise."""
+    if not report.below_margin or not feasible:
         return None
-    return {"rule": "memory_margin",
-            "message": (f"the plan leaves {headroom['left_gib']:.2f} GiB of the GPU free in "
-                        f"{payload['error_band']['phase']}, less than the {headroom['gib']:.2f} GiB margin "
-                        f"({headroom['rule']}): a batch a little longer than the mean, or the model's error "
-                        "(" + payload["error_band"]["text"] + "), may run it out of memory."),
-            "fix": "re-solve with `rlplan solve --from PLAN -o PLAN` (it keeps the margin), or lower the binding "
-                   "phase's token budget"}
+    margin_gib = report.margin.as_json()["gib"]
+    return MarginWarning(
+        message=(f"the plan leaves {report.left_gib:.2f} GiB of the GPU free in {report.peak_phase}, less than the "
+                 f"{margin_gib:.2f} GiB margin ({report.margin.rule}): a batch a little longer than the mean, or the "
+                 f"model's error ({report.band.describe()}), may run it out of memory."),
+        fix="re-solve with `rlplan solve --from PLAN -o PLAN` (it keeps the margin), or lower the binding phase's "
+            "token budget")
 
 
 def host_note(plan: Plan, memory: MemoryReport, assumed: str | None) -> str:

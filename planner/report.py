@@ -1,25 +1,35 @@
-"""What `validate`, `explain`, `solve` and `presets` show: one JSON shape and rich tables built from it.
+"""What `validate`, `explain`, `solve` and `presets` show: the typed reports of a plan (`PlanReports`), and the
+JSON shape and rich tables both built from them.
 
 Pure: builds dictionaries and rich renderables; the CLI prints them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import attrs
 from attrs import frozen
 
 from rlplan.planner.errors import ECHO_LIMIT, shorten
 from rlplan.planner.layout import PlanLayout, plan_layout
-from rlplan.planner.margin_report import host_note, margin_json, margin_text, margin_warning
+from rlplan.planner.margin_report import (
+    MarginReport,
+    MarginWarning,
+    host_note,
+    margin_json,
+    margin_report,
+    margin_text,
+    margin_warning,
+)
 from rlplan.planner.memory import Component, MemoryReport, predict_memory
 from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.memory.phases import at_max_length, longest_expected_response_that_fits
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
-from rlplan.planner.rules import RuleReport, check_plan
+from rlplan.planner.rules import RuleReport, Violation, check_plan
 from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
 from rlplan.planner.steptime import Lengths, StepTime, predict_step_time, workload_lengths
 
@@ -30,28 +40,74 @@ def gib(value: float) -> float:
     return round(value / GIB, 3)
 
 
+class Finding(Protocol):
+    """A line of the violations table: a rule's violation, or the margin warning."""
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def fix(self) -> str: ...
+
+
 @frozen(kw_only=True)
 class PlanReports:
     """What validate, explain and solve say about one plan, each computed once and read by both the JSON and the
-    tables: verl's rules, the memory at the expected lengths and at the maximum, the step time, the batch layout
-    and the lengths the step time is priced at."""
+    tables: verl's rules, the memory at the expected lengths and at the maximum, the step time, the batch layout,
+    the lengths the step time is priced at, and the margin against the model's error. The rounded figures the
+    verdict shows are properties, which the JSON writes too."""
 
     plan: Plan
+    profile: Profile
     rules: RuleReport
     memory: MemoryReport
     memory_at_max_length: MemoryReport
     step: StepTime
     layout: PlanLayout
     lengths: Lengths
+    # The longest mean response (at the expected prompt length) at which the plan still fits.
+    longest_fitting_response: int
+    margin: MarginReport
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory.fits  # its GPU verdict includes the KV cache holding one max_model_len sequence
+
+    @property
+    def expected_prompt_length(self) -> int:
+        return self.plan.data.expected_prompt_length or self.plan.data.max_prompt_length
+
+    @property
+    def expected_response_length(self) -> int:
+        return self.plan.data.expected_response_length or self.plan.data.max_response_length
+
+    @property
+    def gpu_peak_gib(self) -> float:
+        return gib(self.memory.gpu_peak_bytes)
+
+    @property
+    def step_time_s(self) -> float:
+        return round(self.step.total_seconds, 3)
+
+    @property
+    def warnings(self) -> tuple[Violation | MarginWarning, ...]:
+        """The rules' warnings, then the margin's when a plan that fits leaves less than it."""
+        below_margin = margin_warning(self.margin, self.feasible)
+        return (*self.rules.warnings, *((below_margin,) if below_margin else ()))
 
 
-def plan_reports(plan: Plan, profile: Profile) -> PlanReports:
+def plan_reports(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM) -> PlanReports:
     memory = predict_memory(plan, profile)
     worst = memory if plan.data.expected_sequence_length == plan.data.max_sequence_length else predict_memory(
         at_max_length(plan), profile)
-    return PlanReports(plan=plan, rules=check_plan(plan), memory=memory, memory_at_max_length=worst,
+    return PlanReports(plan=plan, profile=profile, rules=check_plan(plan), memory=memory, memory_at_max_length=worst,
                        step=predict_step_time(plan, memory, profile), layout=plan_layout(plan),
-                       lengths=workload_lengths(plan, profile))
+                       lengths=workload_lengths(plan, profile),
+                       longest_fitting_response=longest_expected_response_that_fits(plan, profile),
+                       margin=margin_report(plan, profile, memory, headroom))
 
 
 def _components_gib(components: tuple[Component, ...] | list[Component]) -> dict[str, float]:
@@ -89,36 +145,35 @@ def step_time_lengths_json(plan: Plan, profile: Profile, lengths: Lengths | None
             "response_sigma": lengths.sigma, "response_max": lengths.response_max}
 
 
-def validation_json(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM, *,
-                    reports: PlanReports | None = None) -> dict[str, Any]:
-    """`validate --json`: rules and memory verdicts, both computed whatever the other says."""
-    reports = reports or plan_reports(plan, profile)
-    payload = _validation_json(plan, profile, reports)
-    payload["stack"] = plan.stack.resolved(plan.rollout.name)  # what the verdicts were computed for
-    payload.update(margin_json(plan, profile, reports.memory, headroom))
-    warning = margin_warning(payload)
-    if warning is not None:
-        payload["warnings"].append(warning)
+def validation_json(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM) -> dict[str, Any]:
+    """`validate --json` of a plan: rules and memory verdicts, both computed whatever the other says."""
+    return reports_json(plan_reports(plan, profile, headroom))
+
+
+def reports_json(reports: PlanReports) -> dict[str, Any]:
+    """The JSON of validate, explain and solve, written from the typed reports."""
+    payload = _validation_json(reports)
+    payload["stack"] = reports.plan.stack.resolved(reports.plan.rollout.name)  # what the verdicts were computed for
+    payload.update(margin_json(reports.margin))
     return payload
 
 
-def _validation_json(plan: Plan, profile: Profile, reports: PlanReports) -> dict[str, Any]:
-    rules, memory, step, worst = reports.rules, reports.memory, reports.step, reports.memory_at_max_length
+def _validation_json(reports: PlanReports) -> dict[str, Any]:
+    plan, profile, memory, step = reports.plan, reports.profile, reports.memory, reports.step
     binding = memory.binding_constraint
-    feasible = memory.fits  # its GPU verdict includes the KV cache holding one max_model_len sequence
     return {
-        "valid": rules.valid,
-        "feasible": feasible,
+        "valid": reports.rules.valid,
+        "feasible": reports.feasible,
         # `feasible` is the verdict at the expected lengths; these say how far the data may grow.
-        "feasible_at_max_length": worst.fits,
-        "longest_expected_response_that_fits": longest_expected_response_that_fits(plan, profile),
-        "expected_prompt_length": plan.data.expected_prompt_length or plan.data.max_prompt_length,
-        "expected_response_length": plan.data.expected_response_length or plan.data.max_response_length,
+        "feasible_at_max_length": reports.memory_at_max_length.fits,
+        "longest_expected_response_that_fits": reports.longest_fitting_response,
+        "expected_prompt_length": reports.expected_prompt_length,
+        "expected_response_length": reports.expected_response_length,
         "max_response_length": plan.data.max_response_length,
         "loss_head": resolved_loss_head(plan),
         "errors": [{"rule": v.rule, "message": v.message, "fix": v.fix, "stage": v.stage,
-                    "suggested": v.suggested} for v in rules.errors],
-        "warnings": [{"rule": v.rule, "message": v.message, "fix": v.fix} for v in rules.warnings],
+                    "suggested": v.suggested} for v in reports.rules.errors],
+        "warnings": [{"rule": v.rule, "message": v.message, "fix": v.fix} for v in reports.warnings],
         "phases": {
             p.name: {
                 "peak_gib": gib(p.peak_bytes),
@@ -128,7 +183,7 @@ def _validation_json(plan: Plan, profile: Profile, reports: PlanReports) -> dict
             for p in memory.phases
         },
         "gpu_mem_gib": gib(memory.gpu_capacity_bytes),
-        "gpu_peak_gib": gib(max(p.peak_bytes for p in memory.phases)),
+        "gpu_peak_gib": reports.gpu_peak_gib,
         "host": {
             "per_node_gib": gib(memory.host.total_bytes),
             "capacity_gib": gib(memory.host_capacity_bytes),
@@ -145,7 +200,7 @@ def _validation_json(plan: Plan, profile: Profile, reports: PlanReports) -> dict
             "resource": binding.resource, "where": binding.where, "component": binding.component,
             "headroom_gib": gib(binding.headroom_bytes),
         },
-        "step_time_s": round(step.total_seconds, 3),
+        "step_time_s": reports.step_time_s,
         "phase_seconds": {k: round(v, 3) for k, v in step.phase_seconds.items()},
         # The lengths the step time is priced at (planner/steptime.py; docs/steptime.md has its error).
         "step_time_lengths": step_time_lengths_json(plan, profile, reports.lengths),
@@ -158,32 +213,35 @@ def _validation_json(plan: Plan, profile: Profile, reports: PlanReports) -> dict
 # --- rich rendering --------------------------------------------------------------
 
 
-def length_verdict(payload: dict[str, Any]) -> str:
+def length_verdict(reports: PlanReports) -> str:
     """How the verdict depends on the response lengths the data has (empty when it does not)."""
-    longest, maximum = payload["longest_expected_response_that_fits"], payload["max_response_length"]
-    if payload["feasible_at_max_length"] or longest >= maximum:
+    longest, maximum = reports.longest_fitting_response, reports.plan.data.max_response_length
+    if reports.memory_at_max_length.fits or longest >= maximum:
         return ""
     if longest == 0:
         return " It does not fit at any response length."
-    return (f" It fits while responses average <= {longest} tokens (at {payload['expected_prompt_length']}-token "
+    return (f" It fits while responses average <= {longest} tokens (at {reports.expected_prompt_length}-token "
             f"prompts); OOM once they reach {maximum}.")
 
 
-def _verdict(payload: dict[str, Any]):
+def verdict(reports: PlanReports):
+    """The verdict line: invalid, valid but over, or valid and fits (with the peak, host RAM and step time)."""
     from rich.text import Text
 
-    if not payload["valid"]:
-        return Text(f"INVALID: {len(payload['errors'])} rule violation(s); verl would reject this plan.", style="bold red")
-    if not payload["feasible"]:
-        binding = payload["binding"]
+    memory = reports.memory
+    if not reports.rules.valid:
+        return Text(f"INVALID: {len(reports.rules.errors)} rule violation(s); verl would reject this plan.",
+                    style="bold red")
+    if not reports.feasible:
+        binding = memory.binding_constraint
         return Text(
-            f"VALID but predicted NOT to fit: {binding['where']} ({binding['resource']}) is over by "
-            f"{-binding['headroom_gib']:.2f} GiB, mostly {binding['component']}." + length_verdict(payload),
+            f"VALID but predicted NOT to fit: {binding.where} ({binding.resource}) is over by "
+            f"{-gib(binding.headroom_bytes):.2f} GiB, mostly {binding.component}." + length_verdict(reports),
             style="bold yellow")
     return Text(
-        f"VALID and fits: peak {payload['gpu_peak_gib']:.2f} of {payload['gpu_mem_gib']:.2f} GiB per GPU, "
-        f"host {payload['host']['per_node_gib']:.1f} of {payload['host']['capacity_gib']:.0f} GiB per node; "
-        f"step ~{payload['step_time_s']:.1f} s." + length_verdict(payload), style="bold green")
+        f"VALID and fits: peak {reports.gpu_peak_gib:.2f} of {gib(memory.gpu_capacity_bytes):.2f} GiB per GPU, "
+        f"host {gib(memory.host.total_bytes):.1f} of {gib(memory.host_capacity_bytes):.0f} GiB per node; "
+        f"step ~{reports.step_time_s:.1f} s." + length_verdict(reports), style="bold green")
 
 
 def _plain(*texts: str) -> list[Any]:
@@ -192,7 +250,7 @@ def _plain(*texts: str) -> list[Any]:
     return [Text(shorten(text, 4 * ECHO_LIMIT)) for text in texts]
 
 
-def violations_table(payload: dict[str, Any]):
+def violations_table(errors: Sequence[Finding], warnings: Sequence[Finding]):
     from rich.table import Table
 
     table = Table(title="Rule violations", show_lines=True, title_justify="left")
@@ -203,10 +261,10 @@ def violations_table(payload: dict[str, Any]):
     table.add_column("what is wrong", overflow="fold", ratio=3)
     table.add_column("smallest fix", overflow="fold", ratio=3)
     # Messages quote plan values: plain Text (not markup), cut short.
-    for item in payload["errors"]:
-        table.add_row("[red]error[/]", *_plain(item["rule"], item["message"], item["fix"]))
-    for item in payload["warnings"]:
-        table.add_row("[yellow]warn[/]", *_plain(item["rule"], item["message"], item["fix"]))
+    for item in errors:
+        table.add_row("[red]error[/]", *_plain(item.rule, item.message, item.fix))
+    for item in warnings:
+        table.add_row("[yellow]warn[/]", *_plain(item.rule, item.message, item.fix))
     return table
 
 
@@ -366,24 +424,27 @@ def fit_fix(plan: Plan, profile: Profile, plan_path: str) -> str:
     return f"{resolve}: it keeps the workload and re-solves every knob (no single token budget makes it fit)"
 
 
-def validation_tables(reports: PlanReports, payload: dict[str, Any]) -> list[Any]:
-    """validate's tables: the verdict and the margin (validation_json's, which adds the margin warning), the
-    violations and the memory per phase."""
+def _violations(reports: PlanReports) -> list[Any]:
+    """The violations table, when a rule or the margin has something to say."""
+    errors, warnings = reports.rules.errors, reports.warnings
+    return [violations_table(errors, warnings)] if errors or warnings else []
+
+
+def validation_tables(reports: PlanReports, fix: str | None = None) -> list[Any]:
+    """validate's tables: the verdict and the margin, the fix of a plan that does not fit, the violations (the
+    margin warning among them) and the memory per phase."""
     from rich.text import Text
 
-    out: list[Any] = [_verdict(payload), Text(margin_text(payload))]
-    if payload.get("fix"):
-        out.append(Text(f"Fix: {payload['fix']}", style="bold"))
-    if payload["errors"] or payload["warnings"]:
-        out.append(violations_table(payload))
+    out: list[Any] = [verdict(reports), Text(margin_text(reports.margin))]
+    if fix:
+        out.append(Text(f"Fix: {fix}", style="bold"))
+    out.extend(_violations(reports))
     out.append(phase_table(reports.memory, detailed=False))
     return out
 
 
-def explain_tables(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEADROOM) -> list[Any]:
-    reports = plan_reports(plan, profile)
-    payload = validation_json(plan, profile, headroom, reports=reports)
-    memory = reports.memory
+def explain_tables(reports: PlanReports) -> list[Any]:
+    plan, memory = reports.plan, reports.memory
     out: list[Any] = [knobs_table(plan), layout_table(reports.layout), component_matrix(memory), host_table(memory),
                       time_table(reports.step, reports.lengths)]
     from rich.text import Text
@@ -393,34 +454,32 @@ def explain_tables(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HE
         f"{memory.max_concurrent_sequences} full-length sequences at once (util "
         f"{plan.rollout.gpu_memory_utilization:.2f})."))
     out.append(Text(
-        f"Loss head priced: {payload['loss_head']}; fixed micro batches at {payload['expected_prompt_length']} prompt + "
-        f"{payload['expected_response_length']} response tokens per sequence on average "
-        f"(max {plan.data.max_prompt_length} + {payload['max_response_length']})."))
+        f"Loss head priced: {resolved_loss_head(plan)}; fixed micro batches at {reports.expected_prompt_length} "
+        f"prompt + {reports.expected_response_length} response tokens per sequence on average "
+        f"(max {plan.data.max_prompt_length} + {plan.data.max_response_length})."))
     for note in memory.notes:
         out.append(Text(f"note: {note}", style="dim"))
-    if payload["errors"] or payload["warnings"]:
-        out.append(violations_table(payload))
-    out.append(_verdict(payload))
-    out.append(Text(margin_text(payload)))
+    out.extend(_violations(reports))
+    out.append(verdict(reports))
+    out.append(Text(margin_text(reports.margin)))
     return out
 
 
-def solve_summary(plan: Plan, result: Any, output: str | None, profile: Profile,
+def solve_summary(plan: Plan, result: SolveResult, output: str | None, profile: Profile,
                   headroom: Headroom = DEFAULT_HEADROOM, host_assumption: str | None = None) -> list[Any]:
     from rich.text import Text
 
     prediction = plan.prediction
     assert prediction is not None
     out: list[Any] = [knobs_table(plan)]
-    reports = plan_reports(plan, profile)
-    payload = validation_json(plan, profile, headroom, reports=reports)
+    reports = plan_reports(plan, profile, headroom)
     out.append(phase_table(reports.memory, detailed=False))
     out.append(time_table(reports.step, reports.lengths))
     where = f"written to {output}" if output else "not written"
     out.append(Text(
         f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "
         f"Peak {prediction.gpu_peak_gib:.2f} GiB per GPU, step ~{prediction.step_time_s:.1f} s.", style="bold green"))
-    out.append(Text(margin_text(payload)))
+    out.append(Text(margin_text(reports.margin)))
     note = host_note(plan, reports.memory, host_assumption)
     if note:
         out.append(Text(note, style="yellow" if "offloads" in note else ""))
@@ -443,6 +502,23 @@ class TopCandidate:
     # GPU memory the candidate leaves free, and the margin every candidate keeps (the same for all).
     left_gib: float
     headroom_gib: float
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self, recurse=False)
+
+
+@frozen(kw_only=True)
+class VerifiedCandidate:
+    """One row of `solve --verify`: a candidate's training step as the CPU tracker measured it against the
+    prediction, and whether its phase fits the GPU with the measured step in place of the predicted one."""
+
+    rank: int
+    predicted_step_gib: float
+    measured_step_gib: float
+    # (predicted - measured) / measured, as `rlplan measure` reports it.
+    error: float
+    measured_phase_peak_gib: float
+    fits: bool
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False)
@@ -482,7 +558,7 @@ def infeasible_json(result: SolveResult, margin: Margin, host_assumption: str | 
 
 def solved_json(plan: Plan, result: SolveResult, request: SolveRequest, *, output: str | None,
                 top: list[TopCandidate] | None, cluster_notes: tuple[str, str | None],
-                verification: list[dict[str, Any]] | None) -> dict[str, Any]:
+                verification: list[VerifiedCandidate] | None) -> dict[str, Any]:
     """`solve --json`: validate's JSON of the plan, its knobs (without the architecture, an input), the search's
     counts, and what --top, a CPU plan, the host RAM assumption and --verify add."""
     from rlplan.planner.planfile import plan_to_dict
@@ -500,7 +576,7 @@ def solved_json(plan: Plan, result: SolveResult, request: SolveRequest, *, outpu
         payload["cpu_rates"] = cpu_note
     payload["host_memory_assumed"] = host_assumption
     if verification is not None:
-        payload["verification"] = verification
+        payload["verification"] = [row.to_json() for row in verification]
     return payload
 
 

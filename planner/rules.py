@@ -202,8 +202,9 @@ def _mini_batch_within_train_batch(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
-def _exactly_one(ctx: RuleContext, what: str, per_gpu_key: str, global_key: str,
+def _exactly_one(ctx: RuleContext, what: str, phase: Phase,
                  per_gpu: int | None, global_value: int | None, default_per_gpu: int) -> Iterator[Violation]:
+    per_gpu_key, global_key = PASS_KNOBS[phase].micro_batch, PASS_KNOBS[phase].legacy_micro_batch
     if per_gpu is not None and global_value is not None:
         yield ctx.violation(
             f"both {global_key} = {global_value} (deprecated, global) and {per_gpu_key} = {per_gpu} are set for {what}.",
@@ -222,8 +223,7 @@ def _actor_micro_batch_exactly_one(ctx: RuleContext) -> Iterator[Violation]:
     actor = ctx.plan.actor
     if not actor.use_dynamic_bsz:
         yield from _exactly_one(
-            ctx, "the actor update",
-            "actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size",
+            ctx, "the actor update", Phase.ACTOR_UPDATE,
             actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, 1,
         )
 
@@ -260,14 +260,12 @@ def _log_prob_micro_batch_exactly_one(ctx: RuleContext) -> Iterator[Violation]:
     if plan.actor.use_dynamic_bsz:
         return
     yield from _exactly_one(
-        ctx, "the old-log-prob pass",
-        "rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size",
+        ctx, "the old-log-prob pass", Phase.OLD_LOG_PROB,
         plan.rollout.log_prob_micro_batch_size_per_gpu, plan.rollout.log_prob_micro_batch_size, 1,
     )
     if plan.uses_reference:
         yield from _exactly_one(
-            ctx, "the reference log-prob pass",
-            "ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size",
+            ctx, "the reference log-prob pass", Phase.REF_LOG_PROB,
             plan.ref.log_prob_micro_batch_size_per_gpu, plan.ref.log_prob_micro_batch_size, 1,
         )
 
@@ -288,8 +286,7 @@ def _critic_batch_consistent(ctx: RuleContext) -> Iterator[Violation]:
             critic__ppo_mini_batch_size=plan.data.train_batch_size,
         )
     yield from _exactly_one(
-        ctx, "the critic update",
-        "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size",
+        ctx, "the critic update", Phase.CRITIC_UPDATE,
         critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, 1,
     )
     micro = critic.ppo_micro_batch_size
@@ -433,6 +430,14 @@ def _ulysses_divides_world(ctx: RuleContext) -> Iterator[Violation]:
             )
 
 
+def _micro_key(phase: Phase, per_gpu: int | None) -> str:
+    """The micro-batch key a pass's plan sets: the per-GPU one, else verl's older global one."""
+    knobs = PASS_KNOBS[phase]
+    key = knobs.micro_batch if per_gpu is not None else knobs.legacy_micro_batch
+    assert key is not None, f"{phase} has no global micro-batch key"
+    return key
+
+
 def _micro_rules(ctx: RuleContext, section: str, mini_prompts: int, mini_per_gpu: int, micro_key: str,
                  micro_per_gpu: int | None, from_global: bool) -> Iterator[Violation]:
     """[N3, N5] normalized mini > 0; a set micro batch divides it and is at most it."""
@@ -473,8 +478,8 @@ def _actor_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
     mini_per_gpu = ctx.layout.actor_update.mini_batch_size_per_gpu
     assert mini_per_gpu is not None, "an update pass has a mini batch"
     yield from _micro_rules(
-        ctx, "actor", actor.ppo_mini_batch_size, mini_per_gpu, "actor.ppo_micro_batch_size_per_gpu"
-        if actor.ppo_micro_batch_size_per_gpu is not None else "actor.ppo_micro_batch_size",
+        ctx, "actor", actor.ppo_mini_batch_size, mini_per_gpu,
+        _micro_key(Phase.ACTOR_UPDATE, actor.ppo_micro_batch_size_per_gpu),
         micro, actor.ppo_micro_batch_size_per_gpu is None,
     )
 
@@ -492,8 +497,7 @@ def _critic_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
     micro = normalized_micro_batch(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, dp)
     yield from _micro_rules(
         ctx, "critic", mini, update.mini_batch_size_per_gpu,
-        "critic.ppo_micro_batch_size_per_gpu" if critic.ppo_micro_batch_size_per_gpu is not None
-        else "critic.ppo_micro_batch_size",
+        _micro_key(Phase.CRITIC_UPDATE, critic.ppo_micro_batch_size_per_gpu),
         micro, critic.ppo_micro_batch_size_per_gpu is None,
     )
 
@@ -501,16 +505,17 @@ def _critic_micro_batch_divides_mini(ctx: RuleContext) -> Iterator[Violation]:
 @rule("worker", "[N6] a global log-prob micro batch must not normalize to 0")
 def _log_prob_micro_batch_positive(ctx: RuleContext) -> Iterator[Violation]:
     plan, dp = ctx.plan, ctx.layout.parallel.dp
-    pairs = [("rollout", plan.rollout.log_prob_micro_batch_size, plan.rollout.log_prob_use_dynamic_bsz)]
+    pairs = [(Phase.OLD_LOG_PROB, plan.rollout.log_prob_micro_batch_size, plan.rollout.log_prob_use_dynamic_bsz)]
     if plan.uses_reference:
-        pairs.append(("ref", plan.ref.log_prob_micro_batch_size, plan.ref.log_prob_use_dynamic_bsz))
-    for section, global_size, dynamic in pairs:
+        pairs.append((Phase.REF_LOG_PROB, plan.ref.log_prob_micro_batch_size, plan.ref.log_prob_use_dynamic_bsz))
+    for phase, global_size, dynamic in pairs:
         if global_size is not None and not dynamic and dp > 0 and global_size // dp == 0:
+            knobs = PASS_KNOBS[phase]
             yield ctx.violation(
-                f"the global {section}.log_prob_micro_batch_size = {global_size} normalizes to 0 per GPU over "
+                f"the global {knobs.legacy_micro_batch} = {global_size} normalizes to 0 per GPU over "
                 f"{dp} data-parallel ranks.",
-                f"replace it with {section}.log_prob_micro_batch_size_per_gpu = 1",
-                **{f"{section}__log_prob_micro_batch_size_per_gpu": 1},
+                f"replace it with {knobs.micro_batch} = 1",
+                **{knobs.micro_batch.replace(".", "__"): 1},
             )
 
 
@@ -576,7 +581,7 @@ def _token_budget_fits_longest_sequence(ctx: RuleContext) -> Iterator[Violation]
         budget = role.token_budget_per_sp_group
         if budget is not None and budget < longest:
             needed = math.ceil(longest / role.sequence_parallel_size)
-            key = TOKEN_BUDGET_KEY[Phase(role.role)]
+            key = TOKEN_BUDGET_KEY[role.role]
             yield ctx.violation(
                 f"{key} = {role.max_token_len_per_gpu} (x sp {role.sequence_parallel_size} = {budget} "
                 f"tokens) cannot hold one full sequence of {longest} tokens (prompt + response).",
@@ -604,19 +609,18 @@ def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
 @rule("runtime",
       "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)")
 def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]:
-    roles = [("rollout", ctx.layout.old_log_prob)]
-    if ctx.layout.ref_log_prob is not None:
-        roles.append(("ref", ctx.layout.ref_log_prob))
-    for section, role in roles:
+    for role in (ctx.layout.old_log_prob, ctx.layout.ref_log_prob):
+        if role is None:  # no reference pass
+            continue
         micro = role.micro_batch_size_per_gpu
         if micro is None or micro <= 0 or role.sequences_per_gpu <= 0:
             continue
         if role.sequences_per_gpu % micro:
             better = _largest_divisor_at_most(role.sequences_per_gpu, micro)
+            key = PASS_KNOBS[role.role].micro_batch
             yield ctx.violation(
                 f"{role.sequences_per_gpu} sequences per GPU do not split into log-prob micro batches of {micro}.",
-                f"set {section}.log_prob_micro_batch_size_per_gpu = {better}",
-                **{f"{section}__log_prob_micro_batch_size_per_gpu": better},
+                f"set {key} = {better}", **{key.replace(".", "__"): better},
             )
 
 
@@ -912,7 +916,7 @@ def _mini_batches_split_evenly(ctx: RuleContext) -> Iterator[Violation]:
         if role is None or not role.mini_batch_size_per_gpu or role.sequences_per_gpu <= 0:
             continue
         if role.sequences_per_gpu % role.mini_batch_size_per_gpu:
-            section = "actor" if role.role == "actor_update" else "critic"
+            section = "actor" if role.role == Phase.ACTOR_UPDATE else "critic"
             yield ctx.violation(
                 f"{role.sequences_per_gpu} sequences per GPU split into mini batches of "
                 f"{role.mini_batch_size_per_gpu}: the last optimizer step sees a smaller batch.",

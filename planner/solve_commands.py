@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from attrs import field, frozen
 
@@ -32,9 +32,14 @@ from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Algorithm, ModelSection, Plan, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
-from rlplan.planner.solver import Objective, SolveRequest, SolveResult, SolveStrategy
+from rlplan.planner.solver import Candidate, Objective, SolveRequest, SolveResult, SolveStrategy
 from rlplan.planner.stack import DEFAULT_STACK, solve_pins
 from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from rlplan.planner.report import VerifiedCandidate
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
 # `ppo` is the user's name for the gae estimator with a critic; `auto` lets the solver price both engines.
@@ -480,7 +485,7 @@ def report_infeasible(flags: SolveFlags, inputs: SolveInputs, result: SolveResul
 
 
 def verified_plan(flags: SolveFlags, inputs: SolveInputs,
-                  result: SolveResult) -> tuple[Plan | None, list[dict[str, Any]] | None]:
+                  result: SolveResult) -> tuple[Plan | None, list[VerifiedCandidate] | None]:
     """The best plan; with --verify the first candidate whose measured training step fits (None if none does),
     and the measurements."""
     if not flags.verify:
@@ -490,25 +495,28 @@ def verified_plan(flags: SolveFlags, inputs: SolveInputs,
                              make_console() if flags.shows_notes else None)
 
 
-def report_unverified(flags: SolveFlags, verification: list[dict[str, Any]]) -> ExitCode:
+def report_unverified(flags: SolveFlags, verification: list[VerifiedCandidate]) -> ExitCode:
     message = ("every candidate's measured training step exceeds the GPU once the planner's "
                "non-tracked memory is added; the model under-predicts this workload")
     if flags.json_output:
-        print(json.dumps({"feasible": False, "message": message, "verification": verification}, indent=2))
+        print(json.dumps({"feasible": False, "message": message,
+                          "verification": [row.to_json() for row in verification]}, indent=2))
     else:
         make_console(stderr=True).print(f"[bold red]no verified plan[/] {message}.", markup=True)
     return ExitCode.INFEASIBLE
 
 
-def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str, Any]]]:
+def verify_candidates(candidates: list[Candidate], profile: Profile,
+                      console: Console | None) -> tuple[Plan | None, list[VerifiedCandidate]]:
     """Measure the actor update of each candidate, best first; keep the first whose measured peak fits.
 
     The tracker sees what the step allocates; the planner's resident state and overheads
     (CUDA context, fragmentation, a sleeping vLLM) are added to it unchanged.
     """
+    from rlplan.planner.report import VerifiedCandidate
     from rlplan.runtime.measure import measure_plan
 
-    rows: list[dict[str, Any]] = []
+    rows: list[VerifiedCandidate] = []
     chosen = None
     for rank, candidate in enumerate(candidates, start=1):
         if console is not None:
@@ -518,18 +526,14 @@ def verify_candidates(candidates, profile, console) -> tuple[Any, list[dict[str,
         phase = next(p for p in candidate.memory.phases if p.name == comparison.planner_phase)
         measured_total = phase.peak_bytes - comparison.predicted_bytes + comparison.measured.peak_bytes
         fits = measured_total <= candidate.memory.gpu_capacity_bytes
-        rows.append({
-            "rank": rank,
-            "predicted_step_gib": round(comparison.predicted_bytes / 2**30, 3),
-            "measured_step_gib": round(comparison.measured.peak_bytes / 2**30, 3),
-            "error": round(comparison.error, 4),
-            "measured_phase_peak_gib": round(measured_total / 2**30, 3),
-            "fits": fits,
-        })
+        row = VerifiedCandidate(rank=rank, predicted_step_gib=round(comparison.predicted_bytes / 2**30, 3),
+                                measured_step_gib=round(comparison.measured.peak_bytes / 2**30, 3),
+                                error=round(comparison.error, 4),
+                                measured_phase_peak_gib=round(measured_total / 2**30, 3), fits=fits)
+        rows.append(row)
         if console is not None:
-            console.print(f"  predicted {rows[-1]['predicted_step_gib']:.2f} GiB, measured "
-                          f"{rows[-1]['measured_step_gib']:.2f} GiB ({100 * comparison.error:+.1f} %): "
-                          f"{'fits' if fits else 'does NOT fit'}")
+            console.print(f"  predicted {row.predicted_step_gib:.2f} GiB, measured {row.measured_step_gib:.2f} GiB "
+                          f"({100 * comparison.error:+.1f} %): {'fits' if fits else 'does NOT fit'}")
         if fits:
             chosen = candidate.plan
             break
@@ -547,7 +551,7 @@ def checked_plan_text(plan: Plan) -> str:
 
 
 def print_solved(flags: SolveFlags, inputs: SolveInputs, result: SolveResult, plan: Plan, plan_text: str,
-                 verification: list[dict[str, Any]] | None) -> None:
+                 verification: list[VerifiedCandidate] | None) -> None:
     """Write the plan (-o), then print the JSON result, nothing (--quiet), or the tables and the next step."""
     from rlplan.planner.report import solve_summary, solved_json, top_candidates, top_candidates_table
 

@@ -473,13 +473,13 @@ def gpu_limit_bytes(plan: Plan, request: SolveRequest) -> int:
     return min(usable_gpu_bytes(capacity, request.objective), capacity - margin)
 
 
-def _peak_within_gpu(report: MemoryReport, name: str, objective: Objective = "throughput",
+def _peak_within_gpu(report: MemoryReport, name: Phase, objective: Objective = "throughput",
                      limit_bytes: int | None = None) -> bool:
     limit = usable_gpu_bytes(report.gpu_capacity_bytes, objective) if limit_bytes is None else limit_bytes
     return all(p.peak_bytes <= limit for p in report.phases if p.name == name)
 
 
-def phase_fits(report: MemoryReport, name: str) -> bool:
+def phase_fits(report: MemoryReport, name: Phase) -> bool:
     """One phase within the GPU; the rollout must also hold one max_model_len sequence of KV."""
     fits = _peak_within_gpu(report, name)
     if name == Phase.ROLLOUT:
@@ -487,7 +487,7 @@ def phase_fits(report: MemoryReport, name: str) -> bool:
     return fits
 
 
-def _phase_fits(plan: Plan, phase: str, request: SolveRequest) -> bool:
+def _phase_fits(plan: Plan, phase: Phase, request: SolveRequest) -> bool:
     """A training or forward phase alone: its peak depends on that pass's token budget only."""
     peak = predict_phase(plan, phase, request.profile).peak_bytes
     return peak <= gpu_limit_bytes(plan, request)
@@ -583,7 +583,7 @@ def largest_fitting_token_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE)
     role = next((r for r in plan_layout(plan).roles if r.role == binding.where), None)
     if binding.resource != "gpu" or role is None or not role.uses_dynamic_bsz:
         return None
-    key = TOKEN_BUDGET_KEY[Phase(role.role)]
+    key = TOKEN_BUDGET_KEY[role.role]
     assert role.max_token_len_per_gpu is not None
 
     def fits(budget: int) -> bool:
@@ -1001,14 +1001,14 @@ def finalize(candidate: Candidate, profile: Profile) -> Plan:
 
 # The knobs the search sets, as `solve --top` shows each candidate's: the training choices, each pass's token
 # budget and micro batch (phases.PASS_KNOBS, which the passes set), and the rollout engine's sizes.
+PASS_SEARCHED_KNOBS = tuple(key for knobs in PASS_KNOBS.values() for key in (knobs.token_budget, knobs.micro_batch))
+ROLLOUT_SEARCHED_KNOBS = ("rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization",
+                          "rollout.max_num_seqs", "rollout.max_num_batched_tokens")
 SEARCHED_KNOBS = (
     "model.lora.rank", "actor.param_offload", "actor.optimizer_offload", "model.gradient_checkpointing",
     "model.activation_offload", "actor.ulysses_sequence_parallel_size", "actor.fsdp_size", "ref.param_offload",
     "critic.param_offload", "critic.optimizer_offload", "critic.gradient_checkpointing", "actor.offload_policy",
-    "critic.offload_policy",
-    *(key for knobs in PASS_KNOBS.values() for key in (knobs.token_budget, knobs.micro_batch)),
-    "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.max_num_seqs",
-    "rollout.max_num_batched_tokens",
+    "critic.offload_policy", *PASS_SEARCHED_KNOBS, *ROLLOUT_SEARCHED_KNOBS,
 )
 
 
@@ -1017,8 +1017,7 @@ MEGATRON_SEARCHED_KNOBS = (
         "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
         "expert_model_parallel_size", "expert_tensor_parallel_size", "param_offload", "optimizer_offload",
         "recompute_granularity")),
-    *(key for key in SEARCHED_KNOBS if key.startswith(("rollout.", "actor.ppo_", "critic.ppo_", "critic.forward_",
-                                                      "ref.log_prob_"))),
+    *PASS_SEARCHED_KNOBS, *ROLLOUT_SEARCHED_KNOBS,
 )
 
 

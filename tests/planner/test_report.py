@@ -1,0 +1,123 @@
+"""planner/report.py: the verdict, the margin line and the violations table are functions of the typed reports
+(`PlanReports`), and the --json payload is written from the same values, so the lines and the JSON agree."""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+
+import pytest
+from rich.console import Console
+
+from rlplan.planner.margin_report import MarginWarning, margin_text
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.model_error import Headroom
+from rlplan.planner.phases import Phase
+from rlplan.planner.profile import DEFAULT_PROFILE
+from rlplan.planner.report import (
+    VerifiedCandidate,
+    plan_reports,
+    reports_json,
+    validation_tables,
+    verdict,
+    violations_table,
+)
+from rlplan.planner.solve_commands import verify_candidates
+from rlplan.planner.solver import Candidate
+from rlplan.planner.steptime import predict_step_time
+from tests.planner.plans import make_plan
+
+GIB = 2**30
+
+
+def rendered(renderable) -> str:
+    console = Console(width=400, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_a_plan_that_fits_shows_the_peak_host_and_step_the_json_writes():
+    reports = plan_reports(make_plan(), DEFAULT_PROFILE)
+    payload = reports_json(reports)
+    assert payload["valid"] and payload["feasible"]
+    assert verdict(reports).plain.startswith(
+        f"VALID and fits: peak {payload['gpu_peak_gib']:.2f} of {payload['gpu_mem_gib']:.2f} GiB per GPU, host "
+        f"{payload['host']['per_node_gib']:.1f} of {payload['host']['capacity_gib']:.0f} GiB per node; step "
+        f"~{payload['step_time_s']:.1f} s.")
+    band, headroom = payload["error_band"], payload["headroom"]
+    assert margin_text(reports.margin) == (
+        f"peak {payload['gpu_peak_gib']:.2f} GiB in {band['phase']} ({band['text']}), at most "
+        f"{band['highest_actual_gib']:.2f} GiB if the model errs as on those rows; leaves {headroom['left_gib']:.2f} "
+        f"GiB of {payload['gpu_mem_gib']:.2f}, margin {headroom['gib']:.2f} GiB ({headroom['rule']}).")
+
+
+def test_a_plan_over_the_gpu_names_the_binding_limit_of_the_json_and_the_lengths_that_fit():
+    # Fixed micro batches of 16 sequences on 40 GiB: over at the maximum length, fits at short means.
+    plan = make_plan(gpu_mem_gib=40.0, overrides={"actor.ppo_micro_batch_size_per_gpu": 16,
+                                                  "actor.ppo_mini_batch_size": 64, "actor.entropy_coeff": 0.001})
+    reports = plan_reports(plan, DEFAULT_PROFILE)
+    payload = reports_json(reports)
+    assert payload["valid"] and not payload["feasible"]
+    binding, longest = payload["binding"], payload["longest_expected_response_that_fits"]
+    assert 0 < longest < payload["max_response_length"]
+    assert verdict(reports).plain == (
+        f"VALID but predicted NOT to fit: {binding['where']} ({binding['resource']}) is over by "
+        f"{-binding['headroom_gib']:.2f} GiB, mostly {binding['component']}. It fits while responses average <= "
+        f"{longest} tokens (at {payload['expected_prompt_length']}-token prompts); OOM once they reach "
+        f"{payload['max_response_length']}.")
+
+
+def test_an_invalid_plan_counts_and_tabulates_the_violations_the_json_lists():
+    # Both the per-GPU and the deprecated global micro batch: verl rejects the plan.
+    reports = plan_reports(make_plan(overrides={"actor.ppo_micro_batch_size": 8}), DEFAULT_PROFILE)
+    payload = reports_json(reports)
+    assert not payload["valid"] and payload["errors"]
+    assert verdict(reports).plain == (f"INVALID: {len(payload['errors'])} rule violation(s); verl would reject this "
+                                      "plan.")
+    table = violations_table(reports.rules.errors, reports.warnings)
+    assert table.row_count == len(payload["errors"]) + len(payload["warnings"])
+    text = rendered(table)
+    assert all(item["rule"] in text for item in payload["errors"] + payload["warnings"])
+
+
+def test_a_plan_under_its_margin_warns_in_the_json_and_in_the_table_alike():
+    # A 90 % margin: any plan that fits leaves less than that.
+    reports = plan_reports(make_plan(), DEFAULT_PROFILE, Headroom(fraction=0.9))
+    payload = reports_json(reports)
+    assert payload["feasible"] and payload["headroom"]["below_margin"]
+    warning = reports.warnings[-1]
+    assert isinstance(warning, MarginWarning)
+    assert payload["warnings"][-1] == warning.as_json() == {"rule": "memory_margin", "message": warning.message,
+                                                            "fix": warning.fix}
+    tables = " ".join(rendered(table) for table in validation_tables(reports))
+    assert "memory_margin" in tables and reports.margin.peak_phase in tables
+
+
+def test_verify_keeps_the_first_candidate_whose_measured_step_fits_and_writes_each_row(monkeypatch):
+    """Invariant: a candidate fits when its phase's peak with the measured step in place of the predicted one is
+    within the GPU; the search stops at the first that does, best first."""
+    plans = [make_plan(gpu_mem_gib=gib) for gib in (80.0, 81.0, 82.0)]
+    candidates = []
+    for plan in plans:
+        memory = predict_memory(plan, DEFAULT_PROFILE)
+        candidates.append(Candidate(plan=plan, memory=memory, step_time=predict_step_time(plan, memory,
+                                                                                          DEFAULT_PROFILE)))
+    measured_over = [100 * GIB, 0]  # the first measures 100 GiB above its prediction, the second as predicted
+
+    def measure_plan(plan, phase, profile, head):
+        assert phase is Phase.ACTOR_UPDATE and head == "auto"
+        predicted = 10 * GIB
+        return types.SimpleNamespace(planner_phase=Phase.ACTOR_UPDATE, predicted_bytes=predicted,
+                                     measured=types.SimpleNamespace(peak_bytes=predicted + measured_over.pop(0)),
+                                     error=0.0)
+
+    monkeypatch.setitem(sys.modules, "rlplan.runtime.measure", types.SimpleNamespace(measure_plan=measure_plan))
+    chosen, rows = verify_candidates(candidates, DEFAULT_PROFILE, None)
+    assert chosen is plans[1]
+    assert [(row.rank, row.fits) for row in rows] == [(1, False), (2, True)]
+    update_peak = candidates[0].memory.phase(Phase.ACTOR_UPDATE).peak_bytes
+    assert rows[0].measured_phase_peak_gib == pytest.approx((update_peak + 100 * GIB) / GIB, abs=1e-3)
+    assert list(rows[0].to_json()) == ["rank", "predicted_step_gib", "measured_step_gib", "error",
+                                       "measured_phase_peak_gib", "fits"]
+    assert isinstance(rows[0], VerifiedCandidate)
