@@ -15,9 +15,10 @@ from rlplan.planner.layout import PlanLayout, plan_layout
 from rlplan.planner.margin_report import host_note, margin_json, margin_text, margin_warning
 from rlplan.planner.memory import Component, MemoryReport, predict_memory
 from rlplan.planner.memory.heads import resolved_loss_head
+from rlplan.planner.memory.megatron import TrainedRole, cpu_optimizer_fraction
 from rlplan.planner.memory.phases import at_max_length, longest_expected_response_that_fits
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import RuleReport, check_plan
 from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
@@ -316,6 +317,56 @@ def time_table(step: StepTime, lengths: Lengths | None):
     return Group(Text(title, style="italic"), table, Text(caption))
 
 
+def _fsdp_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The FSDP workers' offload, activation and parallel knobs."""
+    actor, model = plan.actor, plan.model
+    return [
+        ("offload", f"params {actor.param_offload}, optimizer {actor.optimizer_offload}, "
+                    f"policy {actor.offload_policy}, ref params {plan.ref.param_offload}"
+                    + (f"; critic params {plan.critic.param_offload}, optimizer {plan.critic.optimizer_offload}, "
+                       f"policy {plan.critic.offload_policy}" if plan.uses_critic else "")),
+        ("activations", f"checkpointing {model.gradient_checkpointing}, offload {model.activation_offload}, "
+                        f"remove padding {model.use_remove_padding}"),
+        ("parallel", f"Ulysses {actor.ulysses_sequence_parallel_size}, fsdp_size {actor.fsdp_size}"),
+    ]
+
+
+def _megatron_offload(engine: MegatronSection, plan: Plan, role: TrainedRole) -> str:
+    """verl's offload of a Megatron role between phases, and the optimizer share Megatron's CPU optimizer keeps
+    on the host through the update (override_optimizer_config.optimizer_cpu_offload)."""
+    grads = "unset" if engine.grad_offload is None else engine.grad_offload
+    cpu_share = cpu_optimizer_fraction(plan, role)
+    return (f"params {engine.param_offload}, grads {grads}, optimizer {engine.optimizer_offload}"
+            + (f" (CPU optimizer {100 * cpu_share:g}%)" if cpu_share else ""))
+
+
+def _megatron_recompute(engine: MegatronSection) -> str:
+    if engine.recompute_granularity is None:
+        return "recompute off"
+    if engine.recompute_granularity == "selective":
+        return f"recompute selective ({', '.join(engine.recompute_modules)})"
+    return f"recompute full, {engine.recompute_method}, {engine.recompute_num_layers} layer(s)"
+
+
+def _megatron_rows(plan: Plan) -> list[tuple[str, str]]:
+    """A Megatron plan's own offload, recompute and parallel knobs (its FSDP fields are unused: rule
+    fsdp_knobs_on_a_megatron_plan)."""
+    engine, ref = plan.actor.mcore, plan.ref.megatron or plan.actor.mcore
+    offload = f"{_megatron_offload(engine, plan, 'actor')}; ref params {ref.param_offload}"
+    if plan.uses_critic:
+        offload += f"; critic {_megatron_offload(plan.critic.megatron or MegatronSection(), plan, 'critic')}"
+    vpp = engine.virtual_pipeline_model_parallel_size
+    return [
+        ("offload", offload),
+        ("activations", f"{_megatron_recompute(engine)}, remove padding {plan.model.use_remove_padding}"),
+        ("parallel", f"TP {engine.tensor_model_parallel_size}, PP {engine.pipeline_model_parallel_size}"
+                     + (f", VPP {vpp}" if vpp else "") + f", CP {engine.context_parallel_size}, "
+                     f"EP {engine.expert_model_parallel_size}, ETP {engine.expert_tensor_size}, "
+                     f"sequence parallel {engine.sequence_parallel and engine.tensor_model_parallel_size > 1}, "
+                     f"distributed optimizer {engine.use_distributed_optimizer}"),
+    ]
+
+
 def knobs_table(plan: Plan):
     from rich.table import Table
 
@@ -328,16 +379,10 @@ def knobs_table(plan: Plan):
                      f"prompt {plan.data.max_prompt_length} + response {plan.data.max_response_length} tokens, "
                      f"mini batch {actor.ppo_mini_batch_size} prompts"),
         ("LoRA", f"rank {model.lora.rank}, alpha {model.lora.alpha}" if model.lora.enabled else "off (full fine-tuning)"),
-        ("offload", f"params {actor.param_offload}, optimizer {actor.optimizer_offload}, "
-                    f"policy {actor.offload_policy}, ref params {plan.ref.param_offload}"
-                    + (f"; critic params {plan.critic.param_offload}, optimizer {plan.critic.optimizer_offload}, "
-                       f"policy {plan.critic.offload_policy}" if plan.uses_critic else "")),
-        ("activations", f"checkpointing {model.gradient_checkpointing}, offload {model.activation_offload}, "
-                        f"remove padding {model.use_remove_padding}"),
+        *(_megatron_rows(plan) if plan.is_megatron else _fsdp_rows(plan)),
         ("micro batches", f"dynamic bsz, {actor.ppo_max_token_len_per_gpu} tokens/GPU (update), "
                           f"{rollout.log_prob_max_token_len_per_gpu} (log-prob)" if actor.use_dynamic_bsz
          else f"{actor.ppo_micro_batch_size_per_gpu} per GPU"),
-        ("parallel", f"Ulysses {actor.ulysses_sequence_parallel_size}, fsdp_size {actor.fsdp_size}"),
         ("rollout", f"{'SGLang' if rollout.name == 'sglang' else 'vLLM'} TP {rollout.tensor_model_parallel_size}, "
                     f"util {rollout.gpu_memory_utilization:.2f}, "
                     f"max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens {rollout.max_num_batched_tokens}, "

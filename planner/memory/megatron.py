@@ -180,11 +180,28 @@ def in_flight_micro_batches(engine: MegatronSection, micro_batches: int) -> floa
 
 @frozen
 class StageActivations:
-    """Activation bytes of the first and the last pipeline stage for one training step's peak."""
+    """Activation bytes of the first and the last pipeline stage for one training step's peak.
 
-    first: float
-    last: float
+    `first_layers` / `last_layers`: the saved activations of the stage's layers (and the first stage's embedding
+    inputs) for the micro batches it holds, without the loss head; `first` / `last` add the head where it sits
+    (the last stage; at PP 1 the one stage is both)."""
+
+    first_layers: float
+    last_layers: float
     loss_head: float
+    single_stage: bool
+
+    @property
+    def first(self) -> float:
+        return self.first_layers + (self.loss_head if self.single_stage else 0.0)
+
+    @property
+    def last(self) -> float:
+        return self.last_layers + self.loss_head
+
+    @property
+    def layers_peak(self) -> float:
+        return max(self.first_layers, self.last_layers)
 
     @property
     def peak(self) -> float:
@@ -221,12 +238,9 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     embedding_inputs = EMBEDDING_INPUT_BYTES + arch.hidden_size
     in_flight = in_flight_micro_batches(engine, micro_batches)
     first = tokens * in_flight * (stage_bytes_per_token + embedding_inputs / tp)
-    loss_head = loss_head_bytes(arch, tp=tp, tokens=tokens)
-    last = tokens * stage_bytes_per_token + loss_head
-    if pp == 1:
-        first += loss_head
-        last = first
-    return StageActivations(first=first, last=last, loss_head=loss_head)
+    last = first if pp == 1 else tokens * stage_bytes_per_token
+    return StageActivations(first_layers=first, last_layers=last,
+                            loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens), single_stage=pp == 1)
 
 
 def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: bool, gated: bool,
@@ -357,9 +371,16 @@ class MegatronBackend:
 
     def update_components(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
                           head: LossHead | None, profile: Profile) -> tuple[str, list[Component]]:
-        """The backward peak: the state, the activations the most loaded pipeline stage holds for its in-flight
-        micro batches, the loss head (verl's head kernel over the vocabulary-parallel logits, at least
-        Megatron's fp32 logits) and one layer's backward workspace."""
+        """The update's peak, at the loss head's backward or at the first layer's backward, whichever is larger.
+
+        Both hold the state and every layer's saved activations of the micro batches in flight. Autograd runs
+        the head's backward first (Megatron's vocab-parallel cross entropy, then the backward of verl's
+        in-place temperature division, megatron_actor.py logits_processor) and hands the output layer a
+        [tokens, hidden] gradient; every logits-sized buffer is freed before the last transformer layer's
+        backward starts (Megatron-Core 0.13 GPTModel._postprocess, verl b178a3cd): the head (verl's head
+        kernel over the vocabulary-parallel logits, at least Megatron's fp32 logits) and one layer's backward
+        workspace are never held at once. The head sits on the last pipeline stage, the in-flight micro
+        batches on the first."""
         arch, engine = plan.model.arch, _engine(plan, role)
         tp, cp = engine.tensor_model_parallel_size, engine.context_parallel_size
         tokens = batch.tokens_per_micro_batch  # on this rank: after CP's split (the layout's sequence split)
@@ -367,18 +388,18 @@ class MegatronBackend:
                                    micro_batches=batch.micro_batches_per_mini,
                                    dropout_masks=VERL_SAVES_DROPOUT_MASKS)
         verl_head = head.bytes_per_token_vocab * tokens * arch.vocab_size / tp if head is not None else 0.0
-        extra_head = max(0.0, verl_head - stages.loss_head)
+        loss_head = max(verl_head, stages.loss_head)
         workspace = tokens * layer_activation_bytes_per_token(
             arch, moe=arch.is_moe, tp=tp, etp=engine.expert_tensor_size,
             sequence_parallel=engine.sequence_parallel and tp > 1, dropout_masks=VERL_SAVES_DROPOUT_MASKS)
-        return "backward", [
-            Component(f"{role}_params", int(state_on_gpu.params)),
-            Component(f"{role}_grads", int(state_on_gpu.grads)),
-            Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer)),
-            Component("activations", int(stages.peak)),
-            Component("logits_head", int(extra_head)),
-            Component("layer_backward_workspace", int(workspace)),
-        ]
+        state = [Component(f"{role}_params", int(state_on_gpu.params)),
+                 Component(f"{role}_grads", int(state_on_gpu.grads)),
+                 Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer))]
+        if stages.last_layers + loss_head >= stages.layers_peak + workspace:
+            return "loss", [*state, Component("activations", int(stages.last_layers)),
+                            Component("logits_head", int(loss_head))]
+        return "backward", [*state, Component("activations", int(stages.layers_peak)),
+                            Component("layer_backward_workspace", int(workspace))]
 
     def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
                            head_bytes_per_token_vocab: float) -> list[Component]:

@@ -226,6 +226,53 @@ def test_verls_moe_full_example_prices_the_same_update_on_one_node_as_on_four():
     assert _update_peak_gib(one, "actor_optimizer_state") == 0
 
 
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_update_holds_the_loss_head_or_a_layers_backward_workspace_never_both(pp):
+    """Autograd frees every logits-sized buffer of the head's backward before the last layer's backward starts:
+    the update's peak is the larger of (last stage's layers + head) and (most loaded stage's layers + one
+    layer's workspace), not their sum."""
+    from rlplan.planner.memory.heads import update_loss_head
+    from rlplan.planner.profile import DEFAULT_PROFILE
+
+    plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8,
+                             "actor.megatron.pipeline_model_parallel_size": pp})
+    engine, arch = plan.actor.mcore, plan.model.arch
+    names = {c.name for c in _update_components(plan)}
+    assert len(names & {"logits_head", "layer_backward_workspace"}) == 1
+    role = _update_role(plan)
+    stages = stage_activations(arch, engine, tokens_per_micro_batch=role.tokens_per_micro_batch,
+                               micro_batches=role.micro_batches_per_mini, dropout_masks=False)
+    head = max(update_loss_head(plan, DEFAULT_PROFILE, role.tokens_per_micro_batch).bytes_per_token_vocab
+               * role.tokens_per_micro_batch * arch.vocab_size, stages.loss_head)
+    workspace = role.tokens_per_micro_batch * layer_activation_bytes_per_token(
+        arch, moe=True, tp=1, etp=1, sequence_parallel=False, dropout_masks=False)
+    activations_side = sum(c.bytes for c in _update_components(plan)
+                           if c.name in ("activations", "logits_head", "layer_backward_workspace"))
+    expected = max(stages.last_layers + head, stages.layers_peak + workspace)
+    assert activations_side == pytest.approx(expected, rel=1e-6)
+    assert activations_side < stages.peak + max(0.0, head - stages.loss_head) + workspace
+
+
+def _update_role(plan):
+    from rlplan.planner.layout import plan_layout
+
+    return plan_layout(plan).actor_update
+
+
+def _update_components(plan):
+    from rlplan.planner.layout import plan_layout
+    from rlplan.planner.memory.heads import update_loss_head
+    from rlplan.planner.memory.megatron import MEGATRON
+    from rlplan.planner.profile import DEFAULT_PROFILE
+
+    role = _update_role(plan)
+    state = MEGATRON.role_state(plan, "actor", plan_layout(plan))
+    _, components = MEGATRON.update_components(plan, "actor", state, role,
+                                               update_loss_head(plan, DEFAULT_PROFILE, role.tokens_per_micro_batch),
+                                               DEFAULT_PROFILE)
+    return components
+
 # --- the weight sync's export (verl's per_tensor_generator / mbridge export_weights) ---------------------
 
 
