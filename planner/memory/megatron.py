@@ -352,15 +352,13 @@ class MegatronBackend:
         return resident
 
     def host_components(self, plan: Plan, role: TrainedRole, state: TrainerState, ranks: int) -> list[Component]:
+        """The host keeps the params verl offloads and the optimizer state, offloaded between phases or kept
+        there by Megatron's CPU optimizer; never gradients: verl's offload_megatron_model_to_cpu copies each DDP
+        buffer's param_data to pinned host memory but only frees grad_data (storage().resize_(0)), and
+        load_megatron_model_to_gpu re-allocates and zeroes it (verl/utils/megatron_utils.py, b178a3cd)."""
         engine = _engine(plan, role)
-        host = []
-        if engine.param_offload:
-            host.append(Component(f"{role}_params_offloaded", int(ranks * (state.params + state.grads))))
-        elif engine.grad_offload:
-            host.append(Component(f"{role}_grads_offloaded", int(ranks * state.grads)))
-        if engine.optimizer_offload:
-            host.append(Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)))
-        return host
+        optimizer_share = 1.0 if engine.optimizer_offload else cpu_optimizer_fraction(plan, role)
+        return state.host_copies(role, ranks, params=engine.param_offload, grads=False, optimizer=optimizer_share)
 
     def reference_params_bytes(self, plan: Plan, layout: PlanLayout) -> int:
         engine = plan.ref.megatron or plan.actor.mcore

@@ -273,6 +273,28 @@ def _update_components(plan):
                                                DEFAULT_PROFILE)
     return components
 
+
+def _host(plan) -> dict[str, int]:
+    from rlplan.planner.memory import predict_memory
+
+    return {c.name: c.bytes for c in predict_memory(plan).host.components}
+
+
+def test_verls_megatron_offload_keeps_params_and_optimizer_on_the_host_but_never_gradients():
+    """offload_megatron_model_to_cpu copies param_data to pinned host memory and only frees grad_data (load
+    re-allocates and zeroes it): the host holds every rank's bf16 params, no grads; the CPU optimizer's
+    optimizer state sits on the host whether or not optimizer_offload is set."""
+    plan = _moe_full_example(1)
+    host = _host(plan)
+    state = state_on_most_loaded_rank(plan.model.arch, plan.actor.mcore, plan.cluster.world_size)
+    ranks = plan.cluster.gpus_per_node
+    assert host["actor_params_offloaded"] == pytest.approx(ranks * state.weights, rel=1e-6)
+    assert "actor_grads_offloaded" not in host
+    assert host["actor_optimizer_offloaded"] == pytest.approx(ranks * state.optimizer, rel=1e-6)
+    kept_by_cpu_optimizer = plan.evolve(actor=attrs.evolve(
+        plan.actor, megatron=attrs.evolve(plan.actor.mcore, optimizer_offload=False)))
+    assert _host(kept_by_cpu_optimizer)["actor_optimizer_offloaded"] == host["actor_optimizer_offloaded"]
+
 # --- the weight sync's export (verl's per_tensor_generator / mbridge export_weights) ---------------------
 
 
