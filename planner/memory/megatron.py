@@ -375,7 +375,7 @@ class MegatronBackend:
         the head's backward first (Megatron's vocab-parallel cross entropy, then the backward of verl's
         in-place temperature division, megatron_actor.py logits_processor) and hands the output layer a
         [tokens, hidden] gradient; every logits-sized buffer is freed before the last transformer layer's
-        backward starts (Megatron-Core 0.13 GPTModel._postprocess, verl b178a3cd): the head (verl's head
+        backward starts (Megatron-Core GPTModel._postprocess, read at 0.20; verl b178a3cd): the head (verl's head
         kernel over the vocabulary-parallel logits, at least Megatron's fp32 logits) and one layer's backward
         workspace are never held at once. The head sits on the last pipeline stage, the in-flight micro
         batches on the first."""
