@@ -369,7 +369,7 @@ class MegatronBackend:
 
     def update_components(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
                           head: LossHead | None, profile: Profile) -> tuple[str, list[Component]]:
-        """The update's peak, at the loss head's backward or at the first layer's backward, whichever is larger.
+        """The update's peak, at the loss head's backward or as the layers' backward starts, whichever is larger.
 
         Both hold the state and every layer's saved activations of the micro batches in flight. Autograd runs
         the head's backward first (Megatron's vocab-parallel cross entropy, then the backward of verl's
