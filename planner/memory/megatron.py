@@ -255,10 +255,11 @@ def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: b
     return stage_layers * (sum(per_layer) / len(per_layer))
 
 
-def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
+def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int, outputs: int | None = None) -> float:
     """The vocabulary-parallel output layer's input and its fp32 logits over TP (Megatron's 4 s b h (1 + V / h)
-    / TP, its estimate's output-layer and cross-entropy term)."""
-    return tokens * 4 * (arch.hidden_size + arch.vocab_size) / tp
+    / TP, its estimate's output-layer and cross-entropy term). `outputs`: the output layer's width where it is
+    not the vocabulary (a value model's 1)."""
+    return tokens * 4 * (arch.hidden_size + (arch.vocab_size if outputs is None else outputs)) / tp
 
 
 def export_gather_bytes(arch: Architecture, engine: MegatronSection) -> float:
@@ -385,6 +386,10 @@ class MegatronBackend:
         stages = stage_activations(arch, engine, tokens_per_micro_batch=tokens * cp,
                                    micro_batches=batch.micro_batches_per_mini,
                                    dropout_masks=VERL_SAVES_DROPOUT_MASKS)
+        if role == "critic":
+            # verl's make_value_model (verl/models/mcore/bridge.py; mbridge's post_creation_callbacks alike)
+            # replaces the last stage's output layer with LinearForLastLayer(hidden, 1): one value per token.
+            stages = attrs.evolve(stages, loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens, outputs=1))
         verl_head = head.bytes_per_token_vocab * tokens * arch.vocab_size / tp if head is not None else 0.0
         loss_head = max(verl_head, stages.loss_head)
         workspace = tokens * layer_activation_bytes_per_token(

@@ -254,6 +254,19 @@ def test_the_update_holds_the_loss_head_or_a_layers_backward_workspace_never_bot
     assert activations_side < stages.peak + max(0.0, head - stages.loss_head) + workspace
 
 
+def test_a_megatron_critics_update_prices_a_value_head_not_the_vocabulary():
+    """verl's make_value_model swaps the output layer for hidden -> 1: the critic's update holds no logits."""
+    from rlplan.planner.memory import predict_memory
+
+    plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8, "algorithm.adv_estimator": "gae"})
+    critic = predict_memory(plan).phase("critic_update")
+    actor = predict_memory(plan).phase("actor_update")
+    tokens = _update_role(plan).tokens_per_micro_batch
+    logits = tokens * 4 * plan.model.arch.vocab_size
+    assert critic.bytes_of("logits_head") < logits / 100
+    assert actor.bytes_of("logits_head") + actor.bytes_of("activations") > critic.bytes_of("activations") + logits
+
+
 def _update_role(plan):
     from rlplan.planner.layout import plan_layout
 
