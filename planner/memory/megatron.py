@@ -95,20 +95,26 @@ def stage_share(arch: Architecture, pp: int) -> float:
     return math.ceil(arch.num_layers / pp) / arch.num_layers
 
 
-def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection) -> RankParameters:
+def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, *,
+                                   value_model: bool = False) -> RankParameters:
     """The elements the most loaded rank holds: its stage's layers and the embedding (first stage) or the output
-    layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last)."""
+    layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last).
+    `value_model`: a critic, whose output layer verl's make_value_model replaces with LinearForLastLayer(hidden,
+    1) (verl/models/mcore/bridge.py; mbridge's post_creation_callbacks alike)."""
     sizes = (engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size,
              engine.expert_model_parallel_size, engine.expert_tensor_size)
     # The solver prices thousands of plans on a few layouts: one computation per (architecture, sizes).
-    return cached_per_arch(arch, ("megatron_rank_params", sizes), lambda: _rank_parameters(arch, *sizes))
+    return cached_per_arch(arch, ("megatron_rank_params", sizes, value_model),
+                           lambda: _rank_parameters(arch, *sizes, value_model=value_model))
 
 
-def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int) -> RankParameters:
+def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int, *,
+                     value_model: bool) -> RankParameters:
     experts_per_layer = routed_expert_params_per_layer(arch)
     layer_dense = (arch.num_dense_layers * arch.dense_layer_params
                    + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size)
-    vocab_layers = arch.embedding_params + (arch.lm_head_params if pp == 1 else 0)
+    output_layer = arch.hidden_size if value_model else arch.lm_head_params
+    vocab_layers = arch.embedding_params + (output_layer if pp == 1 else 0)
     stage = stage_share(arch, pp)
     dense = (layer_dense * stage + vocab_layers) / tp
     experts = arch.num_moe_layers * experts_per_layer * stage / (ep * etp)
@@ -116,14 +122,15 @@ def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int) ->
 
 
 def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world: int,
-                              trainable_fraction: float = 1.0) -> RankState:
+                              trainable_fraction: float = 1.0, *, value_model: bool = False) -> RankState:
     """Weights, gradients and optimizer state of the most loaded rank.
 
     `trainable_fraction`: the share of parameters that train (a LoRA adapter's share; 1 for full fine-tuning):
     only they carry gradients and optimizer state. The distributed optimizer shards the 12 bytes over the dense
     data-parallel group (world / (TP x PP), which includes CP) and the experts' (world / (EP x ETP x PP)).
+    `value_model`: a critic (parameters_on_most_loaded_rank).
     """
-    params = parameters_on_most_loaded_rank(arch, engine)
+    params = parameters_on_most_loaded_rank(arch, engine, value_model=value_model)
     dense_dp = max(world // engine.model_parallel_size, 1)
     expert_dp = max(engine.expert_data_parallel_size(world), 1)
     shard = engine.use_distributed_optimizer
@@ -325,7 +332,7 @@ class MegatronBackend:
 
     def role_state(self, plan: Plan, role: TrainedRole, layout: PlanLayout) -> TrainerState:
         state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
-                                          trainable_fraction(plan, role))
+                                          trainable_fraction(plan, role), value_model=role == "critic")
         # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
         # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy.
         return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,

@@ -254,6 +254,17 @@ def test_the_update_holds_the_loss_head_or_a_layers_backward_workspace_never_bot
     assert activations_side < stages.peak + max(0.0, head - stages.loss_head) + workspace
 
 
+def test_a_megatron_critic_holds_a_value_head_not_the_output_layer():
+    """verl's make_value_model swaps the last stage's output layer (vocab x hidden) for hidden -> 1."""
+    arch, engine = LLAMA_8B, MegatronSection(tensor_model_parallel_size=2)
+    actor = parameters_on_most_loaded_rank(arch, engine)
+    critic = parameters_on_most_loaded_rank(arch, engine, value_model=True)
+    assert actor.total - critic.total == pytest.approx((arch.lm_head_params - arch.hidden_size) / 2)
+    at_pp2 = MegatronSection(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert parameters_on_most_loaded_rank(arch, at_pp2, value_model=True) == parameters_on_most_loaded_rank(
+        arch, at_pp2)  # the first stage, with the embedding, is the most loaded one either way
+
+
 def test_a_megatron_critics_update_prices_a_value_head_not_the_vocabulary():
     """verl's make_value_model swaps the output layer for hidden -> 1: the critic's update holds no logits."""
     from rlplan.planner.memory import predict_memory
