@@ -269,13 +269,15 @@ def host_table(memory: MemoryReport):
     return table
 
 
-def layout_table(layout: PlanLayout):
+def layout_table(layout: PlanLayout, *, megatron: bool = False):
     from rich.table import Table
 
     parallel = layout.parallel
+    # A Megatron layout's sequence split is its context parallel size; its weights span TP x PP (no FSDP shard).
+    trainer = (f"TP x PP {parallel.model_parallel_size}, CP {parallel.ulysses_sequence_parallel_size}" if megatron
+               else f"Ulysses {parallel.ulysses_sequence_parallel_size}, FSDP shard {parallel.fsdp_shard_size}")
     table = Table(
-        title=(f"Batch layout: {parallel.world_size} GPUs, dp {parallel.dp}, Ulysses "
-               f"{parallel.ulysses_sequence_parallel_size}, FSDP shard {parallel.fsdp_shard_size}, rollout TP "
+        title=(f"Batch layout: {parallel.world_size} GPUs, dp {parallel.dp}, {trainer}, rollout TP "
                f"{parallel.rollout_tensor_parallel_size} x {parallel.rollout_replicas} replicas"),
         title_justify="left")
     for column in ("pass", "seqs/GPU", "mini/GPU", "micro/GPU", "token budget", "tokens/micro", "micro/mini",
@@ -429,7 +431,7 @@ def explain_tables(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HE
     reports = plan_reports(plan, profile)
     payload = validation_json(plan, profile, headroom, reports=reports)
     memory = reports.memory
-    out: list[Any] = [knobs_table(plan), layout_table(reports.layout), component_matrix(memory), host_table(memory),
+    out: list[Any] = [knobs_table(plan), layout_table(reports.layout, megatron=plan.is_megatron), component_matrix(memory), host_table(memory),
                       time_table(reports.step, reports.lengths)]
     from rich.text import Text
 

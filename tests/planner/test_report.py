@@ -41,3 +41,21 @@ def test_a_megatron_plan_without_recompute_says_so_and_an_fsdp_plan_keeps_its_ow
     fsdp = _rows(make_plan(overrides={"model.gradient_checkpointing": True}))
     assert fsdp["activations"].startswith("checkpointing True")
     assert fsdp["parallel"].startswith("Ulysses 1")
+
+
+def _layout_title(plan) -> str:
+    from rlplan.planner.layout import plan_layout
+    from rlplan.planner.report import layout_table
+
+    console = Console(record=True, width=400)
+    console.print(layout_table(plan_layout(plan), megatron=plan.is_megatron))
+    return console.export_text().splitlines()[0]
+
+
+def test_a_megatron_layout_names_its_model_parallel_span_and_context_parallel_size_not_fsdps():
+    plan = make_plan(gpus=8, overrides={"actor.strategy": "megatron"})
+    plan = plan.evolve(actor=attrs.evolve(plan.actor, megatron=MegatronSection(
+        tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=2)))
+    title = _layout_title(plan)
+    assert "dp 1, TP x PP 4, CP 2" in title and "FSDP" not in title and "Ulysses" not in title
+    assert "Ulysses 1, FSDP shard 8" in _layout_title(make_plan(gpus=8))
