@@ -25,9 +25,10 @@ from rlplan.planner.margin_report import (
 )
 from rlplan.planner.memory import Component, MemoryReport, predict_memory
 from rlplan.planner.memory.heads import resolved_loss_head
+from rlplan.planner.memory.megatron import TrainedRole, cpu_optimizer_fraction
 from rlplan.planner.memory.phases import at_max_length, longest_expected_response_that_fits
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import RuleReport, Violation, check_plan
 from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
@@ -326,13 +327,15 @@ def host_table(memory: MemoryReport):
     return table
 
 
-def layout_table(layout: PlanLayout):
+def layout_table(layout: PlanLayout, *, megatron: bool = False):
     from rich.table import Table
 
     parallel = layout.parallel
+    # A Megatron layout's sequence split is its context parallel size; its weights span TP x PP (no FSDP shard).
+    trainer = (f"TP x PP {parallel.model_parallel_size}, CP {parallel.ulysses_sequence_parallel_size}" if megatron
+               else f"Ulysses {parallel.ulysses_sequence_parallel_size}, FSDP shard {parallel.fsdp_shard_size}")
     table = Table(
-        title=(f"Batch layout: {parallel.world_size} GPUs, dp {parallel.dp}, Ulysses "
-               f"{parallel.ulysses_sequence_parallel_size}, FSDP shard {parallel.fsdp_shard_size}, rollout TP "
+        title=(f"Batch layout: {parallel.world_size} GPUs, dp {parallel.dp}, {trainer}, rollout TP "
                f"{parallel.rollout_tensor_parallel_size} x {parallel.rollout_replicas} replicas"),
         title_justify="left")
     for column in ("pass", "seqs/GPU", "mini/GPU", "micro/GPU", "token budget", "tokens/micro", "micro/mini",
@@ -374,6 +377,56 @@ def time_table(step: StepTime, lengths: Lengths | None):
     return Group(Text(title, style="italic"), table, Text(caption))
 
 
+def _fsdp_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The FSDP workers' offload, activation and parallel knobs."""
+    actor, model = plan.actor, plan.model
+    return [
+        ("offload", f"params {actor.param_offload}, optimizer {actor.optimizer_offload}, "
+                    f"policy {actor.offload_policy}, ref params {plan.ref.param_offload}"
+                    + (f"; critic params {plan.critic.param_offload}, optimizer {plan.critic.optimizer_offload}, "
+                       f"policy {plan.critic.offload_policy}" if plan.uses_critic else "")),
+        ("activations", f"checkpointing {model.gradient_checkpointing}, offload {model.activation_offload}, "
+                        f"remove padding {model.use_remove_padding}"),
+        ("parallel", f"Ulysses {actor.ulysses_sequence_parallel_size}, fsdp_size {actor.fsdp_size}"),
+    ]
+
+
+def _megatron_offload(engine: MegatronSection, plan: Plan, role: TrainedRole) -> str:
+    """verl's offload of a Megatron role between phases, and the optimizer share Megatron's CPU optimizer keeps
+    on the host through the update (override_optimizer_config.optimizer_cpu_offload)."""
+    grads = "unset" if engine.grad_offload is None else engine.grad_offload
+    cpu_share = cpu_optimizer_fraction(plan, role)
+    return (f"params {engine.param_offload}, grads {grads}, optimizer {engine.optimizer_offload}"
+            + (f" (CPU optimizer {100 * cpu_share:g}%)" if cpu_share else ""))
+
+
+def _megatron_recompute(engine: MegatronSection) -> str:
+    if engine.recompute_granularity is None:
+        return "recompute off"
+    if engine.recompute_granularity == "selective":
+        return f"recompute selective ({', '.join(engine.recompute_modules)})"
+    return f"recompute full, {engine.recompute_method}, {engine.recompute_num_layers} layer(s)"
+
+
+def _megatron_rows(plan: Plan) -> list[tuple[str, str]]:
+    """A Megatron plan's own offload, recompute and parallel knobs (its FSDP fields are unused: rule
+    fsdp_knobs_on_a_megatron_plan)."""
+    engine, ref = plan.actor.mcore, plan.ref.megatron or plan.actor.mcore
+    offload = f"{_megatron_offload(engine, plan, 'actor')}; ref params {ref.param_offload}"
+    if plan.uses_critic:
+        offload += f"; critic {_megatron_offload(plan.critic.megatron or MegatronSection(), plan, 'critic')}"
+    vpp = engine.virtual_pipeline_model_parallel_size
+    return [
+        ("offload", offload),
+        ("activations", f"{_megatron_recompute(engine)}, remove padding {plan.model.use_remove_padding}"),
+        ("parallel", f"TP {engine.tensor_model_parallel_size}, PP {engine.pipeline_model_parallel_size}"
+                     + (f", VPP {vpp}" if vpp else "") + f", CP {engine.context_parallel_size}, "
+                     f"EP {engine.expert_model_parallel_size}, ETP {engine.expert_tensor_size}, "
+                     f"sequence parallel {engine.sequence_parallel and engine.tensor_model_parallel_size > 1}, "
+                     f"distributed optimizer {engine.use_distributed_optimizer}"),
+    ]
+
+
 def knobs_table(plan: Plan):
     from rich.table import Table
 
@@ -386,16 +439,10 @@ def knobs_table(plan: Plan):
                      f"prompt {plan.data.max_prompt_length} + response {plan.data.max_response_length} tokens, "
                      f"mini batch {actor.ppo_mini_batch_size} prompts"),
         ("LoRA", f"rank {model.lora.rank}, alpha {model.lora.alpha}" if model.lora.enabled else "off (full fine-tuning)"),
-        ("offload", f"params {actor.param_offload}, optimizer {actor.optimizer_offload}, "
-                    f"policy {actor.offload_policy}, ref params {plan.ref.param_offload}"
-                    + (f"; critic params {plan.critic.param_offload}, optimizer {plan.critic.optimizer_offload}, "
-                       f"policy {plan.critic.offload_policy}" if plan.uses_critic else "")),
-        ("activations", f"checkpointing {model.gradient_checkpointing}, offload {model.activation_offload}, "
-                        f"remove padding {model.use_remove_padding}"),
+        *(_megatron_rows(plan) if plan.is_megatron else _fsdp_rows(plan)),
         ("micro batches", f"dynamic bsz, {actor.ppo_max_token_len_per_gpu} tokens/GPU (update), "
                           f"{rollout.log_prob_max_token_len_per_gpu} (log-prob)" if actor.use_dynamic_bsz
          else f"{actor.ppo_micro_batch_size_per_gpu} per GPU"),
-        ("parallel", f"Ulysses {actor.ulysses_sequence_parallel_size}, fsdp_size {actor.fsdp_size}"),
         ("rollout", f"{'SGLang' if rollout.name == 'sglang' else 'vLLM'} TP {rollout.tensor_model_parallel_size}, "
                     f"util {rollout.gpu_memory_utilization:.2f}, "
                     f"max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens {rollout.max_num_batched_tokens}, "
@@ -445,7 +492,8 @@ def validation_tables(reports: PlanReports, fix: str | None = None) -> list[Any]
 
 def explain_tables(reports: PlanReports) -> list[Any]:
     plan, memory = reports.plan, reports.memory
-    out: list[Any] = [knobs_table(plan), layout_table(reports.layout), component_matrix(memory), host_table(memory),
+    out: list[Any] = [knobs_table(plan), layout_table(reports.layout, megatron=plan.is_megatron),
+                      component_matrix(memory), host_table(memory),
                       time_table(reports.step, reports.lengths)]
     from rich.text import Text
 

@@ -256,15 +256,6 @@ def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -
     return 6 * largest_adapter + adapter_bucket
 
 
-def _policy_offloaded(role: str, state: TrainerState, ranks: int) -> list[Component]:
-    """A node's pinned host copies under CPUOffloadPolicy: every rank's param, grad and AdamW shards."""
-    return [
-        Component(f"{role}_params_offloaded", int(ranks * state.params)),
-        Component(f"{role}_grads_offloaded", int(ranks * state.grads)),
-        Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)),
-    ]
-
-
 def fsdp_shard_size(layout: PlanLayout) -> int:
     return max(1, layout.parallel.fsdp_shard_size)
 
@@ -294,14 +285,11 @@ class FsdpBackend:
     def host_components(self, plan: Plan, role: Literal["actor", "critic"], state: TrainerState,
                         ranks: int) -> list[Component]:
         if offloaded_by_policy(plan, role):
-            return _policy_offloaded(role, state, ranks)
+            # CPUOffloadPolicy pins every rank's param, grad and AdamW shards in host RAM.
+            return state.host_copies(role, ranks, params=True, grads=True, optimizer=True)
         section = plan.actor if role == "actor" else plan.critic
-        host = []
-        if section.param_offload:
-            host.append(Component(f"{role}_params_offloaded", int(ranks * state.params)))
-        if section.optimizer_offload:
-            host.append(Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)))
-        return host
+        return state.host_copies(role, ranks, params=section.param_offload, grads=False,
+                                 optimizer=section.optimizer_offload)
 
     def reference_params_bytes(self, plan: Plan, layout: PlanLayout) -> int:
         return ref_param_bytes(plan, model_facts(plan.model.arch), fsdp_shard_size(layout))

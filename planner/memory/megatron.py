@@ -95,20 +95,26 @@ def stage_share(arch: Architecture, pp: int) -> float:
     return math.ceil(arch.num_layers / pp) / arch.num_layers
 
 
-def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection) -> RankParameters:
+def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, *,
+                                   value_model: bool = False) -> RankParameters:
     """The elements the most loaded rank holds: its stage's layers and the embedding (first stage) or the output
-    layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last)."""
+    layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last).
+    `value_model`: a critic, whose output layer verl's make_value_model replaces with LinearForLastLayer(hidden,
+    1) (verl/models/mcore/bridge.py; mbridge's post_creation_callbacks alike)."""
     sizes = (engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size,
              engine.expert_model_parallel_size, engine.expert_tensor_size)
     # The solver prices thousands of plans on a few layouts: one computation per (architecture, sizes).
-    return cached_per_arch(arch, ("megatron_rank_params", sizes), lambda: _rank_parameters(arch, *sizes))
+    return cached_per_arch(arch, ("megatron_rank_params", sizes, value_model),
+                           lambda: _rank_parameters(arch, *sizes, value_model=value_model))
 
 
-def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int) -> RankParameters:
+def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int, *,
+                     value_model: bool) -> RankParameters:
     experts_per_layer = routed_expert_params_per_layer(arch)
     layer_dense = (arch.num_dense_layers * arch.dense_layer_params
                    + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size)
-    vocab_layers = arch.embedding_params + (arch.lm_head_params if pp == 1 else 0)
+    output_layer = arch.hidden_size if value_model else arch.lm_head_params
+    vocab_layers = arch.embedding_params + (output_layer if pp == 1 else 0)
     stage = stage_share(arch, pp)
     dense = (layer_dense * stage + vocab_layers) / tp
     experts = arch.num_moe_layers * experts_per_layer * stage / (ep * etp)
@@ -116,14 +122,15 @@ def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int) ->
 
 
 def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world: int,
-                              trainable_fraction: float = 1.0) -> RankState:
+                              trainable_fraction: float = 1.0, *, value_model: bool = False) -> RankState:
     """Weights, gradients and optimizer state of the most loaded rank.
 
     `trainable_fraction`: the share of parameters that train (a LoRA adapter's share; 1 for full fine-tuning):
     only they carry gradients and optimizer state. The distributed optimizer shards the 12 bytes over the dense
     data-parallel group (world / (TP x PP), which includes CP) and the experts' (world / (EP x ETP x PP)).
+    `value_model`: a critic (parameters_on_most_loaded_rank).
     """
-    params = parameters_on_most_loaded_rank(arch, engine)
+    params = parameters_on_most_loaded_rank(arch, engine, value_model=value_model)
     dense_dp = max(world // engine.model_parallel_size, 1)
     expert_dp = max(engine.expert_data_parallel_size(world), 1)
     shard = engine.use_distributed_optimizer
@@ -180,11 +187,28 @@ def in_flight_micro_batches(engine: MegatronSection, micro_batches: int) -> floa
 
 @frozen
 class StageActivations:
-    """Activation bytes of the first and the last pipeline stage for one training step's peak."""
+    """Activation bytes of the first and the last pipeline stage for one training step's peak.
 
-    first: float
-    last: float
+    `first_layers` / `last_layers`: the saved activations of the stage's layers (and the first stage's embedding
+    inputs) for the micro batches it holds, without the loss head; `first` / `last` add the head where it sits
+    (the last stage; at PP 1 the one stage is both)."""
+
+    first_layers: float
+    last_layers: float
     loss_head: float
+    single_stage: bool
+
+    @property
+    def first(self) -> float:
+        return self.first_layers + (self.loss_head if self.single_stage else 0.0)
+
+    @property
+    def last(self) -> float:
+        return self.last_layers + self.loss_head
+
+    @property
+    def layers_peak(self) -> float:
+        return max(self.first_layers, self.last_layers)
 
     @property
     def peak(self) -> float:
@@ -221,12 +245,9 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     embedding_inputs = EMBEDDING_INPUT_BYTES + arch.hidden_size
     in_flight = in_flight_micro_batches(engine, micro_batches)
     first = tokens * in_flight * (stage_bytes_per_token + embedding_inputs / tp)
-    loss_head = loss_head_bytes(arch, tp=tp, tokens=tokens)
-    last = tokens * stage_bytes_per_token + loss_head
-    if pp == 1:
-        first += loss_head
-        last = first
-    return StageActivations(first=first, last=last, loss_head=loss_head)
+    last = first if pp == 1 else tokens * stage_bytes_per_token
+    return StageActivations(first_layers=first, last_layers=last,
+                            loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens), single_stage=pp == 1)
 
 
 def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: bool, gated: bool,
@@ -241,10 +262,11 @@ def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: b
     return stage_layers * (sum(per_layer) / len(per_layer))
 
 
-def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
+def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int, outputs: int | None = None) -> float:
     """The vocabulary-parallel output layer's input and its fp32 logits over TP (Megatron's 4 s b h (1 + V / h)
-    / TP, its estimate's output-layer and cross-entropy term)."""
-    return tokens * 4 * (arch.hidden_size + arch.vocab_size) / tp
+    / TP, its estimate's output-layer and cross-entropy term). `outputs`: the output layer's width where it is
+    not the vocabulary (a value model's 1)."""
+    return tokens * 4 * (arch.hidden_size + (arch.vocab_size if outputs is None else outputs)) / tp
 
 
 def export_gather_bytes(arch: Architecture, engine: MegatronSection) -> float:
@@ -310,7 +332,7 @@ class MegatronBackend:
 
     def role_state(self, plan: Plan, role: TrainedRole, layout: PlanLayout) -> TrainerState:
         state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
-                                          trainable_fraction(plan, role))
+                                          trainable_fraction(plan, role), value_model=role == "critic")
         # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
         # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy.
         return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
@@ -338,15 +360,13 @@ class MegatronBackend:
         return resident
 
     def host_components(self, plan: Plan, role: TrainedRole, state: TrainerState, ranks: int) -> list[Component]:
+        """The host keeps the params verl offloads and the optimizer state, offloaded between phases or kept
+        there by Megatron's CPU optimizer; never gradients: verl's offload_megatron_model_to_cpu copies each DDP
+        buffer's param_data to pinned host memory but only frees grad_data (storage().resize_(0)), and
+        load_megatron_model_to_gpu re-allocates and zeroes it (verl/utils/megatron_utils.py, b178a3cd)."""
         engine = _engine(plan, role)
-        host = []
-        if engine.param_offload:
-            host.append(Component(f"{role}_params_offloaded", int(ranks * (state.params + state.grads))))
-        elif engine.grad_offload:
-            host.append(Component(f"{role}_grads_offloaded", int(ranks * state.grads)))
-        if engine.optimizer_offload:
-            host.append(Component(f"{role}_optimizer_offloaded", int(ranks * state.optimizer)))
-        return host
+        optimizer_share = 1.0 if engine.optimizer_offload else cpu_optimizer_fraction(plan, role)
+        return state.host_copies(role, ranks, params=engine.param_offload, grads=False, optimizer=optimizer_share)
 
     def reference_params_bytes(self, plan: Plan, layout: PlanLayout) -> int:
         engine = plan.ref.megatron or plan.actor.mcore
@@ -357,28 +377,39 @@ class MegatronBackend:
 
     def update_components(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
                           head: LossHead | None, profile: Profile) -> tuple[str, list[Component]]:
-        """The backward peak: the state, the activations the most loaded pipeline stage holds for its in-flight
-        micro batches, the loss head (verl's head kernel over the vocabulary-parallel logits, at least
-        Megatron's fp32 logits) and one layer's backward workspace."""
+        """The update's peak, at the loss head's backward or as the layers' backward starts, whichever is larger.
+
+        Both hold the state and every layer's saved activations of the micro batches in flight. Autograd runs
+        the head's backward first (Megatron's vocab-parallel cross entropy, then the backward of verl's
+        in-place temperature division, megatron_actor.py logits_processor) and hands the output layer a
+        [tokens, hidden] gradient; every logits-sized buffer is freed before the last transformer layer's
+        backward starts (Megatron-Core GPTModel._postprocess, read at 0.20; verl b178a3cd): the head (verl's head
+        kernel over the vocabulary-parallel logits, at least Megatron's fp32 logits) and one layer's backward
+        workspace are never held at once. The head sits on the last pipeline stage, the in-flight micro
+        batches on the first."""
         arch, engine = plan.model.arch, _engine(plan, role)
         tp, cp = engine.tensor_model_parallel_size, engine.context_parallel_size
         tokens = batch.tokens_per_micro_batch  # on this rank: after CP's split (the layout's sequence split)
         stages = stage_activations(arch, engine, tokens_per_micro_batch=tokens * cp,
                                    micro_batches=batch.micro_batches_per_mini,
                                    dropout_masks=VERL_SAVES_DROPOUT_MASKS)
+        if role == "critic":
+            # verl's make_value_model (verl/models/mcore/bridge.py; mbridge's post_creation_callbacks alike)
+            # replaces the last stage's output layer with LinearForLastLayer(hidden, 1): one value per token.
+            stages = attrs.evolve(stages, loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens, outputs=1))
         verl_head = head.bytes_per_token_vocab * tokens * arch.vocab_size / tp if head is not None else 0.0
-        extra_head = max(0.0, verl_head - stages.loss_head)
+        loss_head = max(verl_head, stages.loss_head)
         workspace = tokens * layer_activation_bytes_per_token(
             arch, moe=arch.is_moe, tp=tp, etp=engine.expert_tensor_size,
             sequence_parallel=engine.sequence_parallel and tp > 1, dropout_masks=VERL_SAVES_DROPOUT_MASKS)
-        return "backward", [
-            Component(f"{role}_params", int(state_on_gpu.params)),
-            Component(f"{role}_grads", int(state_on_gpu.grads)),
-            Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer)),
-            Component("activations", int(stages.peak)),
-            Component("logits_head", int(extra_head)),
-            Component("layer_backward_workspace", int(workspace)),
-        ]
+        state = [Component(f"{role}_params", int(state_on_gpu.params)),
+                 Component(f"{role}_grads", int(state_on_gpu.grads)),
+                 Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer))]
+        if stages.last_layers + loss_head >= stages.layers_peak + workspace:
+            return "loss", [*state, Component("activations", int(stages.last_layers)),
+                            Component("logits_head", int(loss_head))]
+        return "backward", [*state, Component("activations", int(stages.layers_peak)),
+                            Component("layer_backward_workspace", int(workspace))]
 
     def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
                            head_bytes_per_token_vocab: float) -> list[Component]:

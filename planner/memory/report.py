@@ -84,3 +84,13 @@ class TrainerState:
     optimizer_step: float
     # fp32 reduce-scatter input of the largest layer's trainable parameters.
     reduce_scatter: float
+
+    def host_copies(self, role: str, ranks: int, *, params: float, grads: float,
+                    optimizer: float) -> list[Component]:
+        """One node's host RAM for the parts of this state a backend keeps there: each of its `ranks` ranks'
+        copy of the share (1 or True: all of it, 0 or False: none) of its params, grads and optimizer state, as
+        `<role>_params_offloaded`, `_grads_offloaded`, `_optimizer_offloaded` (the host table's names)."""
+        parts = (("params", params, self.params), ("grads", grads, self.grads),
+                 ("optimizer", optimizer, self.optimizer))
+        return [Component(f"{role}_{part}_offloaded", int(ranks * share * size)) for part, share, size in parts
+                if share]

@@ -226,6 +226,99 @@ def test_verls_moe_full_example_prices_the_same_update_on_one_node_as_on_four():
     assert _update_peak_gib(one, "actor_optimizer_state") == 0
 
 
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_update_holds_the_loss_head_or_a_layers_backward_workspace_never_both(pp):
+    """Autograd frees every logits-sized buffer of the head's backward before the last layer's backward starts:
+    the update's peak is the larger of (last stage's layers + head) and (most loaded stage's layers + one
+    layer's workspace), not their sum."""
+    from rlplan.planner.memory.heads import update_loss_head
+    from rlplan.planner.profile import DEFAULT_PROFILE
+
+    plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8,
+                             "actor.megatron.pipeline_model_parallel_size": pp})
+    engine, arch = plan.actor.mcore, plan.model.arch
+    names = {c.name for c in _update_components(plan)}
+    assert len(names & {"logits_head", "layer_backward_workspace"}) == 1
+    role = _update_role(plan)
+    stages = stage_activations(arch, engine, tokens_per_micro_batch=role.tokens_per_micro_batch,
+                               micro_batches=role.micro_batches_per_mini, dropout_masks=False)
+    head = max(update_loss_head(plan, DEFAULT_PROFILE, role.tokens_per_micro_batch).bytes_per_token_vocab
+               * role.tokens_per_micro_batch * arch.vocab_size, stages.loss_head)
+    workspace = role.tokens_per_micro_batch * layer_activation_bytes_per_token(
+        arch, moe=True, tp=1, etp=1, sequence_parallel=False, dropout_masks=False)
+    activations_side = sum(c.bytes for c in _update_components(plan)
+                           if c.name in ("activations", "logits_head", "layer_backward_workspace"))
+    expected = max(stages.last_layers + head, stages.layers_peak + workspace)
+    assert activations_side == pytest.approx(expected, rel=1e-6)
+    assert activations_side < stages.peak + max(0.0, head - stages.loss_head) + workspace
+
+
+def test_a_megatron_critic_holds_a_value_head_not_the_output_layer():
+    """verl's make_value_model swaps the last stage's output layer (vocab x hidden) for hidden -> 1."""
+    arch, engine = LLAMA_8B, MegatronSection(tensor_model_parallel_size=2)
+    actor = parameters_on_most_loaded_rank(arch, engine)
+    critic = parameters_on_most_loaded_rank(arch, engine, value_model=True)
+    assert actor.total - critic.total == pytest.approx((arch.lm_head_params - arch.hidden_size) / 2)
+    at_pp2 = MegatronSection(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert parameters_on_most_loaded_rank(arch, at_pp2, value_model=True) == parameters_on_most_loaded_rank(
+        arch, at_pp2)  # the first stage, with the embedding, is the most loaded one either way
+
+
+def test_a_megatron_critics_update_prices_a_value_head_not_the_vocabulary():
+    """verl's make_value_model swaps the output layer for hidden -> 1: the critic's update holds no logits."""
+    from rlplan.planner.memory import predict_memory
+
+    plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8, "algorithm.adv_estimator": "gae"})
+    critic = predict_memory(plan).phase("critic_update")
+    actor = predict_memory(plan).phase("actor_update")
+    tokens = _update_role(plan).tokens_per_micro_batch
+    logits = tokens * 4 * plan.model.arch.vocab_size
+    assert critic.bytes_of("logits_head") < logits / 100
+    assert actor.bytes_of("logits_head") + actor.bytes_of("activations") > critic.bytes_of("activations") + logits
+
+
+def _update_role(plan):
+    from rlplan.planner.layout import plan_layout
+
+    return plan_layout(plan).actor_update
+
+
+def _update_components(plan):
+    from rlplan.planner.layout import plan_layout
+    from rlplan.planner.memory.heads import update_loss_head
+    from rlplan.planner.memory.megatron import MEGATRON
+    from rlplan.planner.profile import DEFAULT_PROFILE
+
+    role = _update_role(plan)
+    state = MEGATRON.role_state(plan, "actor", plan_layout(plan))
+    _, components = MEGATRON.update_components(plan, "actor", state, role,
+                                               update_loss_head(plan, DEFAULT_PROFILE, role.tokens_per_micro_batch),
+                                               DEFAULT_PROFILE)
+    return components
+
+
+def _host(plan) -> dict[str, int]:
+    from rlplan.planner.memory import predict_memory
+
+    return {c.name: c.bytes for c in predict_memory(plan).host.components}
+
+
+def test_verls_megatron_offload_keeps_params_and_optimizer_on_the_host_but_never_gradients():
+    """offload_megatron_model_to_cpu copies param_data to pinned host memory and only frees grad_data (load
+    re-allocates and zeroes it): the host holds every rank's bf16 params, no grads; the CPU optimizer's
+    optimizer state sits on the host whether or not optimizer_offload is set."""
+    plan = _moe_full_example(1)
+    host = _host(plan)
+    state = state_on_most_loaded_rank(plan.model.arch, plan.actor.mcore, plan.cluster.world_size)
+    ranks = plan.cluster.gpus_per_node
+    assert host["actor_params_offloaded"] == pytest.approx(ranks * state.weights, rel=1e-6)
+    assert "actor_grads_offloaded" not in host
+    assert host["actor_optimizer_offloaded"] == pytest.approx(ranks * state.optimizer, rel=1e-6)
+    kept_by_cpu_optimizer = plan.evolve(actor=attrs.evolve(
+        plan.actor, megatron=attrs.evolve(plan.actor.mcore, optimizer_offload=False)))
+    assert _host(kept_by_cpu_optimizer)["actor_optimizer_offloaded"] == host["actor_optimizer_offloaded"]
+
 # --- the weight sync's export (verl's per_tensor_generator / mbridge export_weights) ---------------------
 
 
