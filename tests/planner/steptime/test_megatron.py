@@ -20,9 +20,11 @@ from rlplan.planner.steptime import predict_step_time
 from rlplan.planner.steptime.megatron import (
     context_parallel_ring_seconds,
     expert_all_to_all_seconds,
+    expert_tensor_parallel_seconds,
     gradient_sync_seconds,
     pipeline_bubble_fraction,
     recomputed_forward_fraction,
+    routed_split_of,
     slowest_stage_flops,
     tensor_parallel_seconds,
     weight_sync_gather_seconds,
@@ -82,12 +84,12 @@ def test_the_output_layer_runs_on_the_last_stage_alone(tp, pp, head_share):
     never less than an even split of everything, and exactly the even split when there is no head."""
     flops = 1e15
     head = head_share * flops
-    slowest = slowest_stage_flops(flops, head, 0.0, tp=tp, etp=1, stage=1 / pp, pp=pp)
+    slowest = slowest_stage_flops(flops, head, 0.0, tp=tp, routed_split=tp, stage=1 / pp, pp=pp)
     assert slowest == pytest.approx((flops - head) / (tp * pp) + head / tp)
     assert slowest >= flops / (tp * pp) * (1 - 1e-12)
-    assert slowest_stage_flops(flops, 0.0, 0.0, tp=tp, etp=1, stage=1 / pp, pp=pp) == pytest.approx(flops / (tp * pp))
+    assert slowest_stage_flops(flops, 0.0, 0.0, tp=tp, routed_split=tp, stage=1 / pp, pp=pp) == pytest.approx(flops / (tp * pp))
     # At PP 1 the rank runs every layer and the head: the TP split of all of it.
-    assert slowest_stage_flops(flops, head, 0.0, tp=tp, etp=1, stage=1.0, pp=1) == pytest.approx(flops / tp)
+    assert slowest_stage_flops(flops, head, 0.0, tp=tp, routed_split=tp, stage=1.0, pp=1) == pytest.approx(flops / tp)
 
 
 def test_a_pipeline_of_two_stages_slows_qwen_7bs_update():
@@ -97,6 +99,35 @@ def test_a_pipeline_of_two_stages_slows_qwen_7bs_update():
     plan = megatron_plan(QWEN25_7B, **{"actor.megatron.tensor_model_parallel_size": 4})
     piped = apply_knobs(plan, {"actor.megatron.pipeline_model_parallel_size": 2})
     assert step_seconds(piped)["actor_update"] > step_seconds(plan)["actor_update"]
+
+
+def test_expert_tensor_parallelism_gathers_and_scatters_the_received_tokens_per_moe_layer():
+    assert expert_tensor_parallel_seconds(4096, 2048, 8, 48, 1, BANDWIDTH) == 0.0
+    # All-gather and reduce-scatter over ETP of the ETP ranks' copies: (ETP - 1) x the rank's copies each.
+    assert expert_tensor_parallel_seconds(4096, 2048, 8, 48, 4, BANDWIDTH) == pytest.approx(
+        2 * 48 * 3 * 4096 * 8 * 2048 * 2 / BANDWIDTH)
+
+
+def test_the_routed_experts_work_splits_over_tp_with_sequence_parallelism_whatever_the_etp():
+    """Each TP rank dispatches its sequence slice: at ETP 1 it runs its experts on those copies whole, at ETP = TP
+    on TP slices' copies at 1 / TP of each expert; without sequence parallelism only ETP splits the work."""
+    assert routed_split_of(MegatronSection(tensor_model_parallel_size=4, sequence_parallel=True,
+                                           expert_tensor_parallel_size=1)) == 4
+    assert routed_split_of(MegatronSection(tensor_model_parallel_size=4, sequence_parallel=True,
+                                           expert_tensor_parallel_size=4)) == 4
+    assert routed_split_of(MegatronSection(tensor_model_parallel_size=4, sequence_parallel=False,
+                                           expert_tensor_parallel_size=2)) == 2
+
+
+def test_etp_tp_costs_more_than_etp_1_over_the_same_experts_per_rank():
+    """ETP = TP at EP holds the state of ETP 1 at EP x TP and does the same FLOPs; it adds the ETP collectives."""
+    etp1 = megatron_plan(gpus=16, **{"actor.megatron.tensor_model_parallel_size": 2,
+                                     "actor.megatron.sequence_parallel": True,
+                                     "actor.megatron.expert_model_parallel_size": 8,
+                                     "actor.megatron.expert_tensor_parallel_size": 1})
+    etp2 = apply_knobs(etp1, {"actor.megatron.expert_model_parallel_size": 4,
+                              "actor.megatron.expert_tensor_parallel_size": 2})
+    assert step_seconds(etp2)["old_log_prob"] > step_seconds(etp1)["old_log_prob"]
 
 
 def test_tensor_parallel_collectives_are_two_all_reduces_per_layer_and_none_at_tp_1():
