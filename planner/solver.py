@@ -455,6 +455,8 @@ def _largest_fitting(low: int, high: int, fits) -> int | None:
     """Largest value in [low, high] (multiples of BUDGET_GRANULARITY above low) with fits(value)."""
     if not fits(low):
         return None
+    if high <= low:
+        return low
     if fits(high):
         return high
     return last_holding(low, high, fits, step=BUDGET_GRANULARITY)
@@ -525,8 +527,7 @@ def _largest_fitting_divisor(total: int, fits) -> int | None:
     return None
 
 
-def _solve_pass(plan: Plan, request: SolveRequest, phase: Phase, *, chunk: int, cap: int,
-                floor_only: bool = False) -> Plan | None:
+def _solve_pass(plan: Plan, request: SolveRequest, phase: Phase, *, chunk: int, cap: int) -> Plan | None:
     """One pass's micro batches: the largest token budget (dynamic bsz) or the largest fixed micro batch
     dividing its `chunk` of sequences per GPU.
 
@@ -548,8 +549,7 @@ def _solve_pass(plan: Plan, request: SolveRequest, phase: Phase, *, chunk: int, 
     if (knobs[0].token_budget if dynamic else knobs[0].micro_batch) in request.pins:
         return plan if _phase_fits(plan, phase, request) else None
     if dynamic:
-        high = _budget_floor(plan) if floor_only else cap
-        budget = _largest_fitting(_budget_floor(plan), high, lambda b: _phase_fits(with_budget(b), phase, request))
+        budget = _largest_fitting(_budget_floor(plan), cap, lambda b: _phase_fits(with_budget(b), phase, request))
         return None if budget is None else with_budget(budget)
     if chunk <= 0:
         return None
@@ -557,9 +557,12 @@ def _solve_pass(plan: Plan, request: SolveRequest, phase: Phase, *, chunk: int, 
     return None if micro is None else with_micro(micro)
 
 
-def solve_token_budgets(plan: Plan, request: SolveRequest, *, floor_only: bool = False) -> Plan | None:
+def solve_token_budgets(plan: Plan, request: SolveRequest, *, floor_only: bool = False,
+                        ceiling: Plan | None = None) -> Plan | None:
     """Per pass, the largest token budget (or fixed micro batch) that fits its phase; None if nothing does.
-    floor_only: each dynamic pass at its smallest budget (whether any budget fits, without the search)."""
+    floor_only: each dynamic pass at its smallest budget (whether any budget fits, without the search);
+    ceiling: a plan whose budgets this one's cannot exceed (one that holds no more per token: a VPP variant's
+    layout), which bounds the search."""
     cap, forward_cap = _budget_caps(plan)
     layout = plan_layout(plan)
     # (phase, sequences per GPU its micro batches divide, budget cap): an update's micro batches divide its
@@ -571,7 +574,9 @@ def solve_token_budgets(plan: Plan, request: SolveRequest, *, floor_only: bool =
     if plan.uses_critic and layout.critic_update is not None:
         passes.append((Phase.CRITIC_UPDATE, layout.critic_update.mini_batch_size_per_gpu or 0, cap))
     for phase, chunk, phase_cap in passes:
-        solved = _solve_pass(plan, request, phase, chunk=chunk, cap=phase_cap, floor_only=floor_only)
+        bound = knob_value(ceiling, PASS_KNOBS[phase].token_budget) if ceiling is not None else None
+        phase_cap = _budget_floor(plan) if floor_only else min(phase_cap, bound or phase_cap)
+        solved = _solve_pass(plan, request, phase, chunk=chunk, cap=phase_cap)
         if solved is None:
             return None
         plan = solved
@@ -887,7 +892,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 continue
         plan = apply_knobs(_apply_choice(skeleton, choice, request), pins)
         evaluated += 1
-        trained = solve_token_budgets(plan, request)
+        trained = solve_token_budgets(plan, request, ceiling=_interleaving_ceiling(choice, fastest_of))
         if trained is None:
             # Only a search that finds nothing reports its closest miss (solve's diagnosis).
             closest = closest if feasible else _closer(closest, plan, request)
@@ -946,6 +951,17 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             _queue_interleaved(choice, fastest, best[1], request, pending, fastest_of)
     ranked.sort(key=lambda c: _preference_key(c, request))
     return _roomiest_first(ranked, request), evaluated, feasible, closest
+
+
+def _interleaving_ceiling(choice: TrainingChoice | MegatronChoice,
+                          fastest_of: dict[tuple, tuple[tuple, Candidate]]) -> Plan | None:
+    """A VPP variant's budgets cannot pass its non-interleaved layout's (memory.megatron.in_flight_micro_batches:
+    the interleaved schedule holds more micro batches in flight at the same saving step): that layout's plan."""
+    if not isinstance(choice, MegatronChoice) or choice.virtual_pipeline is None:
+        return None
+    base = fastest_of.get(attrs.evolve(choice, virtual_pipeline=None).shape_key)
+    return base[1].plan if base is not None and base[1].plan.actor.mcore.virtual_pipeline_model_parallel_size is None \
+        else None
 
 
 def _probe_layout(most_saving: MegatronChoice, skeleton: Plan, request: SolveRequest,
