@@ -149,12 +149,31 @@ def held_out_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], base: Pro
     return lines + [""]
 
 
+# The phases the training backend prices (the rollout's is the engine's, the same for FSDP and Megatron).
+TRAINER_PHASES = ("old_log_prob", "update_actor")
+
+
+def trainer_rank_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: Profile) -> list[str]:
+    """Rank correlation of the trainer's own phases (old_log_prob + update_actor) per sweep: the part of the
+    step the Megatron backend prices, apart from the rollout engine's."""
+    cells = []
+    for name in sweeps:
+        members = [run for run in runs if run.sweep == name]
+        predicted = [sum(predicted_timings(run, profile).get(key, 0.0) for key in TRAINER_PHASES) for run in members]
+        measured = [sum(run.measured.get(key, 0.0) for key in TRAINER_PHASES) for run in members]
+        cells.append(f"{name} {spearman(predicted, measured):+.2f}")
+    return ["Rank correlation of the trainer's phases alone (old_log_prob + update_actor, what "
+            "planner/steptime/megatron.py prices; `gen` is the rollout engine's model): " + ", ".join(cells) + ".",
+            ""]
+
+
 def megatron_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: Profile) -> list[str]:
     """The Megatron runs' tables: priced with the constants fitted to the FSDP runs, so out of sample."""
     if not sweeps:
         return []
     tables, summary = sweep_section(sweeps, runs, profile)
     return ["### Megatron runs (out of sample)", "",
+            *trainer_rank_lines(sweeps, runs, profile),
             f"From benchmarks/data/{MEGATRON_DATA.name}, priced by the Megatron step-time backend "
             "(planner/steptime/megatron.py) with the same profile; `--fit` never reads these runs. "
             f"Summary: {summary['within']} of {summary['phases']} phases within {PHASE_ERROR_LIMIT:.0%}; rank "

@@ -16,6 +16,7 @@ model on 64 GPUs to a few thousand model evaluations.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from collections.abc import Iterator
@@ -59,10 +60,12 @@ from rlplan.planner.solver_megatron import (
     megatron_choices,
     megatron_skeleton,
     most_saving_per_shape,
+    next_interleaved,
     pinned_choices,
     state_fits,
 )
 from rlplan.planner.steptime import StepTime, predict_step_time, rollout_concurrency, workload_lengths
+from rlplan.planner.steptime.megatron import largest_bubble_fraction
 
 GIB = 2**30
 Objective = Literal["throughput", "memory"]
@@ -452,6 +455,8 @@ def _largest_fitting(low: int, high: int, fits) -> int | None:
     """Largest value in [low, high] (multiples of BUDGET_GRANULARITY above low) with fits(value)."""
     if not fits(low):
         return None
+    if high <= low:
+        return low
     if fits(high):
         return high
     return last_holding(low, high, fits, step=BUDGET_GRANULARITY)
@@ -552,8 +557,12 @@ def _solve_pass(plan: Plan, request: SolveRequest, phase: Phase, *, chunk: int, 
     return None if micro is None else with_micro(micro)
 
 
-def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
-    """Per pass, the largest token budget (or fixed micro batch) that fits its phase; None if nothing does."""
+def solve_token_budgets(plan: Plan, request: SolveRequest, *, floor_only: bool = False,
+                        ceiling: Plan | None = None) -> Plan | None:
+    """Per pass, the largest token budget (or fixed micro batch) that fits its phase; None if nothing does.
+    floor_only: each dynamic pass at its smallest budget (whether any budget fits, without the search);
+    ceiling: a plan whose budgets this one's cannot exceed (one that holds no more per token: a VPP variant's
+    layout), which bounds the search."""
     cap, forward_cap = _budget_caps(plan)
     layout = plan_layout(plan)
     # (phase, sequences per GPU its micro batches divide, budget cap): an update's micro batches divide its
@@ -565,6 +574,8 @@ def solve_token_budgets(plan: Plan, request: SolveRequest) -> Plan | None:
     if plan.uses_critic and layout.critic_update is not None:
         passes.append((Phase.CRITIC_UPDATE, layout.critic_update.mini_batch_size_per_gpu or 0, cap))
     for phase, chunk, phase_cap in passes:
+        bound = knob_value(ceiling, PASS_KNOBS[phase].token_budget) if ceiling is not None else None
+        phase_cap = _budget_floor(plan) if floor_only else min(phase_cap, bound or phase_cap)
         solved = _solve_pass(plan, request, phase, chunk=chunk, cap=phase_cap)
         if solved is None:
             return None
@@ -849,7 +860,19 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
     rollout_cache: dict[tuple, RolloutSection | None] = {}
     budgets_at_cap: set[tuple] = set()
     fitting_shapes: set[tuple] = set()
-    for choice in choices:
+    # A Megatron layout's interleaved (VPP) variants are tried right after it fits; rollout_tp_for: the fastest
+    # rollout TP beside each resident state of the Megatron layouts.
+    pending = collections.deque(choices)
+    rollout_tp_for: dict[tuple, int] = {}
+    fastest_of: dict[tuple, tuple[tuple, Candidate]] = {}
+    best: tuple[tuple, Candidate] | None = None  # (preference key, candidate) of the best plan so far
+    # After a Megatron layout's first miss: whether its most saving choice trains at all (None: not probed yet;
+    # not for --frontier, which prices every choice).
+    trains: dict[tuple, bool | None] = {}
+    most_saving = {c.shape_key: c for c in most_saving_per_shape(
+        [c for c in choices if isinstance(c, MegatronChoice)])} if dropped is None else {}
+    while pending:
+        choice = pending.popleft()
         if request.lora == "auto" and choice.lora_rank and full_ft_feasible:
             continue  # full fine-tuning fits: LoRA is only the fallback
         resident_key = _resident_key(choice)
@@ -860,17 +883,33 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             # or recompute adds host traffic and recomputed forwards (steptime/megatron.py prices both) for
             # larger token budgets, a trade the layout search itself outweighs; this keeps solve under a second.
             continue
+        if isinstance(choice, MegatronChoice) and choice.shape_key in trains:
+            if trains[choice.shape_key] is None:
+                evaluated += 1
+                missed = _probe_layout(most_saving[choice.shape_key], skeleton, request, trains)
+                closest = closest if feasible or missed is None else _closer(closest, missed, request)
+            if not trains[choice.shape_key]:
+                continue
         plan = apply_knobs(_apply_choice(skeleton, choice, request), pins)
         evaluated += 1
-        trained = solve_token_budgets(plan, request)
+        trained = solve_token_budgets(plan, request, ceiling=_interleaving_ceiling(choice, fastest_of))
         if trained is None:
-            closest = _closer(closest, plan, request)
+            # Only a search that finds nothing reports its closest miss (solve's diagnosis).
+            closest = closest if feasible else _closer(closest, plan, request)
             if dropped is not None:
                 dropped.append(_dropped_point(plan, request, "training does not fit at the smallest token budget"))
+            elif _shape_key(choice) in most_saving and choice != most_saving[choice.shape_key]:
+                trains.setdefault(choice.shape_key, None)
             continue
         if _budgets_reach_caps(trained):
             budgets_at_cap.add(resident_key)
-        for tp in tp_options:
+        fastest: tuple[tuple, Candidate] | None = None  # the same, of this choice's rollout TPs
+        # A Megatron choice sharing an earlier one's resident state shares its rollout sizes and so its fastest
+        # rollout TP (_queue_interleaved says why): that TP first, the others only if it does not fit there.
+        shared_tp = rollout_tp_for.get(resident_key[:-1]) if isinstance(choice, MegatronChoice) else None
+        for tp in tp_options if shared_tp is None else [shared_tp, *(t for t in tp_options if t != shared_tp)]:
+            if fastest is not None and fastest[1].plan.rollout.tensor_model_parallel_size == shared_tp:
+                break
             evaluated += 1
             rollout_key = (*resident_key[:-1], tp)
             if rollout_key not in rollout_cache:
@@ -879,7 +918,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             cached = rollout_cache[rollout_key]
             if cached is None:
                 unsized = trained.evolve(rollout=attrs.evolve(trained.rollout, tensor_model_parallel_size=tp))
-                closest = _closer(closest, unsized, request)
+                closest = closest if feasible else _closer(closest, unsized, request)
                 if dropped is not None:
                     dropped.append(_dropped_point(unsized, request, "no rollout size fits beside the trainer"))
                 continue
@@ -891,7 +930,7 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
             report = predict_memory(solved, request.profile)
             within = report.gpu_peak_bytes <= gpu_limit_bytes(solved, request)
             if not (report.fits and within) or not check_plan(solved).valid:
-                closest = _closer(closest, solved, request)
+                closest = closest if feasible else _closer(closest, solved, request)
                 if dropped is not None:
                     dropped.append(_dropped_point(solved, request, "over the GPU or host memory, or a verl rule"))
                 continue
@@ -904,8 +943,67 @@ def _search(request: SolveRequest, response_len: int, *, feasibility_only: bool 
                 return [Candidate(plan=solved, memory=report, step_time=StepTime(phase_seconds={}))], evaluated, 1, None
             ranked.append(Candidate(plan=solved, memory=report,
                                     step_time=predict_step_time(solved, report, request.profile)))
+            keyed = (_preference_key(ranked[-1], request), ranked[-1])
+            fastest = min(filter(None, (fastest, keyed)), key=lambda pair: pair[0])
+            best = min(filter(None, (best, keyed)), key=lambda pair: pair[0])
+        if isinstance(choice, MegatronChoice) and fastest is not None and best is not None:
+            rollout_tp_for.setdefault(resident_key[:-1], fastest[1].plan.rollout.tensor_model_parallel_size)
+            _queue_interleaved(choice, fastest, best[1], request, pending, fastest_of)
     ranked.sort(key=lambda c: _preference_key(c, request))
     return _roomiest_first(ranked, request), evaluated, feasible, closest
+
+
+def _interleaving_ceiling(choice: TrainingChoice | MegatronChoice,
+                          fastest_of: dict[tuple, tuple[tuple, Candidate]]) -> Plan | None:
+    """A VPP variant's budgets cannot pass its non-interleaved layout's (memory.megatron.in_flight_micro_batches:
+    the interleaved schedule holds more micro batches in flight at the same saving step): that layout's plan."""
+    if not isinstance(choice, MegatronChoice) or choice.virtual_pipeline is None:
+        return None
+    base = fastest_of.get(attrs.evolve(choice, virtual_pipeline=None).shape_key)
+    return base[1].plan if base is not None and base[1].plan.actor.mcore.virtual_pipeline_model_parallel_size is None \
+        else None
+
+
+def _probe_layout(most_saving: MegatronChoice, skeleton: Plan, request: SolveRequest,
+                  trains: dict[tuple, bool | None]) -> Plan | None:
+    """Whether a Megatron layout's most saving choice trains at its smallest token budgets, recorded in `trains`;
+    its plan where it does not. Offload and recompute only lower memory: where that choice cannot train, none of
+    the layout's choices can, and the search skips them."""
+    probe = apply_knobs(_apply_choice(skeleton, most_saving, request), request.pins)
+    trains[most_saving.shape_key] = solve_token_budgets(probe, request, floor_only=True) is not None
+    return None if trains[most_saving.shape_key] else probe
+
+
+def _queue_interleaved(choice: MegatronChoice, keyed: tuple[tuple, Candidate], best: Candidate,
+                       request: SolveRequest, pending: collections.deque,
+                       fastest_of: dict[tuple, tuple[tuple, Candidate]]) -> None:
+    """After a fitting Megatron layout, its next VPP size, first in line, while each size was faster than the one
+    before: a variant holds the same state and more micro batches in flight, so it fits only where its layout
+    does. Choices that leave the same resident state (a layout interleaved or recomputing, ETP = TP at EP and ETP 1
+    at EP x TP: MegatronChoice.resident_key) share the rollout's sizes, so their steps differ by the same trainer
+    seconds at every rollout TP: the search tries them at the first one's fastest rollout TP."""
+    fastest = keyed[1]  # `keyed`: (preference key, candidate) of the choice's fastest rollout TP
+    layout = attrs.evolve(choice, virtual_pipeline=None).shape_key
+    previous = fastest_of.get(layout)
+    if "actor.megatron.virtual_pipeline_model_parallel_size" in request.pins or (
+            choice.virtual_pipeline is not None and previous is not None and previous[0] <= keyed[0]):
+        return
+    fastest_of[layout] = keyed  # the fastest of the layout's VPP sizes so far
+    if choice.virtual_pipeline is None and request.objective == "throughput":
+        # Interleaving saves at most the bubble's share of the trainer's passes: a layout that cannot come
+        # within the tolerance of the best plan so far with none of it is not tried interleaved.
+        trainer = sum(seconds for phase, seconds in fastest.step_time.phase_seconds.items()
+                      if phase not in (Phase.ROLLOUT, Phase.WEIGHT_SYNC, "offload"))
+        bound = fastest.step_time.total_seconds - largest_bubble_fraction(fastest.plan, request.profile) * trainer
+        if bound > best.step_time.total_seconds * (1 + STEP_TIME_TOLERANCE):
+            return
+    variant = next_interleaved(choice, request.model.arch.num_layers)
+    if variant is not None:
+        pending.appendleft(variant)
+
+
+def _shape_key(choice: TrainingChoice | MegatronChoice) -> tuple | None:
+    return choice.shape_key if isinstance(choice, MegatronChoice) else None
 
 
 def _resident_key(choice: TrainingChoice | MegatronChoice) -> tuple:

@@ -60,6 +60,9 @@ class MegatronChoice:
     expert: int
     # None: the experts take the dense layers' TP (dense models).
     expert_tensor: int | None
+    # VPP model chunks per stage (None: no interleaving); tried only on a layout that already fits
+    # (`interleaved_variants`).
+    virtual_pipeline: int | None = None
     param_offload: bool
     optimizer_offload: bool
     # Megatron's full recompute, one layer at a time (uniform): the solver loop's "checkpointing" step.
@@ -71,8 +74,10 @@ class MegatronChoice:
 
     @property
     def resident_key(self) -> tuple:
-        """What the trainer leaves resident between phases (recompute changes only the update's activations)."""
-        return (self.lora_rank, self.tensor, self.pipeline, self.context, self.expert, self.expert_tensor,
+        """What the trainer leaves resident between phases: recompute and VPP change only the update's
+        activations, and EP x ETP is what splits the experts' state (ETP = TP at EP holds what ETP 1 at EP x TP
+        does, and gathers less for the weight sync), so the rollout sized beside one is sized for the other."""
+        return (self.lora_rank, self.tensor, self.pipeline, self.context, self.expert * (self.expert_tensor or 1),
                 self.param_offload, self.optimizer_offload)
 
     @property
@@ -82,7 +87,8 @@ class MegatronChoice:
     @property
     def shape_key(self) -> tuple:
         """The choice without its memory-saving steps: one per parallel layout and LoRA rank."""
-        return (self.lora_rank, self.tensor, self.pipeline, self.context, self.expert, self.expert_tensor)
+        return (self.lora_rank, self.tensor, self.pipeline, self.context, self.expert, self.expert_tensor,
+                self.virtual_pipeline)
 
 
 def powers_of_two(limit: int) -> Iterator[int]:
@@ -112,14 +118,45 @@ def context_options(sequence_len: int, world: int, model_parallel: int) -> list[
     return options
 
 
-def expert_options(arch: Architecture, world: int, pp: int) -> list[tuple[int, int | None]]:
-    """(EP, ETP): a dense model has none; a MoE model's routed experts over EP (dividing the experts, EP x PP
-    dividing the world) at ETP 1, as verl's MoE examples run them; the two largest EPs (all-to-all within
-    fewer ranks costs memory the search would reject anyway)."""
+def expert_options(arch: Architecture, world: int, pp: int, tp: int = 1) -> list[tuple[int, int | None]]:
+    """(EP, ETP): a dense model has none; a MoE model's routed experts over EP (dividing the experts, EP x ETP
+    x PP dividing the world: megatron_experts_divide). At ETP 1, as verl's MoE examples run them, the two largest
+    EPs (all-to-all within fewer ranks costs memory the search would reject anyway); at ETP = TP (Megatron's
+    default: each expert split like the dense MLPs, a routed token's activations over ETP for an all-gather and
+    a reduce-scatter over ETP per MoE layer) the largest EP only: it is the layout that saves memory, and a
+    smaller EP there holds the experts of an ETP-1 layout with more activations."""
     if not arch.is_moe:
         return [(1, None)]
-    valid = [ep for ep in powers_of_two(arch.num_experts) if arch.num_experts % ep == 0 and world % (ep * pp) == 0]
-    return [(ep, 1) for ep in valid[-2:]]
+    options: list[tuple[int, int | None]] = []
+    for etp, keep in ((1, 2), (tp, 1)) if tp > 1 else ((1, 2),):
+        valid = [ep for ep in powers_of_two(arch.num_experts)
+                 if arch.num_experts % ep == 0 and world % (ep * etp * pp) == 0]
+        options += [(ep, etp) for ep in valid[-keep:]]
+    return options
+
+
+# Virtual pipeline sizes tried on a layout that fits: the interleaved schedule's bubble falls as 1 / VPP while its
+# stage-boundary sends grow as VPP, so a few chunks take most of the gain (verl's and Megatron's examples run 2).
+VIRTUAL_PIPELINE_SIZES = (2, 4)
+
+
+def virtual_pipeline_options(layers: int, pp: int) -> list[int]:
+    """VPP sizes for PP > 1 whose PP x VPP chunks split the layers evenly (megatron_layers_divide_pipeline),
+    each chunk at least two layers (the pipeline search's floor per stage); none where the layers are placed
+    unevenly over the stages, which the interleaved schedule's even chunks cannot take."""
+    if pp <= 1 or layers % pp:
+        return []
+    return [vpp for vpp in VIRTUAL_PIPELINE_SIZES if layers % (pp * vpp) == 0 and layers // (pp * vpp) >= 2]
+
+
+def next_interleaved(choice: MegatronChoice, layers: int) -> MegatronChoice | None:
+    """A fitting choice's next VPP variant at the same memory-saving steps: the smallest VPP above its own.
+
+    A variant holds the same state and more micro batches in flight (memory.megatron.in_flight_micro_batches),
+    so it fits only where its base does; its bubble shrinks as 1 / VPP while its stage-boundary sends grow as
+    VPP, so the search goes on to the next size only while the last one was faster (the solver's loop)."""
+    larger = [vpp for vpp in virtual_pipeline_options(layers, choice.pipeline) if vpp > (choice.virtual_pipeline or 1)]
+    return attrs.evolve(choice, virtual_pipeline=larger[0]) if larger else None
 
 
 def megatron_choices(arch: Architecture, cluster: Cluster, sequence_len: int,
@@ -130,7 +167,7 @@ def megatron_choices(arch: Architecture, cluster: Cluster, sequence_len: int,
         for tp in tensor_options(arch, cluster):
             for pp in pipeline_options(arch, world, tp):
                 for cp, (ep, etp) in itertools.product(context_options(sequence_len, world, tp * pp),
-                                                       expert_options(arch, world, pp)):
+                                                       expert_options(arch, world, pp, tp)):
                     for (param_offload, optimizer_offload), recompute in itertools.product(OFFLOAD_STEPS,
                                                                                           (False, True)):
                         yield MegatronChoice(lora_rank=rank, tensor=tp, pipeline=pp, context=cp, expert=ep,
@@ -143,6 +180,7 @@ PINNABLE = {
     "model.lora.rank": "lora_rank",
     "actor.megatron.tensor_model_parallel_size": "tensor",
     "actor.megatron.pipeline_model_parallel_size": "pipeline",
+    "actor.megatron.virtual_pipeline_model_parallel_size": "virtual_pipeline",
     "actor.megatron.context_parallel_size": "context",
     "actor.megatron.expert_model_parallel_size": "expert",
     "actor.megatron.expert_tensor_parallel_size": "expert_tensor",
@@ -216,8 +254,8 @@ def uneven_stage_layers(layers: int, pp: int) -> tuple[int, int] | None:
 def engine_for(choice: MegatronChoice) -> MegatronSection:
     return MegatronSection(
         tensor_model_parallel_size=choice.tensor, pipeline_model_parallel_size=choice.pipeline,
-        context_parallel_size=choice.context, expert_model_parallel_size=choice.expert,
-        expert_tensor_parallel_size=choice.expert_tensor, sequence_parallel=choice.tensor > 1,
+        virtual_pipeline_model_parallel_size=choice.virtual_pipeline, context_parallel_size=choice.context,
+        expert_model_parallel_size=choice.expert, expert_tensor_parallel_size=choice.expert_tensor, sequence_parallel=choice.tensor > 1,
         use_distributed_optimizer=True, param_offload=choice.param_offload, optimizer_offload=choice.optimizer_offload,
         recompute_granularity="full" if choice.recompute else None,
         recompute_method="uniform" if choice.recompute else None,
@@ -260,8 +298,10 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
 def megatron_choice_text(engine: MegatronSection) -> str:
     """A layout as the diagnosis names it: "Megatron TP 8 x PP 2 x EP 32, param+optimizer offload, full recompute"."""
     sizes = [f"TP {engine.tensor_model_parallel_size}", f"PP {engine.pipeline_model_parallel_size}"]
-    sizes += [f"{name} {size}" for name, size in (("CP", engine.context_parallel_size),
-                                                   ("EP", engine.expert_model_parallel_size)) if size > 1]
+    sizes += [f"{name} {size}" for name, size in (("VPP", engine.virtual_pipeline_model_parallel_size or 1),
+                                                   ("CP", engine.context_parallel_size),
+                                                   ("EP", engine.expert_model_parallel_size),
+                                                   ("ETP", engine.expert_tensor_parallel_size or 1)) if size > 1]
     parts = ["Megatron " + " x ".join(sizes)]
     if engine.param_offload or engine.optimizer_offload:
         parts.append("param+optimizer offload" if engine.param_offload else "optimizer offload")

@@ -3,7 +3,9 @@
 A pass runs on a model-parallel group of TP x PP x CP ranks per data-parallel replica; one GPU's share of it is:
 
 - compute: its tokens (the CP rank's slice of its replica's sequences) at the GPU class's MFU, the dense
-  layers' FLOPs split over TP and the routed experts' over ETP, the layers over PP.  Backward is 2x the
+  layers' FLOPs split over TP, the routed experts' too with sequence parallelism (each TP rank dispatches its
+  slice; over ETP without it), the layers over PP; the vocabulary-parallel
+  output layer over TP only, on the last stage, which paces the pipeline (`slowest_stage_flops`).  Backward is 2x the
   forward (1x with a frozen LoRA base); recompute adds the forward it repeats: all of it under full uniform
   recompute, its recompute_num_layers of each stage under full block recompute, the attention core's share
   under selective recompute (Korthikanti et al. 2022, arXiv 2205.05198, section 4).
@@ -13,7 +15,9 @@ A pass runs on a model-parallel group of TP x PP x CP ranks per data-parallel re
   section 4.2.2).  Not overlapped with compute (verl does not enable Megatron's tp_comm_overlap).
 - expert parallelism: per MoE layer and pass two all-to-alls, the dispatch and the combine, each moving
   the rank's token copies (tokens x top-k x hidden x 2 bytes) x (EP - 1) / EP (Megatron-Core's
-  MoEAlltoAllTokenDispatcher), over NVLink while ETP x EP ranks fit in a node and over the network across.
+  MoEAlltoAllTokenDispatcher), the copies for ranks in the node over NVLink and those for other nodes'
+  ranks over the network at once; with ETP > 1 the dispatcher's all-gather and reduce-scatter of the received
+  tokens over the ETP group around the experts.
 - context parallelism: the ring attention exchange, CP - 1 sends of the rank's K and V per layer in forward
   and of K, V and their gradients in backward (Megatron-Core's attention with cp_comm_type p2p), priced
   without crediting its overlap with the attention compute (an upper bound).
@@ -32,7 +36,7 @@ verl's FSDP runs; against 13 published Megatron runs (out of sample) docs/stepti
 from __future__ import annotations
 
 from rlplan.planner.arch import Architecture
-from rlplan.planner.layout import RoleBatchLayout
+from rlplan.planner.layout import RoleBatchLayout, plan_layout
 from rlplan.planner.memory.megatron import (
     GRAD_BYTES,
     WEIGHT_BYTES,
@@ -46,6 +50,8 @@ from rlplan.planner.memory.megatron import (
 from rlplan.planner.memory.model_facts import ModelFacts, model_facts
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.profile import Profile
+from rlplan.planner.steptime.lengths import workload_lengths
 from rlplan.planner.steptime.passes import (
     StepContext,
     compute_dtype,
@@ -86,11 +92,30 @@ def tensor_parallel_seconds(tokens: float, hidden: int, layers: float, tp: int, 
 
 
 def expert_all_to_all_seconds(tokens: float, hidden: int, top_k: int, moe_layers: float, ep: int,
-                              bandwidth: float) -> float:
-    """One pass's expert-parallel all-to-alls on one rank: dispatch and combine per MoE layer, each the rank's
-    token copies x (EP - 1) / EP."""
-    per_all_to_all = ring_seconds(tokens * top_k * hidden * ACTIVATION_BYTES, ep, bandwidth)
-    return 2 * moe_layers * per_all_to_all
+                              ep_in_node: int, intranode: float, internode: float) -> float:
+    """One pass's expert-parallel all-to-alls on one rank: dispatch and combine per MoE layer.
+
+    Balanced routing sends a rank's token copies evenly to the EP ranks, 1 / EP to each
+    (MoEAlltoAllTokenDispatcher's all_to_all_single, one input split per EP rank); NCCL's all-to-all is a send
+    and a receive per peer, the `ep_in_node` - 1 peers in the node over NVLink while the EP - `ep_in_node`
+    beyond it share the NIC, at once: the slower of the two sets the time. (Before: all EP - 1 shares at the
+    NIC's rate once the group left the node, which priced EP 16 on two nodes 1.9x its network bytes.)
+    """
+    copies = tokens * top_k * hidden * ACTIVATION_BYTES
+    within = copies * (max(ep_in_node, 1) - 1) / ep / intranode
+    across = copies * (ep - max(ep_in_node, 1)) / ep / internode
+    return 2 * moe_layers * max(within, across)
+
+
+def expert_tensor_parallel_seconds(tokens: float, hidden: int, top_k: int, moe_layers: float, etp: int,
+                                   bandwidth: float) -> float:
+    """One pass's expert-tensor-parallel collectives on one rank: per MoE layer the all-to-all dispatcher
+    all-gathers the tokens it received over the ETP group before the experts and reduce-scatters their outputs
+    after (MoEAlltoAllTokenDispatcher with tp_size = ETP: gather_from_sequence_parallel_region and
+    reduce_scatter_to_sequence_parallel_region over the expert TP group), each a ring over ETP of the ETP
+    ranks' token copies."""
+    gathered = etp * tokens * top_k * hidden * ACTIVATION_BYTES
+    return 2 * moe_layers * ring_seconds(gathered, etp, bandwidth)
 
 
 def context_parallel_ring_seconds(tokens: float, kv_width_per_rank: float, layers: float, cp: int,
@@ -146,6 +171,36 @@ def _routed_flops_share(arch: Architecture, facts: ModelFacts, context: float) -
     return 2.0 * active / facts.forward_flops_per_token(context)
 
 
+def slowest_stage_flops(flops: float, head_flops: float, routed_share: float, *, tp: int, routed_split: int,
+                        stage: float, pp: int) -> float:
+    """One GPU's share of a pass's `flops` on the pipeline's slowest stage.
+
+    The layers' FLOPs split over TP (the routed experts' `routed_share` of all FLOPs over `routed_split`:
+    `routed_split_of`) and over the stages (`stage`: the most loaded stage's share of the layers); the vocabulary-parallel output layer's
+    `head_flops` split over TP only: under PP it runs on the last stage alone, which a 1F1B schedule cannot
+    hide (every micro batch waits on the slowest stage; Megatron-Core's account_for_loss_in_pipeline_split /
+    num_layers_in_last_pipeline_stage exist to move layers off that stage, which verl's runs do not set:
+    megatron/core/transformer/transformer_config.py). At PP 1 the head is one more part of the rank's work.
+    """
+    if pp <= 1:
+        return flops * ((1.0 - routed_share) / tp + routed_share / routed_split)
+    routed = flops * routed_share
+    layers = flops - routed - head_flops
+    return (layers / tp + routed / routed_split) * stage + head_flops / tp
+
+
+def routed_split_of(engine: MegatronSection) -> int:
+    """Over how many ranks a replica's routed-expert FLOPs spread on each of its TP ranks' share.
+
+    With sequence parallelism each TP rank dispatches its 1 / TP slice of the tokens (MoEAlltoAllTokenDispatcher
+    takes the sequence-split hidden states); at ETP 1 its experts run those copies whole, at ETP = TP the ETP
+    all-gather gives each rank TP slices' copies at 1 / ETP of each expert: TP either way, with balanced routing.
+    Without it every TP rank routes all the replica's tokens and only ETP splits the experts' work.
+    """
+    tp = engine.tensor_model_parallel_size
+    return tp if engine.sequence_parallel and tp > 1 else engine.expert_tensor_size
+
+
 def _communication_seconds(ctx: StepContext, engine: MegatronSection, tokens: float, *, backward: bool,
                            recompute: float) -> float:
     """TP, EP, CP and the pipeline's point-to-point traffic of a forward (repeated `recompute` of itself) and,
@@ -162,9 +217,16 @@ def _communication_seconds(ctx: StepContext, engine: MegatronSection, tokens: fl
     # Sequence parallelism leaves each TP rank a slice of the tokens to dispatch and to pass between stages.
     rank_tokens = tokens / tp if engine.sequence_parallel and tp > 1 else tokens
     if arch.is_moe and ep > 1:
+        # Megatron orders the expert ranks ETP innermost, then EP (parallel_state's expert rank generator):
+        # a node holds gpus_per_node / ETP consecutive EP ranks.
+        ep_in_node = min(ep, max(1, rates.gpus_per_node // etp))
         seconds += (forwards + backwards) * expert_all_to_all_seconds(
             rank_tokens, arch.hidden_size, arch.num_experts_per_token, arch.num_moe_layers * stage, ep,
-            rates.collective(ep * etp))
+            ep_in_node, rates.intranode, rates.internode)
+    if arch.is_moe and etp > 1:
+        seconds += (forwards + backwards) * expert_tensor_parallel_seconds(
+            rank_tokens, arch.hidden_size, arch.num_experts_per_token, arch.num_moe_layers * stage, etp,
+            rates.collective(etp))
     seconds += (forwards + 2.0 * backwards) * context_parallel_ring_seconds(
         tokens, arch.kv_width / tp, stage_layers, cp, rates.collective(tp * cp))
     if pp > 1:
@@ -186,9 +248,12 @@ def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatron
     context = pass_sequence_length(plan, lengths) / 2
     routed = _routed_flops_share(plan.model.arch, facts, context)
     flops = tokens * training_flops_per_token(plan, facts, lengths, critic) * passes
+    # The critic's value head (one output) replaces the vocabulary projection: nothing left to place.
+    head_flops = 0.0 if critic else tokens * 2.0 * facts.vocab * facts.hidden * passes
     # The most loaded stage sets the pipeline's pace (ceil(layers / PP) of them where PP does not divide).
     stage = stage_share(plan.model.arch, pp)
-    compute = flops * ((1.0 - routed) / tp + routed / engine.expert_tensor_size) * stage
+    compute = slowest_stage_flops(flops, head_flops, routed, tp=tp, routed_split=routed_split_of(engine),
+                                  stage=stage, pp=pp)
     busy = compute / rates.train_flops(compute_dtype(plan, critic))
     busy += _communication_seconds(ctx, engine, tokens, backward=backward, recompute=recompute)
     micro_batches = pass_micro_batches(plan, batch, lengths)
@@ -199,6 +264,21 @@ def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatron
     bubble = pipeline_bubble_fraction(pp, engine.virtual_pipeline_model_parallel_size or 1,
                                       micro_batches // schedules)
     return busy / (1.0 - bubble)
+
+
+def largest_bubble_fraction(plan: Plan, profile: Profile) -> float:
+    """The largest pipeline bubble among the actor's passes (the update's schedule per mini batch, the
+    log-prob pass's), as `_pipeline_seconds` prices them: interleaving (VPP) can save at most this share of the
+    trainer's time, so the solver tries it only where that could beat its best plan."""
+    engine = plan.actor.mcore
+    pp, vpp = engine.pipeline_model_parallel_size, engine.virtual_pipeline_model_parallel_size or 1
+    if pp <= 1:
+        return 0.0
+    layout, lengths = plan_layout(plan), workload_lengths(plan, profile)
+    bubbles = [pipeline_bubble_fraction(pp, vpp, pass_micro_batches(plan, batch, lengths)
+                                        // max(1, batch.mini_batches_per_epoch * batch.epochs))
+               for batch in (layout.actor_update, layout.old_log_prob)]
+    return max(bubbles)
 
 
 def _trainable_fraction(plan: Plan, critic: bool) -> float:

@@ -20,9 +20,12 @@ from rlplan.planner.solver import SolveRequest, skeleton_plan, solve, solve_engi
 from rlplan.planner.solver_megatron import (
     STAGE_KEYS,
     apply_megatron_choice,
+    expert_options,
     megatron_choices,
+    next_interleaved,
     pinned_choices,
     uneven_stage_layers,
+    virtual_pipeline_options,
 )
 
 H100 = resolve_gpu("h100-80g")
@@ -115,10 +118,49 @@ def test_every_generated_choice_satisfies_megatrons_layout_rules(model, gpus, lo
     choices = list(megatron_choices(request.model.arch, request.cluster, 1024 + (16384 if long else 2048), (0, 32)))
     assert choices
     choice = data.draw(st.sampled_from(choices))
-    plan = apply_megatron_choice(skeleton_plan(request, request.response_len or 1), choice, lambda dp: 64, 1.0)
-    megatron_rules = {v.rule for v in check_plan(plan).violations if v.rule.startswith("megatron_")
-                      and v.rule != "megatron_vpp_micro_batches_divide"}
-    assert not megatron_rules
+    # A fitting layout's interleaved variants (the search tries them next) keep to the rules too.
+    variant = next_interleaved(choice, request.model.arch.num_layers)
+    for drawn in (choice, *([variant, next_interleaved(variant, request.model.arch.num_layers)] if variant else [])):
+        if drawn is None:
+            continue
+        plan = apply_megatron_choice(skeleton_plan(request, request.response_len or 1), drawn, lambda dp: 64, 1.0)
+        megatron_rules = {v.rule for v in check_plan(plan).violations if v.rule.startswith("megatron_")
+                          and v.rule != "megatron_vpp_micro_batches_divide"}
+        assert not megatron_rules, drawn
+
+
+@given(layers=st.integers(2, 128), pp=st.sampled_from([1, 2, 4, 8, 16]))
+def test_virtual_pipeline_sizes_split_the_layers_into_even_chunks_of_two_or_more(layers, pp):
+    """Invariant: VPP only with a pipeline, PP x VPP dividing the layers, each chunk at least two layers."""
+    for vpp in virtual_pipeline_options(layers, pp):
+        assert pp > 1 and vpp > 1 and layers % (pp * vpp) == 0 and layers // (pp * vpp) >= 2
+
+
+def test_moe_layouts_take_etp_1_and_etp_tp_and_dense_ones_none():
+    moe = resolve_model("qwen3-30b-a3b").arch
+    assert expert_options(resolve_model("qwen2.5-7b").arch, 16, 1, 4) == [(1, None)]
+    options = expert_options(moe, 16, 1, 4)
+    assert {etp for _, etp in options} == {1, 4}
+    assert all(128 % ep == 0 and 16 % (ep * etp) == 0 for ep, etp in options)
+    assert {etp for _, etp in expert_options(moe, 16, 1, 1)} == {1}
+
+
+def test_a_fitting_pipelined_layout_is_searched_interleaved_and_the_plan_validates():
+    """Qwen3-30B-A3B on 16 H100: PP 2 layouts fit, so their VPP 2 (and 4) variants are priced; whichever wins,
+    a plan with VPP keeps PP x VPP dividing the 48 layers and verl's rules."""
+    result = solve(request_for("qwen3-30b-a3b", 16, response=4096))
+    engine = result.plan.actor.mcore
+    interleaved = [c.plan for c in (result.best, *result.runners_up)
+                   if c.plan.actor.mcore.virtual_pipeline_model_parallel_size]
+    pinned = solve(request_for("qwen3-30b-a3b", 16, response=4096, pins={
+        "actor.megatron.pipeline_model_parallel_size": 2, "actor.megatron.virtual_pipeline_model_parallel_size": 2}))
+    assert pinned.plan is not None
+    assert_a_valid_megatron_plan(pinned.plan)
+    assert pinned.plan.actor.mcore.virtual_pipeline_model_parallel_size == 2
+    for plan in (*interleaved, result.plan):
+        assert_a_valid_megatron_plan(plan)
+    if engine.virtual_pipeline_model_parallel_size:
+        assert 48 % (engine.pipeline_model_parallel_size * engine.virtual_pipeline_model_parallel_size) == 0
 
 
 @given(layers=st.integers(2, 128), pp=st.sampled_from([1, 2, 4, 8, 16]))
