@@ -203,6 +203,23 @@ def test_a_qwen3_moe_layer_saves_what_megatrons_code_saves_and_verl_saves_no_dro
     assert verl - no_qk_norm == 4 * q + 2 * kv
 
 
+@pytest.mark.parametrize("tp, etp", [(4, 1), (2, 2), (4, 4)])
+def test_the_moe_block_holds_the_ranks_sequence_parallel_shard_and_the_expert_tp_gather(tp, etp):
+    """Megatron-Core's token dispatchers take the sequence-parallel shard [S/TP, B, H] (token_dispatcher.py:
+    num_local_tokens = S/TP*B; alltoall: permute -> A2A over EP -> all-gather over the expert-TP group). Per
+    token of the micro batch a rank saves k / TP x ETP full-width copies and their fc1 / activation outputs at
+    1 / ETP width; the router's fp32 scores are per shard token. Isolated as the difference of two top-k."""
+    def routed(k: int, tp: int, etp: int) -> float:
+        arch = attrs.evolve(QWEN3_MOE, num_experts_per_token=k)
+        return layer_activation_bytes_per_token(arch, moe=True, tp=tp, etp=etp, sequence_parallel=True,
+                                                dropout_masks=False)
+
+    h, f = QWEN3_MOE.hidden_size, QWEN3_MOE.moe_intermediate_size
+    four_copies = routed(8, tp, etp) - routed(4, tp, etp)
+    assert four_copies == pytest.approx(4 * (2 * h * etp + 4 * f + 2 * f) / tp)
+    assert four_copies < routed(8, 1, 1) - routed(4, 1, 1)
+
+
 def _moe_full_example(nodes: int):
     from pathlib import Path
 
