@@ -220,6 +220,24 @@ def test_the_moe_block_holds_the_ranks_sequence_parallel_shard_and_the_expert_tp
     assert four_copies < routed(8, 1, 1) - routed(4, 1, 1)
 
 
+def test_verls_published_megatron_runs_fit_on_the_gpus_they_ran_on():
+    """benchmarks/data/steptime_sweeps_megatron.toml: published runs with measured step times, so each ran
+    without running out of memory on its 80 GB H100s. Built as benchmarks/steptime_sweeps.py builds them and
+    priced at their maximum lengths (micro batches filled to their token budgets), every one must fit: a run
+    rlplan calls too large is an over-prediction to explain (docs/accuracy.md section 6)."""
+    import tomllib
+
+    from tests.repo_scripts import load_script
+
+    benchmark = load_script("benchmarks/megatron_memory.py")
+    runs = benchmark.published_runs()
+    published = tomllib.loads(benchmark.MEGATRON_DATA.read_text(encoding="utf-8"))["sweep"]
+    assert len(runs) == sum(len(sweep["run"]) for sweep in published) == 13
+    too_large = [(run.label, round(run.report.gpu_peak_bytes / 2**30, 1)) for run in runs if not run.report.fits_gpu]
+    assert too_large == []
+    assert all(run.plan.data.expected_response_length is None for run in runs)  # priced at max_response_length
+
+
 def _moe_full_example(nodes: int):
     from pathlib import Path
 
