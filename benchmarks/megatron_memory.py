@@ -6,7 +6,9 @@ verl's published Megatron runs.
 
 Megatron-Core's estimate is megatron/training/theoretical_memory_usage.py, restated in
 tests/planner/test_memory_megatron.py (which holds rlplan to it exactly on the shapes it covers).
-verl's runs are its own example scripts in tests/data/verl_scripts/, imported as `rlplan import verl` does.
+verl's runs are its own example scripts in tests/data/verl_scripts/, imported as `rlplan import verl` does, and
+the published Megatron runs of benchmarks/data/steptime_sweeps_megatron.toml, built as benchmarks/steptime_sweeps.py
+builds them and priced at their maximum lengths: they ran, so each must fit on the GPU it ran on.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import sys
 from pathlib import Path
 
 import attrs
+from attrs import frozen
 
 from rlplan.planner.arch import Architecture
+from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.memory.megatron import (
     VERL_SAVES_DROPOUT_MASKS,
     stage_activations,
     state_on_most_loaded_rank,
 )
-from rlplan.planner.plan import MegatronSection
+from rlplan.planner.memory.phases import MemoryReport, at_max_length
+from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.verl_import import import_verl_script
 
@@ -32,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _sections import print_or_write_section  # noqa: E402
+from steptime_sweeps import MEGATRON_DATA, load_sweeps, run_plan  # noqa: E402
 
 from tests.planner.test_memory_megatron import megatron_activations, megatron_weights_and_optimizer  # noqa: E402
 
@@ -107,6 +113,69 @@ def _example_plan(name: str):
                               local_config_reader=lambda path: None).plan
 
 
+@frozen
+class PublishedRun:
+    """A published Megatron run (it ran, so it fit) as rlplan prices it at the run's maximum lengths."""
+
+    label: str
+    plan: Plan
+    report: MemoryReport
+
+
+def published_runs(path: Path = MEGATRON_DATA) -> list[PublishedRun]:
+    """Every run of the TOML, its plan built by steptime_sweeps.run_plan, then priced at the maximum lengths
+    (at_max_length): each micro batch filled to its token budget with responses of max_response_length, the
+    peak a run must survive whatever lengths its rollouts drew."""
+    runs = []
+    for sweep in load_sweeps(path).values():
+        model = sweep["common"][0].rpartition("/")[2]  # the model path, the first of the sweep's overrides
+        for run in sweep["run"]:
+            plan = at_max_length(run_plan(sweep, run))
+            runs.append(PublishedRun(label=f"{model} row {run['id']}", plan=plan, report=predict_memory(plan)))
+    return runs
+
+
+def _layout(plan: Plan) -> str:
+    engine = plan.actor.mcore
+    parts = [f"TP {engine.tensor_model_parallel_size}", f"PP {engine.pipeline_model_parallel_size}"]
+    parts += [f"{name} {size}" for name, size in (("VPP", engine.virtual_pipeline_model_parallel_size),
+                                                   ("CP", engine.context_parallel_size),
+                                                   ("EP", engine.expert_model_parallel_size)) if size and size > 1]
+    if engine.recompute_granularity == "full":
+        parts.append("full recompute")
+    return " ".join(parts)
+
+
+def published_run_rows(runs: list[PublishedRun]) -> list[str]:
+    rows = ["| published run | GPUs | layout | update tokens per micro batch and rank | peak phase | rlplan peak GiB | "
+            "GPU GiB | fits | headroom GiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        report, plan = run.report, run.plan
+        peak = report.peak_phase
+        at = f" ({peak.peak_at})" if peak.peak_at else ""
+        tokens = plan_layout(plan).actor_update.tokens_per_micro_batch
+        rows.append(f"| {run.label} | {plan.cluster.world_size} x {plan.cluster.gpu.name} | {_layout(plan)} | "
+                    f"{tokens} | {peak.name}{at} | {report.gpu_peak_bytes / GIB:.1f} | "
+                    f"{report.gpu_capacity_bytes / GIB:.1f} | {'yes' if report.fits_gpu else '**no**'} | "
+                    f"{report.headroom_bytes / GIB:+.1f} |")
+    return rows
+
+
+def published_runs_paragraph(runs: list[PublishedRun]) -> str:
+    fitting = sum(run.report.fits_gpu for run in runs)
+    tightest = min(runs, key=lambda run: run.report.headroom_bytes)
+    return (
+        f"verl's published Megatron runs (benchmarks/data/{MEGATRON_DATA.name}, ISEEKYAN/verl_megatron_practice: "
+        "their step times are section 5's Megatron rows), each built as benchmarks/steptime_sweeps.py builds it "
+        "and priced at its maximum lengths (max_prompt_length 2048 + max_response_length 8192, every micro "
+        "batch filled to its token budget): these runs ran without running out of memory on 80 GB H100s, so "
+        f"each must fit. {fitting} of {len(runs)} do; the least headroom is "
+        f"{tightest.report.headroom_bytes / GIB:.1f} GiB ({tightest.label}). The check is one-sided: no peak of these runs was published, so how far rlplan over-predicts them is unknown; the "
+        "routed experts' activations assume balanced routing (k / TP copies per token on each rank), and a "
+        "rank the router favours holds more. What the fix of the MoE block's tokens changed and the "
+        "token budget verl enforced at the time: docs/megatron.md. tests/planner/test_memory_megatron.py holds every run to fitting.")
+
+
 def moe_full_example_paragraph() -> str:
     """The MoE full fine-tuning example's update, term by term, with the numbers the model prices now."""
     plan = _example_plan("megatron_moe_qwen3_30b_a3b.sh")
@@ -142,6 +211,7 @@ def moe_full_example_paragraph() -> str:
 
 
 def section() -> str:
+    runs = published_runs()
     return "\n".join([
         SECTION_HEADING, "",
         "Generated by `python benchmarks/megatron_memory.py --write docs/accuracy.md`. The first table holds "
@@ -159,7 +229,9 @@ def section() -> str:
         "verl's own Megatron examples, imported from tests/data/verl_scripts/ and priced per GPU by the whole "
         "step model (rollout, log-prob passes and update through memory/backend.py's Megatron backend).",
         moe_full_example_paragraph(), "",
-        *verl_run_rows(),
+        *verl_run_rows(), "",
+        published_runs_paragraph(runs), "",
+        *published_run_rows(runs),
     ]) + "\n"
 
 

@@ -148,8 +148,13 @@ def layer_activation_bytes_per_token(arch: Architecture, *, moe: bool, tp: int, 
     Korthikanti Table 2 term by term: layer-norm inputs (2h each), the attention and MLP inputs (2h each),
     Q, K and V, the attention output, the fc1 output (twice as wide when gated) and the activation's output,
     and the two dropout masks (h bytes each). With a multi-head ungated MLP this is Megatron's 18 + 4 f / h.
-    The parts outside the tensor-parallel regions split over TP only with sequence parallelism; a routed
-    token's expert activations (k copies) split over ETP. `dropout_masks`: the two hidden-dropout masks, saved
+    The parts outside the tensor-parallel regions split over TP only with sequence parallelism. The MoE block
+    (router and routed experts) sees the rank's sequence-parallel shard too: Megatron-Core's token dispatchers
+    take hidden_states [S/TP, B, H] ("num_local_tokens: S/TP*B"), the alltoall one permutes them, all-to-alls
+    over EP and all-gathers over the expert-TP group (permute -> A2A(EP) -> AG(ETP),
+    megatron/core/transformer/moe/token_dispatcher.py, read at NVIDIA/Megatron-LM 0014f137). So per token of
+    the micro batch a rank holds k / TP routed copies (k / TP x ETP after the gather) of the full hidden width,
+    whose fc1 / activation outputs are 1 / ETP as wide. `dropout_masks`: the two hidden-dropout masks, saved
     only where hidden_dropout > 0 (VERL_SAVES_DROPOUT_MASKS).
     """
     h = arch.hidden_size
@@ -166,11 +171,14 @@ def layer_activation_bytes_per_token(arch: Architecture, *, moe: bool, tp: int, 
     gate = 2 if gated else 1
     if moe:
         f, k = arch.moe_intermediate_size, arch.num_experts_per_token
-        routed = k * (2 * h + 2 * f * gate + 2 * f)  # the permuted token copy, fc1 output, activation output
+        # Per token of the rank's shard: the ETP-gathered token copies (full width), fc1 and activation outputs.
+        routed = k * (2 * h * etp + 2 * f * gate + 2 * f)
         shared = 2 * arch.shared_expert_intermediate_size * (gate + 1)
         router = 4 * arch.num_experts  # fp32 routing probabilities
         split = attention + shared
-        return (replicated / (tp if sequence_parallel else 1) + split / tp + routed / etp + router)
+        # Megatron-Core's TransformerConfig refuses EP with TP > 1 and no sequence parallelism; priced unsplit there.
+        shard = tp if sequence_parallel else 1
+        return (replicated + routed + router) / shard + split / tp
     f = arch.intermediate_size
     split = attention + 2 * f * gate + 2 * f
     return replicated / (tp if sequence_parallel else 1) + split / tp

@@ -203,6 +203,41 @@ def test_a_qwen3_moe_layer_saves_what_megatrons_code_saves_and_verl_saves_no_dro
     assert verl - no_qk_norm == 4 * q + 2 * kv
 
 
+@pytest.mark.parametrize("tp, etp", [(4, 1), (2, 2), (4, 4)])
+def test_the_moe_block_holds_the_ranks_sequence_parallel_shard_and_the_expert_tp_gather(tp, etp):
+    """Megatron-Core's token dispatchers take the sequence-parallel shard [S/TP, B, H] (token_dispatcher.py:
+    num_local_tokens = S/TP*B; alltoall: permute -> A2A over EP -> all-gather over the expert-TP group). Per
+    token of the micro batch a rank saves k / TP x ETP full-width copies and their fc1 / activation outputs at
+    1 / ETP width; the router's fp32 scores are per shard token. Isolated as the difference of two top-k."""
+    def routed(k: int, tp: int, etp: int) -> float:
+        arch = attrs.evolve(QWEN3_MOE, num_experts_per_token=k)
+        return layer_activation_bytes_per_token(arch, moe=True, tp=tp, etp=etp, sequence_parallel=True,
+                                                dropout_masks=False)
+
+    h, f = QWEN3_MOE.hidden_size, QWEN3_MOE.moe_intermediate_size
+    four_copies = routed(8, tp, etp) - routed(4, tp, etp)
+    assert four_copies == pytest.approx(4 * (2 * h * etp + 4 * f + 2 * f) / tp)
+    assert four_copies < routed(8, 1, 1) - routed(4, 1, 1)
+
+
+def test_verls_published_megatron_runs_fit_on_the_gpus_they_ran_on():
+    """benchmarks/data/steptime_sweeps_megatron.toml: published runs with measured step times, so each ran
+    without running out of memory on its 80 GB H100s. Built as benchmarks/steptime_sweeps.py builds them and
+    priced at their maximum lengths (micro batches filled to their token budgets), every one must fit: a run
+    rlplan calls too large is an over-prediction to explain (docs/accuracy.md section 6)."""
+    import tomllib
+
+    from tests.repo_scripts import load_script
+
+    benchmark = load_script("benchmarks/megatron_memory.py")
+    runs = benchmark.published_runs()
+    published = tomllib.loads(benchmark.MEGATRON_DATA.read_text(encoding="utf-8"))["sweep"]
+    assert len(runs) == sum(len(sweep["run"]) for sweep in published) == 13
+    too_large = [(run.label, round(run.report.gpu_peak_bytes / 2**30, 1)) for run in runs if not run.report.fits_gpu]
+    assert too_large == []
+    assert all(run.plan.data.expected_response_length is None for run in runs)  # priced at max_response_length
+
+
 def _moe_full_example(nodes: int):
     from pathlib import Path
 
