@@ -240,17 +240,17 @@ def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: s
     ]
     if not head_bytes_per_token_vocab:
         return [params, *layers]
-    inside_forward = [
+    hidden = Component("loss_head_hidden", tokens * 4 * facts.hidden)
+    root_and_last_gather = [
         Component("root_group_unsharded", 2 * facts.vocab * facts.hidden),
         Component("fsdp_all_gather_buffers", 2 * facts.layer_params),
-        Component("loss_head_hidden", tokens * 4 * facts.hidden),
     ]
     kernel = Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab))
     if root_gathered_at_head:
-        moments = [[*inside_forward, kernel]]
+        moments = [[*root_and_last_gather, hidden, kernel]]
     else:
-        moments = [[*inside_forward, Component("logits_head", 2 * tokens * facts.vocab)],
-                   [inside_forward[-1], kernel]]
+        moments = [[*root_and_last_gather, hidden, Component("logits_head", 2 * tokens * facts.vocab)],
+                   [hidden, kernel]]
     return [params, *max([*moments, layers], key=lambda moment: sum(c.bytes for c in moment))]
 
 
