@@ -222,10 +222,39 @@ VLLM_V0_ENGINE = Behaviour(
     code_path="vllm/worker/worker.py Worker.determine_num_available_blocks (V0; VLLM_USE_V1 or an attention "
               "backend V1 lacks, such as XFORMERS, selects it up to 0.8.x)",
     summary="vLLM's V0 engine: a smaller profile-run sampler than V1's")
+# verl builds FSDP2 with the same fsdp_kwargs for every layer and the root (verl/utils/fsdp_utils.py apply_fsdp2:
+# `fully_shard(model, **fsdp_kwargs)  # fsdp2 will not reshard_after_forward for root module`), the kwargs holding
+# an explicit fsdp_config.reshard_after_forward (True by default). torch up to 2.7 cleared every root's post-forward
+# resharding in FSDPState._lazy_init, so the comment held; from 2.8.0 (pytorch PRs #154704 and #155319, 2025-06)
+# only reshard_after_forward=None ("auto") keeps the root gathered, and an explicit True reshards it after the
+# forward too (torch/distributed/fsdp/_fully_shard/_fsdp_state.py: `if self._auto_reshard_after_forward`; read in
+# the 2.7.1 and 2.8.0 wheels). The stack names no torch: the rollout engine pins it in the trainer's environment,
+# so the range is the engine's first release on torch 2.8 (vllm setup requirements: 0.10.1.1 pins torch==2.7.1,
+# 0.10.2 and 0.11.0 torch==2.8.0; sglang[srt]: 0.4.6.post5 torch==2.6.0, 0.4.10.post2 2.7.1, 0.5.0rc2 on 2.8.0).
+_ROOT_RESHARD_CODE_PATH = ("torch/distributed/fsdp/_fully_shard/_fsdp_state.py FSDPState._lazy_init (root's "
+                           "post_forward_mesh_info cleared only for reshard_after_forward=None from torch 2.8.0), "
+                           "reached by verl/utils/fsdp_utils.py apply_fsdp2's explicit reshard_after_forward")
+_ROOT_RESHARD_SUMMARY = ("FSDP2 (torch >= 2.8, pinned by the engine) reshards the root group (lm_head, final norm, a tied "
+                         "embedding) after the forward: a head run on the logits outside the forward holds no gathered "
+                         "lm_head; the root's pre-backward gathers it again for the lm_head's backward")
+ROOT_RESHARDS_AFTER_FORWARD = Behaviour(name="root_reshards_after_forward", package="vllm", since="0.10.2",
+                                        code_path=_ROOT_RESHARD_CODE_PATH + " (vllm 0.10.2 pins torch 2.8.0)",
+                                        summary=_ROOT_RESHARD_SUMMARY)
+ROOT_RESHARDS_AFTER_FORWARD_SGLANG = Behaviour(name="root_reshards_after_forward_sglang", package="sglang",
+                                               since="0.5.0",
+                                               code_path=_ROOT_RESHARD_CODE_PATH + " (sglang 0.5.0 pins torch 2.8.0)",
+                                               summary=_ROOT_RESHARD_SUMMARY)
 
 BEHAVIOURS: tuple[Behaviour, ...] = (ENTROPY_COEFF_DEFAULT_0001, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP,
                                      REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN, ENGINE_WORKER, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET,
-                                     VLLM_V0_ENGINE)
+                                     VLLM_V0_ENGINE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG)
+
+
+def root_reshards_after_forward(stack: StackSection, engine: str) -> bool:
+    """Whether the trainer's torch (the one `engine` pins on `stack`) reshards verl's root FSDP2 group after the
+    forward (ROOT_RESHARDS_AFTER_FORWARD, for vLLM and SGLang)."""
+    return any(holds(behaviour, stack, engine)
+               for behaviour in (ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG))
 
 
 def stack_defaults(stack: StackSection, engine: str = "vllm") -> dict[str, Any]:

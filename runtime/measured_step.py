@@ -199,12 +199,12 @@ def run_measurement(step: TrainingStep, *, fake: bool = True) -> MeasuredStep:
     with fake_process_group(step.shard_size), faithful_emulation(), default_dtype(base_dtype(step)):
         mode = fake_mode() if fake else None
         model = build_sharded_model(step, mode)
-        if step.loss_head == "fused":
-            _hidden_states_out_of_lm_head(model)
         optimizer = make_optimizer(model, step) if step.phase == Phase.ACTOR_UPDATE else None
         tracker = locating_tracker(model, optimizer)
         with mode if mode is not None else contextlib.nullcontext():
             input_ids, position_ids = make_inputs(step)
+            if step.loss_head == "fused":
+                _fused_head_in_lm_head(model, input_ids)
             tracker.track_inputs((input_ids, position_ids))
             with tracker:
                 # Two iterations, so that the second runs with AdamW's state in place.
@@ -265,25 +265,33 @@ def _head(outputs: Tensor, input_ids: Tensor, step: TrainingStep, model: nn.Modu
     """Per-token log-probs of the labels (and the entropy) by the step's head (runtime/head_twins.py).
 
     `outputs` are the model's logits, which verl's logits heads read through verl's in-place division by
-    the temperature (head_twins.verl_scaled_logits), or its hidden states for the fused head, which
-    applies the lm_head itself."""
+    the temperature (head_twins.verl_scaled_logits), or for the fused head the log-probs and entropy its
+    lm_head computed inside the forward (_fused_head_in_lm_head)."""
     import torch
 
-    from rlplan.runtime.head_twins import fused_log_probs_and_entropy, logits_head, model_output_logits
+    from rlplan.runtime.head_twins import logits_head, model_output_logits
 
-    labels = torch.roll(input_ids, shifts=-1, dims=-1).flatten()
     if step.loss_head == "fused":
-        weight = base_model(model).lm_head.weight
-        log_probs, entropy = fused_log_probs_and_entropy(outputs.flatten(0, 1), weight, labels)
+        log_probs, entropy = outputs
         return log_probs, entropy if step.calculate_entropy else None
+    labels = torch.roll(input_ids, shifts=-1, dims=-1).flatten()
     return logits_head(step.loss_head, model_output_logits(step.loss_head, outputs), labels,
                        entropy=step.calculate_entropy, entropy_variant=step.entropy_variant)
 
 
-def _hidden_states_out_of_lm_head(model: nn.Module) -> None:
-    """Make the model return its final hidden states: verl's fused kernels apply the lm_head inside the
-    loss, chunk by chunk.  FSDP2 still gathers the root group (lm_head included) for the forward."""
-    base_model(model).lm_head.forward = lambda hidden_states: hidden_states
+def _fused_head_in_lm_head(model: nn.Module, input_ids: Tensor) -> None:
+    """Make the lm_head compute the fused log-probs and entropy of `input_ids`' next tokens from the final
+    hidden states, inside the root's forward as verl's fused kernels do (the model's forward is patched
+    there): FSDP2 holds the root group gathered while it runs, and its pre-backward gathers it again for
+    the head's backward, whatever reshard_after_forward says."""
+    import torch
+
+    from rlplan.runtime.head_twins import fused_log_probs_and_entropy
+
+    lm_head = base_model(model).lm_head
+    labels = torch.roll(input_ids, shifts=-1, dims=-1).flatten()
+    lm_head.forward = lambda hidden_states: fused_log_probs_and_entropy(hidden_states.flatten(0, 1),
+                                                                        lm_head.weight, labels)
 
 
 def _policy_loss(logits: Tensor, input_ids: Tensor, step: TrainingStep, model: nn.Module) -> Tensor:
@@ -334,11 +342,14 @@ def hf_config(arch: Architecture) -> PretrainedConfig:
 
 def measured_role_spec(step: TrainingStep, device: str) -> RoleModelSpec:
     """The actor's RoleModelSpec for the step: what role_model builds for `rlplan run`, with the sharding
-    verl's GPU run has (bf16 compute over the shards, FSDP2's default root resharding, foreach AdamW)."""
+    verl's GPU run has (bf16 compute over the shards, foreach AdamW). Its ShardingSpec is the runtime's
+    (role_model.sharding_spec), reshard_after_forward included: verl's apply_fsdp2 passes its explicit
+    fsdp_config.reshard_after_forward (True) to the root as well, which the installed torch honours
+    (stack.ROOT_RESHARDS_AFTER_FORWARD: torch >= 2.8)."""
+    from rlplan.planner.layout import ParallelLayout
     from rlplan.planner.plan import LoraConfig
-    from rlplan.runtime.trainer.model import ShardingSpec
     from rlplan.runtime.trainer.optimization import OptimizerSettings
-    from rlplan.runtime.trainer.role_model import RoleModelSpec
+    from rlplan.runtime.trainer.role_model import RoleModelSpec, sharding_spec
 
     lora = LoraConfig(rank=step.lora_rank, alpha=step.lora_alpha, target_modules=step.target_modules)
     return RoleModelSpec(
@@ -349,8 +360,8 @@ def measured_role_spec(step: TrainingStep, device: str) -> RoleModelSpec:
         remove_padding=step.use_remove_padding,
         lora=lora if lora.enabled else None,
         gradient_checkpointing=step.gradient_checkpointing,
-        sharding=ShardingSpec(device_type=device, world_size=step.shard_size, shard_group_size=step.shard_size,
-                              compute_dtype="bfloat16", reshard_after_forward=None),
+        sharding=sharding_spec(ParallelLayout(world_size=step.shard_size, gpus_per_node=step.shard_size), device,
+                               param_offload=False, compute_dtype="bfloat16"),
         # PyTorch picks the foreach implementation for CUDA parameters (verl's default AdamW on a GPU) but the
         # per-tensor loop for CPU ones; the emulation on device cpu must ask for foreach to hold its temporaries.
         optimizer=OptimizerSettings(lr=1e-6, weight_decay=0.01, foreach=True),

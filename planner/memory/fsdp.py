@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
-from rlplan.planner.memory.heads import LossHead
+from rlplan.planner.memory.heads import LossHead, root_gathered_at_head
 from rlplan.planner.memory.model_facts import ModelFacts, lora_params, model_facts
 from rlplan.planner.memory.report import Component, TrainerState
 from rlplan.planner.plan import Plan
@@ -118,6 +118,25 @@ def root_backward_components(plan: Plan, facts: ModelFacts, state: TrainerState,
             Component("embedding_sharded_grads", int(embedding_shard)))
 
 
+def loss_head_moment(kernel_bytes: float, lm_head_backward_bytes: float, *, logits_bytes: float, root_bytes: float,
+                     root_gathered_at_head: bool) -> tuple[float, float]:
+    """(the head's bytes, the gathered root group's bytes) at the update's loss moment, the larger of its moments.
+
+    The head's kernel (after the forward, on the logits), or the lm_head's backward after it
+    (lm_head_backward_bytes), whichever is larger.  Where FSDP2 keeps the root gathered from the forward into
+    the backward (torch < 2.8, or the fused head, which runs inside the forward) its bf16 lm_head (or tied
+    embedding) is held at both (measured with the tracker: 2 V h at Qwen2.5-7B's and 0.5B's loss peaks).
+    Where the root is resharded after the forward, it is gathered only while the lm_head makes the bf16 logits
+    (inside the forward) and again from the root's pre-backward, which runs once the logits' gradient is
+    made, through the lm_head's backward: the kernel's own stage runs without it."""
+    if root_gathered_at_head:
+        return max(kernel_bytes, lm_head_backward_bytes), root_bytes
+    with_root = max(lm_head_backward_bytes, logits_bytes if kernel_bytes else 0.0)
+    if kernel_bytes > with_root + root_bytes:
+        return kernel_bytes, 0.0
+    return with_root, root_bytes
+
+
 def training_components(
     facts: ModelFacts,
     state: TrainerState,
@@ -134,9 +153,12 @@ def training_components(
     fp32_head: bool = True,
     lm_head_backward_bytes: float = 0.0,
     root_backward: tuple[Component, ...] = (),
+    root_gathered_at_head: bool = True,
 ) -> tuple[str, list[Component]]:
     """max(P_loss, P_bwd, P_opt) of memory-model.md 2.3 for one FSDP2 training step, as components, and
-    the root groups' backward after the layers (root_backward_components) where the caller prices it."""
+    the root groups' backward after the layers (root_backward_components) where the caller prices it.
+    `root_gathered_at_head` False: the root group is resharded while the head's kernel runs
+    (heads.root_gathered_at_head), see loss_head_moment."""
     t = tokens
     layer_act = facts.layer_activation_bytes_per_token
     kept_layers = min(facts.layers, profile.activation_offload_resident_layers)
@@ -149,11 +171,10 @@ def training_components(
         saved_late = t * layer_act
     # Gradients persist across micro batches of gradient accumulation.
     accumulating_grads = state.grads if micro_batches_per_mini >= 2 else 0.0
-    # The head's own peak, or the lm_head's backward after it (lm_head_backward_bytes), whichever is larger.
-    head = max(head_bytes_per_token_vocab * t * facts.vocab, lm_head_backward_bytes)
+    head, root_at_loss_bytes = loss_head_moment(
+        head_bytes_per_token_vocab * t * facts.vocab, lm_head_backward_bytes, logits_bytes=2 * t * facts.vocab,
+        root_bytes=root_at_loss_bytes, root_gathered_at_head=root_gathered_at_head)
     hidden_at_head = t * (8 * facts.hidden + 4)
-    # FSDP2 never reshards the root after forward: its bf16 lm_head (or tied embedding) is still
-    # gathered at the loss (measured with the tracker: 2 V h at Qwen2.5-7B's and 0.5B's loss peaks).
     loss = state.params + state.optimizer + accumulating_grads + saved + hidden_at_head + head + root_at_loss_bytes
     gather = 4 * facts.layer_params
     backward = (state.params + state.grads + state.optimizer + saved_late + t * layer_act + gather
@@ -200,15 +221,17 @@ def training_components(
 
 
 def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: str, tokens: int,
-                       head_bytes_per_token_vocab: float) -> list[Component]:
-    """A no_grad forward pass: the larger of two moments that are never held together.
+                       head_bytes_per_token_vocab: float, root_gathered_at_head: bool = True) -> list[Component]:
+    """A no_grad forward pass: the largest of moments that are never held together.
 
     In the layers: weights, the current + prefetched layer all-gather, layer-sized
-    transients T (4h + 6I). At the head: weights, the root group's gathered bf16 lm_head
-    (FSDP2 keeps the root unsharded after forward), the last layer's all-gather output (FSDP2 frees a
-    forward all-gather result only at the next group's unshard, and after the last layer none comes:
-    FSDPParamGroup.wait_for_unshard's all_gather_state), the hidden states and the head's
-    log-prob / entropy temporaries c T V (measured with the tracker, memory-model.md 3).
+    transients T (4h + 6I). At the head: weights, the root group's gathered bf16 lm_head, the last layer's
+    all-gather output (FSDP2 frees a forward all-gather result only at the next group's unshard, and after
+    the last layer none comes: FSDPParamGroup.wait_for_unshard's all_gather_state), the hidden states and the
+    head's log-prob / entropy temporaries c T V (measured with the tracker, memory-model.md 3).
+    Where the root is resharded after the forward (`root_gathered_at_head` False, heads.root_gathered_at_head)
+    the root's post-forward frees both the lm_head and that last all-gather before the head's kernel runs;
+    they are held only while the lm_head makes the bf16 logits (2 T V), inside the forward.
     """
     params = Component(params_name, int(params_bytes))
     layers = [
@@ -217,15 +240,18 @@ def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: s
     ]
     if not head_bytes_per_token_vocab:
         return [params, *layers]
-    head = [
+    hidden = Component("loss_head_hidden", tokens * 4 * facts.hidden)
+    root_and_last_gather = [
         Component("root_group_unsharded", 2 * facts.vocab * facts.hidden),
         Component("fsdp_all_gather_buffers", 2 * facts.layer_params),
-        Component("loss_head_hidden", tokens * 4 * facts.hidden),
-        Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab)),
     ]
-    if sum(c.bytes for c in head) >= sum(c.bytes for c in layers):
-        return [params, *head]
-    return [params, *layers]
+    kernel = Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab))
+    if root_gathered_at_head:
+        moments = [[*root_and_last_gather, hidden, kernel]]
+    else:
+        moments = [[*root_and_last_gather, hidden, Component("logits_head", 2 * tokens * facts.vocab)],
+                   [hidden, kernel]]
+    return [params, *max([*moments, layers], key=lambda moment: sum(c.bytes for c in moment))]
 
 
 def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -> int:
@@ -320,12 +346,14 @@ class FsdpBackend:
             root_group_bytes=embedding * (1 if facts.tied else 2), root_at_loss_bytes=embedding,
             role="actor", profile=profile, lm_head_backward_bytes=head.lm_head_backward_bytes,
             root_backward=root_backward_components(plan, facts, state_on_gpu,
-                                                   accumulating=batch.micro_batches_per_mini >= 2))
+                                                   accumulating=batch.micro_batches_per_mini >= 2),
+            root_gathered_at_head=root_gathered_at_head(plan))
 
     def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
                            head_bytes_per_token_vocab: float) -> list[Component]:
         return forward_components(model_facts(plan.model.arch), params_bytes=params_bytes, params_name=params_name,
-                                  tokens=tokens, head_bytes_per_token_vocab=head_bytes_per_token_vocab)
+                                  tokens=tokens, head_bytes_per_token_vocab=head_bytes_per_token_vocab,
+                                  root_gathered_at_head=root_gathered_at_head(plan))
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
         return weight_sync_gather_bytes(plan, model_facts(plan.model.arch), bucket_bytes)

@@ -8,6 +8,7 @@ from attrs import frozen
 from rlplan.planner.memory.model_facts import ModelFacts, model_facts
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.stack import root_reshards_after_forward
 
 # What each kernel holds per token x vocab, read from the code verl runs
 # (verl/workers/actor/dp_actor.py::_forward_micro_batch, verl/utils/torch_functional.py,
@@ -146,6 +147,15 @@ def entropy_variant(plan: Plan) -> str:
     if actor.entropy_from_logits_with_chunking:
         return "chunked"
     return "checkpointed" if actor.entropy_checkpointing else "eager"
+
+
+def root_gathered_at_head(plan: Plan) -> bool:
+    """Whether FSDP2 still holds the root group (lm_head, final norm, a tied embedding) gathered while the
+    head's kernel runs.  verl's logits heads run on `output.logits` after the model's forward returns, so on a
+    stack whose torch reshards the root after the forward (stack.ROOT_RESHARDS_AFTER_FORWARD) the lm_head is
+    sharded again by then; the fused kernels run inside the forward (verl patches the model's forward), where
+    the root is gathered on every stack."""
+    return resolved_loss_head(plan) == "fused" or not root_reshards_after_forward(plan.stack, plan.rollout.name)
 
 
 # verl's fused kernels (verl/utils/kernel/kernels.py, default BackwardEnum._Split_Dlogits_N) build the

@@ -35,9 +35,11 @@ class ShardingSpec:
     # backward (FSDP2's MixedPrecisionPolicy, verl's fsdp_config.dtype); "float32" computes on the shards.
     compute_dtype: ComputeDtype
     param_offload: bool = False
-    # True frees every group's gathered weights after its forward, the root's too. None is FSDP2's default,
-    # which keeps the root group (lm_head, final norm, a tied embedding) gathered from forward to backward:
-    # what rlplan measure emulates and the planner prices as root_group_unsharded.
+    # True frees every group's gathered weights after its forward, the root's too (torch >= 2.8): what verl's
+    # apply_fsdp2 passes (fsdp_config.reshard_after_forward) and what `rlplan measure` builds with, priced by
+    # the planner per target stack (stack.ROOT_RESHARDS_AFTER_FORWARD). None is FSDP2's "auto", which keeps the
+    # root group (lm_head, final norm, a tied embedding) gathered from forward to backward, as torch < 2.8 did
+    # for an explicit True too.
     reshard_after_forward: bool | None = True
 
     @property

@@ -7,6 +7,8 @@ import math
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import predict_memory
+from rlplan.planner.memory.fsdp import loss_head_moment
+from rlplan.planner.memory.model_facts import model_facts
 from rlplan.planner.phases import Phase
 from rlplan.planner.stack import StackSection
 from tests.planner.plans import make_plan
@@ -73,3 +75,48 @@ def test_a_v0_vllm_says_its_sampler_is_priced_with_v1s_coefficient():
     v0 = make_plan().evolve(stack=StackSection(vllm="0.8.3"))
     assert any("V0 engine" in note for note in predict_memory(v0).notes)
     assert not any("V0 engine" in note for note in predict_memory(make_plan()).notes)
+
+
+def _head_plan(vllm: str, **overrides):
+    # verl's flash-attn head with the eager entropy: a kernel stage well above the lm_head's 2 V h.
+    knobs = {"actor.entropy_coeff": 0.001, "actor.use_torch_compile": False, **overrides}
+    return make_plan(overrides=knobs).evolve(stack=StackSection(vllm=vllm))
+
+
+def _root_at(plan, phase: Phase) -> int:
+    return predict_memory(plan).phase(phase).bytes_of("root_group_unsharded")
+
+
+def test_on_torch_2_8_a_logits_head_runs_after_the_root_is_resharded_and_before_it_is_gathered_again():
+    """vLLM 0.10.2 pins torch 2.8, which honours verl's explicit reshard_after_forward=True on the root: the
+    head's kernel (after the forward) holds no lm_head in the no_grad pass nor at the update's loss; vLLM
+    0.10.1 (torch 2.7.1) keeps the root gathered into backward."""
+    lm_head = 2 * make_plan().model.arch.vocab_size * make_plan().model.arch.hidden_size
+    new, old = _head_plan("0.10.2"), _head_plan("0.10.1")
+    for phase in (Phase.OLD_LOG_PROB, Phase.ACTOR_UPDATE):
+        assert predict_memory(new).phase(phase).peak_at in ("", "loss"), phase
+        assert _root_at(new, phase) == 0, phase
+        assert _root_at(old, phase) == lm_head, phase
+        assert (predict_memory(old).phase(phase).step_bytes - predict_memory(new).phase(phase).step_bytes
+                == lm_head + (2 * model_facts(new.model.arch).layer_params if phase == Phase.OLD_LOG_PROB else 0))
+
+
+def test_the_fused_head_runs_inside_the_forward_and_is_priced_alike_on_every_stack():
+    fused = {"model.use_fused_kernels": True}
+    new, old = predict_memory(_head_plan("0.11.0", **fused)), predict_memory(_head_plan("0.10.1", **fused))
+    for phase in (Phase.OLD_LOG_PROB, Phase.ACTOR_UPDATE):
+        assert new.phase(phase) == old.phase(phase), phase
+    assert new.phase(Phase.ACTOR_UPDATE).bytes_of("root_group_unsharded") > 0  # held to its post-backward
+
+
+def test_a_small_head_stage_on_torch_2_8_peaks_where_the_root_is_gathered_and_keeps_it():
+    """The lm_head's backward (the root gathered again by its pre-backward, the logits' gradient and the weight's)
+    outweighs flash-attn's in-place head at a short micro batch: the update's loss moment keeps the root there."""
+    facts = model_facts(make_plan().model.arch)
+    head, root = loss_head_moment(2.0 * 256 * facts.vocab, lm_head_backward_bytes=2 * 256 * facts.vocab
+                                  + 2 * facts.vocab * facts.hidden, logits_bytes=2 * 256 * facts.vocab,
+                                  root_bytes=2 * facts.vocab * facts.hidden, root_gathered_at_head=False)
+    assert root == 2 * facts.vocab * facts.hidden and head == 2 * 256 * facts.vocab + root
+    kernel, none = loss_head_moment(20.0 * 8192 * facts.vocab, 2 * 8192 * facts.vocab, logits_bytes=2 * 8192
+                                    * facts.vocab, root_bytes=root, root_gathered_at_head=False)
+    assert (kernel, none) == (20.0 * 8192 * facts.vocab, 0.0)

@@ -28,6 +28,7 @@ from rlplan.planner.stack import (
     default_engine_version,
     holds,
     parse_version,
+    root_reshards_after_forward,
     stack_defaults,
 )
 from rlplan.planner.verl_import import import_verl_script
@@ -216,3 +217,22 @@ def test_version_flags_reach_validate_and_solve_json(tmp_path):
     payload = json.loads(solved.output)
     assert payload["stack"]["verl"] == "0.3.0.post1"
     assert payload["plan"]["actor"]["entropy_coeff"] == 0.001 and payload["plan"]["rollout"]["enforce_eager"]
+
+
+@pytest.mark.parametrize(("engine", "version", "reshards"), [
+    ("vllm", "0.8.5", False), ("vllm", "0.10.1", False),  # torch 2.6 / 2.7.1: the root's reshard cleared
+    ("vllm", "0.10.2", True), ("vllm", "0.11.0", True), ("vllm", "0.11.1+cu128", True),  # torch 2.8.0 and on
+    ("sglang", "0.4.6.post5", False), ("sglang", "0.4.10.post2", False),  # torch 2.6.0 / 2.7.1
+    ("sglang", "0.5.0rc2", True), ("sglang", "0.5.2", True),  # torch 2.8.0
+])
+def test_the_root_reshards_after_forward_from_each_engines_first_release_on_torch_2_8(engine, version, reshards):
+    stack = StackSection(**{engine: version})
+    assert root_reshards_after_forward(stack, engine) is reshards
+    # The other engine's range says nothing about this one: the stack's engine pins the trainer's torch.
+    other = "sglang" if engine == "vllm" else "vllm"
+    assert root_reshards_after_forward(stack, other) is root_reshards_after_forward(StackSection(), other)
+
+
+def test_the_default_stacks_disagree_on_the_root_vllm_0_11_is_on_torch_2_8_sglang_0_4_6_on_2_6():
+    assert root_reshards_after_forward(DEFAULT_STACK, "vllm")
+    assert not root_reshards_after_forward(DEFAULT_STACK, "sglang")

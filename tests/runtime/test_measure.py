@@ -310,3 +310,32 @@ def test_measure_with_a_gpu_head_measures_the_plans_verl_head_and_its_compiled_e
     assert report["loss_head"] == "flash_attn_ce" and report["entropy"] == "compiled"
     assert measure_command(str(path), "update", json_output=True) == 0
     assert json.loads(capsys.readouterr().out)["loss_head"] == "chunked"
+
+
+def test_measure_shards_with_the_runtimes_spec_and_reshards_the_root_after_the_forward_as_verl_does():
+    """`rlplan measure` builds the actor through the runtime's ShardingSpec (role_model.sharding_spec), whose
+    explicit reshard_after_forward=True is what verl's apply_fsdp2 passes to the root: on torch >= 2.8 the lm_head
+    is sharded again once the forward returns (stack.ROOT_RESHARDS_AFTER_FORWARD), before a logits head runs."""
+    from torch.distributed.tensor import DTensor
+
+    from rlplan.planner.layout import plan_layout
+    from rlplan.runtime.emulation import default_dtype, fake_mode, fake_process_group
+    from rlplan.runtime.measured_step import base_dtype, make_inputs, measured_role_spec
+    from rlplan.runtime.trainer.model import base_model
+    from rlplan.runtime.trainer.role_model import actor_model_spec
+
+    plan = make_plan(TINY)
+    step = training_step_of_plan(plan, Phase.ACTOR_UPDATE)
+    runtime = actor_model_spec(plan, plan_layout(plan), "cpu").sharding
+    assert measured_role_spec(step, "cpu").sharding == attrs.evolve(runtime, compute_dtype="bfloat16")
+    assert runtime.reshard_after_forward is True
+
+    small = TrainingStep(arch=TINY, shard_size=2, tokens_per_micro_batch=64)
+    mode = fake_mode()
+    with fake_process_group(small.shard_size), default_dtype(base_dtype(small)):
+        model = build_sharded_model(small, mode)
+        with mode:
+            input_ids, position_ids = make_inputs(small)
+            logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+        assert logits.shape[-1] == TINY.vocab_size
+        assert isinstance(base_model(model).lm_head.weight, DTensor)  # resharded: no gathered lm_head at the head
