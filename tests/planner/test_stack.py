@@ -233,6 +233,8 @@ def test_the_root_reshards_after_forward_from_each_engines_first_release_on_torc
     assert root_reshards_after_forward(stack, other) is root_reshards_after_forward(StackSection(), other)
 
 
-def test_the_default_stacks_disagree_on_the_root_vllm_0_11_is_on_torch_2_8_sglang_0_4_6_on_2_6():
-    assert root_reshards_after_forward(DEFAULT_STACK, "vllm")
-    assert not root_reshards_after_forward(DEFAULT_STACK, "sglang")
+def test_the_root_follows_the_engine_verl_installs_torch_2_8_on_verl_0_9_1_and_older_torch_on_verl_0_4_1():
+    # verl 0.9.1 installs vLLM 0.24.0 / SGLang 0.5.12 (torch >= 2.8); verl 0.4.1 vLLM 0.8.5 / SGLang 0.4.6.post5.
+    assert root_reshards_after_forward(DEFAULT_STACK, "vllm") and root_reshards_after_forward(DEFAULT_STACK, "sglang")
+    old = StackSection(verl="0.4.1")
+    assert not root_reshards_after_forward(old, "vllm") and not root_reshards_after_forward(old, "sglang")
