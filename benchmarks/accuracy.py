@@ -50,6 +50,7 @@ from rlplan.planner.plan import (
 )
 from rlplan.planner.presets import gpu_presets, model_presets
 from rlplan.planner.profile import DEFAULT_PROFILE
+from rlplan.planner.stack import DEFAULT_VLLM
 
 ROOT = Path(__file__).resolve().parent.parent
 UNDER_PREDICTION_LIMIT = -0.02
@@ -270,8 +271,9 @@ def head_section(rows: list[dict]) -> list[str]:
         "backward (the lm_head's gradient among its temporaries) and is priced 4,927 there (+4.0 %; not a row).",
         "",
         "The model is sharded as verl shards it (`fully_shard` with its explicit `reshard_after_forward=True` on",
-        "every layer and the root, the runtime's ShardingSpec), on torch 2.13: from torch 2.8 (vLLM >= 0.10.2, the",
-        "default vLLM 0.11; planner.stack.ROOT_RESHARDS_AFTER_FORWARD) the root group is resharded after the",
+        "every layer and the root, the runtime's ShardingSpec), on torch 2.13: from torch 2.8 (vLLM >= 0.10.2, as",
+        f"the default stack's vLLM {DEFAULT_VLLM}; planner.stack.ROOT_RESHARDS_AFTER_FORWARD) the root group is",
+        "resharded after the",
         "forward, so a logits head runs with no gathered lm_head (2 V h, 260 MiB here) and the root's pre-backward",
         "gathers it again once the logits' gradient is made, for the lm_head's backward; the fused head runs",
         "inside the forward, as verl's patched forward does. Measured with FSDP2's auto root (None: the root held",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import attrs
 import pytest
@@ -238,3 +240,16 @@ def test_the_root_follows_the_engine_verl_installs_torch_2_8_on_verl_0_9_1_and_o
     assert root_reshards_after_forward(DEFAULT_STACK, "vllm") and root_reshards_after_forward(DEFAULT_STACK, "sglang")
     old = StackSection(verl="0.4.1")
     assert not root_reshards_after_forward(old, "vllm") and not root_reshards_after_forward(old, "sglang")
+
+
+def test_the_engine_pin_table_in_docs_is_the_one_stack_py_holds():
+    """docs/verl-versions.md's table of each verl release's engine extras and defaults, row by row."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "verl-versions.md").read_text()
+    rows = re.findall(r"^\| ([0-9][^|]*?) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", text, flags=re.M)
+    documented = {}
+    for releases, _vllm_extra, vllm, _sglang_extra, sglang in rows:
+        for release in releases.split(", "):
+            documented[release.strip()] = (vllm.strip(), sglang.strip())
+    assert set(VERL_ENGINE_PINS) <= set(documented)
+    for release, (vllm, sglang) in documented.items():
+        assert (default_engine_version(release, "vllm"), default_engine_version(release, "sglang")) == (vllm, sglang)
