@@ -79,9 +79,10 @@ _FIELD_HINTS: dict[type, dict[str, Any]] = {}
 
 def _field_hints(section_class: type) -> dict[str, Any]:
     """A plan section's resolved field types (resolving them evaluates every annotation: the solver pins each
-    candidate, so once per class)."""
+    candidate, so once per class; attrs.resolve_types keeps them on the fields, where planfile and cattrs read
+    them too)."""
     if section_class not in _FIELD_HINTS:
-        _FIELD_HINTS[section_class] = typing.get_type_hints(section_class)
+        _FIELD_HINTS[section_class] = {f.name: f.type for f in attrs.fields(attrs.resolve_types(section_class))}
     return _FIELD_HINTS[section_class]
 
 

@@ -98,6 +98,12 @@ def plan_to_toml(plan: Plan) -> str:
     return header + tomli_w.dumps(plan_to_dict(plan))
 
 
+def _field_types(cls: Any) -> dict[str, Any]:
+    """A section class's field types, evaluated once per class: attrs.resolve_types stores them on its fields, where
+    cattrs reads them too (the annotations are strings under `from __future__ import annotations`)."""
+    return {f.name: f.type for f in attrs.fields(attrs.resolve_types(cls))}
+
+
 def _class_at(path: list[str]) -> type | None:
     """The attrs class a dotted path of the plan leads to, for suggesting valid keys."""
     cls: Any = Plan
@@ -107,7 +113,7 @@ def _class_at(path: list[str]) -> type | None:
         fields = {f.name: f for f in attrs.fields(cls)}
         if part not in fields:
             return None
-        cls = _unwrap_optional(typing.get_type_hints(cls)[part])
+        cls = _unwrap_optional(_field_types(cls)[part])
     return cls if attrs.has(cls) else None
 
 
@@ -174,7 +180,7 @@ def _allowed_values(path: list[str]) -> str:
     cls = _class_at(path[:-1]) if path else None
     if cls is None:
         return ""
-    hint = _unwrap_optional(typing.get_type_hints(cls).get(path[-1]))
+    hint = _unwrap_optional(_field_types(cls).get(path[-1]))
     if typing.get_origin(hint) is not typing.Literal:
         return ""
     values = [f'"{value}"' if isinstance(value, str) else str(value).lower() for value in typing.get_args(hint)]
@@ -185,7 +191,7 @@ def _check_keys(data: Any, cls: Any, path: list[str]) -> None:
     """Unknown keys first: a typo'd section name should not be reported as a missing one."""
     if not attrs.has(cls) or not isinstance(data, dict):
         return
-    hints = typing.get_type_hints(cls)
+    hints = _field_types(cls)
     valid = {f.name for f in attrs.fields(cls)}
     for key, value in data.items():
         if key in valid and attrs.has(_unwrap_optional(hints[key])) and not isinstance(value, dict):

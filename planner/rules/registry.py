@@ -15,6 +15,7 @@ the order they are written.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, get_args
@@ -96,6 +97,7 @@ class Rule:
 
 
 RULES: list[Rule] = []
+_REPORT_ORDER: list[tuple[int, int, int]] = []  # each rule's _report_order, beside it
 
 
 def rule(stage: Stage, summary: str, applies: Behaviour | None = None) -> Callable[[Check], Check]:
@@ -104,9 +106,10 @@ def rule(stage: Stage, summary: str, applies: Behaviour | None = None) -> Callab
     `applies`: the version-dependent verl behaviour the rule belongs to; on other target stacks it is not run."""
 
     def register(check: Check) -> Check:
-        RULES.append(Rule(name=check.__name__.lstrip("_"), stage=stage, summary=summary, check=check,
-                          applies=applies))
-        RULES.sort(key=_report_order)
+        registered = Rule(name=check.__name__.lstrip("_"), stage=stage, summary=summary, check=check, applies=applies)
+        at = bisect.bisect(_REPORT_ORDER, _report_order(registered))
+        _REPORT_ORDER.insert(at, _report_order(registered))
+        RULES.insert(at, registered)
         return check
 
     return register

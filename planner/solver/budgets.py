@@ -65,10 +65,11 @@ def phase_fits(report: MemoryReport, name: Phase) -> bool:
     return fits
 
 
-def _phase_fits(plan: Plan, phase: Phase, request: SolveRequest) -> bool:
-    """A training or forward phase alone: its peak depends on that pass's token budget only."""
+def _phase_fits(plan: Plan, phase: Phase, request: SolveRequest, limit: int | None = None) -> bool:
+    """A training or forward phase alone: its peak depends on that pass's token budget only. `limit`: the plan's
+    gpu_limit_bytes where the caller has it (a pass's budgets and micro batches do not change it)."""
     peak = predict_phase(plan, phase, request.profile).peak_bytes
-    return peak <= gpu_limit_bytes(plan, request)
+    return peak <= (gpu_limit_bytes(plan, request) if limit is None else limit)
 
 
 def _budget_floor(plan: Plan) -> int:
@@ -119,14 +120,16 @@ def _solve_pass(plan: Plan, request: SolveRequest, phase: Phase, *, chunk: int, 
         return evolve_fields(plan, values)
 
     dynamic = bool(knob_value(plan, knobs[0].dynamic_bsz))
+    limit = gpu_limit_bytes(plan, request)
     if (knobs[0].token_budget if dynamic else knobs[0].micro_batch) in request.pins:
-        return plan if _phase_fits(plan, phase, request) else None
+        return plan if _phase_fits(plan, phase, request, limit) else None
     if dynamic:
-        budget = _largest_fitting(_budget_floor(plan), cap, lambda b: _phase_fits(with_budget(b), phase, request))
+        budget = _largest_fitting(_budget_floor(plan), cap,
+                                  lambda b: _phase_fits(with_budget(b), phase, request, limit))
         return None if budget is None else with_budget(budget)
     if chunk <= 0:
         return None
-    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(m), phase, request))
+    micro = _largest_fitting_divisor(chunk, lambda m: _phase_fits(with_micro(m), phase, request, limit))
     return None if micro is None else with_micro(micro)
 
 
