@@ -13,10 +13,24 @@ Glossary (one name per concept, planner and runtime alike):
   is timed but never priced: it holds no GPU memory.
 - **pass**: a phase in which a trainer runs its model over the batch in micro batches (the two updates and
   the three log-prob/value forwards); `PASS_KNOBS` holds each pass's batching keys.
+- **role**: a model verl builds: the actor (policy), the reference, the critic; a role that trains (actor,
+  critic) is a `TrainedRole` (planner.memory.backend). A role's work in a phase is a pass, named by its phase
+  (`Phase.OLD_LOG_PROB` is the actor's no_grad forward); `layout.RoleBatchLayout.role` holds that pass's
+  `Phase` (the name is older than this glossary).
+- **moment** (of a pass): where inside one training pass its memory peak is reached: the planner's update
+  sub-phases `loss`, `backward`, `optimizer_step` (memory.report `PhaseMemory.peak_at`), which `rlplan measure`
+  calls `MeasuredStage` forward, loss, backward, optimizer; `optimizer_step` and `optimizer` are one moment
+  (the AdamW step).
 - **rule stage** (planner.rules `Stage`): where verl would refuse a plan (config, worker, runtime, rlplan,
   platform): a property of a rule, not of the step.
-- **measured stage** (runtime.emulation `MeasuredStage`): forward, loss, backward or optimizer inside one
-  training step that `rlplan measure` emulates; where its memory peak was reached.
+- **measured stage** (runtime.emulation `MeasuredStage`): the moment inside one training step that
+  `rlplan measure` emulates, where its memory peak was reached (above).
+- **pipeline stage**: one pipeline-parallel rank's layers under Megatron (`num_layers_in_first_pipeline_stage`,
+  `memory.megatron.stage_activations`); always said in full, never "stage" alone.
+- **start-up stage**: what `rlplan run`'s spinner names before the first step (runtime/progress.py).
+- **sequence split**: the ranks one sequence is split over: Ulysses sequence parallelism under FSDP, context
+  parallelism (CP) under Megatron; `layout.ParallelLayout.ulysses_sequence_parallel_size` holds whichever the
+  plan's backend uses (`layout._sequence_and_model_parallel`).
 - **sync mode** (`SyncMode`): what the trainer sends the rollout engine in the weight_sync phase.
 """
 

@@ -1,4 +1,5 @@
-"""Per-GPU memory of every phase of a colocated verl step (an FSDP trainer + vLLM or SGLang rollout), and host RAM.
+"""Per-GPU memory of every phase of a colocated verl step (an FSDP or Megatron trainer + a vLLM or SGLang
+rollout), and host RAM.
 
 The formulas are those of shared/reference/memory-model.md section 2, derived
 from the model's architecture (GQA KV width, tied embeddings, gated MLP width,
@@ -53,6 +54,9 @@ other name is imported from the module that owns it:
     memory.fsdp         the FSDP training backend (FsdpBackend): each role's sharded state
                         (actor_state, critic_state, the reference's params, the offload policy, on_gpu),
                         the training step's and a no_grad forward's components, the weight-sync gather
+    memory.megatron     the Megatron training backend (MegatronBackend): each role's state on its most
+                        loaded rank over TP / PP / EP / ETP and the distributed optimizer, a pipeline
+                        stage's activations, the weight-sync gathers
     memory.phases       the step's phases (predict_memory, predict_phase) and their MemoryReport, host
                         memory, at_max_length, longest_expected_response_that_fits
 The constants (allocator margins, vLLM workspace fit, head coefficients) come from

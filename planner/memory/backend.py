@@ -4,7 +4,8 @@ The phases (memory.phases) price a step without knowing how the trainer shards: 
 role's per-rank state (params, grads, optimizer moments; what of it the GPU holds, what sits in host RAM,
 what stays resident between phases), the reference's parameters, the components of an update and of a
 no_grad forward over a micro batch of N tokens, and the bytes the weight sync gathers.  verl's FSDP and
-FSDP2 workers are one backend (memory.fsdp.FsdpBackend).
+FSDP2 workers are one backend (memory.fsdp.FsdpBackend), its Megatron workers another
+(memory.megatron.MegatronBackend).
 
 A second backend is a module beside memory/fsdp.py with a class that has these methods, and its strategy
 in TRAINING_BACKENDS below: no function of memory.phases changes.
