@@ -19,7 +19,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import MegatronSection, Plan, RefSection, RolloutSection
+from rlplan.planner.plan import Plan, RefSection, RolloutSection
 from rlplan.planner.stack import SOFT_TOKEN_BUDGET, holds
 
 
@@ -240,7 +240,7 @@ def _sequence_and_model_parallel(plan: Plan, role: str) -> tuple[int, int]:
     section = plan.critic if role == "critic" else plan.actor
     if not plan.is_megatron:
         return section.ulysses_sequence_parallel_size, 1
-    engine = section.megatron or MegatronSection()  # verl's defaults for an unset critic engine
+    engine = plan.engine("critic" if role == "critic" else "actor")
     return engine.context_parallel_size, engine.model_parallel_size
 
 

@@ -29,6 +29,8 @@ Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KlLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 LoadFormat = Literal["dummy", "safetensors", "auto"]
+# The roles verl builds with an engine of their own (Plan.engine).
+EngineRole = Literal["actor", "ref", "critic"]
 Truncation = Literal["error", "left", "right", "middle", "filter"]
 # The kernel that turns the actor's logits into log-probs (memory.py prices each from its own
 # allocations): "auto" is what verl would run for the plan (planner.memory.heads.resolved_loss_head).
@@ -465,6 +467,23 @@ class Plan:
     def uses_reference(self) -> bool:
         """verl's need_reference_policy: a KL term in the loss or in the reward."""
         return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    def engine(self, role: EngineRole) -> MegatronSection:
+        """A role's Megatron engine, derived here once for every reader (memory, step time, rules, layout, render,
+        report): its own `megatron` section where the plan sets one, else what verl builds. The reference takes
+        the actor's parallel sizes and param offload (ppo_megatron_trainer.yaml's ref.megatron.* `oc.select`
+        defaults: verl_keys.REF_FOLLOWS_ACTOR) and Megatron's defaults for the rest; the critic takes Megatron's
+        defaults."""
+        if role == "actor":
+            return self.actor.mcore
+        if role == "critic":
+            return self.critic.megatron or MegatronSection()
+        if self.ref.megatron is not None:
+            return self.ref.megatron
+        from rlplan.planner.verl_keys import REF_FOLLOWS_ACTOR
+
+        actor = self.actor.mcore
+        return MegatronSection(**{name: getattr(actor, name) for name in REF_FOLLOWS_ACTOR})
 
     @property
     def reference_is_actor(self) -> bool:

@@ -26,12 +26,11 @@ import attrs
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
-from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.plan import Plan
 from rlplan.planner.stack import in_range, stack_defaults
 from rlplan.planner.verl_keys import (
     BY_FIELD,
     DEFAULT_REWARD_NAME,
-    REF_FOLLOWS_ACTOR,
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
@@ -123,11 +122,9 @@ def prepare_for_verl(plan: Plan) -> Plan:
 def _with_explicit_megatron_sections(plan: Plan) -> Plan:
     """Every role's Megatron engine written out: the reference's parallel sizes and offload follow the actor's
     where the plan leaves them unset (verl's oc.select defaults), the critic takes Megatron's own defaults."""
-    actor = plan.actor.mcore
-    ref = plan.ref.megatron or attrs.evolve(
-        MegatronSection(), **{name: getattr(actor, name) for name in REF_FOLLOWS_ACTOR})
-    return plan.evolve(actor=attrs.evolve(plan.actor, megatron=actor), ref=attrs.evolve(plan.ref, megatron=ref),
-                       critic=attrs.evolve(plan.critic, megatron=plan.critic.megatron or MegatronSection()))
+    return plan.evolve(actor=attrs.evolve(plan.actor, megatron=plan.engine("actor")),
+                       ref=attrs.evolve(plan.ref, megatron=plan.engine("ref")),
+                       critic=attrs.evolve(plan.critic, megatron=plan.engine("critic")))
 
 
 def plan_as_verl_runs_it(plan: Plan) -> Plan:

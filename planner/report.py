@@ -411,10 +411,10 @@ def _megatron_recompute(engine: MegatronSection) -> str:
 def _megatron_rows(plan: Plan) -> list[tuple[str, str]]:
     """A Megatron plan's own offload, recompute and parallel knobs (its FSDP fields are unused: rule
     fsdp_knobs_on_a_megatron_plan)."""
-    engine, ref = plan.actor.mcore, plan.ref.megatron or plan.actor.mcore
+    engine, ref = plan.engine("actor"), plan.engine("ref")
     offload = f"{_megatron_offload(engine, plan, 'actor')}; ref params {ref.param_offload}"
     if plan.uses_critic:
-        offload += f"; critic {_megatron_offload(plan.critic.megatron or MegatronSection(), plan, 'critic')}"
+        offload += f"; critic {_megatron_offload(plan.engine('critic'), plan, 'critic')}"
     vpp = engine.virtual_pipeline_model_parallel_size
     return [
         ("offload", offload),

@@ -303,8 +303,8 @@ def export_gather_bytes(arch: Architecture, engine: MegatronSection) -> float:
 
 
 def _engine(plan: Plan, role: TrainedRole) -> MegatronSection:
-    """A role's Megatron engine: the actor's, or the critic's (verl's defaults where the plan leaves it unset)."""
-    return plan.actor.mcore if role == "actor" else plan.critic.megatron or MegatronSection()
+    """A role's Megatron engine (Plan.engine: verl's defaults where the plan leaves it unset)."""
+    return plan.engine(role)
 
 
 def trainable_fraction(plan: Plan, role: TrainedRole) -> float:
@@ -377,11 +377,10 @@ class MegatronBackend:
         return state.host_copies(role, ranks, params=engine.param_offload, grads=False, optimizer=optimizer_share)
 
     def reference_params_bytes(self, plan: Plan, layout: PlanLayout) -> int:
-        engine = plan.ref.megatron or plan.actor.mcore
-        return int(WEIGHT_BYTES * parameters_on_most_loaded_rank(plan.model.arch, engine).total)
+        return int(WEIGHT_BYTES * parameters_on_most_loaded_rank(plan.model.arch, plan.engine("ref")).total)
 
     def reference_params_on_host(self, plan: Plan) -> bool:
-        return (plan.ref.megatron or plan.actor.mcore).param_offload
+        return plan.engine("ref").param_offload
 
     def update_components(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
                           head: LossHead | None, profile: Profile) -> tuple[str, list[Component]]:

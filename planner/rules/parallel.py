@@ -124,11 +124,11 @@ def _megatron_roles(plan: Plan) -> Iterator[tuple[str, MegatronSection]]:
     parallel sizes to the actor's), and the critic where the plan trains one."""
     if not plan.is_megatron:
         return
-    yield "actor", plan.actor.mcore
+    yield "actor", plan.engine("actor")
     if plan.uses_reference and not plan.reference_is_actor:
-        yield "ref", plan.ref.megatron or plan.actor.mcore
+        yield "ref", plan.engine("ref")
     if plan.uses_critic:
-        yield "critic", plan.critic.megatron or MegatronSection()
+        yield "critic", plan.engine("critic")
 
 
 @rule("worker", "Megatron's world splits into TP x PP x CP model-parallel groups and DP replicas")

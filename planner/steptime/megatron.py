@@ -155,12 +155,8 @@ def recomputed_forward_fraction(engine: MegatronSection, facts: ModelFacts, cont
 
 
 def _engine(plan: Plan, batch: RoleBatchLayout, critic: bool) -> MegatronSection:
-    """The engine that runs the pass: the critic's, the reference's (the actor's where unset), the actor's."""
-    if critic:
-        return plan.critic.megatron or MegatronSection()
-    if batch.role == Phase.REF_LOG_PROB:
-        return plan.ref.megatron or plan.actor.mcore
-    return plan.actor.mcore
+    """The engine that runs the pass: the critic's, the reference's or the actor's (Plan.engine: verl's defaults where unset)."""
+    return plan.engine("critic" if critic else "ref" if batch.role == Phase.REF_LOG_PROB else "actor")
 
 
 def _routed_flops_share(arch: Architecture, facts: ModelFacts, context: float) -> float:
@@ -375,11 +371,11 @@ def offload_seconds(plan: Plan, rates: Rates) -> float:
         moved += 2 * grads
     if actor.optimizer_offload:
         moved += 2 * optimizer
-    reference = plan.ref.megatron or actor
+    reference = plan.engine("ref")
     if plan.uses_reference and not plan.reference_is_actor and reference.param_offload:
         moved += _role_state_bytes(plan, reference, critic=False)[0]
     if plan.uses_critic:
-        critic = plan.critic.megatron or MegatronSection()
+        critic = plan.engine("critic")
         weights, grads, optimizer = _role_state_bytes(plan, critic, critic=True)
         if critic.param_offload:
             moved += 2 * 2 * weights + 2 * grads

@@ -1,0 +1,52 @@
+"""The plan's derived facts (planner/plan.py): a role's Megatron engine, derived once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import attrs
+
+from rlplan.planner.plan import MegatronSection
+from rlplan.planner.verl_keys import REF_FOLLOWS_ACTOR
+from tests.planner.plans import make_plan
+
+PLANNER = Path(__file__).resolve().parents[2] / "planner"
+ACTOR = MegatronSection(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                        virtual_pipeline_model_parallel_size=2, param_offload=True, sequence_parallel=False,
+                        recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+
+
+def _megatron_plan(**sections):
+    plan = make_plan(overrides={"actor.strategy": "megatron"})
+    plan = plan.evolve(actor=attrs.evolve(plan.actor, megatron=ACTOR))
+    return plan.evolve(**{role: attrs.evolve(getattr(plan, role), megatron=engine) for role, engine in sections.items()})
+
+
+def test_an_unset_reference_engine_follows_the_actors_sizes_and_param_offload_and_defaults_the_rest():
+    """verl's ppo_megatron_trainer.yaml: ref.megatron.* `oc.select` the actor's parallel sizes and param offload."""
+    ref = _megatron_plan().engine("ref")
+    assert all(getattr(ref, name) == getattr(ACTOR, name) for name in REF_FOLLOWS_ACTOR)
+    defaults = MegatronSection()
+    others = [a.name for a in attrs.fields(MegatronSection) if a.name not in REF_FOLLOWS_ACTOR]
+    assert all(getattr(ref, name) == getattr(defaults, name) for name in others)
+
+
+def test_a_roles_own_engine_wins_and_an_unset_critic_takes_megatrons_defaults():
+    own = MegatronSection(tensor_model_parallel_size=4)
+    plan = _megatron_plan(ref=own)
+    assert plan.engine("ref") is own and plan.engine("actor") == ACTOR
+    assert plan.engine("critic") == MegatronSection()
+
+
+def test_no_module_but_plan_py_derives_a_roles_engine():
+    """A role's engine is worked out once (Plan.engine), not again as `<role>.megatron or ...` in its readers."""
+    found = []
+    for path in PLANNER.rglob("*.py"):
+        if path.name == "plan.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and isinstance(node.values[0], ast.Attribute)
+                    and node.values[0].attr == "megatron"):
+                found.append(f"{path.relative_to(PLANNER)}:{node.lineno}")
+    assert found == []
