@@ -342,7 +342,7 @@ def _verl_allocator_observation(run: VerlRun, profile: Profile, family: Any) -> 
     return MemoryObservation(phase=str(peak.name), allocated_bytes=trainer, held_bytes=trainer + gap * GIB), ""
 
 
-def _verl_run_timing(run: VerlRun) -> RunTiming | None:
+def verl_run_timing(run: VerlRun) -> RunTiming | None:
     """Median seconds per verl timing key over the run's steady steps, as `fit_step_time` compares them."""
     from rlplan.planner.compare import steady_steps
 
@@ -388,7 +388,7 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
             memory.append(observation)
         elif why:
             notes.append(why)
-        timing = _verl_run_timing(priced)
+        timing = verl_run_timing(priced)
         if timing is not None:
             timings.append(timing)
     changes: dict[str, Any] = {"name": name,

@@ -49,7 +49,7 @@ def _forward_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, p
     facts = model_facts(plan.model.arch)
     tokens = tokens_per_gpu(plan, role, lengths)
     micro_batches = pass_micro_batches(plan, role, lengths)
-    compute = (tokens * training_flops_per_token(plan, facts, lengths, critic)
+    compute = (tokens * training_flops_per_token(plan, facts, lengths, critic, role)
                / rates.train_flops(compute_dtype(plan, critic)))
     if entropy:
         compute += entropy_seconds(facts, tokens, rates, profile)
@@ -71,7 +71,7 @@ def _update_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, pr
     multiplier = (2.0 if n_lora else 3.0) + (1.0 if checkpointing else 0.0)
     tokens = tokens_per_gpu(plan, role, lengths) * role.epochs
     micro_batches = pass_micro_batches(plan, role, lengths)
-    compute = (tokens * training_flops_per_token(plan, facts, lengths, critic) * multiplier
+    compute = (tokens * training_flops_per_token(plan, facts, lengths, critic, role) * multiplier
                / rates.train_flops(compute_dtype(plan, critic)))
     if not critic and plan.actor.entropy_coeff != 0:
         # The entropy's forward and backward over the logits.

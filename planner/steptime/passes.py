@@ -28,31 +28,33 @@ class StepContext:
     lengths: Lengths
 
 
-def pass_sequence_length(plan: Plan, lengths: Lengths) -> float:
+def pass_sequence_length(plan: Plan, lengths: Lengths, role: RoleBatchLayout | None = None) -> float:
     """Tokens per sequence a trainer pass computes: the mean with remove padding, the padded maximum
-    without."""
-    if plan.model.use_remove_padding:
-        return lengths.sequence_mean
-    return float(plan.data.max_sequence_length)
+    without (the role's own flag: verl's critic has its own `use_remove_padding`, False by default up to
+    its HEAD, verl/trainer/config/critic/dp_critic.yaml)."""
+    padded = role.padded if role is not None else not plan.model.use_remove_padding
+    return float(plan.data.max_sequence_length) if padded else lengths.sequence_mean
 
 
 def tokens_per_gpu(plan: Plan, role: RoleBatchLayout, lengths: Lengths) -> float:
-    return role.sequences_per_gpu * pass_sequence_length(plan, lengths) / role.sequence_parallel_size
+    return role.sequences_per_gpu * pass_sequence_length(plan, lengths, role) / role.sequence_parallel_size
 
 
 def pass_micro_batches(plan: Plan, role: RoleBatchLayout, lengths: Lengths) -> int:
     """Micro batches one GPU runs in the pass: dynamic batches pack the chunk's real tokens into the
-    budget."""
+    budget (verl's rearrange_micro_batches counts `attention_mask.sum()`, so even a padded pass is split by
+    its real tokens, each micro batch then computing its sequences at the padded length)."""
     if role.max_token_len_per_gpu is None:
         return role.micro_batches_per_step
-    chunk_tokens = role.chunk_size * pass_sequence_length(plan, lengths)
+    chunk_tokens = role.chunk_size * lengths.sequence_mean
     per_chunk = max(1, math.ceil(chunk_tokens / (role.max_token_len_per_gpu * role.sequence_parallel_size)))
-    return role.mini_batches_per_epoch * per_chunk * role.epochs
+    return role.mini_batches_per_epoch * min(per_chunk, max(1, role.chunk_size)) * role.epochs
 
 
-def training_flops_per_token(plan: Plan, facts: ModelFacts, lengths: Lengths, critic: bool) -> float:
+def training_flops_per_token(plan: Plan, facts: ModelFacts, lengths: Lengths, critic: bool,
+                             role: RoleBatchLayout | None = None) -> float:
     """Forward FLOPs per token at the mean causal context of a packed sequence (half its length)."""
-    flops = facts.forward_flops_per_token(pass_sequence_length(plan, lengths) / 2)
+    flops = facts.forward_flops_per_token(pass_sequence_length(plan, lengths, role) / 2)
     if critic:
         # A value head replaces the vocabulary projection.
         flops -= 2.0 * facts.vocab * facts.hidden
