@@ -10,6 +10,7 @@ from attrs import frozen
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.model_facts import ModelFacts
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.steptime.lengths import Lengths
@@ -75,3 +76,46 @@ def fixed_micro_batch_seconds(layers: float, micro_batches: int, profile: Profil
 def entropy_seconds(facts: ModelFacts, tokens: float, rates: Rates, profile: Profile) -> float:
     """verl's old-log-prob pass also computes the entropy: memory-bound passes over fp32 logits."""
     return tokens * facts.vocab * profile.entropy_bytes_per_token_vocab / rates.hbm
+
+
+# --- what verl times around every trainer pass: the worker call and its data (ray_trainer.fit, v0.4.0) ---
+
+# Float tensors per response position the driver's batch holds when it calls each trainer phase: the log-prob
+# pass none yet; the reference the old log-probs; the values both; the updates also the scores, the rewards,
+# the advantages and the returns.  A call ships the whole batch (`self.actor_rollout_wg.compute_log_prob(batch)`).
+_FLOATS_SENT = {Phase.OLD_LOG_PROB: 0, Phase.REF_LOG_PROB: 1, Phase.CRITIC_VALUES: 2, Phase.CRITIC_UPDATE: 7,
+                Phase.ACTOR_UPDATE: 7}
+# ... and what each returns per position: log-probs and entropies, the reference's log-probs, the values; the
+# updates return their metrics only.
+_FLOATS_RETURNED = {Phase.OLD_LOG_PROB: 2, Phase.REF_LOG_PROB: 1, Phase.CRITIC_VALUES: 1, Phase.CRITIC_UPDATE: 0,
+                    Phase.ACTOR_UPDATE: 0}
+
+
+def batch_bytes(plan: Plan, sequences: float, floats_per_position: int) -> float:
+    """Bytes of verl's padded batch of `sequences`: int64 input_ids, attention_mask and position_ids over prompt +
+    response, the prompts, the responses and the response mask, and `floats_per_position` fp32 tensors over the
+    response positions."""
+    data = plan.data
+    ints = 4 * data.max_sequence_length + 2 * data.max_response_length
+    return sequences * (8.0 * ints + 4.0 * floats_per_position * data.max_response_length)
+
+
+def transfer_seconds(plan: Plan, profile: Profile, sent_bytes: float, returned_bytes: float) -> float:
+    """One worker-group call: its fixed host cost, and the driver's DataProto out to the ranks and back."""
+    if plan.cluster.gpu.is_cpu:
+        # rlplan's own CPU runtime: its fixed costs are in the constants `calibrate --cpu` fits.
+        return 0.0
+    return profile.worker_call_seconds + (sent_bytes + returned_bytes) / (profile.dataproto_gbps * 1e9)
+
+
+def worker_call_seconds(ctx: StepContext, phase: Phase) -> float:
+    """What a trainer phase's timer holds beside the pass: the call to every rank and the batch it ships."""
+    plan = ctx.plan
+    sequences = plan.data.train_batch_size * plan.rollout.n
+    return transfer_seconds(plan, ctx.profile, batch_bytes(plan, sequences, _FLOATS_SENT[phase]),
+                            sequences * 4.0 * _FLOATS_RETURNED[phase] * plan.data.max_response_length)
+
+
+def optimizer_step_host_seconds(layers: float, optimizer_steps: int, profile: Profile) -> float:
+    """The host work of every optimizer step beside AdamW's HBM pass (grad-norm clip and its sync, launches)."""
+    return optimizer_steps * layers * profile.optimizer_step_seconds_per_layer

@@ -37,7 +37,7 @@ def test_each_log_is_its_own_group_with_measured_phases_and_a_step(holdout, case
 def test_a_held_out_group_is_never_priced_with_a_profile_fitted_on_it(holdout, cases, monkeypatch):
     fitted_on: list[set[str]] = []
 
-    def recording_fit(fit_cases, keys, base, name):
+    def recording_fit(fit_cases, keys, base, name, prior_weight=0.0):
         fitted_on.append({case.group for case in fit_cases})
         return base
 
