@@ -53,14 +53,15 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
 
 
 def _time_band_cell(row: dict[str, Any]) -> str:
-    """A time row's band: the predicted seconds' range on the published runs out of sample, and the verdict."""
+    """A time row's band: the range the predicted seconds stood for on published runs out of sample, and whether
+    the measurement lies in it (steptime/bands.py)."""
     band = row.get("band")
     if not band:
         return ""
     low, high = row["predicted_s"] / (1 + band["over"]), row["predicted_s"] / (1 - band["under"])
+    basis = "" if band["runs"] else ", no run measured it: the widest"
     verdict = "within" if row["within_band"] else "OUTSIDE"
-    basis = f"{band['runs']} runs" if band["runs"] else "no run measured it: the widest band"
-    return f"-{100 * band['under']:.0f} % / +{100 * band['over']:.0f} % ({low:.2f}-{high:.2f} s, {basis}): {verdict}"
+    return f"-{100 * band['under']:.0f}/+{100 * band['over']:.0f} % ({low:.2f}-{high:.2f} s{basis}) {verdict}"
 
 
 def comparison_tables(payload: dict[str, Any]) -> list[Any]:

@@ -204,6 +204,9 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
         },
         "step_time_s": reports.step_time_s,
         "phase_seconds": {k: round(v, 3) for k, v in step.phase_seconds.items()},
+        # Each phase's (and the step's) out-of-sample error band (planner/steptime/bands.py, accuracy.md 5a).
+        "phase_seconds_band": {**{k: phase_band(plan, k).to_json() for k, v in step.phase_seconds.items() if v},
+                               "step": phase_band(plan, "step").to_json()},
         # The lengths the step time is priced at (planner/steptime.py; docs/steptime.md has its error).
         "step_time_lengths": step_time_lengths_json(plan, profile, reports.lengths),
         "layout": layout_json(plan, reports.layout),
@@ -356,7 +359,7 @@ def layout_table(layout: PlanLayout, *, megatron: bool = False):
     return table
 
 
-def time_table(step: StepTime, lengths: Lengths | None):
+def time_table(step: StepTime, lengths: Lengths | None, plan: Plan):
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -364,16 +367,19 @@ def time_table(step: StepTime, lengths: Lengths | None):
     at = (f"at mean prompt {round(lengths.prompt_mean, 1):.0f} + response {round(lengths.response_mean, 1):.0f} "
           "tokens" if lengths else "at the expected lengths")
     step_seconds = round(step.total_seconds, 3)
-    title = f"Step time estimate {at}: {step_seconds:.2f} s"
-    caption = "error vs published verl runs: most phases within 25 %, the rollout -46..+65 % (docs/steptime.md)"
+    title = f"Step time estimate {at}: {step_seconds:.2f} s ({phase_band(plan, 'step').text()})"
+    caption = ("error band: the model's largest under- and over-prediction of that verl timing key on published "
+               "runs left out of its fit (docs/accuracy.md 5a)")
     table = Table()
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
+    table.add_column("error band", justify="right")
     total = step_seconds or 1.0
     for name, seconds in step.phase_seconds.items():
         seconds = round(seconds, 3)
-        table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%")
+        table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%",
+                      phase_band(plan, name).text() if seconds else "")
     # Title and caption as lines of their own: a table's title folds to the width of its narrow columns.
     return Group(Text(title, style="italic"), table, Text(caption))
 
@@ -495,7 +501,7 @@ def explain_tables(reports: PlanReports) -> list[Any]:
     plan, memory = reports.plan, reports.memory
     out: list[Any] = [knobs_table(plan), layout_table(reports.layout, megatron=plan.is_megatron),
                       component_matrix(memory), host_table(memory),
-                      time_table(reports.step, reports.lengths)]
+                      time_table(reports.step, reports.lengths, reports.plan)]
     from rich.text import Text
 
     out.append(Text(
@@ -523,7 +529,7 @@ def solve_summary(plan: Plan, result: SolveResult, output: str | None, profile: 
     out: list[Any] = [knobs_table(plan)]
     reports = plan_reports(plan, profile, headroom)
     out.append(phase_table(reports.memory, detailed=False))
-    out.append(time_table(reports.step, reports.lengths))
+    out.append(time_table(reports.step, reports.lengths, reports.plan))
     where = f"written to {output}" if output else "not written"
     out.append(Text(
         f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "

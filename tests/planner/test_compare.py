@@ -410,3 +410,14 @@ def test_a_run_with_one_step_compares_and_forecasts_no_trend(tmp_path):
     assert payload["forecast"]["stops_fitting_at_step"] is None
     assert [row["steps"] for row in payload["times"]] == [1]
     assert payload["memory"][0]["measured_gib"] == 40.0 and result.exit_code == 0
+
+
+def test_every_time_row_carries_its_out_of_sample_band_and_says_whether_the_run_lies_in_it():
+    """Issue 40: `compare` shows each phase's seconds with the step-time model's error band (steptime/bands.py)."""
+    _, payload = public_compare("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log")
+    assert payload["times"]
+    for row in payload["times"]:
+        band = row["band"]
+        assert band is not None and 0 <= band["under"] < 1 and band["over"] >= 0, row["phase"]
+        low, high = row["predicted_s"] / (1 + band["over"]), row["predicted_s"] / (1 - band["under"])
+        assert row["within_band"] == (low <= row["measured_s"] <= high), row["phase"]
