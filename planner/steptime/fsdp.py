@@ -21,6 +21,7 @@ from rlplan.planner.memory.report import TrainerState
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
+from rlplan.planner.stack import ENTROPY_IN_EVERY_PASS, holds
 from rlplan.planner.steptime.lengths import Lengths
 from rlplan.planner.steptime.passes import (
     StepContext,
@@ -76,8 +77,8 @@ def _update_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, pr
     micro_batches = pass_micro_batches(plan, role, lengths)
     compute = (tokens * training_flops_per_token(plan, facts, lengths, critic, role) * multiplier
                / rates.train_flops(compute_dtype(plan, critic)))
-    if not critic and plan.actor.entropy_coeff != 0:
-        # The entropy's forward and backward over the logits.
+    if not critic and (plan.actor.entropy_coeff != 0 or holds(ENTROPY_IN_EVERY_PASS, plan.stack)):
+        # The entropy's forward and backward over the logits (every update's before verl 0.4).
         compute += 2.0 * entropy_seconds(facts, tokens, rates, profile)
     params = facts.critic_params if critic else facts.params
     trainable = n_lora or params

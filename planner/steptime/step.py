@@ -11,6 +11,7 @@ from rlplan.planner.memory import MemoryReport
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.stack import ENTROPY_IN_EVERY_PASS, REWARD_TIMED_IN_ADV, holds
 from rlplan.planner.steptime.backend import trainer_timing
 from rlplan.planner.steptime.lengths import workload_lengths
 from rlplan.planner.steptime.passes import StepContext, worker_call_seconds
@@ -46,7 +47,9 @@ def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAU
     if not (plan.cluster.gpu.is_cpu and reuses_update_log_probs(plan, layout)):
         phases[Phase.OLD_LOG_PROB] = trainer.forward_seconds(ctx, layout.old_log_prob, critic=False, entropy=True)
     if layout.ref_log_prob is not None:
-        phases[Phase.REF_LOG_PROB] = trainer.forward_seconds(ctx, layout.ref_log_prob, critic=False, entropy=False)
+        # Before verl 0.4 every pass computes the entropy, the reference's too (stack.ENTROPY_IN_EVERY_PASS).
+        phases[Phase.REF_LOG_PROB] = trainer.forward_seconds(ctx, layout.ref_log_prob, critic=False,
+                                                             entropy=holds(ENTROPY_IN_EVERY_PASS, plan.stack))
     if layout.critic_values is not None and layout.critic_update is not None:
         phases[Phase.CRITIC_VALUES] = trainer.forward_seconds(ctx, layout.critic_values, critic=True, entropy=False)
         phases[Phase.CRITIC_UPDATE] = trainer.update_seconds(ctx, layout.critic_update, critic=True)
@@ -76,7 +79,11 @@ def driver_seconds(plan: Plan, profile: Profile) -> dict[str, float]:
         advantage = positions * (profile.gae_seconds_per_position + sequences * profile.gae_seconds_per_token)
     else:
         advantage = sequences * profile.grouped_advantage_seconds_per_sequence
-    return {"reward": sequences * profile.reward_seconds_per_sequence, "adv": advantage}
+    reward = sequences * profile.reward_seconds_per_sequence
+    if holds(REWARD_TIMED_IN_ADV, plan.stack):
+        # Before verl 0.4 the reward function runs inside the `adv` timer.
+        return {"adv": reward + advantage}
+    return {"reward": reward, "adv": advantage}
 
 
 # verl's `timing_s/<key>` each phase falls under: gen times the weight sync and sleep/wake beside generation

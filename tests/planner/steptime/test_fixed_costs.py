@@ -111,3 +111,15 @@ def test_every_fsdp_phase_has_a_band_and_a_key_nobody_measured_gets_the_widest()
     assert unmeasured.runs == 0
     assert all(unmeasured.under >= b.under and unmeasured.over >= b.over for b in bands.values())
     assert phase_band(plan, Phase.ROLLOUT) == bands["gen"]
+
+
+def test_verl_before_0_4_times_the_reward_inside_adv_and_computes_the_entropy_in_every_pass():
+    plan = make_plan(overrides={"actor.use_kl_loss": True, "actor.entropy_coeff": 0.0})
+    old = plan.evolve(stack=attrs.evolve(plan.stack, verl="0.3.0.post1"))
+    new, before = step_time(plan).phase_seconds, step_time(old).phase_seconds
+    assert "reward" in new and "reward" not in before
+    assert before["adv"] == pytest.approx(new["adv"] + new["reward"])
+    # The reference pass and the update (entropy_coeff 0) compute the entropy over the vocabulary too; this
+    # update's micro batches wait on FSDP's collectives, which hide it.
+    assert before[Phase.REF_LOG_PROB] > new[Phase.REF_LOG_PROB]
+    assert before[Phase.ACTOR_UPDATE] >= new[Phase.ACTOR_UPDATE]
