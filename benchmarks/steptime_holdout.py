@@ -207,7 +207,7 @@ def protocol_base(protocol: Protocol) -> Profile:
 
 # The ridge prior every fit of the protocol uses (calibration.fit_step_time's prior_weight): a constant moves
 # from its sourced value only as far as the runs insist.
-PRIOR_WEIGHT = 0.02
+PRIOR_WEIGHT = 0.005
 
 
 def fitted_profile(cases: Sequence[Case], keys: Sequence[str], base: Profile, name: str,

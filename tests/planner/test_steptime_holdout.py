@@ -58,3 +58,19 @@ def test_summary_counts_are_within_their_totals_and_ranks_are_per_sweep(holdout,
     assert 0 <= summary.log_phases_within_factor <= summary.log_phases
     assert set(summary.ranks) == {case.group for case in cases if case.kind == "sweep"}
     assert all(-1.0 <= rho <= 1.0 for rho in summary.ranks.values())
+
+
+def test_written_bands_replace_only_their_protocols_table_and_never_narrow_the_errors(holdout, cases, tmp_path):
+    import tomllib
+
+    priced = holdout.price(cases, DEFAULT_PROFILE, out_of_sample=True)
+    path = tmp_path / "bands.toml"
+    path.write_text('[other.gen]\nunder = 0.1\nover = 0.2\nruns = 3\n', encoding="utf-8")
+    protocol = holdout.PROTOCOLS["fsdp"]
+    holdout.write_bands(path, protocol, priced)
+    tables = tomllib.loads(path.read_text(encoding="utf-8"))
+    assert tables["other"] == {"gen": {"under": 0.1, "over": 0.2, "runs": 3}}
+    for key, band in tables["fsdp"].items():
+        errors = [e for p in priced if (e := p.error(key)) is not None]
+        assert band["runs"] == len(errors)
+        assert all(-band["under"] - 1e-4 <= e <= band["over"] + 1e-4 for e in errors), key
