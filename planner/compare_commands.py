@@ -14,6 +14,7 @@ from rlplan.planner.commands_io import (
     load_plan,
     load_profile,
     make_console,
+    open_regular_file,
     print_json,
     read_text,
     write_atomic,
@@ -21,15 +22,18 @@ from rlplan.planner.commands_io import (
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import apply_knobs
 
-# A verl run's console log grows by a few KiB a step (plus Ray's and vLLM's own lines): far above the 16 MiB
-# of a plan, still a bound that cannot exhaust memory.
-MAX_LOG_BYTES = 512 * 2**20
-
 
 def read_verl_log(path: str, what: str = "VERL_LOG"):
-    from rlplan.planner.verl_log import parse_verl_log
+    """A verl log streamed line by line (a run's console log grows without bound: it is never read whole), from a
+    regular file only (a FIFO or device is refused before a byte is read)."""
+    from rlplan.planner.verl_log import read_verl_log_stream
 
-    return parse_verl_log(read_text(path, what, limit=MAX_LOG_BYTES, errors="replace"), source=path)
+    fd = open_regular_file(path, what)
+    try:
+        with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="\n") as stream:
+            return read_verl_log_stream(stream, source=path)
+    except OSError as exc:
+        raise PlanError(field=what, message=f"cannot read {path!r}: {exc}.", fix="check the file") from None
 
 
 def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host_mem: float, env: list[str],
