@@ -19,6 +19,7 @@ is reported with its line number. Pure: text in, values out (the commands layer 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -123,6 +124,10 @@ def canonical_key(key: str) -> str:
 def parse_value(text: str) -> float | None:
     """A printed metric value as a float (NaN kept), or None when it is not a number (a string, a list)."""
     text = text.strip()
+    try:  # the common case first: a plain number, as verl's "%.3f" and most pformat values print
+        return float(text)
+    except ValueError:
+        pass
     wrapped = _WRAPPED.match(text)
     if wrapped:
         text = (wrapped.group(1) if wrapped.group(1) is not None else wrapped.group(2)).strip()
@@ -168,11 +173,16 @@ KEPT_BAD_LINES = 10
 _NEVER_NEGATIVE = re.compile(r"(?:^|/)(?:timing_s|timing)/|memory|_length/|throughput|num_tokens|tokens")
 
 
+@functools.lru_cache(maxsize=4096)
+def _never_negative(key: str) -> bool:
+    return _NEVER_NEGATIVE.search(key) is not None
+
+
 def _number_problem(key: str, value: float) -> str | None:
     """Why a parsed metric value is not one a run could log, or None when it is fine (NaN is fine: it is kept)."""
     if math.isnan(value):
         return None
-    never_negative = _NEVER_NEGATIVE.search(key) is not None
+    never_negative = _never_negative(key)
     if math.isinf(value):  # verl logs an overflowed grad_norm as inf; a memory figure or a time never is
         return "out of range" if never_negative else None
     if abs(value) > MAX_ABS_VALUE:
@@ -264,8 +274,14 @@ def _merged(first: StepMetrics, second: StepMetrics) -> StepMetrics:
 
 
 def _console_line(reader: _LogReader, raw_line: str, number: int) -> None:
+    if "step:" not in raw_line:  # most lines of a console log are Ray's and vLLM's: skip them at string speed
+        return
+    if "\x1b" in raw_line:
+        raw_line = _ANSI.sub("", raw_line)
+    if "repeated" in raw_line:
+        raw_line = _RAY_REPEATED.sub("", raw_line)
     # tqdm redraws its bar with carriage returns, so one line can hold a bar and a step: take the step's part.
-    segments = [_RAY_REPEATED.sub("", _ANSI.sub("", part)) for part in raw_line.split("\r")]
+    segments = raw_line.split("\r") if "\r" in raw_line else (raw_line,)
     match = next((m for part in reversed(segments) if (m := _STEP.search(part)) is not None), None)
     if match is None:
         return
