@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from tests.planner.chart_html import inlined_spec
 
 EXAMPLES = int(os.environ.get("RLPLAN_FUZZ_EXAMPLES", "25"))
@@ -534,7 +534,7 @@ def test_no_environment_value_is_persisted_printed_or_rendered_by_import_verl(as
 
 # --- round 4 (issue 41): verl logs for compare / calibrate, version flags, Megatron pins ----------------------
 
-VERL_SCRIPT = Path(__file__).resolve().parents[1] / "data" / "verl_logs" / "grpo_qwen2.5-7b_long.sh"
+VERL_SCRIPT = Path(__file__).resolve().parents[2] / "data" / "verl_logs" / "grpo_qwen2.5-7b_long.sh"
 VERL_LINE_VALUES = st.one_of(
     st.sampled_from(["30.5", "-30", "nan", "inf", "-inf", "1e308", "1e400", "9" * 400, "np.float64(20.7)",
                      "tensor(3.0, device='cuda:0')", "True", "[1, 2]", "", "0x10"]),

