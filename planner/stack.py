@@ -17,7 +17,7 @@ from typing import Any, Literal
 import attrs
 from attrs import field, frozen
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import PlanError, shorten
 
 Package = Literal["verl", "vllm", "sglang"]
 Version = tuple[int, int, int]
@@ -48,7 +48,9 @@ VERL_ENGINE_PINS: dict[str, dict[str, tuple[str | None, str | None]]] = {
 
 
 # 0.4.1, v0.3.0.post1, 0.8.0.dev, 0.5.0rc1, 0.11.1+cu128: the release numbers, then any pre/post/dev/local tail.
-_VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[.\-+]?(?:post|dev|rc|a|b|\+)[\w.+-]*)?")
+# A release number has at most six digits (calendar versions such as 2024.10 included); a longer run is no version,
+# and int() of a 4,300-digit run raises.
+_VERSION = re.compile(r"v?(\d{1,6})(?:\.(\d{1,6}))?(?:\.(\d{1,6}))?(?:[.\-+]?(?:post|dev|rc|a|b|\+)[\w.+-]*)?")
 
 
 @functools.lru_cache(maxsize=256)  # the solver's inner loop asks about the same few versions thousands of times
@@ -57,7 +59,7 @@ def parse_version(text: str, where: str = "stack.verl") -> Version:
     `where` for anything else."""
     match = _VERSION.fullmatch(str(text).strip())
     if match is None:
-        raise PlanError(field=where, message=f"{text!r} is not a version.",
+        raise PlanError(field=where, message=f"{shorten(str(text))!r} is not a version.",
                         fix=f"write it as major.minor.patch, e.g. {where} 0.4.1" if where.startswith("--")
                         else f'write it as major.minor.patch, e.g. {where} = "0.4.1"')
     major, minor, patch = (int(part) if part else 0 for part in match.groups())

@@ -215,14 +215,33 @@ def refuse_overwriting_inputs(output: str | None, what: str, inputs: dict[str, A
                             fix=f"pass a different {what} path")
 
 
-def write_atomic(path: str, content: str | bytes, what: str) -> None:
+def refuse_read_only_output(path: str | None, what: str, *, force: bool = False) -> None:
+    """Every writer's check, before any work: an existing output with no write permission was made read-only by
+    its owner, and a rename would replace it anyway (the folder, not the file, is what a rename needs): refused
+    unless the user forces it (`--force`)."""
+    import stat
+
+    if not path or force:
+        return
+    try:
+        mode = Path(os.path.realpath(path)).stat().st_mode
+    except (OSError, ValueError):  # no such file yet (or an unusable name: write_atomic names that)
+        return
+    if stat.S_ISREG(mode) and not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise PlanError(field=what, message=f"{shorten(path)!r} exists and is read-only; it is kept.",
+                        fix=f"pass --force to replace it, or pass a different {what} path")
+
+
+def write_atomic(path: str, content: str | bytes, what: str, *, force: bool = False) -> None:
     """Every command's one path to disk (text as UTF-8, or bytes): write a unique temporary file beside the
     target, fsync, rename over it.
 
     An interrupted or failed write leaves the target as it was and no temporary behind; concurrent writers
     never share a temporary name; a symlink is written through (its target is replaced, the link kept);
-    directories and device nodes are refused rather than renamed over.
+    directories and device nodes are refused rather than renamed over; a read-only file is kept unless `force`
+    (refuse_read_only_output, which commands also call before their work).
     """
+    refuse_read_only_output(path, what, force=force)
     import stat
     import tempfile
 

@@ -20,6 +20,7 @@ from rlplan.planner.commands.commands_io import (
     make_console,
     read_text,
     refuse_overwriting_inputs,
+    refuse_read_only_output,
     report_error,
     write_atomic,
 )
@@ -75,7 +76,8 @@ def _gpu(gpu: str | None, gpu_mem: str | None):
 def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_mem: str | None, env: list[str],
                    output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None),
                    as_json: bool = False,
-                   versions: tuple[str | None, str | None, str | None] = (None, None, None)) -> int:
+                   versions: tuple[str | None, str | None, str | None] = (None, None, None),
+                   force: bool = False) -> int:
     """With as_json: one object on stdout, {"output", "warnings", "plan_toml"} (the plan's text when no -o)."""
     from rich.markup import escape
 
@@ -84,6 +86,7 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
 
     try:
         refuse_overwriting_inputs(output, "--output", {"SCRIPT": script})
+        refuse_read_only_output(output, "--output", force=force)
         host_gib = parse_host_memory(host_mem)
         result = import_verl_script(
             read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_gib or 1024.0,
@@ -98,7 +101,7 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
                                   warnings=(*result.warnings, f"{assumed.describe()}; pass --host-mem to change it"))
         text = plan_to_toml(with_expected_lengths(result.plan, *expected_lengths))
         if output:
-            write_atomic(output, text, "--output")
+            write_atomic(output, text, "--output", force=force)
         elif not as_json:
             sys.stdout.write(text)
     except PlanError as error:
@@ -114,15 +117,17 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
     return ExitCode.OK
 
 
-def render_command(plan_path: str, *, target: str, fmt: str, output: str | None, as_json: bool = False) -> int:
+def render_command(plan_path: str, *, target: str, fmt: str, output: str | None, as_json: bool = False,
+                   force: bool = False) -> int:
     """With as_json: one object on stdout, {"output", "target", "format", "text"} (the text when no -o)."""
     from rlplan.planner.render import render_plan
 
     try:
         refuse_overwriting_inputs(output, "--output", {"PLAN": plan_path})
+        refuse_read_only_output(output, "--output", force=force)
         text = render_plan(load_plan(plan_path), target, fmt, plan_file=plan_path)
         if output:
-            write_atomic(output, text, "--output")
+            write_atomic(output, text, "--output", force=force)
             if fmt == "script":
                 mode = os.stat(output).st_mode
                 os.chmod(output, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

@@ -98,3 +98,54 @@ def test_several_errors_are_each_printed_then_the_fix_for_all(capsys):
     payload = json.loads(capsys.readouterr().out)
     assert payload["error"]["field"] == "a.b" and [e["field"] for e in payload["errors"]] == ["a.b", "c.d"]
     assert payload["fix_all"] == "re-solve it"
+
+
+def test_the_atomic_writer_keeps_a_read_only_file_unless_forced(tmp_path):
+    import stat
+
+    from rlplan.planner.commands.commands_io import write_atomic
+
+    kept = tmp_path / "kept.toml"
+    kept.write_text("mine")
+    kept.chmod(stat.S_IRUSR)
+    with pytest.raises(PlanError, match="read-only") as raised:
+        write_atomic(str(kept), "new", "--output")
+    assert raised.value.field == "--output" and "--force" in raised.value.fix and kept.read_text() == "mine"
+    write_atomic(str(kept), "new", "--output", force=True)
+    assert kept.read_text() == "new"
+
+
+@pytest.mark.parametrize("command", ["import", "render", "explain", "report", "solve"])
+def test_every_writer_keeps_a_read_only_output_unless_forced(tmp_path, command):
+    """Issue 41: import, render, explain --chart and report replaced a read-only file silently (a rename needs only
+    the folder's permission); each now refuses before any work, and writes it with --force."""
+    import shutil
+    import stat
+    from pathlib import Path
+
+    from tests.planner.cli_runner import invoke
+
+    data = Path(__file__).resolve().parents[2] / "data"
+    script = data / "verl_logs" / "grpo_qwen2.5-7b_long.sh"
+    plan = data / "cpu_demo_run" / "plan.toml"
+    kept = tmp_path / {"import": "plan.toml", "render": "run.sh", "explain": "memory.svg", "report": "r.svg",
+                       "solve": "solved.toml"}[command]
+    kept.write_text("mine\n")
+    kept.chmod(stat.S_IRUSR)
+    if command == "report":
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        shutil.copy(plan, run_dir / "plan.toml")
+        (run_dir / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5, "time/step": 2.0}\n')
+    args = {"import": ["import", "verl", str(script), "--gpu", "h100-80g", "-o", str(kept)],
+            "render": ["render", str(plan), "-o", str(kept)],
+            "explain": ["explain", str(plan), "--chart", str(kept)],
+            "report": ["report", str(tmp_path / "run"), "-o", str(kept)],
+            "solve": ["solve", "--model", "qwen2.5-0.5b", "--gpus", "1", "--gpu", "h100-80g", "--prompt-len", "256",
+                      "--response-len", "256", "-o", str(kept)]}[command]
+    refused = invoke(*args)
+    assert refused.exit_code == 2 and "read-only" in refused.output, refused.output
+    assert kept.read_text() == "mine\n"
+    forced = invoke(*args, "--force")
+    assert forced.exit_code in (0, 1), forced.output
+    assert kept.read_text() != "mine\n"
