@@ -43,14 +43,20 @@ def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host
                             fix="drop --gpu / --gpu-mem, or pass the run's launch script instead")
         plan = load_plan(path)
     else:
-        from rlplan.planner.interop_commands import _gpu, parse_env_pins, read_local_model_config
+        from rlplan.planner.interop_commands import (
+            _gpu,
+            parse_env_pins,
+            read_local_model_config,
+            script_context,
+        )
         from rlplan.planner.verl_import import import_verl_script
 
         # compare writes no plan, so the script is read as the shell that launched it would read it: the process
         # environment stands in for --env pins ($HOME in data paths), and the user's --env wins over it.
         result = import_verl_script(read_text(path, "PLAN"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
                                     env={**os.environ, **parse_env_pins(env)},
-                                    local_config_reader=read_local_model_config, environment=dict(os.environ))
+                                    local_config_reader=read_local_model_config, environment=dict(os.environ),
+                                    context=script_context(path))
         plan, warnings = result.plan, tuple(result.warnings)
     return (apply_knobs(plan, fixes) if fixes else plan), warnings
 

@@ -1,218 +1,155 @@
-"""The bash subset verl launch scripts are written in, interpreted far enough to find their verl command.
+"""A verl launch script read as bash would read it, running nothing: its verl command's words.
 
-Lexing (quotes, `\\`-continued lines, comments, heredocs, `;` / `&&` / `|` separators), expansion of the
-variables the script sets itself, `--env KEY=VALUE` pins or the environment (`${VAR:-x}`, `${VAR}`, `$VAR`,
-`$((...))`) with the script's branches, exports and positional arguments tracked, and the one command that
-runs `python3 -m verl.trainer.main_ppo` (or `-m recipe....`), as its words.  What the words mean to verl
-(Hydra overrides -> a plan) is verl_import.py's.
+shell_lexer.py cuts the text into simple commands; here they are interpreted in order: assignments, `export`,
+arrays (`A=( ... )`, `A+=( ... )`, `"${A[@]}"`), positional parameters (the script run with the arguments
+`--arg` gives, none by default), `if`/`elif`/`else` on conditions rlplan can decide (`[ "$X" = y ]`,
+`[[ -z $X ]]`, `-eq` ...), `cd`, `shift`, and the word expansions: `${X:-x}`, `${X:=x}`, `${X:+x}`, `${X?}`,
+`${#X}`, `${X//a/b}`, `${X#p}` / `${X%p}`, `${X:1:2}`, `${X,,}`, `$((...))`, and the command substitutions
+whose output is the script's own text: `$(pwd)` (the folder the import runs in), `$(dirname "$0")`,
+`$(cd "$(dirname "$0")" && pwd)`, `basename`, `realpath`, `readlink -f`, `echo`.
+
+Nothing is ever executed. A value rlplan cannot know (any other command substitution, an unset variable, an
+argument not given) expands to a marker of an `Unknown` (what the script writes there, the variable that would
+set it, why): the caller (verl_import.py) decides whether a key that holds one can pass through verbatim or
+blocks the import. Environment values are tracked so that none is copied into a plan unasked (`${oc.env:NAME}`
+references instead), and the scope keeps where each exported variable came from (`provenance`).
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import operator
+import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
+from typing import Literal
 
 from attrs import frozen
 
-from rlplan.planner.errors import PlanError
-from rlplan.planner.quoting import UnclosedQuote, unquoted
+from rlplan.planner.shell_lexer import ARRAY_SEPARATOR, SimpleCommand, matching, simple_commands
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 _PYTHON = re.compile(r"(.*/)?python(\d+(\.\d+)?)?")
 _VERL_MODULE = re.compile(r"(verl|recipe)(\.[A-Za-z0-9_]+)+")
-_SHELL_KEYWORDS = {"then", "do", "else", "elif", "{", "!", "time", "exec", "nohup", "env"}
+_SHELL_KEYWORDS = {"then", "do", "else", "{", "}", "!", "time", "exec", "nohup", "env", "command", "builtin"}
 _ASSIGNING_BUILTINS = {"export", "declare", "local", "readonly", "typeset"}
-
-
-# --- shell: lexing ------------------------------------------------------------------------
-
-
-def _matching(text: str, start: int, opening: str, closing: str) -> int:
-    """Index just past the `closing` that balances the `opening` at text[start]."""
-    depth = 0
-    try:
-        for i, char in unquoted(text, start, backslash_in_single_quotes=False):
-            if char == opening:
-                depth += 1
-            elif char == closing:
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-    except UnclosedQuote:
-        pass
-    raise PlanError(field="script", message=f"an opening {opening!r} is never closed.",
-                    fix="check the script's quotes and brackets")
-
-
-_HEREDOC = re.compile(r"<<(?P<dash>-)?[ \t]*(?P<delimiter>'[^'\n]*'|\"[^\"\n]*\"|[A-Za-z0-9_]+)")
-
-
-def _skip_heredoc_bodies(text: str, start: int, heredocs: list[tuple[str, bool]]) -> int:
-    """The index after the bodies of the heredocs opened on the line that ended at `start`."""
-    position = start
-    for delimiter, strip_tabs in heredocs:
-        while position < len(text):
-            end = text.find("\n", position)
-            end = len(text) if end < 0 else end
-            line = text[position:end]
-            position = end + 1
-            if (line.lstrip("\t") if strip_tabs else line) == delimiter:
-                break
-    return min(position, len(text))
-
-
-_ARRAY_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-_ARRAY_USE = re.compile(r'"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?')
-# Between the element words of an array assignment's one word (a character no script holds).
-ARRAY_SEPARATOR = "\x1f"
-
-
-def shell_commands(text: str) -> Iterator[list[str]]:
-    """Simple commands as lists of raw words (quotes kept, line continuations removed)."""
-    text = re.sub(r"\\\r?\n", "", text)
-    words: list[str] = []
-    current: list[str] = []
-    skip_redirect_target = False
-    heredocs: list[tuple[str, bool]] = []
-    i = 0
-
-    def end_word() -> None:
-        nonlocal skip_redirect_target
-        if current:
-            if skip_redirect_target:
-                skip_redirect_target = False
-            else:
-                words.append("".join(current))
-            current.clear()
-
-    while i < len(text):
-        char = text[i]
-        if char == "#" and not current:
-            while i < len(text) and text[i] != "\n":
-                i += 1
-            continue
-        if char in " \t":
-            end_word()
-            i += 1
-            continue
-        if char == "(" and _ARRAY_START.fullmatch("".join(current)):
-            # `NAME=( word word ... )`: a bash array, kept as one word of its element words.
-            end = _matching(text, i, "(", ")")
-            elements = [word for command in shell_commands(text[i + 1 : end - 1]) for word in command]
-            current.append("(" + ARRAY_SEPARATOR.join(elements) + ")")
-            i = end
-            continue
-        if char in "\n;&|()":
-            end_word()
-            if words:
-                yield list(words)
-                words.clear()
-            i += 1
-            if char == "\n" and heredocs:
-                i = _skip_heredoc_bodies(text, i, heredocs)
-                heredocs.clear()
-            continue
-        heredoc = _HEREDOC.match(text, i) if char == "<" else None
-        if heredoc:
-            # `<<EOF` / `<<-'EOF'`: the body after this line is input to the command, not script to lex.
-            end_word()
-            heredocs.append((heredoc.group("delimiter").strip("'\""), bool(heredoc.group("dash"))))
-            i = heredoc.end()
-            continue
-        if char in "<>":
-            if current and "".join(current).isdigit():
-                current.clear()
-            end_word()
-            while i < len(text) and text[i] in "<>&":
-                i += 1
-            if i < len(text) and text[i].isdigit() and text[i - 1] == "&":
-                i += 1
-            else:
-                skip_redirect_target = True
-            continue
-        if char in "'`":
-            # Single quotes and backquotes both run to the next of their kind, with no escapes.
-            end = text.find(char, i + 1)
-            if end < 0:
-                what = "single quote" if char == "'" else "backquote"
-                raise PlanError(field="script", message=f"a {what} is never closed.", fix=f"close the {what}")
-            current.append(text[i : end + 1])
-            i = end + 1
-            continue
-        if char == '"':
-            j = i + 1
-            while j < len(text) and text[j] != '"':
-                if text[j] == "\\":
-                    j += 1
-                elif text.startswith("$(", j):
-                    j = _matching(text, j + 1, "(", ")") - 1
-                elif text.startswith("${", j):
-                    j = _matching(text, j + 1, "{", "}") - 1
-                j += 1
-            if j >= len(text):
-                raise PlanError(field="script", message="a double quote is never closed.", fix="close the quote")
-            current.append(text[i : j + 1])
-            i = j + 1
-            continue
-        if char == "\\":
-            current.append(text[i : i + 2])
-            i += 2
-            continue
-        if text.startswith("$(", i):
-            end = _matching(text, i + 1, "(", ")")
-            current.append(text[i:end])
-            i = end
-            continue
-        if text.startswith("${", i):
-            end = _matching(text, i + 1, "{", "}")
-            current.append(text[i:end])
-            i = end
-            continue
-        current.append(char)
-        i += 1
-    end_word()
-    if words:
-        yield list(words)
-
-
-# --- shell: expansion ---------------------------------------------------------------------
-
-
-class _Unresolved(Exception):
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(name)
-        self.name = name
-        self.reason = reason
-
-
-@frozen
-class _Unset:
-    """A variable the script assigns from something rlplan cannot evaluate (`$(nvidia-smi ...)`)."""
-
-    name: str
-    reason: str
-
-
-_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-               ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.Mod: operator.mod}
-
+_UNKNOWN = re.compile("\ue000(\\d+)\ue001")
 
 # Shell variables that hold where the importing machine's shell is, not where the job will run.
 MACHINE_PATH_VARIABLES = ("PWD", "HOME", "OLDPWD", "USER", "TMPDIR")
+Origin = Literal["--env", "script", "environment", "shell", "unset"]
+
+
+@frozen
+class Unknown:
+    """A value rlplan cannot know: what the script writes there, the variable that sets it ("" when the
+    script writes it in place), why, and how the user can give it."""
+
+    text: str
+    variable: str
+    reason: str
+    how: str
+
+    def describe(self) -> str:
+        via = f"${self.variable}, " if self.variable and not self.text.lstrip("${").startswith(self.variable) else ""
+        return f"{self.text} ({via}{self.reason})"
+
+
+def _pin_fix(name: str) -> str:
+    return f"pass --env {name}=VALUE"
+
+
+# --- arithmetic --------------------------------------------------------------------------
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow,
+           ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.Mod: operator.mod,
+           ast.LShift: operator.lshift, ast.RShift: operator.rshift}
+_COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+            ast.Eq: operator.eq, ast.NotEq: operator.ne}
+
+
+def _evaluate(node: ast.AST) -> int:
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, (ast.FloorDiv, ast.Div, ast.Mod)) and right != 0:
+            quotient = abs(left) // abs(right) * (1 if (left >= 0) == (right >= 0) else -1)  # C's truncation
+            return quotient if not isinstance(node.op, ast.Mod) else left - right * quotient
+        if isinstance(node.op, ast.Pow) and (right < 0 or right > 64):
+            raise ValueError("exponent")
+        return _BINARY[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _evaluate(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+        return int(_COMPARE[type(node.ops[0])](_evaluate(node.left), _evaluate(node.comparators[0])))
+    if isinstance(node, ast.IfExp):
+        return _evaluate(node.body) if _evaluate(node.test) else _evaluate(node.orelse)
+    raise ValueError("not arithmetic")
+
+
+def _arithmetic_to_python(expression: str) -> str:
+    """bash's `a ? b : c` and `**` in Python's grammar (the rest of the integer operators read alike)."""
+    match = re.fullmatch(r"(.*?)\?(.*):(.*)", expression, re.DOTALL)
+    if match:
+        return f"({match.group(2)}) if ({match.group(1)}) else ({match.group(3)})"
+    return expression.replace("/", "//").replace("////", "//")
+
+
+# --- paths (command substitutions rlplan evaluates as text) -----------------------------
+
+
+def _dirname(path: str) -> str:
+    stripped = path.rstrip("/")
+    if not stripped:
+        return "/" if path else "."
+    head = stripped.rpartition("/")[0].rstrip("/")
+    return head or ("/" if stripped.startswith("/") else ".")
+
+
+def _basename(path: str, suffix: str = "") -> str:
+    stripped = path.rstrip("/")
+    name = stripped.rpartition("/")[2] if stripped else "/" if path else ""
+    return name[: -len(suffix)] if suffix and name.endswith(suffix) and name != suffix else name
+
+
+def _absolute(cwd: str, path: str) -> str:
+    return posixpath.normpath(posixpath.join(cwd, path))
+
+
+def _glob_regex(pattern: str) -> str:
+    """A bash pattern (`*`, `?`, `[...]`) as a regular expression, with no anchors."""
+    return fnmatch.translate(pattern).removeprefix("(?s:").removesuffix(")\\Z")
 
 
 class ShellScope:
-    """Variables as bash sees them: --env pins win over the script's assignments, which win over the environment."""
+    """Variables as bash sees them: --env pins win over the script's assignments, which win over the
+    environment; `cwd` is the folder the import runs in (bash's PWD), `script` the path the script was given
+    by ($0), `arguments` its positional parameters."""
 
-    def __init__(self, pinned: dict[str, str], environment: dict[str, str]) -> None:
+    def __init__(self, pinned: dict[str, str], environment: dict[str, str], *, cwd: str | None = None,
+                 script: str = "script.sh", arguments: tuple[str, ...] = ()) -> None:
         self.pinned = dict(pinned)
-        self.values: dict[str, str | _Unset] = dict(environment)
+        self.environment = dict(environment)
+        self.values: dict[str, str] = {}
+        self.arrays: dict[str, list[str]] = {}
+        self.exported: set[str] = set()
+        self.script = script
+        self.arguments = list(arguments)
+        self.cwd = cwd if cwd is not None else environment.get("PWD")
+        self.unknowns: list[Unknown] = []
+        # The script's arguments: $@ dropped (none given), and ${1:-x} defaults taken.
         self.dropped_positional = False
-        # Names assigned inside if/case: the script branches and the import cannot tell which branch runs.
+        self.defaulted_positionals: dict[str, str] = {}
+        # Names assigned inside if/case branches the import could not decide: it read them in order.
         self.branch_assigned: set[str] = set()
+        # Branches decided on a variable that is not set here (bash reads it as empty): the variable, the branch.
+        self.decided_on_unset: dict[str, str] = {}
         self.assigned_by_script: set[str] = set()
         # Environment variables (not --env, not the script's) an expansion read, directly or through a script
         # variable assigned from one: the caller clears it before the expansion it asks about.
@@ -225,33 +162,103 @@ class ShellScope:
         self.kept_references: list[str] = []
         # Variables naming where the importing shell is (its directory, its user's home), read from this machine.
         self.machine_paths_used: dict[str, str] = {}
-        # Bash arrays the script assigns (`ARGS=(a=1 b=2)`), as their raw element words.
-        self.arrays: dict[str, list[str]] = {}
+        # While set (conditions), an unset variable is empty, as bash reads it, instead of an Unknown.
+        self._unset_is_empty = False
+        self._unset_read: list[str] = []
 
-    def assign(self, name: str, value: str | _Unset, masked: str | None = None, read: tuple[str, ...] = ()) -> None:
-        if name not in self.pinned:
-            self.values[name] = value
-            self.assigned_by_script.add(name)
-            if masked is not None:
-                self.masked[name] = (masked, read)
-            else:
-                self.masked.pop(name, None)
+    # --- provenance -----------------------------------------------------------------------
+
+    def origin(self, name: str) -> Origin:
+        """Where a variable's value comes from: a --env pin, the script, the inherited environment, the shell
+        itself (PWD), or nowhere."""
+        if name in self.pinned:
+            return "--env"
+        if name in self.values:
+            return "script"
+        if name in self.environment:
+            return "environment"
+        return "shell" if name == "PWD" and self.cwd is not None else "unset"
+
+    def provenance(self) -> dict[str, Origin]:
+        """Each exported variable (`export NAME[=value]` in the script) and each --env pin, by where its value
+        came from: what a redacting printer needs to know (issue 41)."""
+        return {name: self.origin(name) for name in sorted({*self.exported, *self.pinned})}
+
+    # --- unknown values ---------------------------------------------------------------------
+
+    def unknown(self, text: str, variable: str, reason: str, how: str = "") -> str:
+        """The marker of a value rlplan cannot know, standing in for it in expansions."""
+        self.unknowns.append(Unknown(text=text, variable=variable, reason=reason,
+                                     how=how or (_pin_fix(variable) if variable else
+                                                 "replace it with its value in the script")))
+        return f"\ue000{len(self.unknowns) - 1}\ue001"
+
+    def unknowns_in(self, value: str) -> list[Unknown]:
+        return [self.unknowns[int(index)] for index in _UNKNOWN.findall(value)]
+
+    def verbatim(self, value: str) -> str:
+        """`value` with each unknown part written as the script writes it."""
+        return _UNKNOWN.sub(lambda match: self.unknowns[int(match.group(1))].text, value)
+
+    def _renamed(self, value: str, name: str) -> str:
+        """An assigned value's unknowns that the script wrote in place now belong to `name` (--env sets it)."""
+        def rename(match: re.Match[str]) -> str:
+            unknown = self.unknowns[int(match.group(1))]
+            if unknown.variable or unknown.text.startswith("$") and unknown.text[1:2].isdigit():
+                return match.group(0)
+            return self.unknown(unknown.text, name, unknown.reason)
+        return _UNKNOWN.sub(rename, value)
+
+    def _propagated(self, text: str, parts: str) -> str:
+        """An Unknown for `text`, computed from `parts` that hold unknowns: the first one's variable and reason."""
+        first = self.unknowns_in(parts)[0]
+        return self.unknown(text, first.variable, first.reason, first.how)
+
+    # --- variables --------------------------------------------------------------------------
+
+    def assign(self, name: str, value: str, masked: str | None = None, read: tuple[str, ...] = ()) -> None:
+        if name in self.pinned:
+            return
+        self.values[name] = self._renamed(value, name)
+        self.arrays.pop(name, None)
+        self.assigned_by_script.add(name)
+        if masked is not None:
+            self.masked[name] = (masked, read)
+        else:
+            self.masked.pop(name, None)
+
+    def working_directory(self) -> str:
+        """PWD: a --env pin, else the folder the import runs in (the script's `cd` moves it)."""
+        if "PWD" in self.pinned:
+            return self.pinned["PWD"]
+        if self.cwd is None:
+            return self.unknown("$PWD", "PWD", "the folder the script runs in, which the import was not told")
+        self.machine_paths_used["PWD"] = self.cwd
+        return self.cwd
 
     def lookup(self, name: str) -> str | None:
         if name in self.pinned:
             return self.pinned[name]
-        value = self.values.get(name)
-        if value is not None and name not in self.assigned_by_script:
+        if name == "PWD":
+            return self.working_directory()
+        if name in self.values:
+            for read in self.masked.get(name, ("", ()))[1]:
+                self._read_from_environment(read, self.environment.get(read))
+            return self.values[name]
+        if name in self.arrays:
+            return self._element(name, 0)
+        value = self.environment.get(name)
+        if value is not None:
             self._read_from_environment(name, value)
-        elif name in self.masked:
-            for read in self.masked[name][1]:
-                self._read_from_environment(read, self.values.get(read))
-        if isinstance(value, _Unset):
-            raise _Unresolved(name, value.reason)
         return value
 
-    def _read_from_environment(self, name: str, value: str | _Unset | None) -> None:
-        # Where the importing shell is ($HOME, $PWD) is not a secret, and nearly every verl example reads its data
+    def _element(self, name: str, number: int) -> str:
+        """Element `number` of an array (its raw word expanded as bash expanded it at the assignment)."""
+        fields = [field for element in self.arrays[name] for field in self.expand(element)]
+        return fields[number] if -len(fields) <= number < len(fields) else ""
+
+    def _read_from_environment(self, name: str, value: str | None) -> None:
+        # Where the importing shell is ($HOME) is not a secret, and nearly every verl example reads its data
         # under $HOME: a modeled key keeps this machine's value, and the import says so (machine_paths_used). Any
         # other environment value never reaches a modeled key (the caller refuses it, naming the variable).
         if name in MACHINE_PATH_VARIABLES and isinstance(value, str):
@@ -261,11 +268,32 @@ class ShellScope:
 
     def shown(self, name: str, value: str) -> str:
         """A looked-up value as the expansion writes it: while masking, an environment value is its reference."""
-        if not self.masking or name in self.pinned:
+        if not self.masking or name in self.pinned or name == "PWD":
             return value
         if name in self.masked:
             return self.masked[name][0]
-        return value if name in self.assigned_by_script else "${oc.env:" + name + "}"
+        if name in self.assigned_by_script or name in self.arrays or name not in self.environment:
+            return value
+        return "${oc.env:" + name + "}"
+
+    def _value(self, name: str, text: str) -> str:
+        value = self.lookup(name)
+        if value is None:
+            if self._unset_is_empty:
+                self._unset_read.append(name)
+                return ""
+            return self.unknown(text, name, "not set by the script, --env or the environment")
+        return self.shown(name, value)
+
+    def _positional(self, index: int, text: str) -> str:
+        if index == 0:
+            return self.script
+        if index <= len(self.arguments):
+            return self.arguments[index - 1]
+        if self._unset_is_empty:
+            return ""
+        return self.unknown(text, "", f"the script's argument {index}, and the import gives it "
+                            f"{len(self.arguments) or 'none'}", how="pass the script's arguments with --arg VALUE")
 
     def expand_masked(self, raw: str, split: bool = True) -> list[str]:
         """`expand`, with every value that came from the environment written as `${oc.env:NAME}`: the text a
@@ -276,16 +304,37 @@ class ShellScope:
         finally:
             self.masking = False
 
-    # A word's expansion: a list of fields (unquoted expansions split on whitespace).
+    # --- word expansion ---------------------------------------------------------------------
+
+    def _list_expansion(self, raw: str) -> list[str] | None:
+        """A word that is one list expansion, `"$@"`, `"${A[@]}"`, `${@:2}`: its fields; None for other words."""
+        match = re.fullmatch(r'("?)\$(?:\{(?:([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]|(@)(?::(\d+))?)\}|(@|\*))\1', raw)
+        if not match:
+            return None
+        quoted = bool(match.group(1))
+        if match.group(2) is not None:
+            name = match.group(2)
+            if name in self.arrays:
+                elements = [field for element in self.arrays[name] for field in self.expand(element)]
+            else:
+                value = self.lookup(name)
+                elements = [] if value is None else [self.shown(name, value)]
+        else:
+            start = int(match.group(4) or 1)
+            elements = list(self.arguments[start - 1 :]) if start >= 1 else [self.script, *self.arguments]
+            if not self.arguments:
+                self.dropped_positional = True
+        if quoted and "*" not in raw:
+            return list(elements)
+        if quoted:
+            return [" ".join(elements)]
+        return [field for element in elements for field in element.split()]
+
     def expand(self, raw: str, split: bool = True) -> list[str]:
-        if raw in ('"$@"', '"$*"'):
-            # The script's own arguments: nothing when rlplan reads it.
-            self.dropped_positional = True
-            return []
-        array = _ARRAY_USE.fullmatch(raw)
-        if array and array.group(1) in self.arrays:
-            # `"${ARGS[@]}"`: each element its own word, as bash expands a quoted array.
-            return [word for element in self.arrays[array.group(1)] for word in self.expand(element)]
+        """A word's expansion: a list of fields (unquoted expansions split on whitespace)."""
+        listed = self._list_expansion(raw)
+        if listed is not None:
+            return listed
         fields: list[str] = []
         current: list[str] = []
         has_content = False
@@ -316,9 +365,12 @@ class ShellScope:
         i = 0
         while i < len(raw):
             char = raw[i]
-            if char == "'":
-                end = raw.index("'", i + 1)
-                current.append(raw[i + 1 : end])
+            if char == "'" or raw.startswith("$'", i):
+                start = i + 1 if char == "'" else i + 2
+                end = raw.index("'", start) if char == "'" else self._ansi_end(raw, start)
+                text = raw[start:end]
+                current.append(text if char == "'" else text.encode("latin-1", "backslashreplace")
+                               .decode("unicode_escape", "replace"))
                 has_content = True
                 i = end + 1
             elif char == '"':
@@ -331,11 +383,14 @@ class ShellScope:
                 has_content = True
                 i += 2
             elif char == "$" or char == "`":
-                end, value, positional = self._dollar(raw, i)
-                if positional:
-                    self.dropped_positional = True
+                end, value = self._dollar(raw, i)
                 add_unquoted(value)
                 i = end
+            elif char == "~" and i == 0 and (len(raw) == 1 or raw[1] == "/"):
+                home = self._value("HOME", "~")
+                current.append(home)
+                has_content = True
+                i += 1
             else:
                 current.append(char)
                 has_content = True
@@ -344,101 +399,295 @@ class ShellScope:
             fields.append("".join(current))
         return fields
 
+    @staticmethod
+    def _ansi_end(raw: str, start: int) -> int:
+        j = start
+        while raw[j] != "'":
+            j += 2 if raw[j] == "\\" else 1
+        return j
+
     def _double_quoted(self, raw: str, start: int) -> tuple[int, str]:
         out: list[str] = []
         i = start
         while raw[i] != '"':
             char = raw[i]
             if char == "\\" and raw[i + 1] in '$`"\\\n':
-                out.append(raw[i + 1])
+                out.append(raw[i + 1] if raw[i + 1] != "\n" else "")
                 i += 2
             elif char in "$`":
-                i, value, positional = self._dollar(raw, i)
-                if positional:
-                    self.dropped_positional = True
+                i, value = self._dollar(raw, i)
                 out.append(value)
             else:
                 out.append(char)
                 i += 1
         return i + 1, "".join(out)
 
-    def _dollar(self, raw: str, i: int) -> tuple[int, str, bool]:
-        """Expand the `$...` (or backquote) at raw[i]: (end index, value, was it $@ / $*)."""
+    def _dollar(self, raw: str, i: int) -> tuple[int, str]:
+        """Expand the `$...` (or backquote) at raw[i]: (end index, value)."""
         if raw[i] == "`":
             end = raw.index("`", i + 1)
-            raise _Unresolved(raw[i : end + 1], "a command substitution rlplan cannot run")
+            return end + 1, self.substitute(raw[i + 1 : end], raw[i : end + 1])
         if raw.startswith("$((", i):
-            end = _matching(raw, i + 1, "(", ")")
-            return end, str(self._arithmetic(raw[i + 3 : end - 2])), False
+            end = matching(raw, i + 1, "(", ")")
+            return end, self._arithmetic(raw[i + 3 : end - 2], raw[i:end])
         if raw.startswith("$(", i):
-            end = _matching(raw, i + 1, "(", ")")
-            raise _Unresolved(raw[i:end], "a command substitution rlplan cannot run")
+            end = matching(raw, i + 1, "(", ")")
+            return end, self.substitute(raw[i + 2 : end - 1], raw[i:end])
         if raw.startswith("${", i):
-            end = _matching(raw, i + 1, "{", "}")
-            return end, self._braced(raw[i + 2 : end - 1]), False
-        if i + 1 < len(raw) and raw[i + 1] in "@*":
-            return i + 2, "", True
-        if i + 1 < len(raw) and raw[i + 1].isdigit():
-            raise _Unresolved(f"${raw[i + 1]}", "a positional argument of the script")
+            end = matching(raw, i + 1, "{", "}")
+            return end, self._braced(raw[i + 2 : end - 1], raw[i:end])
+        following = raw[i + 1 : i + 2]
+        if following in ("@", "*"):
+            if not self.arguments:
+                self.dropped_positional = True
+            return i + 2, " ".join(self.arguments)
+        if following == "#":
+            return i + 2, str(len(self.arguments))
+        if following == "?":
+            return i + 2, "0"
+        if following in ("$", "!"):
+            return i + 2, self.unknown(raw[i : i + 2], "", "a process id, known only when the script runs")
+        if following.isdigit():
+            return i + 2, self._positional(int(following), raw[i : i + 2])
         match = _NAME.match(raw, i + 1)
         if not match:
-            return i + 1, "$", False
-        return match.end(), self._value(match.group(0)), False
+            return i + 1, "$"
+        return match.end(), self._value(match.group(0), raw[i : match.end()])
 
-    def _value(self, name: str) -> str:
-        value = self.lookup(name)
-        if value is None:
-            raise _Unresolved(name, "not set by the script, --env or the environment")
-        return self.shown(name, value)
+    # --- ${...} ----------------------------------------------------------------------------
 
-    def _braced(self, body: str) -> str:
-        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=?+])?(.*)", body, re.DOTALL)
-        if not match:
-            raise _Unresolved("${" + body + "}", "a parameter expansion rlplan does not evaluate")
-        name, operation, word = match.group(1), match.group(2), match.group(3)
-        if operation is None:
-            if word:
-                raise _Unresolved("${" + body + "}", "a parameter expansion rlplan does not evaluate")
-            return self._value(name)
-        value = self.lookup(name)
-        missing = value is None or (operation.startswith(":") and value == "")
-        kind = operation[-1]
+    def _braced(self, body: str, text: str) -> str:
+        match = re.fullmatch(r"(#?)([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?])(\[[^\]]*\])?(.*)", body, re.DOTALL)
+        if not match or body.startswith("!"):
+            return self.unknown(text, "", "a parameter expansion rlplan does not evaluate")
+        length, name, index, rest = match.groups()
+        if length:
+            if rest:
+                return self.unknown(text, "", "a parameter expansion rlplan does not evaluate")
+            if index in ("[@]", "[*]") and name in self.arrays:
+                return str(len(self.arrays[name]))
+            value = self._parameter(name, index, text)
+            return str(len(value)) if not self.unknowns_in(value) else self._propagated(text, value)
+        if rest[:2] in (":-", ":=", ":+", ":?") or rest[:1] in ("-", "=", "+", "?"):
+            return self._with_default(name, index, rest, text)
+        value = self._parameter(name, index, text)
+        if not rest:
+            return value
+        if self.unknowns_in(value):
+            return self._propagated(text, value)
+        operated = self._operate(value, rest)
+        return operated if operated is not None else self.unknown(
+            text, "", "a parameter expansion rlplan does not evaluate")
+
+    def _parameter(self, name: str, index: str | None, text: str) -> str:
+        """The value of `name` (a variable, a positional number, @, #) or of `name[index]`."""
+        if name == "BASH_SOURCE":
+            return self.script
+        if name.isdigit():
+            return self._positional(int(name), text)
+        if name in ("@", "*"):
+            if not self.arguments:
+                self.dropped_positional = True
+            return " ".join(self.arguments)
+        if name == "#":
+            return str(len(self.arguments))
+        if name == "?":
+            return "0"
+        if index and index not in ("[@]", "[*]") and name in self.arrays:
+            position = self._arithmetic(index[1:-1], text)
+            if self.unknowns_in(position):
+                return position
+            return self._element(name, int(position))
+        if index in ("[@]", "[*]") and name in self.arrays:
+            return " ".join(field for element in self.arrays[name] for field in self.expand(element))
+        return self._value(name, text)
+
+    def _with_default(self, name: str, index: str | None, rest: str, text: str) -> str:
+        colon = rest.startswith(":")
+        kind, word = rest[1 if colon else 0], rest[2 if colon else 1 :]
+        if name.isdigit():
+            value: str | None = self.arguments[int(name) - 1] if 0 < int(name) <= len(self.arguments) else None
+            if name == "0":
+                value = self.script
+        elif name in self.arrays or name in ("@", "*", "#", "?", "BASH_SOURCE") or index:
+            value = self._parameter(name, index, text)
+        else:
+            value = self.lookup(name)
+        missing = value is None or (colon and value == "")
         if kind == "+":
             return "" if missing else " ".join(self.expand(word, split=False))
         if not missing:
             return self.shown(name, value or "")
         if kind == "?":
-            raise _Unresolved(name, "the script requires it (${" + body + "})")
+            return self.unknown(text, name, "required by the script (${" + name + "?}) and not set")
         default = "".join(self.expand(word, split=False))
-        if kind == "=":
+        if name.isdigit():
+            self.defaulted_positionals[name] = self.verbatim(default)
+        elif kind == "=":
             self.assign(name, default)
         return default
 
-    def _arithmetic(self, expression: str) -> int:
-        def substitute(match: re.Match[str]) -> str:
-            name = match.group(1) or match.group(2)
-            value = self._value(name)
-            if value.startswith("${oc.env:"):
-                raise _Unresolved(name, "read from the environment inside $((...)), which a plan cannot refer to")
+    def _operate(self, value: str, rest: str) -> str | None:
+        """`${X//a/b}`, `${X/a/b}`, `${X#p}`, `${X##p}`, `${X%p}`, `${X%%p}`, `${X:1:2}`, `${X,,}`, `${X^^}`."""
+        substitution = re.fullmatch(r"/(/?)([^/]*)(?:/(.*))?", rest, re.DOTALL)
+        if substitution:
+            every, pattern, replacement = substitution.groups()
+            pattern = "".join(self.expand(pattern, split=False))
+            replacement = "".join(self.expand(replacement or "", split=False))
+            regex = _glob_regex(pattern) if pattern else None
+            if regex is None:
+                return value
+            return re.sub(regex, lambda _: replacement, value, count=0 if every else 1)
+        trim = re.fullmatch(r"(##?|%%?)(.*)", rest, re.DOTALL)
+        if trim:
+            how, pattern = trim.groups()
+            regex = _glob_regex("".join(self.expand(pattern, split=False)))
+            greedy = len(how) == 2
+            ends = range(len(value) + 1)
+            if how[0] == "#":
+                for end in (reversed(ends) if greedy else ends):
+                    if re.fullmatch(regex, value[:end], re.DOTALL):
+                        return value[end:]
+            else:
+                for start in (ends if greedy else reversed(ends)):
+                    if re.fullmatch(regex, value[start:], re.DOTALL):
+                        return value[:start]
             return value
+        case = {",,": str.lower, "^^": str.upper}.get(rest)
+        if case is not None:
+            return case(value)
+        offset = re.fullmatch(r":\s*(-?\d+)(?::\s*(-?\d+))?", rest)
+        if offset:
+            start = int(offset.group(1))
+            start = max(len(value) + start, 0) if start < 0 else start
+            if offset.group(2) is None:
+                return value[start:]
+            count = int(offset.group(2))
+            return value[start : start + count] if count >= 0 else value[start : len(value) + count]
+        return None
 
-        text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?|\b([A-Za-z_][A-Za-z0-9_]*)\b", substitute, expression)
+    # --- $((...)) --------------------------------------------------------------------------
 
-        def evaluate(node: ast.AST) -> int:
-            if isinstance(node, ast.Expression):
-                return evaluate(node.body)
-            if isinstance(node, ast.Constant) and isinstance(node.value, int):
-                return node.value
-            if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
-                return _ARITHMETIC[type(node.op)](evaluate(node.left), evaluate(node.right))
-            if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-                return -evaluate(node.operand)
-            raise _Unresolved(f"$(({expression}))", "arithmetic rlplan does not evaluate")
+    def _arithmetic(self, expression: str, text: str) -> str:
+        expanded = "".join(self.expand(expression, split=False)) if "$" in expression or "`" in expression \
+            else expression
+        if self.unknowns_in(expanded):
+            return self._propagated(text, expanded)
+        read: list[str] = []
 
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(0)
+            value = self._value(name, "$" + name)
+            read.append(value)
+            return f"({value})" if value.strip() else "0"
+
+        python = re.sub(r"\b[A-Za-z_][A-Za-z0-9_]*\b", substitute, expanded)
+        values = "".join(read)
+        if self.unknowns_in(values):
+            return self._propagated(text, values)
+        if "${oc.env:" in values:
+            name = re.search(r"\$\{oc\.env:([^}]*)\}", values)
+            return self.unknown(text, name.group(1) if name else "", "read from the environment inside $((...)), "
+                                "which a plan cannot refer to")
         try:
-            return evaluate(ast.parse(text.strip(), mode="eval"))
-        except (SyntaxError, ZeroDivisionError):
-            raise _Unresolved(f"$(({expression}))", "arithmetic rlplan does not evaluate") from None
+            return str(_evaluate(ast.parse(_arithmetic_to_python(python).strip(), mode="eval")))
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+            return self.unknown(text, "", "arithmetic rlplan does not evaluate")
+
+    # --- $(...) ----------------------------------------------------------------------------
+
+    def substitute(self, inner: str, text: str) -> str:
+        """A command substitution's output when its commands only print the script's own text (pwd, cd,
+        dirname, basename, realpath, readlink -f, echo); an Unknown otherwise. Nothing runs."""
+        cwd: str | None = None  # the substitution's own folder once a command needs it (a subshell's cd)
+        output: list[str] = []
+        skip = False
+        not_run = "a command substitution rlplan does not run (it runs nothing)"
+        for command in simple_commands(inner):
+            if skip or not command.words:
+                skip = command.separator == "||" or (skip and command.separator == "&&")
+                continue
+            if command.separator in ("|", "&"):
+                return self.unknown(text, "", not_run)
+            words = [field for raw in command.words for field in self.expand(raw)]
+            if not words or words[0] not in _PRINTING:
+                return self.unknown(text, "", not_run)
+            if words[0] in _NEEDS_FOLDER and cwd is None:
+                cwd = self.working_directory()
+            if self.unknowns_in(" ".join(words) + (cwd or "")):
+                return self._propagated(text, " ".join(words) + (cwd or ""))
+            printed = _printed(words, cwd or "")
+            if printed is None:
+                return self.unknown(text, "", not_run)
+            if words[0] == "cd":
+                cwd = printed
+            else:
+                output.append(printed)
+            skip = command.separator == "||"
+        return "".join(output).rstrip("\n")
+
+
+_PRINTING = frozenset({"pwd", "cd", "dirname", "basename", "realpath", "readlink", "echo", "true", ":"})
+_NEEDS_FOLDER = frozenset({"pwd", "cd", "realpath", "readlink"})
+
+
+def _printed(words: list[str], cwd: str) -> str | None:
+    """What a command of the evaluated few prints (for `cd`: the folder it moves to); None for any other."""
+    name, arguments = words[0], [word for word in words[1:] if word != "--"]
+    options = [word for word in arguments if word.startswith("-") and word != "-"]
+    operands = [word for word in arguments if word not in options]
+    if name == "pwd":
+        return cwd + "\n"
+    if name == "cd":
+        return _absolute(cwd, operands[0]) if operands else None
+    if name == "dirname" and operands:
+        return "".join(_dirname(path) + "\n" for path in operands)
+    if name == "basename" and operands:
+        return _basename(operands[0], operands[1] if len(operands) > 1 else "") + "\n"
+    if (name == "realpath" or name == "readlink" and options) and operands:
+        return "".join(_absolute(cwd, path) + "\n" for path in operands)
+    if name == "echo":
+        newline = "-n" not in options
+        return " ".join(word for word in arguments if word not in ("-n", "-e", "-E")) + ("\n" if newline else "")
+    if name in ("true", ":"):
+        return ""
+    return None
+
+
+# --- conditions ----------------------------------------------------------------------------
+
+_INTEGER_TESTS = {"-eq": operator.eq, "-ne": operator.ne, "-lt": operator.lt, "-le": operator.le,
+                  "-gt": operator.gt, "-ge": operator.ge}
+
+
+def _test(words: list[str], double: bool) -> bool | None:
+    """`[ ... ]` / `[[ ... ]]` / `test ...` on expanded words: True, False, or None (rlplan cannot tell)."""
+    for joiner, combine in (("||", any), ("-o", any), ("&&", all), ("-a", all)):
+        if joiner in words and (double or joiner.startswith("-")):
+            index = words.index(joiner)
+            parts = [_test(words[:index], double), _test(words[index + 1 :], double)]
+            if combine is any and True in parts or combine is all and False in parts:
+                return combine is any
+            return None if None in parts else combine(parts)
+    if words[:1] == ["!"]:
+        result = _test(words[1:], double)
+        return None if result is None else not result
+    if len(words) == 1:
+        return words[0] != ""
+    if len(words) == 2 and words[0] in ("-z", "-n"):
+        return (words[1] == "") == (words[0] == "-z")
+    if len(words) == 3:
+        left, op, right = words
+        if op in ("=", "=="):
+            return fnmatch.fnmatchcase(left, right) if double else left == right
+        if op == "!=":
+            return not (fnmatch.fnmatchcase(left, right) if double else left == right)
+        if op in _INTEGER_TESTS:
+            try:
+                return _INTEGER_TESTS[op](int(left), int(right))
+            except ValueError:
+                return None
+    return None  # file tests (-f, -d ...) and anything else: rlplan reads no file system here
 
 
 # --- finding the verl command ---------------------------------------------------------------
@@ -448,92 +697,251 @@ class ShellScope:
 class VerlCommand:
     module: str
     arguments: tuple[str, ...]
+    line: int = 0
+
+
+def _assignment_value(scope: ShellScope, name: str, raw_value: str, append: bool) -> None:
+    if raw_value.startswith("(") and raw_value.endswith(")"):
+        # An array keeps its raw element words: they expand where it is used, so environment values in them
+        # are masked there like any other word's.
+        elements = [element for element in raw_value[1:-1].split(ARRAY_SEPARATOR) if element]
+        if name not in scope.pinned:
+            scope.arrays[name] = (scope.arrays.get(name, []) if append else []) + elements
+            scope.values.pop(name, None)
+            scope.assigned_by_script.add(name)
+        return
+    scope.environment_used.clear()
+    value = "".join(scope.expand(raw_value, split=False))
+    read = tuple(dict.fromkeys(scope.environment_used))
+    masked = "".join(scope.expand_masked(raw_value, split=False)) if read else None
+    if append:
+        previous = scope.lookup(name) or ""
+        value, masked = previous + value, (previous + masked) if masked is not None else None
+    scope.assign(name, value, masked, read)
+
+
+def _run_builtin(scope: ShellScope, words: list[str]) -> bool:
+    """`unset`, `shift`, `cd`: their effect on the scope; False for any other command."""
+    name = words[0]
+    if name == "unset":
+        for variable in words[1:]:
+            if variable not in scope.pinned and not variable.startswith("-"):
+                scope.values.pop(variable, None)
+                scope.arrays.pop(variable, None)
+                scope.environment.pop(variable, None)
+        return True
+    if name == "shift":
+        count = "".join(scope.expand(words[1])) if len(words) > 1 else "1"
+        del scope.arguments[: int(count) if count.isdigit() else 1]
+        return True
+    if name == "cd" and scope.cwd is not None:
+        target = [field for raw in words[1:] for field in scope.expand(raw) if field != "--"]
+        if target and not scope.unknowns_in(target[0]) and not target[0].startswith("-"):
+            scope.cwd = _absolute(scope.working_directory(), target[0])
+        return True
+    return False
 
 
 def _run_assignments(scope: ShellScope, words: list[str]) -> int:
-    """Apply leading `NAME=value` / `export NAME=value` words; the index of the first other word."""
+    """Apply leading `NAME=value` words, `export` / `declare` / `local` and the builtins that change the scope;
+    the index of the first word that is none of them."""
     index = 0
     while index < len(words) and words[index] in _SHELL_KEYWORDS:
         index += 1
-    only_assignments = all(_ASSIGNMENT.match(word) for word in words[index:])
-    builtin = index < len(words) and words[index] in _ASSIGNING_BUILTINS
-    if builtin:
+    if index < len(words) and _run_builtin(scope, words[index:]):
+        return len(words)
+    if index < len(words) and words[index] in _ASSIGNING_BUILTINS:
+        builtin = words[index]
         index += 1
+        flags = []
         while index < len(words) and words[index].startswith("-"):
+            flags.append(words[index])
             index += 1
+        for word in words[index:]:
+            match = _ASSIGNMENT.match(word)
+            name = match.group(1) if match else word
+            if match:
+                _assignment_value(scope, name, word[match.end() :], bool(match.group(2)))
+            if _NAME.fullmatch(name) and (builtin == "export" or any("x" in flag for flag in flags)):
+                scope.exported.add(name)
+        return len(words)
     first_other = index
     while first_other < len(words) and _ASSIGNMENT.match(words[first_other]):
         first_other += 1
-    if builtin or only_assignments:
+    if first_other == len(words):
         for word in words[index:first_other]:
-            name = _ASSIGNMENT.match(word).group(1)  # type: ignore[union-attr]
-            raw_value = word[len(name) + 1 :]
-            if raw_value.startswith("(") and raw_value.endswith(")"):
-                scope.arrays[name] = [element for element in raw_value[1:-1].split(ARRAY_SEPARATOR) if element]
-                continue
-            scope.environment_used.clear()
-            try:
-                value = "".join(scope.expand(raw_value, split=False))
-                read = tuple(dict.fromkeys(scope.environment_used))
-                masked = "".join(scope.expand_masked(raw_value, split=False)) if read else None
-            except _Unresolved as exc:
-                scope.assign(name, _Unset(name, f"assigned from {exc.name}: {exc.reason}"))
-                continue
-            scope.assign(name, value, masked, read)
+            match = _ASSIGNMENT.match(word)
+            assert match is not None
+            _assignment_value(scope, match.group(1), word[match.end() :], bool(match.group(2)))
     return first_other
 
 
-def _verl_command(scope: ShellScope, raw_words: list[str]) -> VerlCommand | None:
+_HEAD_CANDIDATE = re.compile(r'.*python.*|"?\$\{?[A-Za-z_][A-Za-z0-9_]*\}?"?')
+
+
+def _verl_command(scope: ShellScope, raw_words: list[str], line: int) -> VerlCommand | None:
     first = _run_assignments(scope, raw_words)
     for start in range(first, len(raw_words)):
-        try:
-            head = scope.expand(raw_words[start])
-        except _Unresolved:
+        if not _HEAD_CANDIDATE.fullmatch(raw_words[start]):
             continue
+        head = scope.expand(raw_words[start])
         if not head or not _PYTHON.fullmatch(head[0]):
             continue
-        for offset in range(start + 1, min(start + 4, len(raw_words) - 1)):
+        for offset in range(start + 1, min(start + 5, len(raw_words) - 1)):
             if raw_words[offset] != "-m":
                 continue
-            module = raw_words[offset + 1]
+            module = "".join(scope.expand(raw_words[offset + 1]))
             if not _VERL_MODULE.fullmatch(module):
                 return None
             arguments: list[str] = []
             for raw in raw_words[offset + 2 :]:
                 scope.environment_used.clear()
-                try:
-                    expanded = scope.expand(raw)
-                    if scope.environment_used:
-                        # No environment value goes into the plan: the override keeps references to it.
-                        expanded = scope.expand_masked(raw)
-                        scope.kept_references.extend(word for word in expanded if "${oc.env:" in word)
-                    arguments.extend(expanded)
-                except _Unresolved as exc:
-                    raise PlanError(
-                        field=exc.name,
-                        message=f"the verl command uses {exc.name}, which is {exc.reason}.",
-                        fix=f"pass --env {exc.name.strip('${}')}=VALUE" if _NAME.fullmatch(exc.name.strip("${}"))
-                        else "replace it with its value in the script",
-                    ) from None
-            return VerlCommand(module=module, arguments=tuple(arguments))
+                expanded = scope.expand(raw)
+                if scope.environment_used:
+                    # No environment value goes into the plan: the override keeps references to it.
+                    expanded = scope.expand_masked(raw)
+                    scope.kept_references.extend(word for word in expanded if "${oc.env:" in word)
+                arguments.extend(expanded)
+            return VerlCommand(module=module, arguments=tuple(arguments), line=line)
     return None
 
 
-def find_verl_command(text: str, scope: ShellScope) -> tuple[VerlCommand | None, int]:
-    """The first `python -m verl...` command and how many there are."""
+class _Branches:
+    """The if/elif/else/fi (and case) the interpreter is inside: which commands run."""
+
+    def __init__(self, scope: ShellScope) -> None:
+        self.scope = scope
+        # Per open `if`: (runs the enclosing code, a branch was taken for sure, this branch runs, undecided).
+        self.frames: list[list[bool]] = []
+
+    @property
+    def active(self) -> bool:
+        return all(frame[2] for frame in self.frames)
+
+    @property
+    def undecided(self) -> bool:
+        return any(frame[3] for frame in self.frames)
+
+    def condition(self, commands: list[SimpleCommand]) -> bool | None:
+        """The result of a condition (`[ ... ]`, `[[ ... ]]`, `test`, joined by && / ||), or None."""
+        result: bool | None = None
+        joiner = ""
+        for command in commands:
+            value = self._one(list(command.words))
+            if not joiner:
+                result = value
+            elif joiner == "&&":
+                result = False if False in (result, value) else None if None in (result, value) else True
+            else:
+                result = True if True in (result, value) else None if None in (result, value) else False
+            joiner = command.separator
+        return result
+
+    def _one(self, words: list[str]) -> bool | None:
+        negate = words[:1] == ["!"]
+        words = words[1:] if negate else words
+        double = words[:1] == ["[["]
+        if words[:1] in (["["], ["[["]) and words[-1:] in (["]"], ["]]"]):
+            words = words[1:-1]
+        elif words[:1] == ["test"]:
+            words = words[1:]
+        else:
+            return None
+        scope = self.scope
+        scope._unset_is_empty, scope._unset_read = True, []
+        try:
+            expanded = ["".join(scope.expand(word, split=False)) for word in words]
+        finally:
+            scope._unset_is_empty = False
+        if any(scope.unknowns_in(word) for word in expanded):
+            return None
+        result = _test(expanded, double)
+        if result is not None and scope._unset_read:
+            for name in scope._unset_read:
+                scope.decided_on_unset.setdefault(name, "taken" if result != negate else "not taken")
+        return None if result is None else result != negate
+
+    def open(self, result: bool | None) -> None:
+        runs = self.active
+        self.frames.append([runs, result is True, result is not False, result is None])
+
+    def alternative(self, result: bool | None) -> None:
+        """An `elif` (with its condition) or an `else` (result True)."""
+        if not self.frames:
+            return
+        frame = self.frames[-1]
+        runs_here = not frame[1] and result is not False
+        frame[2] = runs_here
+        frame[1] = frame[1] or result is True
+        frame[3] = frame[3] or (result is None and not frame[1])
+
+    def close(self) -> None:
+        if self.frames:
+            self.frames.pop()
+
+
+def _condition_commands(commands: list[SimpleCommand], index: int) -> tuple[list[SimpleCommand], int]:
+    """The condition of the if/elif at commands[index] (its words after the keyword, and the commands it is
+    joined to by && / ||), and the index after it."""
+    first = commands[index]
+    condition = [SimpleCommand(words=first.words[1:], separator=first.separator, line=first.line)]
+    while condition[-1].separator in ("&&", "||") and index + 1 < len(commands):
+        index += 1
+        condition.append(commands[index])
+    return condition, index + 1
+
+
+def find_verl_command(text: str, scope: ShellScope,
+                      on_command: Callable[[VerlCommand], None] | None = None) -> tuple[VerlCommand | None, int]:
+    """The first `python -m verl...` command the script runs, as bash reads it, and how many there are."""
+    commands = list(simple_commands(text))
+    branches = _Branches(scope)
     found: VerlCommand | None = None
     count = 0
-    depth = 0
-    for words in shell_commands(text):
-        if words[0] in ("if", "case"):
-            depth += 1
-        elif words[0] in ("fi", "esac") and depth:
-            depth -= 1
-        if depth:
-            scope.branch_assigned.update(
-                match.group(1) for word in words if (match := _ASSIGNMENT.match(word)) and word[0] != "-")
-        command = _verl_command(scope, words)
-        if command is not None:
+    index = 0
+    while index < len(commands):
+        command = commands[index]
+        words = list(command.words)
+        keyword = words[0] if words else ""
+        if keyword in ("if", "elif"):
+            condition, index = _condition_commands(commands, index)
+            result = branches.condition(condition) if branches.active or keyword == "elif" else False
+            if keyword == "if":
+                branches.open(result)
+            else:
+                branches.alternative(result)
+            continue
+        index += 1
+        if keyword == "case":
+            branches.open(None)
+            continue
+        if keyword in ("fi", "esac"):
+            branches.close()
+            continue
+        if keyword == "else":
+            branches.alternative(True)
+            words = words[1:]
+        if keyword == "then":
+            words = words[1:]
+        if not words or not branches.active:
+            continue
+        if branches.undecided:
+            scope.branch_assigned.update(match.group(1) for word in words
+                                         if (match := _ASSIGNMENT.match(word)) and word[0] != "-")
+        verl = _verl_command(scope, words, command.line)
+        if verl is not None:
             count += 1
-            found = found or command
+            found = found or verl
     return found, count
+
+
+def positional_warning(scope: ShellScope) -> str | None:
+    """What the import assumed of the script's arguments, and how to give them; None when it read none."""
+    if scope.defaulted_positionals:
+        taken = ", ".join(f"${name} = {value!r}" for name, value in sorted(scope.defaulted_positionals.items()))
+        given = f"{len(scope.arguments)} argument(s)" if scope.arguments else "no arguments"
+        return (f"the script reads its arguments and was imported as run with {given}: its defaults were taken "
+                f"({taken}). Pass the arguments with --arg VALUE (repeatable, in order).")
+    if scope.dropped_positional:
+        return "the command passes the script's own arguments ($@); none were given (--arg VALUE gives them)."
+    return None

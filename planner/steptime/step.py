@@ -9,7 +9,7 @@ from attrs import frozen
 from rlplan.planner.layout import PlanLayout, plan_layout, reuses_update_log_probs
 from rlplan.planner.memory import MemoryReport
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import ESTIMATORS, Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.steptime.backend import trainer_timing
 from rlplan.planner.steptime.lengths import workload_lengths
@@ -50,7 +50,17 @@ def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAU
         phases[Phase.CRITIC_UPDATE] = trainer.update_seconds(ctx, layout.critic_update, critic=True)
     phases[Phase.ACTOR_UPDATE] = trainer.update_seconds(ctx, layout.actor_update, critic=False)
     phases["offload"] = trainer.offload_seconds(ctx)
+    if ESTIMATORS[plan.algorithm.adv_estimator].greedy_baseline:
+        # ReMax: a second generate_sequences of the batch's prompts, greedy, one response each, behind its own
+        # wake-up and weight load (each call enters the rollout's sharding manager, or the agent loop's wake/sleep).
+        phases[GREEDY_BASELINE] = phases[Phase.WEIGHT_SYNC] + rollout_seconds(
+            plan, memory, rates, profile, layout, lengths, responses_per_prompt=1)
     return StepTime(phases)
+
+
+# ReMax's greedy baseline generation (verl's `timing_s/gen_max`): the rollout engine's footprint, at most the
+# rollout phase's sequences, so the memory model's rollout phase bounds it; its time is its own.
+GREEDY_BASELINE = "greedy_baseline"
 
 
 # verl's `timing_s/<key>` each phase falls under: gen times the weight sync and sleep/wake beside generation
@@ -65,6 +75,7 @@ VERL_TIMING_OF_PHASE: dict[str, str] = {
     Phase.CRITIC_UPDATE: "update_critic",
     Phase.ACTOR_UPDATE: "update_actor",
     "offload": "update_actor",
+    GREEDY_BASELINE: "gen_max",
 }
 
 
