@@ -18,9 +18,16 @@ in process through the CLI (the same code paths, exit codes and messages), with 
 
 Every script lands in one column:
 - fits / OOM: validate ran the memory model and said so (exit 0 / 1): a verdict.
-- refused by rule: the plan reached validate, whose rules refuse it (exit 2); the rules are named.
-- never reaches the memory model: the import itself refused (exit 2), with its reason; exit 3 (a bug) is counted
-  apart.
+- refused by rule: the plan reached validate, whose rules refuse it (exit 2); the rules are named (most are rules
+  of verl 0.9 a script of an older release breaks: issue 36).
+- the import refused (exit 2), never reaching the memory model, with its reason, in three kinds:
+  - needs input: the script as shipped cannot run: a value a priced key needs that nothing sets (the refusal
+    names the variable and the --env or --arg that sets it), a placeholder or local model path that is not on
+    this machine, a hub model found nowhere offline (the refusal gives the `hf download` command), no model at
+    all, a blank argument Hydra refuses;
+  - not modeled: a model, engine or recipe placement rlplan refuses by name;
+  - other: anything else.
+  Exit 3 (a bug) is counted apart.
 While the scripts are read, every way Python has to start a process (subprocess, os.system, os.exec*, os.spawn*,
 os.posix_spawn, os.fork) is replaced by a recorder: the import must run no command, and the table says how many
 it tried (0).
@@ -54,8 +61,22 @@ _NOT_RL = re.compile(r"sft|generation|eval|data_process|preprocess")
 @frozen
 class Outcome:
     script: str
-    column: str  # "fits", "oom", "rule", "import", "bug"
+    column: str  # "fits", "oom", "rule", "input", "unmodeled", "import", "bug"
     reason: str
+
+
+# What an import refusal says, by kind (the messages of planner/verl_import.py and planner/presets.py).
+_NEEDS_INPUT = ("rlplan runs no command and reads no variable", "is not on this machine", "hf download",
+                "does not say which model", "only whitespace")
+_NOT_MODELED = ("is not supported", "does not model that", "does not model the", "is not one of its allowed values")
+
+
+def _import_column(reason: str) -> str:
+    if any(marker in reason for marker in _NEEDS_INPUT):
+        return "input"
+    if any(marker in reason for marker in _NOT_MODELED):
+        return "unmodeled"
+    return "import"
 
 
 def launch_scripts(checkout: Path) -> list[Path]:
@@ -129,7 +150,8 @@ def run_one(runner: CliRunner, checkout: Path, script: Path, plan_path: Path) ->
         reason = (f"{error.get('field', '')}: {error.get('message', '')}" if isinstance(error, dict) and error
                   else _first_line(imported.output))
         column = "bug" if imported.exit_code == 3 or imported.exception and not isinstance(
-            imported.exception, SystemExit) else "import"
+            imported.exception, SystemExit) else _import_column(reason + " " + str(error.get("fix", "")
+                                                                                  if isinstance(error, dict) else ""))
         if column == "bug" and imported.exception is not None:
             reason = f"{type(imported.exception).__name__}: {imported.exception}"
         return Outcome(relative, column, reason)
@@ -172,26 +194,39 @@ def _reason_class(reason: str) -> str:
     return text[:160]
 
 
+def _share(count: int, total: int) -> str:
+    return f"{count} ({100 * count / total:.0f} %)" if total else "0"
+
+
+def _row(label: str, count: collections.Counter[str], commands: int) -> str:
+    total = sum(count.values())
+    verdict = count["fits"] + count["oom"]
+    return (f"| {label} | {total} | {count['fits']} | {count['oom']} | {_share(verdict, total)} | {count['rule']} | "
+            f"{_share(verdict + count['rule'], total)} | {count['input']} | {count['unmodeled']} | {count['import']} "
+            f"| {count['bug']} | {commands} |")
+
+
 def table(results: dict[str, tuple[list[Outcome], list[str]]]) -> str:
-    lines = ["| checkout | scripts | fits | OOM | verdict | refused by rule | never reaches the model | bug | "
-             "commands run |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| checkout | scripts | fits | OOM | verdict | refused by rule | reached the memory model | "
+             "refused: needs input | refused: not modeled | refused: other | bug | commands run |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    totals: collections.Counter[str] = collections.Counter()
+    commands = 0
     for label, (outcomes, attempts) in results.items():
         count = collections.Counter(outcome.column for outcome in outcomes)
-        total = len(outcomes)
-        verdict = count["fits"] + count["oom"]
-        share = f"{verdict} ({100 * verdict / total:.0f} %)" if total else "0"
-        reached = verdict + count["rule"]
-        lines.append(f"| {label} | {total} | {count['fits']} | {count['oom']} | {share} | {count['rule']} "
-                     f"(reached: {100 * reached / total if total else 0:.0f} %) | {count['import']} | {count['bug']} "
-                     f"| {len(attempts)} |")
+        lines.append(_row(label, count, len(attempts)))
+        totals.update(count)
+        commands += len(attempts)
+    if len(results) > 1:
+        lines.append(_row("all", totals, commands))
     return "\n".join(lines)
 
 
 def reasons(results: dict[str, tuple[list[Outcome], list[str]]]) -> str:
     out = []
     for label, (outcomes, _) in results.items():
-        for column, title in (("import", "never reaches the memory model"), ("rule", "refused by rule"),
-                              ("bug", "bug (exit 3)")):
+        for column, title in (("input", "refused, needs input"), ("unmodeled", "refused, not modeled"),
+                              ("import", "refused, other"), ("rule", "refused by rule"), ("bug", "bug (exit 3)")):
             counter = collections.Counter(_reason_class(o.reason) if column != "rule" else o.reason
                                           for o in outcomes if o.column == column)
             if counter:

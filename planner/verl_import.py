@@ -28,7 +28,8 @@ from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.plan import Plan
 from rlplan.planner.planfile import plan_from_dict
 from rlplan.planner.presets import HUB_REPO_ID, ResolvedModel, resolve_model
-from rlplan.planner.shell_script import ShellScope, find_verl_command, positional_warning
+from rlplan.planner.shell_expand import ShellScope
+from rlplan.planner.shell_script import find_verl_command, positional_warning
 from rlplan.planner.verl_config import TextReader, TrainerConfig, trainer_config
 from rlplan.planner.verl_keys import (
     ARF,
@@ -480,7 +481,7 @@ def _unknown_value(override: Override, key: str, scope: ShellScope, sorted_: _So
     sorted_.unknowable[key] = verbatim
 
 
-def _sort_overrides(command: _Command, backend: Backend, warnings: list[str]) -> _Sorted:
+def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pinned: set[str]) -> _Sorted:
     sorted_ = _Sorted(given={}, passthrough={}, reward={}, unknowable={})
     seen: dict[str, str | None] = {}
     scope = command.scope
@@ -511,6 +512,13 @@ def _sort_overrides(command: _Command, backend: Backend, warnings: list[str]) ->
             _unknown_value(override, key, scope, sorted_)
             continue
         sorted_.unknowable.pop(key, None)
+        referenced = set(re.findall(r"\$\{oc\.env:([^,}]*)", override.value))
+        if key in BY_KEY and not priced(key) and referenced and not referenced & pinned:
+            # An environment value (a data folder, a run name) where no plan term reads it: the reference stays,
+            # and verl reads it from the same environment when it runs.
+            sorted_.given.pop(key, None)
+            sorted_.passthrough[f"{override.prefix}{override.key}"] = override.value
+            continue
         if key in BY_KEY and backend_has(key, backend):
             sorted_.given[key] = override.value
         elif key in BY_KEY:
@@ -549,9 +557,10 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     config = trainer_config(command.module, command.config_path, command.config_name, context.cwd,
                             context.read_text)
     backend = _backend(config.base or config.name, list(command.overrides))
-    sorted_ = _sort_overrides(command, backend, warnings)
+    sorted_ = _sort_overrides(command, backend, warnings, set(env))
     given, passthrough = sorted_.given, sorted_.passthrough
     given = {**_config_values(config, command.module, backend, given, warnings), **given}
+    _placement(given, passthrough, warnings)
     table = table_for(backend)
     values = _Values(given, passthrough, dict(env), dict(environment or {}), table)
     fields = {field: values.field_value(field) for field in table}
@@ -579,6 +588,31 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         warnings.append(f"kept {len(unmodeled)} verl key(s) rlplan does not model, rendered back unchanged: "
                         f"{', '.join(unmodeled)}.")
     return ImportResult(plan=plan.evolve(passthrough=passthrough), warnings=tuple(warnings), passthrough_keys=kept)
+
+
+# A recipe's own rollout placement (recipe/one_step_off_policy, recipe/fully_async_policy): the rollout on GPUs
+# of its own, `rollout.nnodes` x `rollout.n_gpus_per_node`, beside the trainer's.
+_SPLIT_ROLLOUT_KEYS = ("rollout.nnodes", "rollout.n_gpus_per_node")
+
+
+def _placement(given: dict[str, str], passthrough: dict[str, str], warnings: list[str]) -> None:
+    """What the plan's colocated step does not model of a recipe's placement: said, or refused where verl's
+    batch means something else."""
+    split = [key for key in _SPLIT_ROLLOUT_KEYS if key in passthrough or f"+{key}" in passthrough]
+    if given.get("algorithm.adv_estimator", "").strip("'\"") == "null":
+        raise PlanError(field="algorithm.adv_estimator", message="is null: the recipe's own trainer (verl's SPIN and SPPO "
+                        "recipes) computes no advantages, and rlplan does not model that step (it prices PPO-family "
+                        "steps).", fix="import a script whose algorithm.adv_estimator is one of verl's estimators")
+    batch = given.get("data.train_batch_size", "").strip("'\"")
+    if batch == "0":
+        raise PlanError(field="data.train_batch_size", message="is 0: the prompts stream to the trainer, which takes "
+                        "async_training.require_batches mini batches per step from a rollout on GPUs of its own (verl's "
+                        "fully async recipe). rlplan prices a colocated step of a fixed batch and does not model that.",
+                        fix="price the trainer's step with data.train_batch_size = ppo_mini_batch_size x "
+                        "require_batches in a copy of the script, knowing the plan puts the rollout on the same GPUs")
+    if split:
+        warnings.append(f"{', '.join(split)} put the rollout on GPUs of its own (a recipe's split placement); the "
+                        "plan prices the rollout on the trainer's GPUs, so its memory verdict is the colocated one.")
 
 
 _PLAIN_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlplan.planner.shell_expand import ShellScope
 from rlplan.planner.shell_lexer import shell_commands
-from rlplan.planner.shell_script import ShellScope, find_verl_command
+from rlplan.planner.shell_script import find_verl_command
 
 SCRIPT = """#!/bin/bash
 set -x

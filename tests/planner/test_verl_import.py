@@ -297,7 +297,7 @@ def test_no_value_from_the_environment_reaches_the_plan_or_its_render_unless_pas
         rendered = render_plan(result.plan, "verl", "script")
         for text in (written, rendered, *result.warnings):
             assert SECRET not in text and "4242" not in text
-        assert "${oc.env:WANDB_API_KEY}" in written
+        assert "${oc.env:WANDB_API_KEY" in written
     pinned = load(script, environment, environment).plan
     assert SECRET in plan_to_toml(pinned) or "4242" in plan_to_toml(pinned) or "8484" in plan_to_toml(pinned)
 
@@ -356,3 +356,13 @@ def test_this_machines_pwd_in_a_script_warns_that_its_paths_are_frozen_and_env_u
     pinned = load(script, env={"PWD": "/cluster/verl"}, environment={"PWD": "/home/me/verl"})
     assert pinned.plan.data.train_files == ("/cluster/verl/data/train.parquet",)
     assert not [w for w in pinned.warnings if "$PWD" in w]
+
+
+def test_a_recipes_rollout_on_gpus_of_its_own_is_said_and_a_streamed_batch_of_zero_is_refused_with_why():
+    head = "python3 -m recipe.one_step_off_policy.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+    result = load(head + "rollout.nnodes=1 rollout.n_gpus_per_node=4 algorithm.adv_estimator=grpo\n")
+    assert any("rollout.nnodes, rollout.n_gpus_per_node" in w and "colocated" in w for w in result.warnings)
+    with pytest.raises(PlanError) as error:
+        load(head.replace("one_step_off_policy.main_ppo", "fully_async_policy.fully_async_main")
+             + "data.train_batch_size=0 async_training.require_batches=4\n")
+    assert error.value.field == "data.train_batch_size" and "require_batches" in error.value.message

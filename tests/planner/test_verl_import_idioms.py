@@ -229,3 +229,9 @@ def test_importing_runs_no_command_a_touch_in_every_substitution_leaves_no_file(
     plan, _ = imported("no_command_runs.sh", "--env", f"MARK_DIR={tmp_path}")
     assert list(tmp_path.iterdir()) == [] and started == []
     assert '$(touch "' in plan.passthrough["trainer.experiment_name"]
+
+
+def test_a_set_environment_variable_reaching_only_a_data_path_is_kept_as_a_reference_not_refused():
+    plan, warnings = imported("unset_data_paths.sh", env={"DATA_HOME": "/private/data"})
+    assert "${oc.env:DATA_HOME}" in plan.passthrough["data.val_files"]
+    assert "/private/data" not in repr(plan) and not any("/private/data" in w for w in warnings)
