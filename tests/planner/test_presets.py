@@ -60,6 +60,7 @@ ACTIVE_COUNT_CONVENTION = {
     "mixtral-8x22b": "active_params",
     "qwen3-coder-30b-a3b": "active_params",
     "qwen1.5-moe-a2.7b": "active_params",
+    "moonlight-16b-a3b": "active_params",
     "qwen3-coder-480b-a35b": "active_params",
     "deepseek-v2-lite": "active_matmul_params",
     "kimi-k2": "active_matmul_params",
