@@ -51,7 +51,7 @@ import attrs
 from attrs import frozen
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 
 GPU = "h100-80g"
 _LAUNCH = re.compile(r"-m\s+(verl\.trainer\.main_ppo|recipe\.[A-Za-z0-9_.]+)\b")

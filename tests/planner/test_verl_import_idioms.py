@@ -29,7 +29,7 @@ def imported(script: str, *flags: str, env: dict[str, str] | None = None) -> tup
 def invoke_import(script: str, *flags: str, env: dict[str, str] | None = None):
     from typer.testing import CliRunner
 
-    from rlplan.planner.cli import app
+    from rlplan.planner.commands.cli import app
 
     cwd = os.getcwd()
     os.chdir(IDIOMS)

