@@ -25,7 +25,44 @@ from rlplan.planner.validators import at_least, field_check
 
 SCHEMA_VERSION = 1
 
-Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus"]
+# verl's advantage estimators (`AdvantageEstimator`, verl/trainer/ppo/core_algos.py; ray_trainer.py before
+# v0.4): the plan field's values. ESTIMATORS says what each changes in a step; `since` is the first release
+# tag read here whose enum has it (v0.3.0.post1, v0.4.1, v0.5.0, v0.6.1, v0.7.0, main b178a3cd), so a
+# per-release check can refuse it where verl would.
+Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
+                    "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
+                    "tir_optimal_token_baseline"]
+
+
+@frozen(kw_only=True)
+class EstimatorFacts:
+    """What an advantage estimator changes in a step: a critic (GAE: verl's need_critic), a baseline from
+    the other responses of the same prompt (needs rollout.n >= 2), a greedy baseline generation per batch
+    (ReMax: verl's `gen_max`, a second generate_sequences of the batch's prompts with do_sample=False)."""
+
+    critic: bool = False
+    group: bool = False
+    greedy_baseline: bool = False
+    since: str = "0.3.0.post1"
+
+
+ESTIMATORS: dict[str, EstimatorFacts] = {
+    "gae": EstimatorFacts(critic=True),
+    "grpo": EstimatorFacts(group=True),
+    "rloo": EstimatorFacts(group=True),
+    "reinforce_plus_plus": EstimatorFacts(),
+    "remax": EstimatorFacts(greedy_baseline=True),
+    "reinforce_plus_plus_baseline": EstimatorFacts(group=True, since="0.4.1"),
+    "opo": EstimatorFacts(group=True, since="0.4.1"),
+    "grpo_passk": EstimatorFacts(group=True, since="0.4.1"),
+    "gpg": EstimatorFacts(group=True, since="0.5.0"),
+    "rloo_vectorized": EstimatorFacts(group=True, since="0.6.1"),
+    "grpo_vectorized": EstimatorFacts(group=True, since="0.6.1"),
+    "optimal_token_baseline": EstimatorFacts(group=True, since="main"),
+    "tir_optimal_token_baseline": EstimatorFacts(group=True, since="main"),
+}
+# The estimators rlplan's own runtime computes (runtime/algorithms): what `solve --algo` offers.
+RUNTIME_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_plus_plus")
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KlLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 LoadFormat = Literal["dummy", "safetensors", "auto"]
@@ -459,7 +496,7 @@ class Plan:
         """verl's need_critic: critic.enable if set, else adv_estimator == gae."""
         if self.critic.enable is not None:
             return self.critic.enable
-        return self.algorithm.adv_estimator == "gae"
+        return ESTIMATORS[self.algorithm.adv_estimator].critic
 
     @property
     def uses_reference(self) -> bool:

@@ -32,7 +32,7 @@ from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory.heads import runtime_loss_head
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
-from rlplan.planner.plan import ActorSection, CriticSection, MegatronSection, Plan
+from rlplan.planner.plan import RUNTIME_ESTIMATORS, ActorSection, CriticSection, MegatronSection, Plan
 from rlplan.planner.platform import Platform
 from rlplan.planner.stack import ENGINE_WORKER, Behaviour, holds
 
@@ -1207,6 +1207,19 @@ def _runtime_rolls_out_with_vllm(ctx: RuleContext) -> Iterator[Violation]:
             "render the plan for verl (rlplan render plan.toml --target verl), or set "
             'rollout.name = "vllm" (re-solve with --rollout vllm) to run it here',
             rollout__name="vllm",
+        )
+
+
+@rule("platform", "the bundled runtime computes the advantage estimators of runtime/algorithms only")
+def _runtime_computes_the_estimator(ctx: RuleContext) -> Iterator[Violation]:
+    # An imported verl plan may name any of verl's estimators (plan.ESTIMATORS); rlplan run computes four.
+    estimator = ctx.plan.algorithm.adv_estimator
+    if estimator not in RUNTIME_ESTIMATORS:
+        yield ctx.violation(
+            f"the bundled runtime computes {', '.join(RUNTIME_ESTIMATORS)} advantages; this plan's estimator is "
+            f"{estimator}, which verl computes.",
+            "render the plan for verl (rlplan render plan.toml --target verl), or set algorithm.adv_estimator to "
+            "one of those to run it here",
         )
 
 

@@ -686,6 +686,8 @@ def import_verl(
         "--host-mem", help="Host RAM per node: GiB or with a unit (512GiB); default: the GPU's typical node, said "
                            "as a warning.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
+    arg: Annotated[list[str] | None, typer.Option("--arg", help="An argument of the script ($1, $2 ... in order; "
+                                                  "repeatable); default none, as `bash SCRIPT` runs it.")] = None,
     output: PlanOutput = None,
     expected_prompt_len: ExpectedPromptLen = None,
     expected_response_len: ExpectedResponseLen = None,
@@ -705,7 +707,7 @@ def import_verl(
     raise typer.Exit(import_command(script, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
                                     output=output, expected_lengths=(expected_prompt_len, expected_response_len),
                                     as_json=json_output, versions=(verl_version, vllm_version, sglang_version),
-                                    force=force))
+                                    arguments=tuple(arg or ()), force=force))
 
 
 @app.command()

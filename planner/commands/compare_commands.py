@@ -49,14 +49,19 @@ def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host
                             fix="drop --gpu / --gpu-mem, or pass the run's launch script instead")
         plan = load_plan(path)
     else:
-        from rlplan.planner.commands.interop_commands import _gpu, parse_env_pins, read_local_model_config
+        from rlplan.planner.commands.interop_commands import (
+            _gpu,
+            parse_env_pins,
+            read_local_model_config,
+            script_context,
+        )
         from rlplan.planner.verl_import import import_verl_script
 
         # Read as `import verl` reads it: the process environment is the environment (a value from it is kept as
         # its reference and never printed: it may hold a token), --env pins are the user's own values.
         result = import_verl_script(read_text(path, "PLAN"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
                                     env=parse_env_pins(env), local_config_reader=read_local_model_config,
-                                    environment=dict(os.environ))
+                                    environment=dict(os.environ), context=script_context(path))
         plan, warnings = result.plan, tuple(result.warnings)
     return (apply_knobs(plan, fixes) if fixes else plan), warnings
 

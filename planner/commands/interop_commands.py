@@ -16,8 +16,8 @@ import attrs
 from rlplan.planner.commands.commands_io import (
     ExitCode,
     load_plan,
-    local_config_path,
     make_console,
+    model_config_path,
     read_text,
     refuse_overwriting_inputs,
     refuse_read_only_output,
@@ -43,9 +43,12 @@ def parse_env_pins(items: list[str]) -> dict[str, str]:
     return pins
 
 
-def read_local_model_config(path: str) -> dict[str, Any] | None:
-    """The config.json at a local model directory (or the file itself); None for a hub repo id."""
-    candidate = local_config_path(path)
+def read_local_model_config(path: str):
+    """The config.json a model path or hub id has on this machine (a local folder, verl's checkpoint layout, the
+    local Hugging Face cache: `model_config_path`), with where it was read; None when it is nowhere here."""
+    from rlplan.planner.verl_import import FoundConfig
+
+    candidate = model_config_path(path, os.environ)
     if candidate is None:
         return None
 
@@ -57,7 +60,33 @@ def read_local_model_config(path: str) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise PlanError(field="actor_rollout_ref.model.path", message=f"{candidate} is not a JSON object.",
                         fix="point the model path at a Hugging Face model directory")
-    return config
+    return FoundConfig(config=config, source=str(candidate), in_hub_cache=not _is_local(path, candidate))
+
+
+def _is_local(spec: str, found) -> bool:
+    """Whether a found config.json lies under the folder the spec names (not in the Hugging Face cache)."""
+    try:
+        return os.path.commonpath([os.path.abspath(os.path.expanduser(spec)), os.path.abspath(found)]) == \
+            os.path.abspath(os.path.expanduser(spec))
+    except ValueError:
+        return False
+
+
+def read_optional_text(path: str) -> str | None:
+    """A small text file a script's command names (a recipe's config, its module), or None when it is not
+    readable here: the import then says what it could not read."""
+    try:
+        return read_text(path, "config")
+    except PlanError:
+        return None
+
+
+def script_context(script: str, arguments: tuple[str, ...] = ()):
+    """Where the script is imported from: this folder (bash's PWD; where `python3 -m` would find verl and its
+    configs), the script as given ($0), its --arg arguments, and the reader of the files its command names."""
+    from rlplan.planner.verl_import import ScriptContext
+
+    return ScriptContext(cwd=os.getcwd(), script=script, arguments=arguments, read_text=read_optional_text)
 
 
 def _gpu(gpu: str | None, gpu_mem: str | None):
@@ -77,7 +106,7 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
                    output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None),
                    as_json: bool = False,
                    versions: tuple[str | None, str | None, str | None] = (None, None, None),
-                   force: bool = False) -> int:
+                   arguments: tuple[str, ...] = (), force: bool = False) -> int:
     """With as_json: one object on stdout, {"output", "warnings", "plan_toml"} (the plan's text when no -o)."""
     from rich.markup import escape
 
@@ -91,7 +120,7 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
         result = import_verl_script(
             read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_gib or 1024.0,
             env=parse_env_pins(env), local_config_reader=read_local_model_config, environment=dict(os.environ),
-            versions=versions,
+            versions=versions, context=script_context(script, arguments),
         )
         if host_gib is None:  # the script does not say: the GPU class's typical node, said as a warning
             cluster = result.plan.cluster

@@ -31,7 +31,7 @@ from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.model_error import Headroom, parse_headroom
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import Algorithm, ModelSection, Plan, RolloutEngine
+from rlplan.planner.plan import RUNTIME_ESTIMATORS, ModelSection, Plan, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
 from rlplan.planner.solver import Candidate, Objective, SolveRequest, SolveResult, SolveStrategy
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
 # `ppo` is the user's name for the gae estimator with a critic; `auto` lets the solver price both engines.
-ALGO_CHOICES = ("ppo", *get_args(Algorithm))
+ALGO_CHOICES = ("ppo", *RUNTIME_ESTIMATORS)
 ROLLOUT_CHOICES = (*get_args(RolloutEngine), "auto")
 OBJECTIVE_CHOICES = get_args(Objective)
 STRATEGY_CHOICES = get_args(SolveStrategy)
@@ -128,7 +128,7 @@ class SolveFlags:
                             fix="leave out --gpu / --gpu-mem to plan the CPU, or --device cpu to plan the GPU")
         if self.gpu is not None and self.gpu_mem is not None:
             raise PlanError(field="--gpu-mem", message="both --gpu and --gpu-mem are given.", fix="pass only one")
-        if self.algo is not None and _algorithm_name(self.algo) not in get_args(Algorithm):
+        if self.algo is not None and _algorithm_name(self.algo) not in RUNTIME_ESTIMATORS:
             raise PlanError(field="--algo", message=f"unknown algorithm {self.algo!r}.",
                             fix=f"pass one of {', '.join(ALGO_CHOICES)}")
         if self.lora not in ("off", "auto") and not _is_rank(self.lora):

@@ -421,3 +421,29 @@ def longest_expected_response_that_fits(plan: Plan, profile: Profile = DEFAULT_P
     if not fits(1):
         return 0
     return last_holding(1, high, fits)
+
+
+def longest_expected_sequence_that_fits(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> tuple[int, int]:
+    """The largest mean (prompt, response) the plan fits at, both shrunk together in the proportion of the
+    expected prompt (else the maximum) to the maximum response: what a plan that does not fit even at
+    one-token responses, its prompts still at full length, fits at. (0, 0) when not even 1 + 1 tokens fit.
+    Memory grows monotonically with both lengths, so a bisection over the total finds the boundary."""
+    data = plan.data
+    prompt_cap = data.expected_prompt_length or data.max_prompt_length
+    response_cap = data.max_response_length
+
+    def split(total: int) -> tuple[int, int]:
+        prompt = min(prompt_cap, max(1, round(total * prompt_cap / (prompt_cap + response_cap))))
+        return prompt, max(1, min(response_cap, total - prompt))
+
+    def fits(total: int) -> bool:
+        prompt, response = split(total)
+        shrunk = attrs.evolve(data, expected_prompt_length=prompt, expected_response_length=response)
+        return predict_memory(plan.evolve(data=shrunk), profile).fits
+
+    high = prompt_cap + response_cap
+    if fits(high):
+        return split(high)
+    if not fits(2):
+        return 0, 0
+    return split(last_holding(2, high, fits))

@@ -288,3 +288,14 @@ def test_a_cited_rule_name_is_found_in_each_spelling():
               '# the `holds_max_model_len` rule\n')
     assert _cited_rule_names(source) == {"runtime_rolls_out_with_vllm", "rollout_dtype_matches_cpu_trainer",
                                          "rollout_tp_divides_world", "holds_max_model_len"}
+
+
+def test_the_bundled_runtime_refuses_an_estimator_only_verl_computes_and_verl_rules_accept_it():
+    from rlplan.planner.platform import Platform
+
+    plan = make_plan(overrides={"algorithm.adv_estimator": "remax", "rollout.n": 1})
+    assert "runtime_computes_the_estimator" not in {v.rule for v in check_plan(plan).violations}
+    platform_errors = {v.rule for v in check_plan(plan, Platform(device_type="cpu")).errors}
+    assert "runtime_computes_the_estimator" in platform_errors
+    grpo = {v.rule for v in check_plan(make_plan(), Platform(device_type="cpu")).errors}
+    assert "runtime_computes_the_estimator" not in grpo

@@ -10,7 +10,7 @@ from rlplan.planner.planfile import plan_to_dict
 from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.render import plan_as_verl_runs_it, render_plan
 from rlplan.planner.rules import check_plan
-from rlplan.planner.shell_script import shell_commands
+from rlplan.planner.shell_lexer import shell_commands
 from rlplan.planner.verl_import import Override, import_verl_script
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
@@ -56,11 +56,11 @@ def test_every_key_a_megatron_example_sets_is_in_its_render_with_the_value_verl_
 
 
 def _script_overrides(text: str, env: dict[str, str]) -> list[str]:
-    from rlplan.planner.verl_import import _overrides_from_script
+    from rlplan.planner.verl_import import ScriptContext, _command_from_script
 
-    found = _overrides_from_script(text, env, {}, [])
+    found = _command_from_script(text, env, {}, ScriptContext(), [])
     assert found is not None
-    return found[0]
+    return list(found.overrides)
 
 
 def test_the_moe_example_reads_tp_pp_cp_ep_etp_offload_and_recompute_for_actor_and_reference():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,52 @@ def test_every_writer_keeps_a_read_only_output_unless_forced(tmp_path, command):
     forced = invoke(*args, "--force")
     assert forced.exit_code in (0, 1), forced.output
     assert kept.read_text() != "mine\n"
+
+
+# --- a model's config.json on this machine, offline (import verl) ----------------------------------------------
+
+
+def _snapshot(cache, repo, revision, text="{}"):
+    folder = cache / ("models--" + repo.replace("/", "--")) / "snapshots" / revision
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(text)
+    return folder / "config.json"
+
+
+def test_the_hub_cache_is_where_huggingface_hub_keeps_it_in_its_order_of_settings(tmp_path):
+    from rlplan.planner.commands.commands_io import hub_cache_dirs
+
+    assert hub_cache_dirs({"HF_HUB_CACHE": "/a", "HF_HOME": "/b"}) == [Path("/a")]
+    assert hub_cache_dirs({"HUGGINGFACE_HUB_CACHE": "/a2", "HF_HOME": "/b"}) == [Path("/a2")]
+    assert hub_cache_dirs({"HF_HOME": "/b", "XDG_CACHE_HOME": "/c"}) == [Path("/b/hub")]
+    assert hub_cache_dirs({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == [Path("/c/huggingface/hub")]
+    assert hub_cache_dirs({"HOME": "/h"}) == [Path("/h/.cache/huggingface/hub")]
+
+
+def test_a_hub_id_is_found_at_the_revision_refs_main_names_else_the_newest_snapshot(tmp_path):
+    from rlplan.planner.commands.commands_io import model_config_path
+
+    older = _snapshot(tmp_path, "org/model", "aaa")
+    pinned = _snapshot(tmp_path, "org/model", "bbb")
+    environment = {"HF_HUB_CACHE": str(tmp_path)}
+    os.utime(older, (2e9, 2e9))  # the newest file, but not the revision main names
+    refs = tmp_path / "models--org--model" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("bbb\n")
+    assert model_config_path("org/model", environment) == pinned
+    (refs / "main").write_text("ccc")  # a revision with no config.json in the cache
+    assert model_config_path("org/model", environment) == older
+    assert model_config_path("org/other", environment) is None
+
+
+def test_a_local_folder_wins_and_verls_checkpoint_layout_is_looked_into(tmp_path):
+    from rlplan.planner.commands.commands_io import model_config_path
+
+    step = tmp_path / "global_step_105"
+    (step / "actor" / "huggingface").mkdir(parents=True)
+    (step / "actor" / "huggingface" / "config.json").write_text("{}")
+    assert model_config_path(str(step), {}) == step / "actor" / "huggingface" / "config.json"
+    assert model_config_path(str(step / "actor"), {}) == step / "actor" / "huggingface" / "config.json"
+    (step / "config.json").write_text("{}")
+    assert model_config_path(str(step), {}) == step / "config.json"
+    assert model_config_path(str(tmp_path / "missing"), {"HF_HUB_CACHE": str(tmp_path)}) is None
