@@ -143,7 +143,9 @@ def test_import_fills_omitted_keys_with_the_target_verls_defaults_and_keeps_the_
 def test_import_infers_vllms_v0_era_from_the_xformers_backend_and_says_so():
     result = load("export VLLM_ATTENTION_BACKEND=XFORMERS\npython3 -m verl.trainer.main_ppo "
                   + MINIMAL.replace("\n", " "))
-    assert result.plan.stack.vllm == "0.8.5" and result.plan.stack.verl == DEFAULT_VERL
+    # V0 is gone from vLLM 0.11, and verl 0.9.0 on installs vLLM >= 0.18: the script is judged on verl 0.8.0 at most.
+    assert result.plan.stack.vllm == "0.8.5" and result.plan.stack.vllm_engine == "v0"
+    assert result.plan.stack.verl == "0.8.0" and result.plan.stack.verl_oldest == "0.3.0.post1"
     assert any("VLLM_ATTENTION_BACKEND=XFORMERS" in warning for warning in result.warnings)
 
 
@@ -156,7 +158,12 @@ def test_import_infers_the_newest_verl_a_removed_key_allows_and_a_flag_overrules
 
 
 def test_import_infers_nothing_from_keys_every_version_has():
-    assert load(MINIMAL + "actor_rollout_ref.rollout.multi_stage_wake_up=true\n").plan.stack == DEFAULT_STACK
+    assert load(MINIMAL + "actor_rollout_ref.rollout.gpu_memory_utilization=0.5\n").plan.stack == DEFAULT_STACK
+
+
+def test_a_key_newer_releases_added_leaves_a_range_up_to_the_default():
+    stack = load(MINIMAL + "actor_rollout_ref.rollout.multi_stage_wake_up=true\n").plan.stack
+    assert (stack.verl_oldest, stack.verl) == ("0.4.1", DEFAULT_VERL)
 
 
 def test_engine_worker_rule_applies_only_on_stacks_with_the_engine_worker():
