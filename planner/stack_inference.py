@@ -28,6 +28,7 @@ from rlplan.planner.stack import (
     DEFAULT_VERL,
     REMOVED_KEYS,
     VERL_RELEASES,
+    VLLM_V0_ENGINE,
     VLLM_V0_REMOVED,
     StackSection,
     default_engine_version,
@@ -40,6 +41,7 @@ ADV_ESTIMATOR_KEY = "algorithm.adv_estimator"
 # The vLLM a V0 script on a verl whose default vLLM has no V0 is judged with: the last release verl 0.4.0-0.5.0
 # allowed (vllm<=0.8.5), which verl 0.6.1-0.8.0's extras allow too.
 VLLM_V0_ERA = "0.8.5"
+VLLM_V1_DEFAULT_SINCE = VLLM_V0_ENGINE.before or "0.8.0"
 _V0_SWITCHES = {("VLLM_USE_V1", "0"), ("VLLM_ATTENTION_BACKEND", "XFORMERS")}
 
 
@@ -68,9 +70,21 @@ def span_text(releases: Iterable[str]) -> str:
     return ", ".join(chosen)
 
 
+def _merged(runs: Iterable[tuple[str | None, str | None]]) -> list[tuple[str | None, str | None]]:
+    """Runs that meet (one ends where the next starts: the inventory splits a key's run where its default
+    changes) joined into one."""
+    merged: list[tuple[str | None, str | None]] = []
+    for since, before in sorted(runs, key=lambda run: parse_version(run[0] or "0")):
+        if merged and merged[-1][1] == since:
+            merged[-1] = (merged[-1][0], before)
+        else:
+            merged.append((since, before))
+    return merged
+
+
 def _runs_text(runs: Iterable[tuple[str | None, str | None]]) -> str:
     parts = []
-    for since, before in runs:
+    for since, before in _merged(runs):
         arrived = f"arrived in {since}" if since and since != VERL_RELEASES[0] else ""
         removed = f"was removed in {before}" if before else ""
         parts.append(" and ".join(part for part in (arrived, removed) if part) or "is in every release")
@@ -138,6 +152,16 @@ def engine_evidence(exported: dict[str, str]) -> tuple[str | None, str, list[Evi
     return None, "", []
 
 
+def _binding_text(evidence: list[Evidence], span: list[str]) -> str:
+    """The evidence that sets the span's ends (a release just outside it lacks what the script shows), the rest
+    counted."""
+    first, last = VERL_RELEASES.index(span[0]), VERL_RELEASES.index(span[-1])
+    outside = [VERL_RELEASES[i] for i in (first - 1, last + 1) if 0 <= i < len(VERL_RELEASES)]
+    binding = [e for e in evidence if any(release not in e.releases for release in outside)] or evidence[:1]
+    rest = len(evidence) - len(binding)
+    return "; ".join(e.why for e in binding) + (f" (and {rest} more that agree)" if rest else "")
+
+
 def infer_stack(written: dict[str, str], script: str, backend: verl_inventory.TrainerBackend,
                 engine: str) -> InferredStack | None:
     """The stack a script shows, with why; None when it shows nothing.
@@ -153,26 +177,34 @@ def infer_stack(written: dict[str, str], script: str, backend: verl_inventory.Tr
     evidence += engine_found
     if not evidence and vllm_engine is None:
         return None
-    fitting = frozenset(VERL_RELEASES).intersection(*(e.releases for e in evidence))
     reasons = []
     changes: dict[str, str | None] = {}
-    whys = "; ".join(e.why for e in evidence)
-    if fitting and evidence:
-        ordered = sorted(fitting, key=parse_version)
+    if evidence:
+        # Scripts from verl's main between two releases can show both (rollout.mode=sync beside a key 0.7.0
+        # added): the releases that agree with the most evidence, and what they do not agree with, are said.
+        agreeing = {r: [e for e in evidence if r in e.releases] for r in VERL_RELEASES}
+        most = max(len(agreed) for agreed in agreeing.values())
+        ordered = [r for r in VERL_RELEASES if len(agreeing[r]) == most]
         changes["verl"] = ordered[-1]
         changes["verl_oldest"] = ordered[0] if len(ordered) > 1 else None
         taken = f"; taken as {ordered[-1]}, the newest" if len(ordered) > 1 else ""
-        reasons.append(f"judged as verl {span_text(ordered)}: {whys}{taken}")
-    elif evidence:
-        reasons.append(f"no verl release has all of: {whys}; verl stays {DEFAULT_VERL} (pass --verl-version)")
+        reasons.append(f"judged as verl {span_text(ordered)}: {_binding_text(agreeing[ordered[-1]], ordered)}{taken}")
+        against = [e.why for e in evidence if e not in agreeing[ordered[-1]]]
+        if against:
+            reasons.append("no verl release has all the script shows (a script from verl's main between releases?); "
+                           f"these do not hold on verl {span_text(ordered)}: {'; '.join(against)}")
+    verl = changes.get("verl") or DEFAULT_VERL
+    vllm = default_engine_version(verl, "vllm")
+    if vllm_engine == "v1" and parse_version(vllm) >= parse_version(VLLM_V1_DEFAULT_SINCE):
+        vllm_engine = None  # V1 is that vLLM's default anyway: nothing to say
     if vllm_engine is not None:
-        verl = changes.get("verl") or DEFAULT_VERL
-        vllm = default_engine_version(verl, "vllm")
         if vllm_engine == "v0" and parse_version(vllm) >= parse_version(VLLM_V0_REMOVED):
             vllm = VLLM_V0_ERA
             changes["vllm"] = vllm
         changes["vllm_engine"] = vllm_engine
         reasons.append(f"vLLM {vllm} with its {vllm_engine.upper()} engine: the script exports {switch}")
+    if not reasons:
+        return None
     return InferredStack(stack=StackSection(**changes), reasons=tuple(reasons))  # type: ignore[arg-type]
 
 
