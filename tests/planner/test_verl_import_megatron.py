@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,10 @@ MEGATRON_SCRIPTS = {
 }
 
 
+def without_range(plan):
+    return plan.evolve(stack=attrs.evolve(plan.stack, verl_oldest=None))
+
+
 def load(text: str, env: dict[str, str] | None = None):
     return import_verl_script(text, gpu=H100, host_memory_gib=2048.0, env=env or {},
                               local_config_reader=lambda path: None, environment={})
@@ -38,7 +44,9 @@ def test_verls_megatron_examples_import_as_megatron_plans_and_render_back_to_the
     rendered = render_plan(plan, "verl")
     assert "--config-name=ppo_megatron_trainer" in rendered
     back = load(rendered)
-    assert plan_to_dict(back.plan) == plan_to_dict(plan_as_verl_runs_it(plan))
+    # The range of releases a script's keys allow (stack.verl_oldest) is what the import inferred, not part of the
+    # plan: the render writes the keys of the plan's verl, whose range starts elsewhere.
+    assert plan_to_dict(without_range(back.plan)) == plan_to_dict(without_range(plan_as_verl_runs_it(plan)))
     assert back.plan.passthrough == plan.passthrough
 
 
