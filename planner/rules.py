@@ -41,9 +41,11 @@ from rlplan.planner.stack import (
     CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     ENGINE_WORKER,
     LEN_FROM_SEQUENCES,
+    LORA_RANK_UNROUNDED,
     MEGATRON_GRAD_OFFLOAD_ABSENT,
     Behaviour,
     holds,
+    vllm_lora_ranks,
 )
 
 Severity = Literal["error", "warning"]
@@ -340,6 +342,22 @@ def _lora_rank_within_vllm_limit(ctx: RuleContext) -> Iterator[Violation]:
         yield ctx.violation(
             f"model.lora.rank = {rank} exceeds vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}).",
             f"set model.lora.rank <= {VLLM_LORA_RANKS[-1]}", model__lora__rank=VLLM_LORA_RANKS[-1],
+        )
+
+
+@rule("runtime", "verl before 0.6.1 hands vLLM the LoRA rank itself: it must be a rank vLLM takes",
+      applies=LORA_RANK_UNROUNDED)
+def _lora_rank_is_one_vllm_takes(ctx: RuleContext) -> Iterator[Violation]:
+    """vLLM's LoRAConfig refuses a max_lora_rank outside its set (ValueError at engine start); verl 0.4.0-0.6.0
+    passes model.lora_rank as it is (stack.LORA_RANK_UNROUNDED), later releases round it up."""
+    plan, rank = ctx.plan, ctx.plan.model.lora.rank
+    ranks = vllm_lora_ranks(plan.stack)
+    if plan.rollout.name == "vllm" and plan.model.lora.enabled and rank not in ranks:
+        better = next((r for r in ranks if r >= rank), ranks[-1])
+        yield ctx.violation(
+            f"model.lora.rank = {rank} is not one of the ranks vLLM {plan.stack.version_of('vllm')} takes "
+            f"({', '.join(map(str, ranks))}), and verl {plan.stack.verl} passes it unrounded as max_lora_rank.",
+            f"set model.lora.rank = {better}", model__lora__rank=better,
         )
 
 

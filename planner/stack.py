@@ -289,6 +289,12 @@ BATCHED_TOKENS_RAISED = Behaviour(
     code_path="verl/workers/rollout/vllm_rollout/vllm_async_server.py _validate_configs: without chunked "
               "prefill, max_num_batched_tokens < max_model_len is raised to max_model_len with a warning",
     summary="verl raises max_num_batched_tokens to max_model_len itself when chunked prefill is off")
+LORA_RANK_UNROUNDED = Behaviour(
+    name="lora_rank_unrounded", package="verl", before="0.6.1",
+    code_path="verl/workers/fsdp_workers.py _build_rollout (v0.4.0-v0.5.0: lora_kwargs max_lora_rank=self._lora_rank) "
+              "and vllm_rollout_spmd.py (v0.6.0: max_lora_rank=model_config.lora_rank); from v0.6.1 "
+              "vllm_rollout/utils.py get_vllm_max_lora_rank rounds it up to a rank vLLM takes",
+    summary="vLLM gets model.lora_rank itself as max_lora_rank, and refuses a rank outside its set")
 # --- the rollout engine's KV sizing ----------------------------------------------------------------------------
 VLLM_V0_ENGINE = Behaviour(
     name="vllm_v0_engine", package="vllm", before="0.8.0",
@@ -344,8 +350,22 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     ENTROPY_COEFF_DEFAULT_0001, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
-    BATCHED_TOKENS_RAISED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
+    BATCHED_TOKENS_RAISED, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG)
+
+
+# The ranks vLLM's LoRAConfig takes as max_lora_rank (vllm/config.py LoRAConfig.__post_init__ possible_max_ranks;
+# vllm/config/lora.py from 0.11): read at 0.7.3 (up to 256) and 0.8.5 and 0.11.0 (320 and 512 too).
+VLLM_LORA_RANKS_BY_VERSION: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("0.0.0", (8, 16, 32, 64, 128, 256)),
+    ("0.8.5", (8, 16, 32, 64, 128, 256, 320, 512)),
+)
+
+
+def vllm_lora_ranks(stack: StackSection) -> tuple[int, ...]:
+    """The max_lora_rank values the stack's vLLM accepts."""
+    release = parse_version(stack.version_of("vllm"))
+    return [ranks for since, ranks in VLLM_LORA_RANKS_BY_VERSION if release >= parse_version(since)][-1]
 
 
 def vllm_engine_of(stack: StackSection) -> VllmEngine:

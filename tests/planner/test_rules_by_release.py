@@ -116,3 +116,21 @@ def test_verl_before_0_7_refuses_batched_tokens_below_max_model_len_with_chunked
 @pytest.mark.parametrize("verl", VERL_RELEASES)
 def test_a_plan_valid_on_every_release_stays_valid_on_each(verl):
     assert check_plan(on(make_plan(), verl)).valid
+
+
+@pytest.mark.parametrize(("verl", "vllm", "rank", "refused"), [
+    ("0.4.1", "0.8.5", 48, True),  # passed as max_lora_rank=48: not one of vLLM's ranks
+    ("0.4.1", "0.8.5", 64, False),
+    ("0.4.1", "0.8.5", 320, False),
+    ("0.4.1", "0.7.3", 320, True),  # vLLM 0.7.3 takes up to 256
+    ("0.6.0", "0.8.5", 48, True),
+    ("0.6.1", "0.8.5", 48, False),  # verl rounds it up to 64 from 0.6.1
+    ("0.9.1", None, 48, False),
+])
+def test_a_lora_rank_vllm_does_not_take_is_refused_only_where_verl_passes_it_unrounded(verl, vllm, rank, refused):
+    plan = make_plan(overrides={"model.lora.rank": rank, "rollout.load_format": "safetensors"})
+    plan = plan.evolve(stack=StackSection(verl=verl, vllm=vllm))
+    assert fired(plan, "lora_rank_is_one_vllm_takes") is refused
+    if refused:
+        fix = next(v for v in check_plan(plan).errors if v.rule == "lora_rank_is_one_vllm_takes").suggested
+        assert not fired(apply_knobs(plan, fix), "lora_rank_is_one_vllm_takes")
