@@ -25,7 +25,10 @@ from rlplan.planner.stack import (
     DEFAULT_VERL,
     ENGINE_WORKER,
     FITTED_ENGINE_VERSIONS,
+    SGLANG_FRACTION_OF_FREE,
     VERL_ENGINE_PINS,
+    VLLM_V0_WHOLE_GPU_PROFILE,
+    VLLM_V1_WHOLE_GPU_PROFILE,
     StackSection,
     default_engine_version,
     holds,
@@ -260,3 +263,20 @@ def test_the_engine_pin_table_in_docs_is_the_one_stack_py_holds():
     assert set(VERL_ENGINE_PINS) <= set(documented)
     for release, (vllm, sglang) in documented.items():
         assert (default_engine_version(release, "vllm"), default_engine_version(release, "sglang")) == (vllm, sglang)
+
+
+def test_the_rules_by_release_table_in_docs_names_every_dated_rule_with_its_releases():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "verl-versions.md").read_text()
+    table = docs[docs.index("## Rules by release"):docs.index("## Engine formulas by version")]
+    rows = {line.split("|")[1].strip().strip("`"): line for line in table.splitlines() if line.startswith("| `")}
+    for dated in (rule for rule in RULES if rule.applies is not None):
+        assert dated.name in rows, dated.name
+        assert dated.applies.versions in rows[dated.name], (dated.name, dated.applies.versions)
+        assert f"`{dated.applies.name}`" in rows[dated.name] or dated.applies is ENGINE_WORKER
+
+
+def test_the_engine_formula_table_names_each_formula_behaviour():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "verl-versions.md").read_text()
+    table = docs[docs.index("## Engine formulas by version"):docs.index("## What a script shows")]
+    for behaviour in (VLLM_V0_WHOLE_GPU_PROFILE, VLLM_V1_WHOLE_GPU_PROFILE, SGLANG_FRACTION_OF_FREE):
+        assert f"`{behaviour.name}`" in table, behaviour.name

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import attrs
-
 from pathlib import Path
 
+import attrs
 import pytest
 
 from rlplan.planner.planfile import plan_to_dict
