@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import attrs
 import pytest
 
 from rlplan.planner.planfile import plan_to_dict
@@ -13,6 +12,7 @@ from rlplan.planner.render import plan_as_verl_runs_it, render_plan
 from rlplan.planner.rules import check_plan
 from rlplan.planner.shell_script import shell_commands
 from rlplan.planner.verl_import import Override, import_verl_script
+from tests.planner.plans import without_inferred_range
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
 H100 = resolve_gpu("h100-80g")
@@ -24,10 +24,6 @@ MEGATRON_SCRIPTS = {
     "megatron_moe_qwen3_30b_a3b.sh": {"HOME": "/home/u", "TEST_FILE": "/data/aime-2024.parquet"},
     "megatron_moe_lora_qwen3_30b_a3b.sh": {"HOME": "/home/u"},
 }
-
-
-def without_range(plan):
-    return plan.evolve(stack=attrs.evolve(plan.stack, verl_oldest=None))
 
 
 def load(text: str, env: dict[str, str] | None = None):
@@ -45,7 +41,7 @@ def test_verls_megatron_examples_import_as_megatron_plans_and_render_back_to_the
     back = load(rendered)
     # The range of releases a script's keys allow (stack.verl_oldest) is what the import inferred, not part of the
     # plan: the render writes the keys of the plan's verl, whose range starts elsewhere.
-    assert plan_to_dict(without_range(back.plan)) == plan_to_dict(without_range(plan_as_verl_runs_it(plan)))
+    assert plan_to_dict(without_inferred_range(back.plan)) == plan_to_dict(without_inferred_range(plan_as_verl_runs_it(plan)))
     assert back.plan.passthrough == plan.passthrough
 
 
