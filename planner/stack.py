@@ -414,8 +414,10 @@ def stack_from_flags(base: StackSection, verl: str | None, vllm: str | None, sgl
 
 
 def stack_pins(stack: StackSection) -> dict[str, Any]:
-    """The stack as dotted pins (`stack.verl`), for building a plan through `apply_knobs` or the solver."""
-    return {f"stack.{name}": value for name, value in attrs.asdict(stack).items() if value is not None}
+    """The stack as dotted pins (`stack.verl`), for building a plan through `apply_knobs` or the solver. An import's
+    inferred range (`verl_oldest`) is evidence about a script, not a target: a plan solved from it is for `verl`."""
+    return {f"stack.{name}": value for name, value in attrs.asdict(stack).items()
+            if value is not None and name != "verl_oldest"}
 
 
 def solve_pins(base: StackSection, verl: str | None, vllm: str | None, sglang: str | None) -> dict[str, Any]:
