@@ -39,6 +39,7 @@ from rlplan.planner.stack import (
     ASYNC_ROLLOUT_DEFAULT,
     BATCHED_TOKENS_RAISED,
     CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+    ENGINE_MICRO_SPLIT_ASSERT,
     ENGINE_WORKER,
     LEN_FROM_SEQUENCES,
     LORA_RANK_UNROUNDED,
@@ -112,7 +113,7 @@ class Rule:
     applies: Behaviour | None = None
 
     def applies_to(self, plan: Plan) -> bool:
-        return self.applies is None or holds(self.applies, plan.stack, plan.rollout.name)
+        return self.applies is None or holds(self.applies, plan.stack, plan.rollout.name, plan.passthrough)
 
 
 RULES: list[Rule] = []
@@ -640,7 +641,7 @@ def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
 
 @rule("runtime",
       "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)",
-      applies=ENGINE_WORKER)
+      applies=ENGINE_MICRO_SPLIT_ASSERT)
 def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]:
     """verl/workers/engine/utils.py prepare_micro_batches asserts `total_data_size % (force_group_size *
     micro_batch_size_per_gpu) == 0` (v0.7.1 on, the engine worker's). The legacy workers (v0.3-v0.7.x:

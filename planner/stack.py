@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
@@ -188,6 +189,16 @@ class Behaviour:
     default: tuple[str, Any] | None = None
     # True: the behaviour holds outside [since, before) (a key verl added in `since` and removed in `before`).
     outside: bool = False
+    # (key, value, since, before): it also holds on those releases where the script sets key=value (kept as
+    # passthrough), e.g. trainer.use_legacy_worker_impl=disable selecting the engine worker in verl 0.7.x.
+    opt_in: tuple[str, str, str, str] | None = None
+
+    def opted_in(self, version: str, passthrough: Mapping[str, str]) -> bool:
+        if self.opt_in is None:
+            return False
+        key, value, since, before = self.opt_in
+        written = next((passthrough[p + key] for p in ("++", "+", "") if p + key in passthrough), None)
+        return written is not None and written.strip("'\"") == value and in_range(version, since, before)
 
     def holds_for(self, version: str) -> bool:
         return in_range(version, self.since, self.before) != self.outside
@@ -201,10 +212,12 @@ class Behaviour:
         return f"{self.package} >= {self.since}" if self.since else f"{self.package} < {self.before}"
 
 
-def holds(behaviour: Behaviour, stack: StackSection, engine: str = "vllm") -> bool:
-    """Whether `behaviour` holds on `stack` (an engine's behaviour holds only for a plan rolling out with it)."""
+def holds(behaviour: Behaviour, stack: StackSection, engine: str = "vllm",
+          passthrough: Mapping[str, str] | None = None) -> bool:
+    """Whether `behaviour` holds on `stack` (an engine's behaviour holds only for a plan rolling out with it);
+    with the plan's `passthrough`, also where the script opts in to it (`Behaviour.opt_in`)."""
     if behaviour.package == "verl":
-        return behaviour.holds_for(stack.verl)
+        return behaviour.holds_for(stack.verl) or behaviour.opted_in(stack.verl, passthrough or {})
     return behaviour.package == engine and behaviour.holds_for(stack.version_of(behaviour.package))
 
 
@@ -234,9 +247,17 @@ VALIDATES_BEFORE_TRAIN = Behaviour(
     summary="verl validates before the first step", default=("trainer.val_before_train", True))
 ENGINE_WORKER = Behaviour(
     name="engine_worker", package="verl", since="0.8.0",
+    opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.0", "0.8.0"),
     code_path="verl/trainer/main_ppo.py: the engine worker (verl/workers/engine_workers.py) is the default from "
               "v0.8.0; in v0.7.x only with trainer.use_legacy_worker_impl=disable",
     summary="the engine worker runs the actor, and asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz")
+ENGINE_MICRO_SPLIT_ASSERT = Behaviour(
+    name="engine_micro_split_assert", package="verl", since="0.8.0",
+    opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.1", "0.8.0"),
+    code_path="verl/workers/engine/utils.py prepare_micro_batches: assert total_data_size % (force_group_size * "
+              "micro_batch_size_per_gpu) == 0 (from v0.7.1; v0.7.0 chunks without it), reached through the engine "
+              "worker (the default from v0.8.0, in v0.7.x with trainer.use_legacy_worker_impl=disable)",
+    summary="the engine worker asserts that a fixed micro batch divides each rank's batch")
 MICRO_OUTPUTS_HELD_TO_MINI_END = Behaviour(
     name="micro_outputs_held_to_mini_end", package="verl", since="0.8.0", before="0.9.0",
     code_path="verl/workers/engine/fsdp/transformer_impl.py FSDPEngine.forward_backward_batch: output_lst keeps "
@@ -348,7 +369,7 @@ ROOT_RESHARDS_AFTER_FORWARD_SGLANG = Behaviour(name="root_reshards_after_forward
 
 BEHAVIOURS: tuple[Behaviour, ...] = (
     ENTROPY_COEFF_DEFAULT_0001, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
-    ENGINE_WORKER, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
+    ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG)

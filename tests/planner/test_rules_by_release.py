@@ -9,6 +9,7 @@ from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.rules import RULES, check_plan
 from rlplan.planner.stack import (
     AGENT_LOOP,
+    ENGINE_MICRO_SPLIT_ASSERT,
     ENGINE_WORKER,
     MEGATRON_GRAD_OFFLOAD_ABSENT,
     VERL_RELEASES,
@@ -31,7 +32,7 @@ def test_the_version_dependent_rules_name_their_behaviour():
     applies = {rule.name: rule.applies for rule in RULES}
     assert applies["megatron_grad_offload_is_not_in_verl_0_9"] is MEGATRON_GRAD_OFFLOAD_ABSENT
     assert applies["agent_loop_chunks_evenly"] is AGENT_LOOP
-    assert applies["log_prob_micro_batch_divides_batch"] is ENGINE_WORKER
+    assert applies["log_prob_micro_batch_divides_batch"] is ENGINE_MICRO_SPLIT_ASSERT
     assert applies["mini_batch_divisible_by_dp"] is ENGINE_WORKER
 
 
@@ -134,3 +135,22 @@ def test_a_lora_rank_vllm_does_not_take_is_refused_only_where_verl_passes_it_unr
     if refused:
         fix = next(v for v in check_plan(plan).errors if v.rule == "lora_rank_is_one_vllm_takes").suggested
         assert not fired(apply_knobs(plan, fix), "lora_rank_is_one_vllm_takes")
+
+
+@pytest.mark.parametrize(("verl", "opted_in", "refused"), [
+    ("0.7.1", False, False), ("0.7.1", True, True), ("0.7.0", True, True), ("0.6.1", True, False),
+    ("0.8.0", False, True)])
+def test_verl_0_7s_engine_worker_opt_in_brings_its_asserts(verl, opted_in, refused):
+    # trainer.use_legacy_worker_impl=disable runs the engine worker for the actor in v0.7.x (main_ppo.py); in
+    # v0.5-v0.6 it only swaps the critic's worker.
+    plan = on(make_plan(overrides={"actor.ppo_mini_batch_size": 3, "rollout.n": 1}), verl)
+    if opted_in:
+        plan = plan.evolve(passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert fired(plan, "mini_batch_divisible_by_dp") is refused
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.7.0", False), ("0.7.1", True)])
+def test_the_micro_split_assert_arrived_in_0_7_1s_engine_worker(verl, refused):
+    plan = on(make_plan(overrides={"rollout.log_prob_micro_batch_size_per_gpu": 5}), verl)
+    plan = plan.evolve(passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert fired(plan, "log_prob_micro_batch_divides_batch") is refused
