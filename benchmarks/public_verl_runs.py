@@ -81,7 +81,7 @@ class Compared:
 def imported_plan(run: PublicRun, extra_fixes: tuple[str, ...] = ()) -> Plan:
     """The run's launch script as `rlplan compare SCRIPT LOG --gpu h100-80g --fix ...` reads it."""
     plan, _ = load_plan_or_script(str(PUBLIC / run.script), gpu=GPU, gpu_mem=None, host_mem=1024.0, env=[],
-                                  fixes=parse_fixes([*FIXES, *extra_fixes]))
+                                  fixes=parse_fixes([*FIXES, *extra_fixes]), log=read_verl_log(str(PUBLIC / run.log)))
     return plan
 
 

@@ -20,7 +20,14 @@ from attrs import field, frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
-from rlplan.planner.stack import REFERENCE_ALWAYS_RUNS, StackSection, check_engine, holds
+from rlplan.planner.stack import (
+    LEN_FROM_MODEL_ALWAYS,
+    LEN_FROM_SEQUENCES,
+    REFERENCE_ALWAYS_RUNS,
+    StackSection,
+    check_engine,
+    holds,
+)
 from rlplan.planner.validators import at_least, field_check
 
 SCHEMA_VERSION = 1
@@ -512,9 +519,15 @@ class Plan:
 
     @property
     def verl_max_model_len(self) -> int:
-        """The context verl starts vLLM with: rollout.max_model_len, else the model's max_position_embeddings
-        (vllm_async_server.py, rule R7). rlplan's memory model and runtime use prompt + response instead
-        (`memory.rollout_max_model_len`), which is why render writes the value out."""
+        """The context the plan's verl starts vLLM with (rule R7): from v0.7.1 rollout.max_model_len, else the
+        model's max_position_embeddings (vllm_async_server.py); v0.7.0 always the latter; before v0.7.0
+        rollout.max_model_len, else prompt + response (vllm_rollout_spmd.py; stack.LEN_FROM_SEQUENCES).
+        rlplan's memory model and runtime use prompt + response where it is unset (`memory.rollout_max_model_len`),
+        which is why render writes the value out."""
+        if holds(LEN_FROM_MODEL_ALWAYS, self.stack):
+            return self.model.arch.max_position_embeddings
+        if holds(LEN_FROM_SEQUENCES, self.stack):
+            return self.rollout.max_model_len or self.data.max_sequence_length
         return self.rollout.max_model_len or self.model.arch.max_position_embeddings
 
     @property

@@ -40,7 +40,6 @@ from rlplan.planner.verl_keys import (
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
-    VERL_KEYS,
     Backend,
     Follows,
     HydraSyntaxError,
@@ -352,6 +351,10 @@ def _model_not_found(spec: str, error: PlanError) -> PlanError:
 
 
 CONTEXT_OVERRIDE_KEY = f"{ARF}.model.override_config.max_position_embeddings"
+# verl's Megatron workers apply override_config.model_config.* to the HF config (v0.4.1
+# single_controller/base/megatron/worker.py, v0.6.0 megatron_workers.py; from v0.6.0 HFModelConfig takes either
+# spelling, verl/workers/config/model.py __post_init__).
+CONTEXT_OVERRIDE_KEYS = (CONTEXT_OVERRIDE_KEY, f"{ARF}.model.override_config.model_config.max_position_embeddings")
 
 
 def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str],
@@ -359,15 +362,16 @@ def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str
     """verl applies `model.override_config` to the HF config it loads: a raised max_position_embeddings
     (DAPO's Qwen2.5-Math-7B at 32768) is the model's context for the run.  The key stays passthrough,
     so a rendered script still sets it."""
-    raw = next((passthrough[key] for key in (f"+{CONTEXT_OVERRIDE_KEY}", f"++{CONTEXT_OVERRIDE_KEY}",
-                                              CONTEXT_OVERRIDE_KEY) if key in passthrough), None)
-    if raw is None:
+    found = next(((name, passthrough[prefix + name]) for name in CONTEXT_OVERRIDE_KEYS
+                  for prefix in ("++", "+", "") if prefix + name in passthrough), None)
+    if found is None:
         return resolved
+    key, raw = found
     value = parse_value(raw)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanError(field=CONTEXT_OVERRIDE_KEY, message=f"must be a positive integer, got {raw!r}.",
-                        fix=f"set {CONTEXT_OVERRIDE_KEY} to the context in tokens, e.g. 32768")
-    warnings.append(f"{CONTEXT_OVERRIDE_KEY}={value} is applied to the model's context "
+        raise PlanError(field=key, message=f"must be a positive integer, got {raw!r}.",
+                        fix=f"set {key} to the context in tokens, e.g. 32768")
+    warnings.append(f"{key}={value} is applied to the model's context "
                     f"({resolved.arch.max_position_embeddings} in its config), as verl applies it to the HF "
                     "config.")
     return attrs.evolve(resolved, arch=attrs.evolve(resolved.arch, max_position_embeddings=value))
@@ -394,21 +398,23 @@ def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, re
         raise PlanError(field="--host-mem", message=exc.message, fix="pass --host-mem in GiB") from None
 
 
-def with_target_stack(plan: Plan, given: dict[str, str], passthrough: dict[str, str], text: str,
+def with_target_stack(plan: Plan, given: dict[str, str], written: dict[str, str], text: str,
                       versions: tuple[str | None, str | None, str | None], warnings: list[str]) -> Plan:
-    """The imported plan on its target stack: the version flags, else what the script shows (said as a warning),
-    with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
+    """The imported plan on its target stack: the version flags, else what the script shows (said as a warning;
+    planner/stack_inference.py), with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
     from rlplan.planner.knobs import apply_knobs
-    from rlplan.planner.stack import infer_stack, stack_defaults, stack_from_flags
+    from rlplan.planner.stack import stack_defaults, stack_from_flags
+    from rlplan.planner.stack_inference import infer_stack
 
-    ranges = {entry.key: (entry.since, entry.before) for entry in VERL_KEYS}
-    inferred = infer_stack(given, passthrough, text, ranges, plan.rollout.name)
+    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name)
     stack = inferred.stack if inferred is not None else plan.stack
     if inferred is not None:
         flagged = [name for name, value in zip(("verl", "vllm", "sglang"), versions, strict=True) if value]
         overruled = f"; --{'-version, --'.join(flagged)}-version given instead" if flagged else ""
         warnings.append(f"target stack inferred from the script: {'; '.join(inferred.reasons)}{overruled}.")
     stack = stack_from_flags(stack, *versions)
+    if versions[0] is not None:  # --verl-version names the release: no range is left to judge
+        stack = attrs.evolve(stack, verl_oldest=None)
     omitted = {field: value for field, value in stack_defaults(stack, plan.rollout.name).items()
                if BY_FIELD[field].key not in given}
     if omitted:
@@ -445,6 +451,8 @@ class _Sorted:
     reward: dict[str, str]
     # key -> the verbatim value of a key whose value rlplan cannot know, passed through.
     unknowable: dict[str, str]
+    # Every override as the script spells it (prefix and key) -> its value: the stack inference's evidence.
+    written: dict[str, str]
 
 
 def _read_command(text: str, env: dict[str, str], environment: dict[str, str], context: ScriptContext,
@@ -482,7 +490,7 @@ def _unknown_value(override: Override, key: str, scope: ShellScope, sorted_: _So
 
 
 def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pinned: set[str]) -> _Sorted:
-    sorted_ = _Sorted(given={}, passthrough={}, reward={}, unknowable={})
+    sorted_ = _Sorted(given={}, passthrough={}, reward={}, unknowable={}, written={})
     seen: dict[str, str | None] = {}
     scope = command.scope
     for raw in command.overrides:
@@ -493,6 +501,8 @@ def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pi
                             "after it as a command of their own.",
                             fix="remove the space after that backslash (or the comment after it)")
         override = Override.parse(raw)
+        if override.value is not None:  # as spelled, for the stack inference (an older spelling dates the script)
+            sorted_.written[f"{override.prefix}{override.key}"] = override.value
         if scope is not None and scope.unknowns_in(override.key):
             unknown = scope.unknowns_in(override.key)[0]
             raise PlanError(field=scope.verbatim(raw), message=f"names its key through {unknown.describe()}, so "
@@ -580,7 +590,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     fields["reward.function"] = _reward_function(sorted_.reward)
     resolved = _resolve_model(str(model_path), local_config_reader, warnings)
     resolved = _with_overridden_context(resolved, passthrough, warnings)
-    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, passthrough, text, versions,
+    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, text, versions,
                              warnings)
     kept = tuple(passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]

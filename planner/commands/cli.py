@@ -394,14 +394,21 @@ def validate(
 
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len,
                                    (verl_version, vllm_version, sglang_version))
+    from rlplan.planner.stack_inference import verdicts_across
+
     reports = plan_reports(plan, prof, parse_headroom(headroom))
     fix = fit_fix(plan, prof, plan_path) if reports.rules.valid and not reports.feasible else None
+    # An imported script whose keys leave a range of verl releases: where the verdict differs across it.
+    across = verdicts_across(plan, prof)
     if json_output:
-        print(json.dumps({**reports_json(reports), **({"fix": fix} if fix else {})}, indent=2))
+        print(json.dumps({**reports_json(reports), **({"fix": fix} if fix else {}),
+                          **({"verdicts_across_verl": across} if across else {})}, indent=2))
     else:
         console = make_console()
         for renderable in validation_tables(reports, fix):
             console.print(renderable)
+        for line in across:
+            console.print(f"note: {line} (pass --verl-version to judge one release)", markup=False)
     if not reports.rules.valid:
         raise typer.Exit(ExitCode.BAD_INPUT)
     if not reports.feasible:

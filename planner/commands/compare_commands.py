@@ -39,9 +39,18 @@ def read_verl_log(path: str, what: str = "VERL_LOG"):
 
 
 def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host_mem: float, env: list[str],
-                        fixes: dict[str, Any]):
+                        fixes: dict[str, Any], log=None, verl_version: str | None = None):
     """A plan.toml as it is, or a verl launch script through `import verl`'s path; then the --fix pins.
-    Returns (plan, import warnings)."""
+    With the run's `log`, a script whose keys leave a range of verl releases is read again on the newest release
+    whose metric spellings the log has (`narrowed_by_log`). Returns (plan, import warnings)."""
+    if log is not None and verl_version is None and Path(path).suffix.lower() != ".toml":
+        first = load_plan_or_script(path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes)
+        narrowed = narrowed_by_log(first[0], log)
+        if narrowed is None:
+            return first
+        again = load_plan_or_script(path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes,
+                                    verl_version=narrowed[0])
+        return again[0], (*again[1], narrowed[1])
     warnings: tuple[str, ...] = ()
     if Path(path).suffix.lower() == ".toml":
         if gpu is not None or gpu_mem is not None:
@@ -61,9 +70,29 @@ def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host
         # its reference and never printed: it may hold a token), --env pins are the user's own values.
         result = import_verl_script(read_text(path, "PLAN"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
                                     env=parse_env_pins(env), local_config_reader=read_local_model_config,
-                                    environment=dict(os.environ), context=script_context(path))
+                                    environment=dict(os.environ), context=script_context(path),
+                                    versions=(verl_version, None, None))
         plan, warnings = result.plan, tuple(result.warnings)
     return (apply_knobs(plan, fixes) if fixes else plan), warnings
+
+
+def narrowed_by_log(plan, log) -> tuple[str, str] | None:
+    """The newest release of the script's inferred verl range (stack.verl_oldest to stack.verl) whose metric
+    spellings the log has, with why; None where the plan holds no range or the log does not narrow it."""
+    from rlplan.planner.compare import infer_family, version_family
+    from rlplan.planner.stack import VERL_RELEASES, in_range, parse_version
+    from rlplan.planner.stack_inference import span_text
+
+    oldest, newest = plan.stack.verl_oldest, plan.stack.verl
+    if oldest is None:
+        return None
+    family, why = infer_family(log)
+    span = [r for r in VERL_RELEASES if in_range(r, oldest, None) and parse_version(r) <= parse_version(newest)]
+    within = [r for r in span if version_family(r) == family]
+    if not within or within == span:
+        return None
+    return within[-1], (f"the log's metric spellings ({why}) narrow the script's verl {span_text(span)} to "
+                        f"{span_text(within)}: compared as verl {within[-1]}")
 
 
 def _family(verl_version: str | None):
@@ -87,12 +116,13 @@ def compare_command(plan_path: str, log_path: str, *, gpu: str | None, gpu_mem: 
         refuse_overwriting_inputs(chart, "--chart", {"PLAN_OR_SCRIPT": plan_path, "VERL_LOG": log_path,
                                                      "--profile": profile_path})
         refuse_read_only_output(chart, "--chart", force=force)
-    plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes)
+    log = read_verl_log(log_path)
+    plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes,
+                                         log=None if verl_version else log)
     if verl_version is not None:  # the run's verl is the plan's target stack too (as --verl-version elsewhere)
         from rlplan.planner.stack import stack_from_flags
 
         plan = plan.evolve(stack=stack_from_flags(plan.stack, verl_version, None, None))
-    log = read_verl_log(log_path)
     comparison = compare_run(plan, log, load_profile(profile_path), _family(verl_version))
     payload = comparison_json(comparison)
     payload["import_warnings"] = list(warnings)
@@ -132,8 +162,10 @@ def calibrate_verl_command(logs: list[str], plans: list[str], output: str, *, gp
     runs = []
     for index, log_path in enumerate(logs):
         plan_path = plans[index if len(plans) > 1 else 0]
-        plan, _ = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes)
-        runs.append(VerlRun(plan=plan, log=read_verl_log(log_path, "--from-verl-log")))
+        log = read_verl_log(log_path, "--from-verl-log")
+        plan, _ = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes,
+                                      log=None if verl_version else log)
+        runs.append(VerlRun(plan=plan, log=log))
     result = calibrate_from_verl_logs(runs, name=Path(output).stem, family=_family(verl_version))
     write_atomic(output, profile_to_toml(result.profile), "--output", force=force)
     if as_json:

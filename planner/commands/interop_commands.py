@@ -128,6 +128,11 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
             plan = result.plan.evolve(cluster=attrs.evolve(cluster, host_memory_gib=assumed.gib))
             result = attrs.evolve(result, plan=plan,
                                   warnings=(*result.warnings, f"{assumed.describe()}; pass --host-mem to change it"))
+        from rlplan.planner.stack_inference import verdicts_across
+
+        across = verdicts_across(result.plan)  # the script's verl range judged apart: said beside the inference
+        if across:
+            result = attrs.evolve(result, warnings=(*result.warnings, *across))
         text = plan_to_toml(with_expected_lengths(result.plan, *expected_lengths))
         if output:
             write_atomic(output, text, "--output", force=force)

@@ -39,7 +39,7 @@ from rlplan.planner.monotone import last_holding
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-from rlplan.planner.stack import MICRO_OUTPUTS_HELD_TO_MINI_END, VLLM_V0_ENGINE, holds
+from rlplan.planner.stack import MICRO_OUTPUTS_HELD_TO_MINI_END, holds, vllm_engine_of
 
 
 @frozen
@@ -377,7 +377,16 @@ def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanL
         notes.append("without multi_stage_wake_up the KV cache is resumed before the weight sync: trainer weights, "
                      f"rollout weights and KV cache are on the GPU at once; {remedy} "
                      f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
-    if holds(VLLM_V0_ENGINE, plan.stack, plan.rollout.name) and not plan.cluster.gpu.is_cpu:
+    if budget.co_resident_bytes and not plan.cluster.gpu.is_cpu:
+        formula = (f"SGLang {plan.stack.version_of('sglang')} takes mem_fraction_static of the memory free before "
+                   "its load" if budget.fraction_of_free is not None else
+                   f"{plan.rollout.name} {plan.stack.version_of(plan.rollout.name)} sizes its KV cache from the "
+                   "whole GPU")
+        notes.append(f"{formula}: the trainer's {budget.co_resident_bytes / GIB:.2f} GiB resident when verl builds "
+                     f"the engine shrink{'s' if budget.fraction_of_free is None else ''} its KV pool "
+                     "(docs/verl-versions.md, engine formulas)")
+    if (plan.rollout.name == "vllm" and vllm_engine_of(plan.stack) == "v0"
+            and not plan.cluster.gpu.is_cpu):
         notes.append(f"vLLM {plan.stack.version_of('vllm')} runs the V0 engine: its profile-run sampler is priced "
                      f"with V1's {profile.vllm_sampler_bytes_per_seq_vocab:g} bytes per sequence x vocabulary entry, "
                      "which over-states V0's (a verl run on vLLM 0.8.3 started at no more than 17, docs/accuracy.md "

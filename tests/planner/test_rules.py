@@ -204,9 +204,13 @@ def test_lora_with_sleep_level_2_names_the_fix():
 
 def test_vllm_scheduler_rules():
     plan = make_plan(overrides={"rollout.max_num_batched_tokens": 128, "rollout.max_num_seqs": 256,
-                                "rollout.enable_chunked_prefill": False})
+                                "rollout.enable_chunked_prefill": False, "stack.verl": "0.8.0"})
     messages = [v.message for v in check_plan(plan).errors if v.rule == "batched_tokens_cover_sequences"]
     assert len(messages) == 2
+    # verl 0.9.1 raises max_num_batched_tokens to max_model_len itself: said, not refused.
+    raised = check_plan(apply_knobs(plan, {"stack.verl": "0.9.1"}))
+    assert [v.severity for v in raised.violations if v.rule == "batched_tokens_cover_sequences"] == ["error",
+                                                                                                      "warning"]
 
 
 def test_rollout_tp_must_divide_heads_and_world():
