@@ -81,7 +81,7 @@ def test_first_stage_activations_equal_megatron_cores_estimate(tp, pp, vpp, micr
                              virtual_pipeline_model_parallel_size=vpp, sequence_parallel=True)
     seq, micro = 4096, 2
     ours = stage_activations(MHA_4K, engine, tokens_per_micro_batch=seq * micro, micro_batches=micro_batches,
-                             gated=False).first
+                             gated=False, rotary_outputs=False).first
     theirs = megatron_activations(MHA_4K, seq=seq, micro=micro, tp=tp, pp=pp, vpp=vpp, micro_batches=micro_batches)
     assert ours == pytest.approx(theirs, rel=1e-9)
 
@@ -111,6 +111,26 @@ def test_full_recompute_keeps_layer_inputs_and_one_chunk_so_it_saves_most_of_the
     layers_only = kept.first - kept.loss_head
     assert saved.first - saved.loss_head < layers_only / 4
     assert saved.loss_head == kept.loss_head
+
+
+@pytest.mark.parametrize("layers", [1, 4, 16])
+def test_block_recompute_keeps_every_layer_it_does_not_checkpoint_and_uniform_one_chunk(layers):
+    """Megatron-Core's _checkpointed_forward: `block` checkpoints only the first n layers of the stage (the
+    rest keep their activations), `uniform` checkpoints the whole stage in chunks of n, recomputing one chunk
+    at a time; so block keeps more than uniform at the same n, and both less than no recompute."""
+    def layers_bytes(method: str | None) -> float:
+        engine = MegatronSection(tensor_model_parallel_size=2, recompute_granularity="full" if method else None,
+                                 recompute_method=method, recompute_num_layers=layers if method else None)
+        return stage_activations(LLAMA_8B, engine, tokens_per_micro_batch=4096, micro_batches=1).first_layers
+
+    per_layer = 4096 * layer_activation_bytes_per_token(LLAMA_8B, moe=False, tp=2, etp=2, sequence_parallel=True)
+    layer_input = 4096 * 2 * LLAMA_8B.hidden_size / 2
+    embedding = layers_bytes(None) - LLAMA_8B.num_layers * per_layer
+    assert layers_bytes("block") - embedding == pytest.approx(
+        layers * layer_input + (LLAMA_8B.num_layers - layers) * per_layer + per_layer)
+    assert layers_bytes("uniform") - embedding == pytest.approx(
+        math.ceil(LLAMA_8B.num_layers / layers) * layer_input + layers * per_layer)
+    assert layers_bytes("uniform") <= layers_bytes("block") < layers_bytes(None) + per_layer
 
 
 def test_context_parallel_splits_the_sequence_and_pp_moves_the_loss_head_to_the_last_stage():
@@ -186,21 +206,21 @@ def test_verls_megatron_lora_example_fits_on_the_h100s_it_names_and_the_dense_ex
 
 def test_a_qwen3_moe_layer_saves_what_megatrons_code_saves_and_verl_saves_no_dropout_masks():
     """Per token, a Qwen3-30B-A3B layer at TP 1 / ETP 1: 8 routed copies x (grouped fc1's saved input 2 h,
-    the fc1 output weighted SwiGLU saves 4 f, fc2's saved input 2 f), attention (QKV out, core output, and
-    under QK norm the query's copy and the rotary Q and K), the norms' and linears' inputs (8 h) and fp32 router
-    scores; verl's hidden_dropout 0 saves no masks (2 h)."""
+    the fc1 output weighted SwiGLU saves 4 f, fc2's saved input 2 f), attention (QKV out, core output, the rotary
+    Q and K, and under QK norm the query's copy), the norms' and linears' inputs (8 h) and fp32 router scores;
+    verl's hidden_dropout 0 saves no masks (2 h)."""
     h, f = QWEN3_MOE.hidden_size, QWEN3_MOE.moe_intermediate_size
     verl = layer_activation_bytes_per_token(QWEN3_MOE, moe=True, tp=1, etp=1, sequence_parallel=False,
                                             dropout_masks=False)
     q, kv = QWEN3_MOE.q_width, QWEN3_MOE.kv_width
-    # QKV output and core output, then the QK norms' query copy and the rotary Q and K core attention saves
-    attention = 2 * (q + 2 * kv) + 2 * q + 2 * q + 2 * (q + kv)
+    # QKV output and core output, the rotary Q and K core attention saves, then the QK norms' query copy
+    attention = 2 * (q + 2 * kv) + 2 * q + 2 * (q + kv) + 2 * q
     assert verl == 8 * (2 * h + 4 * f + 2 * f) + attention + 8 * h + 4 * QWEN3_MOE.num_experts == 122_368
     with_masks = layer_activation_bytes_per_token(QWEN3_MOE, moe=True, tp=1, etp=1, sequence_parallel=False)
     assert with_masks - verl == 2 * h
     no_qk_norm = layer_activation_bytes_per_token(attrs.evolve(QWEN3_MOE, qk_norm=False), moe=True, tp=1, etp=1,
                                                   sequence_parallel=False, dropout_masks=False)
-    assert verl - no_qk_norm == 4 * q + 2 * kv
+    assert verl - no_qk_norm == 2 * q  # rotary's Q and K are new tensors with or without the QK norms
 
 
 @pytest.mark.parametrize("tp, etp", [(4, 1), (2, 2), (4, 4)])
@@ -385,3 +405,4 @@ def test_an_unmerged_bridge_adapter_syncs_only_its_adapter():
     first_sync = make_plan(gpus=8, overrides={**overrides, "rollout.load_format": "dummy"})
     bucket = 512 * 2**20
     assert MEGATRON.weight_sync_gather_bytes(adapter, bucket) < MEGATRON.weight_sync_gather_bytes(first_sync, bucket)
+
