@@ -33,6 +33,7 @@ from rlplan.planner.profile import Profile
 from rlplan.planner.rules import RuleReport, Violation, check_plan
 from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
 from rlplan.planner.steptime import Lengths, StepTime, predict_step_time, workload_lengths
+from rlplan.planner.steptime.bands import phase_band
 
 GIB = 2**30
 
@@ -547,6 +548,8 @@ class TopCandidate:
     phase_peak_gib: dict[str, float]
     knobs: dict[str, Any]
     phase_seconds: dict[str, float]
+    # Each phase's out-of-sample step-time error band (steptime/bands.py: under, over, runs), and the step's.
+    phase_seconds_band: dict[str, dict[str, float | int]]
     # GPU memory the candidate leaves free, and the margin every candidate keeps (the same for all).
     left_gib: float
     headroom_gib: float
@@ -587,6 +590,9 @@ def top_candidates(result: SolveResult, request: SolveRequest, top: int) -> list
             rank=rank, step_time_s=prediction.step_time_s, gpu_peak_gib=prediction.gpu_peak_gib,
             phase_peak_gib=prediction.phase_peak_gib, knobs=searched_knobs(candidate.plan),
             phase_seconds=prediction.phase_seconds,
+            phase_seconds_band={**{name: phase_band(candidate.plan, name).to_json()
+                                   for name, value in prediction.phase_seconds.items() if value},
+                                "step": phase_band(candidate.plan, "step").to_json()},
             left_gib=round(request.cluster.gpu.memory_gib - prediction.gpu_peak_gib, 3), headroom_gib=margin_gib))
     return rows
 
@@ -647,7 +653,7 @@ def top_candidates_table(rows: list[TopCandidate]):
     table.add_column("#")
     table.add_column("step s", justify="right")
     table.add_column("free GiB", justify="right")
-    table.add_column("s per phase", overflow="fold")
+    table.add_column("s per phase (error band out of sample)", overflow="fold")
     table.add_column("peak GiB per phase", overflow="fold")
     table.add_column("knobs (after #1: what differs)", overflow="fold")
     best = rows[0].knobs if rows else {}
@@ -655,10 +661,19 @@ def top_candidates_table(rows: list[TopCandidate]):
         phases = "\n".join(f"{name} {peak:.1f}" for name, peak in row.phase_peak_gib.items())
         knobs = "\n".join(f"{key} = {shown(value)}" for key, value in row.knobs.items()
                           if value is not None and (row.rank == 1 or best.get(key) != value))
-        seconds = "\n".join(f"{name} {value:.1f}" for name, value in row.phase_seconds.items() if value)
-        table.add_row(str(row.rank), f"{row.step_time_s:.1f}", f"{row.left_gib:.2f}", seconds, phases,
+        seconds = "\n".join(f"{name} {value:.1f}{_band_text(row.phase_seconds_band.get(name))}"
+                            for name, value in row.phase_seconds.items() if value)
+        step = f"{row.step_time_s:.1f}{_band_text(row.phase_seconds_band.get('step'))}"
+        table.add_row(str(row.rank), step, f"{row.left_gib:.2f}", seconds, phases,
                       knobs or "(same knobs)")
     return table
+
+
+def _band_text(band: dict[str, float | int] | None) -> str:
+    """A phase's step-time band as `solve --top` prints it beside the seconds (docs/accuracy.md 5a)."""
+    if not band:
+        return ""
+    return f" (-{100 * band['under']:.0f}/+{100 * band['over']:.0f} %)"
 
 
 def presets_json(kind: str) -> dict[str, Any]:

@@ -182,6 +182,12 @@ ENTROPY_COEFF_DEFAULT_0001 = Behaviour(
     code_path="verl/trainer/config/ppo_trainer.yaml actor.entropy_coeff (0 from PR #1770, v0.4.0)",
     summary="actor.entropy_coeff defaults to 0.001: the entropy's buffers are on and flash-attn's in-place "
             "cross-entropy backward is off", default=("actor.entropy_coeff", 0.001))
+REFERENCE_ALWAYS_RUNS = Behaviour(
+    name="reference_always_runs", package="verl", before="0.4.0",
+    code_path="verl/trainer/main_ppo.py: role_worker_mapping always holds Role.RefPolicy up to v0.3.0.post1, so "
+              "ray_trainer's use_reference_policy is always true; from v0.4.0 only with use_kl_loss or "
+              "use_kl_in_reward (PR #644)",
+    summary="the reference model is built and its log-prob pass runs every step, with or without a KL term")
 EAGER_ROLLOUT_DEFAULT = Behaviour(
     name="eager_rollout_default", package="verl", before="0.6.0",
     code_path="ppo_trainer.yaml, then verl/trainer/config/rollout/rollout.yaml rollout.enforce_eager "
@@ -245,7 +251,7 @@ ROOT_RESHARDS_AFTER_FORWARD_SGLANG = Behaviour(name="root_reshards_after_forward
                                                code_path=_ROOT_RESHARD_CODE_PATH + " (sglang 0.5.0 pins torch 2.8.0)",
                                                summary=_ROOT_RESHARD_SUMMARY)
 
-BEHAVIOURS: tuple[Behaviour, ...] = (ENTROPY_COEFF_DEFAULT_0001, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP,
+BEHAVIOURS: tuple[Behaviour, ...] = (ENTROPY_COEFF_DEFAULT_0001, REFERENCE_ALWAYS_RUNS, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP,
                                      REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN, ENGINE_WORKER, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET,
                                      VLLM_V0_ENGINE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG)
 

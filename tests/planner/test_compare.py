@@ -150,6 +150,8 @@ def test_times_are_medians_over_steady_steps_beside_the_model(payloads, name):
         "actor_update": (statistics.median(metrics(s)["timing_s/update_actor"] for s in steady),
                          predicted[Phase.ACTOR_UPDATE]),
         "step": (statistics.median(metrics(s)["timing_s/step"] for s in steady), sum(predicted.values())),
+        # The driver's advantage step (steptime.step.driver_seconds), which the fixtures time.
+        "adv": (statistics.median(metrics(s)["timing_s/adv"] for s in steady), predicted["adv"]),
     }
     if not sync_in_gen:
         expected["weight_sync"] = (3.0, predicted[Phase.WEIGHT_SYNC])
