@@ -271,23 +271,26 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     recompute = ((engine.recompute_method or "uniform", engine.recompute_num_layers or 1)
                  if engine.recompute_granularity == "full" else None)
     # Per layout, not per token budget: the solver's budget search calls this thousands of times on a few layouts.
-    stage_bytes_per_token = cached_per_arch(
+    kept, recomputed = cached_per_arch(
         arch, ("megatron_stage_bytes", tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks, rotary_outputs,
                recompute),
         lambda: _stage_bytes_per_token(arch, tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks,
                                        rotary_outputs, recompute))
     embedding_inputs = EMBEDDING_INPUT_BYTES + arch.hidden_size
     in_flight = in_flight_micro_batches(engine, micro_batches)
-    first = tokens * in_flight * (stage_bytes_per_token + embedding_inputs / tp)
-    last = first if pp == 1 else tokens * stage_bytes_per_token
+    # Every micro batch in flight keeps its saved tensors; a recomputed chunk exists for one micro batch at a
+    # time, inside its backward (before: counted once per micro batch in flight, 16x under DeepSeek-V3's PP 16).
+    first = tokens * (in_flight * (kept + embedding_inputs / tp) + recomputed)
+    last = first if pp == 1 else tokens * (kept + recomputed)
     return StageActivations(first_layers=first, last_layers=last,
                             loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens), single_stage=pp == 1)
 
 
 def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: bool, gated: bool,
                            dropout_masks: bool, rotary_outputs: bool,
-                           recompute: tuple[str, int] | None) -> float:
-    """Saved bytes per token of the most loaded stage's layers; under full recompute (`recompute`: method and
+                           recompute: tuple[str, int] | None) -> tuple[float, float]:
+    """Bytes per token of the most loaded stage's layers: what each micro batch keeps until its backward, and
+    what one micro batch's backward recomputes at a time. Under full recompute (`recompute`: method and
     recompute_num_layers) as Megatron-Core's TransformerBlock._checkpointed_forward runs it (read at
     megatron-core 0.16.1): `uniform` checkpoints the stage in chunks of n layers, saving each chunk's input,
     and its backward recomputes one chunk at a time; `block` checkpoints the stage's first n layers one at a
@@ -296,14 +299,14 @@ def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: b
     mean_layer = sum(per_layer) / len(per_layer)
     stage_layers = round(arch.num_layers * stage_share(arch, pp))
     if recompute is None:
-        return stage_layers * mean_layer
+        return stage_layers * mean_layer, 0.0
     method, layers = recompute
     layer_input = 2 * arch.hidden_size / (tp if sp else 1)
     if method == "block":
         checkpointed = min(layers, stage_layers)
-        return checkpointed * layer_input + (stage_layers - checkpointed) * mean_layer + max(per_layer)
+        return checkpointed * layer_input + (stage_layers - checkpointed) * mean_layer, max(per_layer)
     chunk = min(layers, stage_layers)
-    return math.ceil(stage_layers / chunk) * layer_input + chunk * max(per_layer)
+    return math.ceil(stage_layers / chunk) * layer_input, chunk * max(per_layer)
 
 
 def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int, outputs: int | None = None) -> float:

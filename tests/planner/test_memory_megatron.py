@@ -133,6 +133,21 @@ def test_block_recompute_keeps_every_layer_it_does_not_checkpoint_and_uniform_on
     assert layers_bytes("uniform") <= layers_bytes("block") < layers_bytes(None) + per_layer
 
 
+def test_micro_batches_in_flight_keep_their_checkpoints_and_one_backward_recomputes_a_chunk_at_a_time():
+    """Under PP a first stage holds PP micro batches; with full recompute each keeps only its layer inputs,
+    and the chunk a backward recomputes exists for one micro batch at a time, not once per micro batch."""
+    engine = MegatronSection(tensor_model_parallel_size=1, pipeline_model_parallel_size=4, sequence_parallel=False,
+                             recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    one, four = (stage_activations(LLAMA_8B, engine, tokens_per_micro_batch=4096, micro_batches=m).first_layers
+                 for m in (1, 4))
+    per_layer = 4096 * layer_activation_bytes_per_token(LLAMA_8B, moe=False, tp=1, etp=1, sequence_parallel=False)
+    layer_input = 4096 * 2 * LLAMA_8B.hidden_size
+    embedding = 4096 * (8 + LLAMA_8B.hidden_size)
+    stage_layers = LLAMA_8B.num_layers // 4
+    assert one == pytest.approx(stage_layers * layer_input + embedding + per_layer)
+    assert four - one == pytest.approx(3 * (stage_layers * layer_input + embedding))
+
+
 def test_context_parallel_splits_the_sequence_and_pp_moves_the_loss_head_to_the_last_stage():
     engine = MegatronSection(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     cp2 = attrs.evolve(engine, context_parallel_size=2)
