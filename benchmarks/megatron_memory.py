@@ -62,6 +62,9 @@ VERL_RUNS = (
     ("megatron_moe_lora_qwen3_30b_a3b.sh", "h100-80g", {"HOME": "/h"}, ""),
     ("megatron_moe_qwen3_30b_a3b.sh", "h20-96g", {"HOME": "/h", "TEST_FILE": "/data/aime-2024.parquet"},
      "out of memory on 8 nodes, phase not given (verl issue 3364)"),
+    ("megatron_moe_deepseek_v3_256_h100.sh", "h100-80g",
+     {"HOME": "/h", "CKPT_DIR": "/c", "LLM": "deepseek-ai/DeepSeek-V3", "RAY_DATA_HOME": "/r", "TRAIN_FILE": "/t",
+      "TEST_FILE": "/t"}, ""),
     ("megatron_dense_qwen2_32b_tp8_h20.sh", "h20-96g", {"HOME": "/h"},
      "out of memory in the distributed optimizer's step (verl issue 3124)"),
 )
