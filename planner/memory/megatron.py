@@ -228,6 +228,14 @@ class StageActivations:
     last_layers: float
     loss_head: float
     single_stage: bool
+    # Of the layers' bytes, the chunk full recompute rebuilds inside a backward (0 without recompute): absent
+    # while the loss head runs, before the last layer's backward.
+    recomputed: float = 0.0
+
+    @property
+    def at_loss_head(self) -> float:
+        """The last stage's layer bytes while the loss head runs."""
+        return self.last_layers - self.recomputed
 
     @property
     def first(self) -> float:
@@ -283,7 +291,8 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     first = tokens * (in_flight * (kept + embedding_inputs / tp) + recomputed)
     last = first if pp == 1 else tokens * (kept + recomputed)
     return StageActivations(first_layers=first, last_layers=last,
-                            loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens), single_stage=pp == 1)
+                            loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens), single_stage=pp == 1,
+                            recomputed=tokens * recomputed)
 
 
 def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: bool, gated: bool,
@@ -472,12 +481,12 @@ class MegatronBackend:
         state = [Component(f"{role}_params", int(state_on_gpu.params)),
                  Component(f"{role}_grads", int(state_on_gpu.grads)),
                  Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer))]
-        loss, backward = stages.last_layers + loss_head, stages.layers_peak + workspace
+        loss, backward = stages.at_loss_head + loss_head, stages.layers_peak + workspace
         if state_on_gpu.optimizer_step > max(loss, backward):
             # The step runs after every micro batch's activations are freed.
             return "optimizer_step", [*state, Component("optimizer_step_temporaries", int(state_on_gpu.optimizer_step))]
         if loss >= backward:
-            return "loss", [*state, Component("activations", int(stages.last_layers)),
+            return "loss", [*state, Component("activations", int(stages.at_loss_head)),
                             Component("logits_head", int(loss_head))]
         return "backward", [*state, Component("activations", int(stages.layers_peak)),
                             Component("layer_backward_workspace", int(workspace))]
