@@ -73,6 +73,9 @@ class RankState:
     weights: float
     grads: float
     optimizer: float
+    # The larger of the dense and the expert parameters' optimizer state: Megatron keeps one optimizer per
+    # group (a ChainedOptimizer over the dense and the expert-parallel ones) and steps them one after the other.
+    largest_optimizer: float = 0.0
 
     @property
     def total(self) -> float:
@@ -134,10 +137,10 @@ def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world
     dense_dp = max(world // engine.model_parallel_size, 1)
     expert_dp = max(engine.expert_data_parallel_size(world), 1)
     shard = engine.use_distributed_optimizer
-    optimizer = OPTIMIZER_BYTES * trainable_fraction * (
-        params.dense / (dense_dp if shard else 1) + params.experts / (expert_dp if shard else 1))
+    dense = OPTIMIZER_BYTES * trainable_fraction * params.dense / (dense_dp if shard else 1)
+    experts = OPTIMIZER_BYTES * trainable_fraction * params.experts / (expert_dp if shard else 1)
     return RankState(weights=WEIGHT_BYTES * params.total, grads=GRAD_BYTES * trainable_fraction * params.total,
-                     optimizer=optimizer)
+                     optimizer=dense + experts, largest_optimizer=max(dense, experts))
 
 
 # torch.optim.AdamW's multi-tensor (foreach) step, megatron-core's Adam where neither Transformer Engine's nor
@@ -150,9 +153,10 @@ FOREACH_ADAMW_STEP_BYTES_PER_PARAM = 4
 
 
 def optimizer_step_bytes(optimizer_state_bytes: float, *, foreach: bool = True) -> float:
-    """The optimizer step's temporaries beside the state, from the GPU's share of the optimizer state
-    (OPTIMIZER_BYTES a parameter: its shard, all of it without the distributed optimizer): torch's foreach
-    AdamW's fp32 sqrt(exp_avg_sq) of the whole shard, priced unless `foreach` is off (the fused kernels)."""
+    """The optimizer step's temporaries beside the state, from the optimizer state of the largest group Megatron
+    steps at once (RankState.largest_optimizer: OPTIMIZER_BYTES a parameter of its shard, all of it without the
+    distributed optimizer): torch's foreach AdamW's fp32 sqrt(exp_avg_sq) of that group, priced unless
+    `foreach` is off (the fused kernels)."""
     if not foreach:
         return 0.0
     return FOREACH_ADAMW_STEP_BYTES_PER_PARAM * optimizer_state_bytes / OPTIMIZER_BYTES
@@ -407,7 +411,7 @@ class MegatronBackend:
         # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy. The Adam step's
         # own temporaries are optimizer_step_bytes's.
         return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
-                            optimizer_step=optimizer_step_bytes(state.optimizer), reduce_scatter=0.0)
+                            optimizer_step=optimizer_step_bytes(state.largest_optimizer), reduce_scatter=0.0)
 
     def state_on_gpu(self, plan: Plan, role: TrainedRole, state: TrainerState) -> TrainerState:
         """verl loads every offloaded part back before the update, so a training step holds all of it, except
