@@ -15,14 +15,22 @@ from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import normalized_micro_batch
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
 from rlplan.planner.rules.registry import (
+    ROLLOUT_MODE_KEY,
     RuleContext,
     Violation,
     _largest_divisor_at_most,
     _next_multiple,
     _smallest_train_batch,
+    passthrough_value,
     rule,
 )
-from rlplan.planner.stack import ENGINE_WORKER
+from rlplan.planner.stack import (
+    AGENT_LOOP,
+    ASYNC_ROLLOUT_DEFAULT,
+    ENGINE_MICRO_SPLIT_ASSERT,
+    ENGINE_WORKER,
+    holds,
+)
 
 
 @rule("config", "[V2] without dynamic bsz, train_batch_size * n % n_gpus == 0")
@@ -259,8 +267,12 @@ def _dynamic_bsz_flags_agree(ctx: RuleContext) -> Iterator[Violation]:
 
 
 @rule("worker",
-      "[2e] ppo_mini_batch_size * n splits evenly over the dp ranks (engine worker's train_mini_batch)")
+      "[2e] ppo_mini_batch_size * n splits evenly over the dp ranks (engine worker's train_mini_batch)",
+      applies=ENGINE_WORKER)
 def _mini_batch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
+    """verl/workers/engine_workers.py train_mini_batch asserts `mini_batch_size % dp == 0` (v0.8.0 on). The legacy
+    workers (fsdp_workers.py / megatron_workers.py __init__, v0.3-v0.7.x) floor-divide ppo_mini_batch_size * n by
+    dp and run a short last mini batch (rule mini_batches_split_evenly warns of it)."""
     plan = ctx.plan
     pairs = [("actor", plan.actor.ppo_mini_batch_size, ctx.layout.parallel.dp)]
     critic_mini = ctx.layout.critic_ppo_mini_batch_size
@@ -328,8 +340,12 @@ def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
 
 
 @rule("runtime",
-      "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)")
+      "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)",
+      applies=ENGINE_MICRO_SPLIT_ASSERT)
 def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]:
+    """verl/workers/engine/utils.py prepare_micro_batches asserts `total_data_size % (force_group_size *
+    micro_batch_size_per_gpu) == 0` (v0.7.1 on, the engine worker's). The legacy workers (v0.3-v0.7.x:
+    dp_actor.py compute_log_prob, `batch.split(micro_batch_size)`) take a short last micro batch instead."""
     for role in (ctx.layout.old_log_prob, ctx.layout.ref_log_prob):
         if role is None:  # no reference pass
             continue
@@ -346,9 +362,15 @@ def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]
 
 
 @rule("runtime",
-      "[R2] train_batch_size * n splits evenly over rollout.agent_num_workers (verl's agent loop)")
+      "[R2] train_batch_size * n splits evenly over rollout.agent_num_workers (verl's agent loop)",
+      applies=AGENT_LOOP)
 def _agent_loop_chunks_evenly(ctx: RuleContext) -> Iterator[Violation]:
+    """The agent loop (v0.5.0 on) runs only for an async rollout: rollout.mode=async in v0.5.0-v0.6.1, always from
+    v0.7.0 (stack.ASYNC_ROLLOUT_DEFAULT); the sync rollout generates the whole batch in the trainer's process."""
     plan = ctx.plan
+    if not holds(ASYNC_ROLLOUT_DEFAULT, plan.stack) and \
+            passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async":
+        return
     total, workers = plan.data.train_batch_size * plan.rollout.n, plan.rollout.agent_num_workers
     if total % workers:
         better = math.gcd(total, workers)

@@ -9,6 +9,7 @@ from typing import Any
 
 from rlplan.planner.knobs import knob_value
 from rlplan.planner.rules.registry import RuleContext, Violation, passthrough_value, rule
+from rlplan.planner.stack import LORA_RANK_UNROUNDED, MEGATRON_GRAD_OFFLOAD_ABSENT, vllm_lora_ranks
 
 # vLLM's MaxLoRARanks [V10]: the adapter rank is rounded up to one of these (vllm.config.lora
 # LoraConfig.max_lora_rank; its import path moves between vLLM versions, so the set is kept here).
@@ -23,6 +24,22 @@ def _lora_rank_within_vllm_limit(ctx: RuleContext) -> Iterator[Violation]:
         yield ctx.violation(
             f"model.lora.rank = {rank} exceeds vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}).",
             f"set model.lora.rank <= {VLLM_LORA_RANKS[-1]}", model__lora__rank=VLLM_LORA_RANKS[-1],
+        )
+
+
+@rule("runtime", "verl before 0.6.1 hands vLLM the LoRA rank itself: it must be a rank vLLM takes",
+      applies=LORA_RANK_UNROUNDED)
+def _lora_rank_is_one_vllm_takes(ctx: RuleContext) -> Iterator[Violation]:
+    """vLLM's LoRAConfig refuses a max_lora_rank outside its set (ValueError at engine start); verl 0.4.0-0.6.0
+    passes model.lora_rank as it is (stack.LORA_RANK_UNROUNDED), later releases round it up."""
+    plan, rank = ctx.plan, ctx.plan.model.lora.rank
+    ranks = vllm_lora_ranks(plan.stack)
+    if plan.rollout.name == "vllm" and plan.model.lora.enabled and rank not in ranks:
+        better = next((r for r in ranks if r >= rank), ranks[-1])
+        yield ctx.violation(
+            f"model.lora.rank = {rank} is not one of the ranks vLLM {plan.stack.version_of('vllm')} takes "
+            f"({', '.join(map(str, ranks))}), and verl {plan.stack.verl} passes it unrounded as max_lora_rank.",
+            f"set model.lora.rank = {better}", model__lora__rank=better,
         )
 
 
@@ -140,15 +157,17 @@ def _lora_loads_base_from_disk(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
-@rule("config", "verl 0.9.1's Megatron engine has no grad_offload")
+@rule("config", "verl's Megatron engine has megatron.grad_offload only from 0.4.0 to 0.9.0",
+      applies=MEGATRON_GRAD_OFFLOAD_ABSENT)
 def _megatron_grad_offload_is_not_in_verl_0_9(ctx: RuleContext) -> Iterator[Violation]:
-    """verl 0.9.1 verl/workers/config/engine.py McoreEngineConfig has no grad_offload field: hydra refuses the
-    override, and added with `+` the dataclass raises TypeError (verl b178a3cd's examples still set it)."""
+    """verl 0.9.1 verl/workers/config/engine.py McoreEngineConfig has no grad_offload field (0.5.0-0.9.0 have it,
+    and 0.4.x's ppo_megatron_trainer.yaml): hydra refuses the override, and added with `+` the dataclass raises
+    TypeError. verl 0.3.0.post1's YAML has no actor.megatron.grad_offload either."""
     for role in ("actor", "critic"):
         engine = getattr(ctx.plan, role).megatron
         if ctx.plan.is_megatron and engine is not None and engine.grad_offload is not None:
-            yield ctx.violation(f"{role}.megatron.grad_offload is set, a key verl 0.9.1's Megatron engine no "
-                                "longer has: hydra refuses the override.",
+            yield ctx.violation(f"{role}.megatron.grad_offload is set, a key verl {ctx.plan.stack.verl}'s Megatron "
+                                "engine does not have (verl 0.4.0-0.9.0 do): hydra refuses the override.",
                                 f"unset {role}.megatron.grad_offload",
                                 **{f"{role}__megatron__grad_offload": None})
 

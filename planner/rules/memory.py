@@ -8,7 +8,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rlplan.planner.memory.heads import runtime_loss_head
-from rlplan.planner.rules.registry import RuleContext, Violation, _trained_sections, rule
+from rlplan.planner.rules.registry import (
+    ROLLOUT_MODE_KEY,
+    RuleContext,
+    Violation,
+    _trained_sections,
+    passthrough_value,
+    rule,
+)
+from rlplan.planner.stack import (
+    BATCHED_TOKENS_RAISED,
+    CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+    LEN_FROM_SEQUENCES,
+    holds,
+)
 
 
 @rule("config",
@@ -72,10 +85,11 @@ def _offload_policy_supersedes_offloads(ctx: RuleContext) -> Iterator[Violation]
 def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     limit, max_len = plan.model.arch.max_position_embeddings, plan.verl_max_model_len
-    if plan.rollout.max_model_len is None:
+    # Before v0.7.0 verl passes prompt + response where max_model_len is unset (stack.LEN_FROM_SEQUENCES).
+    if plan.rollout.max_model_len is None and not holds(LEN_FROM_SEQUENCES, plan.stack):
         yield ctx.violation(
-            f"rollout.max_model_len is not set, so verl sizes vLLM for max_position_embeddings = {limit} tokens "
-            "instead of the plan's sequences.",
+            f"rollout.max_model_len is not set, so verl {plan.stack.verl} sizes vLLM for max_position_embeddings = "
+            f"{limit} tokens instead of the plan's sequences.",
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
             severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
@@ -123,8 +137,25 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
             f"set rollout.max_num_batched_tokens = {rollout.max_num_seqs}",
             rollout__max_num_batched_tokens=rollout.max_num_seqs,
         )
-    max_len = ctx.plan.verl_max_model_len
-    if not rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < max_len:
+    plan = ctx.plan
+    max_len = plan.verl_max_model_len
+    if rollout.max_num_batched_tokens >= max_len:
+        return
+    sync = passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async"
+    if holds(CHUNKED_PREFILL_NEEDS_MODEL_LEN, plan.stack) and sync:
+        yield ctx.violation(
+            f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below max_model_len = {max_len}: "
+            f"verl {plan.stack.verl}'s sync vLLM rollout refuses it with chunked prefill on, and vLLM without.",
+            f"set rollout.max_num_batched_tokens = {max_len}", rollout__max_num_batched_tokens=max_len,
+        )
+    elif not rollout.enable_chunked_prefill and holds(BATCHED_TOKENS_RAISED, plan.stack):
+        yield ctx.violation(
+            f"without chunked prefill verl {plan.stack.verl} raises rollout.max_num_batched_tokens = "
+            f"{rollout.max_num_batched_tokens} to max_model_len = {max_len}: vLLM's profile run (and memory) grows.",
+            f"set rollout.max_num_batched_tokens = {max_len}, or rollout.enable_chunked_prefill = true",
+            severity="warning", rollout__max_num_batched_tokens=max_len,
+        )
+    elif not rollout.enable_chunked_prefill:
         yield ctx.violation(
             f"without chunked prefill, rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} must hold "
             f"a whole max_model_len = {max_len} prompt.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from rlplan.planner.plan import RUNTIME_ESTIMATORS
 from rlplan.planner.platform import Platform
 from rlplan.planner.rules.registry import RuleContext, Violation, rule
 
@@ -39,6 +40,19 @@ def _runtime_rolls_out_with_vllm(ctx: RuleContext) -> Iterator[Violation]:
             "render the plan for verl (rlplan render plan.toml --target verl), or set "
             'rollout.name = "vllm" (re-solve with --rollout vllm) to run it here',
             rollout__name="vllm",
+        )
+
+
+@rule("platform", "the bundled runtime computes the advantage estimators of runtime/algorithms only")
+def _runtime_computes_the_estimator(ctx: RuleContext) -> Iterator[Violation]:
+    # An imported verl plan may name any of verl's estimators (plan.ESTIMATORS); rlplan run computes four.
+    estimator = ctx.plan.algorithm.adv_estimator
+    if estimator not in RUNTIME_ESTIMATORS:
+        yield ctx.violation(
+            f"the bundled runtime computes {', '.join(RUNTIME_ESTIMATORS)} advantages; this plan's estimator is "
+            f"{estimator}, which verl computes.",
+            "render the plan for verl (rlplan render plan.toml --target verl), or set algorithm.adv_estimator to "
+            "one of those to run it here",
         )
 
 

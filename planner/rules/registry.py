@@ -93,7 +93,7 @@ class Rule:
     applies: Behaviour | None = None
 
     def applies_to(self, plan: Plan) -> bool:
-        return self.applies is None or holds(self.applies, plan.stack, plan.rollout.name)
+        return self.applies is None or holds(self.applies, plan.stack, plan.rollout.name, plan.passthrough)
 
 
 RULES: list[Rule] = []
@@ -187,3 +187,7 @@ def passthrough_value(plan: Plan, key: str, default: str) -> str:
         if spelling in plan.passthrough:
             return str(plan.passthrough[spelling])
     return default
+
+
+# verl's rollout mode (sync up to v0.6.1 by default, async only from v0.7.0): rlplan keeps it as passthrough.
+ROLLOUT_MODE_KEY = "actor_rollout_ref.rollout.mode"

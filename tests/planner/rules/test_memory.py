@@ -22,9 +22,13 @@ def test_ignore_eos_with_a_shorter_expected_response_is_an_error_and_unsetting_i
 
 def test_vllm_scheduler_rules():
     plan = make_plan(overrides={"rollout.max_num_batched_tokens": 128, "rollout.max_num_seqs": 256,
-                                "rollout.enable_chunked_prefill": False})
+                                "rollout.enable_chunked_prefill": False, "stack.verl": "0.8.0"})
     messages = [v.message for v in check_plan(plan).errors if v.rule == "batched_tokens_cover_sequences"]
     assert len(messages) == 2
+    # verl 0.9.1 raises max_num_batched_tokens to max_model_len itself: said, not refused.
+    raised = check_plan(apply_knobs(plan, {"stack.verl": "0.9.1"}))
+    assert [v.severity for v in raised.violations if v.rule == "batched_tokens_cover_sequences"] == ["error",
+                                                                                                      "warning"]
 
 
 def test_a_pinned_loss_head_the_config_does_not_run_is_a_warning_naming_the_fix():
