@@ -9,8 +9,8 @@ infeasible ones with their diagnoses, --device cpu, bad input).
 
 Run: `python benchmarks/golden_outputs.py OUT_DIR [--only SUBSTRING ...]`, then
 `diff -r OUT_BEFORE OUT_AFTER`. Each invocation is a whole `rlplan` process (the console script beside
-`sys.executable`), in a scratch folder where `examples` and `data` (tests/data) are links into the repository,
-so every path it prints is relative and the same from any checkout. Wall seconds per invocation go to
+`sys.executable`), in a fixed scratch folder (--scratch) where `examples` and `data` (tests/data) are links into
+the repository, so every path it prints is the same from any checkout. Wall seconds per invocation go to
 OUT_DIR/../<name>.seconds.tsv, outside the compared folder.
 """
 
@@ -202,12 +202,13 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file() and not path.is_symlink()}
 
 
-def run_sweep(out: Path, only: list[str], skip: list[str]) -> None:
+def run_sweep(out: Path, only: list[str], skip: list[str], work: Path) -> None:
     rlplan = shutil.which("rlplan", path=str(Path(sys.executable).parent)) or "rlplan"
     out.mkdir(parents=True, exist_ok=True)
     seconds = []
-    with tempfile.TemporaryDirectory(prefix="rlplan-golden-") as scratch:
-        work = Path(scratch)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
         (work / "examples").symlink_to(ROOT / "examples")
         (work / "data").symlink_to(ROOT / "tests" / "data")
         for name, argv in invocations():
@@ -227,6 +228,8 @@ def run_sweep(out: Path, only: list[str], skip: list[str]) -> None:
                 if before.get(file) != data:
                     (target / f"wrote-{file}").write_bytes(data)
             print(f"{done.returncode:3d} {seconds[-1][1]:7.2f} s  {name}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     (out.parent / f"{out.name}.seconds.tsv").write_text("".join(f"{n}\t{s:.3f}\n" for n, s in seconds),
                                                         encoding="utf-8")
 
@@ -236,8 +239,12 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="Folder to write (one sub-folder per invocation).")
     parser.add_argument("--only", nargs="*", default=[], help="Run only invocations whose name contains one of these.")
     parser.add_argument("--skip", nargs="*", default=[], help="Skip invocations whose name contains one of these.")
+    # One fixed scratch path for every run: outputs that name the working directory (import verl's $PWD warning)
+    # stay comparable between two runs; two sweeps at once need two.
+    parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "rlplan-golden-work",
+                        help="The scratch folder the commands run in (emptied first and after).")
     args = parser.parse_args()
-    run_sweep(args.out, args.only, args.skip)
+    run_sweep(args.out, args.only, args.skip, args.scratch)
 
 
 if __name__ == "__main__":
