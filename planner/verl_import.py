@@ -8,7 +8,7 @@ A variable the verl command needs but nothing sets is a PlanError naming it.
 
 Every key `verl_keys` maps becomes a plan field, keys the script omits take verl's own
 defaults (so `rlplan validate` sees what verl would run), deprecated global micro-batch
-keys stay global (rules.py normalizes them as verl does), and every other key is kept
+keys stay global (the batch rules normalize them as verl does), and every other key is kept
 verbatim in `plan.passthrough` and reported.  Pure: the CLI reads the files.
 The shell itself (lexing, variables, finding the verl command) is interpreted in shell_script.py.
 """

@@ -14,7 +14,8 @@ from rlplan.planner.plan import ActorSection, DataSection, ModelSection, Plan, R
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.render import verl_overrides
 from rlplan.planner.rules import check_plan
-from rlplan.planner.solver import SolveRequest, solve_engines, solve_rollout
+from rlplan.planner.solver import SolveRequest, solve_engines
+from rlplan.planner.solver.rollout import solve_rollout
 from rlplan.planner.verl_import import import_verl_script
 from tests.planner.plans import make_plan
 from tests.planner.test_verl_ground_truth import GSM8K_PROMPT_MEAN
