@@ -180,6 +180,10 @@ def _trained_sections(plan: Plan) -> Iterator[tuple[Literal["actor", "critic"], 
         yield "critic", plan.critic
 
 
+# verl's rollout mode (sync up to v0.6.1 by default, async only from v0.7.0): rlplan keeps it as passthrough.
+ROLLOUT_MODE_KEY = "actor_rollout_ref.rollout.mode"
+
+
 def passthrough_value(plan: Plan, key: str, default: str) -> str:
     """An unmodeled verl key's value as text, however the script spelled the override: `key=`, `+key=` (how
     real scripts add keys verl's YAML lacks) or `++key=`; Hydra applies them in order, so `++` wins."""

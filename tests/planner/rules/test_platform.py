@@ -1,5 +1,5 @@
-"""The platform rules (planner/rules/platform.py) that need no machine of their own; the rest are checked against
-a detected platform in tests/runtime/test_platform.py."""
+"""planner/rules/platform.py: what the bundled runtime cannot run on a machine (the planner-side half; the runtime's
+detection of the machine is tests/runtime/test_platform.py)."""
 
 from __future__ import annotations
 
