@@ -313,8 +313,7 @@ def _host(ctx: _StepContext) -> HostMemory:
     rollout = plan.rollout
     if rollout.free_cache_engine and ROLLOUT_ENGINES[rollout.name].sleep_copies_weights_to_host(rollout):
         components.append(Component(f"{rollout.name}_sleep_weights", ranks * ctx.budget.weights_bytes))
-    if profile.shm_model_copies_per_node:
-        components.append(Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * facts.params))
+    components += _model_copy(plan, profile)
     if ctx.on_cpu:
         # Each rank's process is priced per 'device' (its share of host RAM); the engine's process, its
         # weights and its KV space come on top of them: one engine per machine (runtime.workers).
@@ -322,8 +321,25 @@ def _host(ctx: _StepContext) -> HostMemory:
         components.append(Component("vllm_cpu_engine", int(profile.cpu_rollout_process_gib * GIB)
                                     + engine.weights_bytes + max(0, engine.kv_cache_bytes)))
         return HostMemory(tuple(components))
-    components.append(Component("process_overhead", int(ranks * profile.host_process_gib_per_gpu * GIB)))
+    components.append(_process_overhead(plan, profile))
     return HostMemory(tuple(components))
+
+
+def _model_copy(plan: Plan, profile: Profile) -> list[Component]:
+    if not profile.shm_model_copies_per_node:
+        return []
+    return [Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * model_facts(plan.model.arch).params)]
+
+
+def _process_overhead(plan: Plan, profile: Profile) -> Component:
+    return Component("process_overhead", int(plan.cluster.gpus_per_node * profile.host_process_gib_per_gpu * GIB))
+
+
+def host_floor(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> HostMemory:
+    """What every GPU plan of this model on this node holds in host RAM whatever its knobs (offload, LoRA, batch,
+    lengths): the model's copy in shared memory verl's workers load from, and each GPU process's own RAM. The
+    solver proves a request infeasible from it before any search (solver.solve.host_floor_diagnosis)."""
+    return HostMemory(tuple([*_model_copy(plan, profile), _process_overhead(plan, profile)]))
 
 
 def _step_phases(ctx: _StepContext) -> dict[str, Callable[[], PhaseMemory]]:

@@ -40,6 +40,9 @@ def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool =
     evaluated_total = 0
     # A pin of the wrong type or an unknown key is bad input, whether or not any candidate gets built.
     apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
+    floor = host_floor_diagnosis(request, response_len or request.max_response_len or 1)
+    if floor is not None:  # proved before any search: no knob lowers what every plan holds in host RAM
+        return SolveResult(best=None, evaluated=0, feasible=0, diagnosis=floor, frontier=())
     if response_len is None:
         response_len, evaluated_total = _longest_fitting_response(request)
     dropped: list[FrontierPoint] | None = [] if frontier else None
@@ -74,6 +77,43 @@ def solve_engines(request: SolveRequest, engines: tuple[RolloutEngine, ...], *,
     best, _ = min(feasible, key=lambda pair: _rank_key(pair[1], request.objective))
     return attrs.evolve(best, evaluated=evaluated, feasible=sum(result.feasible for result in results),
                         frontier=points)
+
+
+# Host RAM tried, as multiples of what every plan holds (memory.phases.host_floor), when that is over the node's.
+HOST_FLOOR_STEPS = (1.25, 1.5, 2.0, 3.0)
+
+
+def host_floor_diagnosis(request: SolveRequest, response_len: int) -> Diagnosis | None:
+    """When the node's host RAM is below what every plan of the request holds there whatever its knobs (the model's
+    shared-memory copy, the GPU processes), nothing fits: said at once, with the host RAM that does fit, rather
+    than after a search of every layout (issue 41: 40-120 s for a 30B MoE at --host-mem 8)."""
+    from rlplan.planner.memory.phases import host_floor
+
+    cluster = request.cluster
+    if cluster.gpu.is_cpu:
+        return None
+    floor = host_floor(skeleton_plan(request, response_len), request.profile)
+    have = cluster.host_memory_bytes_per_node
+    if floor.total_bytes <= have:
+        return None
+    parts = ", ".join(f"{c.name} {c.bytes / GIB:.1f} GiB" for c in floor.components)
+    message = (f"every plan of {request.model.name} holds at least {floor.total_bytes / GIB:.1f} GiB of host RAM per "
+               f"node whatever its knobs ({parts}), and the node has {cluster.host_memory_gib:g} GiB.")
+    suggestions = []
+    for step in HOST_FLOOR_STEPS:
+        host = float(math.ceil(floor.total_bytes * step / GIB / 16) * 16)
+        candidate = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=host))
+        if _fits(candidate, response_len):
+            suggestions.append(Suggestion(change=f"--host-mem {host:g}", detail=f"{host:g} GiB of host RAM per node",
+                                          gpus=cluster.world_size,
+                                          gpu_memory_gib=cluster.world_size * cluster.gpu.memory_gib))
+            break
+    if suggestions:
+        message += f" Fix: {suggestions[0].change} (the least of {len(HOST_FLOOR_STEPS)} steps above it that fits)."
+    else:
+        message += (f" No host RAM up to {HOST_FLOOR_STEPS[-1]:g}x that makes it fit either: a smaller model, or "
+                    "nodes with more host RAM and GPUs.")
+    return Diagnosis(binding="host RAM", message=message, suggestions=tuple(suggestions))
 
 
 def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:

@@ -582,3 +582,24 @@ def test_more_gpus_is_the_nearest_count_that_verl_accepts_and_fits():
             continue
         fewer = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=found[0].cluster.host_memory_gib))
         assert request_rule_violations(fewer, 8192) or not _fits(fewer, 8192), smaller
+
+
+def test_a_node_below_what_every_plan_holds_in_host_ram_is_refused_before_any_search():
+    """Issue 41: at --host-mem 8 a 30B MoE searched every layout for 40-120 s before saying nothing fits. The model's
+    shared-memory copy and the GPU processes are in every plan's host RAM (memory.phases.host_floor): below them,
+    the diagnosis comes before the search and names the host RAM that fits."""
+    from rlplan.planner.memory.phases import host_floor
+
+    request = request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=512, response=512, batch=64, n=4)
+    starved = attrs.evolve(request, cluster=attrs.evolve(request.cluster, host_memory_gib=8.0))
+    result = solve(starved)
+    assert result.best is None and result.evaluated == 0
+    assert result.diagnosis is not None and result.diagnosis.binding == "host RAM"
+    assert "model_copy_shm" in result.diagnosis.message and "--host-mem" in result.diagnosis.message
+    (suggestion,) = result.diagnosis.suggestions
+    host = float(suggestion.change.removeprefix("--host-mem "))
+    fixed = solve(attrs.evolve(request, cluster=attrs.evolve(request.cluster, host_memory_gib=host)))
+    assert fixed.plan is not None
+    # The floor is a floor: every solved plan holds at least it on the host.
+    floor = host_floor(fixed.plan)
+    assert predict_memory(fixed.plan, DEFAULT_PROFILE).host.total_bytes >= floor.total_bytes > 8 * 2**30
