@@ -22,9 +22,12 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.stack import StackSection, check_engine
 from rlplan.planner.validators import at_least, field_check
+from rlplan.planner.verl_inventory import all_estimators
 
 SCHEMA_VERSION = 1
 
+# The advantage estimators `solve --algo` searches and rlplan's runtime computes. A plan (an imported script's) may
+# name any estimator some verl release accepts (`AlgorithmSection.adv_estimator`).
 Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KlLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
@@ -363,7 +366,12 @@ class CriticSection:
 
 @frozen(kw_only=True)
 class AlgorithmSection:
-    adv_estimator: Algorithm = "grpo"
+    # Any estimator of verl's AdvantageEstimator enum or registry in some release (verl_inventory.all_estimators:
+    # gpg, remax, grpo_passk, ...); which release has which is render's and the rules' to say.
+    adv_estimator: str = field(default="grpo", validator=field_check(
+        "algorithm", lambda value: value in all_estimators(),
+        "is {value!r}, which no verl release accepts as an advantage estimator.",
+        "set {field} to one of " + ", ".join(all_estimators())), metadata={"enum": all_estimators()})
     norm_adv_by_std_in_grpo: bool = True
     # rlplan extension: GRPO baseline without the sample itself (NeMo-RL's default).
     grpo_leave_one_out: bool = False

@@ -38,14 +38,15 @@ from rlplan.planner.verl_keys import (
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
-    VERL_KEYS,
     Backend,
     Follows,
     HydraSyntaxError,
     Interpolation,
     VerlKey,
     backend_has,
+    backend_of,
     coerce,
+    key_ranges,
     parse_value,
     table_for,
     verl_sleep_level,
@@ -318,14 +319,16 @@ def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, re
 
 
 def with_target_stack(plan: Plan, given: dict[str, str], passthrough: dict[str, str], text: str,
-                      versions: tuple[str | None, str | None, str | None], warnings: list[str]) -> Plan:
+                      versions: tuple[str | None, str | None, str | None], warnings: list[str],
+                      written: dict[str, str] | None = None) -> Plan:
     """The imported plan on its target stack: the version flags, else what the script shows (said as a warning),
-    with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
+    with that stack's defaults for the keys the script leaves out (planner/stack.py). `written`: the table keys as
+    the script spells them (an older spelling shows an older verl), `given` read as today's keys."""
     from rlplan.planner.knobs import apply_knobs
     from rlplan.planner.stack import infer_stack, stack_defaults, stack_from_flags
 
-    ranges = {entry.key: (entry.since, entry.before) for entry in VERL_KEYS}
-    inferred = infer_stack(given, passthrough, text, ranges, plan.rollout.name)
+    ranges = key_ranges(backend_of(plan.actor.strategy))
+    inferred = infer_stack(given if written is None else written, passthrough, text, ranges, plan.rollout.name)
     stack = inferred.stack if inferred is not None else plan.stack
     if inferred is not None:
         flagged = [name for name, value in zip(("verl", "vllm", "sglang"), versions, strict=True) if value]
@@ -365,12 +368,13 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     given: dict[str, str] = {}
     passthrough: dict[str, str] = {}
     reward: dict[str, str] = {}
+    written: dict[str, str] = {}
     seen: dict[str, str | None] = {}
     for raw in overrides:
         override = Override.parse(raw)
         key = KEY_ALIASES.get(override.key, override.key)
         if key != override.key:
-            warnings.append(f"{override.key} is verl's older spelling of {key}; read as {key}.")
+            warnings.append(f"{override.key} is an older verl's spelling of {key}; read as that knob.")
         if key in seen and seen[key] != override.value:
             warnings.append(f"{key} is set twice ({seen[key]} and {override.value}); the last one wins, as in Hydra.")
         seen[key] = override.value
@@ -379,6 +383,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
             continue
         if key in BY_KEY and backend_has(key, backend):
             given[key] = override.value
+            written[override.key] = override.value
         elif key in BY_KEY:
             # The other backend's key: verl's config for this one ignores it (or Hydra refuses it); kept as
             # written, so rules (lora_keys_the_backend_ignores, ...) can name it.
@@ -387,6 +392,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
             passthrough[f"{override.prefix}{override.key}"] = override.value
         elif key in (REWARD_PATH_KEY, REWARD_NAME_KEY):
             reward[key] = override.value
+            written[override.key] = override.value
         else:
             near = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.9)
             if near:
@@ -411,7 +417,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     resolved = _resolve_model(str(model_path), local_config_reader, warnings)
     resolved = _with_overridden_context(resolved, passthrough, warnings)
     plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, passthrough, text, versions,
-                             warnings)
+                             warnings, written)
     kept = tuple(passthrough)
     if kept:
         warnings.append(f"kept {len(kept)} verl key(s) rlplan does not model, rendered back unchanged: {', '.join(kept)}.")

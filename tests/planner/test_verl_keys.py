@@ -1,0 +1,57 @@
+"""The key table (planner/verl_keys.py) against the per-release inventory, and the doc generated from both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlplan.planner import verl_inventory
+from rlplan.planner.presets import resolve_gpu
+from rlplan.planner.verl_import import import_verl_script
+from rlplan.planner.verl_keys import KEY_ALIASES, VERL_KEYS, key_ranges
+from tests.verl_compat import key_table_doc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_docs_key_table_is_the_generated_one():
+    """Regenerate with: python tests/verl_compat/key_table_doc.py --write docs/verl-versions.md"""
+    text = (ROOT / "docs" / "verl-versions.md").read_text()
+    assert key_table_doc.replaced(text) == text
+
+
+def test_every_spelling_in_the_table_is_a_key_of_some_release():
+    for entry in VERL_KEYS:
+        for key in entry.spellings:
+            assert any(verl_inventory.key_runs(key, backend) for backend in entry.trainer_configs()), key
+
+
+def test_no_release_has_two_spellings_of_one_knob_unless_the_newest_is_the_one_it_reads():
+    """Where a release still carries an older spelling beside the new one, render writes the new one (first)."""
+    for entry in VERL_KEYS:
+        for backend in entry.trainer_configs():
+            for release in verl_inventory.releases_read():
+                present = [key for key in entry.spellings if verl_inventory.has_key(release, key, backend)]
+                if present:
+                    assert entry.spelling_for(release, backend) == present[0]
+
+
+def test_older_spellings_are_import_aliases_and_date_the_script():
+    assert KEY_ALIASES["critic.model.fsdp_config.param_offload"] == "critic.fsdp.param_offload"
+    ranges = key_ranges("fsdp")
+    assert ranges["critic.model.fsdp_config.param_offload"] == (None, "0.8.0")
+    assert ranges["critic.fsdp.param_offload"] == ("0.8.0", None)
+    assert ranges["actor_rollout_ref.actor.entropy_from_logits_with_chunking"] == ("0.4.1", None)
+    assert key_ranges("megatron")["actor_rollout_ref.actor.megatron.grad_offload"] == ("0.4.0", "0.9.1")
+
+
+@pytest.mark.parametrize("estimator", verl_inventory.all_estimators())
+def test_every_estimator_of_every_release_imports(estimator):
+    script = (f"python3 -m verl.trainer.main_ppo algorithm.adv_estimator={estimator} "
+              "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct actor_rollout_ref.rollout.name=vllm "
+              "actor_rollout_ref.rollout.n=8")
+    plan = import_verl_script(script, gpu=resolve_gpu("h100-80g"), host_memory_gib=1000, env={},
+                              local_config_reader=lambda path: None).plan
+    assert plan.algorithm.adv_estimator == estimator
+    assert plan.uses_critic == (estimator == "gae")
