@@ -28,7 +28,7 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.plan import MegatronSection, Plan
-from rlplan.planner.stack import parse_version, stack_defaults
+from rlplan.planner.stack import parse_version
 from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
 from rlplan.planner.verl_keys import (
     BY_FIELD,
@@ -44,6 +44,7 @@ from rlplan.planner.verl_keys import (
     backend_of,
     format_value,
     has_key,
+    implied_value,
     rendered_value,
     spelled,
     table_for,
@@ -195,7 +196,7 @@ def _target_spelling(plan: Plan, entry: VerlKey, value: Any) -> str | None:
         return spelling
     if entry.field in UNREAD_WHERE_ABSENT:
         return None
-    implied = stack_defaults(plan.stack, plan.rollout.name).get(entry.field, entry.default)
+    implied = implied_value(plan, entry)
     if value == implied or (entry.kind == "str_list" and tuple(value) == tuple(implied or ())):
         return None
     raise PlanError(field=entry.field, message=f"is {format_value(value)}, but verl {verl} has no {entry.key}: "

@@ -66,6 +66,7 @@ from rlplan.planner.solver_megatron import (
 )
 from rlplan.planner.steptime import StepTime, predict_step_time, rollout_concurrency, workload_lengths
 from rlplan.planner.steptime.megatron import largest_bubble_fraction
+from rlplan.planner.verl_keys import absent_knobs
 
 GIB = 2**30
 Objective = Literal["throughput", "memory"]
@@ -1139,7 +1140,10 @@ def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool =
     response_len = request.response_len
     evaluated_total = 0
     # A pin of the wrong type or an unknown key is bad input, whether or not any candidate gets built.
-    apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
+    target = apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
+    # The target release's space: a knob its trainer config lacks stays at what that release does (the user's
+    # own pins win, and render then names the key).
+    request = attrs.evolve(request, pins={**absent_knobs(target), **request.pins})
     if response_len is None:
         response_len, evaluated_total = _longest_fitting_response(request)
     dropped: list[FrontierPoint] | None = [] if frontier else None
