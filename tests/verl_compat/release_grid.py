@@ -13,7 +13,7 @@ overrides`, and checked:
 The grid (issue 45): Qwen2.5-7B, Qwen2.5-0.5B, Llama-3.1-8B; 8 x 80 GB (H100), 2 x 24 GB (RTX 4090), 16 x 141 GB
 (H200, 2 nodes); GRPO n = 8 and PPO; 512 + 1024 and 2048 + 8192 prompt + response tokens: 36 requests.
 
-Usage: python benchmarks/verl_release_grid.py [--releases 0.4.1,0.9.1] [--verl-git DIR] [--verl-wheels DIR] [--json]
+Usage: python tests/verl_compat/release_grid.py [--releases 0.4.1,0.9.1] [--verl-git DIR] [--verl-wheels DIR] [--json]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rlplan.planner import verl_inventory  # noqa: E402
