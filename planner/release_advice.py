@@ -1,6 +1,6 @@
 """What a newer verl release would give a request solved for an older one: said beside the plan, never in it.
 
-`solve --verl-version X` searches only the knobs X's trainer config has (verl_keys.absent_knobs holds the others at
+`solve --verl-version X` searches only the knobs X's trainer config has (render.absent_knobs holds the others at
 what X does). Where a knob X lacks would make the request fit, or run faster, the user should hear it: the
 request is solved again on the newest release read; if that plan sets knobs X lacks, it is solved once more on the
 first release that has them all (so the claim is about that release's own behaviour), and the result is a
@@ -17,11 +17,12 @@ from attrs import frozen
 
 from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.plan import Plan, RolloutEngine
+from rlplan.planner.render import absent_knobs
 from rlplan.planner.solver import SolveRequest, SolveResult, skeleton_plan, solve_engines
 from rlplan.planner.solver import _choice_text as choice_text
 from rlplan.planner.stack import DEFAULT_STACK, parse_version, solve_pins
 from rlplan.planner.verl_inventory import TrainerBackend
-from rlplan.planner.verl_keys import BY_FIELD, absent_knobs, backend_of
+from rlplan.planner.verl_keys import BY_FIELD, backend_of
 
 # A newer release is worth naming for speed when it is at least this much faster (step-time model noise aside).
 FASTER_BY = 0.05

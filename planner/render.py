@@ -28,7 +28,7 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.plan import MegatronSection, Plan
-from rlplan.planner.stack import parse_version
+from rlplan.planner.stack import parse_version, stack_defaults
 from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
 from rlplan.planner.verl_keys import (
     BY_FIELD,
@@ -44,7 +44,6 @@ from rlplan.planner.verl_keys import (
     backend_of,
     format_value,
     has_key,
-    implied_value,
     rendered_value,
     spelled,
     table_for,
@@ -184,6 +183,31 @@ def _unrendered(plan: Plan) -> dict[str, Any]:
             value = values[value.field] if value.field in values else knob_value(plan, value.field)
         values[entry.field] = value
     return values
+
+
+def implied_value(plan: Plan, entry: VerlKey) -> Any:
+    """What the plan's target verl does for the entry's knob when a script does not set it: that release's
+    default where stack.py says it differs from the table's (`stack_defaults`), else the table's; a default that
+    follows another field is that field's value in the plan."""
+    value = stack_defaults(plan.stack, plan.rollout.name).get(entry.field, entry.default)
+    while isinstance(value, Follows):
+        value = knob_value(plan, value.field)
+    return value
+
+
+def absent_knobs(plan: Plan) -> dict[str, Any]:
+    """Every knob the plan's target verl has no key for in its backend's trainer config, at what that release
+    does without it (`implied_value`): the solver searches only the target release's space, so it holds these
+    as pins (verl 0.3 has no LoRA, no offload_policy, no entropy_from_logits_with_chunking)."""
+    verl, backend = plan.stack.verl, backend_of(plan.actor.strategy)
+    absent: dict[str, Any] = {}
+    for entry in table_for(backend).values():
+        if entry.field in UNREAD_WHERE_ABSENT or not has_key(entry, backend) or entry.spelling_for(verl, backend):
+            continue
+        value = implied_value(plan, entry)
+        if value is not None:
+            absent[entry.field] = value
+    return absent
 
 
 def _target_spelling(plan: Plan, entry: VerlKey, value: Any) -> str | None:

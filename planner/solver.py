@@ -51,6 +51,7 @@ from rlplan.planner.plan import (
     TrainerSection,
 )
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
+from rlplan.planner.render import absent_knobs
 from rlplan.planner.rules import VLLM_LORA_RANKS, Violation, check_plan
 from rlplan.planner.solver_megatron import (
     MegatronChoice,
@@ -66,7 +67,6 @@ from rlplan.planner.solver_megatron import (
 )
 from rlplan.planner.steptime import StepTime, predict_step_time, rollout_concurrency, workload_lengths
 from rlplan.planner.steptime.megatron import largest_bubble_fraction
-from rlplan.planner.verl_keys import absent_knobs
 
 GIB = 2**30
 Objective = Literal["throughput", "memory"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from attrs import frozen
 
@@ -24,9 +24,6 @@ from rlplan.planner import verl_inventory
 from rlplan.planner.errors import PlanError
 from rlplan.planner.quoting import UnclosedQuote, unquoted
 from rlplan.planner.verl_inventory import TrainerBackend
-
-if TYPE_CHECKING:
-    from rlplan.planner.plan import Plan
 
 # str_list: one string or a list (verl spells one module/file as a string); list: always a list.
 Kind = Literal["int", "float", "bool", "str", "str_list", "list"]
@@ -356,34 +353,6 @@ def table_for(backend: Backend) -> dict[str, VerlKey]:
 def has_key(entry: VerlKey, backend: Backend) -> bool:
     """Whether verl's config for that backend has the entry's key."""
     return entry.backend in ("any", backend)
-
-
-def implied_value(plan: Plan, entry: VerlKey) -> Any:
-    """What the plan's target verl does for the entry's knob when a script does not set it: that release's
-    default where stack.py says it differs from the table's (`stack_defaults`), else the table's; a default that
-    follows another field is that field's value in the plan."""
-    from rlplan.planner.knobs import knob_value
-    from rlplan.planner.stack import stack_defaults
-
-    value = stack_defaults(plan.stack, plan.rollout.name).get(entry.field, entry.default)
-    while isinstance(value, Follows):
-        value = knob_value(plan, value.field)
-    return value
-
-
-def absent_knobs(plan: Plan) -> dict[str, Any]:
-    """Every knob the plan's target verl has no key for in its backend's trainer config, at what that release
-    does without it (`implied_value`): the solver searches only the target release's space, so it holds these
-    as pins (verl 0.3 has no LoRA, no offload_policy, no entropy_from_logits_with_chunking)."""
-    verl, backend = plan.stack.verl, backend_of(plan.actor.strategy)
-    absent: dict[str, Any] = {}
-    for entry in table_for(backend).values():
-        if entry.field in UNREAD_WHERE_ABSENT or not has_key(entry, backend) or entry.spelling_for(verl, backend):
-            continue
-        value = implied_value(plan, entry)
-        if value is not None:
-            absent[entry.field] = value
-    return absent
 
 
 def backend_has(key: str, backend: Backend) -> bool:
