@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from attrs import field, frozen
 
@@ -32,7 +32,7 @@ from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory.heads import runtime_loss_head
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
-from rlplan.planner.plan import ActorSection, CriticSection, MegatronSection, Plan
+from rlplan.planner.plan import ActorSection, Algorithm, CriticSection, MegatronSection, Plan
 from rlplan.planner.platform import Platform
 from rlplan.planner.stack import ENGINE_WORKER, Behaviour, holds
 
@@ -1341,4 +1341,18 @@ def _runtime_trains_with_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
         yield ctx.violation(
             f"the bundled runtime trains with FSDP2 only, the plan says {strategy!r}.",
             'set actor.strategy = "fsdp2"', actor__strategy="fsdp2",
+        )
+
+
+@rule("platform", "the bundled runtime computes the grpo, rloo, reinforce_plus_plus and gae advantages")
+def _runtime_computes_its_estimators(ctx: RuleContext) -> Iterator[Violation]:
+    """An imported plan may name any estimator some verl release has (gpg, remax, opo, ...); runtime/loop.py's
+    `with_advantages` computes these four (plan.Algorithm)."""
+    estimator = ctx.plan.algorithm.adv_estimator
+    if estimator not in get_args(Algorithm):
+        yield ctx.violation(
+            f"the plan's advantage estimator is {estimator}, which verl has and the bundled runtime does not "
+            f"compute (it computes {', '.join(get_args(Algorithm))}).",
+            f"run it with verl (`rlplan render plan.toml --target verl -o run.sh`), or set algorithm.adv_estimator "
+            f"to one of {', '.join(get_args(Algorithm))}",
         )

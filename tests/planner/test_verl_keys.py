@@ -55,3 +55,18 @@ def test_every_estimator_of_every_release_imports(estimator):
                               local_config_reader=lambda path: None).plan
     assert plan.algorithm.adv_estimator == estimator
     assert plan.uses_critic == (estimator == "gae")
+
+
+@pytest.mark.parametrize("estimator", ["gpg", "remax", "grpo_passk"])
+def test_the_bundled_runtime_refuses_an_estimator_it_does_not_compute_and_validate_does_not(estimator):
+    from rlplan.planner.platform import Platform
+    from rlplan.planner.rules import check_plan
+    from tests.planner.plans import make_plan
+
+    plan = make_plan(overrides={"algorithm.adv_estimator": estimator})
+    assert "runtime_computes_its_estimators" not in {v.rule for v in check_plan(plan).violations}
+    gpu = Platform(device_type="cuda", accelerator_count=8)
+    refusals = [v for v in check_plan(plan, gpu).errors if v.rule == "runtime_computes_its_estimators"]
+    assert refusals and estimator in refusals[0].message and "render" in refusals[0].fix
+    grpo = make_plan(overrides={"algorithm.adv_estimator": "grpo"})
+    assert "runtime_computes_its_estimators" not in {v.rule for v in check_plan(grpo, gpu).errors}
