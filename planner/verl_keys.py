@@ -629,10 +629,17 @@ def _has_interpolation(quoted_body: str) -> bool:
 # verl's other spellings of a value, read as the plan's (verl/utils/torch_dtypes.py::PrecisionType accepts
 # fp32 / float32 / 32 and bf16 / bfloat16 for fsdp_config.model_dtype).
 _PRECISION_SPELLINGS = {"32": "fp32", "float32": "fp32", "bfloat16": "bf16"}
+# verl <= 0.5's rollout.load_format defaults were dummy_dtensor (FSDP) and dummy_megatron: random weights the first
+# sync overwrites, as dummy (verl/workers/rollout/vllm_rollout: `"dummy" if load_format.startswith("dummy")`).
+_DUMMY_SPELLINGS = {"dummy_dtensor": "dummy", "dummy_megatron": "dummy", "dummy_hf": "dummy"}
 VALUE_SPELLINGS: dict[str, dict[str, str]] = {
     "actor.model_dtype": _PRECISION_SPELLINGS,
     "ref.model_dtype": _PRECISION_SPELLINGS,
+    "rollout.load_format": _DUMMY_SPELLINGS,
 }
+# verl's own integer defaults that mean what the plan's value means: optim.lr_warmup_steps -1 is "use
+# lr_warmup_steps_ratio", whose default 0 is no warm-up (verl/utils/torch_functional.py, the optimizer builders).
+INT_SPELLINGS: dict[str, dict[int, int]] = {"actor.lr_warmup_steps": {-1: 0}}
 
 
 def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
@@ -642,7 +649,8 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
         return PlanError(field=entry.key, message=f"expects {expected}, got {raw!r}.",
                          fix=f"set {entry.key} to {expected}")
 
-    if value is None:
+    if value is None or (value == "None" and entry.optional and entry.kind != "str"):
+        # verl 0.5's ppo_megatron_trainer.yaml writes `expert_tensor_parallel_size: None`, a string to OmegaConf.
         if entry.optional:
             return None
         if isinstance(entry.default, Follows):
@@ -657,7 +665,7 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
     if entry.kind == "int":
         if not number or not math.isfinite(value) or int(value) != value:
             raise bad("an integer below 2**63")
-        return int(value)
+        return INT_SPELLINGS.get(entry.field, {}).get(int(value), int(value))
     if entry.kind == "float":
         if not number or not math.isfinite(value):
             raise bad("a finite number")
