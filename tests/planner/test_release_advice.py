@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rlplan.planner.commands.solve_commands import SolveFlags, solve_inputs
 from rlplan.planner.release_advice import newer_release
-from rlplan.planner.solve_commands import SolveFlags, solve_inputs
 from rlplan.planner.solver import solve_engines
 
 

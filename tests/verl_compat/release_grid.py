@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rlplan.planner import verl_inventory  # noqa: E402
+from rlplan.planner.commands.solve_commands import SolveFlags, solve_inputs  # noqa: E402
 from rlplan.planner.errors import PlanError  # noqa: E402
 from rlplan.planner.plan import Plan  # noqa: E402
 from rlplan.planner.render import render_plan  # noqa: E402
-from rlplan.planner.solve_commands import SolveFlags, solve_inputs  # noqa: E402
 from rlplan.planner.solver import solve_engines  # noqa: E402
 from rlplan.planner.stack import VERL_ENGINE_PINS  # noqa: E402
 from rlplan.planner.verl_keys import backend_of  # noqa: E402
