@@ -67,6 +67,7 @@ from rlplan.planner.solver_megatron import (
 )
 from rlplan.planner.steptime import StepTime, predict_step_time, rollout_concurrency, workload_lengths
 from rlplan.planner.steptime.megatron import largest_bubble_fraction
+from rlplan.planner.verl_keys import BY_FIELD, backend_of
 
 GIB = 2**30
 Objective = Literal["throughput", "memory"]
@@ -1143,7 +1144,13 @@ def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool =
     target = apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
     # The target release's space: a knob its trainer config lacks stays at what that release does (the user's
     # own pins win, and render then names the key).
-    request = attrs.evolve(request, pins={**absent_knobs(target), **request.pins})
+    absent = absent_knobs(target)
+    if "model.lora.rank" in absent and request.lora not in ("off", "auto", 0):
+        added = BY_FIELD["model.lora.rank"].releases(backend_of(target.actor.strategy))[0]
+        raise PlanError(field="--lora", message=f"asks for LoRA rank {request.lora}, but verl {target.stack.verl} has "
+                        f"no LoRA on this backend (verl added it in {added}).",
+                        fix=f"pass --lora off, or --verl-version {added} or later")
+    request = attrs.evolve(request, pins={**absent, **request.pins})
     if response_len is None:
         response_len, evaluated_total = _longest_fitting_response(request)
     dropped: list[FrontierPoint] | None = [] if frontier else None

@@ -44,3 +44,13 @@ def test_solve_says_the_newer_release_beside_the_plan_in_json_and_text():
     if payload.get("plan"):
         assert payload["plan"]["model"]["lora"]["rank"] == 0
     assert "note: on verl >= 0.4.0" in invoke(*words).output
+
+
+def test_an_explicit_lora_rank_on_a_release_without_lora_is_refused_naming_the_release_that_added_it():
+    import pytest
+
+    from rlplan.planner.errors import PlanError
+
+    with pytest.raises(PlanError) as raised:
+        _solved("0.3.0.post1", **{**SMALL_GPUS, "lora": "32"})
+    assert raised.value.field == "--lora" and "0.4.0" in raised.value.message
