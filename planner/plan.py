@@ -20,15 +20,57 @@ from attrs import field, frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
-from rlplan.planner.stack import StackSection, check_engine
+from rlplan.planner.stack import (
+    LEN_FROM_MODEL_ALWAYS,
+    LEN_FROM_SEQUENCES,
+    REFERENCE_ALWAYS_RUNS,
+    StackSection,
+    check_engine,
+    holds,
+)
 from rlplan.planner.validators import at_least, field_check
-from rlplan.planner.verl_inventory import all_estimators
 
 SCHEMA_VERSION = 1
 
-# The advantage estimators `solve --algo` searches and rlplan's runtime computes. A plan (an imported script's) may
-# name any estimator some verl release accepts (`AlgorithmSection.adv_estimator`).
-Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus"]
+# verl's advantage estimators (`AdvantageEstimator` and `register_adv_est`, verl/trainer/ppo/core_algos.py;
+# ray_trainer.py before v0.4.1): the plan field's values. ESTIMATORS says what each changes in a step; which
+# release has which is read from each release's sources (verl_inventory.estimators_of; tests/planner/
+# test_verl_inventory.py holds ESTIMATORS to the inventory's union), and render refuses one its target lacks.
+Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
+                    "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
+                    "tir_optimal_token_baseline", "gdpo"]
+
+
+@frozen(kw_only=True)
+class EstimatorFacts:
+    """What an advantage estimator changes in a step: a critic (GAE: verl's need_critic), a baseline from
+    the other responses of the same prompt (needs rollout.n >= 2), a greedy baseline generation per batch
+    (ReMax: verl's `gen_max`, a second generate_sequences of the batch's prompts with do_sample=False)."""
+
+    critic: bool = False
+    group: bool = False
+    greedy_baseline: bool = False
+
+
+ESTIMATORS: dict[str, EstimatorFacts] = {
+    "gae": EstimatorFacts(critic=True),
+    "grpo": EstimatorFacts(group=True),
+    "rloo": EstimatorFacts(group=True),
+    "reinforce_plus_plus": EstimatorFacts(),
+    "remax": EstimatorFacts(greedy_baseline=True),
+    "reinforce_plus_plus_baseline": EstimatorFacts(group=True),
+    "opo": EstimatorFacts(group=True),
+    "grpo_passk": EstimatorFacts(group=True),
+    "gpg": EstimatorFacts(group=True),
+    "rloo_vectorized": EstimatorFacts(group=True),
+    "grpo_vectorized": EstimatorFacts(group=True),
+    "optimal_token_baseline": EstimatorFacts(group=True),
+    "tir_optimal_token_baseline": EstimatorFacts(group=True),
+    # Group reward-decoupled normalization (core_algos.py compute_gdpo_outcome_advantage, from 0.7.1).
+    "gdpo": EstimatorFacts(group=True),
+}
+# The estimators rlplan's own runtime computes (runtime/algorithms): what `solve --algo` offers.
+RUNTIME_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_plus_plus")
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KlLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 LoadFormat = Literal["dummy", "safetensors", "auto"]
@@ -366,12 +408,7 @@ class CriticSection:
 
 @frozen(kw_only=True)
 class AlgorithmSection:
-    # Any estimator of verl's AdvantageEstimator enum or registry in some release (verl_inventory.all_estimators:
-    # gpg, remax, grpo_passk, ...); which release has which is render's and the rules' to say.
-    adv_estimator: str = field(default="grpo", validator=field_check(
-        "algorithm", lambda value: value in all_estimators(),
-        "is {value!r}, which no verl release accepts as an advantage estimator.",
-        "set {field} to one of " + ", ".join(all_estimators())), metadata={"enum": all_estimators()})
+    adv_estimator: Algorithm = "grpo"
     norm_adv_by_std_in_grpo: bool = True
     # rlplan extension: GRPO baseline without the sample itself (NeMo-RL's default).
     grpo_leave_one_out: bool = False
@@ -467,12 +504,14 @@ class Plan:
         """verl's need_critic: critic.enable if set, else adv_estimator == gae."""
         if self.critic.enable is not None:
             return self.critic.enable
-        return self.algorithm.adv_estimator == "gae"
+        return ESTIMATORS[self.algorithm.adv_estimator].critic
 
     @property
     def uses_reference(self) -> bool:
-        """verl's need_reference_policy: a KL term in the loss or in the reward."""
-        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        """verl's need_reference_policy: a KL term in the loss or in the reward; before verl 0.4 always
+        (stack.REFERENCE_ALWAYS_RUNS)."""
+        return (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+                or holds(REFERENCE_ALWAYS_RUNS, self.stack, self.rollout.name))
 
     @property
     def reference_is_actor(self) -> bool:
@@ -481,9 +520,15 @@ class Plan:
 
     @property
     def verl_max_model_len(self) -> int:
-        """The context verl starts vLLM with: rollout.max_model_len, else the model's max_position_embeddings
-        (vllm_async_server.py, rule R7). rlplan's memory model and runtime use prompt + response instead
-        (`memory.rollout_max_model_len`), which is why render writes the value out."""
+        """The context the plan's verl starts vLLM with (rule R7): from v0.7.1 rollout.max_model_len, else the
+        model's max_position_embeddings (vllm_async_server.py); v0.7.0 always the latter; before v0.7.0
+        rollout.max_model_len, else prompt + response (vllm_rollout_spmd.py; stack.LEN_FROM_SEQUENCES).
+        rlplan's memory model and runtime use prompt + response where it is unset (`memory.rollout_max_model_len`),
+        which is why render writes the value out."""
+        if holds(LEN_FROM_MODEL_ALWAYS, self.stack):
+            return self.model.arch.max_position_embeddings
+        if holds(LEN_FROM_SEQUENCES, self.stack):
+            return self.rollout.max_model_len or self.data.max_sequence_length
         return self.rollout.max_model_len or self.model.arch.max_position_embeddings
 
     @property

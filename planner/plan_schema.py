@@ -48,8 +48,6 @@ def _class_schema(cls: type) -> dict[str, Any]:
     required: list[str] = []
     for attribute in attrs.fields(cls):
         schema = _type_schema(hints[attribute.name])
-        if "enum" in attribute.metadata:  # a str whose choices are data (the estimators verl releases accept)
-            schema["enum"] = list(attribute.metadata["enum"])
         default = attribute.default
         if default is attrs.NOTHING:
             required.append(attribute.name)

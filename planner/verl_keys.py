@@ -385,23 +385,6 @@ def spelled(spellings: tuple[str, ...], version: str, backend: TrainerBackend) -
     return next((key for key in spellings if verl_inventory.has_key(version, key, backend)), None)
 
 
-def key_ranges(backend: TrainerBackend) -> dict[str, tuple[str | None, str | None]]:
-    """Every spelling of every table key of that backend's trainer config -> (first release read that has it,
-    the first after it that no longer does; None: every release read at that end). Stack inference reads a
-    script's spellings with it (`stack.infer_stack`)."""
-    ranges: dict[str, tuple[str | None, str | None]] = {}
-    releases = verl_inventory.releases_read()
-    spellings = [key for entry in VERL_KEYS if has_key(entry, backend) for key in entry.spellings]
-    spellings += [key for pair in REWARD_SPELLINGS.values() for key in pair]
-    for key in spellings:
-        runs = verl_inventory.key_runs(key, backend)
-        if not runs:
-            continue
-        since, before = runs[0][0], runs[-1][1]
-        ranges[key] = (None if since == releases[0] else since, before)
-    return ranges
-
-
 # Keys a render also writes, for a consistent verl config, from the plan field named; an import
 # drops them when they agree with that field and keeps them in passthrough otherwise.
 # Dated keys whose value a verl without the key never reads, so render leaves them out there whatever the plan says

@@ -69,3 +69,11 @@ def test_the_generator_keeps_a_run_per_presence_and_default():
     assert spans({release: None for release in releases})[0] == [releases[0], None, None]
     assert dict(leaves({"a": {"b": 1, "c": {}, "d": [1, 2]}, "e": None})) == {"a.b": 1, "a.c": {}, "a.d": [1, 2],
                                                                             "e": None}
+
+
+def test_the_plans_estimators_are_exactly_those_some_release_accepts():
+    from typing import get_args
+
+    from rlplan.planner.plan import ESTIMATORS, Algorithm
+
+    assert set(ESTIMATORS) == set(get_args(Algorithm)) == set(inventory.all_estimators())

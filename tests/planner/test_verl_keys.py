@@ -9,7 +9,7 @@ import pytest
 from rlplan.planner import verl_inventory
 from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.verl_import import import_verl_script
-from rlplan.planner.verl_keys import KEY_ALIASES, VERL_KEYS, key_ranges
+from rlplan.planner.verl_keys import KEY_ALIASES, VERL_KEYS
 from tests.verl_compat import key_table_doc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,13 +37,11 @@ def test_no_release_has_two_spellings_of_one_knob_unless_the_newest_is_the_one_i
                     assert entry.spelling_for(release, backend) == present[0]
 
 
-def test_older_spellings_are_import_aliases_and_date_the_script():
+def test_older_spellings_are_import_aliases():
     assert KEY_ALIASES["critic.model.fsdp_config.param_offload"] == "critic.fsdp.param_offload"
-    ranges = key_ranges("fsdp")
-    assert ranges["critic.model.fsdp_config.param_offload"] == (None, "0.8.0")
-    assert ranges["critic.fsdp.param_offload"] == ("0.8.0", None)
-    assert ranges["actor_rollout_ref.actor.entropy_from_logits_with_chunking"] == ("0.4.1", None)
-    assert key_ranges("megatron")["actor_rollout_ref.actor.megatron.grad_offload"] == ("0.4.0", "0.9.1")
+    assert KEY_ALIASES["custom_reward_function.path"] == "reward.custom_reward_function.path"
+    assert set(KEY_ALIASES) == {old for entry in VERL_KEYS for old in entry.older} | {
+        "custom_reward_function.path", "custom_reward_function.name"}
 
 
 @pytest.mark.parametrize("estimator", verl_inventory.all_estimators())
@@ -64,12 +62,12 @@ def test_the_bundled_runtime_refuses_an_estimator_it_does_not_compute_and_valida
     from tests.planner.plans import make_plan
 
     plan = make_plan(overrides={"algorithm.adv_estimator": estimator})
-    assert "runtime_computes_its_estimators" not in {v.rule for v in check_plan(plan).violations}
+    assert "runtime_computes_the_estimator" not in {v.rule for v in check_plan(plan).violations}
     gpu = Platform(device_type="cuda", accelerator_count=8)
-    refusals = [v for v in check_plan(plan, gpu).errors if v.rule == "runtime_computes_its_estimators"]
+    refusals = [v for v in check_plan(plan, gpu).errors if v.rule == "runtime_computes_the_estimator"]
     assert refusals and estimator in refusals[0].message and "render" in refusals[0].fix
     grpo = make_plan(overrides={"algorithm.adv_estimator": "grpo"})
-    assert "runtime_computes_its_estimators" not in {v.rule for v in check_plan(grpo, gpu).errors}
+    assert "runtime_computes_the_estimator" not in {v.rule for v in check_plan(grpo, gpu).errors}
 
 
 def _release_defaults_script(release: str, backend: str) -> str:
