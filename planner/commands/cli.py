@@ -752,8 +752,10 @@ def version_callback(value: bool) -> None:
         except PackageNotFoundError:  # run from a source tree that was never installed
             print("rlplan (not installed: no version metadata)")
         from rlplan.planner.stack import default_stack_text
+        from rlplan.planner.verl_inventory import supported_releases_text
 
         print(default_stack_text())
+        print(supported_releases_text())
         raise typer.Exit(ExitCode.OK)
 
 

@@ -481,8 +481,10 @@ def report_infeasible(flags: SolveFlags, inputs: SolveInputs, result: SolveResul
     diagnosis = result.diagnosis
     assert diagnosis is not None
     host_note = inputs.cluster.host_note
+    newer = newer_release_note(flags, inputs, result)
     if flags.json_output:
-        print(json.dumps(infeasible_json(result, request_margin(inputs.request), host_note), indent=2))
+        payload = infeasible_json(result, request_margin(inputs.request), host_note)
+        print(json.dumps({**payload, **({"newer_release": newer} if newer else {})}, indent=2))
     else:
         from rich.markup import escape
 
@@ -491,7 +493,24 @@ def report_infeasible(flags: SolveFlags, inputs: SolveInputs, result: SolveResul
                       markup=True)
         if host_note:
             console.print(f"note: {host_note}; --host-mem sets it.", markup=False)
+        if newer:
+            console.print(f"note: {newer['text']}.", markup=False)
     return ExitCode.INFEASIBLE
+
+
+def newer_release_note(flags: SolveFlags, inputs: SolveInputs, result: SolveResult) -> dict[str, Any] | None:
+    """What a newer verl release would give a request solved for an older one (release_advice.py), said beside
+    the plan, never in it; None with --quiet, on the newest release, or where no newer release helps."""
+    from rlplan.planner.release_advice import newer_release
+
+    if flags.quiet and not flags.json_output:
+        return None
+    advice = newer_release(inputs.request, result, inputs.engines)
+    if advice is None:
+        return None
+    target_step = result.best.step_time.total_seconds if result.best is not None else None
+    verl = str(inputs.request.pins.get("stack.verl", DEFAULT_STACK.verl))
+    return {**advice.to_json(), "text": advice.text(verl, target_step)}
 
 
 def verified_plan(flags: SolveFlags, inputs: SolveInputs,
@@ -567,10 +586,12 @@ def print_solved(flags: SolveFlags, inputs: SolveInputs, result: SolveResult, pl
 
     request = inputs.request
     rows = top_candidates(result, request, flags.top or 0)
+    newer = newer_release_note(flags, inputs, result)
     if flags.json_output:
-        report_text = json.dumps(solved_json(plan, result, request, output=flags.output, top=rows if flags.top else None,
-                                             cluster_notes=(inputs.cluster.cpu_note, inputs.cluster.host_note),
-                                             verification=verification), indent=2)
+        payload = solved_json(plan, result, request, output=flags.output, top=rows if flags.top else None,
+                              cluster_notes=(inputs.cluster.cpu_note, inputs.cluster.host_note),
+                              verification=verification)
+        report_text = json.dumps({**payload, **({"newer_release": newer} if newer else {})}, indent=2)
         if flags.output:
             write_atomic(flags.output, plan_text, "--output", force=flags.force)
         print(report_text)
@@ -588,6 +609,8 @@ def print_solved(flags: SolveFlags, inputs: SolveInputs, result: SolveResult, pl
     console = make_console()
     for renderable in renderables:
         console.print(renderable)
+    if newer:
+        make_console(stderr=True).print(f"note: {newer['text']}; this plan stays on its target verl.", markup=False)
     console.print(solve_next_step(flags.output, flags.on_cpu), markup=False, highlight=False, soft_wrap=True)
 
 

@@ -10,11 +10,13 @@ from typing import Any
 
 import attrs
 
+from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.model_error import plan_margin
 from rlplan.planner.phases import PASS_KNOBS
 from rlplan.planner.plan import RolloutEngine
+from rlplan.planner.render import absent_knobs
 from rlplan.planner.rules import Violation, check_plan
 from rlplan.planner.solver.request import (
     GIB,
@@ -29,6 +31,7 @@ from rlplan.planner.solver.request import (
 from rlplan.planner.solver.search import _rank_key, _ranked_points, _search, finalize
 from rlplan.planner.solver.space import SEARCH_SPACES, choice_text, search_space, skeleton_plan
 from rlplan.planner.solver.workload import default_lora_rank
+from rlplan.planner.verl_keys import BY_FIELD, backend_of
 
 
 def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool = False) -> SolveResult:
@@ -39,7 +42,16 @@ def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool =
     response_len = request.response_len
     evaluated_total = 0
     # A pin of the wrong type or an unknown key is bad input, whether or not any candidate gets built.
-    apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
+    target = apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
+    # The target release's space: a knob its trainer config lacks stays at what that release does (the user's
+    # own pins win, and render then names the key).
+    absent = absent_knobs(target)
+    if "model.lora.rank" in absent and request.lora not in ("off", "auto", 0):
+        added = BY_FIELD["model.lora.rank"].releases(backend_of(target.actor.strategy))[0]
+        raise PlanError(field="--lora", message=f"asks for LoRA rank {request.lora}, but verl {target.stack.verl} has "
+                        f"no LoRA on this backend (verl added it in {added}).",
+                        fix=f"pass --lora off, or --verl-version {added} or later")
+    request = attrs.evolve(request, pins={**absent, **request.pins})
     floor = host_floor_diagnosis(request, response_len or request.max_response_len or 1)
     if floor is not None:  # proved before any search: no knob lowers what every plan holds in host RAM
         return SolveResult(best=None, evaluated=0, feasible=0, diagnosis=floor, frontier=())

@@ -530,9 +530,10 @@ def test_version_prints_the_installed_package_version_and_the_default_stack():
 
     result = invoke("--version")
     assert result.exit_code == 0
-    first, stack = result.output.strip().splitlines()
+    first, stack, releases = result.output.strip().splitlines()
     assert first == f"rlplan {version('rlplan')}"
     assert f"verl {DEFAULT_VERL}" in stack and f"vLLM {DEFAULT_VLLM}" in stack and f"SGLang {DEFAULT_SGLANG}" in stack
+    assert "0.3.0.post1, 0.4.0" in releases and DEFAULT_VERL in releases
 
 
 def test_help_lists_shell_completion_and_the_choices_of_fixed_set_options():
