@@ -614,7 +614,9 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     fields["reward.function"] = _reward_function(sorted_.reward)
     resolved = _resolve_model(str(model_path), local_config_reader, warnings)
     resolved = _with_overridden_context(resolved, passthrough, warnings)
-    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, text, versions,
+    # A file of overrides is no shell: only a script's own commands can export an engine switch.
+    script = "" if _is_overrides_file(text) else text
+    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
                              warnings)
     kept = tuple(passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]

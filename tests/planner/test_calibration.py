@@ -274,7 +274,7 @@ def test_validate_with_a_run_profile_prices_a_plan_without_expected_lengths_at_t
 
 def test_solve_with_a_run_profile_prices_at_the_runs_means():
     from rlplan.planner.solver import solve
-    from tests.planner.test_solver import preset_request
+    from tests.planner.solver.test_solve import preset_request
 
     profile = Profile(name="seen", observed_prompt_length=105, observed_response_length=300)
     best = solve(preset_request("qwen2.5-7b", "h100-80g", 8, profile=profile)).best
