@@ -33,9 +33,10 @@ def read_verl_log(path: str, what: str = "VERL_LOG"):
 
 
 def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host_mem: float, env: list[str],
-                        fixes: dict[str, Any]):
-    """A plan.toml as it is, or a verl launch script through `import verl`'s path; then the --fix pins.
-    Returns (plan, import warnings)."""
+                        fixes: dict[str, Any], versions: tuple[str | None, str | None, str | None] = (None, None, None)):
+    """A plan.toml as it is, or a verl launch script through `import verl`'s path (at `versions`, the
+    --verl-version / --vllm-version / --sglang-version of the run: the keys the script leaves out take that
+    verl's defaults); then the --fix pins.  Returns (plan, import warnings)."""
     warnings: tuple[str, ...] = ()
     if Path(path).suffix.lower() == ".toml":
         if gpu is not None or gpu_mem is not None:
@@ -50,7 +51,8 @@ def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host
         # environment stands in for --env pins ($HOME in data paths), and the user's --env wins over it.
         result = import_verl_script(read_text(path, "PLAN"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_mem,
                                     env={**os.environ, **parse_env_pins(env)},
-                                    local_config_reader=read_local_model_config, environment=dict(os.environ))
+                                    local_config_reader=read_local_model_config, environment=dict(os.environ),
+                                    versions=versions)
         plan, warnings = result.plan, tuple(result.warnings)
     return (apply_knobs(plan, fixes) if fixes else plan), warnings
 
@@ -72,7 +74,8 @@ def compare_command(plan_path: str, log_path: str, *, gpu: str | None, gpu_mem: 
         from rlplan.planner.chart_commands import check_chart_path
 
         check_chart_path(chart, "--chart")
-    plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes)
+    plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes,
+                                         versions=(verl_version, None, None))
     if verl_version is not None:  # the run's verl is the plan's target stack too (as --verl-version elsewhere)
         from rlplan.planner.stack import stack_from_flags
 
