@@ -115,7 +115,8 @@ def calibrate_verl_command(logs: list[str], plans: list[str], output: str, *, gp
     runs = []
     for index, log_path in enumerate(logs):
         plan_path = plans[index if len(plans) > 1 else 0]
-        plan, _ = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes)
+        plan, _ = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes,
+                                      versions=(verl_version, None, None))
         runs.append(VerlRun(plan=plan, log=read_verl_log(log_path, "--from-verl-log")))
     result = calibrate_from_verl_logs(runs, name=Path(output).stem, family=_family(verl_version))
     write_atomic(output, profile_to_toml(result.profile), "--output")
