@@ -9,7 +9,9 @@ from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import GIB, predict_memory
 from rlplan.planner.memory.allocator_trace import (
+    STRANDED_SHARE_OF_LARGEST_BLOCK,
     allocator_config,
+    largest_transient_block,
     micro_batch_tokens,
     replay_phase,
     replay_step,
@@ -95,6 +97,48 @@ def test_the_fit_keeps_stranded_bytes_only_where_the_allocator_strands_them():
             assert stranded == phase.bytes_of("fragmentation_reserve")
             if phase.name in (Phase.WEIGHT_SYNC, Phase.ROLLOUT):
                 assert stranded == 0
-    # On expandable segments only page rounding is stranded: well under the 8 % of trainer bytes once reserved.
+    # On expandable segments only page rounding is stranded: well under the 8 % of trainer bytes once reserved;
+    # on fixed segments a share of the largest transient block.
     update = predict_memory(_on(_dynamic(), "0.9.1")).phase(Phase.ACTOR_UPDATE)
     assert 0 < update.bytes_of("fragmentation_reserve") < 0.01 * update.peak_bytes
+
+
+def _reference_plans():
+    """The public runs as compare imports them, and the example gallery on verl 0.5 (fixed segments)."""
+    from pathlib import Path
+
+    from rlplan.planner.commands_io import load_plan
+    from tests.repo_scripts import load_script
+
+    bench = load_script("benchmarks/public_verl_runs.py")
+    plans = [bench.imported_plan(run) for run in bench.RUNS]
+    root = Path(__file__).resolve().parents[3] / "examples"
+    gallery = [load_plan(str(path)) for path in sorted(root.glob("*/plan.toml"))]
+    return plans + [_on(plan, "0.5.0") for plan in gallery if not plan.is_megatron]
+
+
+def test_the_fits_bound_holds_every_stranded_byte_the_phase_replay_finds():
+    """STRANDED_SHARE_OF_LARGEST_BLOCK is the replay's largest share on these plans, rounded up: the fit's reserve
+    (monotone in the sizes, no replay) never keeps less than the replay strands."""
+    for plan in _reference_plans():
+        ctx, report = step_context(plan, DEFAULT_PROFILE)
+        for phase in report.phases:
+            if phase.name in (Phase.WEIGHT_SYNC, Phase.ROLLOUT):
+                continue
+            bound = STRANDED_SHARE_OF_LARGEST_BLOCK * largest_transient_block(ctx, phase)
+            assert replay_phase(ctx, phase).stranded <= bound + 1, (plan.model.name, phase.name)
+
+
+@pytest.mark.parametrize("verl", ["0.5.0", "0.9.1"])
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_every_phase_grows_with_the_response_length_reserve_included(verl, dynamic):
+    """The solver and longest_expected_response_that_fits bisect over lengths: the fit's figure must not fall as
+    responses grow, its allocator reserve included (a replay's stranded bytes jump with block placements)."""
+    base = _on(apply_knobs(make_plan(), {"actor.use_dynamic_bsz": dynamic, "actor.ppo_max_token_len_per_gpu": 12000}),
+               verl)
+    previous = None
+    for response in range(40, 1025, 123):
+        peaks = [p.peak_bytes for p in predict_memory(apply_knobs(base, {"data.expected_response_length": response})
+                                                       ).phases]
+        assert previous is None or all(now >= before for now, before in zip(peaks, previous, strict=True)), response
+        previous = peaks
