@@ -190,7 +190,13 @@ def allocator_regime(engine_in_process: bool, expandable: bool) -> str:
     return f"{engine}, {'expandable segments' if expandable else 'fixed segments'}"
 
 
+# rlplan's bundled runtime on CPU ranks: no caching allocator, no verl process; the real runs say nothing of it.
+CPU_REGIME = "rlplan's CPU runtime"
+
+
 def plan_regime(plan: Plan, engine_in_process: bool | None = None) -> str:
+    if plan.cluster.gpu.is_cpu:
+        return CPU_REGIME
     from rlplan.planner.memory.allocator_report import engine_in_trainer_process
     from rlplan.planner.memory.allocator_trace import allocator_config
 
@@ -222,7 +228,7 @@ def error_band(kind: str, head: str | None, strategy: str, counter: Counter = "a
     twins = _twin_band(kind, head, strategy)
     if twins.assumed:
         return attrs.evolve(twins, counter=counter)
-    real = [row for row in run_rows() if row.counter == counter]
+    real = [row for row in run_rows() if row.counter == counter and regime != CPU_REGIME]
     comparable = [row for row in real if row.regime == regime]
     used = comparable or real
     errors = [row.error for row in used]

@@ -87,13 +87,22 @@ class Override:
         return f"{self.prefix}{self.key}" + ("" if self.value is None else f"={self.value}")
 
 
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
 def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str, str],
-                           warnings: list[str]) -> tuple[list[str], str] | None:
-    """The verl command's Hydra overrides and its --config-name ("" when it names none)."""
+                           warnings: list[str]) -> tuple[list[str], str, str | None] | None:
+    """The verl command's Hydra overrides, its --config-name ("" when it names none), and the
+    PYTORCH_CUDA_ALLOC_CONF the script exports or --env pins (None: neither; the importing shell's own is not the
+    cluster's)."""
     scope = ShellScope(env, environment)
     command, count = find_verl_command(text, scope)
     if command is None:
         return None
+    alloc_conf = None
+    if ALLOC_CONF in scope.pinned or ALLOC_CONF in scope.assigned_by_script:
+        value = scope.values.get(ALLOC_CONF) if ALLOC_CONF not in scope.pinned else scope.pinned[ALLOC_CONF]
+        alloc_conf = value if isinstance(value, str) and value.strip() else None
     if count > 1:
         warnings.append(f"the script runs verl {count} times; imported the first command ({command.module}).")
     if command.module != "verl.trainer.main_ppo":
@@ -131,7 +140,7 @@ def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str
                 warnings.append(f"ignored the command-line flag {argument}.")
             continue
         overrides.append(argument)
-    return overrides, config_name
+    return overrides, config_name, alloc_conf
 
 
 FSDP_CONFIGS = ("ppo_trainer", "ppo_trainer.yaml")
@@ -351,6 +360,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     """
     warnings: list[str] = []
     config_name = ""
+    alloc_conf: str | None = None
     if _is_overrides_file(text):
         overrides = _overrides_from_file(text)
     else:
@@ -359,7 +369,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
             raise PlanError(field="script", message="has no `python -m verl...` / `-m recipe...` command, and is not "
                             "a file of Hydra overrides (one key=value per line).",
                             fix="import the script that launches verl.trainer.main_ppo")
-        overrides, config_name = found
+        overrides, config_name, alloc_conf = found
     backend = _backend(config_name, overrides)
     table = table_for(backend)
     given: dict[str, str] = {}
@@ -415,6 +425,11 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     kept = tuple(passthrough)
     if kept:
         warnings.append(f"kept {len(kept)} verl key(s) rlplan does not model, rendered back unchanged: {', '.join(kept)}.")
+    if alloc_conf is not None:
+        from rlplan.planner.memory.allocator import parse_alloc_conf
+
+        parse_alloc_conf(alloc_conf, ALLOC_CONF)  # a value torch would refuse is refused here, by name
+        plan = plan.evolve(trainer=attrs.evolve(plan.trainer, pytorch_cuda_alloc_conf=alloc_conf))
     return ImportResult(plan=plan.evolve(passthrough=passthrough), warnings=tuple(warnings), passthrough_keys=kept)
 
 

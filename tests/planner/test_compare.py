@@ -17,8 +17,8 @@ from rlplan.planner.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import apply_knobs, with_expected_lengths
 from rlplan.planner.memory import GIB, predict_memory
-from rlplan.planner.memory.phases import longest_expected_response_that_fits
 from rlplan.planner.memory.allocator_report import allocator_report
+from rlplan.planner.memory.phases import longest_expected_response_that_fits
 from rlplan.planner.model_error import counter_error_band
 from rlplan.planner.phases import Phase
 from rlplan.planner.profile import DEFAULT_PROFILE
