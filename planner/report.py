@@ -292,14 +292,14 @@ def phase_table(memory: MemoryReport, detailed: bool, allocator: tuple[PhaseAllo
     if allocator:
         title += ": resident is what the GPU holds (the fit); allocated and reserved as torch's counters show them"
     table = Table(title=title, title_justify="left")
-    table.add_column("phase", style="bold")
+    table.add_column("phase", style="bold", overflow="fold")
     table.add_column("resident" if allocator else "peak", justify="right")
     figures = {row.phase: row for row in allocator}
     if allocator:
         table.add_column("allocated", justify="right")
         table.add_column("reserved", justify="right")
-    table.add_column("at")
-    table.add_column("components" if detailed else "largest component")
+    table.add_column("at", overflow="fold")
+    table.add_column("components" if detailed else "largest component", overflow="fold")
     for phase in memory.phases:
         peak = gib(phase.peak_bytes)
         components = sorted(_components_gib(phase.components).items(), key=lambda kv: -kv[1])
