@@ -5,7 +5,7 @@ real runs' rows of the error bands (presets/public_runs_accuracy.toml).
     python benchmarks/public_verl_runs.py --write docs/accuracy.md          # regenerate its section 4 in place
     python benchmarks/public_verl_runs.py --write-rows presets/public_runs_accuracy.toml
 
-Runs the code `rlplan compare --json` runs (planner/compare_commands.py, planner/compare.py), in process, on
+Runs the code `rlplan compare --json` runs (planner/commands/compare_commands.py, planner/compare.py), in process, on
 each run's launch script and log with `--gpu h100-80g --fix rollout.enforce_eager=true --verl-version
 0.3.0.post1` (the arguments of tests/planner/test_compare.py `public_compare`).  The one constant fitted on these
 runs, profile.allocator_cache_engine_workspaces, is fitted here (the mean of each run's own value) and every run
@@ -28,9 +28,9 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.calibration import VerlRun, calibrate_from_verl_logs
-from rlplan.planner.cli import parse_fixes
+from rlplan.planner.commands.cli import parse_fixes
+from rlplan.planner.commands.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.compare import Comparison, MemoryRow, compare_run, steady_steps, version_family
-from rlplan.planner.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.memory import GIB, predict_memory
 from rlplan.planner.memory.allocator_report import allocator_report
 from rlplan.planner.memory.heads import resolved_loss_head
@@ -445,6 +445,12 @@ def time_lines(runs: list[Compared]) -> list[str]:
         "phase; reward and advantages are not priced). The step-time model and its constants: docs/steptime.md.", "",
         *time_table(runs), "",
         *time_summary(runs),
+        f"These rows price each script as `rlplan compare` imports it at verl {VERL_VERSION}, with rlplan's key "
+        "table's defaults for the keys it leaves out where no version behaviour says otherwise. The logs' own config "
+        "dumps differ where it matters for time (critic.model.use_remove_padding "
+        "False in the PPO runs, the actor's too in the 0.5B PPO run, max_num_seqs 1024): section 5a prices the "
+        "four logs with those pins (benchmarks/data/steptime_logs.toml), each with constants fitted without it.",
+        "",
         f"On the 0.5B runs `gen` measures {_span(gen_ratios)}x the prediction: a 0.5B model decoding"
         " in eager mode (these runs' `enforce_eager: True`) is bound by per-step launch and sampling "
         "overheads, not by the HBM reads the roofline prices.", "",

@@ -20,7 +20,7 @@ from attrs import field, frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
-from rlplan.planner.stack import StackSection, check_engine
+from rlplan.planner.stack import REFERENCE_ALWAYS_RUNS, StackSection, check_engine, holds
 from rlplan.planner.validators import at_least, field_check
 
 SCHEMA_VERSION = 1
@@ -466,8 +466,10 @@ class Plan:
 
     @property
     def uses_reference(self) -> bool:
-        """verl's need_reference_policy: a KL term in the loss or in the reward."""
-        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        """verl's need_reference_policy: a KL term in the loss or in the reward; before verl 0.4 always
+        (stack.REFERENCE_ALWAYS_RUNS)."""
+        return (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+                or holds(REFERENCE_ALWAYS_RUNS, self.stack, self.rollout.name))
 
     @property
     def reference_is_actor(self) -> bool:

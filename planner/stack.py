@@ -182,6 +182,23 @@ ENTROPY_COEFF_DEFAULT_0001 = Behaviour(
     code_path="verl/trainer/config/ppo_trainer.yaml actor.entropy_coeff (0 from PR #1770, v0.4.0)",
     summary="actor.entropy_coeff defaults to 0.001: the entropy's buffers are on and flash-attn's in-place "
             "cross-entropy backward is off", default=("actor.entropy_coeff", 0.001))
+REFERENCE_ALWAYS_RUNS = Behaviour(
+    name="reference_always_runs", package="verl", before="0.4.0",
+    code_path="verl/trainer/main_ppo.py: role_worker_mapping always holds Role.RefPolicy up to v0.3.0.post1, so "
+              "ray_trainer's use_reference_policy is always true; from v0.4.0 only with use_kl_loss or "
+              "use_kl_in_reward (PR #644)",
+    summary="the reference model is built and its log-prob pass runs every step, with or without a KL term")
+ENTROPY_IN_EVERY_PASS = Behaviour(
+    name="entropy_in_every_pass", package="verl", before="0.4.0",
+    code_path="verl/workers/actor/dp_actor.py _forward_micro_batch computes entropy_from_logits in every pass up "
+              "to v0.3.0.post1 (the reference's and every update's, whatever entropy_coeff); from v0.4.0 "
+              "(PR #1100) only where calculate_entropy asks",
+    summary="every log-prob pass and every update computes the entropy over the vocabulary")
+REWARD_TIMED_IN_ADV = Behaviour(
+    name="reward_timed_in_adv", package="verl", before="0.4.0",
+    code_path="verl/trainer/ppo/ray_trainer.py fit: the reward function runs inside _timer('adv') up to "
+              "v0.3.0.post1; its own `reward` timer from v0.4.0",
+    summary="the rule reward's time is part of timing_s/adv")
 EAGER_ROLLOUT_DEFAULT = Behaviour(
     name="eager_rollout_default", package="verl", before="0.6.0",
     code_path="ppo_trainer.yaml, then verl/trainer/config/rollout/rollout.yaml rollout.enforce_eager "
@@ -279,7 +296,8 @@ TRAINER_EXPANDABLE_SEGMENTS = Behaviour(
     summary="the trainer phases allocate from expandable segments whatever PYTORCH_CUDA_ALLOC_CONF says; "
             "the weight sync does not")
 
-BEHAVIOURS: tuple[Behaviour, ...] = (ENTROPY_COEFF_DEFAULT_0001, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP,
+BEHAVIOURS: tuple[Behaviour, ...] = (ENTROPY_COEFF_DEFAULT_0001, REFERENCE_ALWAYS_RUNS, ENTROPY_IN_EVERY_PASS,
+                                     REWARD_TIMED_IN_ADV, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP,
                                      REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN, ENGINE_WORKER, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET,
                                      VLLM_V0_ENGINE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
                                      EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT,

@@ -15,7 +15,8 @@ counters never include the CUDA context, NCCL or memory allocated outside torch.
 the allocator replay's (memory.allocator_trace.replay_step: the step's phases in order, two steps, verl's cache
 flushes per version), plus, for a vLLM engine in the trainer's process with the trainer on fixed segments (the
 regime of the public runs), `profile.allocator_cache_engine_workspaces` engine workspaces the replay does not
-list one by one (unlisted_cache_bytes), plus a site's calibrated `allocator_cache_gib`.
+list one by one (unlisted_cache_bytes), plus a site's calibrated `allocator_cache_gib` (the residual of the
+process-wide counter, in every phase).
 """
 
 from __future__ import annotations
@@ -127,9 +128,8 @@ def allocator_report(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, engine_i
         allocated = torch_bytes(phase, plan, report, engine_in_process=in_process, pool_counted_asleep=counted)
         replay = figures.get(phase.name, AllocatorFigures(allocated=0, reserved=0, needed=0))
         trainer_phase = phase.name not in (Phase.ROLLOUT, Phase.WEIGHT_SYNC)
-        cache = replay.cache + unlisted
-        if trainer_phase:
-            cache += int(profile.allocator_cache_gib * GIB)
+        # A site's calibrated residual is one of the process-wide counter: every phase carries it.
+        cache = replay.cache + unlisted + int(profile.allocator_cache_gib * GIB)
         rows.append(PhaseAllocator(phase=phase.name, allocated=allocated, reserved=allocated + cache,
                                    resident=phase.peak_bytes, expandable=expandable and trainer_phase))
     return tuple(rows)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from rlplan.planner.calibration import STEP_TIME_CONSTANTS
-from rlplan.planner.commands_io import load_profile
+from rlplan.planner.commands.commands_io import load_profile
+from rlplan.planner.commands.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.compare import SCOPES, compare_run, infer_family, version_family
-from rlplan.planner.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import apply_knobs, with_expected_lengths
 from rlplan.planner.memory import GIB, predict_memory
@@ -158,6 +158,8 @@ def test_times_are_medians_over_steady_steps_beside_the_model(payloads, name):
         "actor_update": (statistics.median(metrics(s)["timing_s/update_actor"] for s in steady),
                          predicted[Phase.ACTOR_UPDATE]),
         "step": (statistics.median(metrics(s)["timing_s/step"] for s in steady), sum(predicted.values())),
+        # The driver's advantage step (steptime.step.driver_seconds), which the fixtures time.
+        "adv": (statistics.median(metrics(s)["timing_s/adv"] for s in steady), predicted["adv"]),
     }
     if not sync_in_gen:
         expected["weight_sync"] = (3.0, predicted[Phase.WEIGHT_SYNC])
@@ -446,3 +448,15 @@ def test_a_partial_log_is_priced_at_the_plans_lengths_and_says_so(tmp_path):
     half = json.loads(invoke("compare", str(PUBLIC / "qwen2_7b_gsm8k_8gpu_min.sh"), str(log), "--gpu", "h100-80g",
                              "--json").output)
     assert half["lengths"]["response_from_log"] and half["lengths"]["expected_response_length"] == 200
+
+
+
+def test_every_time_row_carries_its_out_of_sample_band_and_says_whether_the_run_lies_in_it():
+    """Issue 40: `compare` shows each phase's seconds with the step-time model's error band (steptime/bands.py)."""
+    _, payload = public_compare("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log")
+    assert payload["times"]
+    for row in payload["times"]:
+        band = row["band"]
+        assert band is not None and 0 <= band["under"] < 1 and band["over"] >= 0, row["phase"]
+        low, high = row["predicted_s"] / (1 + band["over"]), row["predicted_s"] / (1 - band["under"])
+        assert row["within_band"] == (low <= row["measured_s"] <= high), row["phase"]

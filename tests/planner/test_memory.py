@@ -699,10 +699,10 @@ def test_an_fp32_rollout_engine_holds_its_weights_and_kv_cache_at_four_bytes_an_
     assert fp32.kv_cache_bytes_per_token == 2 * bf16.kv_cache_bytes_per_token
 
 
-def test_a_calibrated_allocator_cache_adds_to_the_reserved_counter_of_trainer_phases_only():
-    """profile.allocator_cache_gib (calibrate --from-verl-log) is cache torch reports as reserved: it moves the
-    reserved figure of every trainer phase and never the fit (resident), which counts only what the allocator cannot
-    give back."""
+def test_a_calibrated_allocator_cache_adds_to_the_reserved_counter_and_never_to_the_fit():
+    """profile.allocator_cache_gib (calibrate --from-verl-log) is the residual of verl's process-wide reserved
+    counter: it moves every phase's reserved figure and never the fit (resident), which counts only what the
+    allocator cannot give back."""
     from rlplan.planner.memory.allocator_report import allocator_report
     from rlplan.planner.profile import DEFAULT_PROFILE
 
@@ -712,7 +712,7 @@ def test_a_calibrated_allocator_cache_adds_to_the_reserved_counter_of_trainer_ph
         p.peak_bytes for p in predict_memory(plan, cached_profile).phases]
     for before, after in zip(allocator_report(plan), allocator_report(plan, cached_profile), strict=True):
         grown = after.reserved - before.reserved
-        assert grown == (0 if before.phase in ("rollout", "weight_sync") else pytest.approx(3 * GIB, abs=1))
+        assert grown == pytest.approx(3 * GIB, abs=1)
         assert (after.allocated, after.resident) == (before.allocated, before.resident)
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from rlplan.planner.commands.this_machine import cpu_cluster
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.memory import GIB, predict_memory
 from rlplan.planner.memory.allocator_report import FIGURES, allocator_report, engine_in_trainer_process
 from rlplan.planner.phases import Phase
 from rlplan.planner.profile import DEFAULT_PROFILE
 from rlplan.planner.stack import StackSection
-from rlplan.planner.this_machine import cpu_cluster
 from tests.planner.plans import make_plan
 
 

@@ -107,7 +107,7 @@ def _reference_plans():
     """The public runs as compare imports them, and the example gallery on verl 0.5 (fixed segments)."""
     from pathlib import Path
 
-    from rlplan.planner.commands_io import load_plan
+    from rlplan.planner.commands.commands_io import load_plan
     from tests.repo_scripts import load_script
 
     bench = load_script("benchmarks/public_verl_runs.py")
