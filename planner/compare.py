@@ -86,6 +86,12 @@ SCOPES: dict[VersionFamily, MetricScope] = {
 }
 
 
+# The release a log's spellings date a run to, where they date one older than the default stack: the first release
+# of the family (whose defaults and allocator regime the family shares: fixed segments, the engine in the trainer's
+# process); `compare` reads a script at it unless --verl-version says otherwise.
+FAMILY_RELEASE: dict[VersionFamily, str] = {"0.2": "0.2.0", "0.3": "0.3.0.post1"}
+
+
 def version_family(version: str, where: str = "--verl-version") -> VersionFamily:
     """`0.4.1` -> "0.3" (the family whose scope it shares); a PlanError naming `where` for what is not a version."""
     major, minor, _ = parse_version(version, where)

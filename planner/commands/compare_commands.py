@@ -57,6 +57,18 @@ def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host
     return (apply_knobs(plan, fixes) if fixes else plan), warnings
 
 
+def _dated_by_the_log(plan: Any, plan_path: str, log: Any) -> str | None:
+    """The verl release a script on the default stack should be read at when the log's spellings say it is older
+    (compare.FAMILY_RELEASE); None for a plan.toml (it names its stack), a stack the import already dated, or a log of
+    the newest spellings."""
+    from rlplan.planner.compare import FAMILY_RELEASE, infer_family
+    from rlplan.planner.stack import DEFAULT_VERL
+
+    if Path(plan_path).suffix.lower() == ".toml" or plan.stack.verl != DEFAULT_VERL:
+        return None
+    return FAMILY_RELEASE.get(infer_family(log)[0])
+
+
 def _family(verl_version: str | None):
     from rlplan.planner.compare import version_family
 
@@ -74,13 +86,22 @@ def compare_command(plan_path: str, log_path: str, *, gpu: str | None, gpu_mem: 
         from rlplan.planner.commands.chart_commands import check_chart_path
 
         check_chart_path(chart, "--chart")
+    log = read_verl_log(log_path)
     plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes,
                                          versions=(verl_version, None, None))
+    dated = _dated_by_the_log(plan, plan_path, log) if verl_version is None else None
+    if dated is not None:
+        # The log's spellings date an older verl than the default stack: its defaults and its allocator regime
+        # (fixed segments, the engine in the trainer's process) are the run's, so the script is read at it.
+        verl_version = dated
+        plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env,
+                                             fixes=fixes, versions=(verl_version, None, None))
+        warnings = (*warnings, f"the log's metric names date it to verl {dated} or near it: the script is read at "
+                               f"verl {dated} (pass --verl-version to choose another)")
     if verl_version is not None:  # the run's verl is the plan's target stack too (as --verl-version elsewhere)
         from rlplan.planner.stack import stack_from_flags
 
         plan = plan.evolve(stack=stack_from_flags(plan.stack, verl_version, None, None))
-    log = read_verl_log(log_path)
     comparison = compare_run(plan, log, load_profile(profile_path), _family(verl_version))
     payload = comparison_json(comparison)
     payload["import_warnings"] = list(warnings)
