@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -385,6 +384,3 @@ class AllocatorFigures:
         """Free bytes the allocator cannot give back at its peak: they sit in segments with a block in use."""
         return max(0, self.needed - self.allocated)
 
-
-def total(sizes: Iterable[int]) -> int:
-    return sum(round_size(s) for s in sizes)

@@ -9,7 +9,7 @@ bytes), walked over the micro batches a step really runs:
   the plan's mean, cut at the maximum) drawn at fixed quantiles in a fixed shuffled order, packed as verl packs
   them (use_dynamic_bsz: ceil(tokens / budget) micro batches balanced by size, seqlen_balancing.
   rearrange_micro_batches; otherwise micro_batch_size sequences each), scaled so the largest is the token
-  count the phase is priced at;
+  count the phase is priced at; a sample of them (the chunks and micro batches with the largest among them);
 * per micro batch, each moment's token-sized tensors in the order autograd makes them (a layer's saved
   activations as it runs, the head's logits-sized buffers, one layer's backward workspace, all-gather and
   reduce-scatter buffers on their own streams) and frees them in reverse; a role's sharded gradients from its
@@ -23,7 +23,9 @@ bytes), walked over the micro batches a step really runs:
   NCCL, the engine's pool and residue), so a cache that would overflow the GPU is given back as torch does.
 
 Two steps are replayed (the second starts with what the first cached); a phase's figures are its peaks over
-both.  Pure Python, no torch.
+both (replay_step: the reserved counter).  A fit needs what a phase strands, which must grow with its sizes for the
+solver's bisections: stranded_bytes bounds it without a replay, and replay_phase (one phase alone, fixed micro
+batches) is what the bound is held to.  Replays are cached per recorded trace.  Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ _STATE_SUFFIXES = ("_params", "_optimizer_state")
 # Tensors whose size follows the micro batch's tokens.
 _TOKEN_SIZED = frozenset({"activations", "loss_head_hidden", "logits_head", "forward_transients",
                           "layer_backward_workspace", "held_micro_batch_outputs"})
+# Components made of one tensor per layer, replayed in groups of layers.
+_LAYERWISE = frozenset({"activations", "optimizer_step_temporaries"})
 # Components held on the all-gather or reduce-scatter stream.
 _STREAM = {"fsdp_all_gather_buffers": ALL_GATHER, "root_group_unsharded": ALL_GATHER,
            "fsdp_reduce_scatter_buffer": REDUCE_SCATTER, "embedding_reduce_scatter_buffer": REDUCE_SCATTER}
@@ -300,12 +304,7 @@ class _Replay:
             self.alloc(f"{tag}:{c.name}", size, _STREAM.get(c.name, COMPUTE), self._blocks_of(c, priced))
 
     def _blocks_of(self, c: Component, priced: int) -> int:
-        """A component's tensors: a layer's activations each, the head's logits-sized buffers each, else one."""
-        if c.name == "activations":
-            return self.groups
-        if c.name == "logits_head":
-            return max(1, round(c.bytes / (2 * priced * self.facts.vocab)))
-        return 1
+        return _replayed_blocks(c, priced, self.facts.vocab, self.facts.layers)
 
     def release(self, tag: str, components: Sequence[Component]) -> None:
         for c in reversed(components):
@@ -512,14 +511,18 @@ def largest_transient_block(ctx: StepShape, phase: PhaseMemory) -> int:
         for c in components:
             if c.scope != "step" or c.name.endswith(_STATE_SUFFIXES + ("_grads",)):
                 continue
-            if c.name == "activations":
-                blocks = min(facts.layers, _LAYER_GROUPS)
-            elif c.name == "logits_head":
-                blocks = max(1, round(c.bytes / (2 * tokens * facts.vocab)))
-            else:
-                blocks = 1
-            largest = max(largest, c.bytes / blocks)
+            largest = max(largest, c.bytes / _replayed_blocks(c, tokens, facts.vocab, facts.layers))
     return int(largest)
+
+
+def _replayed_blocks(c: Component, tokens: int, vocab: int, layers: int) -> int:
+    """How many equal tensors the replay allocates a component as: a layer-wise component (saved activations, the
+    optimizer's foreach temporaries) in groups of layers, the head as its logits-sized buffers, else one."""
+    if c.name in _LAYERWISE:
+        return min(layers, _LAYER_GROUPS)
+    if c.name == "logits_head":
+        return max(1, round(c.bytes / (2 * tokens * vocab)))
+    return 1
 
 
 def _pass_moments(ctx: StepShape, phase: str, tokens: int) -> list[tuple[str, list[Component]]]:
