@@ -96,7 +96,7 @@ class Compared:
 def imported_plan(run: PublicRun, extra_fixes: tuple[str, ...] = ()) -> Plan:
     """The run's launch script as `rlplan compare SCRIPT LOG --gpu h100-80g --fix ... --verl-version ...` reads it."""
     plan, _ = load_plan_or_script(str(PUBLIC / run.script), gpu=GPU, gpu_mem=None, host_mem=1024.0, env=[],
-                                  fixes=parse_fixes([*FIXES, *extra_fixes]), versions=(VERL_VERSION, None, None))
+                                  fixes=parse_fixes([*FIXES, *extra_fixes]), verl_version=VERL_VERSION)
     return plan
 
 
@@ -383,24 +383,27 @@ def card_lines(recommended: Compared) -> list[str]:
     ]
 
 
-def gradient_gap_lines(recommended: Compared) -> list[str]:
-    """The allocated counter's jump after step 1 beside the fp32 gradient shards FSDP1 keeps between steps."""
+def optimizer_gap_lines(recommended: Compared) -> list[str]:
+    """The allocated counter's jump after step 1 beside the actor's Adam state, which torch creates at the first
+    optimizer step."""
     series = recommended.log.series(recommended.comparison.scope.allocated_key)
     first = series[0][1]
     later = max(value for _, value in series[1:])
     r = row(recommended, False)
     report = predict_memory(recommended.comparison.plan, DEFAULT_PROFILE)
-    grads = (report.phase(Phase.ACTOR_UPDATE).bytes_of("actor_grads")
-             + report.phase(Phase.CRITIC_UPDATE).bytes_of("critic_grads")) / GIB
+    state = report.phase(Phase.ACTOR_UPDATE).bytes_of("actor_optimizer_state") / GIB
+    without = r.predicted_gib - state
     return [
-        f"Known gap (7B recommended, allocated): at step {series[0][0]} the counter reads {first:.2f} GiB "
-        f"({first - r.predicted_gib:+.1f} GiB against the prediction); from step {series[1][0]} on it reaches "
-        f"{later:.2f} ({later - r.predicted_gib:+.1f} GiB), a jump of {later - first:.1f} GiB. verl 0.3's FSDP1 "
-        "workers keep the actor's and the critic's fp32 gradient shards after their optimizer steps (`zero_grad` "
-        "runs at the start of the next update; the v0.8 engine workers call `optimizer_zero_grad()` after the loop "
-        f"instead): the planner's actor_grads + critic_grads per GPU are {grads:.1f} GiB, which would stay resident "
-        "through the next step's rollout and passes. The planner does not price gradients outside the update "
-        "phases; the min run offloads both models between phases, so it does not show the gap.", "",
+        f"Step 1 against later steps (7B recommended, allocated): at step {series[0][0]} the counter reads "
+        f"{first:.2f} GiB, from step {series[1][0]} on {later:.2f}, a jump of {later - first:.1f} GiB: the actor's "
+        f"Adam state, {state:.2f} GiB per GPU. torch creates a parameter's exp_avg and exp_avg_sq at its first "
+        "`step()` (torch/optim/adam.py `_init_group`), so step 1's forward and backward ran without the state and "
+        "only later steps peak with it (verl 0.3's dp_actor.update_policy ends with `zero_grad()`, so the gradients "
+        f"are not what stays). Without the state the prediction is {without:.2f} GiB ({first - without:+.1f} "
+        f"against step 1), with it {r.predicted_gib:.2f} ({later - r.predicted_gib:+.1f} against the later steps): "
+        "the same gap at both, which the planner does not explain. The replay creates each optimizer's state at "
+        "its first step too: the state then sits in segments the freed activations left, and the next step's "
+        "activations take new ones (most of this run's replayed cache above).", "",
     ]
 
 
@@ -415,7 +418,9 @@ def allocator_lines(runs: list[Compared], fitted: list[Fitted]) -> list[str]:
                      f"{f.others * f.workspace_gib:.1f} from the fitted term")
     return [f"The cache (reserved minus allocated): {'; '.join(cells)}. The replay's part is what the trainer's "
             "micro batches of varying length leave in segments sized for the longest one (a larger micro batch "
-            "cannot use a smaller one's segments, and segments never merge); the fitted term stands for what the "
+            "cannot use a smaller one's segments, and segments never merge) and what the optimizer's state, "
+            "created at the first step in segments the freed activations left, makes the next step's activations "
+            "take anew; the fitted term stands for what the "
             "in-process engine's decode steps and the head's tensors leave that the replay does not list one by "
             "one. The fitted term does not apply on expandable segments (verl >= 0.6's trainer phases) or with "
             "the engine in its own process (verl >= 0.7): no public run of those regimes was found, so their "
@@ -468,7 +473,7 @@ def render_section(runs: list[Compared], fitted: list[Fitted], calibrated: Compa
     lines = [*intro(runs, fitted), *memory_table(runs, fitted, rows), "", *summary_lines(runs, fitted),
              *allocator_lines(runs, fitted), *calibrated_lines(calibrated),
              *sensitivity_lines(runs, pinned, pinned_sampler), *card_lines(recommended),
-             *gradient_gap_lines(recommended), *time_lines(runs)]
+             *optimizer_gap_lines(recommended), *time_lines(runs)]
     return "\n".join(lines)
 
 

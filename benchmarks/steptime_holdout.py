@@ -157,6 +157,12 @@ PROTOCOLS: dict[str, Protocol] = {
         name="fsdp", title="verl's FSDP workers", datasets=("fsdp-sweeps", "public-logs"),
         keys=STEP_TIME_CONSTANTS,
         heading="## 5a. Step time out of sample: fitted on some runs, priced on the others"),
+    # verl's Megatron workers (issue 39): the trainer constants planner/steptime/megatron.py reads, fitted on
+    # one published Megatron sweep and priced on the other (dense Qwen2.5-Math-7B / MoE Qwen3-30B-A3B, H100).
+    "megatron": Protocol(
+        name="megatron", title="verl's Megatron workers", datasets=("megatron-sweeps",),
+        keys=("training_mfu", "micro_batch_seconds_per_layer", "collective_efficiency"),
+        heading="## 5b. Megatron step time out of sample: fitted on one published sweep, priced on the other"),
 }
 
 

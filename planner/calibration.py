@@ -369,6 +369,7 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
     timings: list[RunTiming] = []
     weighted = {"prompt": 0.0, "response": 0.0, "steps": 0}
     for run in runs:
+        notes.extend(run.log.reading_notes(named=True))
         lengths = run_lengths(run.log)
         priced = VerlRun(plan=plan_at_run_lengths(run.plan, lengths), log=run.log)
         priced_runs.append(priced)

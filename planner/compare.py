@@ -444,13 +444,7 @@ class Comparison:
 
 
 def _notes(log: VerlLog, scope: MetricScope, plan: Plan) -> list[str]:
-    notes = [f"line {bad.line}: {bad.reason}; skipped" for bad in log.bad_lines[:10]]
-    if len(log.bad_lines) > 10:
-        notes.append(f"{len(log.bad_lines) - 10} more unreadable lines skipped")
-    if log.incomplete_last_line is not None:
-        notes.append(f"line {log.incomplete_last_line} has no newline yet (the run is still writing it); not read")
-    for key, step in sorted(log.nan_keys.items())[:5]:
-        notes.append(f"{key} is NaN from step {step}; those values are left out")
+    notes = list(log.reading_notes())
     if plan.rollout.name == "sglang" and scope.engine_in_process:
         notes.append("SGLang always runs in its own process: its memory is outside verl's counters")
     if not any(key in log.keys() for key in (scope.allocated_key, scope.reserved_key)):

@@ -27,7 +27,11 @@ from rlplan.planner.memory import Component, MemoryReport, predict_memory
 from rlplan.planner.memory.allocator_report import FIGURES, PhaseAllocator, allocator_report
 from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.memory.megatron import TrainedRole, cpu_optimizer_fraction
-from rlplan.planner.memory.phases import at_max_length, longest_expected_response_that_fits
+from rlplan.planner.memory.phases import (
+    at_max_length,
+    longest_expected_response_that_fits,
+    longest_expected_sequence_that_fits,
+)
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
@@ -74,6 +78,9 @@ class PlanReports:
     # The longest mean response (at the expected prompt length) at which the plan still fits.
     longest_fitting_response: int
     margin: MarginReport
+    # When not even one-token responses fit at that prompt length: the longest mean (prompt, response), shrunk
+    # together, that fits ((0, 0): none); None when longest_fitting_response > 0.
+    longest_fitting_sequence: tuple[int, int] | None = None
     # Each phase's allocated, reserved and resident bytes (memory.allocator_report; none on a CPU platform).
     allocator: tuple[PhaseAllocator, ...] = ()
 
@@ -108,12 +115,13 @@ def plan_reports(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEAD
     memory = predict_memory(plan, profile)
     worst = memory if plan.data.expected_sequence_length == plan.data.max_sequence_length else predict_memory(
         at_max_length(plan), profile)
+    longest = longest_expected_response_that_fits(plan, profile)
     return PlanReports(plan=plan, profile=profile, rules=check_plan(plan), memory=memory, memory_at_max_length=worst,
                        step=predict_step_time(plan, memory, profile), layout=plan_layout(plan),
-                       lengths=workload_lengths(plan, profile),
-                       longest_fitting_response=longest_expected_response_that_fits(plan, profile),
+                       lengths=workload_lengths(plan, profile), longest_fitting_response=longest,
                        margin=margin_report(plan, profile, memory, headroom),
-                       allocator=allocator_report(plan, profile))
+                       longest_fitting_sequence=longest_expected_sequence_that_fits(plan, profile) if not longest
+                       else None, allocator=allocator_report(plan, profile))
 
 
 def _components_gib(components: tuple[Component, ...] | list[Component]) -> dict[str, float]:
@@ -181,6 +189,10 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
         # `feasible` is the verdict at the expected lengths; these say how far the data may grow.
         "feasible_at_max_length": reports.memory_at_max_length.fits,
         "longest_expected_response_that_fits": reports.longest_fitting_response,
+        # Set when not even one-token responses fit at the expected prompt length: the longest mean prompt and
+        # response, shrunk together, that fit ({"prompt": 0, "response": 0}: none).
+        "longest_expected_sequence_that_fits": None if reports.longest_fitting_sequence is None else dict(
+            zip(("prompt", "response"), reports.longest_fitting_sequence, strict=True)),
         "expected_prompt_length": reports.expected_prompt_length,
         "expected_response_length": reports.expected_response_length,
         "max_response_length": plan.data.max_response_length,
@@ -238,7 +250,12 @@ def length_verdict(reports: PlanReports) -> str:
     if reports.memory_at_max_length.fits or longest >= maximum:
         return ""
     if longest == 0:
-        return " It does not fit at any response length."
+        prompt, response = reports.longest_fitting_sequence or (0, 0)
+        if not prompt:
+            return " It does not fit at any length, not even one-token prompts and responses."
+        return (f" It does not fit at {reports.expected_prompt_length}-token prompts whatever the response length; "
+                f"it fits while prompt + response average <= {prompt + response} tokens ({prompt} + {response}, "
+                "both shrunk together).")
     return (f" It fits while responses average <= {longest} tokens (at {reports.expected_prompt_length}-token "
             f"prompts); OOM once they reach {maximum}.")
 

@@ -223,6 +223,9 @@ class _Replay:
         self.groups = min(self.facts.layers, _LAYER_GROUPS)
         self.ops: list[Op] = []
         self._held: set[str] = set()
+        # The optimizer states created so far: torch's Adam builds a parameter's exp_avg and exp_avg_sq at its first
+        # step() (torch/optim/adam.py _init_group: `if len(state) == 0`), not when verl builds the optimizer.
+        self.stepped: set[str] = set()
         # Which micro batches a pass walks: the workload's sample, or FIT_PATTERN (None).
         self.sample: tuple[int, int] | None = (_CHUNKS, _MICRO_BATCHES)
 
@@ -283,6 +286,8 @@ class _Replay:
         for name in names:
             if name in self.ctx.resident_by_role or self.holds(name) or not sizes.get(name):
                 continue
+            if name.endswith("_optimizer_state") and name not in self.stepped:
+                continue  # load_fsdp_optimizer moves the state there is: none before the first step
             self.state(name, sizes[name])
             loaded.append(name)
         return loaded
@@ -395,9 +400,12 @@ def _update_pass(replay: _Replay, phase: str, role_name: str, role: RoleBatchLay
                         replay.release(name, components)
                 if any(name == "optimizer_step" for name, _ in moments):
                     replay.state(optimizer, state.optimizer)
+                    replay.stepped.add(optimizer)
                     replay.alloc("optimizer_step", state.optimizer_step, blocks=layers)
                     replay.free("optimizer_step")
         replay.free(grads_name)
+        if optimizer not in loaded and optimizer not in replay.ctx.resident_by_role and replay.holds(optimizer):
+            loaded.append(optimizer)  # created by this pass's first step, offloaded with the rest
         replay.offload(loaded)
 
     replay.phase(phase, True, body)
@@ -458,17 +466,18 @@ def replay_step(ctx: StepShape, phases: Sequence[PhaseMemory], *, engine_in_proc
 
 
 def replay_phase(ctx: StepShape, phase: PhaseMemory) -> AllocatorFigures:
-    """One phase replayed alone, from an allocator that holds only the state resident between phases: what it
-    strands at its peak does not depend on what earlier phases cached (a segment with no block in use is given
-    back before an out-of-memory error), so this is what a fit needs."""
+    """One phase replayed alone (twice, as two steps run it), from an allocator that holds only the state resident
+    between phases: what it strands at its peak does not depend on what earlier phases cached (a segment with no
+    block in use is given back before an out-of-memory error), so this is what a fit needs."""
     if phase.name in (Phase.WEIGHT_SYNC, Phase.ROLLOUT):
         # One gathered tensor at a time, or the engine's workspace: each freed before the next, nothing stranded.
         return AllocatorFigures(allocated=0, reserved=0, needed=0)
     replay = _start(ctx, [phase])
     replay.sample = None
-    for name, run in _step(replay, ctx):
-        if name == phase.name:
-            run()
+    for _ in range(_STEPS):  # the second as every later step runs: after the first created the optimizer's state
+        for name, run in _step(replay, ctx):
+            if name == phase.name:
+                run()
     return replay.figures.get(phase.name, AllocatorFigures(allocated=0, reserved=0, needed=0))
 
 
@@ -552,7 +561,8 @@ def _priced_tokens(ctx: StepShape, phase: str) -> int:
 def _start(ctx: StepShape, phases: Sequence[PhaseMemory]) -> _Replay:
     replay = _Replay(ctx, {p.name: p for p in phases})
     for name, component in ctx.resident_by_role.items():
-        replay.state(name, component.bytes)
+        if not name.endswith("_optimizer_state"):  # created at the first optimizer step (_Replay.stepped)
+            replay.state(name, component.bytes)
     return replay
 
 

@@ -117,9 +117,10 @@ def rollout_concurrency(plan: Plan, memory: MemoryReport, lengths: Lengths, sequ
 
 
 def rollout_seconds(plan: Plan, memory: MemoryReport, rates: Rates, profile: Profile, layout: PlanLayout,
-                    lengths: Lengths | None = None) -> float:
+                    lengths: Lengths | None = None, responses_per_prompt: int | None = None) -> float:
     """Prefill at FLOPs, a full-concurrency phase while the queue lasts, then the drain to the longest
-    response."""
+    response. `responses_per_prompt` prices a generation of the same prompts with another n (ReMax's greedy
+    baseline: one each)."""
     lengths = lengths or workload_lengths(plan, profile)
     facts = model_facts(plan.model.arch)
     rollout = plan.rollout
@@ -130,6 +131,8 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: Rates, profile: Pro
         share = rates.gpus_per_node
         prefill_flops, decode_flops, hbm = prefill_flops * share, decode_flops * share, hbm * share
     sequences = layout.sequences_per_rollout_engine
+    if responses_per_prompt is not None:
+        sequences = layout.prompts_per_rollout_engine * responses_per_prompt
     prompts = layout.prompts_per_rollout_engine if rollout.enable_prefix_caching else sequences
     prefill = (prompts * lengths.prompt_mean * facts.forward_flops_per_token(lengths.prompt_mean / 2)
                / (t * prefill_flops))
