@@ -142,3 +142,27 @@ def test_every_phase_grows_with_the_response_length_reserve_included(verl, dynam
                                                        ).phases]
         assert previous is None or all(now >= before for now, before in zip(peaks, previous, strict=True)), response
         previous = peaks
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_each_optimizer_state_is_created_at_its_first_step(offload):
+    """torch's Adam builds exp_avg and exp_avg_sq at a parameter's first step() (torch/optim/adam.py _init_group):
+    the replay allocates the state after the first update's first backward, never before it (resident or offloaded
+    alike), and a loaded-and-offloaded state is moved only once it exists."""
+    from rlplan.planner.memory.allocator_trace import _start, _step
+
+    plan = _on(_dynamic(**{"actor.optimizer_offload": offload}), "0.5.0")
+    ctx, report = step_context(plan, DEFAULT_PROFILE)
+    replay = _start(ctx, report.phases)
+    assert not replay.holds("actor_optimizer_state")
+    for _ in range(2):
+        for _, run in _step(replay, ctx):
+            run()
+    ops = [op for op in replay.ops if op[0] in ("alloc", "free")]
+    first_state = next(i for i, op in enumerate(ops) if op[:2] == ("alloc", "actor_optimizer_state"))
+    first_backward = next(i for i, op in enumerate(ops) if op[0] == "alloc" and op[1].startswith("backward:"))
+    assert first_backward < first_state
+    states = [op for op in ops if op[1] == "actor_optimizer_state"]
+    # Resident: created once and held; offloaded: created at the first step, then loaded and offloaded each update.
+    assert states == ([("alloc", "actor_optimizer_state", *states[0][2:])] if not offload else
+                      [states[0], ("free", "actor_optimizer_state"), states[0], ("free", "actor_optimizer_state")])
