@@ -98,7 +98,7 @@ def peak_text(report: MarginReport) -> str:
 def margin_text(report: MarginReport) -> str:
     """The margin line every command prints under its verdict."""
     margin = report.margin.as_json()
-    return (f"{peak_text(report)}, at most {report.highest_actual_gib:.2f} GiB if the model errs as on those rows; "
+    return (f"{peak_text(report)}, at most {report.highest_actual_gib:.2f} GiB at the band's edge; "
             f"leaves {report.left_gib:.2f} GiB of {report.gpu_mem_gib:.2f}, margin {margin['gib']:.2f} GiB "
             f"({report.margin.rule}).")
 

@@ -439,6 +439,9 @@ class TrainerSection:
     logger: tuple[str, ...] = field(default=("console",), converter=_names, validator=_known_loggers)
     seed: int = 1
     balance_batch: bool = True
+    # PYTORCH_CUDA_ALLOC_CONF the job's processes start with (None: unset, torch's defaults); the caching
+    # allocator's replay (memory.allocator_trace) reads expandable_segments and max_split_size_mb from it.
+    pytorch_cuda_alloc_conf: str | None = None
     val_before_train: bool = False
     max_checkpoints_to_keep: int | None = field(default=None, validator=at_least(1, "trainer"))
 

@@ -308,6 +308,8 @@ def render_plan(plan: Plan, target: str, fmt: str = "script", *, plan_file: str 
     }
     # verl's Megatron workers read ppo_megatron_trainer.yaml, whose keys (actor.megatron.*) ppo_trainer.yaml lacks.
     context["config_name"] = "ppo_megatron_trainer" if plan.is_megatron else ""
+    # The caching allocator's settings the plan was priced with (memory.allocator_trace), for every process it starts.
+    context["alloc_conf"] = plan.trainer.pytorch_cuda_alloc_conf
     if target == "verl":
         context["overrides"] = verl_overrides(plan)
         if fmt == "overrides":

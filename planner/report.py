@@ -24,6 +24,7 @@ from rlplan.planner.margin_report import (
     margin_warning,
 )
 from rlplan.planner.memory import Component, MemoryReport, predict_memory
+from rlplan.planner.memory.allocator_report import FIGURES, PhaseAllocator, allocator_report
 from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.memory.megatron import TrainedRole, cpu_optimizer_fraction
 from rlplan.planner.memory.phases import (
@@ -80,6 +81,8 @@ class PlanReports:
     # When not even one-token responses fit at that prompt length: the longest mean (prompt, response), shrunk
     # together, that fits ((0, 0): none); None when longest_fitting_response > 0.
     longest_fitting_sequence: tuple[int, int] | None = None
+    # Each phase's allocated, reserved and resident bytes (memory.allocator_report; none on a CPU platform).
+    allocator: tuple[PhaseAllocator, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -118,7 +121,7 @@ def plan_reports(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEAD
                        lengths=workload_lengths(plan, profile), longest_fitting_response=longest,
                        margin=margin_report(plan, profile, memory, headroom),
                        longest_fitting_sequence=longest_expected_sequence_that_fits(plan, profile) if not longest
-                       else None)
+                       else None, allocator=allocator_report(plan, profile))
 
 
 def _components_gib(components: tuple[Component, ...] | list[Component]) -> dict[str, float]:
@@ -169,6 +172,14 @@ def reports_json(reports: PlanReports) -> dict[str, Any]:
     return payload
 
 
+def _figures_json(reports: PlanReports, phase: str) -> dict[str, float]:
+    """A phase's allocated, reserved and resident GiB (resident is peak_gib, the fit's figure)."""
+    row = next((r for r in reports.allocator if r.phase == phase), None)
+    if row is None:
+        return {}
+    return {"allocated_gib": gib(row.allocated), "reserved_gib": gib(row.reserved), "resident_gib": gib(row.resident)}
+
+
 def _validation_json(reports: PlanReports) -> dict[str, Any]:
     plan, profile, memory, step = reports.plan, reports.profile, reports.memory, reports.step
     binding = memory.binding_constraint
@@ -189,9 +200,11 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
         "errors": [{"rule": v.rule, "message": v.message, "fix": v.fix, "stage": v.stage,
                     "suggested": v.suggested} for v in reports.rules.errors],
         "warnings": [{"rule": v.rule, "message": v.message, "fix": v.fix} for v in reports.warnings],
+        "memory_figures": FIGURES,
         "phases": {
             p.name: {
                 "peak_gib": gib(p.peak_bytes),
+                **_figures_json(reports, p.name),
                 "peak_at": p.peak_at,
                 "components": _components_gib(p.components),
             }
@@ -291,15 +304,23 @@ def violations_table(errors: Sequence[Finding], warnings: Sequence[Finding]):
     return table
 
 
-def phase_table(memory: MemoryReport, detailed: bool):
+def phase_table(memory: MemoryReport, detailed: bool, allocator: tuple[PhaseAllocator, ...] = ()):
+    """Each phase's resident peak (the fit) and, with the allocator report, torch's allocated and reserved."""
     from rich.table import Table
 
     capacity = gib(memory.gpu_capacity_bytes)
-    table = Table(title=f"GPU memory per phase (GiB of {capacity:.2f})", title_justify="left")
-    table.add_column("phase", style="bold")
-    table.add_column("peak", justify="right")
-    table.add_column("at")
-    table.add_column("components" if detailed else "largest component")
+    title = f"GPU memory per phase (GiB of {capacity:.2f})"
+    if allocator:
+        title += ": resident is what the GPU holds (the fit); allocated and reserved as torch's counters show them"
+    table = Table(title=title, title_justify="left")
+    table.add_column("phase", style="bold", overflow="fold")
+    table.add_column("resident" if allocator else "peak", justify="right")
+    figures = {row.phase: row for row in allocator}
+    if allocator:
+        table.add_column("allocated", justify="right")
+        table.add_column("reserved", justify="right")
+    table.add_column("at", overflow="fold")
+    table.add_column("components" if detailed else "largest component", overflow="fold")
     for phase in memory.phases:
         peak = gib(phase.peak_bytes)
         components = sorted(_components_gib(phase.components).items(), key=lambda kv: -kv[1])
@@ -308,7 +329,9 @@ def phase_table(memory: MemoryReport, detailed: bool):
             text = ", ".join(f"{k} {v:.2f}" for k, v in components if v >= 0.005)
         else:
             text = f"{components[0][0]} {components[0][1]:.2f}" if components else ""
-        table.add_row(phase.name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", phase.peak_at, text)
+        counters = [f"{gib(figures[phase.name].allocated):.2f}", f"{gib(figures[phase.name].reserved):.2f}"] \
+            if phase.name in figures else []
+        table.add_row(phase.name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", *counters, phase.peak_at, text)
     return table
 
 
@@ -511,7 +534,7 @@ def validation_tables(reports: PlanReports, fix: str | None = None) -> list[Any]
     if fix:
         out.append(Text(f"Fix: {fix}", style="bold"))
     out.extend(_violations(reports))
-    out.append(phase_table(reports.memory, detailed=False))
+    out.append(phase_table(reports.memory, detailed=False, allocator=reports.allocator))
     return out
 
 
@@ -546,7 +569,7 @@ def solve_summary(plan: Plan, result: SolveResult, output: str | None, profile: 
     assert prediction is not None
     out: list[Any] = [knobs_table(plan)]
     reports = plan_reports(plan, profile, headroom)
-    out.append(phase_table(reports.memory, detailed=False))
+    out.append(phase_table(reports.memory, detailed=False, allocator=reports.allocator))
     out.append(time_table(reports.step, reports.lengths, reports.plan))
     where = f"written to {output}" if output else "not written"
     out.append(Text(

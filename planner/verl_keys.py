@@ -416,6 +416,8 @@ RLPLAN_ONLY_FIELDS: dict[str, str] = {
     "actor.loss_head": "auto: the head verl runs for the plan (model.use_fused_kernels, use_remove_padding); chunked: rlplan's runtime",
     "data.expected_prompt_length": "the --expected-prompt-len flag (unset: max_prompt_length)",
     "data.expected_response_length": "the --expected-response-len flag (unset: max_response_length)",
+    "trainer.pytorch_cuda_alloc_conf": "the script's `export PYTORCH_CUDA_ALLOC_CONF=...` (or --env), rendered back "
+                                       "as that export",
 }
 
 

@@ -23,6 +23,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
+from rlplan.planner.memory.allocator_trace import stranded_bytes
 from rlplan.planner.memory.backend import training_backend
 from rlplan.planner.memory.heads import forward_head_bytes_per_token_vocab, update_loss_head
 from rlplan.planner.memory.model_facts import model_facts
@@ -200,14 +201,17 @@ class _StepContext:
             components += self.vllm_resident
         components += vllm_extra
         components.append(self.overhead)
-        # A calibrated allocator cache (profile.allocator_cache_gib) is held in trainer phases only: verl empties
-        # the cache around the engine's wake-up and sleep (FSDP-vLLM sharding manager __enter__ / __exit__), so it
-        # builds up over the trainer phases between two rollouts.
-        cache = self.profile.allocator_cache_gib * GIB if step_is_trainer else 0.0
-        components.append(
-            Component("fragmentation_reserve", int(self.profile.fragmentation_fraction * trainer_bytes + cache),
-                      "overhead"))
+        reserve = self._allocator_reserve(PhaseMemory(name, tuple(components), peak_at), trainer_bytes)
+        components.append(Component("fragmentation_reserve", reserve, "overhead"))
         return PhaseMemory(name, tuple(components), peak_at)
+
+    def _allocator_reserve(self, phase: PhaseMemory, trainer_bytes: int) -> int:
+        """What the caching allocator holds beyond the phase's live tensors that it cannot give back at the peak:
+        free bytes in segments with a block in use (memory.allocator_trace.stranded_bytes); a backend that prices
+        no moments (Megatron) keeps the profile's fraction of its trainer bytes."""
+        if hasattr(self.trainer, "update_moments"):
+            return stranded_bytes(self, phase)
+        return int(self.profile.fragmentation_fraction * trainer_bytes)
 
 
 def _actor_update(ctx: _StepContext) -> PhaseMemory:
@@ -378,7 +382,17 @@ def predict_phases(plan: Plan, names: tuple[str, ...], profile: Profile = DEFAUL
 
 def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanLayout | None = None) -> MemoryReport:
     """Per-GPU peak of every phase, host RAM per node, and the rollout KV budget of one plan."""
-    ctx = _StepContext(plan, profile, layout or plan_layout(plan))
+    return _report(_StepContext(plan, profile, layout or plan_layout(plan)))
+
+
+def step_context(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> tuple[_StepContext, MemoryReport]:
+    """The step's shared context with its MemoryReport, for the allocator replay (memory.allocator_report)."""
+    ctx = _StepContext(plan, profile, plan_layout(plan))
+    return ctx, _report(ctx)
+
+
+def _report(ctx: _StepContext) -> MemoryReport:
+    plan, profile = ctx.plan, ctx.profile
     phases = [build() for build in _step_phases(ctx).values()]
     budget = ctx.budget
     notes: list[str] = []

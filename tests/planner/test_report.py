@@ -52,7 +52,7 @@ def test_a_plan_that_fits_shows_the_peak_host_and_step_the_json_writes():
     band, headroom = payload["error_band"], payload["headroom"]
     assert margin_text(reports.margin) == (
         f"peak {payload['gpu_peak_gib']:.2f} GiB in {band['phase']} ({band['text']}), at most "
-        f"{band['highest_actual_gib']:.2f} GiB if the model errs as on those rows; leaves {headroom['left_gib']:.2f} "
+        f"{band['highest_actual_gib']:.2f} GiB at the band's edge; leaves {headroom['left_gib']:.2f} "
         f"GiB of {payload['gpu_mem_gib']:.2f}, margin {headroom['gib']:.2f} GiB ({headroom['rule']}).")
 
 
