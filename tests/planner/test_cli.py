@@ -498,6 +498,64 @@ def test_json_commands_print_their_errors_as_json_on_stdout(args):
     assert error["field"] and error["message"] and error["fix"]
 
 
+def every_command(group=None, path=()) -> list[tuple[tuple[str, ...], object]]:
+    """(the words that name a command, its click command), for every command and subcommand of `rlplan`."""
+    import typer
+
+    group = group or typer.main.get_command(app)
+    found = []
+    for name, command in sorted(group.commands.items()):
+        found += every_command(command, (*path, name)) if hasattr(command, "commands") else [((*path, name), command)]
+    return found
+
+
+def usage_errors_of(words: tuple[str, ...], command) -> list[tuple[list[str], str]]:
+    """Command lines that click refuses while parsing them, each with the field its error must name: an unknown
+    option; where the command has them, a required argument left out, a whole number given 2.5, an option's
+    value left out."""
+    lines = [([*words, "--json", "--no-such-option"], "--no-such-option")]
+    options = [param for param in command.params if getattr(param, "param_type_name", "") == "option"]
+    arguments = [param for param in command.params if getattr(param, "param_type_name", "") == "argument"]
+    if any(param.required for param in arguments):
+        lines.append(([*words, "--json"], next(p for p in arguments if p.required).human_readable_name))
+    whole = next((p for p in options if getattr(p.type, "name", "") == "integer"), None)
+    if whole is not None:
+        lines.append(([*words, "--json", whole.opts[0], "2.5"], whole.opts[0]))
+    valued = next((p for p in options if not p.is_flag and p.opts[0].startswith("--")), None)
+    if valued is not None:
+        lines.append(([*words, "--json", valued.opts[0]], valued.opts[0]))
+    return lines
+
+
+@pytest.mark.parametrize("words,command", every_command(), ids=lambda value: " ".join(value) if
+                         isinstance(value, tuple) else "")
+def test_every_usage_error_under_json_is_one_json_object_on_stdout_naming_the_field(words, command):
+    """Issue 35 item 4: `--gpus 2.5`, an unknown option or a missing argument with --json printed click's box on
+    stderr and nothing on stdout. Invariant: under --json, each is one JSON error object on stdout, exit 2."""
+    for line, field in usage_errors_of(words, command):
+        result = invoke(*line)
+        assert result.exit_code == 2, (line, result.output)
+        error = json.loads(result.stdout)["error"]
+        assert error["field"] == field and error["message"], (line, error)
+        assert error["fix"] == f"see `rlplan {' '.join(words)} --help`", (line, error)
+
+
+def test_a_usage_error_without_json_stays_clicks_message_on_stderr():
+    result = invoke("solve", "--gpus", "2.5")
+    assert result.exit_code == 2 and result.stdout == "" and "'2.5' is not a valid int" in result.stderr
+
+
+def test_the_installed_entry_prints_a_usage_error_under_json_as_json():
+    """Through the console script's own entry (not the test runner), the exit code included."""
+    done = subprocess.run([sys.executable, "-c", "from rlplan.planner.entry import main; main()", "solve", "--gpus",
+                           "2.5", "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert json.loads(done.stdout)["error"]["field"] == "--gpus"
+    ok = subprocess.run([sys.executable, "-c", "from rlplan.planner.entry import main; main()", "presets", "gpus",
+                         "--json"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "H100-80G" in json.loads(ok.stdout)
+
+
 def test_gpu_mem_takes_nvidia_smis_mib_and_says_which_speeds_it_assumed():
     result = invoke("solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-mem", "81559MiB", "--prompt-len", "512",
                     "--response-len", "512", "--json")
