@@ -52,8 +52,9 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
 
 
 def comparison_tables(payload: dict[str, Any]) -> list[Any]:
-    from rich.table import Table
     from rich.text import Text
+
+    from rlplan.planner.tables import FittedTable
 
     out: list[Any] = []
     lengths = payload["lengths"]
@@ -63,7 +64,7 @@ def comparison_tables(payload: dict[str, Any]) -> list[Any]:
         f"{lengths['prompt_mean']:.1f} prompt + {lengths['response_mean']:.1f} response tokens on average over "
         f"{lengths['steps']} steps (expected lengths {lengths['expected_prompt_length']} + "
         f"{lengths['expected_response_length']})."))
-    memory = Table(title="memory: verl's process-wide peak vs the prediction of what it covers")
+    memory = FittedTable(title="memory: verl's process-wide peak vs the prediction of what it covers")
     for column in ("metric", "measured GiB", "predicted GiB", "ratio", "allowed up to", "predicted peak at", "verdict"):
         memory.add_column(column, overflow="fold")
     for row in payload["memory"]:
@@ -75,14 +76,14 @@ def comparison_tables(payload: dict[str, Any]) -> list[Any]:
         out.append(Text(f"error band: {payload['memory'][0]['band']}. Scope: {scope['ranks']}; engine in the trainer "
                         f"process: {'yes' if scope['engine_in_trainer_process'] else 'no'}; "
                         f"read at {scope['read_at']}; excludes the {scope['excludes']}.", style="dim"))
-    phases = Table(title="per phase: what the counters would show at each phase's peak (GiB)")
+    phases = FittedTable(title="per phase: what the counters would show at each phase's peak (GiB)")
     for column in ("phase", "allocated", "reserved", "planner peak (with context, engine residue)"):
         phases.add_column(column, overflow="fold")
     for row in payload["phases"]:
         phases.add_row(row["phase"], f"{row['counter_allocated_gib']:.2f}", f"{row['counter_reserved_gib']:.2f}",
                        f"{row['planner_peak_gib']:.2f}")
     out.append(phases)
-    times = Table(title="time per phase (median over steady steps)")
+    times = FittedTable(title="time per phase (median over steady steps)")
     for column in ("phase", "verl metric", "measured s", "predicted s", "ratio", "steps"):
         times.add_column(column, overflow="fold")
     for row in payload["times"]:

@@ -252,11 +252,11 @@ def _plain(*texts: str) -> list[Any]:
 
 
 def violations_table(errors: Sequence[Finding], warnings: Sequence[Finding]):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
-    table = Table(title="Rule violations", show_lines=True, title_justify="left")
-    # Plan keys are long single words (actor.ppo_max_token_len_per_gpu): fold them across lines rather
-    # than cut them with an ellipsis on a narrow terminal, so the fix stays copyable.
+    # Plan keys are long single words (actor.ppo_max_token_len_per_gpu): FittedTable keeps each whole, so the fix
+    # stays copyable; a row is named by its severity and rule.
+    table = FittedTable(title="Rule violations", show_lines=True, title_justify="left", keys=2)
     table.add_column("", no_wrap=True)
     table.add_column("rule", style="bold", overflow="fold", ratio=2)
     table.add_column("what is wrong", overflow="fold", ratio=3)
@@ -270,10 +270,10 @@ def violations_table(errors: Sequence[Finding], warnings: Sequence[Finding]):
 
 
 def phase_table(memory: MemoryReport, detailed: bool):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     capacity = gib(memory.gpu_capacity_bytes)
-    table = Table(title=f"GPU memory per phase (GiB of {capacity:.2f})", title_justify="left")
+    table = FittedTable(title=f"GPU memory per phase (GiB of {capacity:.2f})", title_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("peak", justify="right")
     table.add_column("at")
@@ -292,7 +292,7 @@ def phase_table(memory: MemoryReport, detailed: bool):
 
 def component_matrix(memory: MemoryReport):
     """Phases as columns, components as rows: where memory goes in each phase."""
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     phases = {phase.name: _components_gib(phase.components) for phase in memory.phases}
     names: list[str] = []
@@ -300,7 +300,7 @@ def component_matrix(memory: MemoryReport):
         for name in components:
             if name not in names:
                 names.append(name)
-    table = Table(title="Where memory goes (GiB per GPU)", title_justify="left")
+    table = FittedTable(title="Where memory goes (GiB per GPU)", title_justify="left")
     table.add_column("component", style="bold", overflow="fold")
     for phase in phases:
         table.add_column(phase.replace("_", " "), justify="right", overflow="fold")
@@ -315,9 +315,9 @@ def component_matrix(memory: MemoryReport):
 
 
 def host_table(memory: MemoryReport):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
-    table = Table(title=f"Host RAM per node (GiB of {gib(memory.host_capacity_bytes):.0f})", title_justify="left")
+    table = FittedTable(title=f"Host RAM per node (GiB of {gib(memory.host_capacity_bytes):.0f})", title_justify="left")
     table.add_column("component", style="bold")
     table.add_column("GiB", justify="right")
     for name, value in sorted(_components_gib(memory.host.components).items(), key=lambda kv: -kv[1]):
@@ -328,18 +328,19 @@ def host_table(memory: MemoryReport):
 
 
 def layout_table(layout: PlanLayout, *, megatron: bool = False):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     parallel = layout.parallel
     # A Megatron layout's sequence split is its context parallel size; its weights span TP x PP (no FSDP shard).
     trainer = (f"TP x PP {parallel.model_parallel_size}, CP {parallel.ulysses_sequence_parallel_size}" if megatron
                else f"Ulysses {parallel.ulysses_sequence_parallel_size}, FSDP shard {parallel.fsdp_shard_size}")
-    table = Table(
+    table = FittedTable(
         title=(f"Batch layout: {parallel.world_size} GPUs, dp {parallel.dp}, {trainer}, rollout TP "
                f"{parallel.rollout_tensor_parallel_size} x {parallel.rollout_replicas} replicas"),
         title_justify="left")
-    for column in ("pass", "seqs/GPU", "mini/GPU", "micro/GPU", "token budget", "tokens/micro", "micro/mini",
-                   "optim steps"):
+    # Headers of words apart, so a narrow terminal wraps them between words.
+    for column in ("pass", "seqs per GPU", "mini per GPU", "micro per GPU", "token budget", "tokens per micro",
+                   "micro per mini", "optim steps"):
         table.add_column(column, justify="right" if column != "pass" else "left", overflow="fold")
 
     def show(value: Any) -> str:
@@ -356,16 +357,14 @@ def layout_table(layout: PlanLayout, *, megatron: bool = False):
 
 
 def time_table(step: StepTime, lengths: Lengths | None):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+    from rlplan.planner.tables import FittedTable
 
     at = (f"at mean prompt {round(lengths.prompt_mean, 1):.0f} + response {round(lengths.response_mean, 1):.0f} "
           "tokens" if lengths else "at the expected lengths")
     step_seconds = round(step.total_seconds, 3)
     title = f"Step time estimate {at}: {step_seconds:.2f} s"
     caption = "error vs published verl runs: most phases within 25 %, the rollout -46..+65 % (docs/steptime.md)"
-    table = Table()
+    table = FittedTable(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
@@ -373,8 +372,7 @@ def time_table(step: StepTime, lengths: Lengths | None):
     for name, seconds in step.phase_seconds.items():
         seconds = round(seconds, 3)
         table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%")
-    # Title and caption as lines of their own: a table's title folds to the width of its narrow columns.
-    return Group(Text(title, style="italic"), table, Text(caption))
+    return table
 
 
 def _fsdp_rows(plan: Plan) -> list[tuple[str, str]]:
@@ -428,7 +426,7 @@ def _megatron_rows(plan: Plan) -> list[tuple[str, str]]:
 
 
 def knobs_table(plan: Plan):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     actor, rollout, model = plan.actor, plan.rollout, plan.model
     rows = [
@@ -451,7 +449,7 @@ def knobs_table(plan: Plan):
                     f"load_format {rollout.load_format}, layered_summon {rollout.layered_summon}"),
         ("stack", plan.stack.describe(rollout.name)),
     ]
-    table = Table(title="Plan", show_header=False, title_justify="left")
+    table = FittedTable(title="Plan", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     for key, value in rows:
@@ -636,13 +634,13 @@ def top_candidates_table(rows: list[TopCandidate]):
     The best shows every searched knob; the others only where they differ from it, so the
     trade-off each one makes is readable at a glance.
     """
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     def shown(value: Any) -> str:
         return str(value).lower() if isinstance(value, bool) else str(value)
 
     margin = f"; every one leaves at least the {rows[0].headroom_gib:.2f} GiB margin" if rows else ""
-    table = Table(title=f"The {len(rows)} best candidates (seconds per phase at the expected lengths){margin}",
+    table = FittedTable(title=f"The {len(rows)} best candidates (seconds per phase at the expected lengths){margin}",
                   title_justify="left")
     table.add_column("#")
     table.add_column("step s", justify="right")
@@ -679,11 +677,11 @@ def presets_json(kind: str) -> dict[str, Any]:
 
 
 def preset_table(kind: str):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     data = presets_json(kind)
     if kind == "gpus":
-        table = Table(title="GPU presets (--gpu)", title_justify="left")
+        table = FittedTable(title="GPU presets (--gpu)", title_justify="left")
         for column in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "PCIe GB/s", "intra-node GB/s",
                        "host GiB/GPU"):
             table.add_column(column, justify="left" if column == "name" else "right")
@@ -691,7 +689,7 @@ def preset_table(kind: str):
             table.add_row(name, f"{g['memory_gib']:g}", f"{g['bf16_tflops']:g}", f"{g['hbm_gbps']:g}",
                           f"{g['pcie_gbps']:g}", f"{g['intranode_gbps']:g}", f"{g['host_memory_gib_per_gpu']:g}")
         return table
-    table = Table(title="Model presets (--model takes the name or any listed repo id)", title_justify="left")
+    table = FittedTable(title="Model presets (--model takes the name or any listed repo id)", title_justify="left")
     for column in ("name", "family", "params B", "active B", "repo ids"):
         table.add_column(column, justify="right" if "B" in column else "left")
     for name, p in data.items():
