@@ -6,6 +6,7 @@ peak per verl metric, times per phase, the length trend), and report.py stays th
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from rlplan.planner.compare import Comparison
@@ -122,7 +123,12 @@ def comparison_chart(payload: dict[str, Any], title: str, length_series: list[tu
         x=alt.X("phase:N", axis=alt.Axis(labelAngle=-30)), xOffset="kind:N", y=alt.Y("seconds:Q"), color="kind:N",
         tooltip=["phase:N", "kind:N", alt.Tooltip("seconds:Q", format=".2f")]).properties(width=320, height=220,
                                                                                             title="time per phase")
+    # The forecast in whole lines under the panel's title: cut to 90 characters it ended mid-word, past the chart.
     trend = alt.Chart(alt.Data(values=lengths)).mark_line(point=True).encode(
         x="step:Q", y=alt.Y("tokens:Q", scale=alt.Scale(zero=False)), color="series:N").properties(
-        width=320, height=220, title=forecast["message"][:90])
-    return alt.hconcat(memory, times, trend).resolve_scale(color="independent").properties(title=title)
+        width=320, height=220, title=alt.TitleParams("response length per step", anchor="start",
+                                                     subtitle=textwrap.wrap(forecast["message"], 56)))
+    # Each panel its own offset scale: shared, the memory panel's wider bands set the time panel's offsets, and
+    # each predicted bar stood under the next phase's label, the last outside the plot.
+    return alt.hconcat(memory, times, trend).resolve_scale(color="independent", xOffset="independent").properties(
+        title=title)
