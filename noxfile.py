@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,6 +129,39 @@ def tests_avx2(session: nox.Session) -> None:
     session.run(python, ".ci/env_report.py", env=env, external=True)
     session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                 *(session.posargs or CROSS_KERNEL_TESTS), env=env, external=True)
+
+
+@nox.session(python=PYTHON)
+def wheel(session: nox.Session) -> None:
+    """What `pip install .` gives a user: the sdist and the wheel built, each installed in a clean venv under the pins
+    (never editable), and every command run from it (`.ci/cli_smoke.sh`). The sdist: the planner alone (and what the
+    runtime commands say without their extra); the wheel: with the charts extra, then with the tests session's runtime
+    packages beside it (`--runtime`: `rlplan demo`, `report` and `measure` from the wheel's own code)."""
+    install(session, "-c", RUNTIME_CONSTRAINTS, "build")
+    # Outside the session's venv, not session.create_tmp(): that sets TMPDIR inside the venv, and Ray's workers
+    # refuse a temp dir under a virtualenv root (they die at start and the driver waits on them).
+    tmp = Path(tempfile.mkdtemp(prefix="rlplan-wheel-"))
+    session.log(f"wheel and sdist venvs in {tmp}")
+    dist = tmp / "dist"
+    session.run("python", "-m", "build", "--outdir", str(dist), ".")
+    (sdist,), (built,) = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
+    for name, requirement, level in (("sdist", str(sdist), "planner"), ("wheel", f"{built}[charts]", "charts")):
+        venv = tmp / f"venv-{name}"
+        shutil.rmtree(venv, ignore_errors=True)
+        session.run("python", "-m", "venv", str(venv))
+        session.run(str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", RUNTIME_CONSTRAINTS, requirement,
+                    external=True)
+        session.run("bash", ".ci/cli_smoke.sh", str(venv), level, external=True)
+    if "--runtime" in session.posargs:
+        # The runtime stack is 4 GB: borrow the tests session's packages (a path line, so its editable rlplan is not
+        # loaded) rather than install a second copy; rlplan itself is still the wheel's.
+        base = TESTS_PYTHON.parent.parent / "lib" / f"python{PYTHON}" / "site-packages"
+        if not base.exists():
+            session.error(f"--runtime borrows the tests session's packages and {base} does not exist: run `nox -s tests`")
+        venv = tmp / "venv-wheel"
+        (venv / "lib" / f"python{PYTHON}" / "site-packages" / "zz_runtime_packages.pth").write_text(f"{base}\n")
+        session.run("bash", ".ci/cli_smoke.sh", str(venv), "runtime", external=True)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @nox.session(python=PYTHON)
