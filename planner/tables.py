@@ -42,14 +42,14 @@ class FittedTable(Table):
         parts = self._parts(minima, width)
         if self.title:
             yield console.render_str(str(self.title), style=self.title_style or "table.title", highlight=False)
-        for number, columns in enumerate(parts):
-            last = number == len(parts) - 1
-            edge = self.show_edge and self._minimum(columns, minima, edge=True) <= width
-            if self._minimum(columns, minima, edge=edge) > width:
-                yield from self._records(console, columns, caption=last)
-                continue
+        # Each part with its outer edge where that fits, else without (two columns more of room).
+        edges = [bool(self.show_edge) and self._minimum(columns, minima, edge=True) <= width for columns in parts]
+        if any(self._minimum(columns, minima, edge=edge) > width for columns, edge in zip(parts, edges, strict=True)):
+            yield from self._records(console, list(range(len(self.columns))), caption=True)
+            return
+        for number, (columns, edge) in enumerate(zip(parts, edges, strict=True)):
             part = self._part(columns, [ranges[index] for index in columns], width, edge=edge)
-            part.caption = self.caption if last else None
+            part.caption = self.caption if number == len(parts) - 1 else None
             yield from self._annotated(part, console, options, sum(column.width or 0 for column in part.columns))
 
     def _parts(self, minima: list[int], width: int) -> list[list[int]]:
