@@ -756,16 +756,21 @@ def render(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to render.")],
     target: Annotated[str, typer.Option(
         "--target", metavar=choices_metavar(RENDER_TARGETS), autocompletion=completion(RENDER_TARGETS),
-        help="What to write: a verl launch script, a SLURM script or a Ray job.")] = "verl",
+        help="What to write: verl, a verl launch script; slurm or ray-job, a SLURM script or a Ray job that run the "
+             "plan with `rlplan run` (the bundled runtime, not verl).")] = "verl",
     fmt: Annotated[str, typer.Option(
         "--format", metavar=choices_metavar(RENDER_FORMATS), autocompletion=completion(RENDER_FORMATS),
         help="A script, or verl's Hydra overrides one per line (verl only).")] = "script",
     output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
                                                help="File to write (default: stdout).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, target, format, "
-                                              "and the text when there is no -o.")] = False,
+                                              "what was added, and the text when there is no -o.")] = False,
 ) -> None:
-    """Render a plan as a verl launch script, Hydra overrides, a SLURM script or a Ray job.
+    """Render a plan as a verl launch script or Hydra overrides, or as a SLURM script or a Ray job of `rlplan run`.
+
+    What the verl script adds that the plan leaves unset (rollout.max_model_len) is said on stderr.
+
+    The SLURM and Ray job targets run the plan with rlplan's bundled runtime (`rlplan run`), not verl.
 
     Example: rlplan render plan.toml --target verl -o run.sh
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -632,8 +633,28 @@ def test_render_json_reports_the_text_or_the_written_path(solved_plan, tmp_path)
     assert payload["text"] == runner.invoke(app, ["render", str(solved_plan), "--format", "overrides"]).stdout
     out = tmp_path / "run.sh"
     written = json.loads(runner.invoke(app, ["render", str(solved_plan), "-o", str(out), "--json"]).stdout)
-    assert written == {"output": str(out), "target": "verl", "format": "script", "text": None}
+    assert written == {"output": str(out), "target": "verl", "format": "script", "added": [], "text": None}
     assert out.read_text().startswith("#!")
+
+
+@pytest.mark.parametrize("target", ["verl", "slurm", "ray-job"])
+def test_render_says_what_it_wrote_and_every_value_it_added_on_stderr(solved_plan, tmp_path, target):
+    """Issue 35 item 10: `render -o` printed nothing on success and silently added max_model_len; the SLURM and Ray
+    targets run `rlplan run`, which render now says."""
+    unset = tmp_path / "plan.toml"
+    unset.write_text(re.sub(r"(?m)^max_model_len = .*\n", "", solved_plan.read_text(), count=1))
+    out = tmp_path / "out.sh"
+    result = runner.invoke(app, ["render", str(unset), "--target", target, "-o", str(out)])
+    assert result.exit_code == 0 and result.stdout == "", result.output
+    said = " ".join(result.stderr.split())
+    assert f"wrote {out}:" in said
+    assert ("added: rollout.max_model_len = 3072" in said) == (target == "verl")
+    assert ("`rlplan run` (the bundled runtime, not verl)" in said) == (target != "verl")
+    printed = runner.invoke(app, ["render", str(unset)])
+    assert printed.stdout.startswith("#!") and "added: rollout.max_model_len" not in printed.stdout
+    assert "rollout.max_model_len=3072" in printed.stdout and "added: rollout.max_model_len" in printed.stderr
+    payload = json.loads(runner.invoke(app, ["render", str(unset), "--json"]).stdout)
+    assert [line.split(" (")[0] for line in payload["added"]] == ["rollout.max_model_len = 3072"]
 
 
 @pytest.mark.parametrize("args", [["import", "verl", "/nonexistent/run.sh", "--gpu", "h100"],
