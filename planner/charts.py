@@ -82,10 +82,12 @@ def memory_chart_data(report: MemoryReport, margin_gib: float = 0.0) -> dict[str
         "margin_gib": round(margin_gib, 3),
         "host_bars": host,
         "host_limit_gib": _gib(report.host_capacity_bytes),
+        # free_gib: what the binding phase leaves free (negative: over). "headroom" is the margin --headroom asks for.
         "binding": {"resource": binding.resource, "where": binding.where, "component": binding.component,
-                    "headroom_gib": _gib(binding.headroom_bytes),
-                    "label": f"binding: {binding.component} in {binding.where} "
-                             f"({_gib(binding.headroom_bytes):+.2f} GiB headroom)"},
+                    "free_gib": _gib(binding.headroom_bytes),
+                    "label": f"binding: {binding.component} in {binding.where} ("
+                             + (f"{_gib(binding.headroom_bytes):.2f} GiB free)" if binding.headroom_bytes >= 0
+                                else f"over by {-_gib(binding.headroom_bytes):.2f} GiB)")},
     }
 
 
@@ -210,14 +212,16 @@ def _host_panel(data: dict[str, Any]) -> Any:
 
 
 def knobs_text(knobs: Iterable[tuple[str, Any]]) -> str:
-    return ", ".join(f"{key}={value}" for key, value in knobs if value is not None)
+    """key=value, as --fix takes them (true / false, never Python's True / False)."""
+    return ", ".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in knobs
+                     if value is not None)
 
 
 def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: int, *,
                   margin_gib: float = 0.0) -> dict[str, Any]:
     """One row per priced candidate; `mark` is chosen, top N (rank 2..top), feasible or infeasible.
 
-    headroom_gib: what each candidate leaves free of the GPU; margin_gib: what solve keeps free (a second line,
+    free_gib: what each candidate leaves free of the GPU; margin_gib: what solve keeps free (a second line,
     `margin_line_gib`, below the GPU's).
 
     key: one line per labelled candidate, the runners-up by the knobs in which they differ from #1.
@@ -232,7 +236,7 @@ def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: in
         else:
             mark = "feasible" if point.feasible else "infeasible"
         rows.append({"step_time_s": round(point.step_time_s, 3), "gpu_peak_gib": round(point.gpu_peak_gib, 3),
-                     "headroom_gib": round(gpu_limit_gib - point.gpu_peak_gib, 3),
+                     "free_gib": round(gpu_limit_gib - point.gpu_peak_gib, 3),
                      "feasible": point.feasible, "rank": point.rank, "mark": mark, "reason": point.reason,
                      "label": f"#{point.rank}" if point.feasible and 0 < point.rank <= max(top, 1) else "",
                      "knobs": knobs_text(point.knobs)})
@@ -253,7 +257,7 @@ def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: in
         changed = knobs_text((k, v) for k, v in knobs.items() if by_rank[1].get(k) != v)
         what = "the plan written" if row["rank"] == 1 else (f"as #1 but {changed}" if changed else "the knobs of #1")
         key.append(f"#{row['rank']}: {row['step_time_s']:.1f} s, {row['gpu_peak_gib']:.2f} GiB "
-                   f"({row['headroom_gib']:.2f} free): {what}")
+                   f"({row['free_gib']:.2f} free): {what}")
     # Drawn in this order, so the chosen plan is on top of any candidate at its spot.
     layer = {"infeasible": 0, "feasible": 1, "chosen": 3}
     rows.sort(key=lambda r: (layer.get(r["mark"], 2), -r["rank"]))
@@ -317,7 +321,7 @@ def frontier_chart(data: dict[str, Any], title: str) -> Any:
             shape=alt.Shape("feasible:N", scale=alt.Scale(domain=[True, False], range=["circle", "cross"])),
             size=alt.condition("datum.rank == 1", alt.value(220), alt.value(60)),
             tooltip=["mark:N", "rank:Q", alt.Tooltip("step_time_s:Q", format=".2f"),
-                     alt.Tooltip("gpu_peak_gib:Q", format=".2f"), alt.Tooltip("headroom_gib:Q", format=".2f"),
+                     alt.Tooltip("gpu_peak_gib:Q", format=".2f"), alt.Tooltip("free_gib:Q", format=".2f"),
                      "reason:N", "knobs:N"],
         )
         # The limit lines are inside y_scale's domain.

@@ -89,8 +89,8 @@ def expected_len_option(part: str, *, metavar: str | None = None, panel: str | N
 
 def headroom_option(*, panel: str | None = None) -> Any:
     return typer.Option("--headroom", metavar="10%|4GiB|0", rich_help_panel=panel,
-                        help="GPU memory every phase must leave free: a share of the GPU or an amount (default: from "
-                             "the model's measured error, at least 5 %; docs/accuracy.md 1c).")
+                        help="The margin: GPU memory every phase must leave free, a share of the GPU or an amount "
+                             "(default: from the model's measured error, at least 5 %; docs/accuracy.md 1c).")
 
 
 def plan_output_option(*, metavar: str | None = None, panel: str | None = None) -> Any:

@@ -20,6 +20,7 @@ from rlplan.planner.margin_report import (
     host_note,
     margin_json,
     margin_report,
+    margin_summary,
     margin_text,
     margin_warning,
 )
@@ -198,8 +199,9 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
             "holds_max_model_len": memory.rollout.holds_max_model_len,
         },
         "binding": {
+            # GPU (or host) memory the binding phase leaves free; negative: over by that much.
             "resource": binding.resource, "where": binding.where, "component": binding.component,
-            "headroom_gib": gib(binding.headroom_bytes),
+            "free_gib": gib(binding.headroom_bytes),
         },
         "step_time_s": reports.step_time_s,
         "phase_seconds": {k: round(v, 3) for k, v in step.phase_seconds.items()},
@@ -375,16 +377,22 @@ def time_table(step: StepTime, lengths: Lengths | None):
     return table
 
 
+def on(value: bool) -> str:
+    """A switch as the tables say it: on or off (never Python's True / False)."""
+    return "on" if value else "off"
+
+
 def _fsdp_rows(plan: Plan) -> list[tuple[str, str]]:
     """The FSDP workers' offload, activation and parallel knobs."""
     actor, model = plan.actor, plan.model
     return [
-        ("offload", f"params {actor.param_offload}, optimizer {actor.optimizer_offload}, "
-                    f"policy {actor.offload_policy}, ref params {plan.ref.param_offload}"
-                    + (f"; critic params {plan.critic.param_offload}, optimizer {plan.critic.optimizer_offload}, "
-                       f"policy {plan.critic.offload_policy}" if plan.uses_critic else "")),
-        ("activations", f"checkpointing {model.gradient_checkpointing}, offload {model.activation_offload}, "
-                        f"remove padding {model.use_remove_padding}"),
+        ("offload", f"params {on(actor.param_offload)}, optimizer {on(actor.optimizer_offload)}, "
+                    f"policy {on(actor.offload_policy)}, ref params {on(plan.ref.param_offload)}"
+                    + (f"; critic params {on(plan.critic.param_offload)}, optimizer "
+                       f"{on(plan.critic.optimizer_offload)}, policy {on(plan.critic.offload_policy)}"
+                       if plan.uses_critic else "")),
+        ("activations", f"checkpointing {on(model.gradient_checkpointing)}, offload {on(model.activation_offload)}, "
+                        f"remove padding {on(model.use_remove_padding)}"),
         ("parallel", f"Ulysses {actor.ulysses_sequence_parallel_size}, fsdp_size {actor.fsdp_size}"),
     ]
 
@@ -392,9 +400,9 @@ def _fsdp_rows(plan: Plan) -> list[tuple[str, str]]:
 def _megatron_offload(engine: MegatronSection, plan: Plan, role: TrainedRole) -> str:
     """verl's offload of a Megatron role between phases, and the optimizer share Megatron's CPU optimizer keeps
     on the host through the update (override_optimizer_config.optimizer_cpu_offload)."""
-    grads = "unset" if engine.grad_offload is None else engine.grad_offload
+    grads = "unset" if engine.grad_offload is None else on(engine.grad_offload)
     cpu_share = cpu_optimizer_fraction(plan, role)
-    return (f"params {engine.param_offload}, grads {grads}, optimizer {engine.optimizer_offload}"
+    return (f"params {on(engine.param_offload)}, grads {grads}, optimizer {on(engine.optimizer_offload)}"
             + (f" (CPU optimizer {100 * cpu_share:g}%)" if cpu_share else ""))
 
 
@@ -410,18 +418,18 @@ def _megatron_rows(plan: Plan) -> list[tuple[str, str]]:
     """A Megatron plan's own offload, recompute and parallel knobs (its FSDP fields are unused: rule
     fsdp_knobs_on_a_megatron_plan)."""
     engine, ref = plan.actor.mcore, plan.ref.megatron or plan.actor.mcore
-    offload = f"{_megatron_offload(engine, plan, 'actor')}; ref params {ref.param_offload}"
+    offload = f"{_megatron_offload(engine, plan, 'actor')}; ref params {on(ref.param_offload)}"
     if plan.uses_critic:
         offload += f"; critic {_megatron_offload(plan.critic.megatron or MegatronSection(), plan, 'critic')}"
     vpp = engine.virtual_pipeline_model_parallel_size
     return [
         ("offload", offload),
-        ("activations", f"{_megatron_recompute(engine)}, remove padding {plan.model.use_remove_padding}"),
+        ("activations", f"{_megatron_recompute(engine)}, remove padding {on(plan.model.use_remove_padding)}"),
         ("parallel", f"TP {engine.tensor_model_parallel_size}, PP {engine.pipeline_model_parallel_size}"
                      + (f", VPP {vpp}" if vpp else "") + f", CP {engine.context_parallel_size}, "
                      f"EP {engine.expert_model_parallel_size}, ETP {engine.expert_tensor_size}, "
-                     f"sequence parallel {engine.sequence_parallel and engine.tensor_model_parallel_size > 1}, "
-                     f"distributed optimizer {engine.use_distributed_optimizer}"),
+                     f"sequence parallel {on(engine.sequence_parallel and engine.tensor_model_parallel_size > 1)}, "
+                     f"distributed optimizer {on(engine.use_distributed_optimizer)}"),
     ]
 
 
@@ -445,8 +453,8 @@ def knobs_table(plan: Plan):
                     f"util {rollout.gpu_memory_utilization:.2f}, "
                     f"max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens {rollout.max_num_batched_tokens}, "
                     f"max_model_len {rollout.max_model_len}, sleep level {rollout.sleep_level}, "
-                    f"multi-stage wake {rollout.multi_stage_wake_up}, "
-                    f"load_format {rollout.load_format}, layered_summon {rollout.layered_summon}"),
+                    f"multi-stage wake {on(rollout.multi_stage_wake_up)}, "
+                    f"load_format {rollout.load_format}, layered_summon {on(rollout.layered_summon)}"),
         ("stack", plan.stack.describe(rollout.name)),
     ]
     table = FittedTable(title="Plan", show_header=False, title_justify="left")
@@ -480,7 +488,7 @@ def validation_tables(reports: PlanReports, fix: str | None = None) -> list[Any]
     margin warning among them) and the memory per phase."""
     from rich.text import Text
 
-    out: list[Any] = [verdict(reports), Text(margin_text(reports.margin))]
+    out: list[Any] = [verdict(reports), Text(margin_summary(reports.margin))]
     if fix:
         out.append(Text(f"Fix: {fix}", style="bold"))
     out.extend(_violations(reports))
@@ -499,9 +507,11 @@ def explain_tables(reports: PlanReports) -> list[Any]:
         f"KV cache per rank: {gib(max(memory.kv_cache_bytes, 0)):.2f} GiB = {memory.kv_cache_tokens} tokens, "
         f"{memory.max_concurrent_sequences} full-length sequences at once (util "
         f"{plan.rollout.gpu_memory_utilization:.2f})."))
+    batches = ("micro batches filled to their token budgets (dynamic batch size)" if plan.actor.use_dynamic_bsz
+               else "fixed micro batches")
     out.append(Text(
-        f"Loss head priced: {resolved_loss_head(plan)}; fixed micro batches at {reports.expected_prompt_length} "
-        f"prompt + {reports.expected_response_length} response tokens per sequence on average "
+        f"Loss head priced: {resolved_loss_head(plan)}; {batches} at {reports.expected_prompt_length} prompt + "
+        f"{reports.expected_response_length} response tokens per sequence on average "
         f"(max {plan.data.max_prompt_length} + {plan.data.max_response_length})."))
     for note in memory.notes:
         out.append(Text(f"note: {note}", style="dim"))
@@ -525,7 +535,7 @@ def solve_summary(plan: Plan, result: SolveResult, output: str | None, profile: 
     out.append(Text(
         f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "
         f"Peak {prediction.gpu_peak_gib:.2f} GiB per GPU, step ~{prediction.step_time_s:.1f} s.", style="bold green"))
-    out.append(Text(margin_text(reports.margin)))
+    out.append(Text(margin_summary(reports.margin)))
     note = host_note(plan, reports.memory, host_assumption)
     if note:
         out.append(Text(note, style="yellow" if "offloads" in note else ""))

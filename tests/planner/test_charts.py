@@ -68,7 +68,7 @@ def test_memory_chart_flags_exactly_the_binding_component_and_labels_it():
     assert binding.resource in ("gpu", "kv_cache")
     assert flagged == [(binding.where, binding.component)]
     assert binding.component in data["binding"]["label"] and binding.where in data["binding"]["label"]
-    assert data["binding"]["headroom_gib"] == round(binding.headroom_bytes / GIB, 3)
+    assert data["binding"]["free_gib"] == round(binding.headroom_bytes / GIB, 3)
 
 
 def test_memory_chart_flags_a_host_component_when_host_ram_binds():
@@ -140,7 +140,7 @@ def test_frontier_data_without_top_marks_only_the_chosen(tight_solve):
     assert len(frontier_data(result.frontier, 24.0, top=0)["key"]) == 1
 
 
-def test_frontier_data_gives_each_candidates_headroom_and_the_margin_line(tight_solve):
+def test_frontier_data_gives_what_each_candidate_leaves_free_and_the_margin_line(tight_solve):
     from rlplan.planner.solver import request_margin
 
     request, result = tight_solve
@@ -149,7 +149,7 @@ def test_frontier_data_gives_each_candidates_headroom_and_the_margin_line(tight_
     assert data["margin_gib"] == round(margin, 3) > 0
     assert data["margin_line_gib"] == round(request.cluster.gpu.memory_gib - margin, 3)
     for row in data["points"]:
-        assert row["headroom_gib"] == pytest.approx(request.cluster.gpu.memory_gib - row["gpu_peak_gib"], abs=1e-3)
+        assert row["free_gib"] == pytest.approx(request.cluster.gpu.memory_gib - row["gpu_peak_gib"], abs=1e-3)
         if row["feasible"]:  # every plan solve may write stays under the margin line
             assert row["gpu_peak_gib"] <= data["margin_line_gib"] + 1e-3
     assert all("free)" in line for line in data["key"])
