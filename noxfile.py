@@ -183,7 +183,7 @@ def env(session: nox.Session) -> None:
     """A reusable environment with `rlplan` on PATH: the planner, the runtime (vLLM for CPU) and the charts.
 
     rlplan is not on PyPI: this is how a clone gets everything `rlplan demo`, `run` and `report` need
-    (planner/commands_io.py's RUNTIME_INSTALL points here). Then `source .nox/env/bin/activate`.
+    (planner/commands/commands_io.py's RUNTIME_INSTALL points here). Then `source .nox/env/bin/activate`.
     """
     install_runtime(session, "charts")
     session.log(f"ready: `source {session.virtualenv.location}/bin/activate`, then `rlplan demo`")

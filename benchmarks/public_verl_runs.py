@@ -3,7 +3,7 @@
     python benchmarks/public_verl_runs.py                             # the section, on stdout
     python benchmarks/public_verl_runs.py --write docs/accuracy.md    # regenerate its section 4 in place
 
-Runs the code `rlplan compare --json` runs (planner/compare_commands.py, planner/compare.py), in process, on
+Runs the code `rlplan compare --json` runs (planner/commands/compare_commands.py, planner/compare.py), in process, on
 each run's launch script and log with `--gpu h100-80g --fix rollout.enforce_eager=true` (the arguments of
 tests/planner/test_compare.py `public_compare`); the min run once more with the profile `rlplan calibrate
 --from-verl-log` fits from its own log; and the max_num_seqs sensitivity of the memory predictions. Every
@@ -23,9 +23,9 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.calibration import VerlRun, calibrate_from_verl_logs
-from rlplan.planner.cli import parse_fixes
+from rlplan.planner.commands.cli import parse_fixes
+from rlplan.planner.commands.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.compare import Comparison, MemoryRow, compare_run, steady_steps
-from rlplan.planner.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.memory import GIB, predict_memory
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan

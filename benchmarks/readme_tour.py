@@ -44,7 +44,7 @@ FOLDERS = {"TOUR_COMPARE": PUBLIC}
 def run(args: list[str], folder: Path) -> str:
     """One rlplan command as a user runs it in `folder`, its output as a terminal of TOUR_COLUMNS shows it."""
     env = {**os.environ, "COLUMNS": str(TOUR_COLUMNS), "NO_COLOR": "1", "TERM": "dumb"}
-    done = subprocess.run([sys.executable, "-c", "from rlplan.planner.entry import main; main()", *args],
+    done = subprocess.run([sys.executable, "-c", "from rlplan.planner.commands.entry import main; main()", *args],
                           cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=600)
     return "\n".join(line.rstrip() for line in done.stdout.splitlines()) + "\n"

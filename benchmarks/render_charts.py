@@ -36,7 +36,7 @@ SUFFIXES = (".html", ".png", ".svg")
 
 
 def rlplan(*args: str) -> None:
-    command = [sys.executable, "-c", "from rlplan.planner.cli import main; main()", *args]
+    command = [sys.executable, "-c", "from rlplan.planner.commands.cli import main; main()", *args]
     print("$ rlplan " + " ".join(args), flush=True)
     completed = subprocess.run(command, capture_output=True, text=True)
     if completed.returncode != 0:

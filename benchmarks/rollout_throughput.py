@@ -54,7 +54,7 @@ def _plan_and_batch(args: argparse.Namespace):
         # Every sample of the batch in flight at once, as in a rollout step.
         plan = plan.evolve(rollout=attrs.evolve(plan.rollout, max_num_seqs=prompts * n))
         return plan, Path(model_dir), prompts, n, max_tokens
-    from rlplan.planner.commands_io import load_plan
+    from rlplan.planner.commands.commands_io import load_plan
 
     plan = load_plan(args.plan)
     if plan.model.path is None:

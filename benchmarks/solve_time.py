@@ -17,7 +17,7 @@ from pathlib import Path
 
 CASES = {
     "bare python (baseline)": [sys.executable, "-c", "pass"],
-    "import rlplan CLI (baseline)": [sys.executable, "-c", "import rlplan.planner.cli"],
+    "import rlplan CLI (baseline)": [sys.executable, "-c", "import rlplan.planner.commands.cli"],
     "solve qwen2.5-7b, 8x H100": [
         "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--algo", "grpo", "--prompt-len", "1024",
         "--response-len", "2048", "--train-batch-size", "256", "--n", "5",

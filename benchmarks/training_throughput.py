@@ -136,7 +136,7 @@ def main() -> None:
                         help="both sides' compute dtype; auto: what the solver picks for this CPU")
     options = parser.parse_args()
 
-    from rlplan.planner.this_machine import this_machine_compute_dtype
+    from rlplan.planner.commands.this_machine import this_machine_compute_dtype
     from rlplan.runtime.platform import cpu_threads_per_rank
     from rlplan.runtime.tiny import ensure_tiny_model
     from rlplan.runtime.trainer.local_group import run_on_local_group

@@ -336,7 +336,7 @@ def _child(args: argparse.Namespace, side: str, work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.compute_dtype == "auto":
-        from rlplan.planner.this_machine import this_machine_compute_dtype
+        from rlplan.planner.commands.this_machine import this_machine_compute_dtype
 
         args.compute_dtype = this_machine_compute_dtype()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="rlplan-versus-trl-"))
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "sides": sides,
     }
     if args.output:
-        from rlplan.planner.commands_io import write_atomic
+        from rlplan.planner.commands.commands_io import write_atomic
 
         write_atomic(args.output, json.dumps(result, indent=2) + "\n", "--output")
     if args.json:

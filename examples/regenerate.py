@@ -23,7 +23,7 @@ def gallery() -> list[dict[str, Any]]:
 
 def rlplan(*args: str | Path) -> None:
     """One rlplan command, as a user types it; its output is shown only when it fails."""
-    done = subprocess.run([sys.executable, "-m", "rlplan.planner.cli", *map(str, args)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "rlplan.planner.commands.cli", *map(str, args)], capture_output=True,
                           text=True)
     if done.returncode != 0:
         sys.exit(f"rlplan {' '.join(map(str, args))} exited {done.returncode}:\n{done.stdout}{done.stderr}")

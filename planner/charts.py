@@ -4,7 +4,7 @@ The `*_data` functions are pure: they take planner objects or parsed metrics and
 rows (lists of dicts) that tests can check value by value.  The `*_chart` functions turn those
 rows into Altair charts; Altair is the optional `charts` extra, imported only inside them, so
 `rlplan solve` without --frontier never loads it.  Writing files is the commands layer's job
-(planner/chart_commands.py).
+(planner/commands/chart_commands.py).
 """
 
 from __future__ import annotations

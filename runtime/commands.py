@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from rlplan.planner.commands_io import (
+from rlplan.planner.commands.commands_io import (
     ExitCode,
     load_plan,
     make_console,
@@ -29,6 +29,7 @@ from rlplan.planner.commands_io import (
     report_errors,
     write_atomic,
 )
+from rlplan.planner.commands.this_machine import cpu_cluster
 from rlplan.planner.errors import PlanError, shorten
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.hf_config import architecture_from_hf_config
@@ -47,7 +48,6 @@ from rlplan.planner.plan import (
 )
 from rlplan.planner.platform import CPU_RUNTIME_PINS, Platform
 from rlplan.planner.profile import DEFAULT_PROFILE, profile_to_toml
-from rlplan.planner.this_machine import cpu_cluster
 from rlplan.runtime.calibrate import calibrate_from_run, calibrate_on_gpu, measure_cpu_rates
 from rlplan.runtime.loop import RunOptions
 
@@ -432,7 +432,7 @@ CALIBRATE_MAX_BYTES = 64 * 2**20
 def _read_metrics(path: str) -> list[dict[str, Any]]:
     """Every record of a finished run's metrics.jsonl (metrics_file's checks: a regular file, each line a record
     or refused by its number); held whole, so a file past CALIBRATE_MAX_BYTES is refused, not read."""
-    from rlplan.planner.metrics_file import read_metrics_file
+    from rlplan.planner.commands.metrics_file import read_metrics_file
 
     rows = list(read_metrics_file(path, "--from-run", max_bytes=CALIBRATE_MAX_BYTES))
     if not rows:

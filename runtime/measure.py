@@ -184,7 +184,7 @@ def measure_command(plan_path: str, phase: str, json_output: bool, head: str | N
     import json
     import sys
 
-    from rlplan.planner.commands_io import ExitCode, load_plan, make_console, report_error
+    from rlplan.planner.commands.commands_io import ExitCode, load_plan, make_console, report_error
 
     try:
         if phase not in PHASE_OF_FLAG:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from click.testing import Result
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 
 runner = CliRunner()
 

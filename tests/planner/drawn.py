@@ -110,7 +110,7 @@ def drawn(chart: Any) -> Drawing:
     import vl_convert
     from altair.utils._importers import vl_version_for_vl_convert
 
-    from rlplan.planner.chart_commands import chart_spec, xml_safe
+    from rlplan.planner.commands.chart_commands import chart_spec, xml_safe
 
     spec = xml_safe(chart_spec(chart))
     graph = vl_convert.vegalite_to_scenegraph(spec, vl_version=vl_version_for_vl_convert())

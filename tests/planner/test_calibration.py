@@ -191,7 +191,7 @@ def test_calibrate_on_a_machine_without_a_gpu_says_so_and_exits_2(tmp_path, caps
 
 def test_calibrate_cpu_measures_this_machine_and_solve_device_cpu_prices_with_it(tmp_path):
     pytest.importorskip("torch", reason="measuring the CPU's matmul rate needs torch (the runtime extra)")
-    from rlplan.planner.this_machine import this_machine_cpu
+    from rlplan.planner.commands.this_machine import this_machine_cpu
     from rlplan.runtime.commands import calibrate_cpu_command
 
     output = tmp_path / "cpu.toml"
@@ -251,7 +251,7 @@ def test_validate_with_a_run_profile_prices_a_plan_without_expected_lengths_at_t
 
     from typer.testing import CliRunner
 
-    from rlplan.planner.cli import app
+    from rlplan.planner.commands.cli import app
 
     runner = CliRunner()
     plan = _plan_file(tmp_path, make_plan())

@@ -15,7 +15,7 @@ from rlplan.planner.charts import (
     memory_chart_data,
     run_report_data,
 )
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.memory import GIB, predict_memory
 from rlplan.planner.plan import ModelSection
@@ -320,7 +320,7 @@ def test_frontier_axes_span_the_data_not_decades_beyond_it():
 
 def test_a_report_names_the_demo_run_by_its_folder_and_carries_the_plan_and_per_process_on_a_cpu(tmp_path):
     pytest.importorskip("altair", reason="the charts extra (altair, vl-convert-python) is not installed")
-    from rlplan.planner.chart_commands import report_command
+    from rlplan.planner.commands.chart_commands import report_command
 
     run = write_run(tmp_path / "demo" / "run", 2, cut_off=False)
     out = tmp_path / "r.html"
@@ -390,8 +390,8 @@ def test_the_memory_chart_draws_no_text_over_another_or_across_a_limit_line(over
 @pytest.fixture(scope="module")
 def public_comparison():
     """The README's compare example: PPO, Qwen2-7B-Instruct, 8 x H100 (tests/data/verl_logs/public)."""
+    from rlplan.planner.commands.compare_commands import load_plan_or_script, read_verl_log
     from rlplan.planner.compare import compare_run
-    from rlplan.planner.compare_commands import load_plan_or_script, read_verl_log
     from rlplan.planner.compare_report import comparison_json
     from rlplan.planner.profile import DEFAULT_PROFILE
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from rlplan.planner.calibration import STEP_TIME_CONSTANTS
-from rlplan.planner.commands_io import load_profile
+from rlplan.planner.commands.commands_io import load_profile
+from rlplan.planner.commands.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.compare import SCOPES, compare_run, infer_family, version_family
-from rlplan.planner.compare_commands import load_plan_or_script, read_verl_log
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import apply_knobs, with_expected_lengths
 from rlplan.planner.memory import GIB, predict_memory

@@ -9,7 +9,8 @@ import attrs
 import pytest
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
+from rlplan.planner.commands.this_machine import cpu_cluster, this_machine_cpu
 from rlplan.planner.hardware import estimate_cpu_rates
 from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import plan_layout
@@ -19,7 +20,6 @@ from rlplan.planner.planfile import plan_from_toml
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import DEFAULT_PROFILE
 from rlplan.planner.steptime import predict_step_time
-from rlplan.planner.this_machine import cpu_cluster, this_machine_cpu
 from tests.planner.plans import make_plan
 
 runner = CliRunner()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
-from rlplan.planner.commands_io import load_plan
+from rlplan.planner.commands.cli import app
+from rlplan.planner.commands.commands_io import load_plan
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.render import render_plan

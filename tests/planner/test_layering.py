@@ -12,9 +12,6 @@ from pathlib import Path
 import pytest
 
 PLANNER = Path(__file__).resolve().parents[2] / "planner"
-# The commands layer: the typer entry and the modules that read files, print and pick exit codes.
-COMMANDS_LAYER = frozenset({"cli", "commands_io", "interop_commands", "chart_commands", "compare_commands",
-                            "solve_commands", "this_machine", "metrics_file", "entry"})
 
 
 def _planner_module_path(name: str) -> Path:
@@ -35,6 +32,9 @@ def _planner_module_names() -> list[str]:
     return names
 
 
+# The commands layer is its folder, planner/commands/: the typer entry and the modules that read files, print and
+# pick exit codes.
+COMMANDS_LAYER = frozenset(name for name in _planner_module_names() if name.split(".")[0] == "commands")
 PURE_MODULES = sorted(name for name in _planner_module_names() if name not in COMMANDS_LAYER)
 HEAVY = ("torch", "vllm", "ray", "transformers")
 
@@ -72,7 +72,8 @@ def _output_calls(tree: ast.Module) -> list[str]:
 
 def test_the_pure_modules_are_all_but_the_commands_layer():
     assert {"solver", "rules", "memory", "memory.fsdp", "plan", "report", "verl_import"} <= set(PURE_MODULES)
-    assert all((PLANNER / f"{name}.py").is_file() for name in COMMANDS_LAYER)
+    assert {"commands.cli", "commands.entry", "commands.commands_io", "commands.solve_commands"} <= COMMANDS_LAYER
+    assert all(_planner_module_path(name).is_file() for name in COMMANDS_LAYER)
 
 
 @pytest.mark.parametrize("name", PURE_MODULES)
@@ -87,6 +88,13 @@ def test_a_pure_planner_module_never_imports_the_runtime_or_typer_anywhere(name)
     checks that no heavy library loads with a module.)"""
     found = [module for module in _imported_modules(_tree(name))
              if module.startswith("rlplan.runtime") or module.split(".")[0] == "typer"]
+    assert found == []
+
+
+@pytest.mark.parametrize("name", PURE_MODULES)
+def test_a_pure_planner_module_never_imports_the_commands_layer(name):
+    """The commands folder is the one door: the pure planner is imported by it, never the other way."""
+    found = [module for module in _imported_modules(_tree(name)) if module.startswith("rlplan.planner.commands")]
     assert found == []
 
 
@@ -109,8 +117,8 @@ def test_no_command_module_imports_the_typer_entry():
     commands_io.py, knobs.py, platform.py and this_machine.py, so imports go one way and no cycle is left
     (interop_commands.py and cli.py used to import each other)."""
     # entry.py is the console script in front of cli.py: it loads cli.py, inside its one function.
-    importers = [name for name in sorted(COMMANDS_LAYER - {"cli", "entry"})
-                 if "rlplan.planner.cli" in _imported_modules(_tree(name))]
+    importers = [name for name in sorted(COMMANDS_LAYER - {"commands.cli", "commands.entry"})
+                 if "rlplan.planner.commands.cli" in _imported_modules(_tree(name))]
     assert importers == []
 
 
@@ -119,7 +127,7 @@ def test_no_runtime_module_imports_the_typer_entry():
     commands (commands_io, this_machine, platform) is imported from there, never from cli.py."""
     runtime = PLANNER.parent / "runtime"
     importers = [str(path.relative_to(runtime)) for path in sorted(runtime.rglob("*.py"))
-                 if "rlplan.planner.cli" in _imported_modules(ast.parse(path.read_text(encoding="utf-8")))]
+                 if "rlplan.planner.commands.cli" in _imported_modules(ast.parse(path.read_text(encoding="utf-8")))]
     assert importers == []
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hf_config import _LIGHT_DEFAULTS, architecture_from_hf_config
 from rlplan.planner.presets import model_presets, resolve_model, unsupported_models
@@ -210,7 +210,7 @@ def test_a_planner_only_interpreter_reads_gemma_3_without_transformers(tmp_path)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(PUBLISHED_CONFIGS["google/gemma-3-4b-it"]))
     code = ("import sys; sys.modules['transformers'] = None; "
-            "from rlplan.planner.solve_commands import resolve_model_arg; "
+            "from rlplan.planner.commands.solve_commands import resolve_model_arg; "
             f"print(resolve_model_arg({str(tmp_path)!r}).arch.vocab_size)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "262208"

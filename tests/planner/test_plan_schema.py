@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from rlplan.planner.plan import ModelSection
 from rlplan.planner.plan_schema import DRAFT, SCHEMA_FILE_NAME, plan_json_schema
 from rlplan.planner.planfile import plan_from_toml, plan_to_dict, plan_to_toml

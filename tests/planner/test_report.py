@@ -13,6 +13,7 @@ import attrs
 import pytest
 from rich.console import Console
 
+from rlplan.planner.commands.solve_commands import verify_candidates
 from rlplan.planner.margin_report import MarginWarning, margin_text
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.model_error import Headroom
@@ -28,7 +29,6 @@ from rlplan.planner.report import (
     verdict,
     violations_table,
 )
-from rlplan.planner.solve_commands import verify_candidates
 from rlplan.planner.solver import Candidate
 from rlplan.planner.steptime import predict_step_time
 from tests.planner.plans import make_plan

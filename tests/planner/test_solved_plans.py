@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "solved_plans"
 _LENGTHS = ("--prompt-len", "1024", "--response-len", "2048")

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlplan.planner.commands.solve_commands import SolveFlags
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.memory import predict_memory
@@ -15,7 +16,6 @@ from rlplan.planner.plan import ModelSection
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.render import render_plan
 from rlplan.planner.rules import check_plan
-from rlplan.planner.solve_commands import SolveFlags
 from rlplan.planner.solver import SolveRequest, skeleton_plan, solve, solve_engines
 from rlplan.planner.solver_megatron import (
     STAGE_KEYS,
@@ -194,7 +194,7 @@ def test_the_command_writes_a_megatron_plan_and_a_resolve_from_it_stays_megatron
 
     from typer.testing import CliRunner
 
-    from rlplan.planner.cli import app
+    from rlplan.planner.commands.cli import app
 
     runner = CliRunner()
     plan_path = tmp_path / "plan.toml"

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.planfile import plan_from_toml, plan_to_toml

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.console import Console
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from rlplan.planner.tables import FittedTable
 from tests.planner.cli_runner import runner
 

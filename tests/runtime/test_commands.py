@@ -28,7 +28,7 @@ def _write_plan(path, plan) -> str:
 
 
 def _run_bad(tmp_path, capsys, plan) -> str:
-    from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.commands.commands_io import ExitCode
     from rlplan.runtime.commands import run_command
 
     output_dir = tmp_path / "out"
@@ -107,7 +107,7 @@ def test_a_tracker_verl_writes_but_the_runtime_does_not_is_refused(workspace, tm
 
 
 def test_missing_plan_file(tmp_path, capsys):
-    from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.commands.commands_io import ExitCode
     from rlplan.runtime.commands import run_command
 
     code = run_command(str(tmp_path / "absent.toml"), resume=False, address=None, output_dir=str(tmp_path / "out"), max_steps=None)
@@ -134,7 +134,7 @@ def test_demo_plan_is_solved_for_this_machine_with_cpu_limits_pinned(tmp_path):
     assert set(DEMO_CPU_PINS) and plan.data.train_files == workload.data.train_files
     # The workload computes in fp32 with an eager engine; solved, it computes as this CPU is fastest, the engine
     # in the trainer's dtype, compiled wherever inductor finds its C++ compiler.
-    from rlplan.planner.this_machine import this_machine_compute_dtype
+    from rlplan.planner.commands.this_machine import this_machine_compute_dtype
     from rlplan.runtime.platform import detect_platform
 
     assert {plan.actor.compute_dtype, plan.ref.compute_dtype, plan.rollout.dtype} == {this_machine_compute_dtype()}
@@ -144,7 +144,7 @@ def test_demo_plan_is_solved_for_this_machine_with_cpu_limits_pinned(tmp_path):
 def test_run_json_prints_the_error_as_one_json_object_on_stdout_and_the_log_on_stderr(workspace, tmp_path, capsys):
     import json
 
-    from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.commands.commands_io import ExitCode
     from rlplan.runtime.commands import run_command
 
     plan = _plan(workspace)
@@ -166,7 +166,7 @@ def test_a_gpu_plan_on_this_cpu_machine_lists_every_blocking_error_at_once_machi
 
     import torch
 
-    from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.commands.commands_io import ExitCode
     from rlplan.planner.hardware import Cluster, GpuSpec
     from rlplan.runtime.commands import run_command
 
@@ -228,7 +228,7 @@ def test_every_next_command_the_demo_prints_runs_as_printed(workspace, tmp_path,
     from typer.testing import CliRunner
 
     import rlplan.runtime.loop
-    from rlplan.planner.cli import app
+    from rlplan.planner.commands.cli import app
     from rlplan.runtime.commands import demo_next_steps
 
     out = tmp_path / "runs" / "my demo"

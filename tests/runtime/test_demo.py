@@ -18,7 +18,7 @@ def test_the_live_demos_plan_versus_actual_holds_on_this_cpu(tmp_path, capsys):
     pytest.importorskip("vllm")
     import torch
 
-    from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.commands.commands_io import ExitCode
     from rlplan.runtime.commands import demo_command
     from rlplan.runtime.metrics import PREDICTION_BOUND, prediction_error, prediction_verdict
 

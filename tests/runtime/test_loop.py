@@ -58,7 +58,7 @@ def _plan(workspace, name: str, algorithm: str, steps: int, **trainer_changes):
 def _execute(plan, *, sync_weights: bool = True) -> list[dict]:
     from rich.console import Console
 
-    from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.commands.commands_io import ExitCode
     from rlplan.runtime.commands import execute
     from rlplan.runtime.loop import RunOptions
     from rlplan.runtime.metrics import read_metrics
@@ -139,7 +139,7 @@ def _wait_for(predicate, process, timeout_s: float) -> None:
 
 
 def test_full_parameter_grpo_killed_with_sigkill_resumes_with_the_same_steps_and_data_order(workspace, tmp_path):
-    from rlplan.planner.commands_io import ExitCode
+    from rlplan.planner.commands.commands_io import ExitCode
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.runtime import checkpoint
     from rlplan.runtime.commands import run_command

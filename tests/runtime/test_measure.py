@@ -147,7 +147,7 @@ def test_planner_prediction_is_within_5_percent_of_the_measured_peak(overrides, 
     plan = make_plan(SMALL_QWEN, overrides={"actor.ppo_mini_batch_size": 2, **overrides})
     path = tmp_path / "plan.toml"
     path.write_text(plan_to_toml(plan))
-    done = subprocess.run([sys.executable, "-m", "rlplan.planner.cli", "measure", str(path), "--json"],
+    done = subprocess.run([sys.executable, "-m", "rlplan.planner.commands.cli", "measure", str(path), "--json"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     comparison = json.loads(done.stdout)

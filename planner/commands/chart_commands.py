@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlplan.planner.commands_io import load_plan, refuse_overwriting_inputs, write_atomic
+from rlplan.planner.commands.commands_io import load_plan, refuse_overwriting_inputs, write_atomic
 from rlplan.planner.errors import PlanError, shorten
 
 CHART_SUFFIXES = (".html", ".png", ".svg")
@@ -119,7 +119,7 @@ def report_command(run_dir: str, output: str) -> dict[str, object]:
     length draws in seconds and bounded memory; the chart's title and the summary say when steps were merged.
     """
     from rlplan.planner.charts import report_chart, run_report_data
-    from rlplan.planner.metrics_file import MetricsReading, StepBuckets, read_metrics_file
+    from rlplan.planner.commands.metrics_file import MetricsReading, StepBuckets, read_metrics_file
 
     directory = Path(run_dir)
     metrics = directory / "metrics.jsonl"

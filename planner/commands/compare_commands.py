@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlplan.planner.commands_io import (
+from rlplan.planner.commands.commands_io import (
     ExitCode,
     load_plan,
     load_profile,
@@ -43,7 +43,7 @@ def load_plan_or_script(path: str, *, gpu: str | None, gpu_mem: str | None, host
                             fix="drop --gpu / --gpu-mem, or pass the run's launch script instead")
         plan = load_plan(path)
     else:
-        from rlplan.planner.interop_commands import _gpu, parse_env_pins, read_local_model_config
+        from rlplan.planner.commands.interop_commands import _gpu, parse_env_pins, read_local_model_config
         from rlplan.planner.verl_import import import_verl_script
 
         # compare writes no plan, so the script is read as the shell that launched it would read it: the process
@@ -69,7 +69,7 @@ def compare_command(plan_path: str, log_path: str, *, gpu: str | None, gpu_mem: 
     from rlplan.planner.compare_report import comparison_chart, comparison_json, comparison_tables
 
     if chart:
-        from rlplan.planner.chart_commands import check_chart_path
+        from rlplan.planner.commands.chart_commands import check_chart_path
 
         check_chart_path(chart, "--chart")
     plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes)
@@ -82,7 +82,7 @@ def compare_command(plan_path: str, log_path: str, *, gpu: str | None, gpu_mem: 
     payload = comparison_json(comparison)
     payload["import_warnings"] = list(warnings)
     if chart:
-        from rlplan.planner.chart_commands import write_chart
+        from rlplan.planner.commands.chart_commands import write_chart
 
         title = f"{Path(plan_path).name} vs {Path(log_path).name}"
         write_chart(comparison_chart(payload, title, log.series("response_length/mean")), chart, "--chart")

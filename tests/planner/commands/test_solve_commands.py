@@ -1,9 +1,16 @@
-"""planner/solve_commands.py: `rlplan solve`'s flags as a value, and the --from merge as a pure function."""
+"""planner/commands/solve_commands.py: `rlplan solve`'s flags as a value, and the --from merge as a pure function."""
 
 from __future__ import annotations
 
 import pytest
 
+from rlplan.planner.commands.solve_commands import _COUNT_FLAGS as COUNT_FLAGS
+from rlplan.planner.commands.solve_commands import (
+    SolveFlags,
+    gpu_cluster,
+    request_from_flags,
+    rollout_engines,
+)
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.knobs import apply_knobs
@@ -11,8 +18,6 @@ from rlplan.planner.model_error import DEFAULT_HEADROOM
 from rlplan.planner.plan import ModelSection
 from rlplan.planner.presets import resolve_model
 from rlplan.planner.profile import DEFAULT_PROFILE
-from rlplan.planner.solve_commands import _COUNT_FLAGS as COUNT_FLAGS
-from rlplan.planner.solve_commands import SolveFlags, gpu_cluster, request_from_flags, rollout_engines
 from tests.planner.plans import make_plan
 
 CLUSTER = Cluster(gpu=GpuSpec(name="test-gpu", memory_gib=80.0), nodes=1, gpus_per_node=8)

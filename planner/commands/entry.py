@@ -15,7 +15,7 @@ INTERRUPTED = 130
 
 def main() -> None:
     try:
-        from rlplan.planner.cli import main as run_command
+        from rlplan.planner.commands.cli import main as run_command
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(INTERRUPTED)

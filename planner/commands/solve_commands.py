@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from attrs import field, frozen
 
-from rlplan.planner.commands_io import (
+from rlplan.planner.commands.commands_io import (
     ExitCode,
     load_plan,
     load_profile,
@@ -25,6 +25,7 @@ from rlplan.planner.commands_io import (
     refuse_overwriting_inputs,
     write_atomic,
 )
+from rlplan.planner.commands.this_machine import cpu_cluster, this_machine_memory_gib
 from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.model_error import Headroom, parse_headroom
@@ -34,7 +35,6 @@ from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
 from rlplan.planner.solver import Candidate, Objective, SolveRequest, SolveResult, SolveStrategy
 from rlplan.planner.stack import DEFAULT_STACK, solve_pins
-from rlplan.planner.this_machine import cpu_cluster, this_machine_memory_gib
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -197,7 +197,7 @@ def check_outputs(flags: SolveFlags) -> None:
     """The --frontier chart's kind, and no output replacing an input (-o may replace the --from plan: a re-solve
     in place)."""
     if flags.frontier:
-        from rlplan.planner.chart_commands import check_chart_path
+        from rlplan.planner.commands.chart_commands import check_chart_path
 
         check_chart_path(flags.frontier, "--frontier")
     read = {"--profile": flags.profile, "--model": local_config_path(flags.model) if flags.model else None}
@@ -463,7 +463,7 @@ def rollout_engines(flags: SolveFlags, base: Plan | None, pins: dict[str, Any]) 
 
 def draw_frontier(flags: SolveFlags, inputs: SolveInputs, result: SolveResult) -> None:
     """--frontier: every candidate priced, step time against peak GiB per GPU."""
-    from rlplan.planner.chart_commands import frontier_chart_command
+    from rlplan.planner.commands.chart_commands import frontier_chart_command
     from rlplan.planner.solver import request_margin
 
     assert flags.frontier is not None

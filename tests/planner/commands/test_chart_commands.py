@@ -10,7 +10,7 @@ import pytest
 import tomli_w
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from tests.planner.chart_html import inlined_spec
 
 pytest.importorskip("altair")
@@ -98,7 +98,7 @@ def test_a_report_path_with_markup_is_written_and_printed_as_text(tmp_path):
 
 
 def test_a_long_run_is_drawn_as_at_most_the_drawn_steps_and_says_so(tmp_path):
-    from rlplan.planner.chart_commands import DRAWN_STEPS
+    from rlplan.planner.commands.chart_commands import DRAWN_STEPS
 
     run = write_run(tmp_path / "run", 3 * DRAWN_STEPS)
     output = tmp_path / "report.html"

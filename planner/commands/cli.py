@@ -20,8 +20,8 @@ from typing import Annotated, Any, NoReturn, get_args
 import typer
 from typer.core import TyperGroup
 
-from rlplan.planner import solve_commands as steps
-from rlplan.planner.commands_io import (
+from rlplan.planner.commands import solve_commands as steps
+from rlplan.planner.commands.commands_io import (
     RUNTIME_INSTALL,
     ExitCode,
     closed_stdout,
@@ -34,12 +34,17 @@ from rlplan.planner.commands_io import (
     report_error,
     write_atomic,
 )
+from rlplan.planner.commands.solve_commands import (
+    ALGO_CHOICES,
+    OBJECTIVE_CHOICES,
+    ROLLOUT_CHOICES,
+    parse_fixes,
+)
 from rlplan.planner.errors import PlanError, shorten
 from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.model_error import parse_headroom
 from rlplan.planner.plan import LossHead
 from rlplan.planner.render import Format, Target
-from rlplan.planner.solve_commands import ALGO_CHOICES, OBJECTIVE_CHOICES, ROLLOUT_CHOICES, parse_fixes
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them
 # (solve's are solve_commands.py's, which checks them).
@@ -475,14 +480,14 @@ def explain(
     from rlplan.planner.report import explain_tables, plan_reports, reports_json
 
     if chart:
-        from rlplan.planner.chart_commands import check_chart_path
+        from rlplan.planner.commands.chart_commands import check_chart_path
 
         check_chart_path(chart, "--chart")
         refuse_overwriting_inputs(chart, "--chart", {"PLAN": plan_path, "--profile": profile})
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len,
                                    (verl_version, vllm_version, sglang_version))
     if chart:
-        from rlplan.planner.chart_commands import memory_chart_command
+        from rlplan.planner.commands.chart_commands import memory_chart_command
 
         memory_chart_command(plan, prof, chart, parse_headroom(headroom))
     reports = plan_reports(plan, prof, parse_headroom(headroom))
@@ -556,7 +561,7 @@ def report(
 
     Example: rlplan report runs/demo -o report.html
     """
-    from rlplan.planner.chart_commands import check_chart_path, report_command, report_summary
+    from rlplan.planner.commands.chart_commands import check_chart_path, report_command, report_summary
 
     output = output or os.path.join(run_dir, "report.html")  # beside the run, never silently into the cwd
     check_chart_path(output, "-o")
@@ -670,7 +675,7 @@ def calibrate(
     Example: rlplan calibrate --from-verl-log run.log --plan run.sh --gpu h100-80g -o profile.toml
     """
     if from_verl_log:
-        from rlplan.planner.compare_commands import calibrate_verl_command
+        from rlplan.planner.commands.compare_commands import calibrate_verl_command
 
         plans = list(plan or []) + ([plan_path] if plan_path else [])
         raise typer.Exit(calibrate_verl_command(from_verl_log, plans, output, gpu=gpu, gpu_mem=gpu_mem,
@@ -709,7 +714,7 @@ def compare(
 
     Example: rlplan compare run_qwen2_7b.sh verl.log --gpu h100-80g
     """
-    from rlplan.planner.compare_commands import compare_command
+    from rlplan.planner.commands.compare_commands import compare_command
 
     raise typer.Exit(compare_command(plan_path, log_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
                                      fixes=parse_fixes(fix or []), profile_path=profile, verl_version=verl_version,
@@ -743,7 +748,7 @@ def import_verl(
 
     Example: rlplan import verl run_qwen2_7b.sh --gpu h100-80g -o plan.toml
     """
-    from rlplan.planner.interop_commands import import_command
+    from rlplan.planner.commands.interop_commands import import_command
 
     raise typer.Exit(import_command(script, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
                                     output=output, expected_lengths=(expected_prompt_len, expected_response_len),
@@ -774,7 +779,7 @@ def render(
 
     Example: rlplan render plan.toml --target verl -o run.sh
     """
-    from rlplan.planner.interop_commands import render_command
+    from rlplan.planner.commands.interop_commands import render_command
 
     raise typer.Exit(render_command(plan_path, target=target, fmt=fmt, output=output, as_json=json_output))
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from rlplan.planner.commands_io import (
+from rlplan.planner.commands.commands_io import (
     ExitCode,
     load_plan,
     local_config_path,

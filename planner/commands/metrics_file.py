@@ -20,7 +20,7 @@ from typing import Any
 
 from attrs import define, field
 
-from rlplan.planner.commands_io import open_regular_file
+from rlplan.planner.commands.commands_io import open_regular_file
 from rlplan.planner.errors import PlanError, shorten
 
 # One step's record is about a kilobyte; a line past this is not one (or is /dev/zero's endless line).

