@@ -24,6 +24,7 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.memory.megatron import (
+    MEGATRON,
     VERL_SAVES_DROPOUT_MASKS,
     stage_activations,
     state_on_most_loaded_rank,
@@ -54,11 +55,18 @@ CONFIGURATIONS = (
     ("llama-3.1-70b", 64, 8, 4, 2, 16),
 )
 
-# verl's example script, the GPU it names (or the 80 GB H100 where it names none), --env pins.
+# verl's example script, the GPU it names (or the 80 GB H100 where it names none), --env pins, and what a
+# public report says happened when it ran ("" where none is known).
 VERL_RUNS = (
-    ("megatron_dense_qwen2_7b.sh", "h100-80g", {"HOME": "/h"}),
-    ("megatron_moe_lora_qwen3_30b_a3b.sh", "h100-80g", {"HOME": "/h"}),
-    ("megatron_moe_qwen3_30b_a3b.sh", "h20-96g", {"HOME": "/h", "TEST_FILE": "/data/aime-2024.parquet"}),
+    ("megatron_dense_qwen2_7b.sh", "h100-80g", {"HOME": "/h"}, ""),
+    ("megatron_moe_lora_qwen3_30b_a3b.sh", "h100-80g", {"HOME": "/h"}, ""),
+    ("megatron_moe_qwen3_30b_a3b.sh", "h20-96g", {"HOME": "/h", "TEST_FILE": "/data/aime-2024.parquet"},
+     "out of memory on 8 nodes, phase not given (verl issue 3364)"),
+    ("megatron_moe_deepseek_v3_256_h100.sh", "h100-80g",
+     {"HOME": "/h", "CKPT_DIR": "/c", "LLM": "deepseek-ai/DeepSeek-V3", "RAY_DATA_HOME": "/r", "TRAIN_FILE": "/t",
+      "TEST_FILE": "/t"}, ""),
+    ("megatron_dense_qwen2_32b_tp8_h20.sh", "h20-96g", {"HOME": "/h"},
+     "out of memory in the distributed optimizer's step (verl issue 3124)"),
 )
 
 
@@ -80,7 +88,7 @@ def estimate_rows() -> list[str]:
         theirs_act = megatron_activations(mha, seq=SEQ, micro=MICRO, tp=tp, pp=pp, vpp=vpp,
                                           micro_batches=micro_batches)
         ungated = stage_activations(mha, engine, tokens_per_micro_batch=SEQ * MICRO, micro_batches=micro_batches,
-                                    gated=False).first
+                                    gated=False, rotary_outputs=False).first
         gated = stage_activations(arch, engine, tokens_per_micro_batch=SEQ * MICRO, micro_batches=micro_batches,
                                   dropout_masks=VERL_SAVES_DROPOUT_MASKS).peak
         layout = f"{tp} x {pp}" + (f" x {vpp}" if vpp else "")
@@ -91,23 +99,44 @@ def estimate_rows() -> list[str]:
 
 
 def verl_run_rows() -> list[str]:
-    rows = ["| verl example | GPUs | parallelism | peak phase | rlplan peak GiB | of GPU GiB | fits |",
-            "|---|---|---|---|---|---|---|"]
-    for name, gpu, _ in VERL_RUNS:
+    rows = ["| verl example | GPUs | parallelism | peak phase | rlplan peak GiB | of GPU GiB | fits | reported |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, gpu, _, outcome in VERL_RUNS:
         plan = _example_plan(name)
         report = predict_memory(plan)
         engine = plan.actor.mcore
         parallel = (f"TP {engine.tensor_model_parallel_size} PP {engine.pipeline_model_parallel_size} "
                     f"CP {engine.context_parallel_size} EP {engine.expert_model_parallel_size}")
         peak = report.peak_phase
-        rows.append(f"| `{name}` | {plan.cluster.world_size} x {gpu} | {parallel} | {peak.name} | "
+        at = f" ({peak.peak_at})" if peak.peak_at else ""
+        rows.append(f"| `{name}` | {plan.cluster.world_size} x {gpu} | {parallel} | {peak.name}{at} | "
                     f"{report.gpu_peak_bytes / GIB:.1f} | {plan.cluster.gpu.memory_gib:.0f} | "
-                    f"{'yes' if report.gpu_peak_bytes < report.gpu_capacity_bytes else 'no'} |")
+                    f"{'yes' if report.gpu_peak_bytes < report.gpu_capacity_bytes else 'no'} | {outcome or '-'} |")
     return rows
 
 
+def optimizer_step_paragraph() -> str:
+    """The dense TP 8 example that died in the optimizer's step: its update's moments as priced."""
+    plan = _example_plan("megatron_dense_qwen2_32b_tp8_h20.sh")
+    update = predict_memory(plan).phase("actor_update")
+    state = MEGATRON.role_state(plan, "actor", plan_layout(plan))
+    resident = state.params + state.grads + state.optimizer
+    return (
+        "verl's Qwen2.5-32B example for 8 H20 (`qwen2_32B_grpo_8_h20_megatron_vllm.sh` at verl 9f4161e2: TP 8, "
+        "DP 1, so the distributed optimizer shards nothing; param, grad and optimizer offload; 8,192-token "
+        "micro batches) ran out of memory in Megatron's `DistributedOptimizer.step_with_ready_grads` -> "
+        "`self.optimizer.step()` (verl-project/verl issue 3124, 2025-08-19). rlplan prices its update's state at "
+        f"{resident / GIB:.1f} GiB (bf16 weights, fp32 grads, fp32 main params and moments of 4.1 B parameters "
+        f"a rank), the step's temporaries at {state.optimizer_step / GIB:.1f} GiB (torch's foreach AdamW, "
+        "megatron-core's Adam without TE / Apex: `optimizer_step_bytes`), and the update's peak at "
+        f"{update.peak_bytes / GIB:.1f} GiB ({update.peak_at}) of the H20's {plan.cluster.gpu.memory_gib:.0f}: "
+        "so it still fits, by less than the 13 % margin `solve` keeps, and the step is not the priced peak. "
+        "The row stays a miss: the report does not say which Adam ran, how far into the update the run got, "
+        "or what else held memory at the step (verl 0.5's offload and vLLM's sleeping engine).")
+
+
 def _example_plan(name: str):
-    script, gpu, env = next(run for run in VERL_RUNS if run[0] == name)
+    script, gpu, env, _ = next(run for run in VERL_RUNS if run[0] == name)
     return import_verl_script((ROOT / "tests" / "data" / "verl_scripts" / script).read_text(),
                               gpu=resolve_gpu(gpu), host_memory_gib=2048.0, env=env,
                               local_config_reader=lambda path: None).plan
@@ -230,6 +259,7 @@ def section() -> str:
         "step model (rollout, log-prob passes and update through memory/backend.py's Megatron backend).",
         moe_full_example_paragraph(), "",
         *verl_run_rows(), "",
+        optimizer_step_paragraph(), "",
         published_runs_paragraph(runs), "",
         *published_run_rows(runs),
     ]) + "\n"

@@ -81,7 +81,7 @@ class Compared:
 def imported_plan(run: PublicRun, extra_fixes: tuple[str, ...] = ()) -> Plan:
     """The run's launch script as `rlplan compare SCRIPT LOG --gpu h100-80g --fix ...` reads it."""
     plan, _ = load_plan_or_script(str(PUBLIC / run.script), gpu=GPU, gpu_mem=None, host_mem=1024.0, env=[],
-                                  fixes=parse_fixes([*FIXES, *extra_fixes]))
+                                  fixes=parse_fixes([*FIXES, *extra_fixes]), log=read_verl_log(str(PUBLIC / run.log)))
     return plan
 
 
@@ -320,6 +320,11 @@ def time_lines(runs: list[Compared]) -> list[str]:
         "phase; reward and advantages are not priced). The step-time model and its constants: docs/steptime.md.", "",
         *time_table(runs), "",
         *time_summary(runs),
+        "These rows price each script as `rlplan compare` imports it, with verl 0.9's defaults for the keys it "
+        "leaves out. The logs' own config dumps differ where it matters for time (critic.model.use_remove_padding "
+        "False in the PPO runs, the actor's too in the 0.5B PPO run, max_num_seqs 1024): section 5a prices the "
+        "four logs with those pins (benchmarks/data/steptime_logs.toml), each with constants fitted without it.",
+        "",
         f"On the 0.5B runs `gen` measures {_span(gen_ratios)}x the prediction: a 0.5B model decoding"
         " in eager mode (these runs' `enforce_eager: True`) is bound by per-step launch and sampling "
         "overheads, not by the HBM reads the roofline prices.", "",

@@ -35,7 +35,7 @@ TOURS: dict[str, list[tuple[list[str], str]]] = {
                         "--env", "NGPUS=8", "-o", "imported.toml"], ""),
                       (["validate", "imported.toml"], "output")],
     "TOUR_COMPARE": [(["compare", "qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log", "--gpu", "h100-80g",
-                       "--fix", "rollout.enforce_eager=true"], "command")],
+                       "--fix", "rollout.enforce_eager=true", "--fix", "critic.use_remove_padding=false"], "command")],
 }
 # The folder a block's commands run in, said in the block as a `$ cd` line (default: the scratch folder's top).
 FOLDERS = {"TOUR_COMPARE": PUBLIC}

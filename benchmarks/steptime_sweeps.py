@@ -2,13 +2,13 @@
 
     python benchmarks/steptime_sweeps.py                      # the tables, on stdout
     python benchmarks/steptime_sweeps.py --write docs/accuracy.md   # regenerate its section 5 in place
-    python benchmarks/steptime_sweeps.py --fit                # fit the step-time constants to every run
 
 Each run of benchmarks/data/steptime_sweeps.toml is imported from its Hydra overrides (as `rlplan import
 verl` reads a launch script), priced at the run's published mean lengths, and compared phase by phase
 with its measured `timing_s/*` seconds.  Per sweep: Spearman's rank correlation of predicted against
-measured step times, and the error of each phase.  `--fit` runs `calibration.fit_step_time` over all
-runs at once (one profile, never a constant per case) and prints the fitted constants as profile TOML.
+measured step times, and the error of each phase, with the built-in profile: in sample, since its constants
+were fitted to these runs (and the public logs) by benchmarks/steptime_holdout.py, which reports the same
+runs out of sample (docs/accuracy.md section 5a) and prints the fit (`--fit`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 
 from attrs import frozen
 
-from rlplan.planner.calibration import FITTED_TIMINGS, STEP_TIME_CONSTANTS, RunTiming, fit_step_time
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.plan import Plan
@@ -135,20 +134,6 @@ def sweep_section(sweeps: dict[str, dict[str, Any]], runs: list[Run],
     return lines, summary
 
 
-def held_out_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], base: Profile) -> list[str]:
-    """Leave one sweep out: fit the constants to the other sweeps, then rank and price the one left out."""
-    lines = ["Held out (the constants fitted to the other sweeps only, `--fit` from the built-in values, "
-             "then this sweep priced):", "",
-             "| sweep left out | rank correlation | phases within 25 % |", "|---|---|---|"]
-    for name in sweeps:
-        fitted = fit_step_time(_timings([run for run in runs if run.sweep != name]), base).profile
-        held = [run for run in runs if run.sweep == name]
-        _, summary = sweep_section({name: sweeps[name]}, held, fitted)
-        rho = summary["sweeps"][name]
-        lines.append(f"| {name} | {rho:+.2f} | {summary['within']} of {summary['phases']} |")
-    return lines + [""]
-
-
 # The phases the training backend prices (the rollout's is the engine's, the same for FSDP and Megatron).
 TRAINER_PHASES = ("old_log_prob", "update_actor")
 
@@ -175,7 +160,7 @@ def megatron_lines(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: 
     return ["### Megatron runs (out of sample)", "",
             *trainer_rank_lines(sweeps, runs, profile),
             f"From benchmarks/data/{MEGATRON_DATA.name}, priced by the Megatron step-time backend "
-            "(planner/steptime/megatron.py) with the same profile; `--fit` never reads these runs. "
+            "(planner/steptime/megatron.py) with the same profile; the FSDP protocol's fit never reads these runs. "
             f"Summary: {summary['within']} of {summary['phases']} phases within {PHASE_ERROR_LIMIT:.0%}; rank "
             "correlation " + ", ".join(f"{name} {rho:+.2f}" for name, rho in summary["sweeps"].items()) + ".", "",
             *[line.replace("### ", "#### ", 1) if line.startswith("### ") else line for line in tables]]
@@ -192,33 +177,19 @@ def render_section(sweeps: dict[str, dict[str, Any]], runs: list[Run], profile: 
         f"the profile `{profile.name}`. `gen` is predicted as rollout + weight sync, `update_actor` as the "
         "update + the actor's offload traffic; `step` as every predicted phase (reward, advantages and "
         "checkpointing are not priced). The model and its constants: docs/steptime.md. The constants were "
-        "fitted once to all these runs together (`--fit`), so these are in-sample numbers.", "",
+        "fitted to these runs and the public logs together (`python benchmarks/steptime_holdout.py --fit`), so "
+        "these are in-sample numbers; section 5a has them out of sample.", "",
         f"Summary: {summary['within']} of {summary['phases']} phases within {PHASE_ERROR_LIMIT:.0%}; rank "
         "correlation per sweep " + ", ".join(f"{name} {rho:+.2f}" for name, rho in summary["sweeps"].items())
         + ".", "",
     ]
-    return "\n".join(header + tables + held_out_lines(sweeps, runs, profile) + megatron_lines(*megatron, profile))
-
-
-def _timings(runs: list[Run]) -> list[RunTiming]:
-    return [RunTiming(label=f"{run.sweep} {run.label}", plan=run.plan,
-                      measured_seconds={k: v for k, v in run.measured.items() if k in FITTED_TIMINGS})
-            for run in runs]
-
-
-def fit(runs: list[Run], base: Profile) -> str:
-    result = fit_step_time(_timings(runs), base)
-    lines = [f"# fitted to {len(runs)} runs, {result.compared_phases} phases: rms log error "
-             f"{result.rms_log_error_before:.3f} -> {result.rms_log_error_after:.3f}"]
-    lines += [f"{key} = {getattr(result.profile, key):.4g}" for key in STEP_TIME_CONSTANTS]
-    return "\n".join(lines)
+    return "\n".join(header + tables + megatron_lines(*megatron, profile))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", type=Path, default=None, help="markdown file whose section 5 to regenerate")
     parser.add_argument("--profile", type=Path, default=None, help="profile TOML to price with (default: built in)")
-    parser.add_argument("--fit", action="store_true", help="fit the step-time constants to every run and print them")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--megatron-data", type=Path, default=MEGATRON_DATA)
     args = parser.parse_args(argv)
@@ -226,9 +197,6 @@ def main(argv: list[str] | None = None) -> int:
                if args.profile else DEFAULT_PROFILE)
     sweeps = load_sweeps(args.data)
     runs = all_runs(sweeps)
-    if args.fit:
-        print(fit(runs, profile))
-        return 0
     megatron_sweeps = load_sweeps(args.megatron_data) if args.megatron_data.exists() else {}
     section = render_section(sweeps, runs, profile, (megatron_sweeps, all_runs(megatron_sweeps)))
     return print_or_write_section(section, SECTION_HEADING, args.write)

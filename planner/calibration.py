@@ -342,7 +342,7 @@ def _verl_allocator_observation(run: VerlRun, profile: Profile, family: Any) -> 
     return MemoryObservation(phase=str(peak.name), allocated_bytes=trainer, held_bytes=trainer + gap * GIB), ""
 
 
-def _verl_run_timing(run: VerlRun) -> RunTiming | None:
+def verl_run_timing(run: VerlRun) -> RunTiming | None:
     """Median seconds per verl timing key over the run's steady steps, as `fit_step_time` compares them."""
     from rlplan.planner.compare import steady_steps
 
@@ -378,6 +378,7 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
     timings: list[RunTiming] = []
     weighted = {"prompt": 0.0, "response": 0.0, "steps": 0}
     for run in runs:
+        notes.extend(run.log.reading_notes(named=True))
         lengths = run_lengths(run.log)
         priced = VerlRun(plan=plan_at_run_lengths(run.plan, lengths), log=run.log)
         weighted["prompt"] += lengths.prompt_mean * lengths.steps
@@ -388,7 +389,7 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
             memory.append(observation)
         elif why:
             notes.append(why)
-        timing = _verl_run_timing(priced)
+        timing = verl_run_timing(priced)
         if timing is not None:
             timings.append(timing)
     changes: dict[str, Any] = {"name": name,
@@ -440,9 +441,21 @@ STEP_TIME_CONSTANTS: tuple[str, ...] = (
     "training_mfu",
     "training_mfu_light_gpu",
     "micro_batch_seconds_per_layer",
+    # a step's fixed costs (issue 40): the worker calls, verl's offloads, the optimizer step's host work, the
+    # driver's reward and advantage steps, the engine's wake-up and sleep
+    "worker_call_seconds",
+    "dataproto_gbps",
+    "pageable_copy_gbps",
+    "optimizer_step_seconds_per_layer",
+    "reward_seconds_per_sequence",
+    "gae_seconds_per_position",
+    "gae_seconds_per_token",
+    "grouped_advantage_seconds_per_sequence",
+    "engine_wake_sleep_seconds_per_gib",
 )
 # The phases a fit compares, by verl's timing key; `step` is their sum plus what rlplan does not price.
-FITTED_TIMINGS: tuple[str, ...] = ("gen", "old_log_prob", "ref", "update_actor", "update_critic", "values")
+FITTED_TIMINGS: tuple[str, ...] = ("gen", "old_log_prob", "ref", "update_actor", "update_critic", "values", "reward",
+                                   "adv")
 
 
 @frozen(kw_only=True)
@@ -482,12 +495,14 @@ def _rms(errors: Sequence[float]) -> float:
 
 def fit_step_time(runs: Sequence[RunTiming], base: Profile = DEFAULT_PROFILE,
                   keys: Sequence[str] = STEP_TIME_CONSTANTS, rounds: int = 4,
-                  name: str = "calibrated") -> StepTimeFit:
+                  name: str = "calibrated", prior_weight: float = 0.0) -> StepTimeFit:
     """The profile whose step-time constants minimise the squared log error of every measured phase of `runs`.
 
     Coordinate descent: each key in turn is scanned over a log grid around its value (x1/4 .. x4 first,
     narrower each round) inside the bounds the profile accepts.  One profile for all runs: never a
-    constant per case.
+    constant per case.  With `prior_weight` > 0 the objective also charges every key its squared log
+    distance from `base` times that weight (a ridge prior): a constant the runs do not pin down stays at
+    its sourced value instead of wandering to fit one sweep's noise.
     """
     from rlplan.planner.memory import predict_memory
 
@@ -496,8 +511,16 @@ def fit_step_time(runs: Sequence[RunTiming], base: Profile = DEFAULT_PROFILE,
                         fix="give at least one run with measured timing_s phases")
     memories = [predict_memory(run.plan, base) for run in runs]
     profile = attrs.evolve(base, name=name)
+
+    def objective(candidate: Profile) -> float:
+        errors = _log_errors(runs, candidate, memories)
+        mean_square = sum(e * e for e in errors) / len(errors) if errors else 0.0
+        prior = sum(math.log(float(getattr(candidate, key)) / float(getattr(base, key))) ** 2
+                    for key in keys if float(getattr(base, key)) > 0 and float(getattr(candidate, key)) > 0)
+        return mean_square + prior_weight * prior
+
     before = _rms(_log_errors(runs, profile, memories))
-    best = before
+    best = objective(profile)
     span = 4.0
     for _ in range(rounds):
         for key in keys:
@@ -508,12 +531,13 @@ def fit_step_time(runs: Sequence[RunTiming], base: Profile = DEFAULT_PROFILE,
                     candidate = attrs.evolve(profile, **{key: value})
                 except PlanError:
                     continue
-                error = _rms(_log_errors(runs, candidate, memories))
-                if error < best - 1e-12:
-                    best, profile = error, candidate
+                score = objective(candidate)
+                if score < best - 1e-12:
+                    best, profile = score, candidate
         span = math.sqrt(span)
-    return StepTimeFit(profile=profile, rms_log_error_before=before, rms_log_error_after=best,
-                       compared_phases=len(_log_errors(runs, profile, memories)))
+    errors = _log_errors(runs, profile, memories)
+    return StepTimeFit(profile=profile, rms_log_error_before=before, rms_log_error_after=_rms(errors),
+                       compared_phases=len(errors))
 
 
 def _log_grid(span: float, points: int = 9) -> list[float]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 from attrs import frozen
@@ -38,6 +38,9 @@ from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.stack import DEFAULT_VERL, parse_version
 from rlplan.planner.verl_log import VerlLog
+
+if TYPE_CHECKING:
+    from rlplan.planner.steptime.bands import TimeBand
 
 VersionFamily = Literal["0.2", "0.3", "0.6", "0.7", "0.8"]
 
@@ -248,6 +251,9 @@ TIMING_KEY: dict[str, str] = {
     Phase.CRITIC_VALUES: "timing_s/values",
     Phase.CRITIC_UPDATE: "timing_s/update_critic",
     Phase.ACTOR_UPDATE: "timing_s/update_actor",
+    # The driver's own steps (steptime.step.driver_seconds).
+    "reward": "timing_s/reward",
+    "adv": "timing_s/adv",
 }
 # Steps that validate or checkpoint time that work inside timing_s/step.
 _EXTRA_WORK = ("timing_s/testing", "timing_s/save_checkpoint")
@@ -260,6 +266,13 @@ class TimeRow:
     measured_s: float
     predicted_s: float
     steps: int
+    # The step-time model's error out of sample on this timing key (steptime/bands.py): the measured seconds
+    # a prediction stood for lay within it on the published runs.
+    band: TimeBand | None = None
+
+    @property
+    def within_band(self) -> bool | None:
+        return None if self.band is None else self.band.holds(self.predicted_s, self.measured_s)
 
     @property
     def ratio(self) -> float:
@@ -283,6 +296,8 @@ def steady_steps(log: VerlLog) -> list[int]:
 
 
 def time_rows(plan: Plan, report: MemoryReport, log: VerlLog, profile: Profile) -> list[TimeRow]:
+    from rlplan.planner.steptime.bands import time_band
+
     predicted = _predicted_seconds(plan, report, profile)
     used = set(steady_steps(log))
     measured: dict[str, list[float]] = {}
@@ -302,11 +317,12 @@ def time_rows(plan: Plan, report: MemoryReport, log: VerlLog, profile: Profile) 
         with_sync = phase == Phase.ROLLOUT and sync_in_gen
         seconds = predicted[phase] + (predicted.get(Phase.WEIGHT_SYNC, 0.0) if with_sync else 0.0)
         rows.append(TimeRow(phase=phase, metric=key + (" (with the weight sync)" if with_sync else ""),
-                            measured_s=statistics.median(measured[key]), predicted_s=seconds, steps=len(measured[key])))
+                            measured_s=statistics.median(measured[key]), predicted_s=seconds, steps=len(measured[key]),
+                            band=time_band(plan, key.removeprefix("timing_s/"))))
     if "timing_s/step" in measured:
         step_times = measured["timing_s/step"]
         rows.append(TimeRow(phase="step", metric="timing_s/step", measured_s=statistics.median(step_times),
-                            predicted_s=sum(predicted.values()), steps=len(step_times)))
+                            predicted_s=sum(predicted.values()), steps=len(step_times), band=time_band(plan, "step")))
     return rows
 
 
@@ -420,13 +436,7 @@ class Comparison:
 
 
 def _notes(log: VerlLog, scope: MetricScope, plan: Plan) -> list[str]:
-    notes = [f"line {bad.line}: {bad.reason}; skipped" for bad in log.bad_lines[:10]]
-    if len(log.bad_lines) > 10:
-        notes.append(f"{len(log.bad_lines) - 10} more unreadable lines skipped")
-    if log.incomplete_last_line is not None:
-        notes.append(f"line {log.incomplete_last_line} has no newline yet (the run is still writing it); not read")
-    for key, step in sorted(log.nan_keys.items())[:5]:
-        notes.append(f"{key} is NaN from step {step}; those values are left out")
+    notes = list(log.reading_notes())
     if plan.rollout.name == "sglang" and scope.engine_in_process:
         notes.append("SGLang always runs in its own process: its memory is outside verl's counters")
     if not any(key in log.keys() for key in (scope.allocated_key, scope.reserved_key)):

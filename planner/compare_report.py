@@ -40,7 +40,8 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
                     "counter_reserved_gib": _r(p.reserved_gib), "planner_peak_gib": _r(p.planner_peak_gib)}
                    for p in c.phases],
         "times": [{"phase": str(t.phase), "metric": t.metric, "measured_s": _r(t.measured_s),
-                   "predicted_s": _r(t.predicted_s), "ratio": _r(t.ratio, 4), "steps": t.steps} for t in c.times],
+                   "predicted_s": _r(t.predicted_s), "ratio": _r(t.ratio, 4), "steps": t.steps,
+                   "band": t.band.to_json() if t.band else None, "within_band": t.within_band} for t in c.times],
         "forecast": {"slope_tokens_per_step": _r(forecast.slope_tokens_per_step, 4),
                      "last_step": forecast.last_step, "longest_fitting_mean_response": forecast.longest_fitting_mean,
                      "max_response_length": forecast.max_response_length,
@@ -50,6 +51,18 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
                      "fix": forecast.fix, "message": forecast.message()},
         "notes": list(c.notes),
     }
+
+
+def _time_band_cell(row: dict[str, Any]) -> str:
+    """A time row's band: the range the predicted seconds stood for on published runs out of sample, and whether
+    the measurement lies in it (steptime/bands.py)."""
+    band = row.get("band")
+    if not band:
+        return ""
+    low, high = row["predicted_s"] / (1 + band["over"]), row["predicted_s"] / (1 - band["under"])
+    basis = "" if band["runs"] else ", no run measured it: the widest"
+    verdict = "within" if row["within_band"] else "OUTSIDE"
+    return f"-{100 * band['under']:.0f}/+{100 * band['over']:.0f} % ({low:.2f}-{high:.2f} s{basis}) {verdict}"
 
 
 def comparison_tables(payload: dict[str, Any]) -> list[Any]:
@@ -85,11 +98,11 @@ def comparison_tables(payload: dict[str, Any]) -> list[Any]:
                        f"{row['planner_peak_gib']:.2f}")
     out.append(phases)
     times = FittedTable(title="time per phase (median over steady steps)")
-    for column in ("phase", "verl metric", "measured s", "predicted s", "ratio", "steps"):
+    for column in ("phase", "verl metric", "measured s", "predicted s", "ratio", "steps", "error band (out of sample)"):
         times.add_column(column, overflow="fold")
     for row in payload["times"]:
         times.add_row(row["phase"], row["metric"], f"{row['measured_s']:.2f}", f"{row['predicted_s']:.2f}",
-                      f"{row['ratio']:.2f}", str(row["steps"]))
+                      f"{row['ratio']:.2f}", str(row["steps"]), _time_band_cell(row))
     out.append(times)
     out.append(Text(f"forecast: {payload['forecast']['message']}", style="bold"))
     for note in payload["notes"]:

@@ -13,8 +13,15 @@ from rlplan.planner.validators import field_check
 _IMPLAUSIBLY_LARGE = 1e9
 
 
+def _finite_positive(value: object) -> bool:
+    """A positive finite number; a bool, a string or an int past float's range (math.isfinite's OverflowError) is not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return value > 0 and (isinstance(value, int) or math.isfinite(value))
+
+
 def _positive_number(field_prefix: str):
-    return field_check(field_prefix, lambda value: math.isfinite(value) and 0 < value <= _IMPLAUSIBLY_LARGE,
+    return field_check(field_prefix, lambda value: _finite_positive(value) and value <= _IMPLAUSIBLY_LARGE,
                        f"must be positive and below {_IMPLAUSIBLY_LARGE:g}, got {{value}}.",
                        "set {field} to a positive number")
 

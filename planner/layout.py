@@ -262,7 +262,8 @@ def plan_layout(plan: Plan) -> PlanLayout:
     seq_len = plan.data.max_sequence_length
 
     def role(name: Phase, *, mini: int | None, micro: int | None, budget: int | None, dynamic: bool,
-             sp_size: int = sp, dp_size: int = dp, epochs: int = 1) -> RoleBatchLayout:
+             sp_size: int = sp, dp_size: int = dp, epochs: int = 1,
+             remove_padding: bool = plan.model.use_remove_padding) -> RoleBatchLayout:
         return RoleBatchLayout(
             role=name,
             sequences_per_gpu=plan.data.train_batch_size * n // dp_size,
@@ -273,7 +274,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
             micro_batch_size_per_gpu=None if dynamic else micro,
             max_token_len_per_gpu=budget if dynamic else None,
             epochs=epochs,
-            padded=not plan.model.use_remove_padding,
+            padded=not remove_padding,
             soft_token_budget=holds(SOFT_TOKEN_BUDGET, plan.stack, plan.rollout.name),
         )
 
@@ -316,6 +317,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
             sp_size=critic_sp,
             dp_size=critic_dp,
             epochs=critic.ppo_epochs,
+            remove_padding=critic.use_remove_padding,
         )
         forward_micro = critic.forward_micro_batch_size_per_gpu
         critic_values = role(
@@ -326,6 +328,7 @@ def plan_layout(plan: Plan) -> PlanLayout:
             dynamic=critic.use_dynamic_bsz,
             sp_size=critic_sp,
             dp_size=critic_dp,
+            remove_padding=critic.use_remove_padding,
         )
     return PlanLayout(
         parallel=parallel,

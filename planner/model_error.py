@@ -125,14 +125,18 @@ def _same_backend(measured: str, planned: str) -> bool:
 @functools.cache
 def error_band(kind: str, head: str | None, strategy: str) -> ErrorBand:
     """The band of the rows of `kind` with `head` (None: any) under `strategy` (the engine's: any)."""
+    if strategy == "megatron" and kind != "engine":
+        # The Megatron backend prices the larger of verl's head and Megatron-Core's own vocabulary-parallel cross
+        # entropy, which its measured rows run (the CPU twin, docs/accuracy.md 6b): they hold for any head.
+        head = None
     of_kind = tuple(row for row in accuracy_rows() if row.kind == kind)
     comparable = tuple(row for row in of_kind if (head is None or row.head == head)
                        and (kind == "engine" or row.strategy == strategy))
     what = {"update": "update", "forward": "forward-pass", "engine": "rollout-engine"}[kind]
     owner = "vLLM" if kind == "engine" else strategy
-    if kind != "engine" and not any(_same_backend(row.strategy, strategy) for row in accuracy_rows()):
-        # Rows of another backend say nothing about this one's code path: assume the error an unmeasured
-        # path has shown before, and say so.
+    if kind != "engine" and not any(_same_backend(row.strategy, strategy) for row in of_kind):
+        # Rows of another backend (or of another kind of pass) say nothing about this one's code path: assume
+        # the error an unmeasured path has shown before, and say so.
         under = DEFAULT_PROFILE.unmeasured_backend_under_fraction
         return ErrorBand(under=under, over=0.0, rows=0, assumed=True,
                          basis=f"no measured row of the {strategy} backend: -{100 * under:.1f} % assumed "

@@ -20,12 +20,56 @@ from attrs import field, frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
-from rlplan.planner.stack import StackSection, check_engine
+from rlplan.planner.stack import (
+    LEN_FROM_MODEL_ALWAYS,
+    LEN_FROM_SEQUENCES,
+    REFERENCE_ALWAYS_RUNS,
+    StackSection,
+    check_engine,
+    holds,
+)
 from rlplan.planner.validators import at_least, field_check
 
 SCHEMA_VERSION = 1
 
-Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus"]
+# verl's advantage estimators (`AdvantageEstimator`, verl/trainer/ppo/core_algos.py; ray_trainer.py before
+# v0.4): the plan field's values. ESTIMATORS says what each changes in a step; `since` is the first release
+# tag read here whose enum has it (v0.3.0.post1, v0.4.1, v0.5.0, v0.6.1, v0.7.0, main b178a3cd), so a
+# per-release check can refuse it where verl would.
+Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
+                    "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
+                    "tir_optimal_token_baseline"]
+
+
+@frozen(kw_only=True)
+class EstimatorFacts:
+    """What an advantage estimator changes in a step: a critic (GAE: verl's need_critic), a baseline from
+    the other responses of the same prompt (needs rollout.n >= 2), a greedy baseline generation per batch
+    (ReMax: verl's `gen_max`, a second generate_sequences of the batch's prompts with do_sample=False)."""
+
+    critic: bool = False
+    group: bool = False
+    greedy_baseline: bool = False
+    since: str = "0.3.0.post1"
+
+
+ESTIMATORS: dict[str, EstimatorFacts] = {
+    "gae": EstimatorFacts(critic=True),
+    "grpo": EstimatorFacts(group=True),
+    "rloo": EstimatorFacts(group=True),
+    "reinforce_plus_plus": EstimatorFacts(),
+    "remax": EstimatorFacts(greedy_baseline=True),
+    "reinforce_plus_plus_baseline": EstimatorFacts(group=True, since="0.4.1"),
+    "opo": EstimatorFacts(group=True, since="0.4.1"),
+    "grpo_passk": EstimatorFacts(group=True, since="0.4.1"),
+    "gpg": EstimatorFacts(group=True, since="0.5.0"),
+    "rloo_vectorized": EstimatorFacts(group=True, since="0.6.1"),
+    "grpo_vectorized": EstimatorFacts(group=True, since="0.6.1"),
+    "optimal_token_baseline": EstimatorFacts(group=True, since="main"),
+    "tir_optimal_token_baseline": EstimatorFacts(group=True, since="main"),
+}
+# The estimators rlplan's own runtime computes (runtime/algorithms): what `solve --algo` offers.
+RUNTIME_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_plus_plus")
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KlLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 LoadFormat = Literal["dummy", "safetensors", "auto"]
@@ -459,12 +503,14 @@ class Plan:
         """verl's need_critic: critic.enable if set, else adv_estimator == gae."""
         if self.critic.enable is not None:
             return self.critic.enable
-        return self.algorithm.adv_estimator == "gae"
+        return ESTIMATORS[self.algorithm.adv_estimator].critic
 
     @property
     def uses_reference(self) -> bool:
-        """verl's need_reference_policy: a KL term in the loss or in the reward."""
-        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        """verl's need_reference_policy: a KL term in the loss or in the reward; before verl 0.4 always
+        (stack.REFERENCE_ALWAYS_RUNS)."""
+        return (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+                or holds(REFERENCE_ALWAYS_RUNS, self.stack, self.rollout.name))
 
     @property
     def reference_is_actor(self) -> bool:
@@ -473,9 +519,15 @@ class Plan:
 
     @property
     def verl_max_model_len(self) -> int:
-        """The context verl starts vLLM with: rollout.max_model_len, else the model's max_position_embeddings
-        (vllm_async_server.py, rule R7). rlplan's memory model and runtime use prompt + response instead
-        (`memory.rollout_max_model_len`), which is why render writes the value out."""
+        """The context the plan's verl starts vLLM with (rule R7): from v0.7.1 rollout.max_model_len, else the
+        model's max_position_embeddings (vllm_async_server.py); v0.7.0 always the latter; before v0.7.0
+        rollout.max_model_len, else prompt + response (vllm_rollout_spmd.py; stack.LEN_FROM_SEQUENCES).
+        rlplan's memory model and runtime use prompt + response where it is unset (`memory.rollout_max_model_len`),
+        which is why render writes the value out."""
+        if holds(LEN_FROM_MODEL_ALWAYS, self.stack):
+            return self.model.arch.max_position_embeddings
+        if holds(LEN_FROM_SEQUENCES, self.stack):
+            return self.rollout.max_model_len or self.data.max_sequence_length
         return self.rollout.max_model_len or self.model.arch.max_position_embeddings
 
     @property

@@ -30,6 +30,9 @@ CUSTOM_GPU_HBM_GBPS = 1555.0
 CUSTOM_GPU_PCIE_GBPS = 25.0
 CUSTOM_GPU_INTRANODE_GBPS = 25.0
 
+# A Hugging Face repo id (ORG/NAME), as opposed to a local path.
+HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
 _MODEL_PRESET_KEYS = ("repo_ids", "repo_overrides", "published_params_b", "published_active_params_b")
 
 

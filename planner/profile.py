@@ -62,7 +62,8 @@ def _constant(default: float, why: str, low: float = 0.0, high: float = math.inf
 
 
 # Where the step-time constants fitted to published runs come from.
-FITTED = " [fitted: benchmarks/steptime_sweeps.py --fit to 13 published verl runs; docs/steptime.md]"
+FITTED = (" [fitted: benchmarks/steptime_holdout.py --fit, 13 published verl FSDP runs and 4 public logs, from "
+          "its PROTOCOL_BASE; error out of sample in docs/accuracy.md 5a]")
 
 
 # The longest mean sequence length a profile may record: far beyond any model's context, so a larger one is a
@@ -188,7 +189,7 @@ class Profile:
 
     # --- throughput (memory-model.md 2.9) ---
     training_mfu: float = _constant(
-        0.42, "achieved FLOP/s of FSDP training over peak on FLOP-dense GPUs, counting gradient "
+        0.50, "achieved FLOP/s of FSDP training over peak on FLOP-dense GPUs, counting gradient "
               "checkpointing's recompute: torchtitan Llama-3.1-8B on H100 reaches 33-39 % MFU, verl FSDP "
               "H100 runs 0.27-0.44 (6N MFU; x4/3 with recompute)" + FITTED, high=1.0, open_low=True)
     prefill_mfu: float = _constant(
@@ -209,7 +210,7 @@ class Profile:
     collective_efficiency: float = _constant(
         0.7, "fraction of link bandwidth NCCL all-gather / reduce-scatter reach", high=1.0, open_low=True)
     tp_allreduce_latency_us: float = _constant(
-        135.0, "latency of one small tensor-parallel all-reduce in an eager decode step, its launch from "
+        154.0, "latency of one small tensor-parallel all-reduce in an eager decode step, its launch from "
                "Python included (two per layer)" + FITTED, high=10_000.0)
     tp_allreduce_graph_latency_us: float = _constant(
         10.0, "latency of one small tensor-parallel all-reduce in a decode step replayed from CUDA graphs "
@@ -223,10 +224,10 @@ class Profile:
              "0.07-0.3 of their maxima (DAPO 2k/20k: prompts ~160, responses 0.8-3.7k; GSM8K 512/1024)",
         high=1.0, open_low=True)
     response_length_sigma: float = _constant(
-        0.42, "shape of the log-normal response lengths a batch draws from (the tail parameter): the "
+        0.40, "shape of the log-normal response lengths a batch draws from (the tail parameter): the "
              "batch's decode ends with its longest responses" + FITTED, high=4.0)
     training_mfu_light_gpu: float = _constant(
-        0.74, "training_mfu on GPUs below training_mfu_dense_gpu_tflops: published verl FSDP runs on H20 "
+        0.77, "training_mfu on GPUs below training_mfu_dense_gpu_tflops: published verl FSDP runs on H20 "
               "report 0.57-0.67 MFU (verl_megatron_practice dapo14b/dapo32b.csv), x4/3 with recompute"
               + FITTED,
         high=1.0, open_low=True)
@@ -234,14 +235,14 @@ class Profile:
         400.0, "bf16 dense TFLOP/s from which a GPU is FLOP-dense and reaches training_mfu (H100 989) rather "
                "than training_mfu_light_gpu (H20 148, A100 312)", high=1e6)
     micro_batch_seconds_per_layer: float = _constant(
-        0.48e-3, "fixed cost per micro batch, layer and pass (forward = 1, backward 2 more): Python, "
+        1.7e-3, "fixed cost per micro batch, layer and pass (forward = 1, backward 2 more): Python, "
                  "launches, FSDP hooks; what makes small models run below any FLOPs roofline" + FITTED,
         high=1.0)
     entropy_bytes_per_token_vocab: float = _constant(
         16.0, "HBM bytes per token x vocab of the entropy over fp32 logits (old-log-prob pass; the reference "
               "pass skips it): softmax, log-softmax and the product, read and written", high=1024.0)
     decode_step_floor_s: float = _constant(
-        3.4e-3, "host time of one decode step beside its layers: scheduling, sampling, output processing"
+        3.3e-3, "host time of one decode step beside its layers: scheduling, sampling, output processing"
                 + FITTED, high=1.0)
     decode_eager_seconds_per_layer: float = _constant(
         0.68e-3, "host time per layer of an eager decode step (rollout.enforce_eager, verl's default before "
@@ -251,9 +252,56 @@ class Profile:
              "estimated (no published sweep ran with graphs); the floor and per-sequence cost still apply",
         high=1.0)
     decode_seconds_per_sequence: float = _constant(
-        27e-6, "host time per running sequence and decode step of one engine (scheduling, sampling, "
+        31e-6, "host time per running sequence and decode step of one engine (scheduling, sampling, "
                "detokenizing): one engine's tokens per second do not grow with its TP size" + FITTED,
         high=1.0)
+
+    # --- a step's fixed costs: what verl times inside its phases beside the passes (issue 40) ---
+    worker_call_seconds: float = _constant(
+        0.052, "host time of one worker-group call beside its data: Ray's remote call to every rank and the gather "
+              "of their results, the Ulysses sharding manager's enter and exit, FSDP1's root reshard, the "
+              "`empty_cache` verl calls around offloads (verl/single_controller/ray/base.py "
+              "execute_all, fsdp_workers.py compute_log_prob / update_actor, v0.4.0)" + FITTED, high=60.0)
+    dataproto_gbps: float = _constant(
+        1.14, "GB/s at which the driver ships a worker call's DataProto to the ranks and back: torch.save of each "
+             "chunk into bytes, Ray's object store, torch.load on the rank, torch.cat of the results "
+             "(verl/protocol.py __getstate__, DataProto.concat). benchmarks/host_costs.py rebuilds it on this "
+             "CPU at 0.01-0.02 GB/s (0.04-0.12 scaled to the logs' host by their timing_s/adv), which the logs' "
+             "passes rule out (7B PPO recommended: 0.4 GB a call, old_log_prob within 1 s of its compute)"
+             + FITTED, low=1e-3, high=1e3)
+    pageable_copy_gbps: float = _constant(
+        10.1, "GB/s of verl's between-phase offloads: `flat_param.data.to('cpu')` and back, to and from pageable "
+              "host memory (verl/utils/fsdp_utils.py offload_fsdp_model_to_cpu / load_fsdp_model_to_gpu, "
+              "offload_fsdp_optimizer), well below pinned PCIe" + FITTED, low=1e-3, high=1e3)
+    optimizer_step_seconds_per_layer: float = _constant(
+        1.1e-3, "host time per optimizer step and layer beside AdamW's HBM pass: the grad-norm clip and its "
+                "isfinite check (a device sync), the optimizer's per-tensor launches, zero_grad, the LR "
+                "scheduler (verl/workers/actor/dp_actor.py _optimizer_step)" + FITTED, high=1.0)
+    reward_seconds_per_sequence: float = _constant(
+        1.41e-4, "driver time per response of a rule reward (timing_s/reward): verl's NaiveRewardManager "
+                "decodes each response and scores it in a Python loop (verl/workers/reward_manager/naive.py); "
+                "the public GSM8K logs time 0.14-0.15 ms per response at 512-5120 responses" + FITTED,
+        high=1.0)
+    gae_seconds_per_position: float = _constant(
+        2.5e-5, "driver time per response position of GAE (timing_s/adv): verl's compute_gae_advantage_return "
+                "steps backwards over the positions with a few torch ops each on the batch's column "
+                "(verl/trainer/ppo/core_algos.py)" + FITTED, high=1.0)
+    gae_seconds_per_token: float = _constant(
+        3.9e-8, "driver time per response token (batch x max response) of GAE and the advantage whitening"
+                + FITTED, high=1.0)
+    grouped_advantage_seconds_per_sequence: float = _constant(
+        2.6e-5, "driver time per response of a group advantage (GRPO, RLOO, ...: a Python loop that groups the "
+                "scores by prompt uid, core_algos.compute_grpo_outcome_advantage)" + FITTED, high=1.0)
+    rollout_host_seconds_per_sequence: float = _constant(
+        1.0e-4, "rollout worker's host time per response beside decoding: strip each prompt's left padding, "
+                "pad each response to the maximum, build masks and position ids "
+                "(verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py generate_sequences): benchmarks/"
+                "host_costs.py measures 440-900 us here, 80-130 us scaled to the logs' host by their timing_s/adv",
+        high=1.0)
+    engine_wake_sleep_seconds_per_gib: float = _constant(
+        0.0174, "seconds per GiB of the engine's memory budget to wake it and put it back to sleep each step: "
+              "vLLM's CuMemAllocator unmaps and remaps the pool chunk by chunk, around the weight sync "
+              "(verl/workers/sharding_manager/fsdp_vllm.py __enter__ / __exit__)" + FITTED, high=10.0)
 
     def why(self, key: str) -> str:
         return attrs.fields_dict(type(self))[key].metadata["why"]

@@ -27,13 +27,18 @@ from rlplan.planner.margin_report import (
 from rlplan.planner.memory import Component, MemoryReport, predict_memory
 from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.memory.megatron import TrainedRole, cpu_optimizer_fraction
-from rlplan.planner.memory.phases import at_max_length, longest_expected_response_that_fits
+from rlplan.planner.memory.phases import (
+    at_max_length,
+    longest_expected_response_that_fits,
+    longest_expected_sequence_that_fits,
+)
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import RuleReport, Violation, check_plan
 from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
 from rlplan.planner.steptime import Lengths, StepTime, predict_step_time, workload_lengths
+from rlplan.planner.steptime.bands import phase_band
 
 GIB = 2**30
 
@@ -73,6 +78,9 @@ class PlanReports:
     # The longest mean response (at the expected prompt length) at which the plan still fits.
     longest_fitting_response: int
     margin: MarginReport
+    # When not even one-token responses fit at that prompt length: the longest mean (prompt, response), shrunk
+    # together, that fits ((0, 0): none); None when longest_fitting_response > 0.
+    longest_fitting_sequence: tuple[int, int] | None = None
 
     @property
     def feasible(self) -> bool:
@@ -105,11 +113,13 @@ def plan_reports(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEAD
     memory = predict_memory(plan, profile)
     worst = memory if plan.data.expected_sequence_length == plan.data.max_sequence_length else predict_memory(
         at_max_length(plan), profile)
+    longest = longest_expected_response_that_fits(plan, profile)
     return PlanReports(plan=plan, profile=profile, rules=check_plan(plan), memory=memory, memory_at_max_length=worst,
                        step=predict_step_time(plan, memory, profile), layout=plan_layout(plan),
-                       lengths=workload_lengths(plan, profile),
-                       longest_fitting_response=longest_expected_response_that_fits(plan, profile),
-                       margin=margin_report(plan, profile, memory, headroom))
+                       lengths=workload_lengths(plan, profile), longest_fitting_response=longest,
+                       margin=margin_report(plan, profile, memory, headroom),
+                       longest_fitting_sequence=longest_expected_sequence_that_fits(plan, profile) if not longest
+                       else None)
 
 
 def _components_gib(components: tuple[Component, ...] | list[Component]) -> dict[str, float]:
@@ -169,6 +179,10 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
         # `feasible` is the verdict at the expected lengths; these say how far the data may grow.
         "feasible_at_max_length": reports.memory_at_max_length.fits,
         "longest_expected_response_that_fits": reports.longest_fitting_response,
+        # Set when not even one-token responses fit at the expected prompt length: the longest mean prompt and
+        # response, shrunk together, that fit ({"prompt": 0, "response": 0}: none).
+        "longest_expected_sequence_that_fits": None if reports.longest_fitting_sequence is None else dict(
+            zip(("prompt", "response"), reports.longest_fitting_sequence, strict=True)),
         "expected_prompt_length": reports.expected_prompt_length,
         "expected_response_length": reports.expected_response_length,
         "max_response_length": plan.data.max_response_length,
@@ -205,6 +219,9 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
         },
         "step_time_s": reports.step_time_s,
         "phase_seconds": {k: round(v, 3) for k, v in step.phase_seconds.items()},
+        # Each phase's (and the step's) out-of-sample error band (planner/steptime/bands.py, accuracy.md 5a).
+        "phase_seconds_band": {**{k: phase_band(plan, k).to_json() for k, v in step.phase_seconds.items() if v},
+                               "step": phase_band(plan, "step").to_json()},
         # The lengths the step time is priced at (planner/steptime.py; docs/steptime.md has its error).
         "step_time_lengths": step_time_lengths_json(plan, profile, reports.lengths),
         "layout": layout_json(plan, reports.layout),
@@ -222,7 +239,12 @@ def length_verdict(reports: PlanReports) -> str:
     if reports.memory_at_max_length.fits or longest >= maximum:
         return ""
     if longest == 0:
-        return " It does not fit at any response length."
+        prompt, response = reports.longest_fitting_sequence or (0, 0)
+        if not prompt:
+            return " It does not fit at any length, not even one-token prompts and responses."
+        return (f" It does not fit at {reports.expected_prompt_length}-token prompts whatever the response length; "
+                f"it fits while prompt + response average <= {prompt + response} tokens ({prompt} + {response}, "
+                "both shrunk together).")
     return (f" It fits while responses average <= {longest} tokens (at {reports.expected_prompt_length}-token "
             f"prompts); OOM once they reach {maximum}.")
 
@@ -358,22 +380,25 @@ def layout_table(layout: PlanLayout, *, megatron: bool = False):
     return table
 
 
-def time_table(step: StepTime, lengths: Lengths | None):
+def time_table(step: StepTime, lengths: Lengths | None, plan: Plan):
     from rlplan.planner.tables import FittedTable
 
     at = (f"at mean prompt {round(lengths.prompt_mean, 1):.0f} + response {round(lengths.response_mean, 1):.0f} "
           "tokens" if lengths else "at the expected lengths")
     step_seconds = round(step.total_seconds, 3)
-    title = f"Step time estimate {at}: {step_seconds:.2f} s"
-    caption = "error vs published verl runs: most phases within 25 %, the rollout -46..+65 % (docs/steptime.md)"
+    title = f"Step time estimate {at}: {step_seconds:.2f} s ({phase_band(plan, 'step').text()})"
+    caption = ("error band: the model's largest under- and over-prediction of that verl timing key on published "
+               "runs left out of its fit (docs/accuracy.md 5a)")
     table = FittedTable(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
+    table.add_column("error band", justify="right")
     total = step_seconds or 1.0
     for name, seconds in step.phase_seconds.items():
         seconds = round(seconds, 3)
-        table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%")
+        table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%",
+                      phase_band(plan, name).text() if seconds else "")
     return table
 
 
@@ -500,7 +525,7 @@ def explain_tables(reports: PlanReports) -> list[Any]:
     plan, memory = reports.plan, reports.memory
     out: list[Any] = [knobs_table(plan), layout_table(reports.layout, megatron=plan.is_megatron),
                       component_matrix(memory), host_table(memory),
-                      time_table(reports.step, reports.lengths)]
+                      time_table(reports.step, reports.lengths, reports.plan)]
     from rich.text import Text
 
     out.append(Text(
@@ -530,7 +555,7 @@ def solve_summary(plan: Plan, result: SolveResult, output: str | None, profile: 
     out: list[Any] = [knobs_table(plan)]
     reports = plan_reports(plan, profile, headroom)
     out.append(phase_table(reports.memory, detailed=False))
-    out.append(time_table(reports.step, reports.lengths))
+    out.append(time_table(reports.step, reports.lengths, reports.plan))
     where = f"written to {output}" if output else "not written"
     out.append(Text(
         f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "
@@ -555,6 +580,8 @@ class TopCandidate:
     phase_peak_gib: dict[str, float]
     knobs: dict[str, Any]
     phase_seconds: dict[str, float]
+    # Each phase's out-of-sample step-time error band (steptime/bands.py: under, over, runs), and the step's.
+    phase_seconds_band: dict[str, dict[str, float | int]]
     # GPU memory the candidate leaves free, and the margin every candidate keeps (the same for all).
     left_gib: float
     headroom_gib: float
@@ -595,6 +622,9 @@ def top_candidates(result: SolveResult, request: SolveRequest, top: int) -> list
             rank=rank, step_time_s=prediction.step_time_s, gpu_peak_gib=prediction.gpu_peak_gib,
             phase_peak_gib=prediction.phase_peak_gib, knobs=searched_knobs(candidate.plan),
             phase_seconds=prediction.phase_seconds,
+            phase_seconds_band={**{name: phase_band(candidate.plan, name).to_json()
+                                   for name, value in prediction.phase_seconds.items() if value},
+                                "step": phase_band(candidate.plan, "step").to_json()},
             left_gib=round(request.cluster.gpu.memory_gib - prediction.gpu_peak_gib, 3), headroom_gib=margin_gib))
     return rows
 
@@ -655,7 +685,7 @@ def top_candidates_table(rows: list[TopCandidate]):
     table.add_column("#")
     table.add_column("step s", justify="right")
     table.add_column("free GiB", justify="right")
-    table.add_column("s per phase", overflow="fold")
+    table.add_column("s per phase (error band out of sample)", overflow="fold")
     table.add_column("peak GiB per phase", overflow="fold")
     table.add_column("knobs (after #1: what differs)", overflow="fold")
     best = rows[0].knobs if rows else {}
@@ -663,10 +693,19 @@ def top_candidates_table(rows: list[TopCandidate]):
         phases = "\n".join(f"{name} {peak:.1f}" for name, peak in row.phase_peak_gib.items())
         knobs = "\n".join(f"{key} = {shown(value)}" for key, value in row.knobs.items()
                           if value is not None and (row.rank == 1 or best.get(key) != value))
-        seconds = "\n".join(f"{name} {value:.1f}" for name, value in row.phase_seconds.items() if value)
-        table.add_row(str(row.rank), f"{row.step_time_s:.1f}", f"{row.left_gib:.2f}", seconds, phases,
+        seconds = "\n".join(f"{name} {value:.1f}{_band_text(row.phase_seconds_band.get(name))}"
+                            for name, value in row.phase_seconds.items() if value)
+        step = f"{row.step_time_s:.1f}{_band_text(row.phase_seconds_band.get('step'))}"
+        table.add_row(str(row.rank), step, f"{row.left_gib:.2f}", seconds, phases,
                       knobs or "(same knobs)")
     return table
+
+
+def _band_text(band: dict[str, float | int] | None) -> str:
+    """A phase's step-time band as `solve --top` prints it beside the seconds (docs/accuracy.md 5a)."""
+    if not band:
+        return ""
+    return f" (-{100 * band['under']:.0f}/+{100 * band['over']:.0f} %)"
 
 
 def presets_json(kind: str) -> dict[str, Any]:

@@ -32,9 +32,22 @@ from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import PlanLayout, normalized_micro_batch, plan_layout
 from rlplan.planner.memory.heads import runtime_loss_head
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
-from rlplan.planner.plan import ActorSection, CriticSection, MegatronSection, Plan
+from rlplan.planner.plan import RUNTIME_ESTIMATORS, ActorSection, CriticSection, MegatronSection, Plan
 from rlplan.planner.platform import Platform
-from rlplan.planner.stack import ENGINE_WORKER, Behaviour, holds
+from rlplan.planner.stack import (
+    AGENT_LOOP,
+    ASYNC_ROLLOUT_DEFAULT,
+    BATCHED_TOKENS_RAISED,
+    CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+    ENGINE_MICRO_SPLIT_ASSERT,
+    ENGINE_WORKER,
+    LEN_FROM_SEQUENCES,
+    LORA_RANK_UNROUNDED,
+    MEGATRON_GRAD_OFFLOAD_ABSENT,
+    Behaviour,
+    holds,
+    vllm_lora_ranks,
+)
 
 Severity = Literal["error", "warning"]
 Stage = Literal["config", "worker", "runtime", "rlplan", "platform"]
@@ -100,7 +113,7 @@ class Rule:
     applies: Behaviour | None = None
 
     def applies_to(self, plan: Plan) -> bool:
-        return self.applies is None or holds(self.applies, plan.stack, plan.rollout.name)
+        return self.applies is None or holds(self.applies, plan.stack, plan.rollout.name, plan.passthrough)
 
 
 RULES: list[Rule] = []
@@ -333,6 +346,22 @@ def _lora_rank_within_vllm_limit(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
+@rule("runtime", "verl before 0.6.1 hands vLLM the LoRA rank itself: it must be a rank vLLM takes",
+      applies=LORA_RANK_UNROUNDED)
+def _lora_rank_is_one_vllm_takes(ctx: RuleContext) -> Iterator[Violation]:
+    """vLLM's LoRAConfig refuses a max_lora_rank outside its set (ValueError at engine start); verl 0.4.0-0.6.0
+    passes model.lora_rank as it is (stack.LORA_RANK_UNROUNDED), later releases round it up."""
+    plan, rank = ctx.plan, ctx.plan.model.lora.rank
+    ranks = vllm_lora_ranks(plan.stack)
+    if plan.rollout.name == "vllm" and plan.model.lora.enabled and rank not in ranks:
+        better = next((r for r in ranks if r >= rank), ranks[-1])
+        yield ctx.violation(
+            f"model.lora.rank = {rank} is not one of the ranks vLLM {plan.stack.version_of('vllm')} takes "
+            f"({', '.join(map(str, ranks))}), and verl {plan.stack.verl} passes it unrounded as max_lora_rank.",
+            f"set model.lora.rank = {better}", model__lora__rank=better,
+        )
+
+
 @rule("config",
       "[2.4b] a pinned actor.loss_head should be the head the rendered config runs")
 def _loss_head_is_what_the_runtime_runs(ctx: RuleContext) -> Iterator[Violation]:
@@ -535,8 +564,12 @@ def _dynamic_bsz_flags_agree(ctx: RuleContext) -> Iterator[Violation]:
 
 
 @rule("worker",
-      "[2e] ppo_mini_batch_size * n splits evenly over the dp ranks (engine worker's train_mini_batch)")
+      "[2e] ppo_mini_batch_size * n splits evenly over the dp ranks (engine worker's train_mini_batch)",
+      applies=ENGINE_WORKER)
 def _mini_batch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
+    """verl/workers/engine_workers.py train_mini_batch asserts `mini_batch_size % dp == 0` (v0.8.0 on). The legacy
+    workers (fsdp_workers.py / megatron_workers.py __init__, v0.3-v0.7.x) floor-divide ppo_mini_batch_size * n by
+    dp and run a short last mini batch (rule mini_batches_split_evenly warns of it)."""
     plan = ctx.plan
     pairs = [("actor", plan.actor.ppo_mini_batch_size, ctx.layout.parallel.dp)]
     critic_mini = ctx.layout.critic_ppo_mini_batch_size
@@ -607,8 +640,12 @@ def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
 
 
 @rule("runtime",
-      "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)")
+      "[2e] a fixed log-prob micro batch divides each rank's share of the batch (engine worker's split)",
+      applies=ENGINE_MICRO_SPLIT_ASSERT)
 def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]:
+    """verl/workers/engine/utils.py prepare_micro_batches asserts `total_data_size % (force_group_size *
+    micro_batch_size_per_gpu) == 0` (v0.7.1 on, the engine worker's). The legacy workers (v0.3-v0.7.x:
+    dp_actor.py compute_log_prob, `batch.split(micro_batch_size)`) take a short last micro batch instead."""
     for role in (ctx.layout.old_log_prob, ctx.layout.ref_log_prob):
         if role is None:  # no reference pass
             continue
@@ -625,9 +662,15 @@ def _log_prob_micro_batch_divides_batch(ctx: RuleContext) -> Iterator[Violation]
 
 
 @rule("runtime",
-      "[R2] train_batch_size * n splits evenly over rollout.agent_num_workers (verl's agent loop)")
+      "[R2] train_batch_size * n splits evenly over rollout.agent_num_workers (verl's agent loop)",
+      applies=AGENT_LOOP)
 def _agent_loop_chunks_evenly(ctx: RuleContext) -> Iterator[Violation]:
+    """The agent loop (v0.5.0 on) runs only for an async rollout: rollout.mode=async in v0.5.0-v0.6.1, always from
+    v0.7.0 (stack.ASYNC_ROLLOUT_DEFAULT); the sync rollout generates the whole batch in the trainer's process."""
     plan = ctx.plan
+    if not holds(ASYNC_ROLLOUT_DEFAULT, plan.stack) and \
+            passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async":
+        return
     total, workers = plan.data.train_batch_size * plan.rollout.n, plan.rollout.agent_num_workers
     if total % workers:
         better = math.gcd(total, workers)
@@ -696,10 +739,11 @@ def _rollout_tp_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
 def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     limit, max_len = plan.model.arch.max_position_embeddings, plan.verl_max_model_len
-    if plan.rollout.max_model_len is None:
+    # Before v0.7.0 verl passes prompt + response where max_model_len is unset (stack.LEN_FROM_SEQUENCES).
+    if plan.rollout.max_model_len is None and not holds(LEN_FROM_SEQUENCES, plan.stack):
         yield ctx.violation(
-            f"rollout.max_model_len is not set, so verl sizes vLLM for max_position_embeddings = {limit} tokens "
-            "instead of the plan's sequences.",
+            f"rollout.max_model_len is not set, so verl {plan.stack.verl} sizes vLLM for max_position_embeddings = "
+            f"{limit} tokens instead of the plan's sequences.",
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
             severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
@@ -747,8 +791,25 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
             f"set rollout.max_num_batched_tokens = {rollout.max_num_seqs}",
             rollout__max_num_batched_tokens=rollout.max_num_seqs,
         )
-    max_len = ctx.plan.verl_max_model_len
-    if not rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < max_len:
+    plan = ctx.plan
+    max_len = plan.verl_max_model_len
+    if rollout.max_num_batched_tokens >= max_len:
+        return
+    sync = passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async"
+    if holds(CHUNKED_PREFILL_NEEDS_MODEL_LEN, plan.stack) and sync:
+        yield ctx.violation(
+            f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below max_model_len = {max_len}: "
+            f"verl {plan.stack.verl}'s sync vLLM rollout refuses it with chunked prefill on, and vLLM without.",
+            f"set rollout.max_num_batched_tokens = {max_len}", rollout__max_num_batched_tokens=max_len,
+        )
+    elif not rollout.enable_chunked_prefill and holds(BATCHED_TOKENS_RAISED, plan.stack):
+        yield ctx.violation(
+            f"without chunked prefill verl {plan.stack.verl} raises rollout.max_num_batched_tokens = "
+            f"{rollout.max_num_batched_tokens} to max_model_len = {max_len}: vLLM's profile run (and memory) grows.",
+            f"set rollout.max_num_batched_tokens = {max_len}, or rollout.enable_chunked_prefill = true",
+            severity="warning", rollout__max_num_batched_tokens=max_len,
+        )
+    elif not rollout.enable_chunked_prefill:
         yield ctx.violation(
             f"without chunked prefill, rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} must hold "
             f"a whole max_model_len = {max_len} prompt.",
@@ -823,6 +884,8 @@ def _sglang_ignores_vllm_keys(ctx: RuleContext) -> Iterator[Violation]:
 # Where a verl script turns on SGLang's dp-attention and sets the rollout's data-parallel size.
 SGLANG_DP_ATTENTION_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang.enable_dp_attention"
 ROLLOUT_DP_KEY = "actor_rollout_ref.rollout.data_parallel_size"
+# verl's rollout mode (sync up to v0.6.1 by default, async only from v0.7.0): rlplan keeps it as passthrough.
+ROLLOUT_MODE_KEY = "actor_rollout_ref.rollout.mode"
 
 
 @rule("rlplan",
@@ -1103,15 +1166,17 @@ def _megatron_moe_tp_needs_sequence_parallel(ctx: RuleContext) -> Iterator[Viola
                                 **{f"{role}__megatron__sequence_parallel": True})
 
 
-@rule("config", "verl 0.9.1's Megatron engine has no grad_offload")
+@rule("config", "verl's Megatron engine has megatron.grad_offload only from 0.4.0 to 0.9.0",
+      applies=MEGATRON_GRAD_OFFLOAD_ABSENT)
 def _megatron_grad_offload_is_not_in_verl_0_9(ctx: RuleContext) -> Iterator[Violation]:
-    """verl 0.9.1 verl/workers/config/engine.py McoreEngineConfig has no grad_offload field: hydra refuses the
-    override, and added with `+` the dataclass raises TypeError (verl b178a3cd's examples still set it)."""
+    """verl 0.9.1 verl/workers/config/engine.py McoreEngineConfig has no grad_offload field (0.5.0-0.9.0 have it,
+    and 0.4.x's ppo_megatron_trainer.yaml): hydra refuses the override, and added with `+` the dataclass raises
+    TypeError. verl 0.3.0.post1's YAML has no actor.megatron.grad_offload either."""
     for role in ("actor", "critic"):
         engine = getattr(ctx.plan, role).megatron
         if ctx.plan.is_megatron and engine is not None and engine.grad_offload is not None:
-            yield ctx.violation(f"{role}.megatron.grad_offload is set, a key verl 0.9.1's Megatron engine no "
-                                "longer has: hydra refuses the override.",
+            yield ctx.violation(f"{role}.megatron.grad_offload is set, a key verl {ctx.plan.stack.verl}'s Megatron "
+                                "engine does not have (verl 0.4.0-0.9.0 do): hydra refuses the override.",
                                 f"unset {role}.megatron.grad_offload",
                                 **{f"{role}__megatron__grad_offload": None})
 
@@ -1207,6 +1272,19 @@ def _runtime_rolls_out_with_vllm(ctx: RuleContext) -> Iterator[Violation]:
             "render the plan for verl (rlplan render plan.toml --target verl), or set "
             'rollout.name = "vllm" (re-solve with --rollout vllm) to run it here',
             rollout__name="vllm",
+        )
+
+
+@rule("platform", "the bundled runtime computes the advantage estimators of runtime/algorithms only")
+def _runtime_computes_the_estimator(ctx: RuleContext) -> Iterator[Violation]:
+    # An imported verl plan may name any of verl's estimators (plan.ESTIMATORS); rlplan run computes four.
+    estimator = ctx.plan.algorithm.adv_estimator
+    if estimator not in RUNTIME_ESTIMATORS:
+        yield ctx.violation(
+            f"the bundled runtime computes {', '.join(RUNTIME_ESTIMATORS)} advantages; this plan's estimator is "
+            f"{estimator}, which verl computes.",
+            "render the plan for verl (rlplan render plan.toml --target verl), or set algorithm.adv_estimator to "
+            "one of those to run it here",
         )
 
 

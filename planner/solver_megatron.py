@@ -276,7 +276,9 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
     model = attrs.evolve(plan.model, lora=lora, gradient_checkpointing=False, activation_offload=False,
                          use_remove_padding=True)
     engine = engine_for(choice)
-    dp = engine.data_parallel_size(plan.cluster.world_size)
+    # A pinned layout wider than the world (TP x PP x CP > GPUs) has no DP replica: its batch is sized as for one,
+    # and the rule megatron's world split refuses the plan naming the pin (it divided by zero here).
+    dp = max(1, engine.data_parallel_size(plan.cluster.world_size))
     actor = attrs.evolve(plan.actor, megatron=engine, ppo_mini_batch_size=mini_batch_size(dp),
                          lr=float(f"{plan.actor.lr * lr_scale:.12g}"))
     # The critic trains the whole model (no LoRA) over the same layout.

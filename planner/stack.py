@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
 from attrs import field, frozen
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import PlanError, shorten
 
 Package = Literal["verl", "vllm", "sglang"]
 Version = tuple[int, int, int]
+VllmEngine = Literal["v0", "v1"]
 
 # verl: the version nox's verl_compat session installs and checks the rules against (noxfile.VERL).
 DEFAULT_VERL = "0.9.1"
@@ -48,7 +50,9 @@ VERL_ENGINE_PINS: dict[str, dict[str, tuple[str | None, str | None]]] = {
 
 
 # 0.4.1, v0.3.0.post1, 0.8.0.dev, 0.5.0rc1, 0.11.1+cu128: the release numbers, then any pre/post/dev/local tail.
-_VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[.\-+]?(?:post|dev|rc|a|b|\+)[\w.+-]*)?")
+# A release number has at most six digits (calendar versions such as 2024.10 included); a longer run is no version,
+# and int() of a 4,300-digit run raises.
+_VERSION = re.compile(r"v?(\d{1,6})(?:\.(\d{1,6}))?(?:\.(\d{1,6}))?(?:[.\-+]?(?:post|dev|rc|a|b|\+)[\w.+-]*)?")
 
 
 @functools.lru_cache(maxsize=256)  # the solver's inner loop asks about the same few versions thousands of times
@@ -57,7 +61,7 @@ def parse_version(text: str, where: str = "stack.verl") -> Version:
     `where` for anything else."""
     match = _VERSION.fullmatch(str(text).strip())
     if match is None:
-        raise PlanError(field=where, message=f"{text!r} is not a version.",
+        raise PlanError(field=where, message=f"{shorten(str(text))!r} is not a version.",
                         fix=f"write it as major.minor.patch, e.g. {where} 0.4.1" if where.startswith("--")
                         else f'write it as major.minor.patch, e.g. {where} = "0.4.1"')
     major, minor, patch = (int(part) if part else 0 for part in match.groups())
@@ -84,6 +88,24 @@ class StackSection:
     verl: str = field(default=DEFAULT_VERL, validator=_version_check)
     vllm: str | None = field(default=None, validator=_version_check)
     sglang: str | None = field(default=None, validator=_version_check)
+    # vLLM's engine where the script chose it (VLLM_USE_V1, an attention backend V1 lacks); None: the one the
+    # vLLM version runs by default (`vllm_engine_of`).
+    vllm_engine: VllmEngine | None = field(default=None, validator=attrs.validators.optional(
+        attrs.validators.in_(("v0", "v1"))))
+    # The oldest verl release an imported script's keys allow (`verl` is the newest): set by `import verl` where
+    # the evidence leaves a range, so that validate can say where the verdict differs across it. None: not a range.
+    verl_oldest: str | None = field(default=None, validator=_version_check)
+
+    def __attrs_post_init__(self) -> None:
+        if self.verl_oldest is not None and parse_version(self.verl_oldest) > parse_version(self.verl):
+            raise PlanError(field="stack.verl_oldest", message=f"is {self.verl_oldest!r}, newer than stack.verl "
+                            f"{self.verl!r}.", fix="set stack.verl_oldest to a release not after stack.verl, or "
+                            "remove it")
+        if self.vllm_engine == "v0" and parse_version(self.version_of("vllm")) >= parse_version(VLLM_V0_REMOVED):
+            raise PlanError(field="stack.vllm_engine", message=f'is "v0", but vLLM {self.version_of("vllm")} has '
+                            f"no V0 engine (removed in {VLLM_V0_REMOVED}).",
+                            fix=f'set stack.vllm to a release before {VLLM_V0_REMOVED} (verl 0.8.0 or older '
+                            'installs one), or remove stack.vllm_engine')
 
     def version_of(self, package: Package) -> str:
         """The version text of `package` on this stack (an engine left out: what its verl release installs)."""
@@ -97,7 +119,12 @@ class StackSection:
         return {"verl": self.verl, engine: self.version_of(engine)}  # type: ignore[arg-type]
 
     def describe(self, engine: str) -> str:
-        return ", ".join(f"{name} {version}" for name, version in self.resolved(engine).items())
+        text = ", ".join(f"{name} {version}" for name, version in self.resolved(engine).items())
+        if engine == "vllm" and self.vllm_engine is not None:
+            text += f" ({self.vllm_engine.upper()} engine)"
+        if self.verl_oldest is not None and self.verl_oldest != self.verl:
+            text += f"; the script fits verl {self.verl_oldest} to {self.verl}"
+        return text
 
 
 DEFAULT_STACK = StackSection()
@@ -131,6 +158,9 @@ DEFAULT_SGLANG = default_engine_version(DEFAULT_VERL, "sglang")
 def check_engine(stack: StackSection, engine: str) -> None:
     """The stack names a version only for the engine the plan rolls out with."""
     other = "sglang" if engine == "vllm" else "vllm"
+    if engine == "sglang" and stack.vllm_engine is not None:
+        raise PlanError(field="stack.vllm_engine", message=f"is {stack.vllm_engine!r}, but the plan rolls out with "
+                        "sglang.", fix="remove stack.vllm_engine")
     if getattr(stack, other) is not None:
         raise PlanError(field=f"stack.{other}",
                         message=f"is {getattr(stack, other)!r}, but the plan rolls out with {engine}.",
@@ -159,21 +189,37 @@ class Behaviour:
     before: str | None = None
     # A plan key whose default the behaviour sets (value and all), for plans built from incomplete input.
     default: tuple[str, Any] | None = None
+    # True: the behaviour holds outside [since, before) (a key verl added in `since` and removed in `before`).
+    outside: bool = False
+    # (key, value, since, before): it also holds on those releases where the script sets key=value (kept as
+    # passthrough), e.g. trainer.use_legacy_worker_impl=disable selecting the engine worker in verl 0.7.x.
+    opt_in: tuple[str, str, str, str] | None = None
+
+    def opted_in(self, version: str, passthrough: Mapping[str, str]) -> bool:
+        if self.opt_in is None:
+            return False
+        key, value, since, before = self.opt_in
+        written = next((passthrough[p + key] for p in ("++", "+", "") if p + key in passthrough), None)
+        return written is not None and written.strip("'\"") == value and in_range(version, since, before)
 
     def holds_for(self, version: str) -> bool:
-        return in_range(version, self.since, self.before)
+        return in_range(version, self.since, self.before) != self.outside
 
     @property
     def versions(self) -> str:
+        if self.outside:
+            return f"{self.package} < {self.since} or >= {self.before}"
         if self.since and self.before:
             return f"{self.package} {self.since} to before {self.before}"
         return f"{self.package} >= {self.since}" if self.since else f"{self.package} < {self.before}"
 
 
-def holds(behaviour: Behaviour, stack: StackSection, engine: str = "vllm") -> bool:
-    """Whether `behaviour` holds on `stack` (an engine's behaviour holds only for a plan rolling out with it)."""
+def holds(behaviour: Behaviour, stack: StackSection, engine: str = "vllm",
+          passthrough: Mapping[str, str] | None = None) -> bool:
+    """Whether `behaviour` holds on `stack` (an engine's behaviour holds only for a plan rolling out with it);
+    with the plan's `passthrough`, also where the script opts in to it (`Behaviour.opt_in`)."""
     if behaviour.package == "verl":
-        return behaviour.holds_for(stack.verl)
+        return behaviour.holds_for(stack.verl) or behaviour.opted_in(stack.verl, passthrough or {})
     return behaviour.package == engine and behaviour.holds_for(stack.version_of(behaviour.package))
 
 
@@ -182,6 +228,23 @@ ENTROPY_COEFF_DEFAULT_0001 = Behaviour(
     code_path="verl/trainer/config/ppo_trainer.yaml actor.entropy_coeff (0 from PR #1770, v0.4.0)",
     summary="actor.entropy_coeff defaults to 0.001: the entropy's buffers are on and flash-attn's in-place "
             "cross-entropy backward is off", default=("actor.entropy_coeff", 0.001))
+REFERENCE_ALWAYS_RUNS = Behaviour(
+    name="reference_always_runs", package="verl", before="0.4.0",
+    code_path="verl/trainer/main_ppo.py: role_worker_mapping always holds Role.RefPolicy up to v0.3.0.post1, so "
+              "ray_trainer's use_reference_policy is always true; from v0.4.0 only with use_kl_loss or "
+              "use_kl_in_reward (PR #644)",
+    summary="the reference model is built and its log-prob pass runs every step, with or without a KL term")
+ENTROPY_IN_EVERY_PASS = Behaviour(
+    name="entropy_in_every_pass", package="verl", before="0.4.0",
+    code_path="verl/workers/actor/dp_actor.py _forward_micro_batch computes entropy_from_logits in every pass up "
+              "to v0.3.0.post1 (the reference's and every update's, whatever entropy_coeff); from v0.4.0 "
+              "(PR #1100) only where calculate_entropy asks",
+    summary="every log-prob pass and every update computes the entropy over the vocabulary")
+REWARD_TIMED_IN_ADV = Behaviour(
+    name="reward_timed_in_adv", package="verl", before="0.4.0",
+    code_path="verl/trainer/ppo/ray_trainer.py fit: the reward function runs inside _timer('adv') up to "
+              "v0.3.0.post1; its own `reward` timer from v0.4.0",
+    summary="the rule reward's time is part of timing_s/adv")
 EAGER_ROLLOUT_DEFAULT = Behaviour(
     name="eager_rollout_default", package="verl", before="0.6.0",
     code_path="ppo_trainer.yaml, then verl/trainer/config/rollout/rollout.yaml rollout.enforce_eager "
@@ -203,9 +266,17 @@ VALIDATES_BEFORE_TRAIN = Behaviour(
     summary="verl validates before the first step", default=("trainer.val_before_train", True))
 ENGINE_WORKER = Behaviour(
     name="engine_worker", package="verl", since="0.8.0",
+    opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.0", "0.8.0"),
     code_path="verl/trainer/main_ppo.py: the engine worker (verl/workers/engine_workers.py) is the default from "
               "v0.8.0; in v0.7.x only with trainer.use_legacy_worker_impl=disable",
     summary="the engine worker runs the actor, and asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz")
+ENGINE_MICRO_SPLIT_ASSERT = Behaviour(
+    name="engine_micro_split_assert", package="verl", since="0.8.0",
+    opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.1", "0.8.0"),
+    code_path="verl/workers/engine/utils.py prepare_micro_batches: assert total_data_size % (force_group_size * "
+              "micro_batch_size_per_gpu) == 0 (from v0.7.1; v0.7.0 chunks without it), reached through the engine "
+              "worker (the default from v0.8.0, in v0.7.x with trainer.use_legacy_worker_impl=disable)",
+    summary="the engine worker asserts that a fixed micro batch divides each rank's batch")
 MICRO_OUTPUTS_HELD_TO_MINI_END = Behaviour(
     name="micro_outputs_held_to_mini_end", package="verl", since="0.8.0", before="0.9.0",
     code_path="verl/workers/engine/fsdp/transformer_impl.py FSDPEngine.forward_backward_batch: output_lst keeps "
@@ -217,11 +288,81 @@ SOFT_TOKEN_BUDGET = Behaviour(
     code_path="verl/utils/seqlen_balancing.py rearrange_micro_batches: ceil(tokens / max_token_len) micro batches "
               "balanced by Karmarkar-Karp (PR #7553, 2026-08-25, after v0.9.0's 2026-08-14 branch)",
     summary="max_token_len is not a hard cap: one micro batch may hold more tokens than the budget")
+# --- rules that hold only in some releases (read in the 0.3.0.post1 ... 0.9.1 wheels' sources) ------------------
+AGENT_LOOP = Behaviour(
+    name="agent_loop", package="verl", since="0.5.0",
+    code_path="verl/experimental/agent_loop/agent_loop.py AgentLoopManager.generate_sequences: "
+              "prompts.chunk(len(self.agent_loop_workers)), and verl/protocol.py DataProto.chunk asserts "
+              "len(self) % chunks == 0 (no agent loop before v0.5.0)",
+    summary="an async rollout goes through verl's agent loop, which splits the batch evenly over its workers")
+ASYNC_ROLLOUT_DEFAULT = Behaviour(
+    name="async_rollout_default", package="verl", since="0.7.0",
+    code_path="verl/trainer/config/rollout/rollout.yaml mode (sync up to v0.6.1, async from v0.7.0, where "
+              "RolloutConfig.__post_init__ refuses sync); ray_trainer.py uses the agent loop only for async",
+    summary="the rollout is async (the agent loop) whatever the script says")
+MEGATRON_GRAD_OFFLOAD_ABSENT = Behaviour(
+    name="megatron_grad_offload_absent", package="verl", since="0.4.0", before="0.9.1", outside=True,
+    code_path="verl/trainer/config/ppo_megatron_trainer.yaml actor.megatron.grad_offload (v0.4.0-v0.4.1), "
+              "engine/megatron.yaml and verl/workers/config/engine.py McoreEngineConfig.grad_offload (v0.5.0-v0.9.0); "
+              "absent from v0.9.1 (param_offload frees the gradient buffers) and before v0.4.0 (v0.3.0.post1's "
+              "megatron_workers.py reads actor.grad_offload, outside actor.megatron)",
+    summary="verl's Megatron engine config has no megatron.grad_offload: hydra refuses the override")
+LEN_FROM_SEQUENCES = Behaviour(
+    name="max_model_len_from_sequences", package="verl", before="0.7.0",
+    code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py (and vllm_rollout.py) __init__: "
+              "max_model_len = config.max_model_len or prompt_length + response_length; v0.6.x "
+              "vllm_async_server.py sets max_model_len = prompt_length + response_length outright",
+    summary="vLLM gets prompt + response as max_model_len where rollout.max_model_len is unset")
+LEN_FROM_MODEL_ALWAYS = Behaviour(
+    name="max_model_len_from_model_always", package="verl", since="0.7.0", before="0.7.1",
+    code_path="v0.7.0 verl/workers/rollout/vllm_rollout/vllm_async_server.py vLLMHttpServer.__init__: "
+              "self.config.max_model_len = self.model_config.hf_config.max_position_embeddings",
+    summary="vLLM gets the model's max_position_embeddings as max_model_len, whatever rollout.max_model_len says")
+CHUNKED_PREFILL_NEEDS_MODEL_LEN = Behaviour(
+    name="chunked_prefill_needs_model_len", package="verl", before="0.7.0",
+    code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py __init__: raises ValueError('Enable chunked "
+              "prefill, max_num_batched_tokens is smaller than max_model_len') when enable_chunked_prefill and "
+              "max_num_batched_tokens < max_model_len (v0.3.0.post1-v0.6.1; no such file from v0.7.0)",
+    summary="verl's sync vLLM rollout refuses max_num_batched_tokens < max_model_len with chunked prefill on")
+BATCHED_TOKENS_RAISED = Behaviour(
+    name="batched_tokens_raised", package="verl", since="0.9.1",
+    code_path="verl/workers/rollout/vllm_rollout/vllm_async_server.py _validate_configs: without chunked "
+              "prefill, max_num_batched_tokens < max_model_len is raised to max_model_len with a warning",
+    summary="verl raises max_num_batched_tokens to max_model_len itself when chunked prefill is off")
+LORA_RANK_UNROUNDED = Behaviour(
+    name="lora_rank_unrounded", package="verl", before="0.6.1",
+    code_path="verl/workers/fsdp_workers.py _build_rollout (v0.4.0-v0.5.0: lora_kwargs max_lora_rank=self._lora_rank) "
+              "and vllm_rollout_spmd.py (v0.6.0: max_lora_rank=model_config.lora_rank); from v0.6.1 "
+              "vllm_rollout/utils.py get_vllm_max_lora_rank rounds it up to a rank vLLM takes",
+    summary="vLLM gets model.lora_rank itself as max_lora_rank, and refuses a rank outside its set")
+# --- the rollout engine's KV sizing ----------------------------------------------------------------------------
 VLLM_V0_ENGINE = Behaviour(
-    name="vllm_v0_engine", package="vllm", before="0.9.0",
-    code_path="vllm/worker/worker.py Worker.determine_num_available_blocks (V0; VLLM_USE_V1 or an attention "
-              "backend V1 lacks, such as XFORMERS, selects it up to 0.8.x)",
-    summary="vLLM's V0 engine: a smaller profile-run sampler than V1's")
+    name="vllm_v0_engine", package="vllm", before="0.8.0",
+    code_path="vllm/envs.py VLLM_USE_V1 (default '0' in 0.7.3, '1' from 0.8.0); an attention backend V1 "
+              "lacks (XFORMERS) falls back to V0 up to 0.10.x; V0 is gone from 0.11.0",
+    summary="vLLM's V0 engine by default (vllm/worker/worker.py)")
+VLLM_V0_REMOVED = "0.11.0"
+VLLM_V1_WHOLE_GPU_PROFILE = Behaviour(
+    name="vllm_v1_whole_gpu_profile", package="vllm", before="0.9.1",
+    code_path="vllm/v1/worker/gpu_worker.py Worker.determine_available_memory (0.7.3, 0.8.5, 0.9.0): "
+              "peak_memory = memory_stats()['allocated_bytes.all.peak'] + (total - free - "
+              "torch allocated); available = total x util - peak_memory; from 0.9.1 memory_profiling(init_snapshot) "
+              "counts only what the instance adds",
+    summary="V1 sizes its KV cache from the whole GPU: the process's torch peak (the trainer's resident state "
+            "in verl's hybrid engine) and every other allocation on the device come out of util x GPU")
+VLLM_V0_WHOLE_GPU_PROFILE = Behaviour(
+    name="vllm_v0_whole_gpu_profile", package="vllm", since="0.6.4", before="0.6.5",
+    code_path="vllm/worker/worker.py Worker.determine_num_available_blocks: 0.6.4.post1 uses the same "
+              "whole-GPU peak as V1 <= 0.9.0; 0.6.3 charged free-memory drop since init, 0.6.5 on "
+              "memory_profiling (what the instance adds)",
+    summary="V0 0.6.4.x sizes its KV cache from the whole GPU, like V1 before 0.9.1")
+SGLANG_FRACTION_OF_FREE = Behaviour(
+    name="sglang_fraction_of_free", package="sglang", since="0.5.10",
+    code_path="sglang/srt/model_executor/model_runner_kv_cache_mixin.py: 0.5.10 on, rest = post_model_load - "
+              "pre_model_load x (1 - mem_fraction_static); up to 0.5.9 (model_runner.py profile_max_num_token, "
+              "read at 0.4.4.post3, 0.4.6.post5, 0.5.2, 0.5.8, 0.5.9), rest = available - total x (1 - "
+              "mem_fraction_static)",
+    summary="SGLang's mem_fraction_static is a fraction of the memory free before the model loads, not of the GPU")
 # verl builds FSDP2 with the same fsdp_kwargs for every layer and the root (verl/utils/fsdp_utils.py apply_fsdp2:
 # `fully_shard(model, **fsdp_kwargs)  # fsdp2 will not reshard_after_forward for root module`), the kwargs holding
 # an explicit fsdp_config.reshard_after_forward (True by default). torch up to 2.7 cleared every root's post-forward
@@ -245,9 +386,45 @@ ROOT_RESHARDS_AFTER_FORWARD_SGLANG = Behaviour(name="root_reshards_after_forward
                                                code_path=_ROOT_RESHARD_CODE_PATH + " (sglang 0.5.0 pins torch 2.8.0)",
                                                summary=_ROOT_RESHARD_SUMMARY)
 
-BEHAVIOURS: tuple[Behaviour, ...] = (ENTROPY_COEFF_DEFAULT_0001, EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP,
-                                     REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN, ENGINE_WORKER, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET,
-                                     VLLM_V0_ENGINE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG)
+BEHAVIOURS: tuple[Behaviour, ...] = (
+    ENTROPY_COEFF_DEFAULT_0001, REFERENCE_ALWAYS_RUNS, ENTROPY_IN_EVERY_PASS, REWARD_TIMED_IN_ADV,
+    EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
+    ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
+    MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+    BATCHED_TOKENS_RAISED, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
+    SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG)
+
+
+# The ranks vLLM's LoRAConfig takes as max_lora_rank (vllm/config.py LoRAConfig.__post_init__ possible_max_ranks;
+# vllm/config/lora.py from 0.11): read at 0.7.3 (up to 256) and 0.8.5 and 0.11.0 (320 and 512 too).
+VLLM_LORA_RANKS_BY_VERSION: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("0.0.0", (8, 16, 32, 64, 128, 256)),
+    ("0.8.5", (8, 16, 32, 64, 128, 256, 320, 512)),
+)
+
+
+def vllm_lora_ranks(stack: StackSection) -> tuple[int, ...]:
+    """The max_lora_rank values the stack's vLLM accepts."""
+    release = parse_version(stack.version_of("vllm"))
+    return [ranks for since, ranks in VLLM_LORA_RANKS_BY_VERSION if release >= parse_version(since)][-1]
+
+
+def vllm_engine_of(stack: StackSection) -> VllmEngine:
+    """The vLLM engine the stack runs: the one the script chose, else its vLLM's default (V0 before 0.8.0)."""
+    if stack.vllm_engine is not None:
+        return stack.vllm_engine
+    return "v0" if holds(VLLM_V0_ENGINE, stack) else "v1"
+
+
+def kv_pool_charges_the_whole_gpu(stack: StackSection, engine: str) -> bool:
+    """Whether the engine's KV pool is what util x GPU leaves after everything on the device (the trainer's
+    resident state included), not after what the engine itself adds: vLLM V1 before 0.9.1, V0 0.6.4.x, and
+    SGLang before 0.5.10 (whose fraction is of the whole GPU; from 0.5.10 it is of the memory free before the
+    load, `SGLANG_FRACTION_OF_FREE`)."""
+    if engine == "sglang":
+        return not holds(SGLANG_FRACTION_OF_FREE, stack, engine)
+    mode = vllm_engine_of(stack)
+    return holds(VLLM_V1_WHOLE_GPU_PROFILE if mode == "v1" else VLLM_V0_WHOLE_GPU_PROFILE, stack, engine)
 
 
 def root_reshards_after_forward(stack: StackSection, engine: str) -> bool:
@@ -267,12 +444,21 @@ def stack_from_flags(base: StackSection, verl: str | None, vllm: str | None, sgl
     given = {name: value for name, value in (("verl", verl), ("vllm", vllm), ("sglang", sglang)) if value is not None}
     for name, value in given.items():
         parse_version(value, f"--{name}-version")
-    return attrs.evolve(base, **given) if given else base
+    if not given:
+        return base
+    changes: dict[str, Any] = dict(given)
+    if verl is not None:  # the release is named: no inferred range is left
+        changes["verl_oldest"] = None
+    if vllm is not None and parse_version(vllm) >= parse_version(VLLM_V0_REMOVED):
+        changes["vllm_engine"] = None  # a vLLM without V0 runs V1 whatever the script exported
+    return attrs.evolve(base, **changes)
 
 
 def stack_pins(stack: StackSection) -> dict[str, Any]:
-    """The stack as dotted pins (`stack.verl`), for building a plan through `apply_knobs` or the solver."""
-    return {f"stack.{name}": value for name, value in attrs.asdict(stack).items() if value is not None}
+    """The stack as dotted pins (`stack.verl`), for building a plan through `apply_knobs` or the solver. An import's
+    inferred range (`verl_oldest`) is evidence about a script, not a target: a plan solved from it is for `verl`."""
+    return {f"stack.{name}": value for name, value in attrs.asdict(stack).items()
+            if value is not None and name != "verl_oldest"}
 
 
 def solve_pins(base: StackSection, verl: str | None, vllm: str | None, sglang: str | None) -> dict[str, Any]:
@@ -306,63 +492,3 @@ REMOVED_KEYS = (
     KeyEra(key="actor_rollout_ref.rollout.use_fire_sampling", value=None, before="0.5.0",
            why="ppo_trainer.yaml has rollout.use_fire_sampling up to v0.4.1"),
 )
-
-# vLLM's V0 engine: V1 does not support xformers attention, so vLLM 0.8.x falls back to V0 (and VLLM_USE_V1=0
-# asks for it); V0 is gone from vLLM 0.11 on. The V0 era is taken as its last release, 0.8.5 (verl pinned
-# vllm<=0.8.5 from v0.4.0 to v0.5.0).
-_VLLM_V0 = re.compile(r"""\bVLLM_ATTENTION_BACKEND=["']?XFORMERS\b|\bVLLM_USE_V1=["']?0\b""")
-VLLM_V0_ERA = "0.8.5"
-
-
-@frozen(kw_only=True)
-class InferredStack:
-    stack: StackSection
-    reasons: tuple[str, ...]
-
-
-def _bounds_from_keys(given: dict[str, str], passthrough: dict[str, str],
-                      key_ranges: dict[str, tuple[str | None, str | None]]) -> list[tuple[str | None, str | None, str]]:
-    """(since, before, why) for every key the script sets that only some verl versions have."""
-    found: list[tuple[str | None, str | None, str]] = []
-    for key in given:
-        since, before = key_ranges.get(key, (None, None))
-        if since or before:
-            found.append((since, before, f"{key} (verl {_range_text(since, before)})"))
-    for era in REMOVED_KEYS:
-        value = next((v for k, v in passthrough.items() if k.lstrip("+") == era.key), None)
-        if value is not None and (era.value is None or value.strip("'\"") == era.value):
-            found.append((era.since, era.before, f"{era.key}={value} (verl {_range_text(era.since, era.before)}: "
-                                                 f"{era.why})"))
-    return found
-
-
-def _range_text(since: str | None, before: str | None) -> str:
-    return " ".join(part for part in (f">= {since}" if since else "", f"< {before}" if before else "") if part)
-
-
-def infer_stack(given: dict[str, str], passthrough: dict[str, str], script: str,
-                key_ranges: dict[str, tuple[str | None, str | None]], engine: str) -> InferredStack | None:
-    """The stack a script shows, with why; None when it shows nothing or its keys contradict each other.
-
-    verl: the newest release every version-bound key admits (a script naming only keys every version has shows
-    nothing). vLLM: the V0 era where the script selects V0's attention backend.
-    """
-    bounds = _bounds_from_keys(given, passthrough, key_ranges)
-    reasons: list[str] = []
-    changes: dict[str, str] = {}
-    if not all(in_range(DEFAULT_VERL, since, before) for since, before, _ in bounds):
-        fitting = [release for release in VERL_RELEASES
-                   if all(in_range(release, since, before) for since, before, _ in bounds)]
-        if fitting:
-            changes["verl"] = fitting[-1]
-            reasons.append(f"verl {fitting[-1]}, the newest release with " + "; ".join(why for *_, why in bounds))
-        else:
-            reasons.append("no verl release has all of " + "; ".join(why for *_, why in bounds)
-                           + f"; verl stays {DEFAULT_VERL} (pass --verl-version)")
-    if engine == "vllm" and _VLLM_V0.search(script):
-        changes["vllm"] = VLLM_V0_ERA
-        reasons.append(f"vLLM {VLLM_V0_ERA} (V0 engine era): the script selects V0 "
-                       f"({_VLLM_V0.search(script).group(0)})")  # type: ignore[union-attr]
-    if not reasons:
-        return None
-    return InferredStack(stack=StackSection(**changes), reasons=tuple(reasons))

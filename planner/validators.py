@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from rlplan.planner.errors import PlanError
+from rlplan.planner.errors import PlanError, shorten
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
@@ -34,10 +34,38 @@ def field_check(prefix: str, ok: Callable[[Any], bool], message: str, fix: str) 
     return check
 
 
-def at_least(minimum: float, prefix: str) -> Validator:
-    """A finite number >= minimum, or None (an unset optional knob)."""
-    return field_check(
-        # An int is finite however large (math.isfinite cannot take one past float's range).
-        prefix, lambda value: value is None or ((isinstance(value, int) or math.isfinite(value)) and value >= minimum),
-        f"must be >= {minimum}, got {{value}}.", f"set {{field}} to a value >= {minimum}",
-    )
+# The largest number any plan knob takes: counts (prompts, samples, batches, sequences, steps, ranks), lengths and
+# token budgets in tokens (16.7M: above any model's context), megabytes, rates. A plan past it is a typo or an
+# attack, and products of such numbers (prompts x samples, a percentile 1 - 1/count) stop being representable.
+MAX_PLAN_NUMBER = 2**24
+
+
+def _number_in(value: Any, minimum: float, maximum: float) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    # An int is compared as an int: math.isfinite cannot take one past float's range (OverflowError).
+    return (isinstance(value, int) or math.isfinite(value)) and minimum <= value <= maximum
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short; an int too long for str() (4,300+ digits) by its length."""
+    if isinstance(value, int) and value.bit_length() > 10_000:
+        return f"a number of about {int(value.bit_length() * 0.30103):,} digits"
+    return shorten(str(value))
+
+
+def at_least(minimum: float, prefix: str, maximum: float = MAX_PLAN_NUMBER) -> Validator:
+    """A finite number in [minimum, maximum] (MAX_PLAN_NUMBER unless given), or None (an unset optional knob)."""
+
+    def check(instance: object, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None or _number_in(value, minimum, maximum):
+            return
+        field = f"{prefix}.{attribute.name}"
+        shown = _shown(value)
+        if _number_in(value, minimum, math.inf):
+            raise PlanError(field=field, message=f"must be at most {maximum:,}, got {shown}.",
+                            fix=f"set {field} to a value between {minimum} and {maximum:,}")
+        raise PlanError(field=field, message=f"must be >= {minimum}, got {shown}.",
+                        fix=f"set {field} to a value >= {minimum}")
+
+    return check

@@ -27,8 +27,10 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.plan import Plan
 from rlplan.planner.planfile import plan_from_dict
-from rlplan.planner.presets import ResolvedModel, resolve_model
-from rlplan.planner.shell_script import ShellScope, find_verl_command
+from rlplan.planner.presets import HUB_REPO_ID, ResolvedModel, resolve_model
+from rlplan.planner.shell_expand import ShellScope
+from rlplan.planner.shell_script import find_verl_command, positional_warning
+from rlplan.planner.verl_config import TextReader, TrainerConfig, trainer_config
 from rlplan.planner.verl_keys import (
     ARF,
     BY_FIELD,
@@ -38,7 +40,6 @@ from rlplan.planner.verl_keys import (
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
-    VERL_KEYS,
     Backend,
     Follows,
     HydraSyntaxError,
@@ -46,13 +47,14 @@ from rlplan.planner.verl_keys import (
     VerlKey,
     backend_has,
     coerce,
+    format_value,
     parse_value,
     table_for,
     verl_sleep_level,
 )
 
 KNOWN_KEYS = sorted({*BY_KEY, REWARD_PATH_KEY, REWARD_NAME_KEY})
-LocalConfigReader = Callable[[str], "dict[str, Any] | None"]
+LocalConfigReader = Callable[[str], "dict[str, Any] | FoundConfig | None"]
 
 
 @frozen(kw_only=True)
@@ -87,24 +89,80 @@ class Override:
         return f"{self.prefix}{self.key}" + ("" if self.value is None else f"={self.value}")
 
 
-def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str, str],
-                           warnings: list[str]) -> tuple[list[str], str] | None:
-    """The verl command's Hydra overrides and its --config-name ("" when it names none)."""
-    scope = ShellScope(env, environment)
+@frozen(kw_only=True)
+class ScriptContext:
+    """Where a script is imported from, as bash would run it there: the folder (PWD, where `python3 -m` finds
+    verl and its configs), the path the script was given by ($0), its arguments ($1 ...), and the reader of
+    the files its command names (a recipe's config). The default knows no folder and reads nothing."""
+
+    cwd: str | None = None
+    script: str = "script.sh"
+    arguments: tuple[str, ...] = ()
+    read_text: TextReader = attrs.field(default=lambda path: None)
+
+
+@frozen(kw_only=True)
+class _Command:
+    module: str
+    line: int
+    overrides: tuple[str, ...]
+    config_path: str | None
+    config_name: str | None
+    scope: ShellScope | None
+
+
+_CONFIG_FLAGS = {"--config-name": "name", "-cn": "name", "--config-path": "path", "-cp": "path"}
+
+
+def _command_from_script(text: str, env: dict[str, str], environment: dict[str, str], context: ScriptContext,
+                         warnings: list[str]) -> _Command | None:
+    """The verl command's Hydra overrides, module and config flags, read as bash reads the script."""
+    scope = ShellScope(env, environment, cwd=context.cwd, script=context.script, arguments=context.arguments)
     command, count = find_verl_command(text, scope)
     if command is None:
         return None
     if count > 1:
-        warnings.append(f"the script runs verl {count} times; imported the first command ({command.module}).")
-    if command.module != "verl.trainer.main_ppo":
-        warnings.append(f"{command.module} is not verl.trainer.main_ppo; its keys are read with main_ppo's "
-                        "defaults (ppo_trainer.yaml).")
-    if scope.dropped_positional:
-        warnings.append("the command passes the script's own arguments ($@); they are not part of the import.")
+        warnings.append(f"the script runs verl {count} times; imported the first command ({command.module}, line "
+                        f"{command.line}).")
+    _script_warnings(scope, warnings)
+    overrides: list[str] = []
+    config: dict[str, str | None] = {"name": None, "path": None}
+    arguments = list(command.arguments)
+    while arguments:
+        argument = arguments.pop(0)
+        if not argument.startswith("-"):
+            overrides.append(argument)
+            continue
+        name, sep, value = argument.partition("=")
+        if name in _CONFIG_FLAGS:
+            if not sep and arguments:
+                value = arguments.pop(0)
+            if scope.unknowns_in(value):
+                warnings.append(f"{name} is {scope.verbatim(value)}, which rlplan cannot know "
+                                f"({scope.unknowns_in(value)[0].describe()}); the config is read as unknown.")
+                value = "\ue000"
+            config[_CONFIG_FLAGS[name]] = value.strip("'\"")
+        else:
+            warnings.append(f"ignored the command-line flag {scope.verbatim(argument)}.")
+    return _Command(module=command.module, line=command.line, overrides=tuple(overrides), config_path=config["path"],
+                    config_name=config["name"], scope=scope)
+
+
+def _script_warnings(scope: ShellScope, warnings: list[str]) -> None:
+    """What the import assumed while reading the script as bash would: arguments, branches, this machine."""
+    positional = positional_warning(scope)
+    if positional:
+        warnings.append(positional)
+    if scope.decided_on_unset:
+        shown = ", ".join(f"${name} (branch {taken})" for name, taken in scope.decided_on_unset.items())
+        first = next(iter(scope.decided_on_unset))
+        warnings.append(f"the script branches on variables not set here, read as empty as bash reads them: {shown}. "
+                        f"Pass --env {first}=VALUE to take the other branch.")
     if scope.branch_assigned:
         names = sorted(scope.branch_assigned)
-        warnings.append(f"the script branches (if/case) and assigns {', '.join(names)} there; the import read the "
-                        f"assignments in order. Pass --env {names[0]}=VALUE to choose the branch's value.")
+        warnings.append(f"the script branches (if/case) on what rlplan cannot decide and assigns {', '.join(names)} "
+                        f"there; the import read the assignments in order. Pass --env {names[0]}=VALUE to choose "
+                        "the branch's value.")
     if scope.machine_paths_used:
         shown = ", ".join(f"${name} = {value}" for name, value in scope.machine_paths_used.items())
         first = next(iter(scope.machine_paths_used))
@@ -113,33 +171,10 @@ def _overrides_from_script(text: str, env: dict[str, str], environment: dict[str
     if scope.kept_references:
         warnings.append(f"values from the environment are kept as references, not copied into the plan: "
                         f"{', '.join(scope.kept_references)}.")
-    overrides: list[str] = []
-    config_name = ""
-    arguments = list(command.arguments)
-    while arguments:
-        argument = arguments.pop(0)
-        if argument.startswith("-") and not argument.startswith("--") or argument.startswith("--"):
-            name, _, value = argument.partition("=")
-            if name in ("--config-name", "-cn", "--config-path", "-cp") and not value and arguments:
-                value = arguments.pop(0)
-            if name in ("--config-name", "-cn"):
-                config_name = value.strip("'\"")
-            if name in ("--config-name", "-cn") and config_name not in (*FSDP_CONFIGS, *MEGATRON_CONFIGS):
-                warnings.append(f"--config-name {value}: read with {_config_file(config_name)}'s defaults, which "
-                                "may differ.")
-            elif name not in ("--config-name", "-cn", "--config-path", "-cp"):
-                warnings.append(f"ignored the command-line flag {argument}.")
-            continue
-        overrides.append(argument)
-    return overrides, config_name
 
 
 FSDP_CONFIGS = ("ppo_trainer", "ppo_trainer.yaml")
 MEGATRON_CONFIGS = ("ppo_megatron_trainer", "ppo_megatron_trainer.yaml")
-
-
-def _config_file(config_name: str) -> str:
-    return "ppo_megatron_trainer.yaml" if "megatron" in config_name else "ppo_trainer.yaml"
 
 
 _OVERRIDE_LINE = re.compile(r"(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][A-Za-z0-9_.@/-]*)(=.*)?", re.DOTALL)
@@ -252,29 +287,74 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
+@frozen(kw_only=True)
+class FoundConfig:
+    """A model's config.json found on this machine: in a local folder (verl's checkpoint layout included) or
+    in the local Hugging Face cache, and the file it was read from."""
+
+    config: dict[str, Any]
+    source: str
+    in_hub_cache: bool = False
+
+
+def _found(found: dict[str, Any] | FoundConfig | None, model_path: str) -> FoundConfig | None:
+    if found is None or isinstance(found, FoundConfig):
+        return found
+    return FoundConfig(config=found, source=model_path)
+
+
 def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warnings: list[str]) -> ResolvedModel:
-    """A preset by repo id, a local config.json, or - for a local path not on this machine (scripts
-    are often imported away from the cluster) - the preset its directory name is a repo name of."""
-    config = local_config_reader(model_path)
+    """As verl loads it: a local folder first (its config.json, or verl's checkpoint layout under it); then a
+    hub id a preset lists, else its config.json in the local Hugging Face cache; then, for a local path not on
+    this machine (scripts are often imported away from the cluster), the preset its folder's name lists."""
+    spec = model_path.strip()
+    found = _found(local_config_reader(spec), spec)
+    if found is not None and not found.in_hub_cache:
+        if found.source.rstrip("/") not in (spec.rstrip("/"), f"{spec.rstrip('/')}/config.json"):
+            warnings.append(f"read the model's architecture from {found.source}.")
+        return resolve_model(spec, found.config)
     try:
-        return resolve_model(model_path, config)
+        return resolve_model(spec)
     except PlanError as error:
-        directory = model_path.rstrip("/").rpartition("/")[2]
-        if config is None and directory and directory != model_path:
+        if found is not None:
+            warnings.append(f"read {spec}'s architecture from the local Hugging Face cache: {found.source}.")
+            return resolve_model(spec, found.config)
+        folder = spec.rstrip("/").rpartition("/")[2]
+        if folder and folder != spec and not HUB_REPO_ID.fullmatch(spec):
             try:
-                resolved = resolve_model(directory)
+                resolved = resolve_model(folder)
             except PlanError:
                 pass
             else:
-                warnings.append(f"{model_path} is not readable here; its name matches the preset {resolved.name}, "
+                warnings.append(f"{spec} is not readable here; its name matches the preset {resolved.name}, "
                                 "whose architecture the plan uses.")
                 return resolved
-        raise PlanError(field="actor_rollout_ref.model.path", message=error.message,
-                        fix="run the import where the model directory is readable, or use a hub repo id a preset "
-                        "lists") from None
+        if "is not supported" in error.message:
+            raise PlanError(field="actor_rollout_ref.model.path", message=error.message, fix=error.fix) from None
+        raise _model_not_found(spec, error) from None
+
+
+def _model_not_found(spec: str, error: PlanError) -> PlanError:
+    if HUB_REPO_ID.fullmatch(spec):
+        return PlanError(field="actor_rollout_ref.model.path",
+                         message=f"{error.message.rstrip('.')}, and the local Hugging Face cache has no config.json "
+                         "for it (rlplan downloads nothing).",
+                         fix=f"fetch just its config.json (a few KB, into that cache, where the import looks): "
+                         f"`hf download {spec} config.json`")
+    return PlanError(field="actor_rollout_ref.model.path",
+                     message=f"{spec!r} is not on this machine (no config.json in that folder, nor in "
+                     "actor/huggingface/ under it, where verl's checkpoints keep it), and its folder's name is no "
+                     "preset.",
+                     fix="import where the model folder is, or copy its config.json there (a verl checkpoint's is "
+                     "global_step_N/actor/huggingface/config.json), or pass --env to point the script at a hub "
+                     "repo id")
 
 
 CONTEXT_OVERRIDE_KEY = f"{ARF}.model.override_config.max_position_embeddings"
+# verl's Megatron workers apply override_config.model_config.* to the HF config (v0.4.1
+# single_controller/base/megatron/worker.py, v0.6.0 megatron_workers.py; from v0.6.0 HFModelConfig takes either
+# spelling, verl/workers/config/model.py __post_init__).
+CONTEXT_OVERRIDE_KEYS = (CONTEXT_OVERRIDE_KEY, f"{ARF}.model.override_config.model_config.max_position_embeddings")
 
 
 def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str],
@@ -282,15 +362,16 @@ def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str
     """verl applies `model.override_config` to the HF config it loads: a raised max_position_embeddings
     (DAPO's Qwen2.5-Math-7B at 32768) is the model's context for the run.  The key stays passthrough,
     so a rendered script still sets it."""
-    raw = next((passthrough[key] for key in (f"+{CONTEXT_OVERRIDE_KEY}", f"++{CONTEXT_OVERRIDE_KEY}",
-                                              CONTEXT_OVERRIDE_KEY) if key in passthrough), None)
-    if raw is None:
+    found = next(((name, passthrough[prefix + name]) for name in CONTEXT_OVERRIDE_KEYS
+                  for prefix in ("++", "+", "") if prefix + name in passthrough), None)
+    if found is None:
         return resolved
+    key, raw = found
     value = parse_value(raw)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanError(field=CONTEXT_OVERRIDE_KEY, message=f"must be a positive integer, got {raw!r}.",
-                        fix=f"set {CONTEXT_OVERRIDE_KEY} to the context in tokens, e.g. 32768")
-    warnings.append(f"{CONTEXT_OVERRIDE_KEY}={value} is applied to the model's context "
+        raise PlanError(field=key, message=f"must be a positive integer, got {raw!r}.",
+                        fix=f"set {key} to the context in tokens, e.g. 32768")
+    warnings.append(f"{key}={value} is applied to the model's context "
                     f"({resolved.arch.max_position_embeddings} in its config), as verl applies it to the HF "
                     "config.")
     return attrs.evolve(resolved, arch=attrs.evolve(resolved.arch, max_position_embeddings=value))
@@ -317,21 +398,23 @@ def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, re
         raise PlanError(field="--host-mem", message=exc.message, fix="pass --host-mem in GiB") from None
 
 
-def with_target_stack(plan: Plan, given: dict[str, str], passthrough: dict[str, str], text: str,
+def with_target_stack(plan: Plan, given: dict[str, str], written: dict[str, str], text: str,
                       versions: tuple[str | None, str | None, str | None], warnings: list[str]) -> Plan:
-    """The imported plan on its target stack: the version flags, else what the script shows (said as a warning),
-    with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
+    """The imported plan on its target stack: the version flags, else what the script shows (said as a warning;
+    planner/stack_inference.py), with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
     from rlplan.planner.knobs import apply_knobs
-    from rlplan.planner.stack import infer_stack, stack_defaults, stack_from_flags
+    from rlplan.planner.stack import stack_defaults, stack_from_flags
+    from rlplan.planner.stack_inference import infer_stack
 
-    ranges = {entry.key: (entry.since, entry.before) for entry in VERL_KEYS}
-    inferred = infer_stack(given, passthrough, text, ranges, plan.rollout.name)
+    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name)
     stack = inferred.stack if inferred is not None else plan.stack
     if inferred is not None:
         flagged = [name for name, value in zip(("verl", "vllm", "sglang"), versions, strict=True) if value]
         overruled = f"; --{'-version, --'.join(flagged)}-version given instead" if flagged else ""
         warnings.append(f"target stack inferred from the script: {'; '.join(inferred.reasons)}{overruled}.")
     stack = stack_from_flags(stack, *versions)
+    if versions[0] is not None:  # --verl-version names the release: no range is left to judge
+        stack = attrs.evolve(stack, verl_oldest=None)
     omitted = {field: value for field, value in stack_defaults(stack, plan.rollout.name).items()
                if BY_FIELD[field].key not in given}
     if omitted:
@@ -340,58 +423,155 @@ def with_target_stack(plan: Plan, given: dict[str, str], passthrough: dict[str, 
     return apply_knobs(plan.evolve(stack=stack), omitted)
 
 
-def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: dict[str, str],
-                       local_config_reader: LocalConfigReader, environment: dict[str, str] | None = None,
-                       versions: tuple[str | None, str | None, str | None] = (None, None, None)) -> ImportResult:
-    """A verl launch script or a file of Hydra overrides -> plan, warnings, passthrough keys.
+# Plan fields no memory, time or rule term reads: a value rlplan cannot know there (a dated experiment name, a
+# data folder from an unset variable) passes through verbatim instead of blocking the import.
+UNPRICED_FIELDS = frozenset({
+    "data.train_files", "data.val_files", "data.prompt_key", "data.shuffle", "data.seed",
+    "trainer.total_epochs", "trainer.total_training_steps", "trainer.save_freq", "trainer.test_freq",
+    "trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.output_dir", "trainer.seed",
+    "trainer.val_before_train", "trainer.max_checkpoints_to_keep",
+    "actor.lr", "actor.weight_decay", "actor.lr_warmup_steps", "actor.grad_clip", "actor.clip_ratio_low",
+    "actor.clip_ratio_high", "actor.clip_ratio_c", "actor.kl_loss_coef", "actor.entropy_coeff",
+    "critic.lr", "critic.cliprange_value", "critic.grad_clip",
+    "algorithm.gamma", "algorithm.lam", "algorithm.kl_coef", "model.lora.adapter_path", "rollout.top_p",
+})
 
-    `env` holds --env KEY=VALUE pins (they win over the script's own assignments);
-    `environment` is the process environment the script would inherit; `versions` the
-    --verl-version / --vllm-version / --sglang-version flags.
-    """
-    warnings: list[str] = []
-    config_name = ""
+
+def priced(key: str) -> bool:
+    """Whether a plan term depends on the key's value (then a value rlplan cannot know blocks the import)."""
+    return (key in BY_KEY and BY_KEY[key].field not in UNPRICED_FIELDS) or key == CONTEXT_OVERRIDE_KEY
+
+
+@frozen(kw_only=True)
+class _Sorted:
+    """The command's overrides by what they are to the plan."""
+
+    given: dict[str, str]
+    passthrough: dict[str, str]
+    reward: dict[str, str]
+    # key -> the verbatim value of a key whose value rlplan cannot know, passed through.
+    unknowable: dict[str, str]
+    # Every override as the script spells it (prefix and key) -> its value: the stack inference's evidence.
+    written: dict[str, str]
+
+
+def _read_command(text: str, env: dict[str, str], environment: dict[str, str], context: ScriptContext,
+                  warnings: list[str]) -> _Command:
     if _is_overrides_file(text):
-        overrides = _overrides_from_file(text)
-    else:
-        found = _overrides_from_script(text, env, environment or {}, warnings)
-        if found is None:
-            raise PlanError(field="script", message="has no `python -m verl...` / `-m recipe...` command, and is not "
-                            "a file of Hydra overrides (one key=value per line).",
-                            fix="import the script that launches verl.trainer.main_ppo")
-        overrides, config_name = found
-    backend = _backend(config_name, overrides)
-    table = table_for(backend)
-    given: dict[str, str] = {}
-    passthrough: dict[str, str] = {}
-    reward: dict[str, str] = {}
+        return _Command(module="verl.trainer.main_ppo", line=0, overrides=tuple(_overrides_from_file(text)),
+                        config_path=None, config_name=None, scope=None)
+    found = _command_from_script(text, env, environment, context, warnings)
+    if found is None:
+        raise PlanError(field="script", message="has no `python -m verl...` / `-m recipe...` command, and is not "
+                        "a file of Hydra overrides (one key=value per line).",
+                        fix="import the script that launches verl.trainer.main_ppo")
+    return found
+
+
+def _unknown_value(override: Override, key: str, scope: ShellScope, sorted_: _Sorted) -> None:
+    """An override whose value holds what rlplan cannot know: passed through verbatim, or refused when a plan
+    term depends on it (the model: unless its folder's name, known, names a preset)."""
+    assert override.value is not None
+    unknowns = scope.unknowns_in(override.value)
+    verbatim = scope.verbatim(override.value)
+    tail = override.value.rpartition("/")[2]
+    if key == BY_FIELD["model.path"].key and "/" in override.value and tail and not scope.unknowns_in(tail):
+        sorted_.given[key] = format_value(verbatim)
+        sorted_.unknowable[key] = verbatim
+        return
+    if priced(key):
+        first = unknowns[0]
+        others = f" (and {len(unknowns) - 1} more unknown part(s))" if len(unknowns) > 1 else ""
+        raise PlanError(field=key, message=f"is {verbatim}: it needs {first.describe()}{others}, and the plan "
+                        "depends on this key. rlplan runs no command and reads no variable it is not given.",
+                        fix=f"{first.how}, or write the value in the script")
+    sorted_.passthrough[f"{override.prefix}{override.key}"] = format_value(verbatim)
+    sorted_.unknowable[key] = verbatim
+
+
+def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pinned: set[str]) -> _Sorted:
+    sorted_ = _Sorted(given={}, passthrough={}, reward={}, unknowable={}, written={})
     seen: dict[str, str | None] = {}
-    for raw in overrides:
+    scope = command.scope
+    for raw in command.overrides:
+        if not raw.strip():
+            raise PlanError(field="script", message=f"the verl command (line {command.line}) gets an argument that is "
+                            "only whitespace, which Hydra refuses: a backslash followed by a space escapes the "
+                            "space instead of continuing the line, so bash ends the command there and runs the lines "
+                            "after it as a command of their own.",
+                            fix="remove the space after that backslash (or the comment after it)")
         override = Override.parse(raw)
+        if override.value is not None:  # as spelled, for the stack inference (an older spelling dates the script)
+            sorted_.written[f"{override.prefix}{override.key}"] = override.value
+        if scope is not None and scope.unknowns_in(override.key):
+            unknown = scope.unknowns_in(override.key)[0]
+            raise PlanError(field=scope.verbatim(raw), message=f"names its key through {unknown.describe()}, so "
+                            "rlplan cannot tell which verl key it sets.", fix=unknown.how)
         key = KEY_ALIASES.get(override.key, override.key)
         if key != override.key:
             warnings.append(f"{override.key} is verl's older spelling of {key}; read as {key}.")
         if key in seen and seen[key] != override.value:
-            warnings.append(f"{key} is set twice ({seen[key]} and {override.value}); the last one wins, as in Hydra.")
+            shown = [scope.verbatim(value or "") if scope else value for value in (seen[key], override.value)]
+            warnings.append(f"{key} is set twice ({shown[0]} and {shown[1]}); the last one wins, as in Hydra.")
         seen[key] = override.value
         if override.prefix == "~" or override.value is None:
-            passthrough[f"~{override.key}"] = override.value or ""
+            sorted_.passthrough[f"~{override.key}"] = override.value or ""
+            continue
+        if scope is not None and scope.unknowns_in(override.value):
+            sorted_.given.pop(key, None)
+            _unknown_value(override, key, scope, sorted_)
+            continue
+        sorted_.unknowable.pop(key, None)
+        referenced = set(re.findall(r"\$\{oc\.env:([^,}]*)", override.value))
+        if key in BY_KEY and not priced(key) and referenced and not referenced & pinned:
+            # An environment value (a data folder, a run name) where no plan term reads it: the reference stays,
+            # and verl reads it from the same environment when it runs.
+            sorted_.given.pop(key, None)
+            sorted_.passthrough[f"{override.prefix}{override.key}"] = override.value
             continue
         if key in BY_KEY and backend_has(key, backend):
-            given[key] = override.value
+            sorted_.given[key] = override.value
         elif key in BY_KEY:
             # The other backend's key: verl's config for this one ignores it (or Hydra refuses it); kept as
             # written, so rules (lora_keys_the_backend_ignores, ...) can name it.
             warnings.append(f"{key} is a plan key only on {'an FSDP' if backend == 'megatron' else 'a Megatron'} "
                             "plan; kept as passthrough, rendered back unchanged.")
-            passthrough[f"{override.prefix}{override.key}"] = override.value
+            sorted_.passthrough[f"{override.prefix}{override.key}"] = override.value
         elif key in (REWARD_PATH_KEY, REWARD_NAME_KEY):
-            reward[key] = override.value
+            sorted_.reward[key] = override.value
         else:
             near = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.9)
             if near:
                 warnings.append(f"{key} is not a verl key rlplan models; did you mean {near[0]}? Kept as passthrough.")
-            passthrough[f"{override.prefix}{override.key}"] = override.value
+            sorted_.passthrough[f"{override.prefix}{override.key}"] = override.value
+    if sorted_.unknowable:
+        listed = "; ".join(f"{key} = {value}" for key, value in sorted_.unknowable.items())
+        warnings.append(f"values rlplan cannot know (command output, unset variables) are kept as the script writes "
+                        f"them, since no plan term depends on them: {listed}.")
+    return sorted_
+
+
+def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: dict[str, str],
+                       local_config_reader: LocalConfigReader, environment: dict[str, str] | None = None,
+                       versions: tuple[str | None, str | None, str | None] = (None, None, None),
+                       context: ScriptContext | None = None) -> ImportResult:
+    """A verl launch script or a file of Hydra overrides -> plan, warnings, passthrough keys.
+
+    `env` holds --env KEY=VALUE pins (they win over the script's own assignments);
+    `environment` is the process environment the script would inherit; `versions` the
+    --verl-version / --vllm-version / --sglang-version flags; `context` where the script runs from.
+    """
+    warnings: list[str] = []
+    context = context or ScriptContext()
+    command = _read_command(text, env, environment or {}, context, warnings)
+    config = trainer_config(command.module, command.config_path, command.config_name, context.cwd,
+                            context.read_text)
+    backend = _backend(config.base or config.name, list(command.overrides))
+    sorted_ = _sort_overrides(command, backend, warnings, set(env))
+    given, passthrough = sorted_.given, sorted_.passthrough
+    given = {**_config_values(config, command.module, backend, given, warnings), **given}
+    _placement(given, passthrough, warnings)
+    table = table_for(backend)
     values = _Values(given, passthrough, dict(env), dict(environment or {}), table)
     fields = {field: values.field_value(field) for field in table}
     for key, field in RENDER_ALSO.items():
@@ -407,15 +587,92 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     if "actor_rollout_ref.rollout.name" not in given:
         warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
     fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
-    fields["reward.function"] = _reward_function(reward)
+    fields["reward.function"] = _reward_function(sorted_.reward)
     resolved = _resolve_model(str(model_path), local_config_reader, warnings)
     resolved = _with_overridden_context(resolved, passthrough, warnings)
-    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, passthrough, text, versions,
+    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, text, versions,
                              warnings)
     kept = tuple(passthrough)
-    if kept:
-        warnings.append(f"kept {len(kept)} verl key(s) rlplan does not model, rendered back unchanged: {', '.join(kept)}.")
+    unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]
+    if unmodeled:
+        warnings.append(f"kept {len(unmodeled)} verl key(s) rlplan does not model, rendered back unchanged: "
+                        f"{', '.join(unmodeled)}.")
     return ImportResult(plan=plan.evolve(passthrough=passthrough), warnings=tuple(warnings), passthrough_keys=kept)
+
+
+# A recipe's own rollout placement (recipe/one_step_off_policy, recipe/fully_async_policy): the rollout on GPUs
+# of its own, `rollout.nnodes` x `rollout.n_gpus_per_node`, beside the trainer's.
+_SPLIT_ROLLOUT_KEYS = ("rollout.nnodes", "rollout.n_gpus_per_node")
+
+
+def _placement(given: dict[str, str], passthrough: dict[str, str], warnings: list[str]) -> None:
+    """What the plan's colocated step does not model of a recipe's placement: said, or refused where verl's
+    batch means something else."""
+    split = [key for key in _SPLIT_ROLLOUT_KEYS if key in passthrough or f"+{key}" in passthrough]
+    if given.get("algorithm.adv_estimator", "").strip("'\"") == "null":
+        raise PlanError(field="algorithm.adv_estimator", message="is null: the recipe's own trainer (verl's SPIN and SPPO "
+                        "recipes) computes no advantages, and rlplan does not model that step (it prices PPO-family "
+                        "steps).", fix="import a script whose algorithm.adv_estimator is one of verl's estimators")
+    batch = given.get("data.train_batch_size", "").strip("'\"")
+    if batch == "0":
+        raise PlanError(field="data.train_batch_size", message="is 0: the prompts stream to the trainer, which takes "
+                        "async_training.require_batches mini batches per step from a rollout on GPUs of its own (verl's "
+                        "fully async recipe). rlplan prices a colocated step of a fixed batch and does not model that.",
+                        fix="price the trainer's step with data.train_batch_size = ppo_mini_batch_size x "
+                        "require_batches in a copy of the script, knowing the plan puts the rollout on the same GPUs")
+    if split:
+        warnings.append(f"{', '.join(split)} put the rollout on GPUs of its own (a recipe's split placement); the "
+                        "plan prices the rollout on the trainer's GPUs, so its memory verdict is the colocated one.")
+
+
+_PLAIN_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+
+
+def _config_values(config: TrainerConfig, module: str, backend: Backend, given: dict[str, str],
+                   warnings: list[str]) -> dict[str, str]:
+    """The plan keys the command's own config file sets (under the command's overrides), and the warning that
+    says what was read, or which keys may differ when it could not be."""
+    if config.is_verls_own:
+        return {}
+    if not config.readable:
+        missed = [key for key in _CONSEQUENTIAL_KEYS if key not in given]
+        where = f"--config-name {config.name}" if config.name else f"{module}'s config"
+        problems = "; ".join(config.problems)
+        warnings.append(f"{where} is not readable here ({problems}); the plan takes ppo_trainer.yaml's defaults for "
+                        f"the keys the command does not set, and that config may set these differently: "
+                        f"{', '.join(missed) or 'none of the keys that size the plan'}. Import from the root of the "
+                        "verl checkout the script runs in to read it.")
+        return {}
+    found: dict[str, str] = {}
+    skipped: list[str] = []
+    for dotted, text in config.values:
+        key = KEY_ALIASES.get(dotted, dotted)
+        if key not in BY_KEY or not backend_has(key, backend) or key in given:
+            continue
+        references = _PLAIN_REFERENCE.findall(text)
+        if "${" in text and (len(references) != text.count("${") or any(ref not in BY_KEY for ref in references)):
+            skipped.append(f"{key} = {text}")
+            continue
+        found[key] = text
+    base = config.base or "an unknown trainer config"
+    shown = ", ".join(f"{key}={value}" for key, value in found.items()) or "none of the plan's keys"
+    warnings.append(f"read {config.path} ({config.name}, on verl's {base}); under the command's overrides it sets "
+                    f"{shown}." + (f" Not read (interpolations rlplan does not resolve; verl's defaults stand): "
+                                   f"{', '.join(skipped)}." if skipped else "")
+                    + (f" Not followed: {'; '.join(config.problems)}." if config.problems else ""))
+    return found
+
+
+# The keys that size a plan most, named when a config they may come from cannot be read.
+_CONSEQUENTIAL_KEYS = (
+    "data.train_batch_size", "data.max_prompt_length", "data.max_response_length", f"{ARF}.rollout.n",
+    f"{ARF}.rollout.name", f"{ARF}.actor.ppo_mini_batch_size", f"{ARF}.actor.ppo_micro_batch_size_per_gpu",
+    f"{ARF}.actor.use_dynamic_bsz", f"{ARF}.actor.ppo_max_token_len_per_gpu",
+    f"{ARF}.rollout.tensor_model_parallel_size", f"{ARF}.rollout.gpu_memory_utilization",
+    f"{ARF}.actor.fsdp_config.param_offload", f"{ARF}.actor.fsdp_config.optimizer_offload",
+    f"{ARF}.model.enable_gradient_checkpointing", f"{ARF}.actor.strategy", "algorithm.adv_estimator",
+    "trainer.n_gpus_per_node", "trainer.nnodes",
+)
 
 
 def _warn_about_algorithm_defaults(given: dict[str, str], fields: dict[str, Any], warnings: list[str]) -> None:
@@ -448,9 +705,9 @@ def _backend(config_name: str, overrides: list[str]) -> Backend:
     """Megatron when the command runs verl's Megatron trainer config, or sets the actor's strategy to megatron."""
     strategy_key = f"{ARF}.actor.strategy"
     for raw in overrides:
-        override = Override.parse(raw)
-        if override.key == strategy_key and override.value is not None:
-            config_name = "megatron" if override.value.strip("'\"") == "megatron" else "fsdp"
+        key, sep, value = raw.lstrip("+").partition("=")
+        if key.strip() == strategy_key and sep:
+            config_name = "megatron" if value.strip("'\"") == "megatron" else "fsdp"
     return "megatron" if "megatron" in config_name else "fsdp"
 
 

@@ -70,7 +70,7 @@ def xml_safe(value: Any) -> Any:
     return value
 
 
-def write_chart(chart: Any, path: str, flag: str) -> None:
+def write_chart(chart: Any, path: str, flag: str, *, force: bool = False) -> None:
     """HTML with Vega inlined (opens offline, no CDN) and the spec escaped for its <script> element; PNG / SVG
     rendered by vl-convert, no browser. Rendered in memory, then written by the one atomic writer, so a failed
     render leaves no half-written chart."""
@@ -90,28 +90,28 @@ def write_chart(chart: Any, path: str, flag: str) -> None:
         content = vl_convert.vegalite_to_png(xml_safe(spec), vl_version=vl_version_for_vl_convert(), scale=2)
     else:
         content = vl_convert.vegalite_to_svg(xml_safe(spec), vl_version=vl_version_for_vl_convert())
-    write_atomic(path, content, flag)
+    write_atomic(path, content, flag, force=force)
 
 
-def memory_chart_command(plan: Any, profile: Any, path: str, headroom: Any = None) -> None:
+def memory_chart_command(plan: Any, profile: Any, path: str, headroom: Any = None, *, force: bool = False) -> None:
     from rlplan.planner.charts import memory_chart, memory_chart_data
     from rlplan.planner.memory import predict_memory
     from rlplan.planner.model_error import DEFAULT_HEADROOM, plan_margin
 
     margin = plan_margin(plan, headroom or DEFAULT_HEADROOM, profile)
     data = memory_chart_data(predict_memory(plan, profile), margin.gib)
-    write_chart(memory_chart(data, plan.model.name), path, "--chart")
+    write_chart(memory_chart(data, plan.model.name), path, "--chart", force=force)
 
 
 def frontier_chart_command(result: Any, gpu_limit_gib: float, top: int, title: str, path: str, *,
-                           margin_gib: float = 0.0) -> None:
+                           margin_gib: float = 0.0, force: bool = False) -> None:
     from rlplan.planner.charts import frontier_chart, frontier_data
 
     write_chart(frontier_chart(frontier_data(result.frontier, gpu_limit_gib, top, margin_gib=margin_gib), title),
-                path, "--frontier")
+                path, "--frontier", force=force)
 
 
-def report_command(run_dir: str, output: str) -> dict[str, object]:
+def report_command(run_dir: str, output: str, *, force: bool = False) -> dict[str, object]:
     """Draw RUN_DIR's metrics.jsonl (finished or still running) beside its plan's prediction; returns what
     was drawn and where (the --json object; `report_summary` is its line of text).
 
@@ -152,7 +152,7 @@ def report_command(run_dir: str, output: str) -> dict[str, object]:
     if reading.skipped_partial:
         notes.append("the last line, still being written, is left out")
     data.update(steps=buckets.steps, last_step=buckets.last_step)
-    write_chart(report_chart(data, "; ".join([title, *notes]), subtitle), output, "-o")
+    write_chart(report_chart(data, "; ".join([title, *notes]), subtitle), output, "-o", force=force)
     return {"output": output, "metrics_file": str(metrics), "steps": buckets.steps, "last_step": buckets.last_step,
             "steps_per_point": merged, "skipped_lines": reading.skipped_partial, "notes": notes}
 

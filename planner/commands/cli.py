@@ -31,6 +31,7 @@ from rlplan.planner.commands.commands_io import (
     make_console,
     print_json,
     refuse_overwriting_inputs,
+    refuse_read_only_output,
     report_error,
     write_atomic,
 )
@@ -108,6 +109,8 @@ ProfileOption = Annotated[str | None, typer.Option("--profile", metavar="FILE", 
 HeadroomOption = Annotated[str | None, headroom_option()]
 PlanOutput = Annotated[str | None, plan_output_option()]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+# Every command that writes a file the user names: an existing read-only file is kept unless this is given.
+ForceOutput = Annotated[bool, typer.Option("--force", help="Replace the output file even if it is read-only.")]
 # The target stack (planner/stack.py): the versions the plan is for; they select version-dependent defaults, rules
 # and memory. Left out: the plan's own [stack], else the default (`rlplan --version`).
 STACK_PANEL = "Stack"
@@ -325,6 +328,8 @@ VerifyFlag = Annotated[bool, typer.Option(
     help="Measure the top candidates' training step with the CPU tracker (needs the runtime extra) and keep the "
          "first that fits.")]
 SolvePlanOutput = Annotated[str | None, plan_output_option(metavar="FILE", panel=OUTPUT_PANEL)]
+SolveForce = Annotated[bool, typer.Option(
+    "--force", rich_help_panel=OUTPUT_PANEL, help="Replace -o / --frontier even if the file is read-only.")]
 SolveJsonOutput = Annotated[bool, typer.Option(
     "--json", rich_help_panel=OUTPUT_PANEL, help="Print one JSON object instead of tables.")]
 QuietFlag = Annotated[bool, typer.Option(
@@ -380,6 +385,7 @@ def solve(
     verl_version: VerlVersion = None,
     vllm_version: VllmVersion = None,
     sglang_version: SglangVersion = None,
+    force: SolveForce = False,
 ) -> None:
     """Solve every knob for a model, a cluster and a workload; write plan.toml.
 
@@ -444,14 +450,21 @@ def validate(
 
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len,
                                    (verl_version, vllm_version, sglang_version))
+    from rlplan.planner.stack_inference import verdicts_across
+
     reports = plan_reports(plan, prof, parse_headroom(headroom))
     fix = fit_fix(plan, prof, plan_path) if reports.rules.valid and not reports.feasible else None
+    # An imported script whose keys leave a range of verl releases: where the verdict differs across it.
+    across = verdicts_across(plan, prof)
     if json_output:
-        print(json.dumps({**reports_json(reports), **({"fix": fix} if fix else {})}, indent=2))
+        print(json.dumps({**reports_json(reports), **({"fix": fix} if fix else {}),
+                          **({"verdicts_across_verl": across} if across else {})}, indent=2))
     else:
         console = make_console()
         for renderable in validation_tables(reports, fix):
             console.print(renderable)
+        for line in across:
+            console.print(f"note: {line} (pass --verl-version to judge one release)", markup=False)
     if not reports.rules.valid:
         raise typer.Exit(ExitCode.BAD_INPUT)
     if not reports.feasible:
@@ -472,6 +485,7 @@ def explain(
     verl_version: VerlVersion = None,
     vllm_version: VllmVersion = None,
     sglang_version: SglangVersion = None,
+    force: ForceOutput = False,
 ) -> None:
     """Per-phase, per-component memory table, the batch layout and the step-time estimate.
 
@@ -484,12 +498,13 @@ def explain(
 
         check_chart_path(chart, "--chart")
         refuse_overwriting_inputs(chart, "--chart", {"PLAN": plan_path, "--profile": profile})
+        refuse_read_only_output(chart, "--chart", force=force)
     plan, prof = plan_with_profile(plan_path, profile, expected_prompt_len, expected_response_len,
                                    (verl_version, vllm_version, sglang_version))
     if chart:
         from rlplan.planner.commands.chart_commands import memory_chart_command
 
-        memory_chart_command(plan, prof, chart, parse_headroom(headroom))
+        memory_chart_command(plan, prof, chart, parse_headroom(headroom), force=force)
     reports = plan_reports(plan, prof, parse_headroom(headroom))
     if json_output:
         print(json.dumps(reports_json(reports), indent=2))
@@ -556,6 +571,7 @@ def report(
                                                "(default: RUN_DIR/report.html, beside the run).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object (chart written, metrics file, "
                                               "steps) or the error.")] = False,
+    force: ForceOutput = False,
 ) -> None:
     """Draw a run, finished or still running: reward, KL, entropy, lengths, sync gap, phase times, memory.
 
@@ -565,7 +581,8 @@ def report(
 
     output = output or os.path.join(run_dir, "report.html")  # beside the run, never silently into the cwd
     check_chart_path(output, "-o")
-    drawn = report_command(run_dir, output)
+    refuse_read_only_output(output, "-o", force=force)
+    drawn = report_command(run_dir, output, force=force)
     if json_output:
         print_json(drawn)
     else:
@@ -668,6 +685,7 @@ def calibrate(
                                                      "read from their metric names).")] = None,
     fix: Annotated[list[str] | None, typer.Option("--fix", help="Pin a key of every --plan (with --from-verl-log), "
                                                   "e.g. rollout.enforce_eager=true.")] = None,
+    force: ForceOutput = False,
 ) -> None:
     """Fit a calibration profile on a GPU, from a finished run's plan-vs-actual records, from verl logs, or
     measure this CPU.
@@ -680,7 +698,7 @@ def calibrate(
         plans = list(plan or []) + ([plan_path] if plan_path else [])
         raise typer.Exit(calibrate_verl_command(from_verl_log, plans, output, gpu=gpu, gpu_mem=gpu_mem,
                                                 host_mem=1024.0, env=[], fixes=parse_fixes(fix or []),
-                                                verl_version=verl_version, as_json=json_output))
+                                                verl_version=verl_version, as_json=json_output, force=force))
     from rlplan.runtime.commands import calibrate_command, calibrate_cpu_command
 
     if cpu:
@@ -708,6 +726,7 @@ def compare(
     chart: Annotated[str | None, typer.Option("--chart", help="Also draw measured vs predicted and the length trend "
                                               "to this .html / .png / .svg; needs the charts extra.")] = None,
     json_output: JsonOutput = False,
+    force: ForceOutput = False,
 ) -> None:
     """Hold a plan against a verl run: memory and time per phase at the run's lengths, and the length trend.
     Exit 1 when a measured memory figure exceeds the prediction by more than the model's error band.
@@ -718,7 +737,7 @@ def compare(
 
     raise typer.Exit(compare_command(plan_path, log_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
                                      fixes=parse_fixes(fix or []), profile_path=profile, verl_version=verl_version,
-                                     chart=chart, as_json=json_output))
+                                     chart=chart, as_json=json_output, force=force))
 
 
 # --- interop -------------------------------------------------------------------------
@@ -735,6 +754,8 @@ def import_verl(
         "--host-mem", help="Host RAM per node: GiB or with a unit (512GiB); default: the GPU's typical node, said "
                            "as a warning.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE for shell variables (repeatable).")] = None,
+    arg: Annotated[list[str] | None, typer.Option("--arg", help="An argument of the script ($1, $2 ... in order; "
+                                                  "repeatable); default none, as `bash SCRIPT` runs it.")] = None,
     output: PlanOutput = None,
     expected_prompt_len: ExpectedPromptLen = None,
     expected_response_len: ExpectedResponseLen = None,
@@ -743,6 +764,7 @@ def import_verl(
     verl_version: VerlVersion = None,
     vllm_version: VllmVersion = None,
     sglang_version: SglangVersion = None,
+    force: ForceOutput = False,
 ) -> None:
     """Import a verl launch script (python3 -m verl.trainer.main_ppo ...) into a plan.
 
@@ -752,7 +774,8 @@ def import_verl(
 
     raise typer.Exit(import_command(script, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env or [],
                                     output=output, expected_lengths=(expected_prompt_len, expected_response_len),
-                                    as_json=json_output, versions=(verl_version, vllm_version, sglang_version)))
+                                    as_json=json_output, versions=(verl_version, vllm_version, sglang_version),
+                                    arguments=tuple(arg or ()), force=force))
 
 
 @app.command()
@@ -770,6 +793,7 @@ def render(
                                                help="File to write (default: stdout).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, target, format, "
                                               "what was added, and the text when there is no -o.")] = False,
+    force: ForceOutput = False,
 ) -> None:
     """Render a plan as a verl launch script or Hydra overrides, or as a SLURM script or a Ray job of `rlplan run`.
 
@@ -781,7 +805,8 @@ def render(
     """
     from rlplan.planner.commands.interop_commands import render_command
 
-    raise typer.Exit(render_command(plan_path, target=target, fmt=fmt, output=output, as_json=json_output))
+    raise typer.Exit(render_command(plan_path, target=target, fmt=fmt, output=output, as_json=json_output,
+                                    force=force))
 
 
 def version_callback(value: bool) -> None:

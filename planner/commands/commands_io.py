@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -215,14 +216,33 @@ def refuse_overwriting_inputs(output: str | None, what: str, inputs: dict[str, A
                             fix=f"pass a different {what} path")
 
 
-def write_atomic(path: str, content: str | bytes, what: str) -> None:
+def refuse_read_only_output(path: str | None, what: str, *, force: bool = False) -> None:
+    """Every writer's check, before any work: an existing output with no write permission was made read-only by
+    its owner, and a rename would replace it anyway (the folder, not the file, is what a rename needs): refused
+    unless the user forces it (`--force`)."""
+    import stat
+
+    if not path or force:
+        return
+    try:
+        mode = Path(os.path.realpath(path)).stat().st_mode
+    except (OSError, ValueError):  # no such file yet (or an unusable name: write_atomic names that)
+        return
+    if stat.S_ISREG(mode) and not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise PlanError(field=what, message=f"{shorten(path)!r} exists and is read-only; it is kept.",
+                        fix=f"pass --force to replace it, or pass a different {what} path")
+
+
+def write_atomic(path: str, content: str | bytes, what: str, *, force: bool = False) -> None:
     """Every command's one path to disk (text as UTF-8, or bytes): write a unique temporary file beside the
     target, fsync, rename over it.
 
     An interrupted or failed write leaves the target as it was and no temporary behind; concurrent writers
     never share a temporary name; a symlink is written through (its target is replaced, the link kept);
-    directories and device nodes are refused rather than renamed over.
+    directories and device nodes are refused rather than renamed over; a read-only file is kept unless `force`
+    (refuse_read_only_output, which commands also call before their work).
     """
+    refuse_read_only_output(path, what, force=force)
     import stat
     import tempfile
 
@@ -279,6 +299,56 @@ def load_profile(path: str | None):
     if path is None:
         return DEFAULT_PROFILE
     return load_profile_toml(read_text(path, "--profile"), source=path)
+
+
+def hub_cache_dirs(environment: Mapping[str, str]) -> list[Path]:
+    """Where huggingface_hub keeps downloaded repos, in the order it reads its settings: HF_HUB_CACHE (or the
+    older HUGGINGFACE_HUB_CACHE), else HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+    ~/.cache/huggingface/hub."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if environment.get(name):
+            return [Path(os.path.expanduser(environment[name]))]
+    if environment.get("HF_HOME"):
+        return [Path(os.path.expanduser(environment["HF_HOME"])) / "hub"]
+    cache = environment.get("XDG_CACHE_HOME") or os.path.join(environment.get("HOME") or "~", ".cache")
+    return [Path(os.path.expanduser(cache)) / "huggingface" / "hub"]
+
+
+def _cached_config(repo_id: str, cache: Path) -> Path | None:
+    """A repo's config.json in huggingface_hub's cache layout: models--ORG--NAME/snapshots/<revision>/, the
+    revision refs/main names first, else the most recent snapshot that has one."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    try:
+        main = repo / "refs" / "main"
+        if main.is_file():
+            pinned = repo / "snapshots" / main.read_text(encoding="utf-8").strip() / "config.json"
+            if pinned.is_file():
+                return pinned
+        snapshots = sorted((repo / "snapshots").glob("*/config.json"), key=lambda path: path.stat().st_mtime)
+        return snapshots[-1] if snapshots else None
+    except (OSError, ValueError):
+        return None
+
+
+def model_config_path(spec: str, environment: Mapping[str, str]) -> Path | None:
+    """The config.json a model spec names on this machine, read offline: a local folder (or the file), verl's
+    checkpoint layout under it (global_step_N/actor/huggingface, or actor/huggingface's parent), or a hub repo
+    id in the local Hugging Face cache. None when it is nowhere here; nothing is downloaded."""
+    found = local_config_path(spec)
+    if found is not None:
+        return found
+    for layout in (("actor", "huggingface"), ("huggingface",)):
+        found = local_config_path(os.path.join(spec, *layout))
+        if found is not None:
+            return found
+    from rlplan.planner.presets import HUB_REPO_ID
+
+    if HUB_REPO_ID.fullmatch(spec.strip()):
+        for cache in hub_cache_dirs(environment):
+            found = _cached_config(spec.strip(), cache)
+            if found is not None:
+                return found
+    return None
 
 
 def local_config_path(spec: str) -> Path | None:

@@ -16,10 +16,11 @@ import attrs
 from rlplan.planner.commands.commands_io import (
     ExitCode,
     load_plan,
-    local_config_path,
     make_console,
+    model_config_path,
     read_text,
     refuse_overwriting_inputs,
+    refuse_read_only_output,
     report_error,
     write_atomic,
 )
@@ -42,9 +43,12 @@ def parse_env_pins(items: list[str]) -> dict[str, str]:
     return pins
 
 
-def read_local_model_config(path: str) -> dict[str, Any] | None:
-    """The config.json at a local model directory (or the file itself); None for a hub repo id."""
-    candidate = local_config_path(path)
+def read_local_model_config(path: str):
+    """The config.json a model path or hub id has on this machine (a local folder, verl's checkpoint layout, the
+    local Hugging Face cache: `model_config_path`), with where it was read; None when it is nowhere here."""
+    from rlplan.planner.verl_import import FoundConfig
+
+    candidate = model_config_path(path, os.environ)
     if candidate is None:
         return None
 
@@ -56,7 +60,33 @@ def read_local_model_config(path: str) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise PlanError(field="actor_rollout_ref.model.path", message=f"{candidate} is not a JSON object.",
                         fix="point the model path at a Hugging Face model directory")
-    return config
+    return FoundConfig(config=config, source=str(candidate), in_hub_cache=not _is_local(path, candidate))
+
+
+def _is_local(spec: str, found) -> bool:
+    """Whether a found config.json lies under the folder the spec names (not in the Hugging Face cache)."""
+    try:
+        return os.path.commonpath([os.path.abspath(os.path.expanduser(spec)), os.path.abspath(found)]) == \
+            os.path.abspath(os.path.expanduser(spec))
+    except ValueError:
+        return False
+
+
+def read_optional_text(path: str) -> str | None:
+    """A small text file a script's command names (a recipe's config, its module), or None when it is not
+    readable here: the import then says what it could not read."""
+    try:
+        return read_text(path, "config")
+    except PlanError:
+        return None
+
+
+def script_context(script: str, arguments: tuple[str, ...] = ()):
+    """Where the script is imported from: this folder (bash's PWD; where `python3 -m` would find verl and its
+    configs), the script as given ($0), its --arg arguments, and the reader of the files its command names."""
+    from rlplan.planner.verl_import import ScriptContext
+
+    return ScriptContext(cwd=os.getcwd(), script=script, arguments=arguments, read_text=read_optional_text)
 
 
 def _gpu(gpu: str | None, gpu_mem: str | None):
@@ -75,7 +105,8 @@ def _gpu(gpu: str | None, gpu_mem: str | None):
 def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_mem: str | None, env: list[str],
                    output: str | None, expected_lengths: tuple[int | None, int | None] = (None, None),
                    as_json: bool = False,
-                   versions: tuple[str | None, str | None, str | None] = (None, None, None)) -> int:
+                   versions: tuple[str | None, str | None, str | None] = (None, None, None),
+                   arguments: tuple[str, ...] = (), force: bool = False) -> int:
     """With as_json: one object on stdout, {"output", "warnings", "plan_toml"} (the plan's text when no -o)."""
     from rich.markup import escape
 
@@ -84,11 +115,12 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
 
     try:
         refuse_overwriting_inputs(output, "--output", {"SCRIPT": script})
+        refuse_read_only_output(output, "--output", force=force)
         host_gib = parse_host_memory(host_mem)
         result = import_verl_script(
             read_text(script, "script"), gpu=_gpu(gpu, gpu_mem), host_memory_gib=host_gib or 1024.0,
             env=parse_env_pins(env), local_config_reader=read_local_model_config, environment=dict(os.environ),
-            versions=versions,
+            versions=versions, context=script_context(script, arguments),
         )
         if host_gib is None:  # the script does not say: the GPU class's typical node, said as a warning
             cluster = result.plan.cluster
@@ -96,9 +128,14 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
             plan = result.plan.evolve(cluster=attrs.evolve(cluster, host_memory_gib=assumed.gib))
             result = attrs.evolve(result, plan=plan,
                                   warnings=(*result.warnings, f"{assumed.describe()}; pass --host-mem to change it"))
+        from rlplan.planner.stack_inference import verdicts_across
+
+        across = verdicts_across(result.plan)  # the script's verl range judged apart: said beside the inference
+        if across:
+            result = attrs.evolve(result, warnings=(*result.warnings, *across))
         text = plan_to_toml(with_expected_lengths(result.plan, *expected_lengths))
         if output:
-            write_atomic(output, text, "--output")
+            write_atomic(output, text, "--output", force=force)
         elif not as_json:
             sys.stdout.write(text)
     except PlanError as error:
@@ -121,17 +158,19 @@ RENDERED = {"verl": "a verl launch script (python3 -m verl.trainer.main_ppo with
             "ray-job": "a Ray job submission of `rlplan run` (the bundled runtime, not verl) on an existing cluster"}
 
 
-def render_command(plan_path: str, *, target: str, fmt: str, output: str | None, as_json: bool = False) -> int:
+def render_command(plan_path: str, *, target: str, fmt: str, output: str | None, as_json: bool = False,
+                   force: bool = False) -> int:
     """With as_json: one object on stdout, {"output", "target", "format", "text"} (the text when no -o)."""
     from rlplan.planner.render import render_plan, verl_additions
 
     try:
         refuse_overwriting_inputs(output, "--output", {"PLAN": plan_path})
+        refuse_read_only_output(output, "--output", force=force)
         plan = load_plan(plan_path)
         text = render_plan(plan, target, fmt, plan_file=plan_path)
         added = verl_additions(plan) if target == "verl" else []
         if output:
-            write_atomic(output, text, "--output")
+            write_atomic(output, text, "--output", force=force)
             if fmt == "script":
                 mode = os.stat(output).st_mode
                 os.chmod(output, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

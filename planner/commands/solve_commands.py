@@ -23,6 +23,7 @@ from rlplan.planner.commands.commands_io import (
     make_console,
     read_text,
     refuse_overwriting_inputs,
+    refuse_read_only_output,
     write_atomic,
 )
 from rlplan.planner.commands.this_machine import cpu_cluster, this_machine_memory_gib
@@ -30,11 +31,12 @@ from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.model_error import Headroom, parse_headroom
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import Algorithm, ModelSection, Plan, RolloutEngine
+from rlplan.planner.plan import RUNTIME_ESTIMATORS, ModelSection, Plan, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
 from rlplan.planner.solver import Candidate, Objective, SolveRequest, SolveResult, SolveStrategy
 from rlplan.planner.stack import DEFAULT_STACK, solve_pins
+from rlplan.planner.validators import MAX_PLAN_NUMBER
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
 # Choices of the fixed-set options, taken from the plan's Literals so --help and validation cannot drift from them.
 # `ppo` is the user's name for the gae estimator with a critic; `auto` lets the solver price both engines.
-ALGO_CHOICES = ("ppo", *get_args(Algorithm))
+ALGO_CHOICES = ("ppo", *RUNTIME_ESTIMATORS)
 ROLLOUT_CHOICES = (*get_args(RolloutEngine), "auto")
 OBJECTIVE_CHOICES = get_args(Objective)
 STRATEGY_CHOICES = get_args(SolveStrategy)
@@ -107,6 +109,8 @@ class SolveFlags:
     # None: the --from plan's backend (megatron for a Megatron plan), else fsdp.
     strategy: str | None = None
     fix: tuple[str, ...] = field(default=(), converter=_as_tuple)
+    # Replace a read-only -o / --frontier file (refused without it).
+    force: bool = False
     profile: str | None = None
     headroom: str | None = None
     verify: bool = False
@@ -134,11 +138,15 @@ class SolveFlags:
                             fix="leave out --gpu / --gpu-mem to plan the CPU, or --device cpu to plan the GPU")
         if self.gpu is not None and self.gpu_mem is not None:
             raise PlanError(field="--gpu-mem", message="both --gpu and --gpu-mem are given.", fix="pass only one")
-        if self.algo is not None and _algorithm_name(self.algo) not in get_args(Algorithm):
+        if self.algo is not None and _algorithm_name(self.algo) not in RUNTIME_ESTIMATORS:
             raise PlanError(field="--algo", message=f"unknown algorithm {self.algo!r}.",
                             fix=f"pass one of {', '.join(ALGO_CHOICES)}")
         if self.lora not in ("off", "auto") and not _is_rank(self.lora):
-            raise PlanError(field="--lora", message=f"{self.lora!r} is not off, auto or a rank.", fix="pass --lora 64")
+            raise PlanError(field="--lora", message=f"{shorten(self.lora)!r} is not off, auto or a rank.",
+                            fix="pass --lora 64")
+        if _is_rank(self.lora) and (len(self.lora) > 8 or not 1 <= int(self.lora) <= MAX_PLAN_NUMBER):
+            raise PlanError(field="--lora", message=f"rank {shorten(self.lora)} is out of range.",
+                            fix="pass a LoRA rank such as 8, 16, 32 or 64 (verl's examples use 8 to 256), or --lora off")
         if self.rollout is not None and self.rollout not in ROLLOUT_CHOICES:
             raise PlanError(field="--rollout", message=f"{self.rollout!r} is not one of {', '.join(ROLLOUT_CHOICES)}.",
                             fix="pass --rollout vllm (the bundled runtime's engine), sglang or auto")
@@ -203,6 +211,8 @@ def check_outputs(flags: SolveFlags) -> None:
     read = {"--profile": flags.profile, "--model": local_config_path(flags.model) if flags.model else None}
     refuse_overwriting_inputs(flags.output, "--output", read)
     refuse_overwriting_inputs(flags.frontier, "--frontier", {**read, "--from": flags.from_plan, "--output": flags.output})
+    refuse_read_only_output(flags.output, "--output", force=flags.force)
+    refuse_read_only_output(flags.frontier, "--frontier", force=flags.force)
 
 
 def load_base(flags: SolveFlags) -> Plan | None:
@@ -470,7 +480,7 @@ def draw_frontier(flags: SolveFlags, inputs: SolveInputs, result: SolveResult) -
     request, cluster = inputs.request, inputs.cluster.cluster
     frontier_chart_command(result, cluster.gpu.memory_gib, flags.top or 0,
                            f"{request.model.name} on {cluster.nodes * cluster.gpus_per_node} x {cluster.gpu.name}",
-                           flags.frontier, margin_gib=request_margin(request).gib)
+                           flags.frontier, margin_gib=request_margin(request).gib, force=flags.force)
 
 
 def report_infeasible(flags: SolveFlags, inputs: SolveInputs, result: SolveResult) -> ExitCode:
@@ -572,19 +582,19 @@ def print_solved(flags: SolveFlags, inputs: SolveInputs, result: SolveResult, pl
                                              cluster_notes=(inputs.cluster.cpu_note, inputs.cluster.host_note),
                                              verification=verification), indent=2)
         if flags.output:
-            write_atomic(flags.output, plan_text, "--output")
+            write_atomic(flags.output, plan_text, "--output", force=flags.force)
         print(report_text)
         return
     if flags.quiet:
         if flags.output:
-            write_atomic(flags.output, plan_text, "--output")
+            write_atomic(flags.output, plan_text, "--output", force=flags.force)
         return
     renderables = list(solve_summary(plan, result, flags.output, request.profile, request.headroom,
                                      inputs.cluster.host_note))
     if flags.top:
         renderables.append(top_candidates_table(rows))
     if flags.output:
-        write_atomic(flags.output, plan_text, "--output")
+        write_atomic(flags.output, plan_text, "--output", force=flags.force)
     console = make_console()
     for renderable in renderables:
         console.print(renderable)

@@ -73,6 +73,9 @@ class RankState:
     weights: float
     grads: float
     optimizer: float
+    # The larger of the dense and the expert parameters' optimizer state: Megatron keeps one optimizer per
+    # group (a ChainedOptimizer over the dense and the expert-parallel ones) and steps them one after the other.
+    largest_optimizer: float = 0.0
 
     @property
     def total(self) -> float:
@@ -134,15 +137,34 @@ def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world
     dense_dp = max(world // engine.model_parallel_size, 1)
     expert_dp = max(engine.expert_data_parallel_size(world), 1)
     shard = engine.use_distributed_optimizer
-    optimizer = OPTIMIZER_BYTES * trainable_fraction * (
-        params.dense / (dense_dp if shard else 1) + params.experts / (expert_dp if shard else 1))
+    dense = OPTIMIZER_BYTES * trainable_fraction * params.dense / (dense_dp if shard else 1)
+    experts = OPTIMIZER_BYTES * trainable_fraction * params.experts / (expert_dp if shard else 1)
     return RankState(weights=WEIGHT_BYTES * params.total, grads=GRAD_BYTES * trainable_fraction * params.total,
-                     optimizer=optimizer)
+                     optimizer=dense + experts, largest_optimizer=max(dense, experts))
+
+
+# torch.optim.AdamW's multi-tensor (foreach) step, megatron-core's Adam where neither Transformer Engine's nor
+# Apex's FusedAdam imports (megatron/core/optimizer/__init__.py falls back to torch.optim.AdamW): it takes
+# sqrt(exp_avg_sq) of every parameter of the shard at once into new fp32 tensors (torch/optim/adamw.py,
+# _multi_tensor_adamw: torch._foreach_sqrt(device_exp_avg_sqs), then divided and added in place), 4 bytes per
+# parameter of the optimizer shard on the GPU beside the state. The fused kernels update in place (0), and the
+# single-tensor loop holds that buffer for one parameter at a time. Measured: docs/accuracy.md 6b.
+FOREACH_ADAMW_STEP_BYTES_PER_PARAM = 4
+
+
+def optimizer_step_bytes(optimizer_state_bytes: float, *, foreach: bool = True) -> float:
+    """The optimizer step's temporaries beside the state, from the optimizer state of the largest group Megatron
+    steps at once (RankState.largest_optimizer: OPTIMIZER_BYTES a parameter of its shard, all of it without the
+    distributed optimizer): torch's foreach AdamW's fp32 sqrt(exp_avg_sq) of that group, priced unless
+    `foreach` is off (the fused kernels)."""
+    if not foreach:
+        return 0.0
+    return FOREACH_ADAMW_STEP_BYTES_PER_PARAM * optimizer_state_bytes / OPTIMIZER_BYTES
 
 
 def layer_activation_bytes_per_token(arch: Architecture, *, moe: bool, tp: int, etp: int,
                                      sequence_parallel: bool, gated: bool = True,
-                                     dropout_masks: bool = True) -> float:
+                                     dropout_masks: bool = True, rotary_outputs: bool = True) -> float:
     """Saved activation bytes per token of one layer (selective recompute / flash attention: no score matrix).
 
     Korthikanti Table 2 term by term: layer-norm inputs (2h each), the attention and MLP inputs (2h each),
@@ -155,18 +177,23 @@ def layer_activation_bytes_per_token(arch: Architecture, *, moe: bool, tp: int, 
     megatron/core/transformer/moe/token_dispatcher.py, read at NVIDIA/Megatron-LM 0014f137). So per token of
     the micro batch a rank holds k / TP routed copies (k / TP x ETP after the gather) of the full hidden width,
     whose fc1 / activation outputs are 1 / ETP as wide. `dropout_masks`: the two hidden-dropout masks, saved
-    only where hidden_dropout > 0 (VERL_SAVES_DROPOUT_MASKS).
+    only where hidden_dropout > 0 (VERL_SAVES_DROPOUT_MASKS). `rotary_outputs`: the rotary Q and K core
+    attention saves (False: Megatron-Core's theoretical estimate, which leaves them out).
     """
     h = arch.hidden_size
     masks = 2 * h if dropout_masks else 0  # the masks after attention and after the MLP, a byte per element
     replicated = 2 * h + 2 * h + 2 * h + 2 * h + masks  # LN1 in, QKV in, LN2 in, fc1 in, the dropout masks
+    # The fused QKV output (the value, a view of it, keeps all of it alive in core attention), the attention
+    # output, and the rotary Q and K: rotary embedding (TE's fused RoPE as Megatron's own) writes new tensors,
+    # which core attention saves (2 q + 2 kv; measured, docs/accuracy.md 6b: left out before, -9 % a layer).
     attention = 2 * (arch.q_width + 2 * arch.kv_width) + 2 * arch.q_width
+    if rotary_outputs:
+        attention += 2 * (arch.q_width + arch.kv_width)
     if arch.qk_norm:
         # Megatron's SelfAttention.get_query_key_value_tensors splits the fused QKV output into views; the
         # query's reshape to [tokens, heads, head_dim] copies it (2 q), and q_layernorm / k_layernorm (TENorm:
-        # TE's RMSNorm saves its input) keep that copy and the key view (so the whole QKV output); the normed
-        # Q and K then pass rotary embedding into new tensors core attention saves (2 q + 2 kv).
-        attention += 2 * arch.q_width + 2 * (arch.q_width + arch.kv_width)
+        # TE's RMSNorm saves its input) keep that copy and the key view (so the whole QKV output).
+        attention += 2 * arch.q_width
     # rlplan's architectures are gated (SwiGLU: arch.dense_mlp_params = 3 h I); ungated is Megatron's estimate.
     gate = 2 if gated else 1
     if moe:
@@ -205,6 +232,14 @@ class StageActivations:
     last_layers: float
     loss_head: float
     single_stage: bool
+    # Of the layers' bytes, the chunk full recompute rebuilds inside a backward (0 without recompute): absent
+    # while the loss head runs, before the last layer's backward.
+    recomputed: float = 0.0
+
+    @property
+    def at_loss_head(self) -> float:
+        """The last stage's layer bytes while the loss head runs."""
+        return self.last_layers - self.recomputed
 
     @property
     def first(self) -> float:
@@ -225,16 +260,17 @@ class StageActivations:
 
 @functools.lru_cache(maxsize=256)
 def _per_layer_bytes(arch: Architecture, tp: int, etp: int, sequence_parallel: bool, gated: bool,
-                     dropout_masks: bool = True) -> tuple[float, ...]:
+                     dropout_masks: bool = True, rotary_outputs: bool = True) -> tuple[float, ...]:
     """Each layer's saved bytes per token (the solver prices thousands of plans on a few layouts: cached)."""
     return tuple(layer_activation_bytes_per_token(arch, moe=index >= arch.num_dense_layers and arch.is_moe, tp=tp,
                                                   etp=etp, sequence_parallel=sequence_parallel, gated=gated,
-                                                  dropout_masks=dropout_masks)
+                                                  dropout_masks=dropout_masks, rotary_outputs=rotary_outputs)
                  for index in range(arch.num_layers))
 
 
 def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per_micro_batch: int,
-                      micro_batches: int, gated: bool = True, dropout_masks: bool = True) -> StageActivations:
+                      micro_batches: int, gated: bool = True, dropout_masks: bool = True,
+                      rotary_outputs: bool = True) -> StageActivations:
     """The saved activations a training step's first and last stages hold at their peak.
 
     `tokens_per_micro_batch`: one micro batch's tokens on this data-parallel rank (before CP splits them).
@@ -244,30 +280,46 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
     tokens = math.ceil(tokens_per_micro_batch / engine.context_parallel_size)
     sp = engine.sequence_parallel and tp > 1
-    recompute = (engine.recompute_num_layers or 1) if engine.recompute_granularity == "full" else None
+    recompute = ((engine.recompute_method or "uniform", engine.recompute_num_layers or 1)
+                 if engine.recompute_granularity == "full" else None)
     # Per layout, not per token budget: the solver's budget search calls this thousands of times on a few layouts.
-    stage_bytes_per_token = cached_per_arch(
-        arch, ("megatron_stage_bytes", tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks, recompute),
+    kept, recomputed = cached_per_arch(
+        arch, ("megatron_stage_bytes", tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks, rotary_outputs,
+               recompute),
         lambda: _stage_bytes_per_token(arch, tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks,
-                                       recompute))
+                                       rotary_outputs, recompute))
     embedding_inputs = EMBEDDING_INPUT_BYTES + arch.hidden_size
     in_flight = in_flight_micro_batches(engine, micro_batches)
-    first = tokens * in_flight * (stage_bytes_per_token + embedding_inputs / tp)
-    last = first if pp == 1 else tokens * stage_bytes_per_token
+    # Every micro batch in flight keeps its saved tensors; a recomputed chunk exists for one micro batch at a
+    # time, inside its backward (before: counted once per micro batch in flight, 16x under DeepSeek-V3's PP 16).
+    first = tokens * (in_flight * (kept + embedding_inputs / tp) + recomputed)
+    last = first if pp == 1 else tokens * (kept + recomputed)
     return StageActivations(first_layers=first, last_layers=last,
-                            loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens), single_stage=pp == 1)
+                            loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens), single_stage=pp == 1,
+                            recomputed=tokens * recomputed)
 
 
 def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: bool, gated: bool,
-                           dropout_masks: bool, recompute_chunk: int | None) -> float:
-    """Saved bytes per token of the most loaded stage's layers; under full recompute (`recompute_chunk` layers
-    at a time) each layer's input and one recomputed chunk."""
-    per_layer = _per_layer_bytes(arch, tp, etp, sp, gated, dropout_masks)
-    stage_layers = arch.num_layers * stage_share(arch, pp)
-    if recompute_chunk is not None:
-        layer_input = 2 * arch.hidden_size / (tp if sp else 1)
-        return stage_layers * layer_input + recompute_chunk * max(per_layer)
-    return stage_layers * (sum(per_layer) / len(per_layer))
+                           dropout_masks: bool, rotary_outputs: bool,
+                           recompute: tuple[str, int] | None) -> tuple[float, float]:
+    """Bytes per token of the most loaded stage's layers: what each micro batch keeps until its backward, and
+    what one micro batch's backward recomputes at a time. Under full recompute (`recompute`: method and
+    recompute_num_layers) as Megatron-Core's TransformerBlock._checkpointed_forward runs it (read at
+    megatron-core 0.16.1): `uniform` checkpoints the stage in chunks of n layers, saving each chunk's input,
+    and its backward recomputes one chunk at a time; `block` checkpoints the stage's first n layers one at a
+    time (their inputs saved, one recomputed in backward) and keeps every other layer's activations."""
+    per_layer = _per_layer_bytes(arch, tp, etp, sp, gated, dropout_masks, rotary_outputs)
+    mean_layer = sum(per_layer) / len(per_layer)
+    stage_layers = round(arch.num_layers * stage_share(arch, pp))
+    if recompute is None:
+        return stage_layers * mean_layer, 0.0
+    method, layers = recompute
+    layer_input = 2 * arch.hidden_size / (tp if sp else 1)
+    if method == "block":
+        checkpointed = min(layers, stage_layers)
+        return checkpointed * layer_input + (stage_layers - checkpointed) * mean_layer, max(per_layer)
+    chunk = min(layers, stage_layers)
+    return math.ceil(stage_layers / chunk) * layer_input, chunk * max(per_layer)
 
 
 def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int, outputs: int | None = None) -> float:
@@ -275,6 +327,20 @@ def loss_head_bytes(arch: Architecture, *, tp: int, tokens: int, outputs: int | 
     / TP, its estimate's output-layer and cross-entropy term). `outputs`: the output layer's width where it is
     not the vocabulary (a value model's 1)."""
     return tokens * 4 * (arch.hidden_size + (arch.vocab_size if outputs is None else outputs)) / tp
+
+
+# Megatron-Core's vocab_parallel_cross_entropy, which verl's log-prob (vocab_parallel_log_probs_from_logits)
+# calls on the output layer's bf16 logits: it takes them to fp32 (`vocab_parallel_logits.float()`, then max,
+# exp and sum in place) while the caller still holds the bf16 logits, 2 + 4 bytes a token x vocab / TP at its
+# peak; the backward writes the fp32 gradient into the saved softmax and casts it to bf16 (4 + 2 again).
+# Megatron-Core's theoretical estimate counts the fp32 logits alone (4). Measured: docs/accuracy.md 6b.
+CROSS_ENTROPY_BYTES_PER_TOKEN_VOCAB = 6
+
+
+def cross_entropy_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
+    """Megatron's vocabulary-parallel cross entropy at its peak: the bf16 logits beside their fp32 copy, and the
+    output layer's input, over TP."""
+    return tokens * (CROSS_ENTROPY_BYTES_PER_TOKEN_VOCAB * arch.vocab_size + 4 * arch.hidden_size) / tp
 
 
 def export_gather_bytes(arch: Architecture, engine: MegatronSection) -> float:
@@ -342,16 +408,20 @@ class MegatronBackend:
         state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
                                           trainable_fraction(plan, role), value_model=role == "critic")
         # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
-        # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy.
+        # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy. The Adam step's
+        # own temporaries are optimizer_step_bytes's.
         return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
-                            optimizer_step=0.0, reduce_scatter=0.0)
+                            optimizer_step=optimizer_step_bytes(state.largest_optimizer), reduce_scatter=0.0)
 
     def state_on_gpu(self, plan: Plan, role: TrainedRole, state: TrainerState) -> TrainerState:
         """verl loads every offloaded part back before the update, so a training step holds all of it, except
         the optimizer state Megatron's CPU optimizer keeps on the host (override_optimizer_config:
         optimizer_cpu_offload with optimizer_offload_fraction, Megatron-Core's HybridDeviceOptimizer)."""
         host_fraction = cpu_optimizer_fraction(plan, role)
-        return attrs.evolve(state, optimizer=state.optimizer * (1 - host_fraction)) if host_fraction else state
+        if not host_fraction:
+            return state
+        return attrs.evolve(state, optimizer=state.optimizer * (1 - host_fraction),
+                            optimizer_step=state.optimizer_step * (1 - host_fraction))
 
     def resident_between_phases(self, plan: Plan, role: TrainedRole,
                                 state_on_gpu: TrainerState) -> list[Component]:
@@ -394,7 +464,8 @@ class MegatronBackend:
         backward starts (Megatron-Core GPTModel._postprocess, read at 0.20; verl b178a3cd): the head (verl's head
         kernel over the vocabulary-parallel logits, at least Megatron's fp32 logits) and one layer's backward
         workspace are never held at once. The head sits on the last pipeline stage, the in-flight micro
-        batches on the first."""
+        batches on the first. The optimizer's step comes after them all (optimizer_step_bytes's temporaries beside
+        the state)."""
         arch, engine = plan.model.arch, _engine(plan, role)
         tp, cp = engine.tensor_model_parallel_size, engine.context_parallel_size
         tokens = batch.tokens_per_micro_batch  # on this rank: after CP's split (the layout's sequence split)
@@ -406,15 +477,20 @@ class MegatronBackend:
             # replaces the last stage's output layer with LinearForLastLayer(hidden, 1): one value per token.
             stages = attrs.evolve(stages, loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens, outputs=1))
         verl_head = head.bytes_per_token_vocab * tokens * arch.vocab_size / tp if head is not None else 0.0
-        loss_head = max(verl_head, stages.loss_head)
+        megatron_head = stages.loss_head if role == "critic" else cross_entropy_bytes(arch, tp=tp, tokens=tokens)
+        loss_head = max(verl_head, megatron_head)
         workspace = tokens * layer_activation_bytes_per_token(
             arch, moe=arch.is_moe, tp=tp, etp=engine.expert_tensor_size,
             sequence_parallel=engine.sequence_parallel and tp > 1, dropout_masks=VERL_SAVES_DROPOUT_MASKS)
         state = [Component(f"{role}_params", int(state_on_gpu.params)),
                  Component(f"{role}_grads", int(state_on_gpu.grads)),
                  Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer))]
-        if stages.last_layers + loss_head >= stages.layers_peak + workspace:
-            return "loss", [*state, Component("activations", int(stages.last_layers)),
+        loss, backward = stages.at_loss_head + loss_head, stages.layers_peak + workspace
+        if state_on_gpu.optimizer_step > max(loss, backward):
+            # The step runs after every micro batch's activations are freed.
+            return "optimizer_step", [*state, Component("optimizer_step_temporaries", int(state_on_gpu.optimizer_step))]
+        if loss >= backward:
+            return "loss", [*state, Component("activations", int(stages.at_loss_head)),
                             Component("logits_head", int(loss_head))]
         return "backward", [*state, Component("activations", int(stages.layers_peak)),
                             Component("layer_backward_workspace", int(workspace))]

@@ -39,7 +39,7 @@ from rlplan.planner.monotone import last_holding
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-from rlplan.planner.stack import MICRO_OUTPUTS_HELD_TO_MINI_END, VLLM_V0_ENGINE, holds
+from rlplan.planner.stack import MICRO_OUTPUTS_HELD_TO_MINI_END, holds, vllm_engine_of
 
 
 @frozen
@@ -377,7 +377,16 @@ def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanL
         notes.append("without multi_stage_wake_up the KV cache is resumed before the weight sync: trainer weights, "
                      f"rollout weights and KV cache are on the GPU at once; {remedy} "
                      f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
-    if holds(VLLM_V0_ENGINE, plan.stack, plan.rollout.name) and not plan.cluster.gpu.is_cpu:
+    if budget.co_resident_bytes and not plan.cluster.gpu.is_cpu:
+        formula = (f"SGLang {plan.stack.version_of('sglang')} takes mem_fraction_static of the memory free before "
+                   "its load" if budget.fraction_of_free is not None else
+                   f"{plan.rollout.name} {plan.stack.version_of(plan.rollout.name)} sizes its KV cache from the "
+                   "whole GPU")
+        notes.append(f"{formula}: the trainer's {budget.co_resident_bytes / GIB:.2f} GiB resident when verl builds "
+                     f"the engine shrink{'s' if budget.fraction_of_free is None else ''} its KV pool "
+                     "(docs/verl-versions.md, engine formulas)")
+    if (plan.rollout.name == "vllm" and vllm_engine_of(plan.stack) == "v0"
+            and not plan.cluster.gpu.is_cpu):
         notes.append(f"vLLM {plan.stack.version_of('vllm')} runs the V0 engine: its profile-run sampler is priced "
                      f"with V1's {profile.vllm_sampler_bytes_per_seq_vocab:g} bytes per sequence x vocabulary entry, "
                      "which over-states V0's (a verl run on vLLM 0.8.3 started at no more than 17, docs/accuracy.md "
@@ -421,3 +430,29 @@ def longest_expected_response_that_fits(plan: Plan, profile: Profile = DEFAULT_P
     if not fits(1):
         return 0
     return last_holding(1, high, fits)
+
+
+def longest_expected_sequence_that_fits(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> tuple[int, int]:
+    """The largest mean (prompt, response) the plan fits at, both shrunk together in the proportion of the
+    expected prompt (else the maximum) to the maximum response: what a plan that does not fit even at
+    one-token responses, its prompts still at full length, fits at. (0, 0) when not even 1 + 1 tokens fit.
+    Memory grows monotonically with both lengths, so a bisection over the total finds the boundary."""
+    data = plan.data
+    prompt_cap = data.expected_prompt_length or data.max_prompt_length
+    response_cap = data.max_response_length
+
+    def split(total: int) -> tuple[int, int]:
+        prompt = min(prompt_cap, max(1, round(total * prompt_cap / (prompt_cap + response_cap))))
+        return prompt, max(1, min(response_cap, total - prompt))
+
+    def fits(total: int) -> bool:
+        prompt, response = split(total)
+        shrunk = attrs.evolve(data, expected_prompt_length=prompt, expected_response_length=response)
+        return predict_memory(plan.evolve(data=shrunk), profile).fits
+
+    high = prompt_cap + response_cap
+    if fits(high):
+        return split(high)
+    if not fits(2):
+        return 0, 0
+    return split(last_holding(2, high, fits))

@@ -18,7 +18,7 @@ from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.memory.report import GIB, Component
 from rlplan.planner.plan import Plan, RolloutEngine, RolloutSection
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-from rlplan.planner.stack import UNSTAGED_WAKE_UP, holds
+from rlplan.planner.stack import UNSTAGED_WAKE_UP, holds, kv_pool_charges_the_whole_gpu
 
 
 @frozen
@@ -42,6 +42,12 @@ class RolloutBudget:
     # vLLM's CPU backend: the KV cache is VLLM_CPU_KVCACHE_SPACE exactly (requested_bytes), whatever else
     # the process holds; weights and workspace are beside it, not carved out of it.
     on_cpu: bool = False
+    # What else is on the GPU when the engine sizes its pool (the trainer's state resident in verl's process) as
+    # far as the engine's formula charges it to the pool (stack.kv_pool_charges_the_whole_gpu): vLLM V1 before
+    # 0.9.1 and V0 0.6.4.x, and SGLang always; 0 where vLLM profiles only what the instance adds.
+    co_resident_bytes: int = 0
+    # SGLang from 0.5.10: mem_fraction_static is a fraction of the memory free before the load (its value here).
+    fraction_of_free: float | None = None
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -88,20 +94,36 @@ class RolloutBudget:
 
 
 def vllm_kv_cache_bytes(requested_bytes: float, weights_bytes: float, activation_bytes: float,
-                        non_torch_bytes: float) -> float:
-    """vLLM V1: KV = util x GPU - weights - profiled activation - non-torch (graphs come after, outside)."""
-    return requested_bytes - weights_bytes - activation_bytes - non_torch_bytes
+                        non_torch_bytes: float, co_resident_bytes: float = 0.0) -> float:
+    """vLLM: KV = util x GPU - weights - profiled activation - non-torch (graphs come after, outside), less what
+    else is on the GPU where the profile counts the whole device.
+
+    Per instance (V1 from 0.9.1: vllm/v1/worker/gpu_worker.py determine_available_memory, memory_profiling from
+    the worker's init_snapshot; V0 from 0.6.5: vllm/worker/worker.py determine_num_available_blocks,
+    memory_profiling from its baseline): only what the instance adds is charged, so a trainer already resident
+    is not. Whole GPU (V1 up to 0.9.0, V0 0.6.4.x): peak_memory = the process's torch allocated peak + (total -
+    free - torch allocated), so the trainer's state resident in verl's process (and anything else on the device)
+    comes out of util x GPU too: `co_resident_bytes`.
+    """
+    return requested_bytes - weights_bytes - activation_bytes - non_torch_bytes - co_resident_bytes
 
 
-def sglang_kv_cache_bytes(static_bytes: float, weights_bytes: float, pre_load_bytes: float) -> float:
+def sglang_kv_cache_bytes(static_bytes: float, weights_bytes: float, pre_load_bytes: float,
+                          co_resident_bytes: float = 0.0, fraction: float | None = None) -> float:
     """SGLang: KV pool = mem_fraction_static x GPU - weights - what was in use before the load.
 
-    sglang python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py (profile_max_num_token):
-    rest_memory = available_gpu_memory - total_gpu_memory * (1 - mem_fraction_static), where the
-    available memory is measured after the weights are loaded; the CUDA context and NCCL buffers were
-    already in use then.  Activations and CUDA graphs are not part of it.
+    Up to 0.5.9 (python/sglang/srt/model_executor/model_runner.py, then model_runner_kv_cache_mixin.py
+    profile_max_num_token): rest_memory = available_gpu_memory - total_gpu_memory * (1 - mem_fraction_static),
+    the available memory measured after the weights are loaded: the CUDA context, NCCL buffers and everything
+    else on the device (`co_resident_bytes`: verl's trainer) were in use then. From 0.5.10
+    (model_runner_kv_cache_mixin.py _profile_available_bytes): rest = post_model_load_memory -
+    pre_model_load_memory * (1 - mem_fraction_static), both free memory, so the fraction (`fraction`) applies to
+    what was free before the load: KV = fraction x (GPU - pre-load - co-resident) - weights. Activations and
+    CUDA graphs are not part of it either way.
     """
-    return static_bytes - weights_bytes - pre_load_bytes
+    if fraction is None:
+        return static_bytes - weights_bytes - pre_load_bytes - co_resident_bytes
+    return static_bytes - weights_bytes - fraction * (pre_load_bytes + co_resident_bytes)
 
 
 @frozen
@@ -125,7 +147,8 @@ class EngineMemory:
 
 VLLM = EngineMemory(
     kv_cache_bytes=lambda budget: vllm_kv_cache_bytes(budget.requested_bytes, budget.weights_bytes,
-                                                      budget.activation_bytes, budget.non_torch_bytes),
+                                                      budget.activation_bytes, budget.non_torch_bytes,
+                                                      budget.co_resident_bytes),
     activation_outside_budget=False,
     holds_lora_adapter=True,
     block_size=lambda profile: profile.vllm_block_size,
@@ -134,7 +157,8 @@ VLLM = EngineMemory(
 )
 SGLANG = EngineMemory(
     kv_cache_bytes=lambda budget: sglang_kv_cache_bytes(budget.requested_bytes, budget.weights_bytes,
-                                                        budget.non_torch_bytes),
+                                                        budget.non_torch_bytes, budget.co_resident_bytes,
+                                                        budget.fraction_of_free),
     activation_outside_budget=True,
     holds_lora_adapter=False,
     block_size=lambda profile: profile.sglang_page_size,
@@ -226,8 +250,12 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
             max_model_len=rollout_max_model_len(plan),
             sequence_length=plan.data.max_sequence_length,
         )
+    charges_all = kv_pool_charges_the_whole_gpu(plan.stack, rollout.name)
+    fraction_of_free = None if rollout.name != "sglang" or charges_all else rollout.gpu_memory_utilization
     return RolloutBudget(
         engine=rollout.name,
+        co_resident_bytes=trainer_bytes_at_engine_start(plan) if charges_all or fraction_of_free else 0,
+        fraction_of_free=fraction_of_free,
         requested_bytes=int(rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes),
         weights_bytes=weights,
         activation_bytes=int(vllm_activation_bytes(arch, rollout.max_num_batched_tokens, rollout.max_num_seqs,
@@ -238,6 +266,26 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
         max_model_len=rollout_max_model_len(plan),
         sequence_length=plan.data.max_sequence_length,
     )
+
+
+def trainer_bytes_at_engine_start(plan: Plan) -> int:
+    """The trainer's state on one GPU when verl builds the rollout engine: the parameters of the actor, the
+    reference and the critic that are not offloaded. verl builds the engine last ("we should create rollout at the
+    end so that vllm can have a better estimation of kv cache memory", ray_trainer.py init_workers, v0.3-v0.9),
+    after each worker has offloaded what param_offload says (fsdp_workers.py init_model); the optimizer has no
+    state yet (AdamW creates it at the first step) and no gradients exist."""
+    from rlplan.planner.layout import plan_layout
+    from rlplan.planner.memory.backend import training_backend
+
+    trainer, layout = training_backend(plan), plan_layout(plan)
+    total = 0
+    for role in ("actor", "critic") if plan.uses_critic else ("actor",):
+        state = trainer.state_on_gpu(plan, role, trainer.role_state(plan, role, layout))  # type: ignore[arg-type]
+        total += sum(c.bytes for c in trainer.resident_between_phases(plan, role, state)  # type: ignore[arg-type]
+                     if c.name.endswith("_params"))
+    if plan.uses_reference and not plan.reference_is_actor and not trainer.reference_params_on_host(plan):
+        total += trainer.reference_params_bytes(plan, layout)
+    return int(total)
 
 
 def stages_wake_up(plan: Plan) -> bool:

@@ -18,14 +18,17 @@ from rlplan.planner.memory.fsdp import (
 )
 from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.memory.report import TrainerState
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
+from rlplan.planner.stack import ENTROPY_IN_EVERY_PASS, holds
 from rlplan.planner.steptime.lengths import Lengths
 from rlplan.planner.steptime.passes import (
     StepContext,
     compute_dtype,
     entropy_seconds,
     fixed_micro_batch_seconds,
+    optimizer_step_host_seconds,
     pass_micro_batches,
     tokens_per_gpu,
     training_flops_per_token,
@@ -49,7 +52,7 @@ def _forward_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, p
     facts = model_facts(plan.model.arch)
     tokens = tokens_per_gpu(plan, role, lengths)
     micro_batches = pass_micro_batches(plan, role, lengths)
-    compute = (tokens * training_flops_per_token(plan, facts, lengths, critic)
+    compute = (tokens * training_flops_per_token(plan, facts, lengths, critic, role)
                / rates.train_flops(compute_dtype(plan, critic)))
     if entropy:
         compute += entropy_seconds(facts, tokens, rates, profile)
@@ -59,7 +62,8 @@ def _forward_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, p
         # CPUOffloadPolicy copies each layer's host shard to the GPU before its all-gather.
         gather += _policy_state(plan, shard, critic).params / rates.pcie
     return (fsdp_pass_seconds(compute, micro_batches, gather)
-            + fixed_micro_batch_seconds(facts.layers, micro_batches, profile, passes=1.0))
+            + fixed_micro_batch_seconds(facts.layers, micro_batches, profile, passes=1.0)
+            + _forward_moves(plan, role, rates, shard, profile, micro_batches))
 
 
 def _update_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, profile: Profile,
@@ -71,10 +75,10 @@ def _update_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, pr
     multiplier = (2.0 if n_lora else 3.0) + (1.0 if checkpointing else 0.0)
     tokens = tokens_per_gpu(plan, role, lengths) * role.epochs
     micro_batches = pass_micro_batches(plan, role, lengths)
-    compute = (tokens * training_flops_per_token(plan, facts, lengths, critic) * multiplier
+    compute = (tokens * training_flops_per_token(plan, facts, lengths, critic, role) * multiplier
                / rates.train_flops(compute_dtype(plan, critic)))
-    if not critic and plan.actor.entropy_coeff != 0:
-        # The entropy's forward and backward over the logits.
+    if not critic and (plan.actor.entropy_coeff != 0 or holds(ENTROPY_IN_EVERY_PASS, plan.stack)):
+        # The entropy's forward and backward over the logits (every update's before verl 0.4).
         compute += 2.0 * entropy_seconds(facts, tokens, rates, profile)
     params = facts.critic_params if critic else facts.params
     trainable = n_lora or params
@@ -89,6 +93,8 @@ def _update_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, pr
         collectives += (2.0 * state.params + state.grads) / rates.pcie
     seconds = fsdp_pass_seconds(compute, micro_batches, collectives)
     seconds += fixed_micro_batch_seconds(facts.layers, micro_batches, profile, passes=multiplier)
+    seconds += optimizer_step_host_seconds(facts.layers, role.optimizer_steps_per_step, profile)
+    seconds += _update_moves(plan, rates, shard, profile, critic=critic)
     if policy:
         # The optimizer steps on the CPU, whose AdamW rate the node's ranks share.
         seconds += (role.optimizer_steps_per_step * trainable / shard * rates.gpus_per_node
@@ -104,27 +110,51 @@ def _update_pass(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, pr
     return seconds
 
 
+def pageable_rate(rates: Rates, profile: Profile) -> float:
+    """Bytes/s of verl's between-phase offloads, which copy to and from pageable host memory."""
+    return min(rates.pcie, profile.pageable_copy_gbps * 1e9)
+
+
+def _moved_by_verl(plan: Plan, role: str) -> bool:
+    """verl loads and offloads a role's shards around its calls unless CPUOffloadPolicy keeps them on the host."""
+    return not offloaded_by_policy(plan, role)
+
+
+def _forward_moves(plan: Plan, role: RoleBatchLayout, rates: Rates, shard: int, profile: Profile,
+                   micro_batches: int) -> float:
+    """The loads and offloads verl runs inside a no_grad pass's call (fsdp_workers.py, v0.4.0):
+    compute_log_prob loads the actor's shard and offloads it after (the LoRA reference is that same call);
+    compute_values the critic's; a separate reference under param offload is FSDP's CPUOffload, which copies
+    each layer's pinned shard in for every micro batch."""
+    pageable = pageable_rate(rates, profile)
+    if role.role == Phase.CRITIC_VALUES:
+        moves = plan.critic.param_offload and _moved_by_verl(plan, "critic")
+        return 2.0 * critic_state(plan, shard).params / pageable if moves else 0.0
+    if role.role == Phase.REF_LOG_PROB and not plan.reference_is_actor:
+        if not ref_params_on_host(plan):
+            return 0.0
+        return micro_batches * ref_param_bytes(plan, model_facts(plan.model.arch), shard) / rates.pcie
+    moves = plan.actor.param_offload and _moved_by_verl(plan, "actor")
+    return 2.0 * actor_state(plan, shard).params / pageable if moves else 0.0
+
+
+def _update_moves(plan: Plan, rates: Rates, shard: int, profile: Profile, *, critic: bool) -> float:
+    """update_actor / update_critic load the role's shard and optimizer state before the update and offload
+    them after it."""
+    role = "critic" if critic else "actor"
+    if not _moved_by_verl(plan, role):
+        return 0.0
+    section = plan.critic if critic else plan.actor
+    state = _policy_state(plan, shard, critic)
+    moved = (2.0 * state.params if section.param_offload else 0.0)
+    moved += 2.0 * state.optimizer if section.optimizer_offload else 0.0
+    return moved / pageable_rate(rates, profile)
+
+
 def offload_seconds(plan: Plan, rates: Rates, shard: int, profile: Profile) -> float:
-    """PCIe traffic of verl's between-phase offload: each load and each offload moves the shard once."""
-    moved = 0.0
-    actor = actor_state(plan, shard)
-    # Under offload_policy verl turns the between-phase offloads off; its traffic is priced in each pass.
-    actor_moves = not offloaded_by_policy(plan, "actor")
-    if plan.actor.param_offload and actor_moves:
-        # Loaded and offloaded around the old-log-prob pass, the update and the weight sync.
-        moved += 3 * 2 * actor.params
-    if plan.actor.optimizer_offload and actor_moves:
-        moved += 2 * actor.optimizer
-    if plan.uses_reference and not plan.reference_is_actor and ref_params_on_host(plan):
-        # FSDP's own offload copies each layer in for the reference pass; nothing is written back.
-        moved += ref_param_bytes(plan, model_facts(plan.model.arch), shard)
-    if plan.uses_critic and not offloaded_by_policy(plan, "critic"):
-        critic = critic_state(plan, shard)
-        if plan.critic.param_offload:
-            moved += 2 * 2 * critic.params  # values pass and update
-        if plan.critic.optimizer_offload:
-            moved += 2 * critic.optimizer
-    return moved / rates.pcie
+    """verl's between-phase moves outside any phase's call: none; each load and offload is timed inside the
+    call that makes it (_forward_moves, _update_moves, the weight sync's)."""
+    return 0.0
 
 
 class FsdpTiming:
@@ -148,6 +178,10 @@ class FsdpTiming:
         if offloaded_by_policy(plan, "actor"):
             # The shards the sync gathers live in host RAM under CPUOffloadPolicy.
             seconds += actor_state(plan, shard).params / rates.pcie
+        elif plan.actor.param_offload:
+            # The rollout sharding manager loads the offloaded shard for the sync and offloads it after
+            # (sharding_manager/fsdp_vllm.py __enter__, v0.4.0).
+            seconds += 2.0 * actor_state(plan, shard).params / pageable_rate(rates, ctx.profile)
         return seconds
 
     def offload_seconds(self, ctx: StepContext) -> float:

@@ -10,6 +10,7 @@ from attrs import frozen
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.model_facts import ModelFacts
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.steptime.lengths import Lengths
@@ -28,31 +29,33 @@ class StepContext:
     lengths: Lengths
 
 
-def pass_sequence_length(plan: Plan, lengths: Lengths) -> float:
+def pass_sequence_length(plan: Plan, lengths: Lengths, role: RoleBatchLayout | None = None) -> float:
     """Tokens per sequence a trainer pass computes: the mean with remove padding, the padded maximum
-    without."""
-    if plan.model.use_remove_padding:
-        return lengths.sequence_mean
-    return float(plan.data.max_sequence_length)
+    without (the role's own flag: verl's critic has its own `use_remove_padding`, False by default up to
+    its HEAD, verl/trainer/config/critic/dp_critic.yaml)."""
+    padded = role.padded if role is not None else not plan.model.use_remove_padding
+    return float(plan.data.max_sequence_length) if padded else lengths.sequence_mean
 
 
 def tokens_per_gpu(plan: Plan, role: RoleBatchLayout, lengths: Lengths) -> float:
-    return role.sequences_per_gpu * pass_sequence_length(plan, lengths) / role.sequence_parallel_size
+    return role.sequences_per_gpu * pass_sequence_length(plan, lengths, role) / role.sequence_parallel_size
 
 
 def pass_micro_batches(plan: Plan, role: RoleBatchLayout, lengths: Lengths) -> int:
     """Micro batches one GPU runs in the pass: dynamic batches pack the chunk's real tokens into the
-    budget."""
+    budget (verl's rearrange_micro_batches counts `attention_mask.sum()`, so even a padded pass is split by
+    its real tokens, each micro batch then computing its sequences at the padded length)."""
     if role.max_token_len_per_gpu is None:
         return role.micro_batches_per_step
-    chunk_tokens = role.chunk_size * pass_sequence_length(plan, lengths)
+    chunk_tokens = role.chunk_size * lengths.sequence_mean
     per_chunk = max(1, math.ceil(chunk_tokens / (role.max_token_len_per_gpu * role.sequence_parallel_size)))
-    return role.mini_batches_per_epoch * per_chunk * role.epochs
+    return role.mini_batches_per_epoch * min(per_chunk, max(1, role.chunk_size)) * role.epochs
 
 
-def training_flops_per_token(plan: Plan, facts: ModelFacts, lengths: Lengths, critic: bool) -> float:
+def training_flops_per_token(plan: Plan, facts: ModelFacts, lengths: Lengths, critic: bool,
+                             role: RoleBatchLayout | None = None) -> float:
     """Forward FLOPs per token at the mean causal context of a packed sequence (half its length)."""
-    flops = facts.forward_flops_per_token(pass_sequence_length(plan, lengths) / 2)
+    flops = facts.forward_flops_per_token(pass_sequence_length(plan, lengths, role) / 2)
     if critic:
         # A value head replaces the vocabulary projection.
         flops -= 2.0 * facts.vocab * facts.hidden
@@ -73,3 +76,46 @@ def fixed_micro_batch_seconds(layers: float, micro_batches: int, profile: Profil
 def entropy_seconds(facts: ModelFacts, tokens: float, rates: Rates, profile: Profile) -> float:
     """verl's old-log-prob pass also computes the entropy: memory-bound passes over fp32 logits."""
     return tokens * facts.vocab * profile.entropy_bytes_per_token_vocab / rates.hbm
+
+
+# --- what verl times around every trainer pass: the worker call and its data (ray_trainer.fit, v0.4.0) ---
+
+# Float tensors per response position the driver's batch holds when it calls each trainer phase: the log-prob
+# pass none yet; the reference the old log-probs; the values both; the updates also the scores, the rewards,
+# the advantages and the returns.  A call ships the whole batch (`self.actor_rollout_wg.compute_log_prob(batch)`).
+_FLOATS_SENT = {Phase.OLD_LOG_PROB: 0, Phase.REF_LOG_PROB: 1, Phase.CRITIC_VALUES: 2, Phase.CRITIC_UPDATE: 7,
+                Phase.ACTOR_UPDATE: 7}
+# ... and what each returns per position: log-probs and entropies, the reference's log-probs, the values; the
+# updates return their metrics only.
+_FLOATS_RETURNED = {Phase.OLD_LOG_PROB: 2, Phase.REF_LOG_PROB: 1, Phase.CRITIC_VALUES: 1, Phase.CRITIC_UPDATE: 0,
+                    Phase.ACTOR_UPDATE: 0}
+
+
+def batch_bytes(plan: Plan, sequences: float, floats_per_position: int) -> float:
+    """Bytes of verl's padded batch of `sequences`: int64 input_ids, attention_mask and position_ids over prompt +
+    response, the prompts, the responses and the response mask, and `floats_per_position` fp32 tensors over the
+    response positions."""
+    data = plan.data
+    ints = 4 * data.max_sequence_length + 2 * data.max_response_length
+    return sequences * (8.0 * ints + 4.0 * floats_per_position * data.max_response_length)
+
+
+def transfer_seconds(plan: Plan, profile: Profile, sent_bytes: float, returned_bytes: float) -> float:
+    """One worker-group call: its fixed host cost, and the driver's DataProto out to the ranks and back."""
+    if plan.cluster.gpu.is_cpu:
+        # rlplan's own CPU runtime: its fixed costs are in the constants `calibrate --cpu` fits.
+        return 0.0
+    return profile.worker_call_seconds + (sent_bytes + returned_bytes) / (profile.dataproto_gbps * 1e9)
+
+
+def worker_call_seconds(ctx: StepContext, phase: Phase) -> float:
+    """What a trainer phase's timer holds beside the pass: the call to every rank and the batch it ships."""
+    plan = ctx.plan
+    sequences = plan.data.train_batch_size * plan.rollout.n
+    return transfer_seconds(plan, ctx.profile, batch_bytes(plan, sequences, _FLOATS_SENT[phase]),
+                            sequences * 4.0 * _FLOATS_RETURNED[phase] * plan.data.max_response_length)
+
+
+def optimizer_step_host_seconds(layers: float, optimizer_steps: int, profile: Profile) -> float:
+    """The host work of every optimizer step beside AdamW's HBM pass (grad-norm clip and its sync, launches)."""
+    return optimizer_steps * layers * profile.optimizer_step_seconds_per_layer

@@ -13,6 +13,7 @@ from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.steptime.lengths import Lengths, workload_lengths
+from rlplan.planner.steptime.passes import batch_bytes, transfer_seconds
 from rlplan.planner.steptime.rates import Rates
 
 # Points of the drain integral (the batch's last sequences finishing): enough for 1 % on smooth tails.
@@ -116,9 +117,10 @@ def rollout_concurrency(plan: Plan, memory: MemoryReport, lengths: Lengths, sequ
 
 
 def rollout_seconds(plan: Plan, memory: MemoryReport, rates: Rates, profile: Profile, layout: PlanLayout,
-                    lengths: Lengths | None = None) -> float:
+                    lengths: Lengths | None = None, responses_per_prompt: int | None = None) -> float:
     """Prefill at FLOPs, a full-concurrency phase while the queue lasts, then the drain to the longest
-    response."""
+    response. `responses_per_prompt` prices a generation of the same prompts with another n (ReMax's greedy
+    baseline: one each)."""
     lengths = lengths or workload_lengths(plan, profile)
     facts = model_facts(plan.model.arch)
     rollout = plan.rollout
@@ -129,6 +131,8 @@ def rollout_seconds(plan: Plan, memory: MemoryReport, rates: Rates, profile: Pro
         share = rates.gpus_per_node
         prefill_flops, decode_flops, hbm = prefill_flops * share, decode_flops * share, hbm * share
     sequences = layout.sequences_per_rollout_engine
+    if responses_per_prompt is not None:
+        sequences = layout.prompts_per_rollout_engine * responses_per_prompt
     prompts = layout.prompts_per_rollout_engine if rollout.enable_prefix_caching else sequences
     prefill = (prompts * lengths.prompt_mean * facts.forward_flops_per_token(lengths.prompt_mean / 2)
                / (t * prefill_flops))
@@ -155,4 +159,23 @@ def engine_weight_load_seconds(plan: Plan, rates: Rates) -> float:
     if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
         # Level 1 copies vLLM's weights to host at sleep and back at wake.
         seconds += 2.0 * rollout.dtype_bytes * (facts.params + n_lora) / t / rates.pcie
+    return seconds
+
+
+def rollout_host_seconds(plan: Plan, profile: Profile, layout: PlanLayout) -> float:
+    """What verl's `gen` timer holds beside decoding and the weight sync (v0.4.0): the driver's prompts out to
+    the ranks and the generated batch back; each rank's pre- and post-processing of its engine's sequences
+    (strip the prompts' padding, pad the responses, masks and position ids); vLLM's wake-up and sleep around the
+    sync, which unmap and remap its memory budget (sharding_manager/fsdp_vllm.py, vllm_rollout_spmd.py)."""
+    if plan.cluster.gpu.is_cpu:
+        return 0.0
+    rollout, data = plan.rollout, plan.data
+    prompts = layout.generated_prompts
+    sequences = prompts * layout.responses_per_prompt
+    sent = prompts * 3 * 8.0 * data.max_prompt_length  # input_ids, attention_mask, position_ids
+    seconds = transfer_seconds(plan, profile, sent, batch_bytes(plan, sequences, 0))
+    seconds += layout.sequences_per_rollout_engine * profile.rollout_host_seconds_per_sequence
+    if rollout.free_cache_engine:
+        budget_gib = rollout.gpu_memory_utilization * plan.cluster.gpu.memory_gib
+        seconds += budget_gib * profile.engine_wake_sleep_seconds_per_gib
     return seconds

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from rlplan.planner.arch import Architecture
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.hf_config import architecture_from_hf_config
@@ -35,3 +37,10 @@ def make_plan(arch: Architecture = QWEN25_7B, *, gpus: int = 8, gpu_mem_gib: flo
         rollout=RolloutSection(n=4, log_prob_micro_batch_size_per_gpu=4, max_model_len=1536),
     )
     return apply_knobs(plan, overrides) if overrides else plan
+
+
+def without_inferred_range(plan: Plan) -> Plan:
+    """The plan without the range of verl releases an import inferred (stack.verl_oldest): evidence about the
+    script, not what verl runs, so a render's round trip compares without it (the render writes the keys of the
+    plan's verl, whose range starts where those keys do)."""
+    return plan.evolve(stack=attrs.evolve(plan.stack, verl_oldest=None))

@@ -79,7 +79,9 @@ def test_a_fit_outside_the_profile_range_is_clamped_and_said():
 def test_plan_records_recover_the_profile_that_produced_them():
     """Synthetic GPU measurements of real plans, made with known constants, fit back to them."""
     truth = Profile(name="truth", cuda_context_and_nccl_gib=1.8, fragmentation_fraction=0.11, training_mfu=0.41)
-    plans = [make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": micro}) for micro in (1, 2, 4)]
+    # Micro batches of 4 and 8 sequences: compute-bound, where smaller ones let FSDP's collectives bind a micro
+    # batch at the default MFU, and a phase's seconds no longer split into work / MFU + fixed.
+    plans = [make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": micro}) for micro in (4, 8)]
     memory = []
     for plan in plans:
         phase = predict_phase(plan, "actor_update", truth)
@@ -309,7 +311,7 @@ def test_step_time_constants_fitted_from_runs_recover_the_profile_that_timed_the
     from rlplan.planner.memory import predict_memory
     from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
 
-    truth = attrs.evolve(DEFAULT_PROFILE, training_mfu=0.5, decode_seconds_per_sequence=60e-6)
+    truth = attrs.evolve(DEFAULT_PROFILE, training_mfu=0.3, decode_seconds_per_sequence=90e-6)
     # Bigger batches make the engine host-bound (the per-sequence cost shows), smaller ones GPU-bound.
     plans = [make_plan(overrides={"data.expected_response_length": response, "data.train_batch_size": batch})
              for response in (128, 512) for batch in (64, 256)]
@@ -320,8 +322,8 @@ def test_step_time_constants_fitted_from_runs_recover_the_profile_that_timed_the
     fit = fit_step_time(runs, keys=("training_mfu", "decode_seconds_per_sequence"), rounds=6)
     assert fit.rms_log_error_before > 0.05
     assert fit.rms_log_error_after < 0.02
-    assert fit.profile.training_mfu == pytest.approx(0.5, rel=0.05)
-    assert fit.profile.decode_seconds_per_sequence == pytest.approx(60e-6, rel=0.15)
+    assert fit.profile.training_mfu == pytest.approx(0.3, rel=0.05)
+    assert fit.profile.decode_seconds_per_sequence == pytest.approx(90e-6, rel=0.15)
 
 
 @settings(max_examples=30, deadline=None)

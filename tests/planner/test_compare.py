@@ -150,6 +150,8 @@ def test_times_are_medians_over_steady_steps_beside_the_model(payloads, name):
         "actor_update": (statistics.median(metrics(s)["timing_s/update_actor"] for s in steady),
                          predicted[Phase.ACTOR_UPDATE]),
         "step": (statistics.median(metrics(s)["timing_s/step"] for s in steady), sum(predicted.values())),
+        # The driver's advantage step (steptime.step.driver_seconds), which the fixtures time.
+        "adv": (statistics.median(metrics(s)["timing_s/adv"] for s in steady), predicted["adv"]),
     }
     if not sync_in_gen:
         expected["weight_sync"] = (3.0, predicted[Phase.WEIGHT_SYNC])
@@ -408,3 +410,35 @@ def test_a_run_with_one_step_compares_and_forecasts_no_trend(tmp_path):
     assert payload["forecast"]["stops_fitting_at_step"] is None
     assert [row["steps"] for row in payload["times"]] == [1]
     assert payload["memory"][0]["measured_gib"] == 40.0 and result.exit_code == 0
+
+
+def test_every_time_row_carries_its_out_of_sample_band_and_says_whether_the_run_lies_in_it():
+    """Issue 40: `compare` shows each phase's seconds with the step-time model's error band (steptime/bands.py)."""
+    _, payload = public_compare("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log")
+    assert payload["times"]
+    for row in payload["times"]:
+        band = row["band"]
+        assert band is not None and 0 <= band["under"] < 1 and band["over"] >= 0, row["phase"]
+        low, high = row["predicted_s"] / (1 + band["over"]), row["predicted_s"] / (1 - band["under"])
+        assert row["within_band"] == (low <= row["measured_s"] <= high), row["phase"]
+
+
+@pytest.mark.parametrize("bad", ["step:" + "9" * 400 + " - perf/max_memory_allocated_gb:30.0",
+                                 '{"step": 1e300, "data": {"perf/max_memory_allocated_gb": 30}}',
+                                 "step:2 - perf/max_memory_allocated_gb:" + "9" * 400,
+                                 "step:2 - perf/max_memory_allocated_gb:-30 - timing_s/gen:-4"])
+@pytest.mark.parametrize("command", ["compare", "calibrate"])
+def test_hostile_log_lines_are_notes_never_internal_errors(tmp_path, bad, command):
+    """Issue 41: out-of-range steps and values, and negative memory and times, enter neither the comparison nor the
+    fit; each is a note naming its line, and the command ends with a verdict (compare) or a profile (calibrate)."""
+    log = tmp_path / "run.log"
+    log.write_text("step:1 - perf/max_memory_allocated_gb:30.0 - response_length/mean:300 - prompt_length/mean:100\n"
+                   + bad + "\n", encoding="utf-8")
+    if command == "compare":
+        result = invoke("compare", SCRIPT, str(log), "--gpu", "h100-80g", "--json", "--chart", str(tmp_path / "c.png"))
+    else:
+        result = invoke("calibrate", "--from-verl-log", str(log), "--plan", SCRIPT, "--gpu", "h100-80g", "--json",
+                        "-o", str(tmp_path / "p.toml"))
+    assert result.exit_code in (0, 1), result.output
+    notes = json.loads(result.stdout)["notes"]
+    assert any("line 2" in note and ("out of range" in note or "negative" in note) for note in notes), notes

@@ -72,8 +72,11 @@ def test_without_remove_padding_micro_batches_are_priced_at_padded_positions():
 
 
 def test_a_v0_vllm_says_its_sampler_is_priced_with_v1s_coefficient():
-    v0 = make_plan().evolve(stack=StackSection(vllm="0.8.3"))
+    v0 = make_plan().evolve(stack=StackSection(vllm="0.8.3", vllm_engine="v0"))
     assert any("V0 engine" in note for note in predict_memory(v0).notes)
+    # vLLM 0.8 runs V1 unless the script selects V0; 0.7 runs V0 unless it selects V1 (vllm/envs.py VLLM_USE_V1).
+    assert not any("V0 engine" in note for note in predict_memory(v0.evolve(stack=StackSection(vllm="0.8.3"))).notes)
+    assert any("V0 engine" in note for note in predict_memory(v0.evolve(stack=StackSection(vllm="0.7.3"))).notes)
     assert not any("V0 engine" in note for note in predict_memory(make_plan()).notes)
 
 

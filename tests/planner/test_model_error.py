@@ -124,16 +124,23 @@ def test_zero_headroom_keeps_no_margin_and_says_so():
 
 
 def test_a_backend_no_measured_row_covers_gets_the_stated_assumption_not_another_backends_rows():
+    """A Megatron plan's update band is the Megatron twin's rows (any head: they run Megatron's own cross
+    entropy, which the backend prices beside verl's head); its forward passes, which no Megatron row measures,
+    keep the stated assumption rather than FSDP's forward rows."""
     from rlplan.planner.knobs import apply_knobs
+    from rlplan.planner.model_error import accuracy_rows
     from tests.planner.test_verl_import_megatron import SCRIPTS, load
 
     megatron = load((SCRIPTS / "megatron_dense_qwen2_7b.sh").read_text(), {"HOME": "/home/u"}).plan
     assert megatron.actor.strategy == "megatron"
     assumed = DEFAULT_PROFILE.unmeasured_backend_under_fraction
-    for phase in (Phase.ACTOR_UPDATE, Phase.OLD_LOG_PROB):
-        band = peak_error_band(megatron, phase)
-        assert band.assumed and band.rows == 0 and band.under == pytest.approx(assumed)
-        assert "unmeasured" in band.describe()
+    rows = [row for row in accuracy_rows() if row.strategy == "megatron" and row.kind == "update"]
+    update = peak_error_band(megatron, Phase.ACTOR_UPDATE)
+    assert rows and not update.assumed and update.rows == len(rows)
+    assert update.under == pytest.approx(max(0.0, -min(row.error for row in rows)))
+    forward = peak_error_band(megatron, Phase.OLD_LOG_PROB)
+    assert forward.assumed and forward.rows == 0 and forward.under == pytest.approx(assumed)
+    assert "unmeasured" in forward.describe()
     assert peak_error_band(megatron, Phase.ROLLOUT).assumed is False  # the engine's rows are the engine's
     assert plan_margin(megatron).fraction >= assumed
     # FSDP1 and FSDP2 are one backend: FSDP2's rows cover an FSDP1 plan.

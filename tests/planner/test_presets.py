@@ -59,6 +59,8 @@ ACTIVE_COUNT_CONVENTION = {
     "mixtral-8x7b": "active_params",
     "mixtral-8x22b": "active_params",
     "qwen3-coder-30b-a3b": "active_params",
+    "qwen1.5-moe-a2.7b": "active_params",
+    "moonlight-16b-a3b": "active_params",
     "qwen3-coder-480b-a35b": "active_params",
     "deepseek-v2-lite": "active_matmul_params",
     "kimi-k2": "active_matmul_params",
@@ -126,6 +128,8 @@ def _hf_config(arch: Architecture) -> dict:
             "num_experts_per_tok": arch.num_experts_per_token,
             "moe_intermediate_size": arch.moe_intermediate_size,
         }
+        if arch.family == "qwen2_moe":
+            config["shared_expert_intermediate_size"] = arch.shared_expert_intermediate_size
     return config
 
 

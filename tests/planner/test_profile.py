@@ -53,7 +53,7 @@ def test_toml_round_trip_is_exact(profile):
 
 def test_written_toml_carries_each_reason_as_a_comment():
     text = profile_to_toml(DEFAULT_PROFILE)
-    assert f"# {DEFAULT_PROFILE.why('training_mfu')}\ntraining_mfu = 0.42" in text
+    assert f"# {DEFAULT_PROFILE.why('training_mfu')}\ntraining_mfu = 0.5" in text
 
 
 def test_missing_keys_keep_defaults_and_a_profile_table_is_accepted():

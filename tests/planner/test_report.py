@@ -73,6 +73,30 @@ def test_a_plan_over_the_gpu_names_the_binding_limit_of_the_json_and_the_lengths
         f"{payload['max_response_length']}.")
 
 
+def test_a_plan_over_even_at_one_token_responses_says_the_largest_mean_prompt_plus_response_that_fits():
+    """The prompt is still at its maximum when every response length is over: the verdict shrinks both."""
+    plan = make_plan(gpu_mem_gib=40.0, overrides={
+        "data.max_prompt_length": 16384, "data.max_response_length": 4096, "rollout.max_model_len": 20480,
+        "actor.ppo_micro_batch_size_per_gpu": 8, "rollout.log_prob_micro_batch_size_per_gpu": 8})
+    reports = plan_reports(plan, DEFAULT_PROFILE)
+    payload = reports_json(reports)
+    assert payload["longest_expected_response_that_fits"] == 0
+    fitting = payload["longest_expected_sequence_that_fits"]
+    prompt, response = fitting["prompt"], fitting["response"]
+    assert 0 < prompt < 16384 and 0 < response < 4096
+    assert f"prompt + response average <= {prompt + response} tokens" in verdict(reports).plain
+    assert "any response length" not in verdict(reports).plain
+
+    def fits(p: int, r: int) -> bool:
+        data = attrs.evolve(plan.data, expected_prompt_length=p, expected_response_length=r)
+        return predict_memory(plan.evolve(data=data), DEFAULT_PROFILE).fits
+
+    # The boundary: it fits there, and not once both grow by a few percent.
+    assert fits(prompt, response) and not fits(int(prompt * 1.05) + 1, int(response * 1.05) + 1)
+    # A plan that fits at one-token responses keeps the response-only answer and no sequence answer.
+    assert reports_json(plan_reports(make_plan(), DEFAULT_PROFILE))["longest_expected_sequence_that_fits"] is None
+
+
 def test_an_invalid_plan_counts_and_tabulates_the_violations_the_json_lists():
     # Both the per-GPU and the deprecated global micro batch: verl rejects the plan.
     reports = plan_reports(make_plan(overrides={"actor.ppo_micro_batch_size": 8}), DEFAULT_PROFILE)

@@ -204,9 +204,13 @@ def test_lora_with_sleep_level_2_names_the_fix():
 
 def test_vllm_scheduler_rules():
     plan = make_plan(overrides={"rollout.max_num_batched_tokens": 128, "rollout.max_num_seqs": 256,
-                                "rollout.enable_chunked_prefill": False})
+                                "rollout.enable_chunked_prefill": False, "stack.verl": "0.8.0"})
     messages = [v.message for v in check_plan(plan).errors if v.rule == "batched_tokens_cover_sequences"]
     assert len(messages) == 2
+    # verl 0.9.1 raises max_num_batched_tokens to max_model_len itself: said, not refused.
+    raised = check_plan(apply_knobs(plan, {"stack.verl": "0.9.1"}))
+    assert [v.severity for v in raised.violations if v.rule == "batched_tokens_cover_sequences"] == ["error",
+                                                                                                      "warning"]
 
 
 def test_rollout_tp_must_divide_heads_and_world():
@@ -288,3 +292,14 @@ def test_a_cited_rule_name_is_found_in_each_spelling():
               '# the `holds_max_model_len` rule\n')
     assert _cited_rule_names(source) == {"runtime_rolls_out_with_vllm", "rollout_dtype_matches_cpu_trainer",
                                          "rollout_tp_divides_world", "holds_max_model_len"}
+
+
+def test_the_bundled_runtime_refuses_an_estimator_only_verl_computes_and_verl_rules_accept_it():
+    from rlplan.planner.platform import Platform
+
+    plan = make_plan(overrides={"algorithm.adv_estimator": "remax", "rollout.n": 1})
+    assert "runtime_computes_the_estimator" not in {v.rule for v in check_plan(plan).violations}
+    platform_errors = {v.rule for v in check_plan(plan, Platform(device_type="cpu")).errors}
+    assert "runtime_computes_the_estimator" in platform_errors
+    grpo = {v.rule for v in check_plan(make_plan(), Platform(device_type="cpu")).errors}
+    assert "runtime_computes_the_estimator" not in grpo

@@ -25,7 +25,10 @@ from rlplan.planner.stack import (
     DEFAULT_VERL,
     ENGINE_WORKER,
     FITTED_ENGINE_VERSIONS,
+    SGLANG_FRACTION_OF_FREE,
     VERL_ENGINE_PINS,
+    VLLM_V0_WHOLE_GPU_PROFILE,
+    VLLM_V1_WHOLE_GPU_PROFILE,
     StackSection,
     default_engine_version,
     holds,
@@ -143,7 +146,9 @@ def test_import_fills_omitted_keys_with_the_target_verls_defaults_and_keeps_the_
 def test_import_infers_vllms_v0_era_from_the_xformers_backend_and_says_so():
     result = load("export VLLM_ATTENTION_BACKEND=XFORMERS\npython3 -m verl.trainer.main_ppo "
                   + MINIMAL.replace("\n", " "))
-    assert result.plan.stack.vllm == "0.8.5" and result.plan.stack.verl == DEFAULT_VERL
+    # V0 is gone from vLLM 0.11, and verl 0.9.0 on installs vLLM >= 0.18: the script is judged on verl 0.8.0 at most.
+    assert result.plan.stack.vllm == "0.8.5" and result.plan.stack.vllm_engine == "v0"
+    assert result.plan.stack.verl == "0.8.0" and result.plan.stack.verl_oldest == "0.3.0.post1"
     assert any("VLLM_ATTENTION_BACKEND=XFORMERS" in warning for warning in result.warnings)
 
 
@@ -156,7 +161,12 @@ def test_import_infers_the_newest_verl_a_removed_key_allows_and_a_flag_overrules
 
 
 def test_import_infers_nothing_from_keys_every_version_has():
-    assert load(MINIMAL + "actor_rollout_ref.rollout.multi_stage_wake_up=true\n").plan.stack == DEFAULT_STACK
+    assert load(MINIMAL + "actor_rollout_ref.rollout.gpu_memory_utilization=0.5\n").plan.stack == DEFAULT_STACK
+
+
+def test_a_key_newer_releases_added_leaves_a_range_up_to_the_default():
+    stack = load(MINIMAL + "actor_rollout_ref.rollout.multi_stage_wake_up=true\n").plan.stack
+    assert (stack.verl_oldest, stack.verl) == ("0.4.1", DEFAULT_VERL)
 
 
 def test_engine_worker_rule_applies_only_on_stacks_with_the_engine_worker():
@@ -253,3 +263,20 @@ def test_the_engine_pin_table_in_docs_is_the_one_stack_py_holds():
     assert set(VERL_ENGINE_PINS) <= set(documented)
     for release, (vllm, sglang) in documented.items():
         assert (default_engine_version(release, "vllm"), default_engine_version(release, "sglang")) == (vllm, sglang)
+
+
+def test_the_rules_by_release_table_in_docs_names_every_dated_rule_with_its_releases():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "verl-versions.md").read_text()
+    table = docs[docs.index("## Rules by release"):docs.index("## Engine formulas by version")]
+    rows = {line.split("|")[1].strip().strip("`"): line for line in table.splitlines() if line.startswith("| `")}
+    for dated in (rule for rule in RULES if rule.applies is not None):
+        assert dated.name in rows, dated.name
+        assert dated.applies.versions in rows[dated.name], (dated.name, dated.applies.versions)
+        assert f"`{dated.applies.name}`" in rows[dated.name] or dated.applies is ENGINE_WORKER
+
+
+def test_the_engine_formula_table_names_each_formula_behaviour():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "verl-versions.md").read_text()
+    table = docs[docs.index("## Engine formulas by version"):docs.index("## What a script shows")]
+    for behaviour in (VLLM_V0_WHOLE_GPU_PROFILE, VLLM_V1_WHOLE_GPU_PROFILE, SGLANG_FRACTION_OF_FREE):
+        assert f"`{behaviour.name}`" in table, behaviour.name

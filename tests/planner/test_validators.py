@@ -6,9 +6,11 @@ import math
 
 import pytest
 from attrs import field, frozen
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlplan.planner.errors import PlanError, did_you_mean
-from rlplan.planner.validators import at_least, field_check
+from rlplan.planner.validators import MAX_PLAN_NUMBER, at_least, field_check
 
 
 @frozen(kw_only=True)
@@ -40,3 +42,20 @@ def test_did_you_mean_offers_the_closest_key_with_its_prefix_else_the_valid_keys
     assert did_you_mean("lenght", ["length", "width"], prefix="data.") == "did you mean `data.length`?"
     assert did_you_mean("zzz", ["width", "length"]) == "valid keys here: length, width"
     assert did_you_mean("zzz", ["width"], otherwise="see the docs") == "see the docs"
+
+
+@given(st.integers(min_value=MAX_PLAN_NUMBER + 1, max_value=10**6000))
+def test_at_least_refuses_every_number_past_the_plan_maximum_naming_field_and_range(value):
+    """Issue 41: 2**63 - 1 prompts or a 4,000-digit rank enter no plan (they crashed the step-time model later)."""
+    with pytest.raises(PlanError) as raised:
+        Section(size=value)
+    assert raised.value.field == "demo.size" and "at most 16,777,216" in raised.value.message
+    assert len(raised.value.message) < 250  # the value is echoed cut short (str() of 4,300+ digits would raise)
+
+
+@pytest.mark.parametrize("bad", [True, "8", 10**400])
+def test_gpu_and_cluster_numbers_refuse_bools_strings_and_ints_past_floats_range(bad):
+    from rlplan.planner.hardware import Cluster, GpuSpec
+
+    with pytest.raises(PlanError):
+        Cluster(gpu=GpuSpec(name="x", memory_gib=80), nodes=bad)

@@ -101,7 +101,9 @@ def script_plan(script: TuningScript, per_gpu: int) -> Plan:
     plan = import_verl_script(script_overrides(script, per_gpu), gpu=gpu_presets()["H100-80G"],
                               host_memory_gib=1024.0, env={}, local_config_reader=lambda path: None,
                               environment={}, versions=LORA_STACK).plan
-    return plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=GSM8K_PROMPT_MEAN))
+    # The scripts export VLLM_ATTENTION_BACKEND=XFORMERS, which V1 lacks: vLLM 0.8.3 runs its V0 engine.
+    return plan.evolve(data=attrs.evolve(plan.data, expected_prompt_length=GSM8K_PROMPT_MEAN),
+                       stack=attrs.evolve(plan.stack, vllm_engine="v0"))
 
 
 def row_numbers(script: TuningScript) -> dict[str, object]:

@@ -54,10 +54,11 @@ def test_shell_variables_defaults_quotes_and_lists_resolve():
     assert any("$@" in warning for warning in result.warnings)
 
 
-def test_unresolved_variable_is_an_error_naming_it():
+def test_an_unset_variable_in_a_priced_key_is_an_error_naming_the_key_the_variable_and_its_env():
     with pytest.raises(PlanError) as error:
         load((SCRIPTS / "grpo_lora_shell_vars.sh").read_text(), {"HOME": "/home/u"})
-    assert error.value.field == "NGPUS" and "--env NGPUS=" in error.value.fix
+    assert error.value.field == "trainer.n_gpus_per_node" and "$NGPUS" in error.value.message
+    assert "--env NGPUS=" in error.value.fix
 
 
 def test_env_pins_win_over_script_assignments_and_environment():
@@ -124,7 +125,7 @@ def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists():
     ("data.train_batch_size=-4\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
     ("data.train_batch_size=8\n", "actor_rollout_ref.model.path"),
     ("actor_rollout_ref.model.path=/models/my-own-llm\n", "actor_rollout_ref.model.path"),
-    ("python3 -m verl.trainer.main_ppo trainer.nnodes=$(cat n)\n", "$(cat n)"),
+    ("python3 -m verl.trainer.main_ppo trainer.nnodes=$(cat n)\n", "trainer.nnodes"),
     ("python3 -m verl.trainer.main_ppo 'unterminated\n", "script"),
 ])
 def test_bad_input_is_a_plan_error_naming_the_key(text, field):
@@ -206,10 +207,19 @@ def test_a_verl_line_inside_a_heredoc_is_not_the_command_and_its_quote_does_not_
     assert not any("runs verl 2 times" in warning for warning in result.warnings)
 
 
-def test_an_if_else_assignment_warns_that_the_script_branches_and_env_picks_the_branch():
+def test_a_branch_on_an_unset_variable_is_taken_as_bash_takes_it_and_the_warning_names_the_variable():
     result = load(BRANCHING_SCRIPT, environment={"SECRET": "hunter2"})
-    assert any("branches" in warning and "--env TBS=" in warning for warning in result.warnings)
+    assert result.plan.data.train_batch_size == 16
+    assert any("branches" in warning and "--env BIG=" in warning for warning in result.warnings)
+    assert load(BRANCHING_SCRIPT, {"BIG": "1"}, {"SECRET": "x"}).plan.data.train_batch_size == 64
     assert load(BRANCHING_SCRIPT, {"TBS": "64"}, {"SECRET": "x"}).plan.data.train_batch_size == 64
+
+
+def test_a_branch_rlplan_cannot_decide_reads_both_in_order_and_env_picks_the_value():
+    script = BRANCHING_SCRIPT.replace('[ "$BIG" = 1 ]', '[ -f /etc/big ]')
+    result = load(script, environment={"SECRET": "hunter2"})
+    assert result.plan.data.train_batch_size == 16
+    assert any("cannot decide" in warning and "--env TBS=" in warning for warning in result.warnings)
 
 
 def test_a_key_set_twice_warns_and_a_misspelled_key_gets_did_you_mean():
@@ -287,7 +297,7 @@ def test_no_value_from_the_environment_reaches_the_plan_or_its_render_unless_pas
         rendered = render_plan(result.plan, "verl", "script")
         for text in (written, rendered, *result.warnings):
             assert SECRET not in text and "4242" not in text
-        assert "${oc.env:WANDB_API_KEY}" in written
+        assert "${oc.env:WANDB_API_KEY" in written
     pinned = load(script, environment, environment).plan
     assert SECRET in plan_to_toml(pinned) or "4242" in plan_to_toml(pinned) or "8484" in plan_to_toml(pinned)
 
@@ -346,3 +356,13 @@ def test_this_machines_pwd_in_a_script_warns_that_its_paths_are_frozen_and_env_u
     pinned = load(script, env={"PWD": "/cluster/verl"}, environment={"PWD": "/home/me/verl"})
     assert pinned.plan.data.train_files == ("/cluster/verl/data/train.parquet",)
     assert not [w for w in pinned.warnings if "$PWD" in w]
+
+
+def test_a_recipes_rollout_on_gpus_of_its_own_is_said_and_a_streamed_batch_of_zero_is_refused_with_why():
+    head = "python3 -m recipe.one_step_off_policy.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+    result = load(head + "rollout.nnodes=1 rollout.n_gpus_per_node=4 algorithm.adv_estimator=grpo\n")
+    assert any("rollout.nnodes, rollout.n_gpus_per_node" in w and "colocated" in w for w in result.warnings)
+    with pytest.raises(PlanError) as error:
+        load(head.replace("one_step_off_policy.main_ppo", "fully_async_policy.fully_async_main")
+             + "data.train_batch_size=0 async_training.require_batches=4\n")
+    assert error.value.field == "data.train_batch_size" and "require_batches" in error.value.message

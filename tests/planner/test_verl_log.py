@@ -135,3 +135,94 @@ def test_tqdm_carriage_returns_and_windows_line_ends_around_a_step():
     log = parse_verl_log(text)
     assert [(s.step, dict(s.values)) for s in log.steps] == [(4, {"a": 1.5, "b": 2.0}), (5, {"a": 2.5})]
     assert not log.bad_lines
+
+
+# Hostile and corrupt logs (issue 41): every bound holds where the value enters, and nothing is dropped silently.
+
+
+def test_a_step_number_out_of_range_is_a_bad_line_not_a_crash():
+    text = ("step:" + "9" * 400 + " - perf/max_memory_allocated_gb:30.0\n"
+            + '{"step": 1e300, "data": {"perf/max_memory_allocated_gb": 30}}\n'
+            + '{"step": 2.5, "data": {"a": 1}}\n'
+            + "step:3 - perf/max_memory_allocated_gb:31.0\n")
+    log = parse_verl_log(text)
+    assert [s.step for s in log.steps] == [3]
+    reasons = [bad.reason for bad in log.bad_lines]
+    assert "out of range" in reasons[0] and "400 digits" in reasons[0]
+    assert "out of range" in reasons[1] and "not a whole number" in reasons[2]
+
+
+def test_a_log_whose_only_steps_are_out_of_range_is_bad_input_naming_the_line():
+    with pytest.raises(PlanError, match="line 1 step 1e\\+300 is out of range"):
+        parse_verl_log('{"step": 1e300, "data": {"x": 1}}\n', "big.jsonl")
+
+
+def test_huge_and_negative_memory_and_times_are_skipped_with_a_note():
+    text = ("step:1 - perf/max_memory_allocated_gb:" + "9" * 400 + " - timing_s/gen:-5 - actor/loss:-0.5"
+            " - response_length/mean:300\n"
+            + '{"step": 2, "data": {"perf/max_memory_reserved_gb": ' + "9" * 400 + ', "timing_s/gen": 4.0}}\n')
+    log = parse_verl_log(text)
+    assert log.steps[0].values == {"actor/loss": -0.5, "response_length/mean": 300.0}  # a loss may be negative
+    assert log.steps[1].values == {"timing_s/gen": 4.0}
+    notes = log.reading_notes()
+    assert "is out of range" in notes[0] and "line 1" in notes[0]
+    assert "skipped" in notes[1] and "line 2" in notes[1]
+
+
+def test_json_lines_after_console_lines_are_read_and_the_mix_is_said():
+    log = parse_verl_log("step:1 - a:1.0\nstep:2 - a:2.0\n" + '{"step": 3, "data": {"a": 3.0}}\n'
+                         + '{"not": "a step"}\n')
+    assert [s.step for s in log.steps] == [1, 2, 3]
+    assert log.format == "mixed" and log.format_lines == {"console": 2, "jsonl": 1}
+    assert any("mixes console lines (2 steps) and file-logger JSON lines (1 steps)" in n for n in log.reading_notes())
+    assert not log.bad_lines  # a JSON object without a step in a console log is another program's output
+
+
+def test_the_reader_never_holds_the_whole_file(monkeypatch):
+    """The log is read through readline with a bound: a stream that refuses whole reads still parses."""
+    import io
+
+    import rlplan.planner.verl_log as verl_log
+
+    class LineOnly(io.StringIO):
+        def read(self, *args):  # noqa: ARG002
+            raise AssertionError("the whole log was read at once")
+
+        def __iter__(self):
+            raise AssertionError("iterated without a line bound")
+
+    monkeypatch.setattr(verl_log, "MAX_LINE_CHARS", 64)
+    text = "noise\n" * 100 + "x" * 1000 + " step:1 - a:1.0\n" + "step:2 - a:2.0\n" + "step:3 - a:3"
+    log = verl_log.read_verl_log_stream(LineOnly(text, newline="\n"), "stream.log")
+    assert [s.step for s in log.steps] == [2]
+    assert log.bad_lines[0].line == 101 and "longer than 64 characters" in log.bad_lines[0].reason
+    assert log.incomplete_last_line == 103
+
+
+def test_a_long_log_is_folded_to_bounded_steps_peaks_as_maxima(monkeypatch):
+    import rlplan.planner.verl_log as verl_log
+
+    monkeypatch.setattr(verl_log, "MAX_KEPT_STEPS", 8)
+    text = "".join(f"step:{i} - perf/max_memory_allocated_gb:{i % 5} - timing_s/gen:{i}\n" for i in range(1, 21))
+    log = verl_log.parse_verl_log(text)
+    assert len(log.steps) <= 8 and log.folded_steps >= 1
+    assert max(v for _, v in log.series("perf/max_memory_allocated_gb")) == 4  # the peak survives folding
+    assert any("neighbouring steps were merged" in note for note in log.reading_notes())
+
+
+def test_unreadable_lines_past_the_kept_ones_are_counted():
+    log = parse_verl_log("step:1 - a:1\n" + "step:2 - garbage\n" * 25)
+    assert len(log.bad_lines) == 10 and log.bad_line_count == 25
+    assert "15 more unreadable lines skipped" in log.reading_notes()[-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("step:{}\"0123456789e.-+ _/abgmx\n\r[]nNaIfinity")), max_size=300))
+def test_any_text_is_a_log_or_bad_input_never_a_crash(text):
+    try:
+        log = parse_verl_log(text)
+    except PlanError:
+        return
+    for step in log.steps:
+        assert 0 <= step.step <= 10**9
+        assert all(math.isnan(v) or math.isinf(v) or abs(v) <= 1e15 for v in step.values.values())

@@ -18,6 +18,13 @@ and source, never against rlplan's memory of them:
               `actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz` (read with ast, not imported:
               an old worker module imports transformers names the pinned transformers no longer has).
 
+5. rules      each version-dependent rule or behaviour against what this verl's own code does: hydra's compose of
+              `ppo_megatron_trainer` refuses `actor.megatron.grad_offload` exactly where
+              `megatron_grad_offload_is_not_in_verl_0_9` fires; the agent loop's even chunking, the async default,
+              the sync rollout's prompt + response fallback for max_model_len, 0.7.0's max_position_embeddings
+              override, the chunked-prefill refusal, 0.9.1's raised max_num_batched_tokens, the unrounded LoRA rank
+              and the engine worker's micro-batch assert are present in the source exactly where stack.py says.
+
 What is not checked here: the memory behaviours that live in code paths without a config trace
 (stack.MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET) and vLLM's V0 engine.
 
@@ -37,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlplan.planner.errors import PlanError  # noqa: E402
 from rlplan.planner.render import render_plan  # noqa: E402
+from rlplan.planner.rules import check_plan  # noqa: E402
 from rlplan.planner.stack import (  # noqa: E402
     BEHAVIOURS,
     DEFAULT_STACK,
@@ -215,6 +223,92 @@ def check_engine_worker_rules(config: Any, version: str) -> tuple[int, list[str]
     return 1, failures
 
 
+def _megatron_compose(overrides: list[str]):
+    """verl's own hydra compose of `ppo_megatron_trainer` with these overrides (raises where hydra refuses one)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    config_dir = str(resources.files("verl").joinpath("trainer", "config"))  # type: ignore[attr-defined]
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose(config_name="ppo_megatron_trainer", overrides=overrides)
+
+
+def _megatron_accepts(override: str) -> bool:
+    try:
+        _megatron_compose([override])
+    except Exception:  # noqa: BLE001 - hydra's ConfigCompositionException and omegaconf's errors alike
+        return False
+    return True
+
+
+def _source_has(module: str, *texts: str) -> bool:
+    source = _source(module)
+    return source is not None and all(text in source for text in texts)
+
+
+def _rule_fires(rule_name: str, plan) -> bool:
+    return any(v.rule == rule_name for v in check_plan(plan).violations)
+
+
+def version_rule_findings(config: Any, version: str) -> list[tuple[str, bool, bool]]:
+    """(what, what this verl's own code does, what rlplan says for it) for each version-dependent rule: the
+    rule (or behaviour) must hold exactly where verl's config classes, worker normalisation or rollout code
+    refuse (or misbehave on) the config."""
+    from rlplan.planner.stack import (
+        AGENT_LOOP,
+        ASYNC_ROLLOUT_DEFAULT,
+        BATCHED_TOKENS_RAISED,
+        CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+        LEN_FROM_MODEL_ALWAYS,
+        LEN_FROM_SEQUENCES,
+        LORA_RANK_UNROUNDED,
+        StackSection,
+    )
+
+    stack = StackSection(verl=version)
+    grad_offload = plan_on(version, {"actor.strategy": "megatron", "actor.megatron.grad_offload": True})
+    spmd = "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"
+    server = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+    unrounded = (_source_has("verl.workers.fsdp_workers", '"max_lora_rank": self._lora_rank')
+                 or _source_has(spmd, '"max_lora_rank": model_config.lora_rank'))
+    return [
+        ("megatron_grad_offload_is_not_in_verl_0_9: hydra refuses actor.megatron.grad_offload",
+         not _megatron_accepts("actor_rollout_ref.actor.megatron.grad_offload=True"),
+         _rule_fires("megatron_grad_offload_is_not_in_verl_0_9", grad_offload)),
+        (f"{AGENT_LOOP.name}: verl/experimental/agent_loop chunks the batch over its workers",
+         _source_has("verl.experimental.agent_loop.agent_loop", "prompts.chunk(len(self.agent_loop_workers))"),
+         AGENT_LOOP.holds_for(version)),
+        (f"{ASYNC_ROLLOUT_DEFAULT.name}: rollout.mode defaults to async",
+         raw_node_value(config, "actor_rollout_ref.rollout.mode") == "async",
+         ASYNC_ROLLOUT_DEFAULT.holds_for(version)),
+        (f"{LEN_FROM_SEQUENCES.name}: the sync rollout falls back to prompt + response",
+         _source_has(spmd, "prompt_length + config.response_length")
+         or _source_has(spmd, "config.prompt_length + config.response_length"),
+         LEN_FROM_SEQUENCES.holds_for(version)),
+        (f"{LEN_FROM_MODEL_ALWAYS.name}: the server sets max_model_len to max_position_embeddings outright",
+         _source_has(server, "self.config.max_model_len = self.model_config.hf_config.max_position_embeddings"),
+         LEN_FROM_MODEL_ALWAYS.holds_for(version)),
+        (f"{CHUNKED_PREFILL_NEEDS_MODEL_LEN.name}: verl refuses batched tokens below max_model_len with chunked "
+         "prefill", _source_has(spmd, "Enable chunked prefill, max_num_batched_tokens is smaller than max_model_len"),
+         CHUNKED_PREFILL_NEEDS_MODEL_LEN.holds_for(version)),
+        (f"{BATCHED_TOKENS_RAISED.name}: verl raises max_num_batched_tokens to max_model_len",
+         _source_has(server, "raising max_num_batched_tokens"), BATCHED_TOKENS_RAISED.holds_for(version)),
+        (f"{LORA_RANK_UNROUNDED.name}: verl passes lora_rank to vLLM unrounded",
+         unrounded, LORA_RANK_UNROUNDED.holds_for(version) and in_range(version, "0.4.0", None)),
+        ("log_prob_micro_batch_divides_batch: the default worker asserts the micro batch divides the batch",
+         engine_worker_is_default(config) and _source_has("verl.workers.engine.utils", "data size must be divisible"),
+         _rule_fires("log_prob_micro_batch_divides_batch", plan_on(
+             version, {"rollout.log_prob_micro_batch_size_per_gpu": 5}).evolve(stack=stack))),
+    ]
+
+
+def check_version_rules(config: Any, version: str) -> tuple[int, list[str]]:
+    findings = version_rule_findings(config, version)
+    return len(findings), [f"rules: {what}: verl {version} {'does' if verl_does else 'does not'}, rlplan says it "
+                           f"{'does' if rlplan_says else 'does not'}"
+                           for what, verl_does, rlplan_says in findings if verl_does != rlplan_says]
+
+
 def main() -> int:
     import verl
 
@@ -226,7 +320,8 @@ def main() -> int:
                         ("behaviour defaults", lambda: check_behaviour_defaults(config, version)),
                         ("rendered layouts", lambda: check_rendered_keys(config, version)),
                         ("refused missing keys", lambda: check_render_refuses_missing(version)),
-                        ("engine-worker rules", lambda: check_engine_worker_rules(config, version))):
+                        ("engine-worker rules", lambda: check_engine_worker_rules(config, version)),
+                        ("version-dependent rules", lambda: check_version_rules(config, version))):
         counts[name], found = check()
         failures += found
     print(f"verl {version}: " + ", ".join(f"{count} {name}" for name, count in counts.items()))

@@ -588,11 +588,11 @@ def test_version_prints_the_installed_package_version_and_the_default_stack():
 def test_help_lists_shell_completion_and_the_choices_of_fixed_set_options():
     from typing import get_args
 
-    from rlplan.planner.plan import Algorithm, RolloutEngine
+    from rlplan.planner.plan import RUNTIME_ESTIMATORS, RolloutEngine
 
     assert "--install-completion" in invoke("--help").output
     solve_help = runner.invoke(app, ["solve", "--help"], env={"COLUMNS": "400"}).output
-    for choice in (*get_args(Algorithm), *get_args(RolloutEngine), "ppo", "auto", "throughput", "memory"):
+    for choice in (*RUNTIME_ESTIMATORS, *get_args(RolloutEngine), "ppo", "auto", "throughput", "memory"):
         assert choice in solve_help
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,103 @@ def test_several_errors_are_each_printed_then_the_fix_for_all(capsys):
     payload = json.loads(capsys.readouterr().out)
     assert payload["error"]["field"] == "a.b" and [e["field"] for e in payload["errors"]] == ["a.b", "c.d"]
     assert payload["fix_all"] == "re-solve it"
+
+
+def test_the_atomic_writer_keeps_a_read_only_file_unless_forced(tmp_path):
+    import stat
+
+    from rlplan.planner.commands.commands_io import write_atomic
+
+    kept = tmp_path / "kept.toml"
+    kept.write_text("mine")
+    kept.chmod(stat.S_IRUSR)
+    with pytest.raises(PlanError, match="read-only") as raised:
+        write_atomic(str(kept), "new", "--output")
+    assert raised.value.field == "--output" and "--force" in raised.value.fix and kept.read_text() == "mine"
+    write_atomic(str(kept), "new", "--output", force=True)
+    assert kept.read_text() == "new"
+
+
+@pytest.mark.parametrize("command", ["import", "render", "explain", "report", "solve"])
+def test_every_writer_keeps_a_read_only_output_unless_forced(tmp_path, command):
+    """Issue 41: import, render, explain --chart and report replaced a read-only file silently (a rename needs only
+    the folder's permission); each now refuses before any work, and writes it with --force."""
+    import shutil
+    import stat
+    from pathlib import Path
+
+    from tests.planner.cli_runner import invoke
+
+    data = Path(__file__).resolve().parents[2] / "data"
+    script = data / "verl_logs" / "grpo_qwen2.5-7b_long.sh"
+    plan = data / "cpu_demo_run" / "plan.toml"
+    kept = tmp_path / {"import": "plan.toml", "render": "run.sh", "explain": "memory.svg", "report": "r.svg",
+                       "solve": "solved.toml"}[command]
+    kept.write_text("mine\n")
+    kept.chmod(stat.S_IRUSR)
+    if command == "report":
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        shutil.copy(plan, run_dir / "plan.toml")
+        (run_dir / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5, "time/step": 2.0}\n')
+    args = {"import": ["import", "verl", str(script), "--gpu", "h100-80g", "-o", str(kept)],
+            "render": ["render", str(plan), "-o", str(kept)],
+            "explain": ["explain", str(plan), "--chart", str(kept)],
+            "report": ["report", str(tmp_path / "run"), "-o", str(kept)],
+            "solve": ["solve", "--model", "qwen2.5-0.5b", "--gpus", "1", "--gpu", "h100-80g", "--prompt-len", "256",
+                      "--response-len", "256", "-o", str(kept)]}[command]
+    refused = invoke(*args)
+    assert refused.exit_code == 2 and "read-only" in refused.output, refused.output
+    assert kept.read_text() == "mine\n"
+    forced = invoke(*args, "--force")
+    assert forced.exit_code in (0, 1), forced.output
+    assert kept.read_text() != "mine\n"
+
+
+# --- a model's config.json on this machine, offline (import verl) ----------------------------------------------
+
+
+def _snapshot(cache, repo, revision, text="{}"):
+    folder = cache / ("models--" + repo.replace("/", "--")) / "snapshots" / revision
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(text)
+    return folder / "config.json"
+
+
+def test_the_hub_cache_is_where_huggingface_hub_keeps_it_in_its_order_of_settings(tmp_path):
+    from rlplan.planner.commands.commands_io import hub_cache_dirs
+
+    assert hub_cache_dirs({"HF_HUB_CACHE": "/a", "HF_HOME": "/b"}) == [Path("/a")]
+    assert hub_cache_dirs({"HUGGINGFACE_HUB_CACHE": "/a2", "HF_HOME": "/b"}) == [Path("/a2")]
+    assert hub_cache_dirs({"HF_HOME": "/b", "XDG_CACHE_HOME": "/c"}) == [Path("/b/hub")]
+    assert hub_cache_dirs({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == [Path("/c/huggingface/hub")]
+    assert hub_cache_dirs({"HOME": "/h"}) == [Path("/h/.cache/huggingface/hub")]
+
+
+def test_a_hub_id_is_found_at_the_revision_refs_main_names_else_the_newest_snapshot(tmp_path):
+    from rlplan.planner.commands.commands_io import model_config_path
+
+    older = _snapshot(tmp_path, "org/model", "aaa")
+    pinned = _snapshot(tmp_path, "org/model", "bbb")
+    environment = {"HF_HUB_CACHE": str(tmp_path)}
+    os.utime(older, (2e9, 2e9))  # the newest file, but not the revision main names
+    refs = tmp_path / "models--org--model" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("bbb\n")
+    assert model_config_path("org/model", environment) == pinned
+    (refs / "main").write_text("ccc")  # a revision with no config.json in the cache
+    assert model_config_path("org/model", environment) == older
+    assert model_config_path("org/other", environment) is None
+
+
+def test_a_local_folder_wins_and_verls_checkpoint_layout_is_looked_into(tmp_path):
+    from rlplan.planner.commands.commands_io import model_config_path
+
+    step = tmp_path / "global_step_105"
+    (step / "actor" / "huggingface").mkdir(parents=True)
+    (step / "actor" / "huggingface" / "config.json").write_text("{}")
+    assert model_config_path(str(step), {}) == step / "actor" / "huggingface" / "config.json"
+    assert model_config_path(str(step / "actor"), {}) == step / "actor" / "huggingface" / "config.json"
+    (step / "config.json").write_text("{}")
+    assert model_config_path(str(step), {}) == step / "config.json"
+    assert model_config_path(str(tmp_path / "missing"), {"HF_HUB_CACHE": str(tmp_path)}) is None

@@ -530,3 +530,114 @@ def test_no_environment_value_is_persisted_printed_or_rendered_by_import_verl(as
         assert SECRET not in text and "987654" not in text and "1975308" not in text, text[-2000:]
     if result.exit_code == 2 and ("SECRET" in script or "NUMBER" in script):
         assert NAMES_A_FIELD.search(result.output)
+
+
+# --- round 4 (issue 41): verl logs for compare / calibrate, version flags, Megatron pins ----------------------
+
+VERL_SCRIPT = Path(__file__).resolve().parents[2] / "data" / "verl_logs" / "grpo_qwen2.5-7b_long.sh"
+VERL_LINE_VALUES = st.one_of(
+    st.sampled_from(["30.5", "-30", "nan", "inf", "-inf", "1e308", "1e400", "9" * 400, "np.float64(20.7)",
+                     "tensor(3.0, device='cuda:0')", "True", "[1, 2]", "", "0x10"]),
+    hostile_text.filter(lambda text: "\n" not in text and "\r" not in text),
+)
+VERL_KEYS = st.sampled_from(["perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "timing_s/gen",
+                             "timing/update_actor", "response_length/mean", "prompt_length/mean",
+                             "response_length/max", "actor/pg_loss", "critic/score/mean", "x", ""])
+VERL_STEPS = st.one_of(st.integers(min_value=-3, max_value=50), st.sampled_from(["9" * 400, "1e300", "2.5", "-1", ""]))
+
+
+@st.composite
+def hostile_verl_log(draw) -> str:
+    """A verl console log or file-logger JSON lines, then damaged: hostile steps and values, negative memory and
+    times, console and JSON lines mixed, Ray's prefixes and repeats, a cut-off last line."""
+    lines = []
+    for _ in range(draw(st.integers(min_value=0, max_value=6))):
+        step = draw(VERL_STEPS)
+        pairs = [(draw(VERL_KEYS), draw(VERL_LINE_VALUES)) for _ in range(draw(st.integers(0, 5)))]
+        pairs += [("response_length/mean", "300"), ("prompt_length/mean", "100")] if draw(st.booleans()) else []
+        if draw(st.booleans()):
+            prefix = draw(st.sampled_from(["", "(TaskRunner pid=7) ", "\x1b[36m(main_task pid=1)\x1b[0m ", "bar\r"]))
+            suffix = draw(st.sampled_from(["", " [repeated 7x across cluster]"]))
+            lines.append(f"{prefix}step:{step} - " + " - ".join(f"{k}:{v}" for k, v in pairs) + suffix)
+        else:
+            data = {k: draw(st.one_of(hostile_number, st.just(v))) for k, v in pairs}
+            raw_step: Any = draw(st.one_of(st.just(step), hostile_number))
+            try:
+                lines.append(json.dumps({"step": raw_step, "data": data}))
+            except ValueError:  # an int past str()'s digit limit: json cannot write it either
+                lines.append('{"step": 1, "data": {"x": ' + "9" * 5000 + "}}")
+    text = "\n".join(lines) + "\n"
+    if draw(st.booleans()):
+        text = text[:draw(st.integers(min_value=0, max_value=len(text)))]  # a run still writing
+    return text
+
+
+@INPUT_FUZZ
+@given(log=hostile_verl_log(), command=st.sampled_from(["compare", "compare-json", "calibrate"]))
+def test_hostile_verl_logs_exit_0_1_or_2_with_notes_in_bounded_memory(log, command, tmp_path):
+    """Invariant: compare (text or --json) and calibrate --from-verl-log on any verl log exit 0, 1 or 2 without a
+    traceback, name the field when they refuse, touch no file but the profile, and stay within MEMORY_LIMIT; with
+    --json, stdout is one JSON object."""
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
+    (tmp_path / "run.log").write_text(log, encoding="utf-8")
+    (tmp_path / "run.sh").write_bytes(VERL_SCRIPT.read_bytes())
+    if command == "calibrate":
+        output = tmp_path / "profile.toml"
+        run_bounded(tmp_path, ["calibrate", "--from-verl-log", "run.log", "--plan", "run.sh", "--gpu", "h100-80g",
+                               "-o", output.name], output)
+        return
+    args = ["compare", "run.sh", "run.log", "--gpu", "h100-80g"] + (["--json"] if command == "compare-json" else [])
+    result = run_bounded(tmp_path, args)
+    if command == "compare-json":
+        json.loads(result.stdout)
+
+
+VERSION_FLAGS = ["--verl-version", "--vllm-version", "--sglang-version"]
+VERSION_VALUES = st.one_of(
+    st.sampled_from(["0.4.1", "v0.3.0.post1", "0.9.1", "0.24.0", "0.5.12", "1", "99.99.99", "0.0.0", "0.8.0.dev",
+                     "0." + "9" * 5000, "9" * 5000 + ".1", "1e3", "-1.0", "", "nan", "0.4.1 ", "latest"]),
+    hostile_text,
+)
+
+
+@FUZZ
+@given(flags=st.lists(st.tuples(st.sampled_from(VERSION_FLAGS), VERSION_VALUES), max_size=3),
+       command=st.sampled_from(["solve", "validate", "explain", "import"]))
+def test_hostile_version_flags_exit_0_1_or_2_with_a_named_field(flags, command, seed_plans, tmp_path):
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
+    versions = [part for flag, value in flags for part in (flag, value)]
+    if command == "solve":
+        args = ["solve", *sum(([k, v] for k, v in zip(SEED_SOLVES["grpo-0.5b"][::2], SEED_SOLVES["grpo-0.5b"][1::2],
+                                                     strict=True)), []), *versions]
+    elif command == "import":
+        (tmp_path / "run.sh").write_bytes(VERL_SCRIPT.read_bytes())
+        args = ["import", "verl", "run.sh", "--gpu", "h100-80g", *versions]
+    else:
+        (tmp_path / "plan.toml").write_text(tomli_w.dumps(seed_plans["grpo-0.5b"]), encoding="utf-8")
+        args = [command, "plan.toml", *versions]
+    run_cli(tmp_path, args)
+
+
+MEGATRON_PINS = st.sampled_from(["actor.megatron.tensor_model_parallel_size", "actor.megatron.pipeline_model_parallel_size",
+                                 "actor.megatron.context_parallel_size", "actor.megatron.expert_model_parallel_size",
+                                 "actor.megatron.virtual_pipeline_model_parallel_size",
+                                 "actor.megatron.expert_tensor_parallel_size", "rollout.tensor_model_parallel_size"])
+MEGATRON_VALUES = st.sampled_from(["0", "1", "2", "3", "5", "16", "1000", "-1", "nan", "9" * 5000, "x"])
+
+
+@FUZZ
+@given(pins=st.lists(st.tuples(MEGATRON_PINS, MEGATRON_VALUES), min_size=1, max_size=2),
+       model=st.sampled_from(["qwen2.5-7b", "qwen3-30b-a3b"]), strategy=st.sampled_from(["megatron", "auto"]))
+def test_hostile_megatron_pins_exit_0_1_or_2_with_a_named_field(pins, model, strategy, tmp_path):
+    """Invariant: a pinned parallel degree that does not divide the cluster, the heads, the layers or the experts
+    is refused naming the --fix key (it divided by zero), never an internal error."""
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
+    fixes = [part for key, value in pins for part in ("--fix", f"{key}={value}")]
+    run_cli(tmp_path, ["solve", "--model", model, "--gpus", "16", "--gpu", "h100-80g", "--strategy", strategy,
+                       "--prompt-len", "1024", "--response-len", "1024", *fixes])

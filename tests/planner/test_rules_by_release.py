@@ -1,0 +1,164 @@
+"""Each version-dependent rule fires only on the verl releases whose own code refuses (or misbehaves on) the config:
+one test per rule and era (planner/stack.py behaviours, read in verl's 0.3.0.post1 ... 0.9.1 wheels)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.rules import RULES, check_plan
+from rlplan.planner.stack import (
+    AGENT_LOOP,
+    ENGINE_MICRO_SPLIT_ASSERT,
+    ENGINE_WORKER,
+    MEGATRON_GRAD_OFFLOAD_ABSENT,
+    VERL_RELEASES,
+    StackSection,
+)
+from tests.planner.plans import make_plan
+
+MODE_KEY = "actor_rollout_ref.rollout.mode"
+
+
+def on(plan, verl: str):
+    return plan.evolve(stack=StackSection(verl=verl))
+
+
+def fired(plan, rule: str, severity: str = "error") -> bool:
+    return any(v.rule == rule and v.severity == severity for v in check_plan(plan).violations)
+
+
+def test_the_version_dependent_rules_name_their_behaviour():
+    applies = {rule.name: rule.applies for rule in RULES}
+    assert applies["megatron_grad_offload_is_not_in_verl_0_9"] is MEGATRON_GRAD_OFFLOAD_ABSENT
+    assert applies["agent_loop_chunks_evenly"] is AGENT_LOOP
+    assert applies["log_prob_micro_batch_divides_batch"] is ENGINE_MICRO_SPLIT_ASSERT
+    assert applies["mini_batch_divisible_by_dp"] is ENGINE_WORKER
+
+
+def _megatron_with_grad_offload():
+    return make_plan(overrides={"actor.strategy": "megatron", "actor.megatron.grad_offload": True})
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.3.0.post1", True), ("0.4.0", False), ("0.5.0", False),
+                                               ("0.7.0", False), ("0.8.0", False), ("0.9.0", False),
+                                               ("0.9.1", True)])
+def test_megatron_grad_offload_is_refused_only_where_verls_megatron_config_lacks_it(verl, refused):
+    plan = on(_megatron_with_grad_offload(), verl)
+    assert fired(plan, "megatron_grad_offload_is_not_in_verl_0_9") is refused
+
+
+def _uneven_agent_loop(**passthrough: str):
+    # 64 prompts x n 4 = 256 sequences over 6 agent-loop workers: not an even split.
+    plan = make_plan(overrides={"rollout.agent_num_workers": 6})
+    return plan.evolve(passthrough=dict(passthrough))
+
+
+@pytest.mark.parametrize(("verl", "mode", "refused"), [
+    ("0.4.1", "async", False),  # no agent loop before 0.5.0
+    ("0.5.0", None, False),  # sync by default: no agent loop
+    ("0.5.0", "async", True),
+    ("0.6.1", "async", True),
+    ("0.7.0", None, True),  # async only from 0.7.0
+    ("0.9.1", None, True),
+])
+def test_the_agent_loop_split_is_checked_only_where_verl_runs_the_agent_loop(verl, mode, refused):
+    plan = on(_uneven_agent_loop(**({MODE_KEY: mode} if mode else {})), verl)
+    assert fired(plan, "agent_loop_chunks_evenly") is refused
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.3.0.post1", False), ("0.5.0", False), ("0.7.1", False),
+                                               ("0.8.0", True), ("0.9.1", True)])
+def test_a_log_prob_micro_batch_that_leaves_a_short_last_chunk_is_refused_only_by_the_engine_worker(verl, refused):
+    # 64 x 4 / 8 = 32 sequences per GPU in micro batches of 5: the legacy worker's split() runs a short last one.
+    plan = on(make_plan(overrides={"rollout.log_prob_micro_batch_size_per_gpu": 5}), verl)
+    assert fired(plan, "log_prob_micro_batch_divides_batch") is refused
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.4.1", False), ("0.7.1", False), ("0.8.0", True),
+                                               ("0.9.1", True)])
+def test_a_mini_batch_that_does_not_split_over_dp_is_refused_only_by_the_engine_worker(verl, refused):
+    # mini 3 x n 1 = 3 sequences over 8 ranks (train batch 64 keeps the dispatch even).
+    plan = on(make_plan(overrides={"actor.ppo_mini_batch_size": 3, "rollout.n": 1}), verl)
+    assert fired(plan, "mini_batch_divisible_by_dp") is refused
+
+
+def test_before_0_7_an_unset_max_model_len_is_prompt_plus_response_and_is_not_warned_of():
+    plan = make_plan(overrides={"rollout.max_model_len": None})
+    old, new, v070 = on(plan, "0.6.1"), on(plan, "0.9.1"), on(plan, "0.7.0")
+    assert old.verl_max_model_len == plan.data.max_sequence_length
+    assert new.verl_max_model_len == plan.model.arch.max_position_embeddings
+    assert not fired(old, "max_model_len_within_model", "warning")
+    assert fired(new, "max_model_len_within_model", "warning")
+    # verl 0.7.0's server sets the model's context whatever rollout.max_model_len says.
+    assert on(make_plan(), "0.7.0").verl_max_model_len == plan.model.arch.max_position_embeddings
+    assert fired(v070, "max_model_len_within_model", "warning")
+
+
+def test_a_long_context_model_with_a_short_run_needs_no_long_batched_tokens_before_0_7():
+    # max_num_batched_tokens 8192 < the model's 32768 context, > prompt + response 1536: verl <= 0.6 passes the latter.
+    plan = make_plan(overrides={"rollout.max_model_len": None, "rollout.max_num_batched_tokens": 8192,
+                                "rollout.enable_chunked_prefill": False})
+    assert not fired(on(plan, "0.6.1"), "batched_tokens_cover_sequences")
+    assert fired(on(plan, "0.8.0"), "batched_tokens_cover_sequences")
+    assert fired(on(plan, "0.9.1"), "batched_tokens_cover_sequences", "warning")
+
+
+def test_verl_before_0_7_refuses_batched_tokens_below_max_model_len_with_chunked_prefill_on_in_sync_mode():
+    plan = make_plan(overrides={"rollout.max_num_batched_tokens": 1024, "rollout.enable_chunked_prefill": True})
+    violation = next(v for v in check_plan(on(plan, "0.5.0")).errors if v.rule == "batched_tokens_cover_sequences")
+    assert violation.suggested == {"rollout.max_num_batched_tokens": 1536}
+    assert not fired(apply_knobs(on(plan, "0.5.0"), violation.suggested), "batched_tokens_cover_sequences")
+    # The async server (rollout.mode=async, 0.5-0.6) and verl 0.7 on hand chunked prefill to vLLM, which takes it.
+    assert not fired(on(plan.evolve(passthrough={MODE_KEY: "async"}), "0.5.0"), "batched_tokens_cover_sequences")
+    assert not fired(on(plan, "0.9.1"), "batched_tokens_cover_sequences")
+
+
+@pytest.mark.parametrize("verl", VERL_RELEASES)
+def test_a_plan_valid_on_every_release_stays_valid_on_each(verl):
+    # The reference's micro batch set: verl before 0.4 always builds the reference (main_ppo maps Role.RefPolicy
+    # unconditionally), and _validate_config then needs its micro batch (log_prob_micro_batch_exactly_one).
+    plan = make_plan(overrides={"ref.log_prob_micro_batch_size_per_gpu": 4})
+    assert check_plan(on(plan, verl)).valid
+
+
+def test_verl_before_0_4_refuses_a_plan_without_the_reference_micro_batch_it_always_runs():
+    assert check_plan(on(make_plan(), "0.4.1")).valid
+    assert fired(on(make_plan(), "0.3.0.post1"), "log_prob_micro_batch_exactly_one")
+
+
+@pytest.mark.parametrize(("verl", "vllm", "rank", "refused"), [
+    ("0.4.1", "0.8.5", 48, True),  # passed as max_lora_rank=48: not one of vLLM's ranks
+    ("0.4.1", "0.8.5", 64, False),
+    ("0.4.1", "0.8.5", 320, False),
+    ("0.4.1", "0.7.3", 320, True),  # vLLM 0.7.3 takes up to 256
+    ("0.6.0", "0.8.5", 48, True),
+    ("0.6.1", "0.8.5", 48, False),  # verl rounds it up to 64 from 0.6.1
+    ("0.9.1", None, 48, False),
+])
+def test_a_lora_rank_vllm_does_not_take_is_refused_only_where_verl_passes_it_unrounded(verl, vllm, rank, refused):
+    plan = make_plan(overrides={"model.lora.rank": rank, "rollout.load_format": "safetensors"})
+    plan = plan.evolve(stack=StackSection(verl=verl, vllm=vllm))
+    assert fired(plan, "lora_rank_is_one_vllm_takes") is refused
+    if refused:
+        fix = next(v for v in check_plan(plan).errors if v.rule == "lora_rank_is_one_vllm_takes").suggested
+        assert not fired(apply_knobs(plan, fix), "lora_rank_is_one_vllm_takes")
+
+
+@pytest.mark.parametrize(("verl", "opted_in", "refused"), [
+    ("0.7.1", False, False), ("0.7.1", True, True), ("0.7.0", True, True), ("0.6.1", True, False),
+    ("0.8.0", False, True)])
+def test_verl_0_7s_engine_worker_opt_in_brings_its_asserts(verl, opted_in, refused):
+    # trainer.use_legacy_worker_impl=disable runs the engine worker for the actor in v0.7.x (main_ppo.py); in
+    # v0.5-v0.6 it only swaps the critic's worker.
+    plan = on(make_plan(overrides={"actor.ppo_mini_batch_size": 3, "rollout.n": 1}), verl)
+    if opted_in:
+        plan = plan.evolve(passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert fired(plan, "mini_batch_divisible_by_dp") is refused
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.7.0", False), ("0.7.1", True)])
+def test_the_micro_split_assert_arrived_in_0_7_1s_engine_worker(verl, refused):
+    plan = on(make_plan(overrides={"rollout.log_prob_micro_batch_size_per_gpu": 5}), verl)
+    plan = plan.evolve(passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert fired(plan, "log_prob_micro_batch_divides_batch") is refused

@@ -1,0 +1,237 @@
+"""`rlplan import verl` on the shell idioms verl's shipped launch scripts use (issue 44's table), one script each in
+tests/data/verl_idioms (written here; its README maps them to the rows), through the CLI from that folder, as a
+user imports from the root of a verl checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlplan.planner.memory import predict_memory
+from rlplan.planner.planfile import plan_from_toml
+from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
+
+IDIOMS = Path(__file__).resolve().parents[1] / "data" / "verl_idioms"
+
+
+def imported(script: str, *flags: str, env: dict[str, str] | None = None) -> tuple[object, list[str]]:
+    """(plan, warnings) of `rlplan import verl SCRIPT --gpu h100-80g --json` run in the idioms folder."""
+    result = invoke_import(script, *flags, env=env)
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    return plan_from_toml(body["plan_toml"]), body["warnings"]
+
+
+def invoke_import(script: str, *flags: str, env: dict[str, str] | None = None):
+    from typer.testing import CliRunner
+
+    from rlplan.planner.commands.cli import app
+
+    cwd = os.getcwd()
+    os.chdir(IDIOMS)
+    try:
+        result = CliRunner().invoke(app, ["import", "verl", script, "--gpu", "h100-80g", "--json", *flags],
+                                    env=env)
+    finally:
+        os.chdir(cwd)
+    assert "Traceback" not in result.output
+    return result
+
+
+def refusal(script: str, *flags: str, env: dict[str, str] | None = None) -> dict:
+    result = invoke_import(script, *flags, env=env)
+    assert result.exit_code == 2, result.output
+    return json.loads(result.stdout)["error"]
+
+
+# --- row 1: $(pwd) and the example's own Hydra config -------------------------------------------------------
+
+
+def test_pwd_is_the_import_folder_and_the_examples_config_is_the_base_the_overrides_apply_to():
+    plan, warnings = imported("pwd_config_path.sh")
+    # From examples/demo/config/demo_grpo.yaml (under ppo_trainer), which the command's overrides leave alone.
+    assert plan.rollout.name == "sglang" and plan.rollout.n == 4 and plan.rollout.gpu_memory_utilization == 0.6
+    assert (plan.data.train_batch_size, plan.data.max_prompt_length, plan.data.max_response_length) == (64, 1024, 2048)
+    assert plan.data.gen_batch_size == 64  # ${data.train_batch_size}, resolved
+    assert plan.actor.lr == 1e-6 and plan.actor.ppo_mini_batch_size == 32
+    assert any("demo_grpo.yaml" in warning and "ppo_trainer" in warning for warning in warnings)
+
+
+def test_an_unreadable_config_says_which_keys_may_differ_from_ppo_trainer(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text((IDIOMS / "pwd_config_path.sh").read_text().replace("$PROJECT_DIR/examples", "/nowhere/examples"))
+    plan, warnings = imported(str(script))
+    (warning,) = [w for w in warnings if "not readable here" in w]
+    assert "demo_grpo" in warning and "data.train_batch_size" in warning and "actor_rollout_ref.rollout.name" in warning
+    assert plan.rollout.name == "vllm"  # verl's ppo_trainer default, said to possibly differ
+
+
+# --- row 2: ${1:-vllm} --------------------------------------------------------------------------------------
+
+
+def test_a_positional_default_is_the_script_run_with_no_arguments_and_arg_passes_them():
+    plan, warnings = imported("positional_default.sh")
+    assert plan.rollout.name == "vllm"
+    assert any("$1 = 'vllm'" in warning and "--arg" in warning for warning in warnings)
+    plan, _ = imported("positional_default.sh", "--arg", "sglang")
+    assert plan.rollout.name == "sglang"
+
+
+# --- row 3: $(date ...) and $(basename $MODEL_PATH) in names ------------------------------------------------
+
+
+def test_command_output_reaching_only_names_passes_through_verbatim_with_one_warning():
+    plan, warnings = imported("command_output_in_names.sh")
+    name = plan.passthrough["trainer.experiment_name"]
+    assert "grpo_Qwen2.5-0.5B-Instruct_$(date +%Y%m%d)" in name  # basename evaluated, date kept as written
+    assert "$(date +%Y%m%d)" in plan.passthrough["trainer.default_local_dir"]
+    (warning,) = [w for w in warnings if "cannot know" in w]
+    assert "trainer.experiment_name" in warning and "trainer.default_local_dir" in warning
+
+
+def test_command_output_in_a_priced_key_blocks_naming_the_variable_and_its_env(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("GPUS=$(nvidia-smi -L | wc -l)\n" + (IDIOMS / "remax_estimator.sh").read_text()
+                      .replace("rollout.n=4", "rollout.n=4 trainer.n_gpus_per_node=$GPUS"))
+    error = refusal(str(script))
+    assert error["field"] == "trainer.n_gpus_per_node" and "$(nvidia-smi -L | wc -l)" in error["message"]
+    assert "--env GPUS=" in error["fix"]
+    plan, _ = imported(str(script), "--env", "GPUS=4")
+    assert plan.cluster.gpus_per_node == 4
+
+
+# --- row 4: unset $DATA_HOME, $RAY_DATA_HOME, $DIST_CKPT_PATH ----------------------------------------------
+
+
+def test_unset_variables_reaching_only_data_and_checkpoint_paths_pass_through():
+    plan, warnings = imported("unset_data_paths.sh")
+    assert plan.passthrough["data.train_files"].strip("'") == "$DATA_HOME/gsm8k/train.parquet"
+    assert "$DIST_CKPT_PATH" in plan.passthrough["trainer.default_local_dir"]
+    assert plan.model.name == "qwen2.5-0.5b"  # the model folder's name, known though its parent is not
+    assert any("cannot know" in w and "data.val_files" in w for w in warnings)
+
+
+def test_an_unset_variable_in_a_priced_key_names_it_and_env_sets_it(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text((IDIOMS / "unset_data_paths.sh").read_text().replace("data.train_batch_size=64",
+                                                                            "data.train_batch_size=$TBS"))
+    error = refusal(str(script))
+    assert error["field"] == "data.train_batch_size" and "$TBS" in error["message"] and "--env TBS=" in error["fix"]
+    assert imported(str(script), "--env", "TBS=32")[0].data.train_batch_size == 32
+
+
+# --- row 5: bash arrays ------------------------------------------------------------------------------------
+
+
+def test_overrides_in_multi_line_bash_arrays_extended_with_plus_equals_are_read():
+    plan, _ = imported("bash_arrays.sh")
+    assert (plan.data.train_batch_size, plan.data.max_prompt_length, plan.data.max_response_length) == (64, 512, 1024)
+    assert plan.actor.ppo_micro_batch_size_per_gpu == 4 and plan.rollout.log_prob_micro_batch_size_per_gpu == 4
+    assert plan.rollout.n == 4
+
+
+# --- row 6: estimators that change the step ----------------------------------------------------------------
+
+
+def test_remax_prices_its_greedy_baseline_generation_in_time_and_leaves_the_memory_peak_to_the_rollout():
+    remax, _ = imported("remax_estimator.sh")
+    grpo = remax.evolve(algorithm=remax.algorithm.__class__(adv_estimator="grpo"))
+    assert remax.algorithm.adv_estimator == "remax" and not remax.uses_critic
+    memory = predict_memory(remax)
+    # The baseline runs the same engine on the batch's prompts once each: fewer sequences than the rollout.
+    assert memory.gpu_peak_bytes == predict_memory(grpo).gpu_peak_bytes
+    step, grpo_step = predict_step_time(remax, memory), predict_step_time(grpo, predict_memory(grpo))
+    baseline = step.phase_seconds["greedy_baseline"]
+    assert 0 < baseline < step.phase_seconds["rollout"] + step.phase_seconds["weight_sync"]
+    assert step.total_seconds == pytest.approx(grpo_step.total_seconds + baseline)
+    assert verl_timing_seconds(step)["gen_max"] == baseline and "gen_max" not in verl_timing_seconds(grpo_step)
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_plus_plus_baseline", "optimal_token_baseline", "gpg", "opo"])
+def test_verls_other_estimators_import(tmp_path, estimator):
+    script = tmp_path / "run.sh"
+    script.write_text((IDIOMS / "remax_estimator.sh").read_text().replace("=remax", f"={estimator}"))
+    plan, _ = imported(str(script))
+    assert plan.algorithm.adv_estimator == estimator and not plan.uses_critic
+
+
+# --- row 7: models that are no preset ----------------------------------------------------------------------
+
+
+def test_a_local_sft_checkpoint_in_verls_layout_is_read_from_actor_huggingface():
+    plan, warnings = imported("local_sft_checkpoint.sh")
+    assert plan.model.arch.hidden_size == 896 and plan.model.arch.num_layers == 24
+    assert any("actor/huggingface/config.json" in warning for warning in warnings)
+
+
+def _cache_with(cache: Path, repo: str, config: dict, revision: str = "0123abcd") -> None:
+    snapshot = cache / ("models--" + repo.replace("/", "--")) / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    refs = snapshot.parents[1] / "refs"
+    refs.mkdir()
+    (refs / "main").write_text(revision)
+
+
+TINY = json.loads((IDIOMS / "models/sft/global_step_105/actor/huggingface/config.json").read_text())
+
+
+@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HF_HOME", "HOME"])
+def test_a_hub_id_no_preset_lists_is_read_offline_from_the_local_hugging_face_cache(tmp_path, variable):
+    cache = {"HF_HUB_CACHE": tmp_path, "HF_HOME": tmp_path / "hub", "HOME": tmp_path / ".cache/huggingface/hub"}
+    _cache_with(cache[variable], "example-org/tiny-llama-sft", TINY)
+    env = {"HF_HUB_CACHE": None, "HUGGINGFACE_HUB_CACHE": None, "HF_HOME": None, "XDG_CACHE_HOME": None,
+           variable: str(tmp_path)}
+    plan, warnings = imported("hub_model_not_a_preset.sh", env=env)
+    assert plan.model.arch.hidden_size == 896
+    assert any("Hugging Face cache" in warning for warning in warnings)
+
+
+def test_a_model_found_nowhere_gives_the_one_command_that_fetches_its_config(tmp_path):
+    error = refusal("hub_model_not_a_preset.sh", env={"HF_HUB_CACHE": str(tmp_path)})
+    assert "`hf download example-org/tiny-llama-sft config.json`" in error["fix"]
+
+
+# --- item 1: the rest of the shell as bash reads it ---------------------------------------------------------
+
+
+def test_the_scripts_folder_arithmetic_and_assigned_defaults_are_evaluated():
+    plan, _ = imported("script_folder_and_arithmetic.sh")
+    assert (plan.data.train_batch_size, plan.actor.ppo_mini_batch_size) == (64, 32)
+    assert (plan.cluster.gpus_per_node, plan.cluster.nodes) == (8, 1)
+    assert plan.data.train_files == (f"{IDIOMS}/data/train.parquet",)  # $(cd "$(dirname "$0")" && pwd)
+    assert plan.data.val_files == ("./data/test.parquet",)  # $(dirname "$0") of a script given as its name
+
+
+def test_the_verl_command_behind_ray_job_submit_is_found():
+    plan, _ = imported("ray_job_submit.sh")
+    assert plan.data.train_batch_size == 64 and plan.model.name == "qwen2.5-0.5b"
+
+
+def test_a_backslash_before_a_space_and_a_comment_ends_the_command_as_bash_reads_it():
+    error = refusal("backslash_comment.sh")
+    assert error["field"] == "script" and "backslash followed by a space" in error["message"]
+
+
+def test_importing_runs_no_command_a_touch_in_every_substitution_leaves_no_file(tmp_path, monkeypatch):
+    started: list[object] = []
+
+    def refuse(*args, **kwargs):
+        started.append(args)
+        raise AssertionError("the import started a process")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(os, "system", refuse)
+    plan, _ = imported("no_command_runs.sh", "--env", f"MARK_DIR={tmp_path}")
+    assert list(tmp_path.iterdir()) == [] and started == []
+    assert '$(touch "' in plan.passthrough["trainer.experiment_name"]
+
+
+def test_a_set_environment_variable_reaching_only_a_data_path_is_kept_as_a_reference_not_refused():
+    plan, warnings = imported("unset_data_paths.sh", env={"DATA_HOME": "/private/data"})
+    assert "${oc.env:DATA_HOME}" in plan.passthrough["data.val_files"]
+    assert "/private/data" not in repr(plan) and not any("/private/data" in w for w in warnings)

@@ -1,0 +1,36 @@
+"""runtime/megatron_twin.py: Megatron-Core's own step on the CPU (needs megatron-core; skipped without it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlplan.planner.memory.megatron import optimizer_step_bytes, state_on_most_loaded_rank
+from rlplan.runtime.megatron_twin import TwinCase, TwinModel
+
+
+def test_a_case_round_trips_through_its_json_and_prices_as_the_planners_architecture():
+    case = TwinCase("moe", TwinModel(experts=8, top_k=2, moe_ffn=256), world=4, tp=2, ep=4, recompute="full")
+    assert TwinCase.from_json(case.as_json()) == case
+    arch, engine = case.model.architecture(), case.engine()
+    assert arch.is_moe and arch.num_experts_per_token == 2
+    assert engine.sequence_parallel and engine.expert_tensor_size == 1 and engine.recompute_method == "uniform"
+
+
+def test_the_twins_state_is_megatrons_buffers_and_its_optimizer_step_the_foreach_sqrt_buffer():
+    """One rank of a two-layer model: the persistent state the tracker sees before the step is the DDP
+    buffers' bf16 weights and fp32 grads and the optimizer's fp32 main params and moments, as the planner
+    prices them; the foreach AdamW step adds its sqrt(exp_avg_sq) buffer, 4 bytes a parameter."""
+    pytest.importorskip("megatron.core")
+    from rlplan.runtime.megatron_twin import measure
+
+    case = TwinCase("tiny", TwinModel(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=512), world=1,
+                    seq=128, micro_batches=1)
+    (rank,) = measure(case, timeout_s=600)
+    parts = rank["parts"]
+    state = state_on_most_loaded_rank(case.model.architecture(), case.engine(), case.world)
+    assert parts["weights"] == pytest.approx(state.weights, rel=0.01)
+    assert parts["grads"] == pytest.approx(state.grads, rel=0.01)
+    assert parts["main_params"] + parts["moments"] == pytest.approx(state.optimizer, rel=0.01)
+    assert rank["state"] == pytest.approx(sum(parts.values()), rel=0.02)
+    step = rank["peaks"]["optimizer"] - rank["state"]
+    assert step == pytest.approx(optimizer_step_bytes(state.largest_optimizer), rel=0.05)
