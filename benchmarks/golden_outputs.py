@@ -202,7 +202,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file() and not path.is_symlink()}
 
 
-def run_sweep(out: Path, only: list[str]) -> None:
+def run_sweep(out: Path, only: list[str], skip: list[str]) -> None:
     rlplan = shutil.which("rlplan", path=str(Path(sys.executable).parent)) or "rlplan"
     out.mkdir(parents=True, exist_ok=True)
     seconds = []
@@ -211,7 +211,7 @@ def run_sweep(out: Path, only: list[str]) -> None:
         (work / "examples").symlink_to(ROOT / "examples")
         (work / "data").symlink_to(ROOT / "tests" / "data")
         for name, argv in invocations():
-            if only and not any(part in name for part in only):
+            if (only and not any(part in name for part in only)) or any(part in name for part in skip):
                 continue
             before = _snapshot(work)
             start = time.perf_counter()
@@ -235,8 +235,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="Folder to write (one sub-folder per invocation).")
     parser.add_argument("--only", nargs="*", default=[], help="Run only invocations whose name contains one of these.")
+    parser.add_argument("--skip", nargs="*", default=[], help="Skip invocations whose name contains one of these.")
     args = parser.parse_args()
-    run_sweep(args.out, args.only)
+    run_sweep(args.out, args.only, args.skip)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Literal
 
 from attrs import frozen
 
+from rlplan.planner.redaction import is_secret, reference
 from rlplan.planner.shell_lexer import matching, simple_commands
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -152,6 +153,8 @@ class ShellScope:
         # While set, each environment value expands to its `${oc.env:NAME}` reference instead (`expand_masked`).
         self.masking = False
         self.kept_references: list[str] = []
+        # Credentials the script set itself that an expansion read (planner/redaction.py): never copied.
+        self.secrets_used: list[str] = []
         # Variables naming where the importing shell is (its directory, its user's home), read from this machine.
         self.machine_paths_used: dict[str, str] = {}
         # While set (conditions), an unset variable is empty, as bash reads it, instead of an Unknown.
@@ -229,11 +232,15 @@ class ShellScope:
         return self.cwd
 
     def lookup(self, name: str) -> str | None:
-        if name in self.pinned:
+        if name in self.pinned:  # the user's own value, given to be used (and persisted) as it is
             return self.pinned[name]
         if name == "PWD":
             return self.working_directory()
         if name in self.values:
+            if is_secret(name, self.values[name]):
+                # A credential the script sets itself (export HF_TOKEN=...): masked like an environment value.
+                self.secrets_used.append(name)
+                self.environment_used.append(name)
             for read in self.masked.get(name, ("", ()))[1]:
                 self._read_from_environment(read, self.environment.get(read))
             return self.values[name]
@@ -259,7 +266,10 @@ class ShellScope:
             self.environment_used.append(name)
 
     def shown(self, name: str, value: str) -> str:
-        """A looked-up value as the expansion writes it: while masking, an environment value is its reference."""
+        """A looked-up value as the expansion writes it: while masking, an environment value or a credential the
+        script set itself (by its name or its shape) is its reference; a --env pin is the user's to persist."""
+        if self.masking and name != "PWD" and name not in self.pinned and is_secret(name, value):
+            return reference(name)
         if not self.masking or name in self.pinned or name == "PWD":
             return value
         if name in self.masked:

@@ -8,7 +8,7 @@ A variable the verl command needs but nothing sets is a PlanError naming it.
 
 Every key `verl_keys` maps becomes a plan field, keys the script omits take verl's own
 defaults (so `rlplan validate` sees what verl would run), deprecated global micro-batch
-keys stay global (rules.py normalizes them as verl does), and every other key is kept
+keys stay global (the batch rules normalize them as verl does), and every other key is kept
 verbatim in `plan.passthrough` and reported.  Pure: the CLI reads the files.
 The shell itself (lexing, variables, finding the verl command) is interpreted in shell_script.py.
 """
@@ -28,6 +28,7 @@ from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.plan import Plan
 from rlplan.planner.planfile import plan_from_dict
 from rlplan.planner.presets import HUB_REPO_ID, ResolvedModel, resolve_model
+from rlplan.planner.redaction import is_secret, reference
 from rlplan.planner.shell_expand import ShellScope
 from rlplan.planner.shell_script import find_verl_command, positional_warning
 from rlplan.planner.verl_config import TextReader, TrainerConfig, trainer_config
@@ -171,6 +172,11 @@ def _script_warnings(scope: ShellScope, warnings: list[str]) -> None:
     if scope.kept_references:
         warnings.append(f"values from the environment are kept as references, not copied into the plan: "
                         f"{', '.join(scope.kept_references)}.")
+    if scope.secrets_used:
+        names = sorted(set(scope.secrets_used))
+        warnings.append(f"{', '.join(names)} hold{'s' if len(names) == 1 else ''} a credential (by name or shape); the "
+                        f"plan keeps {', '.join(reference(name) for name in names)} instead of the value: export "
+                        f"{'it' if len(names) == 1 else 'them'} where verl runs.")
 
 
 FSDP_CONFIGS = ("ppo_trainer", "ppo_trainer.yaml")
@@ -489,7 +495,23 @@ def _unknown_value(override: Override, key: str, scope: ShellScope, sorted_: _So
     sorted_.unknowable[key] = verbatim
 
 
-def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pinned: set[str]) -> _Sorted:
+def _without_literal_secret(override: Override, pinned_values: set[str], warnings: list[str]) -> Override:
+    """A credential written into the command itself (`...env_vars.HF_TOKEN=hf_...`, a key named as one or a value
+    shaped like one) is kept as the reference verl resolves from its environment, never copied (redaction.py);
+    a value the user gave with --env is theirs to persist."""
+    assert override.value is not None
+    name = override.key.rpartition(".")[2]
+    if "${oc.env:" in override.value or not is_secret(name, override.value):
+        return override
+    if any(len(value) >= 4 and value in override.value for value in pinned_values):
+        return override
+    warnings.append(f"{override.key} holds a credential; the plan keeps {reference(name)} instead of its value: "
+                    f"export {name} where verl runs.")
+    return attrs.evolve(override, value=reference(name))
+
+
+def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pinned: set[str],
+                    pinned_values: set[str]) -> _Sorted:
     sorted_ = _Sorted(given={}, passthrough={}, reward={}, unknowable={}, written={})
     seen: dict[str, str | None] = {}
     scope = command.scope
@@ -522,6 +544,8 @@ def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pi
             _unknown_value(override, key, scope, sorted_)
             continue
         sorted_.unknowable.pop(key, None)
+        override = _without_literal_secret(override, pinned_values, warnings)
+        assert override.value is not None
         referenced = set(re.findall(r"\$\{oc\.env:([^,}]*)", override.value))
         if key in BY_KEY and not priced(key) and referenced and not referenced & pinned:
             # An environment value (a data folder, a run name) where no plan term reads it: the reference stays,
@@ -567,7 +591,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     config = trainer_config(command.module, command.config_path, command.config_name, context.cwd,
                             context.read_text)
     backend = _backend(config.base or config.name, list(command.overrides))
-    sorted_ = _sort_overrides(command, backend, warnings, set(env))
+    sorted_ = _sort_overrides(command, backend, warnings, set(env), set(env.values()))
     given, passthrough = sorted_.given, sorted_.passthrough
     given = {**_config_values(config, command.module, backend, given, warnings), **given}
     _placement(given, passthrough, warnings)

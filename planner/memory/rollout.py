@@ -1,5 +1,5 @@
 """The rollout engine's budget on one rank (vLLM V1, SGLang, vLLM's CPU backend): its KV cache, weights and
-workspace, the start-up check `holds_max_model_len` (not a rules.py rule: `MemoryReport.fits` includes it), its
+workspace, the start-up check `holds_max_model_len` (not one of planner/rules/: `MemoryReport.fits` includes it), its
 CUDA-graph pool and what it resumes for the weight sync.
 
 What differs between engines is one `EngineMemory` record each, in ROLLOUT_ENGINES: a new engine is its

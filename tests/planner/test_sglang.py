@@ -12,9 +12,11 @@ from rlplan.planner.memory import predict_memory
 from rlplan.planner.memory.rollout import rollout_budget
 from rlplan.planner.plan import ActorSection, DataSection, ModelSection, Plan, RolloutSection
 from rlplan.planner.presets import resolve_gpu, resolve_model
+from rlplan.planner.stack import StackSection
 from rlplan.planner.render import verl_overrides
 from rlplan.planner.rules import check_plan
-from rlplan.planner.solver import SolveRequest, solve_engines, solve_rollout
+from rlplan.planner.solver import SolveRequest, solve_engines
+from rlplan.planner.solver.rollout import solve_rollout
 from rlplan.planner.verl_import import import_verl_script
 from tests.planner.plans import make_plan
 from tests.planner.test_verl_ground_truth import GSM8K_PROMPT_MEAN
@@ -42,15 +44,28 @@ def with_engine(plan: Plan, name: str) -> Plan:
     return plan.evolve(rollout=attrs.evolve(plan.rollout, name=name))
 
 
-def test_sglang_kv_pool_is_static_fraction_minus_weights_so_it_exceeds_vllms_by_the_activation():
+def on_sglang(plan: Plan, version: str) -> Plan:
+    return with_engine(plan, "sglang").evolve(stack=StackSection(verl=plan.stack.verl, sglang=version))
+
+
+def test_sglang_kv_pool_is_the_static_fraction_less_weights_and_what_the_release_charges_before_the_load():
+    """mem_fraction_static leaves SGLang's activations (and CUDA graphs) outside the pool, unlike vLLM's util; what
+    was in use before the load (the context, verl's resident trainer state) comes out whole up to 0.5.9 and in
+    proportion from 0.5.10 (memory/rollout.py sglang_kv_cache_bytes; docs/verl-versions.md)."""
     vllm = rollout_budget(make_plan())
-    sglang = rollout_budget(with_engine(make_plan(), "sglang"))
-    assert sglang.requested_bytes == vllm.requested_bytes and sglang.weights_bytes == vllm.weights_bytes
-    assert sglang.kv_cache_bytes == sglang.requested_bytes - sglang.weights_bytes - sglang.non_torch_bytes
-    assert sglang.kv_cache_bytes - vllm.kv_cache_bytes == vllm.activation_bytes
-    # ... and the buffers it leaves outside mem_fraction_static still count in the rollout phase.
+    old, new = (rollout_budget(on_sglang(make_plan(), version)) for version in ("0.5.9", "0.5.12"))
+    for sglang in (old, new):
+        assert sglang.requested_bytes == vllm.requested_bytes and sglang.weights_bytes == vllm.weights_bytes
+    assert old.co_resident_bytes > 0 and old.fraction_of_free is None
+    assert old.kv_cache_bytes == old.requested_bytes - old.weights_bytes - old.non_torch_bytes - old.co_resident_bytes
+    assert new.fraction_of_free == make_plan().rollout.gpu_memory_utilization
+    assert new.kv_cache_bytes == pytest.approx(new.requested_bytes - new.weights_bytes
+                                               - new.fraction_of_free * (new.non_torch_bytes + new.co_resident_bytes))
+    # vLLM 0.24 charges only what its instance adds, its profiled activation included.
+    assert old.kv_cache_bytes - vllm.kv_cache_bytes == vllm.activation_bytes - old.co_resident_bytes
+    # ... and the buffers SGLang leaves outside mem_fraction_static still count in the rollout phase.
     rollout = predict_memory(with_engine(make_plan(), "sglang")).phase("rollout")
-    assert {c.name: c.bytes for c in rollout.components}["sglang_activation"] == sglang.activation_bytes > 0
+    assert {c.name: c.bytes for c in rollout.components}["sglang_activation"] == new.activation_bytes > 0
 
 
 def test_paused_sglang_keeps_only_its_context_and_cuda_graphs_during_training():

@@ -366,3 +366,38 @@ def test_a_recipes_rollout_on_gpus_of_its_own_is_said_and_a_streamed_batch_of_ze
         load(head.replace("one_step_off_policy.main_ppo", "fully_async_policy.fully_async_main")
              + "data.train_batch_size=0 async_training.require_batches=4\n")
     assert error.value.field == "data.train_batch_size" and "require_batches" in error.value.message
+
+
+# --- credentials a script sets itself (issue 41) ------------------------------------------------------------------
+
+SCRIPT_SECRET = "wandb-pl4nted-9f8e7d"
+HF_SECRET = "hf_" + "Pl4nted" * 5
+
+
+@pytest.mark.parametrize("assignment", [f"export WANDB_API_KEY={SCRIPT_SECRET}", f"WANDB_API_KEY='{SCRIPT_SECRET}'",
+                                        f"export WANDB_API_KEY\nWANDB_API_KEY={SCRIPT_SECRET}"])
+def test_a_credential_the_script_sets_itself_reaches_no_plan_only_its_reference(assignment):
+    from rlplan.planner.planfile import plan_to_toml
+    from rlplan.planner.render import render_plan
+
+    script = (f"{assignment}\nRUN=$WANDB_API_KEY-run\nexport TOKEN_SHAPED={HF_SECRET}\n"
+              "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+              "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 "
+              "trainer.project_name=$WANDB_API_KEY trainer.experiment_name=$RUN "
+              "+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN=$TOKEN_SHAPED "
+              f"+ray_kwargs.ray_init.runtime_env.env_vars.OTHER_TOKEN={HF_SECRET}\n")
+    result = import_verl_script(script, gpu=H100, host_memory_gib=2048.0, env={}, local_config_reader=lambda path: None)
+    texts = [plan_to_toml(result.plan), render_plan(result.plan, "verl", "script"), *result.warnings]
+    assert not [text for text in texts if SCRIPT_SECRET in text or HF_SECRET in text]
+    toml = plan_to_toml(result.plan)
+    assert '"${oc.env:WANDB_API_KEY}"' in toml and '"${oc.env:WANDB_API_KEY}-run"' in toml
+    assert "${oc.env:TOKEN_SHAPED}" in toml and "${oc.env:OTHER_TOKEN}" in toml
+    assert any("WANDB_API_KEY" in w and "credential" in w and "export" in w for w in result.warnings)
+
+
+def test_a_priced_key_that_reads_a_credential_is_refused_naming_the_variable_not_its_value():
+    script = (f"export MY_TOKEN={HF_SECRET}\npython3 -m verl.trainer.main_ppo "
+              "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct data.train_batch_size=$MY_TOKEN\n")
+    with pytest.raises(PlanError) as raised:
+        import_verl_script(script, gpu=H100, host_memory_gib=2048.0, env={}, local_config_reader=lambda path: None)
+    assert HF_SECRET not in str(raised.value) and "MY_TOKEN" in str(raised.value)

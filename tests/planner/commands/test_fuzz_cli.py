@@ -498,9 +498,13 @@ SECRET_SCRIPT_PIECES = st.sampled_from([
     "+x.y='${oc.env:SECRET}'", "data.train_batch_size=$NUMBER", "data.train_batch_size=$((NUMBER*2))",
     "trainer.wandb_key=$KEY", "trainer.wandb_key=${KEY:+set}", "trainer.n_gpus_per_node=8",
     "actor_rollout_ref.rollout.n=4", "\\\n", "'", '"',
+    f"+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN={SECRET}", "+trainer.hf=$HF_TOKEN",
 ])
 SECRET_ASSIGNMENTS = st.sampled_from(["", "KEY=$SECRET\n", "export KEY=\"${SECRET}\"\n", "KEY=${SECRET:-x}\n",
-                                      "OTHER=$SECRET\nKEY=pre-$OTHER\n", "KEY='$SECRET'\n", "TBS=$NUMBER\n"])
+                                      "OTHER=$SECRET\nKEY=pre-$OTHER\n", "KEY='$SECRET'\n", "TBS=$NUMBER\n",
+                                      # A credential the script sets itself (issue 41), then reads.
+                                      f"export HF_TOKEN={SECRET}\nKEY=$HF_TOKEN\n",
+                                      f"WANDB_API_KEY='{SECRET}'\nexport WANDB_API_KEY\nKEY=run-$WANDB_API_KEY\n"])
 
 
 @INPUT_FUZZ

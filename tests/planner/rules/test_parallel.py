@@ -1,4 +1,5 @@
-"""Each Megatron rule fires on the plan it is about, and its suggested fix (or the fix its message names)
+"""The parallel-layout rules (planner/rules/parallel.py): FSDP's mesh and Ulysses, the rollout engine's TP, and
+each Megatron rule, which fires on the plan it is about while its suggested fix (or the fix its message names)
 removes it."""
 
 from __future__ import annotations
@@ -7,30 +8,9 @@ import pytest
 
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.memory import predict_memory
-from rlplan.planner.presets import resolve_model
 from rlplan.planner.rules import check_plan
 from tests.planner.plans import make_plan
-
-QWEN3_MOE = resolve_model("qwen3-30b-a3b").arch  # 48 layers, 32 heads, 4 KV heads, 128 experts
-DEEPSEEK_V3 = resolve_model("deepseek-v3").arch
-MEGATRON = {"actor.strategy": "megatron"}
-
-
-def megatron_plan(arch=None, gpus: int = 8, **knobs):
-    overrides = {**MEGATRON, **{key.replace("__", "."): value for key, value in knobs.items()}}
-    return make_plan(arch, gpus=gpus, overrides=overrides) if arch else make_plan(gpus=gpus, overrides=overrides)
-
-
-def rules_of(plan) -> set[str]:
-    return {violation.rule for violation in check_plan(plan).violations}
-
-
-def fixed(plan, rule: str):
-    """The plan with the suggested changes of `rule`'s violations applied."""
-    for violation in check_plan(plan).violations:
-        if violation.rule == rule:
-            plan = apply_knobs(plan, violation.suggested)
-    return plan
+from tests.planner.rules.megatron_plans import DEEPSEEK_V3, QWEN3_MOE, fixed, megatron_plan, rules_of
 
 
 def test_a_default_megatron_plan_breaks_no_megatron_rule():
@@ -135,30 +115,13 @@ def test_moe_with_tp_and_ep_needs_sequence_parallel():
         fixed(plan, "megatron_moe_tp_needs_sequence_parallel"))
 
 
-def test_grad_offload_is_refused_for_verl_0_9_and_unsetting_it_clears_it():
-    plan = megatron_plan(actor__megatron__grad_offload=True)
-    assert "megatron_grad_offload_is_not_in_verl_0_9" in rules_of(plan)
-    assert "megatron_grad_offload_is_not_in_verl_0_9" not in rules_of(
-        fixed(plan, "megatron_grad_offload_is_not_in_verl_0_9"))
+def test_ulysses_needs_heads_and_remove_padding():
+    plan = make_plan(overrides={"actor.ulysses_sequence_parallel_size": 8, "model.use_remove_padding": False})
+    rules = {v.rule for v in check_plan(plan).errors}
+    assert {"ulysses_needs_remove_padding", "ulysses_divides_heads"} <= rules  # 28 heads % 8 != 0
 
 
-@pytest.mark.parametrize(("strategy", "key"), [("megatron", "actor_rollout_ref.model.lora_rank"),
-                                               ("fsdp2", "actor_rollout_ref.model.lora.rank")])
-def test_the_other_backends_lora_keys_are_a_warning_that_verl_ignores_them(strategy, key):
-    plan = make_plan(overrides={"actor.strategy": strategy}).evolve(passthrough={key: "32"})
-    assert "lora_keys_the_backend_ignores" in rules_of(plan)
-    assert "lora_keys_the_backend_ignores" not in rules_of(plan.evolve(passthrough={}))
-
-
-def test_fsdp_knobs_on_a_megatron_plan_warn_and_the_fix_resets_them():
-    plan = megatron_plan(actor__param_offload=True, actor__ulysses_sequence_parallel_size=2)
-    assert "fsdp_knobs_on_a_megatron_plan" in rules_of(plan)
-    assert "fsdp_knobs_on_a_megatron_plan" not in rules_of(fixed(plan, "fsdp_knobs_on_a_megatron_plan"))
-
-
-def test_megatron_lora_with_peft_module_names_names_megatrons():
-    plan = megatron_plan(model__lora__rank=16)  # target_modules stays peft's "all-linear"
-    assert "megatron_lora_targets_megatron_modules" in rules_of(plan)
-    repaired = fixed(plan, "megatron_lora_targets_megatron_modules")
-    assert repaired.model.lora.target_modules == ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-    assert "megatron_lora_targets_megatron_modules" not in rules_of(repaired)
+def test_rollout_tp_must_divide_heads_and_world():
+    plan = make_plan(overrides={"rollout.tensor_model_parallel_size": 3})
+    rules = {v.rule for v in check_plan(plan).errors}
+    assert {"rollout_tp_divides_world", "rollout_tp_divides_heads"} <= rules

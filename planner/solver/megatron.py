@@ -4,10 +4,11 @@ What `training_choices` is for FSDP, `megatron_choices` is for verl's Megatron w
 pipeline (PP), context (CP), expert (EP) and expert-tensor (ETP) parallel size the rules allow for the model
 and the world, with the distributed optimizer on, and verl's param / optimizer offload and Megatron's full
 recompute as the memory-saving steps (in the order FSDP's are tried: recompute before offload, as it costs
-compute rather than host traffic). The solver's token-budget and rollout passes price each choice as they
-price an FSDP one (planner/solver.py only dispatches on `SolveRequest.strategy`).
+compute rather than host traffic). The search loop (search.py) prices each choice as it prices an FSDP one,
+through `MEGATRON_SPACE` (space.py's `SEARCH_SPACES`): layout by layout, each kept at its first fitting choice,
+and a fitting layout's interleaved (VPP) variants tried right after it (`MegatronSpace.next_variant`).
 
-Sizes follow the rules in planner/rules.py (one owner each): TP within a node and dividing the attention and
+Sizes follow the rules in planner/rules/parallel.py (one owner each): TP within a node and dividing the attention and
 KV heads (megatron_heads_divide_tp), TP x PP x CP dividing the world (megatron_world_divides), EP dividing the
 experts and EP x ETP x PP the world (megatron_experts_divide), sequence parallel wherever TP > 1 (required with
 MoE and EP: megatron_moe_tp_needs_sequence_parallel). A layer count no pipeline size divides (DeepSeek-V3's 61)
@@ -28,7 +29,13 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.memory.megatron import state_on_most_loaded_rank
 from rlplan.planner.memory.model_facts import model_facts
+from rlplan.planner.phases import Phase
 from rlplan.planner.plan import LoraConfig, MegatronSection, Plan
+from rlplan.planner.solver.budgets import gpu_limit_bytes
+from rlplan.planner.solver.choices import KNOB, knob, knob_fields, pinned_value
+from rlplan.planner.solver.request import STEP_TIME_TOLERANCE, Candidate, SolveRequest
+from rlplan.planner.solver.workload import _mini_batch_size, lora_ranks, workload_plan
+from rlplan.planner.steptime.megatron import largest_bubble_fraction
 
 # Megatron-Bridge's LoRA target modules (verl's Megatron LoRA examples; rule megatron_lora_targets_megatron_modules).
 BRIDGE_LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
@@ -53,20 +60,20 @@ STAGE_KEYS = tuple(
 class MegatronChoice:
     """The discrete knobs of a Megatron plan's training side (one engine for actor, reference and critic)."""
 
-    lora_rank: int
-    tensor: int
-    pipeline: int
-    context: int
-    expert: int
+    lora_rank: int = knob("model.lora.rank")
+    tensor: int = knob("actor.megatron.tensor_model_parallel_size")
+    pipeline: int = knob("actor.megatron.pipeline_model_parallel_size")
+    context: int = knob("actor.megatron.context_parallel_size")
+    expert: int = knob("actor.megatron.expert_model_parallel_size")
     # None: the experts take the dense layers' TP (dense models).
-    expert_tensor: int | None
+    expert_tensor: int | None = knob("actor.megatron.expert_tensor_parallel_size")
     # VPP model chunks per stage (None: no interleaving); tried only on a layout that already fits
-    # (`interleaved_variants`).
-    virtual_pipeline: int | None = None
-    param_offload: bool
-    optimizer_offload: bool
+    # (`next_interleaved`).
+    virtual_pipeline: int | None = knob("actor.megatron.virtual_pipeline_model_parallel_size", default=None)
+    param_offload: bool = knob("actor.megatron.param_offload")
+    optimizer_offload: bool = knob("actor.megatron.optimizer_offload")
     # Megatron's full recompute, one layer at a time (uniform): the solver loop's "checkpointing" step.
-    recompute: bool
+    recompute: bool = knob("actor.megatron.recompute_granularity", pinned_as=lambda granularity: granularity == "full")
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -175,30 +182,14 @@ def megatron_choices(arch: Architecture, cluster: Cluster, sequence_len: int,
                                              optimizer_offload=optimizer_offload, recompute=recompute)
 
 
-# The plan fields a pin may set on a Megatron choice, by dotted key.
-PINNABLE = {
-    "model.lora.rank": "lora_rank",
-    "actor.megatron.tensor_model_parallel_size": "tensor",
-    "actor.megatron.pipeline_model_parallel_size": "pipeline",
-    "actor.megatron.virtual_pipeline_model_parallel_size": "virtual_pipeline",
-    "actor.megatron.context_parallel_size": "context",
-    "actor.megatron.expert_model_parallel_size": "expert",
-    "actor.megatron.expert_tensor_parallel_size": "expert_tensor",
-    "actor.megatron.param_offload": "param_offload",
-    "actor.megatron.optimizer_offload": "optimizer_offload",
-}
-
-
 def pinned_choices(choices: Sequence[MegatronChoice], pins: dict[str, Any]) -> list[MegatronChoice]:
     """The choices a pin allows; a pinned size outside the space replaces the space's sizes (the rules judge it)."""
     kept = list(choices)
-    for key, name in PINNABLE.items():
-        if key in pins:
-            value = pins[key]
-            matching = [c for c in kept if getattr(c, name) == value]
-            kept = matching or list({attrs.evolve(c, **{name: value}) for c in kept})
-    if "actor.megatron.recompute_granularity" in pins:
-        kept = [c for c in kept if c.recompute == (pins["actor.megatron.recompute_granularity"] == "full")]
+    for attribute in knob_fields(MegatronChoice):
+        if attribute.metadata[KNOB] in pins:
+            value = pinned_value(attribute, pins[attribute.metadata[KNOB]])
+            matching = [c for c in kept if getattr(c, attribute.name) == value]
+            kept = matching or list({attrs.evolve(c, **{attribute.name: value}) for c in kept})
     return kept
 
 
@@ -229,14 +220,6 @@ def megatron_skeleton(plan: Plan) -> Plan:
                             ulysses_sequence_parallel_size=1, megatron=None),
         rollout=attrs.evolve(plan.rollout, layered_summon=False),
     )
-
-
-def fsdp_skeleton(plan: Plan) -> Plan:
-    """A Megatron plan's workload (a --from plan) made an FSDP2 one: no engine sections, no Megatron-only keys."""
-    passthrough = {key: value for key, value in plan.passthrough.items() if ".megatron." not in key}
-    return plan.evolve(actor=attrs.evolve(plan.actor, strategy="fsdp2", megatron=None),
-                       ref=attrs.evolve(plan.ref, megatron=None), critic=attrs.evolve(plan.critic, megatron=None),
-                       passthrough=passthrough)
 
 
 def uneven_stage_layers(layers: int, pp: int) -> tuple[int, int] | None:
@@ -310,3 +293,79 @@ def megatron_choice_text(engine: MegatronSection) -> str:
     if engine.recompute_granularity:
         parts.append(f"{engine.recompute_granularity} recompute")
     return ", ".join(parts)
+
+
+def megatron_space_choices(request: SolveRequest, sequence_len: int, feasibility_only: bool) -> list[MegatronChoice]:
+    """The layouts the rules and the pins allow whose state fits the GPU (each layout's most saving choice when
+    none does, so the diagnosis names what binds); with `feasibility_only`, one per layout."""
+    arch, cluster = request.model.arch, request.cluster
+    limit = gpu_limit_bytes(workload_plan(request, request.response_len or 1, megatron_skeleton), request)
+    allowed = pinned_choices(list(megatron_choices(arch, cluster, sequence_len, lora_ranks(request))),
+                             request.pins)
+    space = [choice for choice in allowed if state_fits(choice, arch, cluster.world_size, limit)]
+    if not space:
+        # Nothing can fit: price each layout's most saving choice so the diagnosis names what binds.
+        return most_saving_per_shape(allowed)
+    return most_saving_per_shape(space) if feasibility_only else space
+
+
+def interleaving_may_pay(fastest: Candidate, best: Candidate, request: SolveRequest) -> bool:
+    """Interleaving saves at most the bubble's share of the trainer's passes: a layout that cannot come within
+    the tolerance of the best plan so far with none of it is not tried interleaved."""
+    trainer = sum(seconds for phase, seconds in fastest.step_time.phase_seconds.items()
+                  if phase not in (Phase.ROLLOUT, Phase.WEIGHT_SYNC, "offload"))
+    bound = fastest.step_time.total_seconds - largest_bubble_fraction(fastest.plan, request.profile) * trainer
+    return bound <= best.step_time.total_seconds * (1 + STEP_TIME_TOLERANCE)
+
+
+class MegatronSpace:
+    """verl's Megatron workers: searched layout by layout (`shape_key`), each layout kept at its first fitting
+    choice (more offload or recompute adds host traffic and recomputed forwards for larger token budgets, a trade
+    the layout search itself outweighs; this keeps solve under a second), a layout whose most saving choice cannot
+    train skipped whole, and a fitting layout's VPP variants tried next while each is faster than the last."""
+
+    strategies = ("megatron",)
+    choice_type = MegatronChoice
+    by_layout = True
+
+    def skeleton(self, plan: Plan) -> Plan:
+        return megatron_skeleton(plan)
+
+    def choices(self, request: SolveRequest, sequence_len: int, feasibility_only: bool) -> list[MegatronChoice]:
+        return megatron_space_choices(request, sequence_len, feasibility_only)
+
+    def apply(self, skeleton: Plan, choice: MegatronChoice, request: SolveRequest) -> Plan:
+        # LoRA needs about 10x the full-fine-tuning learning rate (verl's LoRA guide), as for FSDP.
+        lr_scale = 10.0 if choice.lora_rank and request.base is None else 1.0
+        return apply_megatron_choice(skeleton, choice, lambda dp: _mini_batch_size(request, dp), lr_scale)
+
+    def resident_key(self, choice: MegatronChoice) -> tuple:
+        return (*choice.resident_key, choice.context)
+
+    def shape_key(self, choice: MegatronChoice) -> tuple:
+        return choice.shape_key
+
+    def most_saving_per_shape(self, choices: Sequence[MegatronChoice]) -> list[MegatronChoice]:
+        return most_saving_per_shape(choices)
+
+    def base_of_variant(self, choice: MegatronChoice) -> MegatronChoice | None:
+        """An interleaved choice's layout without interleaving: its budgets bound the variant's (a variant holds
+        more micro batches in flight at the same saving step: memory.megatron.in_flight_micro_batches)."""
+        return attrs.evolve(choice, virtual_pipeline=None) if choice.virtual_pipeline is not None else None
+
+    def next_variant(self, choice: MegatronChoice, request: SolveRequest, fastest: Candidate,
+                     best: Candidate) -> MegatronChoice | None:
+        """After a fitting layout (its fastest candidate `fastest`, the best plan so far `best`): its next VPP size,
+        unless VPP is pinned, or interleaving cannot pay for a non-interleaved layout."""
+        if "actor.megatron.virtual_pipeline_model_parallel_size" in request.pins:
+            return None
+        if choice.virtual_pipeline is None and request.objective == "throughput" and not interleaving_may_pay(
+                fastest, best, request):
+            return None
+        return next_interleaved(choice, request.model.arch.num_layers)
+
+    def describe(self, plan: Plan) -> str:
+        return f"{megatron_choice_text(plan.actor.mcore)}, rollout TP {plan.rollout.tensor_model_parallel_size}"
+
+
+MEGATRON_SPACE = MegatronSpace()

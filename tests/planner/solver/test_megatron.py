@@ -1,4 +1,4 @@
-"""`solve --strategy megatron|auto`: the Megatron search space (planner/solver_megatron.py) and its plans."""
+"""`solve --strategy megatron|auto`: the Megatron search space (planner/solver/megatron.py) and its plans."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.render import render_plan
 from rlplan.planner.rules import check_plan
 from rlplan.planner.solver import SolveRequest, skeleton_plan, solve, solve_engines
-from rlplan.planner.solver_megatron import (
+from rlplan.planner.solver.megatron import (
     STAGE_KEYS,
     apply_megatron_choice,
     expert_options,

@@ -1,0 +1,177 @@
+"""The memory rules: where a plan's state lives and what its memory is priced at, as verl would run it. The loss
+head it runs, FSDP2's CPU offload policy, the lengths the rollout engine is sized for and admits at once, and
+the response lengths the predictions assume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rlplan.planner.memory.heads import runtime_loss_head
+from rlplan.planner.rules.registry import (
+    ROLLOUT_MODE_KEY,
+    RuleContext,
+    Violation,
+    _trained_sections,
+    passthrough_value,
+    rule,
+)
+from rlplan.planner.stack import (
+    BATCHED_TOKENS_RAISED,
+    CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+    LEN_FROM_SEQUENCES,
+    holds,
+)
+
+
+@rule("config",
+      "[2.4b] a pinned actor.loss_head should be the head the rendered config runs")
+def _loss_head_is_what_the_runtime_runs(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    runs = runtime_loss_head(plan)
+    if plan.actor.loss_head not in ("auto", runs):
+        fix = ("set model.use_fused_kernels = true" if plan.actor.loss_head == "fused"
+               else 'set actor.loss_head = "auto"')
+        yield ctx.violation(
+            f'actor.loss_head = "{plan.actor.loss_head}" prices a head this config does not run: '
+            f"verl (or rlplan's CPU runtime) runs {runs} for it, so the memory verdict may not hold.",
+            fix, severity="warning", actor__loss_head="auto",
+        )
+
+
+@rule("worker", "fsdp_config.offload_policy takes effect only with strategy fsdp2")
+def _offload_policy_needs_fsdp2(ctx: RuleContext) -> Iterator[Violation]:
+    """verl reads offload_policy only on its fsdp2 branch and builds FSDP1 without any CPU offload.
+
+    verl/workers/fsdp_workers.py: ActorRolloutRefWorker._build_model_optimizer (`if role == "actor" and
+    fsdp_config.offload_policy: cpu_offload = CPUOffloadPolicy(pin_memory=True)` under `fsdp_strategy ==
+    "fsdp2"`) and CriticWorker._build_critic_model_optimizer (`cpu_offload=None` under `config.strategy ==
+    "fsdp"`). An FSDP1 plan asking for it would keep its whole state on the GPU.
+    """
+    plan = ctx.plan
+    if plan.actor.strategy == "fsdp2":
+        return
+    for section, config in _trained_sections(plan):
+        if config.offload_policy:
+            yield ctx.violation(
+                f"{section}.offload_policy is true, but verl builds the {section} with FSDP1 for strategy "
+                f'"{plan.actor.strategy}" and ignores it: params, grads and optimizer state stay on the GPU.',
+                'set actor.strategy = "fsdp2"', actor__strategy="fsdp2",
+            )
+
+
+@rule("worker",
+      "with fsdp_config.offload_policy verl turns param_offload and optimizer_offload off")
+def _offload_policy_supersedes_offloads(ctx: RuleContext) -> Iterator[Violation]:
+    """fsdp_workers.py sets `self._is_offload_param = self._is_offload_optimizer = False` when offload_policy is on.
+
+    (ActorRolloutRefWorker._build_model_optimizer and CriticWorker._build_critic_model_optimizer, fsdp2 branch.)
+    """
+    plan = ctx.plan
+    if plan.actor.strategy != "fsdp2":
+        return
+    for section, config in _trained_sections(plan):
+        if config.offload_policy and (config.param_offload or config.optimizer_offload):
+            yield ctx.violation(
+                f"{section}.offload_policy keeps the {section}'s state in host RAM for the whole step, so verl "
+                f"ignores {section}.param_offload / optimizer_offload.",
+                f"set {section}.param_offload = false and {section}.optimizer_offload = false", severity="warning",
+                **{f"{section}__param_offload": False, f"{section}__optimizer_offload": False},
+            )
+
+
+@rule("runtime",
+      "[R7] max_model_len <= max_position_embeddings and > max_prompt_length")
+def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
+    plan = ctx.plan
+    limit, max_len = plan.model.arch.max_position_embeddings, plan.verl_max_model_len
+    # Before v0.7.0 verl passes prompt + response where max_model_len is unset (stack.LEN_FROM_SEQUENCES).
+    if plan.rollout.max_model_len is None and not holds(LEN_FROM_SEQUENCES, plan.stack):
+        yield ctx.violation(
+            f"rollout.max_model_len is not set, so verl {plan.stack.verl} sizes vLLM for max_position_embeddings = "
+            f"{limit} tokens instead of the plan's sequences.",
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
+        )
+    if max_len > limit:
+        yield ctx.violation(
+            f"rollout.max_model_len = {max_len} exceeds the model's max_position_embeddings = {limit}.",
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            rollout__max_model_len=plan.fitting_max_model_len,
+        )
+    if plan.data.max_prompt_length >= max_len:
+        yield ctx.violation(
+            f"data.max_prompt_length = {plan.data.max_prompt_length} leaves no room for a response within "
+            f"max_model_len = {max_len}; vLLM rejects such prompts.",
+            f"set rollout.max_model_len = {plan.data.max_sequence_length}",
+            rollout__max_model_len=plan.data.max_sequence_length,
+        )
+    elif max_len < plan.data.max_sequence_length:
+        yield ctx.violation(
+            f"max_model_len = {max_len} is shorter than prompt + response = {plan.data.max_sequence_length}: long "
+            "prompts get shorter responses than data.max_response_length.",
+            f"set rollout.max_model_len = {plan.fitting_max_model_len}",
+            severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
+        )
+    if plan.data.max_sequence_length > limit:
+        yield ctx.violation(
+            f"prompt + response = {plan.data.max_sequence_length} tokens exceeds the model's "
+            f"max_position_embeddings = {limit}.",
+            f"set data.max_response_length = {limit - plan.data.max_prompt_length}",
+            data__max_response_length=max(1, limit - plan.data.max_prompt_length),
+        )
+
+
+@rule("runtime",
+      "[R8] max_num_batched_tokens >= max_num_seqs, and >= max_model_len without chunked prefill")
+def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
+    """vLLM's scheduler check (vllm/config/scheduler.py). verl passes neither key to SGLang (see
+    SGLANG_IGNORED_ROLLOUT_KEYS), which sizes its own chunked prefill, so an SGLang plan is not judged by it."""
+    rollout = ctx.plan.rollout
+    if rollout.name == "sglang":
+        return
+    if rollout.max_num_batched_tokens < rollout.max_num_seqs:
+        yield ctx.violation(
+            f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below rollout.max_num_seqs = "
+            f"{rollout.max_num_seqs}; vLLM's scheduler refuses to start.",
+            f"set rollout.max_num_batched_tokens = {rollout.max_num_seqs}",
+            rollout__max_num_batched_tokens=rollout.max_num_seqs,
+        )
+    plan = ctx.plan
+    max_len = plan.verl_max_model_len
+    if rollout.max_num_batched_tokens >= max_len:
+        return
+    sync = passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async"
+    if holds(CHUNKED_PREFILL_NEEDS_MODEL_LEN, plan.stack) and sync:
+        yield ctx.violation(
+            f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below max_model_len = {max_len}: "
+            f"verl {plan.stack.verl}'s sync vLLM rollout refuses it with chunked prefill on, and vLLM without.",
+            f"set rollout.max_num_batched_tokens = {max_len}", rollout__max_num_batched_tokens=max_len,
+        )
+    elif not rollout.enable_chunked_prefill and holds(BATCHED_TOKENS_RAISED, plan.stack):
+        yield ctx.violation(
+            f"without chunked prefill verl {plan.stack.verl} raises rollout.max_num_batched_tokens = "
+            f"{rollout.max_num_batched_tokens} to max_model_len = {max_len}: vLLM's profile run (and memory) grows.",
+            f"set rollout.max_num_batched_tokens = {max_len}, or rollout.enable_chunked_prefill = true",
+            severity="warning", rollout__max_num_batched_tokens=max_len,
+        )
+    elif not rollout.enable_chunked_prefill:
+        yield ctx.violation(
+            f"without chunked prefill, rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} must hold "
+            f"a whole max_model_len = {max_len} prompt.",
+            "set rollout.enable_chunked_prefill = true", rollout__enable_chunked_prefill=True,
+        )
+
+
+@rule("rlplan", "with rollout.ignore_eos every response is max_response_length tokens long")
+def _ignore_eos_fills_every_response(ctx: RuleContext) -> Iterator[Violation]:
+    data = ctx.plan.data
+    expected = data.expected_response_length
+    if ctx.plan.rollout.ignore_eos and expected is not None and expected < data.max_response_length:
+        yield ctx.violation(
+            f"rollout.ignore_eos samples past the end-of-sequence token, so every response is "
+            f"{data.max_response_length} tokens, but data.expected_response_length = {expected} prices shorter "
+            "ones: the memory and step-time predictions would be too low.",
+            "unset data.expected_response_length (the maximum), or set rollout.ignore_eos = false",
+            data__expected_response_length=None,
+        )

@@ -1,0 +1,45 @@
+"""The engine and version rules (planner/rules/engines.py): what one rollout engine or training backend reads of
+a plan, and keys a verl release no longer has."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlplan.planner.rules import check_plan
+from tests.planner.plans import make_plan
+from tests.planner.rules.megatron_plans import fixed, megatron_plan, rules_of
+
+
+def test_lora_with_sleep_level_2_names_the_fix():
+    plan = make_plan(overrides={"model.lora.rank": 32, "rollout.sleep_level": 2, "rollout.load_format": "safetensors"})
+    violation = next(v for v in check_plan(plan).errors if v.rule == "adapter_sync_keeps_base_weights")
+    assert violation.suggested == {"rollout.sleep_level": 1}
+
+
+def test_grad_offload_is_refused_for_verl_0_9_and_unsetting_it_clears_it():
+    plan = megatron_plan(actor__megatron__grad_offload=True)
+    assert "megatron_grad_offload_is_not_in_verl_0_9" in rules_of(plan)
+    assert "megatron_grad_offload_is_not_in_verl_0_9" not in rules_of(
+        fixed(plan, "megatron_grad_offload_is_not_in_verl_0_9"))
+
+
+@pytest.mark.parametrize(("strategy", "key"), [("megatron", "actor_rollout_ref.model.lora_rank"),
+                                               ("fsdp2", "actor_rollout_ref.model.lora.rank")])
+def test_the_other_backends_lora_keys_are_a_warning_that_verl_ignores_them(strategy, key):
+    plan = make_plan(overrides={"actor.strategy": strategy}).evolve(passthrough={key: "32"})
+    assert "lora_keys_the_backend_ignores" in rules_of(plan)
+    assert "lora_keys_the_backend_ignores" not in rules_of(plan.evolve(passthrough={}))
+
+
+def test_fsdp_knobs_on_a_megatron_plan_warn_and_the_fix_resets_them():
+    plan = megatron_plan(actor__param_offload=True, actor__ulysses_sequence_parallel_size=2)
+    assert "fsdp_knobs_on_a_megatron_plan" in rules_of(plan)
+    assert "fsdp_knobs_on_a_megatron_plan" not in rules_of(fixed(plan, "fsdp_knobs_on_a_megatron_plan"))
+
+
+def test_megatron_lora_with_peft_module_names_names_megatrons():
+    plan = megatron_plan(model__lora__rank=16)  # target_modules stays peft's "all-linear"
+    assert "megatron_lora_targets_megatron_modules" in rules_of(plan)
+    repaired = fixed(plan, "megatron_lora_targets_megatron_modules")
+    assert repaired.model.lora.target_modules == ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+    assert "megatron_lora_targets_megatron_modules" not in rules_of(repaired)

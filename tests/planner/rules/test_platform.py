@@ -1,0 +1,17 @@
+"""planner/rules/platform.py: what the bundled runtime cannot run on a machine (the planner-side half; the runtime's
+detection of the machine is tests/runtime/test_platform.py)."""
+
+from __future__ import annotations
+
+from rlplan.planner.platform import Platform
+from rlplan.planner.rules import check_plan
+from tests.planner.plans import make_plan
+
+
+def test_the_bundled_runtime_refuses_an_estimator_only_verl_computes_and_verl_rules_accept_it():
+    plan = make_plan(overrides={"algorithm.adv_estimator": "remax", "rollout.n": 1})
+    assert "runtime_computes_the_estimator" not in {v.rule for v in check_plan(plan).violations}
+    platform_errors = {v.rule for v in check_plan(plan, Platform(device_type="cpu")).errors}
+    assert "runtime_computes_the_estimator" in platform_errors
+    grpo = {v.rule for v in check_plan(make_plan(), Platform(device_type="cpu")).errors}
+    assert "runtime_computes_the_estimator" not in grpo
