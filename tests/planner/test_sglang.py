@@ -12,11 +12,11 @@ from rlplan.planner.memory import predict_memory
 from rlplan.planner.memory.rollout import rollout_budget
 from rlplan.planner.plan import ActorSection, DataSection, ModelSection, Plan, RolloutSection
 from rlplan.planner.presets import resolve_gpu, resolve_model
-from rlplan.planner.stack import StackSection
 from rlplan.planner.render import verl_overrides
 from rlplan.planner.rules import check_plan
 from rlplan.planner.solver import SolveRequest, solve_engines
 from rlplan.planner.solver.rollout import solve_rollout
+from rlplan.planner.stack import StackSection
 from rlplan.planner.verl_import import import_verl_script
 from tests.planner.plans import make_plan
 from tests.planner.test_verl_ground_truth import GSM8K_PROMPT_MEAN
