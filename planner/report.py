@@ -13,6 +13,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.errors import ECHO_LIMIT, shorten
+from rlplan.planner.hardware import Cluster
 from rlplan.planner.layout import PlanLayout, plan_layout
 from rlplan.planner.margin_report import (
     MarginReport,
@@ -36,7 +37,14 @@ from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import RuleReport, Violation, check_plan
-from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
+from rlplan.planner.solver import (
+    RANKED_BY,
+    Diagnosis,
+    SolveRequest,
+    SolveResult,
+    request_margin,
+    searched_knobs,
+)
 from rlplan.planner.steptime import Lengths, StepTime, predict_step_time, workload_lengths
 from rlplan.planner.steptime.bands import phase_band
 
@@ -636,10 +644,31 @@ def infeasible_json(result: SolveResult, margin: Margin, host_assumption: str | 
     return {
         "feasible": False, "binding": diagnosis.binding, "message": diagnosis.message,
         "suggestions": [{"change": s.change, "detail": s.detail, "step_time_s": s.step_time_s,
-                         "gpus": s.gpus, "more_gpus": s.more_gpus} for s in diagnosis.suggestions],
+                         "gpus": s.gpus, "more_gpus": s.more_gpus, "kind": s.kind, "tokens_kept": s.tokens_kept}
+                        for s in diagnosis.suggestions],
+        "ranked_by": {kind: RANKED_BY[kind] for kind in dict.fromkeys(s.kind for s in diagnosis.suggestions)},
         "evaluated": result.evaluated, "headroom_gib": round(margin.gib, 3),
         "host_memory_assumed": host_assumption,
     }
+
+
+def infeasible_lines(diagnosis: Diagnosis, cluster: Cluster) -> list[str]:
+    """`solve` when nothing fits, as text: what binds, then the changes that fit in their groups (other hardware,
+    the run changed on this hardware, a smaller margin), each group saying how it is ranked (solver.RANKED_BY)."""
+    groups = {"hardware": f"The run as asked on other hardware, {RANKED_BY['hardware']}:",
+              "workload": f"On {cluster.world_size} x {cluster.gpu.name} with the run changed, {RANKED_BY['workload']}:",
+              "margin": f"Or the run and the hardware as asked with a smaller margin, {RANKED_BY['margin']}:"}
+    if not any(s.kind in groups for s in diagnosis.suggestions):
+        return [diagnosis.message]
+    lines = [f"Nothing fits: {diagnosis.binding}.", "Changes that fit, each re-solved:"]
+    for kind, title in groups.items():
+        shown = [s for s in diagnosis.suggestions if s.kind == kind]
+        if shown:
+            lines.append(f"  {title}")
+        for s in shown:
+            kept = f"; {100 * s.tokens_kept:.0f} % of the run's tokens per step" if kind == "workload" else ""
+            lines.append(f"    {s.change}   {s.detail}{kept}; ~{s.step_time_s:g} s per step")
+    return lines
 
 
 def solved_json(plan: Plan, result: SolveResult, request: SolveRequest, *, output: str | None,

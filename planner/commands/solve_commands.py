@@ -496,9 +496,13 @@ def report_infeasible(flags: SolveFlags, inputs: SolveInputs, result: SolveResul
     else:
         from rich.markup import escape
 
+        from rlplan.planner.report import infeasible_lines
+
         console = make_console(stderr=True)
-        console.print(f"[bold red]no feasible plan[/] {escape(shorten(diagnosis.message, 4 * ECHO_LIMIT))}",
-                      markup=True)
+        first, *rest = infeasible_lines(diagnosis, inputs.request.cluster)
+        console.print(f"[bold red]no feasible plan[/] {escape(shorten(first, 4 * ECHO_LIMIT))}", markup=True)
+        for line in rest:
+            console.print(shorten(line, 4 * ECHO_LIMIT), markup=False, highlight=False)
         if host_note:
             console.print(f"note: {host_note}; --host-mem sets it.", markup=False)
     return ExitCode.INFEASIBLE

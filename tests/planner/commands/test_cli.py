@@ -798,3 +798,24 @@ def test_run_on_an_sglang_plan_names_rollout_name_before_loading_the_runtime(tmp
                   "--response-len", "64", "--rollout", "sglang", "-o", str(plan)).exit_code == 0
     result = invoke("run", str(plan), "--json")
     assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == "rollout.name"
+
+
+def test_an_infeasible_solve_lists_its_changes_in_groups_each_saying_how_it_is_ranked():
+    """Issue 35 item 5 through the CLI: on one RTX 4090 the text lists other hardware, the run changed on the card
+    and a smaller margin, each group with its criterion; --json gives each change's kind and the criteria."""
+    from rlplan.planner.solver import RANKED_BY
+
+    args = ["solve", "--model", "qwen2.5-7b", "--gpus", "1", "--gpu", "rtx4090-24g", "--prompt-len", "512",
+            "--response-len", "512", "--lora", "16"]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("no feasible plan Nothing fits: ")
+    for kind, title in (("hardware", "The run as asked on other hardware"),
+                        ("workload", "On 1 x RTX4090-24G with the run changed"),
+                        ("margin", "Or the run and the hardware as asked with a smaller margin")):
+        assert any(line.strip().startswith(title) and RANKED_BY[kind] in line for line in lines), (kind, lines)
+    payload = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    kinds = {s["kind"] for s in payload["suggestions"]}
+    assert {"hardware", "workload", "margin"} <= kinds and set(payload["ranked_by"]) == kinds
+    assert all(0 < s["tokens_kept"] <= 1 for s in payload["suggestions"])
