@@ -6,6 +6,7 @@ peak per verl metric, times per phase, the length trend), and report.py stays th
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from rlplan.planner.compare import Comparison
@@ -76,8 +77,9 @@ def _time_band_cell(row: dict[str, Any]) -> str:
 
 
 def comparison_tables(payload: dict[str, Any]) -> list[Any]:
-    from rich.table import Table
     from rich.text import Text
+
+    from rlplan.planner.tables import FittedTable
 
     out: list[Any] = []
     lengths = payload["lengths"]
@@ -89,7 +91,7 @@ def comparison_tables(payload: dict[str, Any]) -> list[Any]:
               f"(the log lacks a mean length: see the note) over {lengths['steps']} steps")
     out.append(Text(f"verl {payload['verl_version']} ({payload['verl_version_reason']}); {priced} (expected lengths "
                     f"{lengths['expected_prompt_length']} + {lengths['expected_response_length']})."))
-    memory = Table(title="memory: verl's process-wide peak vs the prediction of what it covers")
+    memory = FittedTable(title="memory: verl's process-wide peak vs the prediction of what it covers")
     for column in ("metric", "counter", "measured GiB", "predicted GiB", "ratio", "band allows", "predicted peak at",
                    "verdict"):
         memory.add_column(column, overflow="fold")
@@ -108,7 +110,7 @@ def comparison_tables(payload: dict[str, Any]) -> list[Any]:
         out.append(Text(f"Scope: {scope['ranks']}; engine in the trainer process: "
                         f"{'yes' if scope['engine_in_trainer_process'] else 'no'}; read at {scope['read_at']}; "
                         f"excludes the {scope['excludes']}.", style="dim"))
-    phases = Table(title="per phase at its peak (GiB): allocated and reserved as torch's counters would show them, "
+    phases = FittedTable(title="per phase at its peak (GiB): allocated and reserved as torch's counters would show them, "
                          "resident as the GPU holds it")
     for column in ("phase", "allocated (tensors)", "reserved (allocator's segments)", "resident (context, engine, "
                    "the cache it cannot give back: the fit)"):
@@ -117,7 +119,7 @@ def comparison_tables(payload: dict[str, Any]) -> list[Any]:
         phases.add_row(row["phase"], f"{row['counter_allocated_gib']:.2f}", f"{row['counter_reserved_gib']:.2f}",
                        f"{row['planner_peak_gib']:.2f}")
     out.append(phases)
-    times = Table(title="time per phase (median over steady steps)")
+    times = FittedTable(title="time per phase (median over steady steps)")
     for column in ("phase", "verl metric", "measured s", "predicted s", "ratio", "steps", "error band (out of sample)"):
         times.add_column(column, overflow="fold")
     for row in payload["times"]:
@@ -157,7 +159,12 @@ def comparison_chart(payload: dict[str, Any], title: str, length_series: list[tu
         x=alt.X("phase:N", axis=alt.Axis(labelAngle=-30)), xOffset="kind:N", y=alt.Y("seconds:Q"), color="kind:N",
         tooltip=["phase:N", "kind:N", alt.Tooltip("seconds:Q", format=".2f")]).properties(width=320, height=220,
                                                                                             title="time per phase")
+    # The forecast in whole lines under the panel's title: cut to 90 characters it ended mid-word, past the chart.
     trend = alt.Chart(alt.Data(values=lengths)).mark_line(point=True).encode(
         x="step:Q", y=alt.Y("tokens:Q", scale=alt.Scale(zero=False)), color="series:N").properties(
-        width=320, height=220, title=forecast["message"][:90])
-    return alt.hconcat(memory, times, trend).resolve_scale(color="independent").properties(title=title)
+        width=320, height=220, title=alt.TitleParams("response length per step", anchor="start",
+                                                     subtitle=textwrap.wrap(forecast["message"], 56)))
+    # Each panel its own offset scale: shared, the memory panel's wider bands set the time panel's offsets, and
+    # each predicted bar stood under the next phase's label, the last outside the plot.
+    return alt.hconcat(memory, times, trend).resolve_scale(color="independent", xOffset="independent").properties(
+        title=title)

@@ -139,6 +139,23 @@ def _check_estimator(plan: Plan) -> None:
                         + ", ".join(sorted(verl_inventory.estimators_of(verl))))
 
 
+def verl_additions(plan: Plan) -> list[str]:
+    """What `prepare_for_verl` writes into a verl script that the plan itself leaves unset or sets otherwise, each
+    with why: what `rlplan render` says it added, so no value reaches the script silently."""
+    prepared, rollout = prepare_for_verl(plan).rollout, plan.rollout
+    added = []
+    if rollout.max_model_len is None:
+        added.append(f"rollout.max_model_len = {prepared.max_model_len} (the plan leaves it unset, and verl would "
+                     f"size vLLM for the model's {plan.model.arch.max_position_embeddings} positions)")
+    if prepared.load_format != rollout.load_format:
+        added.append(f"rollout.load_format = {prepared.load_format} (not {rollout.load_format}: with LoRA or a "
+                     "layered summon vLLM keeps its own base weights, which verl loads from the checkpoint)")
+    if plan.is_megatron and (plan.ref.megatron is None or (plan.uses_critic and plan.critic.megatron is None)):
+        added.append("the reference's (and critic's) Megatron sections written out: the reference follows the "
+                     "actor's parallel sizes, as verl's defaults do")
+    return added
+
+
 def _with_explicit_megatron_sections(plan: Plan) -> Plan:
     """Every role's Megatron engine written out: the reference's parallel sizes and offload follow the actor's
     where the plan leaves them unset (verl's oc.select defaults), the critic takes Megatron's own defaults."""

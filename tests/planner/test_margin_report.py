@@ -42,11 +42,22 @@ def test_solve_json_carries_the_margin_what_the_plan_leaves_and_the_peaks_error_
     assert set(payload["phase_error_bands"]) == set(payload["phases"])
 
 
-def test_solve_text_shows_the_peak_with_its_band_and_the_margin():
-    result = invoke(*SOLVE_7B)
+def test_solve_says_the_margin_in_one_line_and_explain_gives_its_details(tmp_path):
+    """Issue 35 item 9: a five-line margin sentence ended every result. solve and validate say the peak, what it
+    leaves free and the margin in one line; explain gives the error band and the margin's rule."""
+    path = tmp_path / "plan.toml"
+    result = invoke(*SOLVE_7B, "-o", str(path))
     assert result.exit_code == 0, result.output
-    text = " ".join(result.output.split())
     margin = _default_margin_gib()
+    payload = payload_of("validate", str(path))
+    line = (f"peak {payload['gpu_peak_gib']:.2f} GiB in {payload['error_band']['phase']}: "
+            f"{payload['headroom']['left_gib']:.2f} of 79.18 GiB free, margin {margin:.2f} GiB (default; `rlplan "
+            "explain` says why)")
+    assert len(line) <= 110
+    for command in (result, invoke("validate", str(path))):
+        said = " ".join(command.output.split())
+        assert line in said and "model error on comparable" not in said and "(allocated: " not in said
+    text = " ".join(invoke("explain", str(path)).output.split())
     assert "(allocated: " in text and f"margin {margin:.2f} GiB (default: {100 * margin / 79.18:.1f} %" in text
 
 
