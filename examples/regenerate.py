@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -29,15 +30,20 @@ def rlplan(*args: str | Path) -> None:
 
 
 def regenerate(entry: dict[str, Any], root: Path = HERE) -> Path:
-    """Write <root>/<name>/plan.toml and run.sh (and imported.toml for an imported script); returns the folder."""
+    """Write <root>/<name>/plan.toml and run.sh; returns the folder.
+
+    An imported script is imported into a scratch folder and solved from there: the import is the script as verl
+    would run it, which may break verl's rules (the SGLang example's overrides set no micro batch), and a folder
+    of ready plans holds only what validates."""
     folder = root / entry["name"]
     folder.mkdir(parents=True, exist_ok=True)
     solve = list(entry["solve"])
-    if "import_verl" in entry:
-        imported = folder / "imported.toml"
-        rlplan("import", "verl", HERE / entry["import_verl"], *entry.get("import_args", []), "-o", imported)
-        solve += ["--from", imported]
-    rlplan("solve", *solve, "--quiet", "-o", folder / "plan.toml")
+    with tempfile.TemporaryDirectory(prefix="rlplan-example-") as scratch:
+        if "import_verl" in entry:
+            imported = Path(scratch) / "imported.toml"
+            rlplan("import", "verl", HERE / entry["import_verl"], *entry.get("import_args", []), "-o", imported)
+            solve += ["--from", imported]
+        rlplan("solve", *solve, "--quiet", "-o", folder / "plan.toml")
     rlplan("render", folder / "plan.toml", "--target", "verl", "-o", folder / "run.sh")
     return folder
 

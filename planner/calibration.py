@@ -315,31 +315,20 @@ class VerlRun:
     log: Any  # planner.verl_log.VerlLog (imported lazily: calibration stays importable without it)
 
 
-def _verl_allocator_observation(run: VerlRun, profile: Profile, family: Any) -> tuple[MemoryObservation | None, str]:
-    """The trainer bytes of the plan's predicted peak phase beside what the allocator held above them.
-
-    verl's max_memory_reserved - max_memory_allocated is the cache the allocator kept beyond the live tensors (the
-    engine's pool, when it is in the process, is in both and cancels). With the trainer's own bytes at that phase:
-    held = trainer + gap, so fit_allocator's intercept is the flat cache and its slope the fragmentation fraction.
-    """
-    from rlplan.planner.compare import SCOPES, counter_bytes, infer_family
-    from rlplan.planner.memory import predict_memory
+def _verl_reserved_residual(run: VerlRun, profile: Profile, family: Any) -> tuple[float | None, str]:
+    """GiB by which the run's max_memory_reserved exceeds the prediction of that counter (memory.allocator_report:
+    the allocator replay and the fitted terms): what a site's `allocator_cache_gib` adds to it."""
+    from rlplan.planner.compare import SCOPES, infer_family
+    from rlplan.planner.memory.allocator_report import allocator_report
 
     scope = SCOPES[family or infer_family(run.log)[0]]
-    allocated = run.log.series(scope.allocated_key)
     reserved = run.log.series(scope.reserved_key)
-    if not allocated or not reserved:
-        return None, (f"{run.log.source}: no {scope.allocated_key} and {scope.reserved_key} pair; the allocator "
-                      "constants are not informed by it")
-    gap = max(v for _, v in reserved) - max(v for _, v in allocated)
-    report = predict_memory(run.plan, profile)
-    peak = max(report.phases, key=lambda p: counter_bytes(p, run.plan, scope, report)[0])
-    engine = run.plan.rollout.name
-    trainer = sum(c.bytes for c in peak.components if c.scope != "overhead" and not c.name.startswith(f"{engine}_")
-                  and c.name not in ("kv_cache", "cuda_graph_pool"))
-    if trainer <= 0 or gap < 0:
-        return None, f"{run.log.source}: reserved below allocated or no trainer bytes at the peak; not used"
-    return MemoryObservation(phase=str(peak.name), allocated_bytes=trainer, held_bytes=trainer + gap * GIB), ""
+    if not reserved:
+        return None, (f"{run.log.source}: no {scope.reserved_key}; the allocator cache is not informed by it")
+    rows = allocator_report(run.plan, attrs.evolve(profile, allocator_cache_gib=0.0),
+                            engine_in_process=scope.engine_in_process, pool_counted_asleep=scope.pool_counted_asleep)
+    predicted = max(r.reserved for r in rows) / GIB
+    return max(v for _, v in reserved) - predicted, ""
 
 
 def verl_run_timing(run: VerlRun) -> RunTiming | None:
@@ -373,43 +362,26 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
 
     if not runs:
         raise PlanError(field="--from-verl-log", message="no verl log to fit from.", fix="pass --from-verl-log LOG")
-    notes = ["cuda_context_and_nccl_gib: not fitted (verl's counters exclude the CUDA context and NCCL)"]
-    memory: list[MemoryObservation] = []
+    notes = ["cuda_context_and_nccl_gib: not fitted (verl's counters exclude the CUDA context and NCCL)",
+             "fragmentation_fraction: not fitted (FSDP phases take the allocator replay's stranded bytes; the "
+             "fraction prices only a backend without a replay)"]
+    priced_runs: list[VerlRun] = []
     timings: list[RunTiming] = []
     weighted = {"prompt": 0.0, "response": 0.0, "steps": 0}
     for run in runs:
         notes.extend(run.log.reading_notes(named=True))
         lengths = run_lengths(run.log)
         priced = VerlRun(plan=plan_at_run_lengths(run.plan, lengths), log=run.log)
+        priced_runs.append(priced)
         weighted["prompt"] += lengths.prompt_mean * lengths.steps
         weighted["response"] += lengths.response_mean * lengths.steps
         weighted["steps"] += lengths.steps
-        observation, why = _verl_allocator_observation(priced, base, family)
-        if observation is not None:
-            memory.append(observation)
-        elif why:
-            notes.append(why)
         timing = verl_run_timing(priced)
         if timing is not None:
             timings.append(timing)
     changes: dict[str, Any] = {"name": name,
                                "observed_prompt_length": math.ceil(weighted["prompt"] / weighted["steps"]),
                                "observed_response_length": math.ceil(weighted["response"] / weighted["steps"])}
-    allocator = None
-    if memory:
-        allocator = fit_allocator(memory, base.fragmentation_fraction)
-        fraction = base.fragmentation_fraction
-        if allocator.slope_fitted:
-            fraction = _clamped("fragmentation_fraction", allocator.fragmentation_fraction, notes)
-            changes["fragmentation_fraction"] = fraction
-        # The cache at the fraction kept (refitted when the slope was clamped), never below zero.
-        cache = statistics.fmean(o.held_bytes - (1.0 + fraction) * o.allocated_bytes for o in memory) / GIB
-        changes["allocator_cache_gib"] = min(max(cache, 0.0), 64.0)
-        if not allocator.slope_fitted:
-            notes.append("fragmentation_fraction: not fitted (one allocation size cannot separate it from the cache; "
-                         "pass runs whose trainer bytes differ)")
-    else:
-        notes.append("allocator_cache_gib, fragmentation_fraction: not fitted (no run logs both memory counters)")
     profile = attrs.evolve(base, **changes)
     moved: dict[str, float] = {}
     if timings:
@@ -424,7 +396,20 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
         profile = fit.profile
     else:
         notes.append("step-time constants: not fitted (the log times no phase rlplan prices)")
-    return Calibration(profile=profile, allocator=allocator, efficiencies=moved, notes=tuple(notes))
+    # Last: the replay walks the workload's response tail, which the step-time fit may move.
+    residuals: list[float] = []
+    for priced in priced_runs:
+        residual, why = _verl_reserved_residual(priced, profile, family)
+        if residual is not None:
+            residuals.append(residual)
+        elif why:
+            notes.append(why)
+    if residuals:
+        # The reserved counter's mean excess over the prediction, never below zero: the site's own cache.
+        profile = attrs.evolve(profile, allocator_cache_gib=min(max(statistics.fmean(residuals), 0.0), 64.0))
+    else:
+        notes.append("allocator_cache_gib: not fitted (no run logs the reserved counter)")
+    return Calibration(profile=profile, allocator=None, efficiencies=moved, notes=tuple(notes))
 
 
 # --- step-time constants from whole runs (verl's timing_s per phase) -----------------------------------

@@ -32,17 +32,30 @@ def _gib(value: int | float) -> float:
     return round(value / GIB, 3)
 
 
-def _gpu_limit_line(limit_gib: float, label: str = "", color: str = "red") -> Any:
-    """The GPU's memory (or another limit) as a dashed line across the panel, labelled with its GiB."""
+LIMIT_RED, MARGIN_ORANGE = "red", "#ff7f0e"
+
+
+def gpu_limit_lines(limit_gib: float, margin_gib: float = 0.0) -> list[tuple[float, str, str]]:
+    """The dashed lines a GPU panel draws: the GPU's memory and, when solve keeps one, the margin below it, as
+    (GiB, the legend's words, colour)."""
+    lines = [(limit_gib, f"GPU memory {limit_gib:.1f} GiB", LIMIT_RED)]
+    if margin_gib:
+        lines.append((round(limit_gib - margin_gib, 3), f"margin: {margin_gib:.1f} GiB kept free", MARGIN_ORANGE))
+    return lines
+
+
+def _limit_rules(lines: list[tuple[float, str, str]]) -> Any:
+    """Limit lines as dashed rules across the panel, named in a legend of their own ("lines"): words drawn beside
+    a line ran into the other line (the margin is a few GiB under the GPU's), the bars and their values."""
     import altair as alt
 
-    rows = alt.Data(values=[{"limit": limit_gib, "label": label or f"GPU memory {limit_gib:.1f} GiB"}])
-    rule = alt.Chart(rows).mark_rule(color=color, strokeDash=[6, 3], size=2).encode(y="limit:Q")
-    # At the left end, just above the line: at the right end it ran into the bars and the panel's title (the
-    # panels leave 15 % of room above the limit for it).
-    text = alt.Chart(rows).mark_text(align="left", dx=4, dy=-6, color=color, x=0).encode(
-        y="limit:Q", text="label:N")
-    return rule + text
+    rows = alt.Data(values=[{"limit": gib, "line": label} for gib, label, _ in lines])
+    return alt.Chart(rows).mark_rule(strokeDash=[6, 3], size=2).encode(
+        y="limit:Q",
+        stroke=alt.Stroke("line:N", title="lines", legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=2,
+                                                                    symbolDash=[6, 3], labelLimit=300),
+                          scale=alt.Scale(domain=[label for _, label, _ in lines],
+                                          range=[colour for _, _, colour in lines])))
 
 
 # --- explain --chart ---------------------------------------------------------------
@@ -69,10 +82,12 @@ def memory_chart_data(report: MemoryReport, margin_gib: float = 0.0) -> dict[str
         "margin_gib": round(margin_gib, 3),
         "host_bars": host,
         "host_limit_gib": _gib(report.host_capacity_bytes),
+        # free_gib: what the binding phase leaves free (negative: over). "headroom" is the margin --headroom asks for.
         "binding": {"resource": binding.resource, "where": binding.where, "component": binding.component,
-                    "headroom_gib": _gib(binding.headroom_bytes),
-                    "label": f"binding: {binding.component} in {binding.where} "
-                             f"({_gib(binding.headroom_bytes):+.2f} GiB headroom)"},
+                    "free_gib": _gib(binding.headroom_bytes),
+                    "label": f"binding: {binding.component} in {binding.where} ("
+                             + (f"{_gib(binding.headroom_bytes):.2f} GiB free)" if binding.headroom_bytes >= 0
+                                else f"over by {-_gib(binding.headroom_bytes):.2f} GiB)")},
     }
 
 
@@ -120,19 +135,35 @@ def memory_segments(data: dict[str, Any]) -> list[dict[str, Any]]:
     return segments
 
 
+# The GPU panel's size in pixels, and its values' font: which segments have room for their value follows from them.
+MEMORY_PANEL = (420, 340)
+VALUE_FONT_SIZE = 10
+# The y axis runs this far above the tallest of the GPU and the peaks.
+MEMORY_Y_TOP = 1.15
+
+
+def labelled_segments(segments: list[dict[str, Any]], tallest: float, lines: list[float]) -> list[dict[str, Any]]:
+    """The segments whose value is written on them: tall enough to hold it, and clear of every limit line (a
+    value printed across a dashed line cannot be read); the rest are in the tooltip."""
+    gib_per_pixel = tallest * MEMORY_Y_TOP / MEMORY_PANEL[1]
+    clear = (VALUE_FONT_SIZE / 2 + 3) * gib_per_pixel
+    return [row for row in segments if row["gib"] >= 0.06 * tallest
+            and all(abs(row["mid"] - line) > clear for line in lines)]
+
+
 def memory_chart(data: dict[str, Any], title: str) -> Any:
     import altair as alt
 
     order = [row["phase"] for row in data["phase_peaks"]]
     segments = memory_segments(data)
     tallest = max([data["gpu_limit_gib"], *(row["gib"] for row in data["phase_peaks"])])
-    # Values on the segments tall enough to hold one; the rest are in the tooltip.
-    labelled = [row for row in segments if row["gib"] >= 0.06 * tallest]
+    lines = gpu_limit_lines(data["gpu_limit_gib"], data.get("margin_gib", 0.0))
+    labelled = labelled_segments(segments, tallest, [gib for gib, _, _ in lines])
     present = [group for group in MEMORY_GROUPS if any(row["group"] == group for row in segments)]
     colours = [GROUP_COLOURS[MEMORY_GROUPS.index(group)] for group in present]
     x = alt.X("phase:N", sort=order, title="phase", axis=alt.Axis(labelAngle=0))
     bars = alt.Chart(alt.Data(values=segments)).mark_bar().encode(
-        x=x, y=alt.Y("y0:Q", title="GiB per GPU", scale=alt.Scale(domain=[0, tallest * 1.15])), y2="y1:Q",
+        x=x, y=alt.Y("y0:Q", title="GiB per GPU", scale=alt.Scale(domain=[0, tallest * MEMORY_Y_TOP])), y2="y1:Q",
         # The legend reads top to bottom as the stack does.
         color=alt.Color("group:N", scale=alt.Scale(domain=present[::-1], range=colours[::-1]), title="memory",
                         legend=alt.Legend(symbolType="square")),
@@ -141,18 +172,12 @@ def memory_chart(data: dict[str, Any], title: str) -> Any:
         strokeWidth=alt.condition("datum.binding", alt.value(2.5), alt.value(0.5)),
         tooltip=["phase:N", "group:N", alt.Tooltip("gib:Q", format=".2f"), "components:N"],
     )
-    values = alt.Chart(alt.Data(values=labelled)).mark_text(color="white", fontSize=10).encode(
+    values = alt.Chart(alt.Data(values=labelled)).mark_text(color="white", fontSize=VALUE_FONT_SIZE).encode(
         x=alt.X("phase:N", sort=order), y="mid:Q", text=alt.Text("gib:Q", format=".1f"))
-    limit = _gpu_limit_line(data["gpu_limit_gib"])
-    if data.get("margin_gib"):
-        limit += _gpu_limit_line(data["gpu_limit_gib"] - data["margin_gib"],
-                                 f"margin: {data['margin_gib']:.1f} GiB kept free", color="#ff7f0e")
-    binding_rows = [dict(row, label=data["binding"]["label"]) for row in data["phase_peaks"]
-                    if row["phase"] == data["binding"]["where"]]
-    binding = alt.Chart(alt.Data(values=binding_rows)).mark_text(dy=-8, fontWeight="bold").encode(
-        x=alt.X("phase:N", sort=order), y="gib:Q", text="label:N")
-    gpu_panel = (bars + values + limit + binding).properties(
-        width=420, height=340, title=f"{title}: GPU memory per phase")
+    # The binding component is named under the title: drawn above its bar, it ran past the panel into the legend.
+    gpu_panel = (bars + values + _limit_rules(lines)).properties(
+        width=MEMORY_PANEL[0], height=MEMORY_PANEL[1],
+        title=alt.TitleParams(f"{title}: GPU memory per phase", subtitle=[data["binding"]["label"]]))
     return alt.vconcat(gpu_panel, _host_panel(data))
 
 
@@ -187,14 +212,16 @@ def _host_panel(data: dict[str, Any]) -> Any:
 
 
 def knobs_text(knobs: Iterable[tuple[str, Any]]) -> str:
-    return ", ".join(f"{key}={value}" for key, value in knobs if value is not None)
+    """key=value, as --fix takes them (true / false, never Python's True / False)."""
+    return ", ".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in knobs
+                     if value is not None)
 
 
 def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: int, *,
                   margin_gib: float = 0.0) -> dict[str, Any]:
     """One row per priced candidate; `mark` is chosen, top N (rank 2..top), feasible or infeasible.
 
-    headroom_gib: what each candidate leaves free of the GPU; margin_gib: what solve keeps free (a second line,
+    free_gib: what each candidate leaves free of the GPU; margin_gib: what solve keeps free (a second line,
     `margin_line_gib`, below the GPU's).
 
     key: one line per labelled candidate, the runners-up by the knobs in which they differ from #1.
@@ -209,7 +236,7 @@ def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: in
         else:
             mark = "feasible" if point.feasible else "infeasible"
         rows.append({"step_time_s": round(point.step_time_s, 3), "gpu_peak_gib": round(point.gpu_peak_gib, 3),
-                     "headroom_gib": round(gpu_limit_gib - point.gpu_peak_gib, 3),
+                     "free_gib": round(gpu_limit_gib - point.gpu_peak_gib, 3),
                      "feasible": point.feasible, "rank": point.rank, "mark": mark, "reason": point.reason,
                      "label": f"#{point.rank}" if point.feasible and 0 < point.rank <= max(top, 1) else "",
                      "knobs": knobs_text(point.knobs)})
@@ -230,12 +257,16 @@ def frontier_data(points: Iterable[FrontierPoint], gpu_limit_gib: float, top: in
         changed = knobs_text((k, v) for k, v in knobs.items() if by_rank[1].get(k) != v)
         what = "the plan written" if row["rank"] == 1 else (f"as #1 but {changed}" if changed else "the knobs of #1")
         key.append(f"#{row['rank']}: {row['step_time_s']:.1f} s, {row['gpu_peak_gib']:.2f} GiB "
-                   f"({row['headroom_gib']:.2f} free): {what}")
+                   f"({row['free_gib']:.2f} free): {what}")
     # Drawn in this order, so the chosen plan is on top of any candidate at its spot.
     layer = {"infeasible": 0, "feasible": 1, "chosen": 3}
     rows.sort(key=lambda r: (layer.get(r["mark"], 2), -r["rank"]))
     return {"points": rows, "gpu_limit_gib": round(gpu_limit_gib, 3), "key": key, "margin_gib": round(margin_gib, 3),
             "margin_line_gib": round(gpu_limit_gib - margin_gib, 3)}
+
+
+# The share of a frontier panel's height kept under the lowest labelled point: three stepped labels of 14 px.
+LABEL_ROOM = 0.16
 
 
 def frontier_axis_domains(rows: list[dict[str, Any]], gpu_limit_gib: float,
@@ -252,7 +283,12 @@ def frontier_axis_domains(rows: list[dict[str, Any]], gpu_limit_gib: float,
     gibs = [r["gpu_peak_gib"] for r in rows] + [gpu_limit_gib]
     # At least a tenth of the GPU below the highest point, so a 0.06 GiB spread reads as the small one it is.
     span = max(max(gibs) - min(gibs), 0.1 * gpu_limit_gib)
-    return time_domain, [max(0.0, max(gibs) - 1.1 * span), max(gibs) + 0.1 * span]
+    top, bottom = max(gibs) + 0.1 * span, max(gibs) - 1.1 * span
+    # Room under the lowest labelled candidate for its label (they are drawn below their points).
+    labelled = [r["gpu_peak_gib"] for r in rows if r.get("label")]
+    if labelled:
+        bottom = min(bottom, (min(labelled) - LABEL_ROOM * top) / (1 - LABEL_ROOM))
+    return time_domain, [max(0.0, bottom), top]
 
 
 def _time_scale(rows: list[dict[str, Any]], log: bool = True) -> Any:
@@ -285,17 +321,17 @@ def frontier_chart(data: dict[str, Any], title: str) -> Any:
             shape=alt.Shape("feasible:N", scale=alt.Scale(domain=[True, False], range=["circle", "cross"])),
             size=alt.condition("datum.rank == 1", alt.value(220), alt.value(60)),
             tooltip=["mark:N", "rank:Q", alt.Tooltip("step_time_s:Q", format=".2f"),
-                     alt.Tooltip("gpu_peak_gib:Q", format=".2f"), alt.Tooltip("headroom_gib:Q", format=".2f"),
+                     alt.Tooltip("gpu_peak_gib:Q", format=".2f"), alt.Tooltip("free_gib:Q", format=".2f"),
                      "reason:N", "knobs:N"],
         )
-        layers = [points, _gpu_limit_line(data["gpu_limit_gib"])]  # the limit is inside y_scale's domain
-        if data.get("margin_gib"):
-            layers.append(_gpu_limit_line(data["margin_line_gib"], f"margin: {data['margin_gib']:.1f} GiB kept free",
-                                          color="#ff7f0e"))
-        # Near-equal candidates sit close together: their labels step upwards so none hides another.
+        # The limit lines are inside y_scale's domain.
+        layers = [points, _limit_rules(gpu_limit_lines(data["gpu_limit_gib"], data.get("margin_gib", 0.0)))]
+        # Near-equal candidates sit close together: their labels step downwards so none hides another. Below the
+        # point: a feasible candidate is under the limit lines (the best usually just under the margin's), so a
+        # label above it ran across them.
         for index, row in enumerate(sorted((r for r in rows if r["label"]), key=lambda r: r["rank"])):
             layers.append(alt.Chart(alt.Data(values=[row])).mark_text(
-                align="left", dx=8, dy=-10 - 14 * (index % 3), fontWeight="bold").encode(
+                align="left", baseline="top", dx=8, dy=6 + 14 * (index % 3), fontWeight="bold").encode(
                 x=alt.X("step_time_s:Q", scale=x_scale), y=alt.Y("gpu_peak_gib:Q", scale=y_scale), text="label:N"))
         return alt.layer(*layers).properties(width=420, height=340, title=panel_title)
 

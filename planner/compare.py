@@ -30,9 +30,10 @@ from attrs import frozen
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import with_expected_lengths
-from rlplan.planner.memory import GIB, MemoryReport, PhaseMemory, predict_memory
+from rlplan.planner.memory import GIB, MemoryReport, predict_memory
+from rlplan.planner.memory.allocator_report import allocator_report
 from rlplan.planner.memory.phases import longest_expected_response_that_fits
-from rlplan.planner.model_error import ErrorBand, peak_error_band
+from rlplan.planner.model_error import Counter, ErrorBand, counter_error_band
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
@@ -85,6 +86,12 @@ SCOPES: dict[VersionFamily, MetricScope] = {
 }
 
 
+# The release a log's spellings date a run to, where they date one older than the default stack: the first release
+# of the family (whose defaults and allocator regime the family shares: fixed segments, the engine in the trainer's
+# process); `compare` reads a script at it unless --verl-version says otherwise.
+FAMILY_RELEASE: dict[VersionFamily, str] = {"0.2": "0.2.0", "0.3": "0.3.0.post1"}
+
+
 def version_family(version: str, where: str = "--verl-version") -> VersionFamily:
     """`0.4.1` -> "0.3" (the family whose scope it shares); a PlanError naming `where` for what is not a version."""
     major, minor, _ = parse_version(version, where)
@@ -115,18 +122,44 @@ class RunLengths:
     response_mean: float
     response_max: float | None
     steps: int
+    # Which means the log gave; a mean it lacks is the plan's (its expected length, else its maximum).
+    prompt_from_log: bool = True
+    response_from_log: bool = True
+
+    @property
+    def from_log(self) -> bool:
+        return self.prompt_from_log and self.response_from_log
+
+    def note(self) -> str | None:
+        """What the comparison was priced at where the log lacks a mean, in words; None when it has both."""
+        if self.from_log:
+            return None
+        missing = [key for key, ok in (("prompt_length/mean", self.prompt_from_log),
+                                       ("response_length/mean", self.response_from_log)) if not ok]
+        return (f"the log has no {' and no '.join(missing)} (a partial log): priced at {self.prompt_mean:.0f} prompt "
+                f"+ {self.response_mean:.0f} response tokens, the log's means where it has them and otherwise the "
+                "plan's expected lengths (its maxima where it states none); no length trend without "
+                "response_length/mean")
 
 
-def run_lengths(log: VerlLog) -> RunLengths:
+def run_lengths(log: VerlLog, plan: Plan | None = None) -> RunLengths:
+    """The run's mean lengths over its steps.  Given the plan, a mean the log lacks (a pasted subset of metrics)
+    is the plan's expected length (its maximum if unstated), and said (RunLengths.note); without it, a PlanError."""
     prompts = [v for _, v in log.series("prompt_length/mean")]
     responses = [v for _, v in log.series("response_length/mean")]
-    if not prompts or not responses:
+    if plan is None and (not prompts or not responses):
         raise PlanError(field=log.source, message="logs no prompt_length/mean and response_length/mean, so the "
                         "lengths the run had are unknown.",
                         fix="pass a log of verl's trainer (its console lines or file logger), which logs both")
     maxima = [v for _, v in log.series("response_length/max")]
-    return RunLengths(prompt_mean=statistics.fmean(prompts), response_mean=statistics.fmean(responses),
-                      response_max=max(maxima) if maxima else None, steps=len(responses))
+    data = plan.data if plan is not None else None
+    prompt = statistics.fmean(prompts) if prompts else float(
+        data.expected_prompt_length or data.max_prompt_length) if data else 0.0
+    response = statistics.fmean(responses) if responses else float(
+        data.expected_response_length or data.max_response_length) if data else 0.0
+    steps = len(responses) or len(prompts) or len(log.steps)
+    return RunLengths(prompt_mean=prompt, response_mean=response, response_max=max(maxima) if maxima else None,
+                      steps=steps, prompt_from_log=bool(prompts), response_from_log=bool(responses))
 
 
 def plan_at_run_lengths(plan: Plan, lengths: RunLengths) -> Plan:
@@ -140,47 +173,13 @@ def plan_at_run_lengths(plan: Plan, lengths: RunLengths) -> Plan:
 # --- memory -----------------------------------------------------------------------------------------
 
 
-ENGINE_TORCH = ("weights", "activation")  # the engine's tensors in torch's allocator, besides its KV cache
-
-
-def _is_engine(name: str, engine: str) -> bool:
-    return name.startswith(f"{engine}_") or name in ("kv_cache", "cuda_graph_pool")
-
-
-def counter_bytes(phase: PhaseMemory, plan: Plan, scope: MetricScope, report: MemoryReport) -> tuple[int, int]:
-    """(allocated, reserved) bytes verl's counters would show at this phase's peak.
-
-    Allocated: the phase's components held by torch's caching allocator: not the CUDA context or NCCL, not the
-    engine's context or non-torch memory, not the engine at all when it runs in its own process; plus the engine's
-    sleeping pool where the version keeps it counted. Reserved adds the planner's fragmentation reserve.
-    """
-    engine = plan.rollout.name
-    non_torch = {f"{engine}_non_torch", f"{engine}_context", "cuda_context_and_nccl", "fragmentation_reserve"}
-    allocated = 0
-    names = set()
-    for component in phase.components:
-        names.add(component.name)
-        if component.name in non_torch:
-            continue
-        if _is_engine(component.name, engine) and (not scope.engine_in_process or engine == "sglang"):
-            continue
-        allocated += component.bytes
-    trainer_phase = phase.name not in (Phase.ROLLOUT,)
-    if (trainer_phase and scope.engine_in_process and scope.pool_counted_asleep and engine == "vllm"
-            and plan.rollout.free_cache_engine):
-        budget = report.rollout
-        if f"{engine}_weights" not in names:
-            allocated += budget.weights_bytes
-        if "kv_cache" not in names:
-            allocated += max(0, budget.kv_cache_bytes)
-    return allocated, allocated + phase.bytes_of("fragmentation_reserve")
-
-
 @frozen
 class MemoryRow:
     """One verl memory metric beside the prediction of what it covers."""
 
     metric: str
+    # Which allocator figure it is: "allocated" (max_memory_allocated) or "reserved" (max_memory_reserved).
+    counter: Counter
     measured_gib: float
     predicted_gib: float
     # The phase whose counter bytes are the largest: where the prediction puts the peak.
@@ -197,8 +196,13 @@ class MemoryRow:
         return self.band.highest_actual_gib(self.predicted_gib)
 
     @property
+    def lowest_allowed_gib(self) -> float:
+        return self.band.lowest_actual_gib(self.predicted_gib)
+
+    @property
     def exceeds(self) -> bool:
-        return self.measured_gib > self.highest_allowed_gib
+        """The measurement lies outside the band, above it or below it."""
+        return not self.lowest_allowed_gib <= self.measured_gib <= self.highest_allowed_gib
 
 
 @frozen
@@ -219,24 +223,27 @@ def _measured_peak(log: VerlLog, key: str) -> tuple[float, int] | None:
     return value, step
 
 
-def memory_rows(plan: Plan, report: MemoryReport, log: VerlLog, scope: MetricScope
+def memory_rows(plan: Plan, log: VerlLog, scope: MetricScope, profile: Profile
                 ) -> tuple[list[MemoryRow], list[PhaseCounter]]:
-    counters = [(p, *counter_bytes(p, plan, scope, report)) for p in report.phases]
-    per_phase = [PhaseCounter(phase=p.name, allocated_gib=a / GIB, reserved_gib=r / GIB,
-                              planner_peak_gib=p.peak_bytes / GIB) for p, a, r in counters]
+    """Each of the log's memory counters beside the largest prediction of it over the phases (verl reads a
+    process-wide peak), and the per-phase view of both counters (memory.allocator_report)."""
+    counters = allocator_report(plan, profile, engine_in_process=scope.engine_in_process,
+                                pool_counted_asleep=scope.pool_counted_asleep)
+    per_phase = [PhaseCounter(phase=c.phase, allocated_gib=c.allocated / GIB, reserved_gib=c.reserved / GIB,
+                              planner_peak_gib=c.resident / GIB) for c in counters]
     rows: list[MemoryRow] = []
-    keys = [(scope.allocated_key, 1), (scope.reserved_key, 2)]
+    keys: list[tuple[str, Counter]] = [(scope.allocated_key, "allocated"), (scope.reserved_key, "reserved")]
     if scope.allocated_key.startswith("actor/"):
         # The critic's engine worker reads the same process-wide counters (verl colocates the roles in one process).
-        keys += [(key.replace("actor/", "critic/", 1), index) for key, index in list(keys)]
-    for key, index in keys:
+        keys += [(key.replace("actor/", "critic/", 1), counter) for key, counter in list(keys)]
+    for key, counter in keys:
         peak = _measured_peak(log, key)
         if peak is None:
             continue
-        phase, *values = max(counters, key=lambda item: item[index])
-        rows.append(MemoryRow(metric=key, measured_gib=peak[0], predicted_gib=values[index - 1] / GIB,
-                              predicted_peak_phase=phase.name, band=peak_error_band(plan, Phase(phase.name)),
-                              at_step=peak[1]))
+        at = max(counters, key=lambda c: getattr(c, counter))
+        rows.append(MemoryRow(metric=key, counter=counter, measured_gib=peak[0],
+                              predicted_gib=getattr(at, counter) / GIB, predicted_peak_phase=at.phase,
+                              band=counter_error_band(plan, Phase(at.phase), counter, scope), at_step=peak[1]))
     return rows, per_phase
 
 
@@ -427,7 +434,8 @@ class Comparison:
     memory: tuple[MemoryRow, ...]
     phases: tuple[PhaseCounter, ...]
     times: tuple[TimeRow, ...]
-    forecast: Forecast
+    # None: the log has no response_length/mean to follow.
+    forecast: Forecast | None
     notes: tuple[str, ...]
 
     @property
@@ -453,10 +461,14 @@ def compare_run(plan: Plan, log: VerlLog, profile: Profile = DEFAULT_PROFILE,
     if family is None:  # a plan on the default stack says nothing of the verl that ran: the log's spellings do
         family, reason = infer_family(log)
     scope = SCOPES[family]
-    lengths = run_lengths(log)
+    lengths = run_lengths(log, plan)
     at_run = plan_at_run_lengths(plan, lengths)
     report = predict_memory(at_run, profile)
-    memory, phases = memory_rows(at_run, report, log, scope)
+    memory, phases = memory_rows(at_run, log, scope, profile)
+    forecast = length_forecast(at_run, log, profile) if lengths.response_from_log else None
+    notes = _notes(log, scope, plan)
+    if (note := lengths.note()) is not None:
+        notes.insert(0, note)
     return Comparison(plan=at_run, scope=scope, scope_reason=reason, lengths=lengths, memory=tuple(memory),
                       phases=tuple(phases), times=tuple(time_rows(at_run, report, log, profile)),
-                      forecast=length_forecast(at_run, log, profile), notes=tuple(_notes(log, scope, plan)))
+                      forecast=forecast, notes=tuple(notes))

@@ -2,7 +2,7 @@
 error band of every predicted peak, and the host RAM figure it was priced against.
 
 Pure: `margin_report` builds the typed record once; the JSON (`margin_json`) and the lines (`margin_text`,
-`margin_warning`) are functions of it. report.py puts them in its payload and tables, the CLI prints them.
+`margin_summary`, `margin_warning`) are functions of it. report.py puts them in its payload and tables, the CLI prints them.
 """
 
 from __future__ import annotations
@@ -98,9 +98,19 @@ def peak_text(report: MarginReport) -> str:
 def margin_text(report: MarginReport) -> str:
     """The margin line every command prints under its verdict."""
     margin = report.margin.as_json()
-    return (f"{peak_text(report)}, at most {report.highest_actual_gib:.2f} GiB if the model errs as on those rows; "
+    return (f"{peak_text(report)}, at most {report.highest_actual_gib:.2f} GiB at the band's edge; "
             f"leaves {report.left_gib:.2f} GiB of {report.gpu_mem_gib:.2f}, margin {margin['gib']:.2f} GiB "
             f"({report.margin.rule}).")
+
+
+def margin_summary(report: MarginReport) -> str:
+    """The margin in one line, for solve and validate: the peak, what it leaves free and the margin kept. `explain`
+    prints `margin_text`, the details: the model's error band and the rule the margin comes from."""
+    left = (f"{report.left_gib:.2f} of {report.gpu_mem_gib:.2f} GiB free" if report.left_gib >= 0
+            else f"{-report.left_gib:.2f} GiB over the {report.gpu_mem_gib:.2f} GiB GPU")
+    rule = "default" if report.margin.default else report.margin.rule
+    return (f"peak {report.peak_gib:.2f} GiB in {report.peak_phase}: {left}, margin "
+            f"{report.margin.as_json()['gib']:.2f} GiB ({rule}; `rlplan explain` says why)")
 
 
 def margin_warning(report: MarginReport, feasible: bool) -> MarginWarning | None:

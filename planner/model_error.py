@@ -6,9 +6,22 @@ steps, the loss-head twins, torchtitan's whole-GPU peaks, llm-d's vLLM budgets),
 planner made when `benchmarks/accuracy.py` last wrote it. When the model changes and the rows are regenerated,
 the bands and the default margin follow.
 
-A plan phase's band comes from the rows comparable to it: the same kind of pass (an update, a no_grad forward,
-the engine), the same loss head (`memory.resolved_loss_head`) and the same FSDP strategy. Where no row is
-comparable the band is the widest error of every row of that kind, and says so.
+Two kinds of row, kept apart in the bands' words:
+
+* twin rows (presets/measured_accuracy.toml): rlplan's own CPU measurements of the real model code (the tracker's
+  training steps, the loss-head twins) and published whole-GPU figures (torchtitan, llm-d); all of the allocated
+  figure;
+* real runs (presets/public_runs_accuracy.toml, written by benchmarks/public_verl_runs.py): public verl logs, each
+  counter (allocated, reserved) against the prediction for that run made with constants fitted on the other runs
+  only (leave-one-out), with the run's allocator regime (where the engine runs, expandable segments or not) and
+  the phase the prediction puts the counter's peak in.
+
+A plan phase's band for a counter is the widest error of the rows comparable to it: twin rows of the same kind of
+pass (an update, a no_grad forward, the engine), loss head (`memory.resolved_loss_head`) and FSDP strategy, and
+the real runs of that counter and regime, whose largest error either way bounds both sides (real_run_width).
+Where no real run is comparable the band takes every real run of the counter and says it has no comparable
+evidence; where no twin row is comparable it takes the widest of the kind, and says so.  A band is never narrower
+than the real runs' evidence and never of zero width.
 
 The default margin (`--headroom` unset) is the larger of the profile's floor (`headroom_floor_fraction`: what the
 rows cannot see) and the largest under-prediction of the plan's phases' bands, as a share of one GPU's memory.
@@ -18,9 +31,10 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import tomllib
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from attrs import frozen
@@ -33,6 +47,11 @@ from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 
 GIB = 2**30
 ROWS_FILE = "measured_accuracy.toml"
+RUN_ROWS_FILE = "public_runs_accuracy.toml"
+REAL_RUN = "public"  # the source of a real run's row
+
+Counter = Literal["allocated", "reserved"]
+COUNTERS: tuple[Counter, ...] = ("allocated", "reserved")
 
 # Which measured rows a phase compares with: a training step, a no_grad forward pass, or the rollout engine
 # (whose budget is vLLM's own accounting; the weight sync adds sizes the engine rows already check).
@@ -57,6 +76,14 @@ class AccuracyRow:
     configuration: str
     measured_mib: float = attrs.field(validator=attrs.validators.gt(0))
     predicted_mib: float = attrs.field(validator=attrs.validators.gt(0))
+    # Which figure: the tensors allocated, or the caching allocator's reserved segments (real runs only).
+    counter: Counter = attrs.field(default="allocated", validator=attrs.validators.in_(COUNTERS))
+    # A real run's allocator regime (allocator_regime); "" for twin rows.
+    regime: str = ""
+
+    @property
+    def real_run(self) -> bool:
+        return self.source == REAL_RUN
 
     @property
     def kind(self) -> str:
@@ -83,27 +110,98 @@ class ErrorBand:
     # True: no measured row covers the plan's training backend at all; `under` is the stated assumption
     # (profile.unmeasured_backend_under_fraction), not a measurement.
     assumed: bool = False
+    # Real runs the band takes (leave-one-out errors), and whether any of them is comparable to the plan.
+    runs: int = 0
+    comparable_runs: bool = False
+    counter: Counter = "allocated"
+    # The largest under-prediction measured on the rows (the band's `under` is where a new run may fall; the default
+    # margin keeps what was seen); None: the band's own `under`.
+    observed_under: float | None = None
+
+    @property
+    def seen_under(self) -> float:
+        return self.under if self.observed_under is None else self.observed_under
 
     def highest_actual_gib(self, predicted_gib: float) -> float:
         """The largest real peak consistent with the band: the prediction was `under` too low at worst."""
         return predicted_gib / (1 - self.under)
 
+    def lowest_actual_gib(self, predicted_gib: float) -> float:
+        """The smallest real peak consistent with the band: the prediction was `over` too high at worst."""
+        return predicted_gib / (1 + self.over)
+
     def describe(self) -> str:
         if self.assumed:
             return f"model error unmeasured for this training backend: assumed -{100 * self.under:.0f} %"
-        return (f"model error on {'comparable measured rows' if self.rows else 'all measured rows (none comparable)'}"
-                f": -{100 * self.under:.0f} % to +{100 * self.over:.0f} %")
+        span = f"-{100 * self.under:.0f} % to +{100 * self.over:.0f} %"
+        if not self.runs:
+            return (f"{self.counter}: model error on {'comparable measured rows' if self.rows else 'all measured rows'}"
+                    f" (no real run): {span}")
+        if self.comparable_runs:
+            return (f"{self.counter}: model error on {self.runs} comparable real verl runs (leave-one-out, 95 % "
+                    f"prediction interval): {span}")
+        return (f"{self.counter}: no comparable real run; all {self.runs} real verl runs of other regimes "
+                f"(leave-one-out, 95 % prediction interval): {span}")
 
     def as_json(self) -> dict[str, Any]:
-        return {"under": round(self.under, 4), "over": round(self.over, 4), "rows": self.rows, "basis": self.basis,
-                "assumed": self.assumed, "text": self.describe()}
+        return {"counter": self.counter, "under": round(self.under, 4), "over": round(self.over, 4),
+                "rows": self.rows, "real_runs": self.runs, "comparable_real_runs": self.comparable_runs,
+                "basis": self.basis, "assumed": self.assumed, "text": self.describe()}
 
 
 @functools.cache
 def accuracy_rows() -> tuple[AccuracyRow, ...]:
-    """Every measured row, from the package's presets/measured_accuracy.toml (read once per process)."""
+    """Every twin row, from the package's presets/measured_accuracy.toml (read once per process)."""
     text = resources.files("rlplan.presets").joinpath(ROWS_FILE).read_text(encoding="utf-8")
     return tuple(AccuracyRow(**row) for row in tomllib.loads(text)["row"])
+
+
+@functools.cache
+def run_rows() -> tuple[AccuracyRow, ...]:
+    """Every real run's row, from presets/public_runs_accuracy.toml (none when the file is absent)."""
+    path = resources.files("rlplan.presets").joinpath(RUN_ROWS_FILE)
+    if not path.is_file():
+        return ()
+    return tuple(AccuracyRow(**row) for row in tomllib.loads(path.read_text(encoding="utf-8")).get("row", []))
+
+
+# Student's t at 97.5 % by degrees of freedom (1 to 10; the normal's 1.96 beyond), for a 95 % prediction interval.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def real_run_interval(errors: list[float]) -> tuple[float, float]:
+    """(under, over): where a new run's error falls with 95 % probability, from the real runs' errors: the
+    prediction interval mean +- t s sqrt(1 + 1/n) of a normal sample, never inside the errors seen.  A verl counter
+    is one process-wide peak, so real runs compare by counter and allocator regime, not by the kind of the phase
+    predicted to hold the peak."""
+    if not errors:
+        return 0.0, 0.0
+    n = len(errors)
+    mean = statistics.fmean(errors)
+    spread = statistics.stdev(errors) if n > 1 else abs(mean)
+    t = _T975[min(n - 1, len(_T975)) - 1] if n > 1 else _T975[0]
+    half = t * spread * math.sqrt(1 + 1 / n)
+    return max(-min(errors), half - mean, 0.0), max(max(errors), mean + half, 0.0)
+
+
+def allocator_regime(engine_in_process: bool, expandable: bool) -> str:
+    """How a run's caching allocator is used, in words: the engine's place and the trainer's segments."""
+    engine = "engine in the trainer process" if engine_in_process else "engine in its own process"
+    return f"{engine}, {'expandable segments' if expandable else 'fixed segments'}"
+
+
+# rlplan's bundled runtime on CPU ranks: no caching allocator, no verl process; the real runs say nothing of it.
+CPU_REGIME = "rlplan's CPU runtime"
+
+
+def plan_regime(plan: Plan, engine_in_process: bool | None = None) -> str:
+    if plan.cluster.gpu.is_cpu:
+        return CPU_REGIME
+    from rlplan.planner.memory.allocator_report import engine_in_trainer_process
+    from rlplan.planner.memory.allocator_trace import allocator_config
+
+    in_process = engine_in_trainer_process(plan) if engine_in_process is None else engine_in_process
+    return allocator_regime(in_process, allocator_config(plan, trainer_phase=True).expandable_segments)
 
 
 def _band(rows: tuple[AccuracyRow, ...], basis: str, count: int) -> ErrorBand:
@@ -123,8 +221,38 @@ def _same_backend(measured: str, planned: str) -> bool:
 
 
 @functools.cache
-def error_band(kind: str, head: str | None, strategy: str) -> ErrorBand:
-    """The band of the rows of `kind` with `head` (None: any) under `strategy` (the engine's: any)."""
+def error_band(kind: str, head: str | None, strategy: str, counter: Counter = "allocated",
+               regime: str = "") -> ErrorBand:
+    """The band of the rows of `kind` with `head` (None: any) under `strategy` (the engine's: any), for `counter`,
+    widened to the real runs of that counter, kind and `regime` (every real run of the counter when none is)."""
+    twins = _twin_band(kind, head, strategy)
+    if twins.assumed:
+        return attrs.evolve(twins, counter=counter)
+    # Real runs of another training backend (the public logs are FSDP's) say nothing of this one's.
+    real = [row for row in run_rows() if row.counter == counter and regime != CPU_REGIME
+            and _same_backend(row.strategy, strategy)]
+    comparable = [row for row in real if row.regime == regime]
+    used = comparable or real
+    errors = [row.error for row in used]
+    interval = real_run_interval(errors)
+    seen = max([twins.under if counter == "allocated" else 0.0, *(-e for e in errors)], default=0.0)
+    under = max(twins.under if counter == "allocated" else 0.0, interval[0])
+    over = max(twins.over if counter == "allocated" else 0.0, interval[1])
+    if under <= 0 and over <= 0:
+        # No evidence of any error is not evidence of none: the stated assumption, as for an unmeasured backend.
+        under = DEFAULT_PROFILE.unmeasured_backend_under_fraction
+        return ErrorBand(under=under, over=under, rows=twins.rows, counter=counter, assumed=True,
+                         basis=f"no measured error for {counter} here: +-{100 * under:.1f} % assumed")
+    runs = f"{len(used)} real verl run{'s' * (len(used) != 1)} ({'comparable' if comparable else 'none comparable: all'})"
+    basis = f"{runs}" + (f"; {twins.basis}" if counter == "allocated" else "")
+    return ErrorBand(under=min(max(0.0, under), 0.99), over=max(0.0, over), rows=twins.rows, basis=basis,
+                     runs=len(used), comparable_runs=bool(comparable), counter=counter,
+                     observed_under=min(max(0.0, seen), 0.99))
+
+
+@functools.cache
+def _twin_band(kind: str, head: str | None, strategy: str) -> ErrorBand:
+    """The band of the twin rows of `kind` with `head` (None: any) under `strategy` (the engine's: any)."""
     if strategy == "megatron" and kind != "engine":
         # The Megatron backend prices the larger of verl's head and Megatron-Core's own vocabulary-parallel cross
         # entropy, which its measured rows run (the CPU twin, docs/accuracy.md 6b): they hold for any head.
@@ -151,11 +279,19 @@ def error_band(kind: str, head: str | None, strategy: str) -> ErrorBand:
                  f"widest error of all {_rows(len(of_kind))} of that kind", 0)
 
 
-def peak_error_band(plan: Plan, phase: Phase | str) -> ErrorBand:
-    """The error band of the plan's predicted peak in `phase`, from the measured rows comparable to it."""
+def peak_error_band(plan: Plan, phase: Phase | str, counter: Counter = "allocated",
+                    engine_in_process: bool | None = None) -> ErrorBand:
+    """The error band of the plan's predicted `counter` in `phase`, from the measured rows comparable to it (the
+    engine's place defaults to the plan's stack)."""
     phase = Phase(phase)
     head = None if phase in _HEADLESS_PHASES else resolved_loss_head(plan)
-    return error_band(PHASE_KIND[phase], head, plan.actor.strategy)
+    return error_band(PHASE_KIND[phase], head, plan.actor.strategy, counter, plan_regime(plan, engine_in_process))
+
+
+def counter_error_band(plan: Plan, phase: Phase | str, counter: Counter, scope: Any) -> ErrorBand:
+    """The band of a verl counter predicted at `phase`, for a run whose metric scope (compare.MetricScope) says
+    where its engine ran."""
+    return peak_error_band(plan, phase, counter, scope.engine_in_process)
 
 
 def plan_phases(plan: Plan) -> tuple[Phase, ...]:
@@ -229,13 +365,15 @@ class Margin:
 
 
 @functools.cache
-def default_margin_fraction(head: str, strategy: str, uses_critic: bool, floor: float) -> tuple[float, str]:
+def default_margin_fraction(head: str, strategy: str, uses_critic: bool, floor: float,
+                            regime: str = "") -> tuple[float, str]:
     worst, where = 0.0, ""
     for phase in (Phase.WEIGHT_SYNC, Phase.ROLLOUT, Phase.OLD_LOG_PROB, Phase.ACTOR_UPDATE,
                   *((Phase.CRITIC_VALUES, Phase.CRITIC_UPDATE) if uses_critic else ())):
-        band = error_band(PHASE_KIND[phase], None if phase in _HEADLESS_PHASES else head, strategy)
-        if band.under > worst:
-            worst, where = band.under, f"{phase.value}: {band.basis}"
+        band = error_band(PHASE_KIND[phase], None if phase in _HEADLESS_PHASES else head, strategy, "allocated",
+                          regime)
+        if band.seen_under > worst:
+            worst, where = band.seen_under, f"{phase.value}: {band.basis}"
     if worst > floor:
         return worst, f"the largest under-prediction of the plan's phases, {100 * worst:.1f} % ({where})"
     return floor, (f"the {100 * floor:g} % floor (profile.headroom_floor_fraction: what the measured rows cannot "
@@ -254,6 +392,6 @@ def plan_margin(plan: Plan, headroom: Headroom = DEFAULT_HEADROOM, profile: Prof
                       rule="--headroom 0: no margin kept" if headroom.fraction == 0
                       else f"--headroom {100 * headroom.fraction:g}%")
     fraction, why = default_margin_fraction(resolved_loss_head(plan), plan.actor.strategy, plan.uses_critic,
-                                      profile.headroom_floor_fraction)
+                                            profile.headroom_floor_fraction, plan_regime(plan))
     return Margin(bytes=int(fraction * capacity), fraction=fraction, default=True,
                   rule=f"default: {100 * fraction:.1f} % of the GPU, {why}")

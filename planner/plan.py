@@ -32,13 +32,13 @@ from rlplan.planner.validators import at_least, field_check
 
 SCHEMA_VERSION = 1
 
-# verl's advantage estimators (`AdvantageEstimator`, verl/trainer/ppo/core_algos.py; ray_trainer.py before
-# v0.4): the plan field's values. ESTIMATORS says what each changes in a step; `since` is the first release
-# tag read here whose enum has it (v0.3.0.post1, v0.4.1, v0.5.0, v0.6.1, v0.7.0, main b178a3cd), so a
-# per-release check can refuse it where verl would.
+# verl's advantage estimators (`AdvantageEstimator` and `register_adv_est`, verl/trainer/ppo/core_algos.py;
+# ray_trainer.py before v0.4.1): the plan field's values. ESTIMATORS says what each changes in a step; which
+# release has which is read from each release's sources (verl_inventory.estimators_of; tests/planner/
+# test_verl_inventory.py holds ESTIMATORS to the inventory's union), and render refuses one its target lacks.
 Algorithm = Literal["grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
                     "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
-                    "tir_optimal_token_baseline"]
+                    "tir_optimal_token_baseline", "gdpo"]
 
 
 @frozen(kw_only=True)
@@ -50,7 +50,6 @@ class EstimatorFacts:
     critic: bool = False
     group: bool = False
     greedy_baseline: bool = False
-    since: str = "0.3.0.post1"
 
 
 ESTIMATORS: dict[str, EstimatorFacts] = {
@@ -59,14 +58,16 @@ ESTIMATORS: dict[str, EstimatorFacts] = {
     "rloo": EstimatorFacts(group=True),
     "reinforce_plus_plus": EstimatorFacts(),
     "remax": EstimatorFacts(greedy_baseline=True),
-    "reinforce_plus_plus_baseline": EstimatorFacts(group=True, since="0.4.1"),
-    "opo": EstimatorFacts(group=True, since="0.4.1"),
-    "grpo_passk": EstimatorFacts(group=True, since="0.4.1"),
-    "gpg": EstimatorFacts(group=True, since="0.5.0"),
-    "rloo_vectorized": EstimatorFacts(group=True, since="0.6.1"),
-    "grpo_vectorized": EstimatorFacts(group=True, since="0.6.1"),
-    "optimal_token_baseline": EstimatorFacts(group=True, since="main"),
-    "tir_optimal_token_baseline": EstimatorFacts(group=True, since="main"),
+    "reinforce_plus_plus_baseline": EstimatorFacts(group=True),
+    "opo": EstimatorFacts(group=True),
+    "grpo_passk": EstimatorFacts(group=True),
+    "gpg": EstimatorFacts(group=True),
+    "rloo_vectorized": EstimatorFacts(group=True),
+    "grpo_vectorized": EstimatorFacts(group=True),
+    "optimal_token_baseline": EstimatorFacts(group=True),
+    "tir_optimal_token_baseline": EstimatorFacts(group=True),
+    # Group reward-decoupled normalization (core_algos.py compute_gdpo_outcome_advantage, from 0.7.1).
+    "gdpo": EstimatorFacts(group=True),
 }
 # The estimators rlplan's own runtime computes (runtime/algorithms): what `solve --algo` offers.
 RUNTIME_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_plus_plus")
@@ -440,6 +441,9 @@ class TrainerSection:
     logger: tuple[str, ...] = field(default=("console",), converter=_names, validator=_known_loggers)
     seed: int = 1
     balance_batch: bool = True
+    # PYTORCH_CUDA_ALLOC_CONF the job's processes start with (None: unset, torch's defaults); the caching
+    # allocator's replay (memory.allocator_trace) reads expandable_segments and max_split_size_mb from it.
+    pytorch_cuda_alloc_conf: str | None = None
     val_before_train: bool = False
     max_checkpoints_to_keep: int | None = field(default=None, validator=at_least(1, "trainer"))
 

@@ -80,12 +80,19 @@ class Profile:
     cuda_context_and_nccl_gib: float = _constant(
         1.5, "CUDA context, cuBLAS workspace and NCCL buffers of the trainer process: 1-2 GiB per GPU", high=16.0)
     fragmentation_fraction: float = _constant(
-        0.08, "caching-allocator reserve over allocated trainer memory (memory-model.md 2.8 budgets 5-15 %)", high=0.5)
+        0.08, "caching-allocator reserve over allocated trainer memory for a training backend the allocator replay "
+              "does not cover (Megatron; memory-model.md 2.8 budgets 5-15 %); FSDP phases take the replay's "
+              "stranded bytes instead (memory.allocator_trace)", high=0.5)
     allocator_cache_gib: float = _constant(
-        0.0, "GiB the caching allocator keeps reserved beyond fragmentation_fraction in a trainer phase: blocks "
-             "earlier phases freed, cached beside the engine's pool (0: not calibrated; `calibrate --from-verl-log` "
-             "fits it from max_memory_reserved - max_memory_allocated, 20-23 GiB on the public Qwen2-7B PPO runs, "
-             "docs/verl-compare.md)", high=64.0)
+        0.0, "GiB a site's process-wide reserved counter holds beyond the replay and "
+             "allocator_cache_engine_workspaces: the reserved counter only, never the fit (0: not calibrated; "
+             "`calibrate --from-verl-log` fits it from max_memory_reserved beside the prediction)", high=64.0)
+    allocator_cache_engine_workspaces: float = _constant(
+        4.64, "reserved bytes beyond the allocator replay where vLLM runs in the trainer's process (verl < 0.7) and "
+             "the trainer's segments are fixed, in units of the engine's profiled workspace (its tensors at every "
+             "decode step's batch size go through the trainer's caching allocator); the reserved counter only, never "
+             "the fit [fitted: the mean over the public verl logs of tests/data/verl_logs/public, each reported "
+             "against the mean of the others, benchmarks/public_verl_runs.py, docs/accuracy.md 4]", high=64.0)
 
     # --- vLLM profile run (memory-model.md 2.6, llm-d G6-G8) ---
     vllm_activation_base_gib: float = _constant(

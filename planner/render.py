@@ -23,17 +23,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from rlplan.planner import verl_inventory
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.plan import Plan
-from rlplan.planner.stack import in_range, stack_defaults
+from rlplan.planner.stack import parse_version, stack_defaults
+from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
 from rlplan.planner.verl_keys import (
     BY_FIELD,
     DEFAULT_REWARD_NAME,
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
+    REWARD_SPELLINGS,
     UNREAD_WHERE_ABSENT,
     Follows,
     VerlKey,
@@ -41,6 +44,7 @@ from rlplan.planner.verl_keys import (
     format_value,
     has_key,
     rendered_value,
+    spelled,
     table_for,
     verl_sleep_level,
 )
@@ -101,6 +105,7 @@ def prepare_for_verl(plan: Plan) -> Plan:
                         "bfloat16 or float16 and refuses float32.",
                 fix=f'set {role}.compute_dtype = "bfloat16" (and rollout.dtype = "bfloat16") for a verl run',
             )
+    _check_estimator(plan)
     if not plan.model.path:
         raise PlanError(
             field="model.path",
@@ -117,6 +122,37 @@ def prepare_for_verl(plan: Plan) -> Plan:
         # With dummy weights the first sync pushes the whole base model; verl's docs require safetensors.
         rollout = attrs.evolve(rollout, load_format="safetensors")
     return plan.evolve(rollout=rollout)
+
+
+def _check_estimator(plan: Plan) -> None:
+    """verl refuses an advantage estimator its release does not have (ray_trainer.compute_advantage /
+    core_algos.get_adv_estimator_fn), after the workers have started."""
+    estimator, verl = plan.algorithm.adv_estimator, plan.stack.verl
+    if estimator in verl_inventory.estimators_of(verl):
+        return
+    later = [release for release, _ in verl_inventory.estimator_runs(estimator)]
+    raise PlanError(field="algorithm.adv_estimator",
+                    message=f"is {estimator}, which verl {verl} does not have (verl added it in {later[0]}), so the "
+                            "rendered run would stop at its first advantage computation.",
+                    fix=f"target verl >= {later[0]} (stack.verl / --verl-version), or pick one of verl {verl}'s: "
+                        + ", ".join(sorted(verl_inventory.estimators_of(verl))))
+
+
+def verl_additions(plan: Plan) -> list[str]:
+    """What `prepare_for_verl` writes into a verl script that the plan itself leaves unset or sets otherwise, each
+    with why: what `rlplan render` says it added, so no value reaches the script silently."""
+    prepared, rollout = prepare_for_verl(plan).rollout, plan.rollout
+    added = []
+    if rollout.max_model_len is None:
+        added.append(f"rollout.max_model_len = {prepared.max_model_len} (the plan leaves it unset, and verl would "
+                     f"size vLLM for the model's {plan.model.arch.max_position_embeddings} positions)")
+    if prepared.load_format != rollout.load_format:
+        added.append(f"rollout.load_format = {prepared.load_format} (not {rollout.load_format}: with LoRA or a "
+                     "layered summon vLLM keeps its own base weights, which verl loads from the checkpoint)")
+    if plan.is_megatron and (plan.ref.megatron is None or (plan.uses_critic and plan.critic.megatron is None)):
+        added.append("the reference's (and critic's) Megatron sections written out: the reference follows the "
+                     "actor's parallel sizes, as verl's defaults do")
+    return added
 
 
 def _with_explicit_megatron_sections(plan: Plan) -> Plan:
@@ -163,44 +199,88 @@ def _unrendered(plan: Plan) -> dict[str, Any]:
     return values
 
 
-def _target_verl_has(plan: Plan, entry: VerlKey, value: Any) -> bool:
-    """Whether the plan's target verl has `entry`'s key. A key it lacks is left out where the plan asks for what
-    that verl does without it, and refused by name otherwise: Hydra would refuse the override at start-up."""
-    verl = plan.stack.verl
-    if in_range(verl, entry.since, entry.before):
-        return True
+def implied_value(plan: Plan, entry: VerlKey) -> Any:
+    """What the plan's target verl does for the entry's knob when a script does not set it: that release's
+    default where stack.py says it differs from the table's (`stack_defaults`), else the table's; a default that
+    follows another field is that field's value in the plan."""
+    value = stack_defaults(plan.stack, plan.rollout.name).get(entry.field, entry.default)
+    while isinstance(value, Follows):
+        value = knob_value(plan, value.field)
+    return value
+
+
+def absent_knobs(plan: Plan) -> dict[str, Any]:
+    """Every knob the plan's target verl has no key for in its backend's trainer config, at what that release
+    does without it (`implied_value`): the solver searches only the target release's space, so it holds these
+    as pins (verl 0.3 has no LoRA, no offload_policy, no entropy_from_logits_with_chunking)."""
+    verl, backend = plan.stack.verl, backend_of(plan.actor.strategy)
+    absent: dict[str, Any] = {}
+    for entry in table_for(backend).values():
+        if entry.field in UNREAD_WHERE_ABSENT or not has_key(entry, backend) or entry.spelling_for(verl, backend):
+            continue
+        value = implied_value(plan, entry)
+        if value is not None:
+            absent[entry.field] = value
+    return absent
+
+
+def _target_spelling(plan: Plan, entry: VerlKey, value: Any) -> str | None:
+    """The target verl's spelling of `entry`'s key (verl_inventory: that release's own trainer config), or None
+    where that release has none and the plan asks for what it does without the knob. Anything else is refused by
+    name: Hydra would refuse the override at start-up."""
+    verl, backend = plan.stack.verl, backend_of(plan.actor.strategy)
+    spelling = entry.spelling_for(verl, backend)
+    if spelling is not None:
+        return spelling
     if entry.field in UNREAD_WHERE_ABSENT:
-        return False
-    implied = stack_defaults(plan.stack, plan.rollout.name).get(entry.field, entry.default)
+        return None
+    implied = implied_value(plan, entry)
     if value == implied or (entry.kind == "str_list" and tuple(value) == tuple(implied or ())):
-        return False
-    span = " and ".join(part for part in (f"from {entry.since}" if entry.since else "",
-                                          f"before {entry.before}" if entry.before else "") if part)
-    raise PlanError(field=entry.field, message=f"is {format_value(value)}, but the target verl {verl} has no "
-                    f"{entry.key} (verl has it {span}), so the rendered script would not start.",
+        return None
+    raise PlanError(field=entry.field, message=f"is {format_value(value)}, but verl {verl} has no {entry.key}: "
+                    f"{_where_verl_has(entry, backend, verl)}, so the rendered script would not start.",
                     fix=f"set {entry.field} = {format_value(implied)}, or target a verl that has it "
                         f"(stack.verl / --verl-version)")
 
 
+def _where_verl_has(entry: VerlKey, backend: TrainerBackend, verl: str) -> str:
+    """Which release added the knob (the first after `verl` that has it) and how it spelled it; for a knob verl
+    removed, the last release that had it."""
+    releases = entry.releases(backend)
+    if not releases:
+        return f"no verl release read has it in its {TRAINER_CONFIGS[backend]} config"
+    later = [release for release in releases if parse_version(release) > parse_version(verl)]
+    release = later[0] if later else releases[-1]
+    spelled_as = entry.spelling_for(release, backend)
+    if later:
+        return f"verl added it in {release}, spelled {spelled_as}"
+    return f"verl had it up to {release}, spelled {spelled_as}"
+
+
 def verl_overrides(plan: Plan) -> list[str]:
-    """Every knob of the plan as verl Hydra overrides, then the passthrough keys verbatim."""
+    """Every knob of the plan as verl Hydra overrides in the target release's spelling, then the passthrough keys
+    verbatim."""
     prepared = prepare_for_verl(plan)
+    verl, backend = prepared.stack.verl, backend_of(prepared.actor.strategy)
     overrides: list[str] = []
-    for entry in table_for(backend_of(prepared.actor.strategy)).values():
+    for entry in table_for(backend).values():
         value = knob_value(prepared, entry.field)
-        if value is None or not _rendered(prepared, entry) or not _target_verl_has(prepared, entry, value):
+        if value is None or not _rendered(prepared, entry):
             continue
-        overrides.append(f"{entry.key}={format_value(rendered_value(entry, value))}")
+        spelling = _target_spelling(prepared, entry, value)
+        if spelling is not None:
+            overrides.append(f"{spelling}={format_value(rendered_value(entry, value))}")
     for key, field in RENDER_ALSO.items():
         value = knob_value(prepared, BY_FIELD[field].field)
-        if value is not None and key not in prepared.passthrough and (prepared.uses_critic or not key.startswith("critic.")):
+        wanted = value is not None and key not in prepared.passthrough
+        if wanted and (prepared.uses_critic or not key.startswith("critic.")) and spelled((key,), verl, backend):
             overrides.append(f"{key}={format_value(value)}")
     if prepared.reward.function:
         path, _, name = prepared.reward.function.rpartition(":")
         if not path:
             path, name = name, DEFAULT_REWARD_NAME
-        overrides.append(f"{REWARD_PATH_KEY}={format_value(path)}")
-        overrides.append(f"{REWARD_NAME_KEY}={format_value(name)}")
+        for key, text in ((REWARD_PATH_KEY, path), (REWARD_NAME_KEY, name)):
+            overrides.append(f"{spelled(REWARD_SPELLINGS[key], verl, backend) or key}={format_value(text)}")
     for key, value in prepared.passthrough.items():
         overrides.append(key if key.startswith("~") and value == "" else f"{key}={value}")
     return overrides
@@ -242,6 +322,8 @@ def render_plan(plan: Plan, target: str, fmt: str = "script", *, plan_file: str 
     }
     # verl's Megatron workers read ppo_megatron_trainer.yaml, whose keys (actor.megatron.*) ppo_trainer.yaml lacks.
     context["config_name"] = "ppo_megatron_trainer" if plan.is_megatron else ""
+    # The caching allocator's settings the plan was priced with (memory.allocator_trace), for every process it starts.
+    context["alloc_conf"] = plan.trainer.pytorch_cuda_alloc_conf
     if target == "verl":
         context["overrides"] = verl_overrides(plan)
         if fmt == "overrides":

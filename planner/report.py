@@ -13,6 +13,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.errors import ECHO_LIMIT, shorten
+from rlplan.planner.hardware import Cluster
 from rlplan.planner.layout import PlanLayout, plan_layout
 from rlplan.planner.margin_report import (
     MarginReport,
@@ -20,10 +21,12 @@ from rlplan.planner.margin_report import (
     host_note,
     margin_json,
     margin_report,
+    margin_summary,
     margin_text,
     margin_warning,
 )
 from rlplan.planner.memory import Component, MemoryReport, predict_memory
+from rlplan.planner.memory.allocator_report import FIGURES, PhaseAllocator, allocator_report
 from rlplan.planner.memory.heads import resolved_loss_head
 from rlplan.planner.memory.megatron import TrainedRole, cpu_optimizer_fraction
 from rlplan.planner.memory.phases import (
@@ -35,7 +38,14 @@ from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import RuleReport, Violation, check_plan
-from rlplan.planner.solver import SolveRequest, SolveResult, request_margin, searched_knobs
+from rlplan.planner.solver import (
+    RANKED_BY,
+    Diagnosis,
+    SolveRequest,
+    SolveResult,
+    request_margin,
+    searched_knobs,
+)
 from rlplan.planner.steptime import Lengths, StepTime, predict_step_time, workload_lengths
 from rlplan.planner.steptime.bands import phase_band
 
@@ -80,6 +90,8 @@ class PlanReports:
     # When not even one-token responses fit at that prompt length: the longest mean (prompt, response), shrunk
     # together, that fits ((0, 0): none); None when longest_fitting_response > 0.
     longest_fitting_sequence: tuple[int, int] | None = None
+    # Each phase's allocated, reserved and resident bytes (memory.allocator_report; none on a CPU platform).
+    allocator: tuple[PhaseAllocator, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -118,7 +130,7 @@ def plan_reports(plan: Plan, profile: Profile, headroom: Headroom = DEFAULT_HEAD
                        lengths=workload_lengths(plan, profile), longest_fitting_response=longest,
                        margin=margin_report(plan, profile, memory, headroom),
                        longest_fitting_sequence=longest_expected_sequence_that_fits(plan, profile) if not longest
-                       else None)
+                       else None, allocator=allocator_report(plan, profile))
 
 
 def _components_gib(components: tuple[Component, ...] | list[Component]) -> dict[str, float]:
@@ -169,6 +181,14 @@ def reports_json(reports: PlanReports) -> dict[str, Any]:
     return payload
 
 
+def _figures_json(reports: PlanReports, phase: str) -> dict[str, float]:
+    """A phase's allocated, reserved and resident GiB (resident is peak_gib, the fit's figure)."""
+    row = next((r for r in reports.allocator if r.phase == phase), None)
+    if row is None:
+        return {}
+    return {"allocated_gib": gib(row.allocated), "reserved_gib": gib(row.reserved), "resident_gib": gib(row.resident)}
+
+
 def _validation_json(reports: PlanReports) -> dict[str, Any]:
     plan, profile, memory, step = reports.plan, reports.profile, reports.memory, reports.step
     binding = memory.binding_constraint
@@ -189,9 +209,11 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
         "errors": [{"rule": v.rule, "message": v.message, "fix": v.fix, "stage": v.stage,
                     "suggested": v.suggested} for v in reports.rules.errors],
         "warnings": [{"rule": v.rule, "message": v.message, "fix": v.fix} for v in reports.warnings],
+        "memory_figures": FIGURES,
         "phases": {
             p.name: {
                 "peak_gib": gib(p.peak_bytes),
+                **_figures_json(reports, p.name),
                 "peak_at": p.peak_at,
                 "components": _components_gib(p.components),
             }
@@ -212,8 +234,9 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
             "holds_max_model_len": memory.rollout.holds_max_model_len,
         },
         "binding": {
+            # GPU (or host) memory the binding phase leaves free; negative: over by that much.
             "resource": binding.resource, "where": binding.where, "component": binding.component,
-            "headroom_gib": gib(binding.headroom_bytes),
+            "free_gib": gib(binding.headroom_bytes),
         },
         "step_time_s": reports.step_time_s,
         "phase_seconds": {k: round(v, 3) for k, v in step.phase_seconds.items()},
@@ -274,11 +297,11 @@ def _plain(*texts: str) -> list[Any]:
 
 
 def violations_table(errors: Sequence[Finding], warnings: Sequence[Finding]):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
-    table = Table(title="Rule violations", show_lines=True, title_justify="left")
-    # Plan keys are long single words (actor.ppo_max_token_len_per_gpu): fold them across lines rather
-    # than cut them with an ellipsis on a narrow terminal, so the fix stays copyable.
+    # Plan keys are long single words (actor.ppo_max_token_len_per_gpu): FittedTable keeps each whole, so the fix
+    # stays copyable; a row is named by its severity and rule.
+    table = FittedTable(title="Rule violations", show_lines=True, title_justify="left", keys=2)
     table.add_column("", no_wrap=True)
     table.add_column("rule", style="bold", overflow="fold", ratio=2)
     table.add_column("what is wrong", overflow="fold", ratio=3)
@@ -291,13 +314,21 @@ def violations_table(errors: Sequence[Finding], warnings: Sequence[Finding]):
     return table
 
 
-def phase_table(memory: MemoryReport, detailed: bool):
-    from rich.table import Table
+def phase_table(memory: MemoryReport, detailed: bool, allocator: tuple[PhaseAllocator, ...] = ()):
+    """Each phase's resident peak (the fit) and, with the allocator report, torch's allocated and reserved."""
+    from rlplan.planner.tables import FittedTable
 
     capacity = gib(memory.gpu_capacity_bytes)
-    table = Table(title=f"GPU memory per phase (GiB of {capacity:.2f})", title_justify="left")
+    title = f"GPU memory per phase (GiB of {capacity:.2f})"
+    if allocator:
+        title += ": resident is what the GPU holds (the fit); allocated and reserved as torch's counters show them"
+    table = FittedTable(title=title, title_justify="left")
     table.add_column("phase", style="bold")
-    table.add_column("peak", justify="right")
+    table.add_column("resident" if allocator else "peak", justify="right")
+    figures = {row.phase: row for row in allocator}
+    if allocator:
+        table.add_column("allocated", justify="right")
+        table.add_column("reserved", justify="right")
     table.add_column("at")
     table.add_column("components" if detailed else "largest component")
     for phase in memory.phases:
@@ -308,13 +339,15 @@ def phase_table(memory: MemoryReport, detailed: bool):
             text = ", ".join(f"{k} {v:.2f}" for k, v in components if v >= 0.005)
         else:
             text = f"{components[0][0]} {components[0][1]:.2f}" if components else ""
-        table.add_row(phase.name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", phase.peak_at, text)
+        counters = [f"{gib(figures[phase.name].allocated):.2f}", f"{gib(figures[phase.name].reserved):.2f}"] \
+            if phase.name in figures else []
+        table.add_row(phase.name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", *counters, phase.peak_at, text)
     return table
 
 
 def component_matrix(memory: MemoryReport):
     """Phases as columns, components as rows: where memory goes in each phase."""
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     phases = {phase.name: _components_gib(phase.components) for phase in memory.phases}
     names: list[str] = []
@@ -322,7 +355,7 @@ def component_matrix(memory: MemoryReport):
         for name in components:
             if name not in names:
                 names.append(name)
-    table = Table(title="Where memory goes (GiB per GPU)", title_justify="left")
+    table = FittedTable(title="Where memory goes (GiB per GPU)", title_justify="left")
     table.add_column("component", style="bold", overflow="fold")
     for phase in phases:
         table.add_column(phase.replace("_", " "), justify="right", overflow="fold")
@@ -337,9 +370,9 @@ def component_matrix(memory: MemoryReport):
 
 
 def host_table(memory: MemoryReport):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
-    table = Table(title=f"Host RAM per node (GiB of {gib(memory.host_capacity_bytes):.0f})", title_justify="left")
+    table = FittedTable(title=f"Host RAM per node (GiB of {gib(memory.host_capacity_bytes):.0f})", title_justify="left")
     table.add_column("component", style="bold")
     table.add_column("GiB", justify="right")
     for name, value in sorted(_components_gib(memory.host.components).items(), key=lambda kv: -kv[1]):
@@ -350,18 +383,19 @@ def host_table(memory: MemoryReport):
 
 
 def layout_table(layout: PlanLayout, *, megatron: bool = False):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     parallel = layout.parallel
     # A Megatron layout's sequence split is its context parallel size; its weights span TP x PP (no FSDP shard).
     trainer = (f"TP x PP {parallel.model_parallel_size}, CP {parallel.ulysses_sequence_parallel_size}" if megatron
                else f"Ulysses {parallel.ulysses_sequence_parallel_size}, FSDP shard {parallel.fsdp_shard_size}")
-    table = Table(
+    table = FittedTable(
         title=(f"Batch layout: {parallel.world_size} GPUs, dp {parallel.dp}, {trainer}, rollout TP "
                f"{parallel.rollout_tensor_parallel_size} x {parallel.rollout_replicas} replicas"),
         title_justify="left")
-    for column in ("pass", "seqs/GPU", "mini/GPU", "micro/GPU", "token budget", "tokens/micro", "micro/mini",
-                   "optim steps"):
+    # Headers of words apart, so a narrow terminal wraps them between words.
+    for column in ("pass", "seqs per GPU", "mini per GPU", "micro per GPU", "token budget", "tokens per micro",
+                   "micro per mini", "optim steps"):
         table.add_column(column, justify="right" if column != "pass" else "left", overflow="fold")
 
     def show(value: Any) -> str:
@@ -378,9 +412,7 @@ def layout_table(layout: PlanLayout, *, megatron: bool = False):
 
 
 def time_table(step: StepTime, lengths: Lengths | None, plan: Plan):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+    from rlplan.planner.tables import FittedTable
 
     at = (f"at mean prompt {round(lengths.prompt_mean, 1):.0f} + response {round(lengths.response_mean, 1):.0f} "
           "tokens" if lengths else "at the expected lengths")
@@ -388,7 +420,7 @@ def time_table(step: StepTime, lengths: Lengths | None, plan: Plan):
     title = f"Step time estimate {at}: {step_seconds:.2f} s ({phase_band(plan, 'step').text()})"
     caption = ("error band: the model's largest under- and over-prediction of that verl timing key on published "
                "runs left out of its fit (docs/accuracy.md 5a)")
-    table = Table()
+    table = FittedTable(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
@@ -398,20 +430,25 @@ def time_table(step: StepTime, lengths: Lengths | None, plan: Plan):
         seconds = round(seconds, 3)
         table.add_row(name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%",
                       phase_band(plan, name).text() if seconds else "")
-    # Title and caption as lines of their own: a table's title folds to the width of its narrow columns.
-    return Group(Text(title, style="italic"), table, Text(caption))
+    return table
+
+
+def on(value: bool) -> str:
+    """A switch as the tables say it: on or off (never Python's True / False)."""
+    return "on" if value else "off"
 
 
 def _fsdp_rows(plan: Plan) -> list[tuple[str, str]]:
     """The FSDP workers' offload, activation and parallel knobs."""
     actor, model = plan.actor, plan.model
     return [
-        ("offload", f"params {actor.param_offload}, optimizer {actor.optimizer_offload}, "
-                    f"policy {actor.offload_policy}, ref params {plan.ref.param_offload}"
-                    + (f"; critic params {plan.critic.param_offload}, optimizer {plan.critic.optimizer_offload}, "
-                       f"policy {plan.critic.offload_policy}" if plan.uses_critic else "")),
-        ("activations", f"checkpointing {model.gradient_checkpointing}, offload {model.activation_offload}, "
-                        f"remove padding {model.use_remove_padding}"),
+        ("offload", f"params {on(actor.param_offload)}, optimizer {on(actor.optimizer_offload)}, "
+                    f"policy {on(actor.offload_policy)}, ref params {on(plan.ref.param_offload)}"
+                    + (f"; critic params {on(plan.critic.param_offload)}, optimizer "
+                       f"{on(plan.critic.optimizer_offload)}, policy {on(plan.critic.offload_policy)}"
+                       if plan.uses_critic else "")),
+        ("activations", f"checkpointing {on(model.gradient_checkpointing)}, offload {on(model.activation_offload)}, "
+                        f"remove padding {on(model.use_remove_padding)}"),
         ("parallel", f"Ulysses {actor.ulysses_sequence_parallel_size}, fsdp_size {actor.fsdp_size}"),
     ]
 
@@ -419,9 +456,9 @@ def _fsdp_rows(plan: Plan) -> list[tuple[str, str]]:
 def _megatron_offload(engine: MegatronSection, plan: Plan, role: TrainedRole) -> str:
     """verl's offload of a Megatron role between phases, and the optimizer share Megatron's CPU optimizer keeps
     on the host through the update (override_optimizer_config.optimizer_cpu_offload)."""
-    grads = "unset" if engine.grad_offload is None else engine.grad_offload
+    grads = "unset" if engine.grad_offload is None else on(engine.grad_offload)
     cpu_share = cpu_optimizer_fraction(plan, role)
-    return (f"params {engine.param_offload}, grads {grads}, optimizer {engine.optimizer_offload}"
+    return (f"params {on(engine.param_offload)}, grads {grads}, optimizer {on(engine.optimizer_offload)}"
             + (f" (CPU optimizer {100 * cpu_share:g}%)" if cpu_share else ""))
 
 
@@ -437,23 +474,23 @@ def _megatron_rows(plan: Plan) -> list[tuple[str, str]]:
     """A Megatron plan's own offload, recompute and parallel knobs (its FSDP fields are unused: rule
     fsdp_knobs_on_a_megatron_plan)."""
     engine, ref = plan.engine("actor"), plan.engine("ref")
-    offload = f"{_megatron_offload(engine, plan, 'actor')}; ref params {ref.param_offload}"
+    offload = f"{_megatron_offload(engine, plan, 'actor')}; ref params {on(ref.param_offload)}"
     if plan.uses_critic:
         offload += f"; critic {_megatron_offload(plan.engine('critic'), plan, 'critic')}"
     vpp = engine.virtual_pipeline_model_parallel_size
     return [
         ("offload", offload),
-        ("activations", f"{_megatron_recompute(engine)}, remove padding {plan.model.use_remove_padding}"),
+        ("activations", f"{_megatron_recompute(engine)}, remove padding {on(plan.model.use_remove_padding)}"),
         ("parallel", f"TP {engine.tensor_model_parallel_size}, PP {engine.pipeline_model_parallel_size}"
                      + (f", VPP {vpp}" if vpp else "") + f", CP {engine.context_parallel_size}, "
                      f"EP {engine.expert_model_parallel_size}, ETP {engine.expert_tensor_size}, "
-                     f"sequence parallel {engine.sequence_parallel and engine.tensor_model_parallel_size > 1}, "
-                     f"distributed optimizer {engine.use_distributed_optimizer}"),
+                     f"sequence parallel {on(engine.sequence_parallel and engine.tensor_model_parallel_size > 1)}, "
+                     f"distributed optimizer {on(engine.use_distributed_optimizer)}"),
     ]
 
 
 def knobs_table(plan: Plan):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     actor, rollout, model = plan.actor, plan.rollout, plan.model
     rows = [
@@ -472,11 +509,11 @@ def knobs_table(plan: Plan):
                     f"util {rollout.gpu_memory_utilization:.2f}, "
                     f"max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens {rollout.max_num_batched_tokens}, "
                     f"max_model_len {rollout.max_model_len}, sleep level {rollout.sleep_level}, "
-                    f"multi-stage wake {rollout.multi_stage_wake_up}, "
-                    f"load_format {rollout.load_format}, layered_summon {rollout.layered_summon}"),
+                    f"multi-stage wake {on(rollout.multi_stage_wake_up)}, "
+                    f"load_format {rollout.load_format}, layered_summon {on(rollout.layered_summon)}"),
         ("stack", plan.stack.describe(rollout.name)),
     ]
-    table = Table(title="Plan", show_header=False, title_justify="left")
+    table = FittedTable(title="Plan", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     for key, value in rows:
@@ -507,11 +544,11 @@ def validation_tables(reports: PlanReports, fix: str | None = None) -> list[Any]
     margin warning among them) and the memory per phase."""
     from rich.text import Text
 
-    out: list[Any] = [verdict(reports), Text(margin_text(reports.margin))]
+    out: list[Any] = [verdict(reports), Text(margin_summary(reports.margin))]
     if fix:
         out.append(Text(f"Fix: {fix}", style="bold"))
     out.extend(_violations(reports))
-    out.append(phase_table(reports.memory, detailed=False))
+    out.append(phase_table(reports.memory, detailed=False, allocator=reports.allocator))
     return out
 
 
@@ -526,9 +563,11 @@ def explain_tables(reports: PlanReports) -> list[Any]:
         f"KV cache per rank: {gib(max(memory.kv_cache_bytes, 0)):.2f} GiB = {memory.kv_cache_tokens} tokens, "
         f"{memory.max_concurrent_sequences} full-length sequences at once (util "
         f"{plan.rollout.gpu_memory_utilization:.2f})."))
+    batches = ("micro batches filled to their token budgets (dynamic batch size)" if plan.actor.use_dynamic_bsz
+               else "fixed micro batches")
     out.append(Text(
-        f"Loss head priced: {resolved_loss_head(plan)}; fixed micro batches at {reports.expected_prompt_length} "
-        f"prompt + {reports.expected_response_length} response tokens per sequence on average "
+        f"Loss head priced: {resolved_loss_head(plan)}; {batches} at {reports.expected_prompt_length} prompt + "
+        f"{reports.expected_response_length} response tokens per sequence on average "
         f"(max {plan.data.max_prompt_length} + {plan.data.max_response_length})."))
     for note in memory.notes:
         out.append(Text(f"note: {note}", style="dim"))
@@ -546,13 +585,13 @@ def solve_summary(plan: Plan, result: SolveResult, output: str | None, profile: 
     assert prediction is not None
     out: list[Any] = [knobs_table(plan)]
     reports = plan_reports(plan, profile, headroom)
-    out.append(phase_table(reports.memory, detailed=False))
+    out.append(phase_table(reports.memory, detailed=False, allocator=reports.allocator))
     out.append(time_table(reports.step, reports.lengths, reports.plan))
     where = f"written to {output}" if output else "not written"
     out.append(Text(
         f"Solved: {result.feasible} feasible of {result.evaluated} candidates evaluated; plan {where}. "
         f"Peak {prediction.gpu_peak_gib:.2f} GiB per GPU, step ~{prediction.step_time_s:.1f} s.", style="bold green"))
-    out.append(Text(margin_text(reports.margin)))
+    out.append(Text(margin_summary(reports.margin)))
     note = host_note(plan, reports.memory, host_assumption)
     if note:
         out.append(Text(note, style="yellow" if "offloads" in note else ""))
@@ -628,10 +667,31 @@ def infeasible_json(result: SolveResult, margin: Margin, host_assumption: str | 
     return {
         "feasible": False, "binding": diagnosis.binding, "message": diagnosis.message,
         "suggestions": [{"change": s.change, "detail": s.detail, "step_time_s": s.step_time_s,
-                         "gpus": s.gpus, "more_gpus": s.more_gpus} for s in diagnosis.suggestions],
+                         "gpus": s.gpus, "more_gpus": s.more_gpus, "kind": s.kind, "tokens_kept": s.tokens_kept}
+                        for s in diagnosis.suggestions],
+        "ranked_by": {kind: RANKED_BY[kind] for kind in dict.fromkeys(s.kind for s in diagnosis.suggestions)},
         "evaluated": result.evaluated, "headroom_gib": round(margin.gib, 3),
         "host_memory_assumed": host_assumption,
     }
+
+
+def infeasible_lines(diagnosis: Diagnosis, cluster: Cluster) -> list[str]:
+    """`solve` when nothing fits, as text: what binds, then the changes that fit in their groups (other hardware,
+    the run changed on this hardware, a smaller margin), each group saying how it is ranked (solver.RANKED_BY)."""
+    groups = {"hardware": f"The run as asked on other hardware, {RANKED_BY['hardware']}:",
+              "workload": f"On {cluster.world_size} x {cluster.gpu.name} with the run changed, {RANKED_BY['workload']}:",
+              "margin": f"Or the run and the hardware as asked with a smaller margin, {RANKED_BY['margin']}:"}
+    if not any(s.kind in groups for s in diagnosis.suggestions):
+        return [diagnosis.message]
+    lines = [f"Nothing fits: {diagnosis.binding}.", "Changes that fit, each re-solved:"]
+    for kind, title in groups.items():
+        shown = [s for s in diagnosis.suggestions if s.kind == kind]
+        if shown:
+            lines.append(f"  {title}")
+        for s in shown:
+            kept = f"; {100 * s.tokens_kept:.0f} % of the run's tokens per step" if kind == "workload" else ""
+            lines.append(f"    {s.change}   {s.detail}{kept}; ~{s.step_time_s:g} s per step")
+    return lines
 
 
 def solved_json(plan: Plan, result: SolveResult, request: SolveRequest, *, output: str | None,
@@ -666,13 +726,13 @@ def top_candidates_table(rows: list[TopCandidate]):
     The best shows every searched knob; the others only where they differ from it, so the
     trade-off each one makes is readable at a glance.
     """
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     def shown(value: Any) -> str:
         return str(value).lower() if isinstance(value, bool) else str(value)
 
     margin = f"; every one leaves at least the {rows[0].headroom_gib:.2f} GiB margin" if rows else ""
-    table = Table(title=f"The {len(rows)} best candidates (seconds per phase at the expected lengths){margin}",
+    table = FittedTable(title=f"The {len(rows)} best candidates (seconds per phase at the expected lengths){margin}",
                   title_justify="left")
     table.add_column("#")
     table.add_column("step s", justify="right")
@@ -718,11 +778,11 @@ def presets_json(kind: str) -> dict[str, Any]:
 
 
 def preset_table(kind: str):
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     data = presets_json(kind)
     if kind == "gpus":
-        table = Table(title="GPU presets (--gpu)", title_justify="left")
+        table = FittedTable(title="GPU presets (--gpu)", title_justify="left")
         for column in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "PCIe GB/s", "intra-node GB/s",
                        "host GiB/GPU"):
             table.add_column(column, justify="left" if column == "name" else "right")
@@ -730,7 +790,7 @@ def preset_table(kind: str):
             table.add_row(name, f"{g['memory_gib']:g}", f"{g['bf16_tflops']:g}", f"{g['hbm_gbps']:g}",
                           f"{g['pcie_gbps']:g}", f"{g['intranode_gbps']:g}", f"{g['host_memory_gib_per_gpu']:g}")
         return table
-    table = Table(title="Model presets (--model takes the name or any listed repo id)", title_justify="left")
+    table = FittedTable(title="Model presets (--model takes the name or any listed repo id)", title_justify="left")
     for column in ("name", "family", "params B", "active B", "repo ids"):
         table.add_column(column, justify="right" if "B" in column else "left")
     for name, p in data.items():

@@ -386,13 +386,49 @@ ROOT_RESHARDS_AFTER_FORWARD_SGLANG = Behaviour(name="root_reshards_after_forward
                                                code_path=_ROOT_RESHARD_CODE_PATH + " (sglang 0.5.0 pins torch 2.8.0)",
                                                summary=_ROOT_RESHARD_SUMMARY)
 
+# Where verl flushes torch's caching allocator around the weight sync and the rollout, and whether its trainer
+# phases run on expandable segments (memory.allocator_trace replays a step with them).
+EMPTIES_CACHE_BEFORE_SYNC = Behaviour(
+    name="empties_cache_before_sync", package="verl", before="0.8.0",
+    code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.3-v0.5: empty_cache before state_dict); "
+              "fsdp_workers.py rollout_mode (v0.6, v0.7: aggressive_empty_cache first); the v0.8 engine workers' "
+              "update_weights flushes only after the sync (engine_workers.py, read at HEAD 2026-01-29)",
+    summary="the trainer's cache is flushed before the weight sync")
+EMPTIES_CACHE_AFTER_SYNC = Behaviour(
+    name="empties_cache_after_sync", package="verl", since="0.4.0",
+    code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.4.0: empty_cache after update_params, "
+              "before wake_up(kv_cache)); fsdp_workers.py rollout_mode (v0.6, v0.7); engine_workers.py "
+              "update_weights (v0.8+: aggressive_empty_cache before resume kv_cache)",
+    summary="the weight sync's gathered tensors are flushed from the cache before the KV cache wakes")
+EMPTIES_CACHE_AFTER_ROLLOUT = Behaviour(
+    name="empties_cache_after_rollout", package="verl", before="0.8.0",
+    code_path="verl/workers/sharding_manager/fsdp_vllm.py __exit__ (v0.3-v0.5: empty_cache after sleep; v0.4+ "
+              "also generate_sequences' end); fsdp_workers.py trainer_mode (v0.6, v0.7: aggressive_empty_cache)",
+    summary="the trainer's cache is flushed when the engine goes to sleep")
+ENGINE_IN_TRAINER_PROCESS = Behaviour(
+    name="engine_in_trainer_process", package="verl", before="0.7.0",
+    code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py (sync mode: vLLM's LLM with the "
+              "external_launcher executor in the worker, v0.3-v0.5) and v0.6's in-process "
+              "ExternalZeroMQDistributedExecutor; v0.7's vLLMHttpServer runs vLLM in its own processes "
+              "(shared/reference/verl-metrics.md)",
+    summary="vLLM runs in the trainer's process: its forward passes use the trainer's caching allocator")
+TRAINER_EXPANDABLE_SEGMENTS = Behaviour(
+    name="trainer_expandable_segments", package="verl", since="0.6.0",
+    code_path="verl/workers/fsdp_workers.py trainer_mode set_expandable_segments(True), rollout_mode False "
+              "(v0.6.0, v0.7.0); engine_workers.py update_weights False for the sync, True after (v0.8+); "
+              "verl/utils/device.py torch.cuda.memory._set_allocator_settings",
+    summary="the trainer phases allocate from expandable segments whatever PYTORCH_CUDA_ALLOC_CONF says; "
+            "the weight sync does not")
+
 BEHAVIOURS: tuple[Behaviour, ...] = (
     ENTROPY_COEFF_DEFAULT_0001, REFERENCE_ALWAYS_RUNS, ENTROPY_IN_EVERY_PASS, REWARD_TIMED_IN_ADV,
     EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
-    SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG)
+    SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
+    EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
+    TRAINER_EXPANDABLE_SEGMENTS)
 
 
 # The ranks vLLM's LoRAConfig takes as max_lora_rank (vllm/config.py LoRAConfig.__post_init__ possible_max_ranks;

@@ -614,14 +614,36 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     fields["reward.function"] = _reward_function(sorted_.reward)
     resolved = _resolve_model(str(model_path), local_config_reader, warnings)
     resolved = _with_overridden_context(resolved, passthrough, warnings)
-    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, text, versions,
+    # A file of overrides is no shell: only a script's own commands can export an engine switch.
+    script = "" if _is_overrides_file(text) else text
+    plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
                              warnings)
     kept = tuple(passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]
     if unmodeled:
         warnings.append(f"kept {len(unmodeled)} verl key(s) rlplan does not model, rendered back unchanged: "
                         f"{', '.join(unmodeled)}.")
+    alloc_conf = _alloc_conf(command.scope)
+    if alloc_conf is not None:
+        plan = plan.evolve(trainer=attrs.evolve(plan.trainer, pytorch_cuda_alloc_conf=alloc_conf))
     return ImportResult(plan=plan.evolve(passthrough=passthrough), warnings=tuple(warnings), passthrough_keys=kept)
+
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def _alloc_conf(scope: ShellScope | None) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF the script exports or --env pins (None: neither; the importing shell's own is
+    not the cluster's), refused by name where torch would refuse it (memory.allocator prices it)."""
+    if scope is None or not (ALLOC_CONF in scope.pinned or ALLOC_CONF in scope.assigned_by_script):
+        return None
+    value = scope.pinned[ALLOC_CONF] if ALLOC_CONF in scope.pinned else scope.values.get(ALLOC_CONF)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    from rlplan.planner.memory.allocator import parse_alloc_conf
+
+    parse_alloc_conf(value, ALLOC_CONF)
+    return value
 
 
 # A recipe's own rollout placement (recipe/one_step_off_policy, recipe/fully_async_policy): the rollout on GPUs

@@ -85,3 +85,10 @@ def estimators_of(version: str) -> frozenset[str]:
 def all_estimators() -> tuple[str, ...]:
     """Every estimator some release read accepts, sorted."""
     return tuple(sorted(_data()["estimators"]))
+
+
+def supported_releases_text() -> str:
+    """What `rlplan --version` says of the verl releases a plan can target (`--verl-version`)."""
+    read = releases_read()
+    return (f"verl releases planned for (--verl-version; each release's own keys and estimators read into "
+            f"presets/{INVENTORY_FILE}): {', '.join(read)}; a patch release between two has the older one's keys")

@@ -20,8 +20,10 @@ from typing import Any, Literal
 
 from attrs import frozen
 
+from rlplan.planner import verl_inventory
 from rlplan.planner.errors import PlanError
 from rlplan.planner.quoting import UnclosedQuote, unquoted
+from rlplan.planner.verl_inventory import TrainerBackend
 
 # str_list: one string or a list (verl spells one module/file as a string); list: always a list.
 Kind = Literal["int", "float", "bool", "str", "str_list", "list"]
@@ -43,29 +45,46 @@ class Follows:
 @frozen(kw_only=True)
 class VerlKey:
     field: str
+    # The newest release's spelling: what verl reads today, what the table is looked up by.
     key: str
     kind: Kind
     default: Any
     # The plan may leave it unset (None): then it is not rendered and verl's default applies.
     optional: bool = False
     backend: Backend = "any"
-    # The verl versions that have the key (`since` inclusive, `before` exclusive; None: every version read,
-    # v0.3.0.post1 on), read in verl's tagged trainer config: render refuses a key its target verl lacks, and
-    # import infers the stack from keys only some versions have (planner/stack.py).
-    since: str | None = None
-    before: str | None = None
+    # The same knob's older spellings, newest first (critic.fsdp.param_offload was
+    # critic.model.fsdp_config.param_offload up to 0.7.x). Which releases have each spelling is not kept here: it is
+    # read from verl's own configs per release (presets/verl_inventory.json, planner/verl_inventory.py). Import
+    # reads every spelling; render writes the target release's.
+    older: tuple[str, ...] = ()
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return (self.key, *self.older)
+
+    def trainer_configs(self) -> tuple[TrainerBackend, ...]:
+        """The trainer configs whose table has this entry."""
+        return ("fsdp", "megatron") if self.backend == "any" else (self.backend,)
+
+    def spelling_for(self, version: str, backend: TrainerBackend) -> str | None:
+        """How verl `version`'s trainer config of that backend spells the knob (the newest spelling it has);
+        None where that release has no spelling of it."""
+        return spelled(self.spellings, version, backend)
+
+    def releases(self, backend: TrainerBackend) -> tuple[str, ...]:
+        """The releases read whose trainer config of that backend has some spelling of the knob."""
+        return tuple(release for release in verl_inventory.releases_read() if self.spelling_for(release, backend))
 
 
-def _k(field: str, key: str, kind: Kind, default: Any, optional: bool = False, *, since: str | None = None,
-       before: str | None = None) -> VerlKey:
-    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, since=since, before=before)
+def _k(field: str, key: str, kind: Kind, default: Any, optional: bool = False, *, older: tuple[str, ...] = ()
+       ) -> VerlKey:
+    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, older=older)
 
 
-def _fsdp(field: str, key: str, kind: Kind, default: Any, optional: bool = False, *, since: str | None = None,
-          before: str | None = None) -> VerlKey:
+def _fsdp(field: str, key: str, kind: Kind, default: Any, optional: bool = False, *, older: tuple[str, ...] = ()
+          ) -> VerlKey:
     """A key only ppo_trainer.yaml has (Hydra refuses it on the Megatron trainer's config)."""
-    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, backend="fsdp",
-                   since=since, before=before)
+    return VerlKey(field=field, key=key, kind=kind, default=default, optional=optional, backend="fsdp", older=older)
 
 
 def _mcore(field: str, key: str, kind: Kind, default: Any, optional: bool = False) -> VerlKey:
@@ -137,14 +156,13 @@ def _log_prob_keys(section: Literal["ref", "rollout"]) -> tuple[VerlKey, ...]:
 VERL_KEYS: tuple[VerlKey, ...] = (
     # --- model --------------------------------------------------------------
     _k("model.path", f"{ARF}.model.path", "str", None),
-    _fsdp("model.lora.rank", f"{ARF}.model.lora_rank", "int", 0, since="0.4.0"),
-    _fsdp("model.lora.alpha", f"{ARF}.model.lora_alpha", "int", 16, since="0.4.0"),
-    _fsdp("model.lora.target_modules", f"{ARF}.model.target_modules", "str_list", ("all-linear",),
-          since="0.4.0"),
+    _fsdp("model.lora.rank", f"{ARF}.model.lora_rank", "int", 0),
+    _fsdp("model.lora.alpha", f"{ARF}.model.lora_alpha", "int", 16),
+    _fsdp("model.lora.target_modules", f"{ARF}.model.target_modules", "str_list", ("all-linear",)),
     _k("model.gradient_checkpointing", f"{ARF}.model.enable_gradient_checkpointing", "bool", True),
-    _k("model.activation_offload", f"{ARF}.model.enable_activation_offload", "bool", False, since="0.4.0"),
+    _k("model.activation_offload", f"{ARF}.model.enable_activation_offload", "bool", False),
     _k("model.use_remove_padding", f"{ARF}.model.use_remove_padding", "bool", True),
-    _k("model.use_fused_kernels", f"{ARF}.model.use_fused_kernels", "bool", False, since="0.4.0"),
+    _k("model.use_fused_kernels", f"{ARF}.model.use_fused_kernels", "bool", False),
     # --- cluster ------------------------------------------------------------
     _k("cluster.nodes", "trainer.nnodes", "int", 1),
     _k("cluster.gpus_per_node", "trainer.n_gpus_per_node", "int", 8),
@@ -152,7 +170,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("data.train_batch_size", "data.train_batch_size", "int", 1024),
     _k("data.max_prompt_length", "data.max_prompt_length", "int", 512),
     _k("data.max_response_length", "data.max_response_length", "int", 512),
-    _k("data.gen_batch_size", "data.gen_batch_size", "int", None, True, since="0.9.0"),
+    _k("data.gen_batch_size", "data.gen_batch_size", "int", None, True),
     _k("data.train_files", "data.train_files", "str_list", ("~/data/rlhf/gsm8k/train.parquet",)),
     _k("data.val_files", "data.val_files", "str_list", ("~/data/rlhf/gsm8k/test.parquet",)),
     _k("data.prompt_key", "data.prompt_key", "str", "prompt"),
@@ -160,7 +178,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("data.filter_overlong_prompts", "data.filter_overlong_prompts", "bool", False),
     _k("data.shuffle", "data.shuffle", "bool", True),
     # verl's null seed leaves the sampler unseeded; a plan always carries one.
-    _k("data.seed", "data.seed", "int", 1, since="0.6.1"),
+    _k("data.seed", "data.seed", "int", 1),
     # --- actor --------------------------------------------------------------
     _fsdp("actor.strategy", f"{ARF}.actor.strategy", "str", "fsdp"),
     _k("actor.ppo_mini_batch_size", f"{ARF}.actor.ppo_mini_batch_size", "int", 256),
@@ -174,30 +192,29 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _fsdp("actor.fsdp_size", f"{ARF}.actor.fsdp_config.fsdp_size", "int", -1),
     _fsdp("actor.param_offload", f"{ARF}.actor.fsdp_config.param_offload", "bool", False),
     _fsdp("actor.optimizer_offload", f"{ARF}.actor.fsdp_config.optimizer_offload", "bool", False),
-    _fsdp("actor.offload_policy", f"{ARF}.actor.fsdp_config.offload_policy", "bool", False, since="0.4.0"),
-    _fsdp("actor.entropy_from_logits_with_chunking", f"{ARF}.actor.entropy_from_logits_with_chunking", "bool", False,
-          since="0.4.1"),
-    _fsdp("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False, since="0.4.1"),
+    _fsdp("actor.offload_policy", f"{ARF}.actor.fsdp_config.offload_policy", "bool", False),
+    _fsdp("actor.entropy_from_logits_with_chunking", f"{ARF}.actor.entropy_from_logits_with_chunking", "bool", False),
+    _fsdp("actor.entropy_checkpointing", f"{ARF}.actor.entropy_checkpointing", "bool", False),
     _k("actor.use_torch_compile", f"{ARF}.actor.use_torch_compile", "bool", True),
-    _fsdp("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32", since="0.6.0"),
-    _fsdp("actor.compute_dtype", f"{ARF}.actor.fsdp_config.dtype", "str", "bfloat16", since="0.6.1"),
+    _fsdp("actor.model_dtype", f"{ARF}.actor.fsdp_config.model_dtype", "str", "fp32"),
+    _fsdp("actor.compute_dtype", f"{ARF}.actor.fsdp_config.dtype", "str", "bfloat16"),
     _k("actor.lr", f"{ARF}.actor.optim.lr", "float", 1e-6),
-    _k("actor.weight_decay", f"{ARF}.actor.optim.weight_decay", "float", 0.01, since="0.4.0"),
+    _k("actor.weight_decay", f"{ARF}.actor.optim.weight_decay", "float", 0.01),
     # verl's -1 means "use lr_warmup_steps_ratio", which defaults to 0: no warm-up.
     _k("actor.lr_warmup_steps", f"{ARF}.actor.optim.lr_warmup_steps", "int", 0),
     _fsdp("actor.grad_clip", f"{ARF}.actor.grad_clip", "float", 1.0),
-    _k("actor.clip_ratio_low", f"{ARF}.actor.clip_ratio_low", "float", 0.2, since="0.4.0"),
-    _k("actor.clip_ratio_high", f"{ARF}.actor.clip_ratio_high", "float", 0.2, since="0.4.0"),
-    _k("actor.clip_ratio_c", f"{ARF}.actor.clip_ratio_c", "float", 3.0, since="0.4.0"),
-    _k("actor.loss_agg_mode", f"{ARF}.actor.loss_agg_mode", "str", "token-mean", since="0.4.0"),
+    _k("actor.clip_ratio_low", f"{ARF}.actor.clip_ratio_low", "float", 0.2),
+    _k("actor.clip_ratio_high", f"{ARF}.actor.clip_ratio_high", "float", 0.2),
+    _k("actor.clip_ratio_c", f"{ARF}.actor.clip_ratio_c", "float", 3.0),
+    _k("actor.loss_agg_mode", f"{ARF}.actor.loss_agg_mode", "str", "token-mean"),
     _k("actor.use_kl_loss", f"{ARF}.actor.use_kl_loss", "bool", False),
     _k("actor.kl_loss_coef", f"{ARF}.actor.kl_loss_coef", "float", 0.001),
     _k("actor.kl_loss_type", f"{ARF}.actor.kl_loss_type", "str", "low_var_kl"),
     _k("actor.entropy_coeff", f"{ARF}.actor.entropy_coeff", "float", 0.0),
     # --- reference ------------------------------------------------------------
     _fsdp("ref.param_offload", f"{ARF}.ref.fsdp_config.param_offload", "bool", False),
-    _fsdp("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32", since="0.6.0"),
-    _fsdp("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16", since="0.6.1"),
+    _fsdp("ref.model_dtype", f"{ARF}.ref.fsdp_config.model_dtype", "str", "fp32"),
+    _fsdp("ref.compute_dtype", f"{ARF}.ref.fsdp_config.dtype", "str", "bfloat16"),
     *_log_prob_keys("ref"),
     # --- rollout (verl passes these on to vLLM's engine arguments) ------------
     _k("rollout.n", f"{ARF}.rollout.n", "int", 1),
@@ -208,14 +225,14 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("rollout.max_num_batched_tokens", f"{ARF}.rollout.max_num_batched_tokens", "int", 8192),
     _k("rollout.max_model_len", f"{ARF}.rollout.max_model_len", "int", None, True),
     _k("rollout.enable_chunked_prefill", f"{ARF}.rollout.enable_chunked_prefill", "bool", True),
-    _k("rollout.enable_prefix_caching", f"{ARF}.rollout.enable_prefix_caching", "bool", True, since="0.6.0"),
+    _k("rollout.enable_prefix_caching", f"{ARF}.rollout.enable_prefix_caching", "bool", True),
     _k("rollout.enforce_eager", f"{ARF}.rollout.enforce_eager", "bool", False),
     _k("rollout.free_cache_engine", f"{ARF}.rollout.free_cache_engine", "bool", True),
-    _fsdp("rollout.layered_summon", f"{ARF}.rollout.layered_summon", "bool", False, since="0.4.0"),
+    _fsdp("rollout.layered_summon", f"{ARF}.rollout.layered_summon", "bool", False),
     # verl's YAML default is false, but verl (b178a3cd) never reads the key: fsdp_workers.py
     # rollout_mode resumes "weights", syncs, then resumes "kv_cache" whenever free_cache_engine,
     # so a staged wake is what verl does when a script leaves it unset.
-    _k("rollout.multi_stage_wake_up", f"{ARF}.rollout.multi_stage_wake_up", "bool", True, since="0.4.1"),
+    _k("rollout.multi_stage_wake_up", f"{ARF}.rollout.multi_stage_wake_up", "bool", True),
     _k("rollout.load_format", f"{ARF}.rollout.load_format", "str", "dummy"),
     _k("rollout.dtype", f"{ARF}.rollout.dtype", "str", "bfloat16"),
     _k("rollout.temperature", f"{ARF}.rollout.temperature", "float", 1.0),
@@ -223,11 +240,12 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("rollout.top_k", f"{ARF}.rollout.top_k", "int", -1),
     _k("rollout.ignore_eos", f"{ARF}.rollout.ignore_eos", "bool", False),
     *_log_prob_keys("rollout"),
-    _k("rollout.agent_num_workers", f"{ARF}.rollout.agent.num_workers", "int", 8, since="0.5.0"),
+    _k("rollout.agent_num_workers", f"{ARF}.rollout.agent.num_workers", "int", 8),
     _k("rollout.update_weights_bucket_megabytes",
-       f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048, since="0.7.1"),
+       f"{ARF}.rollout.checkpoint_engine.update_weights_bucket_megabytes", "int", 2048,
+       older=(f"{ARF}.rollout.update_weights_bucket_megabytes",)),
     # --- critic ---------------------------------------------------------------
-    _k("critic.enable", "critic.enable", "bool", None, True, since="0.6.0"),
+    _k("critic.enable", "critic.enable", "bool", None, True),
     _k("critic.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "int", None, True),
     _k("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu", "int", None, True),
     _k("critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size", "int", None, True),
@@ -238,10 +256,14 @@ VERL_KEYS: tuple[VerlKey, ...] = (
        Follows("critic.ppo_max_token_len_per_gpu")),
     _k("critic.ppo_epochs", "critic.ppo_epochs", "int", Follows("actor.ppo_epochs")),
     _fsdp("critic.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size", "int", 1),
-    _fsdp("critic.param_offload", "critic.fsdp.param_offload", "bool", False, since="0.8.0"),
-    _fsdp("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False, since="0.8.0"),
-    _fsdp("critic.offload_policy", "critic.fsdp.offload_policy", "bool", False, since="0.8.0"),
-    _fsdp("critic.compute_dtype", "critic.fsdp.dtype", "str", "bfloat16", since="0.8.0"),
+    _fsdp("critic.param_offload", "critic.fsdp.param_offload", "bool", False,
+          older=("critic.model.fsdp_config.param_offload",)),
+    _fsdp("critic.optimizer_offload", "critic.fsdp.optimizer_offload", "bool", False,
+          older=("critic.model.fsdp_config.optimizer_offload",)),
+    _fsdp("critic.offload_policy", "critic.fsdp.offload_policy", "bool", False,
+          older=("critic.model.fsdp_config.offload_policy",)),
+    _fsdp("critic.compute_dtype", "critic.fsdp.dtype", "str", "bfloat16",
+          older=("critic.model.fsdp_config.dtype",)),
     _fsdp("critic.gradient_checkpointing", "critic.model.enable_gradient_checkpointing", "bool", True),
     _fsdp("critic.use_remove_padding", "critic.model.use_remove_padding", "bool", True),
     _k("critic.lr", "critic.optim.lr", "float", 1e-5),
@@ -249,10 +271,10 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _fsdp("critic.grad_clip", "critic.grad_clip", "float", 1.0),
     # --- algorithm ------------------------------------------------------------
     _k("algorithm.adv_estimator", "algorithm.adv_estimator", "str", "gae"),
-    _k("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std_in_grpo", "bool", True, since="0.4.0"),
+    _k("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std_in_grpo", "bool", True),
     _k("algorithm.gamma", "algorithm.gamma", "float", 1.0),
     _k("algorithm.lam", "algorithm.lam", "float", 1.0),
-    _k("algorithm.use_kl_in_reward", "algorithm.use_kl_in_reward", "bool", False, since="0.4.0"),
+    _k("algorithm.use_kl_in_reward", "algorithm.use_kl_in_reward", "bool", False),
     _k("algorithm.kl_penalty", "algorithm.kl_penalty", "str", "kl"),
     _k("algorithm.kl_coef", "algorithm.kl_ctrl.kl_coef", "float", 0.001),
     # --- trainer --------------------------------------------------------------
@@ -268,9 +290,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("trainer.output_dir", "trainer.default_local_dir", "str",
        "checkpoints/${trainer.project_name}/${trainer.experiment_name}"),
     # The seed of the actor engine (model init, dropout): the closest verl has to one run seed.
-    _fsdp("trainer.seed", f"{ARF}.actor.fsdp_config.seed", "int", 42, since="0.7.0"),
+    _fsdp("trainer.seed", f"{ARF}.actor.fsdp_config.seed", "int", 42),
     _k("trainer.balance_batch", "trainer.balance_batch", "bool", True),
-    _k("trainer.val_before_train", "trainer.val_before_train", "bool", True, since="0.4.0"),
+    _k("trainer.val_before_train", "trainer.val_before_train", "bool", True),
     _k("trainer.max_checkpoints_to_keep", "trainer.max_actor_ckpt_to_keep", "int", None, True),
     # --- the Megatron backend (ppo_megatron_trainer.yaml, verl/workers/config/engine.py McoreEngineConfig) ---
     _mcore("actor.strategy", f"{ARF}.actor.strategy", "str", "megatron"),
@@ -312,7 +334,7 @@ BY_FIELD: dict[str, VerlKey] = _first_per("field")
 BY_KEY: dict[str, VerlKey] = _first_per("key")
 
 
-def backend_of(strategy: str) -> Backend:
+def backend_of(strategy: str) -> TrainerBackend:
     return "megatron" if strategy == "megatron" else "fsdp"
 
 
@@ -341,19 +363,27 @@ def backend_has(key: str, backend: Backend) -> bool:
 _KEYS_OF: dict[Backend, frozenset[str]] = {
     backend: frozenset(entry.key for entry in VERL_KEYS if has_key(entry, backend)) for backend in ("fsdp", "megatron")}
 
-# The user's reward function `path:name` is two verl keys (verl 0.9 reads the `reward.` pair;
-# older scripts set the top-level pair, which the importer still reads).
+# The user's reward function `path:name` is two verl keys: the `reward.` pair from verl 0.7.1, the top-level pair
+# before (which 0.7.1 on still has, unread). Newest spelling first, as a VerlKey's.
 REWARD_PATH_KEY = "reward.custom_reward_function.path"
 REWARD_NAME_KEY = "reward.custom_reward_function.name"
+REWARD_SPELLINGS: dict[str, tuple[str, ...]] = {
+    REWARD_PATH_KEY: (REWARD_PATH_KEY, "custom_reward_function.path"),
+    REWARD_NAME_KEY: (REWARD_NAME_KEY, "custom_reward_function.name"),
+}
 DEFAULT_REWARD_NAME = "compute_score"
 
-# Keys older verl versions spelled differently, read by the importer as today's key.
-KEY_ALIASES = {
-    "custom_reward_function.path": REWARD_PATH_KEY,
-    "custom_reward_function.name": REWARD_NAME_KEY,
-    "critic.model.fsdp_config.param_offload": "critic.fsdp.param_offload",
-    "critic.model.fsdp_config.optimizer_offload": "critic.fsdp.optimizer_offload",
+# Older spellings, read by the importer as today's key: every table entry's, and the reward pair's.
+KEY_ALIASES: dict[str, str] = {
+    **{old: entry.key for entry in VERL_KEYS for old in entry.older},
+    **{old: key for key, spellings in REWARD_SPELLINGS.items() for old in spellings[1:]},
 }
+
+
+def spelled(spellings: tuple[str, ...], version: str, backend: TrainerBackend) -> str | None:
+    """The newest of these spellings that verl `version`'s trainer config of that backend has."""
+    return next((key for key in spellings if verl_inventory.has_key(version, key, backend)), None)
+
 
 # Keys a render also writes, for a consistent verl config, from the plan field named; an import
 # drops them when they agree with that field and keeps them in passthrough otherwise.
@@ -386,6 +416,8 @@ RLPLAN_ONLY_FIELDS: dict[str, str] = {
     "actor.loss_head": "auto: the head verl runs for the plan (model.use_fused_kernels, use_remove_padding); chunked: rlplan's runtime",
     "data.expected_prompt_length": "the --expected-prompt-len flag (unset: max_prompt_length)",
     "data.expected_response_length": "the --expected-response-len flag (unset: max_response_length)",
+    "trainer.pytorch_cuda_alloc_conf": "the script's `export PYTORCH_CUDA_ALLOC_CONF=...` (or --env), rendered back "
+                                       "as that export",
 }
 
 
@@ -582,10 +614,17 @@ def _has_interpolation(quoted_body: str) -> bool:
 # verl's other spellings of a value, read as the plan's (verl/utils/torch_dtypes.py::PrecisionType accepts
 # fp32 / float32 / 32 and bf16 / bfloat16 for fsdp_config.model_dtype).
 _PRECISION_SPELLINGS = {"32": "fp32", "float32": "fp32", "bfloat16": "bf16"}
+# verl <= 0.5's rollout.load_format defaults were dummy_dtensor (FSDP) and dummy_megatron: random weights the first
+# sync overwrites, as dummy (verl/workers/rollout/vllm_rollout: `"dummy" if load_format.startswith("dummy")`).
+_DUMMY_SPELLINGS = {"dummy_dtensor": "dummy", "dummy_megatron": "dummy", "dummy_hf": "dummy"}
 VALUE_SPELLINGS: dict[str, dict[str, str]] = {
     "actor.model_dtype": _PRECISION_SPELLINGS,
     "ref.model_dtype": _PRECISION_SPELLINGS,
+    "rollout.load_format": _DUMMY_SPELLINGS,
 }
+# verl's own integer defaults that mean what the plan's value means: optim.lr_warmup_steps -1 is "use
+# lr_warmup_steps_ratio", whose default 0 is no warm-up (verl/utils/torch_functional.py, the optimizer builders).
+INT_SPELLINGS: dict[str, dict[int, int]] = {"actor.lr_warmup_steps": {-1: 0}}
 
 
 def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
@@ -595,7 +634,8 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
         return PlanError(field=entry.key, message=f"expects {expected}, got {raw!r}.",
                          fix=f"set {entry.key} to {expected}")
 
-    if value is None:
+    if value is None or (value == "None" and entry.optional and entry.kind != "str"):
+        # verl 0.5's ppo_megatron_trainer.yaml writes `expert_tensor_parallel_size: None`, a string to OmegaConf.
         if entry.optional:
             return None
         if isinstance(entry.default, Follows):
@@ -610,7 +650,7 @@ def coerce(entry: VerlKey, value: Any, raw: str) -> Any:
     if entry.kind == "int":
         if not number or not math.isfinite(value) or int(value) != value:
             raise bad("an integer below 2**63")
-        return int(value)
+        return INT_SPELLINGS.get(entry.field, {}).get(int(value), int(value))
     if entry.kind == "float":
         if not number or not math.isfinite(value):
             raise bad("a finite number")

@@ -327,25 +327,34 @@ def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
     code = execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))
     if code == ExitCode.OK:
         # soft_wrap: a command is never cut across lines, so it pastes as one.
-        console.print("\n".join(demo_next_steps(out)), markup=False, highlight=False, soft_wrap=True)
+        console.print("\n".join(demo_next_steps(out, model_dir, train_file)), markup=False, highlight=False,
+                      soft_wrap=True)
     return code
 
 
-def demo_next_steps(out: Path) -> list[str]:
-    """What to run after the demo: its report, its plan explained, then a plan of one's own (CPU or GPUs)."""
+# What `rlplan demo` suggests solving for this machine: the demo's own model and data, at its lengths and batch (the
+# toy data set holds DEMO_PROMPTS prompts, so the default batch of 256 prompts would not fit it).
+NEXT_CPU_WORKLOAD = ("--prompt-len", "48", "--response-len", "8", "--train-batch-size", "8", "--n", "8")
+
+
+def demo_next_steps(out: Path, model_dir: Path, train_file: Path) -> list[str]:
+    """What to run after the demo, each command runnable as printed from where the demo ran: its report, its plan
+    explained, a plan solved for this machine from a model directory and a data set (the demo's, to swap for
+    one's own) and its run, then a GPU cluster's plan rendered for verl."""
     run_dir, plan_file = shlex.quote(str(out / "run")), shlex.quote(str(out / "plan.toml"))
+    model, data = shlex.quote(str(model_dir)), shlex.quote(str(train_file))
     return [
         "The demo is a toy (a 2-layer model, 8-token answers): it shows the plan and the runtime end to end; its "
         "reward curve is no learning result.",
         "Next:",
         f"  rlplan report {run_dir}          # the run's charts, written to {run_dir}/report.html",
         f"  rlplan explain {plan_file}    # where the plan's memory goes, phase by phase",
-        "  rlplan solve --device cpu --model MODEL_DIR --prompt-len 256 --response-len 128 -o plan.toml"
-        "   # your model on this machine",
-        "  rlplan run plan.toml",
+        f"  rlplan solve --device cpu --model {model} --train-files {data} {' '.join(NEXT_CPU_WORKLOAD)} "
+        "-o cpu-plan.toml   # a plan for this machine: put your model directory and data set in",
+        "  rlplan run cpu-plan.toml --max-steps 2",
         "  rlplan solve --model qwen2.5-7b --gpus 8 --gpu h100-80g --prompt-len 1024 --response-len 2048 "
-        "-o plan.toml   # a GPU cluster",
-        "  rlplan render plan.toml --target verl -o run.sh   # ... run by verl (examples/ has ready plans)",
+        "--train-files ~/data/gsm8k/train.parquet -o gpu-plan.toml   # a GPU cluster",
+        "  rlplan render gpu-plan.toml --target verl -o run.sh   # ... run by verl (examples/ has ready plans)",
     ]
 
 

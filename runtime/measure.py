@@ -206,12 +206,12 @@ def measure_command(plan_path: str, phase: str, json_output: bool, head: str | N
 
 
 def _print_comparison(console: Console, comparison: MeasuredVsPredicted) -> None:
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     step = comparison.measured.step
     mib = 2**20
     entropy = f", {step.entropy_variant} entropy" if step.calculate_entropy else ""
-    table = Table(title=(f"{comparison.planner_phase}: {step.arch.family}, shard {step.shard_size}, "
+    table = FittedTable(title=(f"{comparison.planner_phase}: {step.arch.family}, shard {step.shard_size}, "
                          f"{step.tokens_per_micro_batch} tokens/micro batch, {step.loss_head} head{entropy}"))
     table.add_column("component")
     table.add_column("measured MiB", justify="right")

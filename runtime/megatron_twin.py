@@ -39,7 +39,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from attrs import frozen
@@ -87,9 +87,9 @@ class TwinCase:
     ep: int = 1
     seq: int = 1024
     micro_batches: int = 2
-    recompute: str | None = None  # "full" (uniform, recompute_num_layers) or None
+    recompute: Literal["full", "selective"] | None = None  # "full" (uniform, recompute_num_layers) or None
     recompute_num_layers: int = 1
-    recompute_method: str = "uniform"
+    recompute_method: Literal["uniform", "block"] = "uniform"
     distributed_optimizer: bool = True
     foreach: bool = True  # torch AdamW's multi-tensor path (the GPU's without TE / Apex; the CPU default is the loop)
     offload: bool = False  # verl's offload of params, grads and optimizer after the step, then the reload
@@ -308,7 +308,8 @@ def _state_parts(ddp: Any, optimizer: Any) -> dict[str, int]:
         return sum(seen.values())
 
     buffers = [*ddp.buffers, *ddp.expert_parallel_buffers]
-    main_params, moments = [], []
+    main_params: list[Any] = []
+    moments: list[Any] = []
     for inner in _inner_optimizers(optimizer):
         for group in inner.param_groups:
             main_params.extend(group["params"])
@@ -435,9 +436,10 @@ def _stage_tracker() -> Any:
             def resize_(storage: Any, size: int) -> Any:
                 result = resize(storage, size)
                 entry = tracker.sizes.get(id(storage))
+                nbytes = int(storage.nbytes())
                 if entry is not None and tracker.refs[id(storage)]() is storage:
-                    tracker.live += storage.nbytes() - entry[0]
-                    entry[0] = storage.nbytes()
+                    tracker.live += nbytes - entry[0]
+                    entry[0] = nbytes
                     tracker._note()
                 return result
 

@@ -481,10 +481,10 @@ def plan_versus_actual(predicted_gib: dict[str, float], measured_bytes: dict[str
 
 
 def plan_versus_actual_table(rows: list[dict[str, Any]]) -> Any:
-    from rich.table import Table
+    from rlplan.planner.tables import FittedTable
 
     measure = rows[0]["measure"] if rows else ""
-    table = Table(title=f"Plan versus actual: peak memory per phase (measured: {measure})")
+    table = FittedTable(title=f"Plan versus actual: peak memory per phase (measured: {measure})")
     table.add_column("phase")
     # On CPU the planner prices each phase as the resident set of the process that runs it, not a GPU.
     per = "per process" if measure.startswith("cpu") else "per GPU"

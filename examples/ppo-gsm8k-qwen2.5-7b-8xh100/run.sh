@@ -28,7 +28,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.strategy=fsdp2 \
     actor_rollout_ref.actor.ppo_mini_batch_size=64 \
     actor_rollout_ref.actor.use_dynamic_bsz=true \
-    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=5888 \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=6400 \
     actor_rollout_ref.actor.ppo_epochs=1 \
     actor_rollout_ref.actor.shuffle=false \
     actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 \
@@ -82,8 +82,8 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.agent.num_workers=8 \
     actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=2048 \
     critic.use_dynamic_bsz=true \
-    critic.ppo_max_token_len_per_gpu=7168 \
-    critic.forward_max_token_len_per_gpu=7168 \
+    critic.ppo_max_token_len_per_gpu=7680 \
+    critic.forward_max_token_len_per_gpu=7680 \
     critic.ppo_epochs=1 \
     critic.ulysses_sequence_parallel_size=1 \
     critic.fsdp.param_offload=false \

@@ -18,6 +18,7 @@ import sys
 from typing import Annotated, Any, NoReturn, get_args
 
 import typer
+from typer.core import TyperGroup
 
 from rlplan.planner.commands import solve_commands as steps
 from rlplan.planner.commands.commands_io import (
@@ -94,8 +95,8 @@ def expected_len_option(part: str, *, metavar: str | None = None, panel: str | N
 
 def headroom_option(*, panel: str | None = None) -> Any:
     return typer.Option("--headroom", metavar="10%|4GiB|0", rich_help_panel=panel,
-                        help="GPU memory every phase must leave free: a share of the GPU or an amount (default: from "
-                             "the model's measured error, at least 5 %; docs/accuracy.md 1c).")
+                        help="The margin: GPU memory every phase must leave free, a share of the GPU or an amount "
+                             "(default: from the model's measured error, at least 5 %; docs/accuracy.md 1c).")
 
 
 def plan_output_option(*, metavar: str | None = None, panel: str | None = None) -> Any:
@@ -121,8 +122,63 @@ VllmVersion = Annotated[str | None, typer.Option(
 SglangVersion = Annotated[str | None, typer.Option(
     "--sglang-version", metavar="X.Y.Z", rich_help_panel=STACK_PANEL, help="SGLang version (SGLang rollouts only).")]
 
+def asks_for_json(args: list[str]) -> bool:
+    """Whether a command line asks for --json (before a `--`, after which words are values)."""
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+# click's exceptions, wherever this typer takes click from (typer >= 0.23 carries its own copy, `typer._click`).
+CLICK_EXCEPTIONS = sys.modules[typer.BadParameter.__module__]
+
+
+def usage_error(error: Exception, command: str) -> PlanError:
+    """click's usage error (an option's bad value, an unknown option, a missing argument) as bad input naming
+    the option or argument, with the command's --help as the fix."""
+    context = getattr(error, "ctx", None)
+    command = context.command_path if context is not None else command
+    param = getattr(error, "param", None)
+    named = (param.opts[0] if getattr(param, "param_type_name", "") == "option" else param.human_readable_name) \
+        if param is not None else None
+    field = getattr(error, "option_name", None) or named or command
+    return PlanError(field=field, message=getattr(error, "format_message", error.__str__)(),
+                     fix=f"see `{command} --help`")
+
+
+class RlplanGroup(TyperGroup):
+    """The root command group: with --json, a usage error click finds while parsing (`--gpus 2.5`, an unknown
+    option, a missing argument) is one JSON object on stdout and exit 2, as every other error; without it,
+    click's own message on stderr."""
+
+    def main(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
+        words = list(sys.argv[1:] if args is None else args)
+        if not asks_for_json(words):
+            return super().main(words, *more, **kwargs)
+        try:
+            # Not standalone, so click raises its usage errors here rather than printing them; it then returns
+            # the exit code a command raised (typer.Exit) instead of exiting with it.
+            code = super().main(words, *more, **{**kwargs, "standalone_mode": False})
+        except CLICK_EXCEPTIONS.ClickException as error:
+            code = report_error(usage_error(error, self.command_path_of(words)), as_json=True)
+        except CLICK_EXCEPTIONS.Abort:
+            code = ExitCode.INTERRUPTED
+        sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+    def command_path_of(self, words: list[str]) -> str:
+        """`rlplan` and the (sub)command names the words start with: the command an error names when click's
+        error does not carry its context."""
+        path, command = ["rlplan"], self
+        for word in words:
+            sub = getattr(command, "commands", {}).get(word)
+            if sub is None:
+                break
+            path.append(word)
+            command = sub
+        return " ".join(path)
+
+
 app = typer.Typer(
     name="rlplan",
+    cls=RlplanGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings=HELP_OPTION_NAMES,
@@ -484,6 +540,8 @@ def presets(
 def schema(
     output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
                                                help="File to write (default: stdout).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="The schema is JSON already; with -o, print "
+                                              "{\"output\": FILE}; errors as one JSON object.")] = False,
 ) -> None:
     """Print the JSON Schema (draft 2020-12) of plan.toml, for TOML editors and scripts.
 
@@ -499,7 +557,10 @@ def schema(
         print(text, end="")
     else:
         write_atomic(output, text, "--output")
-        make_console(stderr=True).print(f"wrote {output}", markup=False)
+        if json_output:
+            print_json({"output": output})
+        else:
+            make_console(stderr=True).print(f"wrote {output}", markup=False)
 
 
 @app.command()
@@ -685,7 +746,7 @@ def compare(
 @import_app.command("verl")
 @guarded
 def import_verl(
-    script: Annotated[str, typer.Argument(help="verl launch script or a file of Hydra overrides.")],
+    script: Annotated[str, typer.Argument(metavar="SCRIPT", help="verl launch script or a file of Hydra overrides.")],
     gpu: Annotated[str | None, typer.Option(help="GPU preset the script runs on.")] = None,
     gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="GPU memory instead of a preset: GiB, or with a "
                                                 "unit (80GB, 81559MiB).")] = None,
@@ -723,17 +784,22 @@ def render(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.toml to render.")],
     target: Annotated[str, typer.Option(
         "--target", metavar=choices_metavar(RENDER_TARGETS), autocompletion=completion(RENDER_TARGETS),
-        help="What to write: a verl launch script, a SLURM script or a Ray job.")] = "verl",
+        help="What to write: verl, a verl launch script; slurm or ray-job, a SLURM script or a Ray job that run the "
+             "plan with `rlplan run` (the bundled runtime, not verl).")] = "verl",
     fmt: Annotated[str, typer.Option(
         "--format", metavar=choices_metavar(RENDER_FORMATS), autocompletion=completion(RENDER_FORMATS),
         help="A script, or verl's Hydra overrides one per line (verl only).")] = "script",
     output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
                                                help="File to write (default: stdout).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object: output path, target, format, "
-                                              "and the text when there is no -o.")] = False,
+                                              "what was added, and the text when there is no -o.")] = False,
     force: ForceOutput = False,
 ) -> None:
-    """Render a plan as a verl launch script, Hydra overrides, a SLURM script or a Ray job.
+    """Render a plan as a verl launch script or Hydra overrides, or as a SLURM script or a Ray job of `rlplan run`.
+
+    What the verl script adds that the plan leaves unset (rollout.max_model_len) is said on stderr.
+
+    The SLURM and Ray job targets run the plan with rlplan's bundled runtime (`rlplan run`), not verl.
 
     Example: rlplan render plan.toml --target verl -o run.sh
     """
@@ -752,8 +818,10 @@ def version_callback(value: bool) -> None:
         except PackageNotFoundError:  # run from a source tree that was never installed
             print("rlplan (not installed: no version metadata)")
         from rlplan.planner.stack import default_stack_text
+        from rlplan.planner.verl_inventory import supported_releases_text
 
         print(default_stack_text())
+        print(supported_releases_text())
         raise typer.Exit(ExitCode.OK)
 
 

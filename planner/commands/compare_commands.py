@@ -95,6 +95,31 @@ def narrowed_by_log(plan, log) -> tuple[str, str] | None:
                         f"{span_text(within)}: compared as verl {within[-1]}")
 
 
+def _plan_for_log(plan_path: str, log: Any, verl_version: str | None, *, gpu: str | None, gpu_mem: str | None,
+                  host_mem: float, env: list[str], fixes: dict[str, Any]) -> tuple[Any, tuple[str, ...], str | None]:
+    """The plan a log is compared with, its import warnings, and the verl it is read at: --verl-version (the script
+    imported at it, the plan's stack set to it); else a script's inferred range narrowed by the log's spellings
+    (narrowed_by_log); else, for a script left on the default stack by a log whose spellings are older, that
+    family's first release (compare.FAMILY_RELEASE), whose defaults and allocator regime the run had."""
+    from rlplan.planner.compare import FAMILY_RELEASE, infer_family
+    from rlplan.planner.stack import DEFAULT_VERL, stack_from_flags
+
+    plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env,
+                                         fixes=fixes, log=None if verl_version else log, verl_version=verl_version)
+    script = Path(plan_path).suffix.lower() != ".toml"
+    if verl_version is None and script and plan.stack.verl == DEFAULT_VERL and plan.stack.verl_oldest is None:
+        dated = FAMILY_RELEASE.get(infer_family(log)[0])
+        if dated is not None:
+            verl_version = dated
+            plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env,
+                                                 fixes=fixes, verl_version=dated)
+            warnings = (*warnings, f"the log's metric names date it to verl {dated} or near it: the script is read "
+                                   f"at verl {dated} (pass --verl-version to choose another)")
+    if verl_version is not None:  # the run's verl is the plan's target stack too (as --verl-version elsewhere)
+        plan = plan.evolve(stack=stack_from_flags(plan.stack, verl_version, None, None))
+    return plan, warnings, verl_version
+
+
 def _family(verl_version: str | None):
     from rlplan.planner.compare import version_family
 
@@ -117,12 +142,8 @@ def compare_command(plan_path: str, log_path: str, *, gpu: str | None, gpu_mem: 
                                                      "--profile": profile_path})
         refuse_read_only_output(chart, "--chart", force=force)
     log = read_verl_log(log_path)
-    plan, warnings = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes,
-                                         log=None if verl_version else log)
-    if verl_version is not None:  # the run's verl is the plan's target stack too (as --verl-version elsewhere)
-        from rlplan.planner.stack import stack_from_flags
-
-        plan = plan.evolve(stack=stack_from_flags(plan.stack, verl_version, None, None))
+    plan, warnings, verl_version = _plan_for_log(plan_path, log, verl_version, gpu=gpu, gpu_mem=gpu_mem,
+                                                 host_mem=host_mem, env=env, fixes=fixes)
     comparison = compare_run(plan, log, load_profile(profile_path), _family(verl_version))
     payload = comparison_json(comparison)
     payload["import_warnings"] = list(warnings)
@@ -163,8 +184,8 @@ def calibrate_verl_command(logs: list[str], plans: list[str], output: str, *, gp
     for index, log_path in enumerate(logs):
         plan_path = plans[index if len(plans) > 1 else 0]
         log = read_verl_log(log_path, "--from-verl-log")
-        plan, _ = load_plan_or_script(plan_path, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem, env=env, fixes=fixes,
-                                      log=None if verl_version else log)
+        plan, _, _ = _plan_for_log(plan_path, log, verl_version, gpu=gpu, gpu_mem=gpu_mem, host_mem=host_mem,
+                                   env=env, fixes=fixes)
         runs.append(VerlRun(plan=plan, log=log))
     result = calibrate_from_verl_logs(runs, name=Path(output).stem, family=_family(verl_version))
     write_atomic(output, profile_to_toml(result.profile), "--output", force=force)

@@ -151,15 +151,24 @@ def import_command(script: str, *, gpu: str | None, gpu_mem: str | None, host_me
     return ExitCode.OK
 
 
+# What each render target writes, as `render` says it after writing one.
+RENDERED = {"verl": "a verl launch script (python3 -m verl.trainer.main_ppo with every knob as an override)",
+            "slurm": "a SLURM batch script that starts Ray on the allocation and runs `rlplan run` (the bundled "
+                     "runtime, not verl) on the plan",
+            "ray-job": "a Ray job submission of `rlplan run` (the bundled runtime, not verl) on an existing cluster"}
+
+
 def render_command(plan_path: str, *, target: str, fmt: str, output: str | None, as_json: bool = False,
                    force: bool = False) -> int:
     """With as_json: one object on stdout, {"output", "target", "format", "text"} (the text when no -o)."""
-    from rlplan.planner.render import render_plan
+    from rlplan.planner.render import render_plan, verl_additions
 
     try:
         refuse_overwriting_inputs(output, "--output", {"PLAN": plan_path})
         refuse_read_only_output(output, "--output", force=force)
-        text = render_plan(load_plan(plan_path), target, fmt, plan_file=plan_path)
+        plan = load_plan(plan_path)
+        text = render_plan(plan, target, fmt, plan_file=plan_path)
+        added = verl_additions(plan) if target == "verl" else []
         if output:
             write_atomic(output, text, "--output", force=force)
             if fmt == "script":
@@ -175,5 +184,14 @@ def render_command(plan_path: str, *, target: str, fmt: str, output: str | None,
         return report_error(PlanError(field="--output", message=f"cannot make {output!r} executable: {exc}.",
                                       fix="choose a writable path"), as_json=as_json)
     if as_json:
-        _print_json({"output": output, "target": target, "format": fmt, "text": None if output else text})
+        _print_json({"output": output, "target": target, "format": fmt, "added": added,
+                     "text": None if output else text})
+        return ExitCode.OK
+    # On stderr, so that a script rendered to stdout stays the script alone.
+    console = make_console(stderr=True)
+    for line in added:
+        console.print(f"added: {line}", markup=False)
+    if output:
+        what = "verl's Hydra overrides, one per line" if fmt == "overrides" else RENDERED[target]
+        console.print(f"wrote {output}: {what}", markup=False)
     return ExitCode.OK

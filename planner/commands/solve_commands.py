@@ -50,13 +50,23 @@ ROLLOUT_CHOICES = (*get_args(RolloutEngine), "auto")
 OBJECTIVE_CHOICES = get_args(Objective)
 STRATEGY_CHOICES = get_args(SolveStrategy)
 
-# The count flags: a zero or negative count is a mistake, never a request for the default.
-_COUNT_FLAGS = (("--top", "top"), ("--gpus", "gpus"), ("--nodes", "nodes"), ("--gpus-per-node", "gpus_per_node"),
-                ("--train-batch-size", "train_batch_size"), ("--n", "n"),
-                ("--ppo-mini-batch-size", "ppo_mini_batch_size"), ("--prompt-len", "prompt_len"),
-                ("--response-len", "response_len"), ("--max-response-len", "max_response_len"),
-                ("--expected-prompt-len", "expected_prompt_len"),
-                ("--expected-response-len", "expected_response_len"))
+# The count flags, each with what leaving it out means: a zero or negative count is a mistake, never a request for
+# the default, and the fix says what the default is (issue 35: "leave it out for the default" where there is none).
+_COUNT_FLAGS = (
+    ("--top", "top", "without it no runners-up are listed"),
+    ("--gpus", "gpus", "it may be left out only with --from (the plan's count) or --device cpu (1 rank)"),
+    ("--nodes", "nodes", "without it, --gpus / --gpus-per-node"),
+    ("--gpus-per-node", "gpus_per_node", "without it, --gpus up to 8"),
+    ("--train-batch-size", "train_batch_size", "without it, the --from plan's, else 256 prompts"),
+    ("--n", "n", "without it, the --from plan's, else 5 responses per prompt"),
+    ("--ppo-mini-batch-size", "ppo_mini_batch_size", "without it, the --from plan's, else the solver's choice"),
+    ("--prompt-len", "prompt_len", "it may be left out only with --from (the plan's)"),
+    ("--response-len", "response_len", "without it, the --from plan's, or --max-response-len"),
+    ("--max-response-len", "max_response_len", "without it, --response-len is the length"),
+    ("--expected-prompt-len", "expected_prompt_len", "without it, 0.3 of --prompt-len (or a --profile's mean)"),
+    ("--expected-response-len", "expected_response_len",
+     "without it, 0.3 of --response-len (or a --profile's mean)"),
+)
 
 Say = Callable[[str], None]
 
@@ -115,11 +125,11 @@ class SolveFlags:
     sglang_version: str | None = None
 
     def __attrs_post_init__(self) -> None:
-        for flag, name in _COUNT_FLAGS:
+        for flag, name, left_out in _COUNT_FLAGS:
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise PlanError(field=flag, message=f"must be >= 1, got {value}.", fix=f"pass a positive {flag} or "
-                                "leave it out for the default")
+                raise PlanError(field=flag, message=f"must be >= 1, got {value}.",
+                                fix=f"pass a whole number >= 1 ({left_out})")
         if self.device not in ("gpu", "cpu"):
             raise PlanError(field="--device", message=f"{self.device!r} is neither gpu nor cpu.",
                             fix="pass --device cpu to plan a run on this machine's CPU, or leave it out")
@@ -481,17 +491,40 @@ def report_infeasible(flags: SolveFlags, inputs: SolveInputs, result: SolveResul
     diagnosis = result.diagnosis
     assert diagnosis is not None
     host_note = inputs.cluster.host_note
+    newer = newer_release_note(flags, inputs, result)
     if flags.json_output:
-        print(json.dumps(infeasible_json(result, request_margin(inputs.request), host_note), indent=2))
+        payload = infeasible_json(result, request_margin(inputs.request), host_note)
+        print(json.dumps({**payload, **({"newer_release": newer} if newer else {})}, indent=2))
     else:
         from rich.markup import escape
 
+        from rlplan.planner.report import infeasible_lines
+
         console = make_console(stderr=True)
-        console.print(f"[bold red]no feasible plan[/] {escape(shorten(diagnosis.message, 4 * ECHO_LIMIT))}",
-                      markup=True)
+        first, *rest = infeasible_lines(diagnosis, inputs.request.cluster)
+        console.print(f"[bold red]no feasible plan[/] {escape(shorten(first, 4 * ECHO_LIMIT))}", markup=True)
+        for line in rest:
+            console.print(shorten(line, 4 * ECHO_LIMIT), markup=False, highlight=False)
         if host_note:
             console.print(f"note: {host_note}; --host-mem sets it.", markup=False)
+        if newer:
+            console.print(f"note: {newer['text']}.", markup=False)
     return ExitCode.INFEASIBLE
+
+
+def newer_release_note(flags: SolveFlags, inputs: SolveInputs, result: SolveResult) -> dict[str, Any] | None:
+    """What a newer verl release would give a request solved for an older one (release_advice.py), said beside
+    the plan, never in it; None with --quiet, on the newest release, or where no newer release helps."""
+    from rlplan.planner.release_advice import newer_release
+
+    if flags.quiet and not flags.json_output:
+        return None
+    advice = newer_release(inputs.request, result, inputs.engines)
+    if advice is None:
+        return None
+    target_step = result.best.step_time.total_seconds if result.best is not None else None
+    verl = str(inputs.request.pins.get("stack.verl", DEFAULT_STACK.verl))
+    return {**advice.to_json(), "text": advice.text(verl, target_step)}
 
 
 def verified_plan(flags: SolveFlags, inputs: SolveInputs,
@@ -567,10 +600,12 @@ def print_solved(flags: SolveFlags, inputs: SolveInputs, result: SolveResult, pl
 
     request = inputs.request
     rows = top_candidates(result, request, flags.top or 0)
+    newer = newer_release_note(flags, inputs, result)
     if flags.json_output:
-        report_text = json.dumps(solved_json(plan, result, request, output=flags.output, top=rows if flags.top else None,
-                                             cluster_notes=(inputs.cluster.cpu_note, inputs.cluster.host_note),
-                                             verification=verification), indent=2)
+        payload = solved_json(plan, result, request, output=flags.output, top=rows if flags.top else None,
+                              cluster_notes=(inputs.cluster.cpu_note, inputs.cluster.host_note),
+                              verification=verification)
+        report_text = json.dumps({**payload, **({"newer_release": newer} if newer else {})}, indent=2)
         if flags.output:
             write_atomic(flags.output, plan_text, "--output", force=flags.force)
         print(report_text)
@@ -588,6 +623,8 @@ def print_solved(flags: SolveFlags, inputs: SolveInputs, result: SolveResult, pl
     console = make_console()
     for renderable in renderables:
         console.print(renderable)
+    if newer:
+        make_console(stderr=True).print(f"note: {newer['text']}; this plan stays on its target verl.", markup=False)
     console.print(solve_next_step(flags.output, flags.on_cpu), markup=False, highlight=False, soft_wrap=True)
 
 

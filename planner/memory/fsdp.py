@@ -4,7 +4,7 @@ gather of full tensors."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.heads import LossHead, root_gathered_at_head
@@ -158,7 +158,61 @@ def training_components(
     """max(P_loss, P_bwd, P_opt) of memory-model.md 2.3 for one FSDP2 training step, as components, and
     the root groups' backward after the layers (root_backward_components) where the caller prices it.
     `root_gathered_at_head` False: the root group is resharded while the head's kernel runs
-    (heads.root_gathered_at_head), see loss_head_moment."""
+    (heads.root_gathered_at_head), see loss_head_moment.  training_moments gives every moment."""
+    moments = training_moments(
+        facts, state, tokens=tokens, micro_batches_per_mini=micro_batches_per_mini, checkpointing=checkpointing,
+        activation_offload=activation_offload, head_bytes_per_token_vocab=head_bytes_per_token_vocab,
+        root_group_bytes=root_group_bytes, role=role, root_at_loss_bytes=root_at_loss_bytes, profile=profile,
+        lm_head_backward_bytes=lm_head_backward_bytes, root_backward=root_backward,
+        root_gathered_at_head=root_gathered_at_head)
+    totals = {name: sum(c.bytes for c in components) for name, components in moments}
+    peak = _peak_moment(totals)
+    components = dict(moments)[peak]
+    # A caching allocator keeps the bf16 logits' block once they are freed, but the head's backward
+    # then asks for fp32 blocks twice that size, which the cached block cannot serve: the GPU holds
+    # the block on top of the allocated peak (torchtitan's G3 rows: reserved ~ allocated + 2 T V).
+    # No tracker sees it, so it is overhead; it only shows where the head's peak is the step's peak.
+    # A head that stays in bf16 (flash CE, the torch fallback) reuses the block: nothing cached.
+    head = sum(c.bytes for c in dict(moments)["loss"] if c.name == "logits_head")
+    cached_block = 2 * tokens * facts.vocab if head and fp32_head else 0
+    cached_logits = max(0.0, totals["loss"] + cached_block - max(totals.values()))
+    if cached_logits:
+        components = [*components, Component("cached_logits_block", int(cached_logits), "overhead")]
+    return peak, components
+
+
+def _peak_moment(totals: dict[str, float]) -> str:
+    """The moment with the most bytes; ties go to the loss, then the root's backward, then the layers' backward."""
+    others = [totals["backward"], totals["optimizer_step"]]
+    if totals["loss"] >= max(others + [totals.get("root_backward", 0.0)]):
+        return "loss"
+    if totals.get("root_backward", 0.0) > max(others):
+        return "root_backward"
+    return "backward" if totals["backward"] >= totals["optimizer_step"] else "optimizer_step"
+
+
+def training_moments(
+    facts: ModelFacts,
+    state: TrainerState,
+    *,
+    tokens: int,
+    micro_batches_per_mini: int,
+    checkpointing: bool,
+    activation_offload: bool,
+    head_bytes_per_token_vocab: float,
+    root_group_bytes: float,
+    role: str,
+    root_at_loss_bytes: float = 0.0,
+    profile: Profile = DEFAULT_PROFILE,
+    lm_head_backward_bytes: float = 0.0,
+    root_backward: tuple[Component, ...] = (),
+    root_gathered_at_head: bool = True,
+) -> list[tuple[str, list[Component]]]:
+    """Every moment of one micro batch's training step in the order autograd reaches them, each with the
+    components it holds: the loss (saved activations and the head), the layers' backward (one layer's
+    workspace, its all-gather and reduce-scatter), the root groups' backward after the layers where the caller
+    prices it, and the optimizer step at the mini batch's end.  training_components takes the largest; the
+    caching allocator's replay (memory.allocator_trace) walks them all."""
     t = tokens
     layer_act = facts.layer_activation_bytes_per_token
     kept_layers = min(facts.layers, profile.activation_offload_resident_layers)
@@ -175,49 +229,31 @@ def training_components(
         head_bytes_per_token_vocab * t * facts.vocab, lm_head_backward_bytes, logits_bytes=2 * t * facts.vocab,
         root_bytes=root_at_loss_bytes, root_gathered_at_head=root_gathered_at_head)
     hidden_at_head = t * (8 * facts.hidden + 4)
-    loss = state.params + state.optimizer + accumulating_grads + saved + hidden_at_head + head + root_at_loss_bytes
     gather = 4 * facts.layer_params
-    backward = (state.params + state.grads + state.optimizer + saved_late + t * layer_act + gather
-                + state.reduce_scatter + root_group_bytes)
-    optimizer_step = state.params + state.grads + state.optimizer + state.optimizer_step
-    after_layers = state.params + state.optimizer + sum(c.bytes for c in root_backward) if root_backward else 0.0
     params = Component(f"{role}_params", int(state.params))
     optimizer = Component(f"{role}_optimizer_state", int(state.optimizer))
-    # A caching allocator keeps the bf16 logits' block once they are freed, but the head's backward
-    # then asks for fp32 blocks twice that size, which the cached block cannot serve: the GPU holds
-    # the block on top of the allocated peak (torchtitan's G3 rows: reserved ~ allocated + 2 T V).
-    # No tracker sees it, so it is overhead; it only shows where the head's peak is the step's peak.
-    # A head that stays in bf16 (flash CE, the torch fallback) reuses the block: nothing cached.
-    cached_block = 2 * t * facts.vocab if head and fp32_head else 0
-    cached_logits = max(0.0, loss + cached_block - max(loss, backward, optimizer_step, after_layers))
-    if loss >= max(backward, optimizer_step, after_layers):
-        components = [params, optimizer]
-        if accumulating_grads:
-            components.append(Component(f"{role}_grads", int(accumulating_grads)))
-        components += [Component("activations", int(saved)), Component("loss_head_hidden", hidden_at_head)]
-        if head:
-            components.append(Component("logits_head", int(head)))
-        if root_at_loss_bytes:
-            components.append(Component("root_group_unsharded", int(root_at_loss_bytes)))
-        if cached_logits:
-            components.append(Component("cached_logits_block", int(cached_logits), "overhead"))
-        return "loss", components
     grads = Component(f"{role}_grads", int(state.grads))
-    cached = [Component("cached_logits_block", int(cached_logits), "overhead")] if cached_logits else []
-    if after_layers > max(backward, optimizer_step):
-        return "root_backward", [params, optimizer, *root_backward, *cached]
-    if backward >= optimizer_step:
-        return "backward", [
-            params, grads, optimizer,
-            Component("activations", int(saved_late)),
-            Component("layer_backward_workspace", t * layer_act),
-            Component("fsdp_all_gather_buffers", gather),
-            Component("fsdp_reduce_scatter_buffer", int(state.reduce_scatter)),
-            Component("root_group_unsharded", int(root_group_bytes)),
-            *cached,
-        ]
-    return "optimizer_step", [params, grads, optimizer,
-                              Component("optimizer_step_temporaries", int(state.optimizer_step)), *cached]
+    loss = [params, optimizer]
+    if accumulating_grads:
+        loss.append(Component(f"{role}_grads", int(accumulating_grads)))
+    loss += [Component("activations", int(saved)), Component("loss_head_hidden", hidden_at_head)]
+    if head:
+        loss.append(Component("logits_head", int(head)))
+    if root_at_loss_bytes:
+        loss.append(Component("root_group_unsharded", int(root_at_loss_bytes)))
+    moments = [("loss", loss), ("backward", [
+        params, grads, optimizer,
+        Component("activations", int(saved_late)),
+        Component("layer_backward_workspace", t * layer_act),
+        Component("fsdp_all_gather_buffers", gather),
+        Component("fsdp_reduce_scatter_buffer", int(state.reduce_scatter)),
+        Component("root_group_unsharded", int(root_group_bytes)),
+    ])]
+    if root_backward:
+        moments.append(("root_backward", [params, optimizer, *root_backward]))
+    moments.append(("optimizer_step", [params, grads, optimizer,
+                                       Component("optimizer_step_temporaries", int(state.optimizer_step))]))
+    return moments
 
 
 def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: str, tokens: int,
@@ -233,13 +269,24 @@ def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: s
     the root's post-forward frees both the lm_head and that last all-gather before the head's kernel runs;
     they are held only while the lm_head makes the bf16 logits (2 T V), inside the forward.
     """
-    params = Component(params_name, int(params_bytes))
+    moments = forward_moments(facts, tokens=tokens, head_bytes_per_token_vocab=head_bytes_per_token_vocab,
+                              root_gathered_at_head=root_gathered_at_head)
+    # On a tie the head's moment is the one shown (the layers' comes first in time, last here).
+    largest = max((components for _, components in [*moments[1:], moments[0]]),
+                  key=lambda moment: sum(c.bytes for c in moment))
+    return [Component(params_name, int(params_bytes)), *largest]
+
+
+def forward_moments(facts: ModelFacts, *, tokens: int, head_bytes_per_token_vocab: float,
+                    root_gathered_at_head: bool = True) -> list[tuple[str, list[Component]]]:
+    """The moments of a no_grad forward over one micro batch in the order they come (the layers, then the head's),
+    each with what it holds beside the parameters (forward_components explains them and takes the largest)."""
     layers = [
         Component("fsdp_all_gather_buffers", 4 * facts.layer_params),
         Component("forward_transients", tokens * facts.forward_transient_bytes_per_token),
     ]
     if not head_bytes_per_token_vocab:
-        return [params, *layers]
+        return [("layers", layers)]
     hidden = Component("loss_head_hidden", tokens * 4 * facts.hidden)
     root_and_last_gather = [
         Component("root_group_unsharded", 2 * facts.vocab * facts.hidden),
@@ -247,11 +294,10 @@ def forward_components(facts: ModelFacts, *, params_bytes: float, params_name: s
     ]
     kernel = Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab))
     if root_gathered_at_head:
-        moments = [[*root_and_last_gather, hidden, kernel]]
-    else:
-        moments = [[*root_and_last_gather, hidden, Component("logits_head", 2 * tokens * facts.vocab)],
-                   [hidden, kernel]]
-    return [params, *max([*moments, layers], key=lambda moment: sum(c.bytes for c in moment))]
+        return [("layers", layers), ("head", [*root_and_last_gather, hidden, kernel])]
+    return [("layers", layers),
+            ("logits", [*root_and_last_gather, hidden, Component("logits_head", 2 * tokens * facts.vocab)]),
+            ("head", [hidden, kernel])]
 
 
 def weight_sync_gather_bytes(plan: Plan, facts: ModelFacts, bucket_bytes: int) -> int:
@@ -323,37 +369,54 @@ class FsdpBackend:
     def reference_params_on_host(self, plan: Plan) -> bool:
         return ref_params_on_host(plan)
 
+    def _step_arguments(self, plan: Plan, role: Literal["actor", "critic"], state_on_gpu: TrainerState,
+                        batch: RoleBatchLayout, head: LossHead | None, profile: Profile) -> dict[str, Any]:
+        """training_components' arguments for one role's update (a value model keeps the embedding but has no
+        lm_head)."""
+        facts = model_facts(plan.model.arch)
+        embedding = 2 * facts.vocab * facts.hidden
+        common = {"tokens": batch.tokens_per_micro_batch, "micro_batches_per_mini": batch.micro_batches_per_mini,
+                  "profile": profile, "role": role}
+        if role == "critic":
+            return {**common, "checkpointing": plan.critic.gradient_checkpointing, "activation_offload": False,
+                    "head_bytes_per_token_vocab": 0.0, "root_group_bytes": embedding,
+                    "root_backward": root_backward_components(plan, facts, state_on_gpu, role="critic",
+                                                              accumulating=batch.micro_batches_per_mini >= 2)}
+        assert head is not None
+        return {**common, "checkpointing": plan.model.gradient_checkpointing,
+                "activation_offload": plan.model.activation_offload,
+                "head_bytes_per_token_vocab": head.bytes_per_token_vocab,
+                "root_group_bytes": embedding * (1 if facts.tied else 2), "root_at_loss_bytes": embedding,
+                "lm_head_backward_bytes": head.lm_head_backward_bytes,
+                "root_backward": root_backward_components(plan, facts, state_on_gpu,
+                                                          accumulating=batch.micro_batches_per_mini >= 2),
+                "root_gathered_at_head": root_gathered_at_head(plan)}
+
     def update_components(self, plan: Plan, role: Literal["actor", "critic"], state_on_gpu: TrainerState,
                           batch: RoleBatchLayout, head: LossHead | None,
                           profile: Profile) -> tuple[str, list[Component]]:
-        facts = model_facts(plan.model.arch)
-        embedding = 2 * facts.vocab * facts.hidden
-        if role == "critic":
-            # A value model keeps the embedding but has no lm_head.
-            return training_components(
-                facts, state_on_gpu, tokens=batch.tokens_per_micro_batch,
-                micro_batches_per_mini=batch.micro_batches_per_mini,
-                checkpointing=plan.critic.gradient_checkpointing, activation_offload=False,
-                head_bytes_per_token_vocab=0.0, root_group_bytes=embedding, role="critic", profile=profile,
-                root_backward=root_backward_components(plan, facts, state_on_gpu, role="critic",
-                                                       accumulating=batch.micro_batches_per_mini >= 2))
-        assert head is not None
-        return training_components(
-            facts, state_on_gpu, tokens=batch.tokens_per_micro_batch,
-            micro_batches_per_mini=batch.micro_batches_per_mini,
-            checkpointing=plan.model.gradient_checkpointing, activation_offload=plan.model.activation_offload,
-            head_bytes_per_token_vocab=head.bytes_per_token_vocab, fp32_head=head.fp32,
-            root_group_bytes=embedding * (1 if facts.tied else 2), root_at_loss_bytes=embedding,
-            role="actor", profile=profile, lm_head_backward_bytes=head.lm_head_backward_bytes,
-            root_backward=root_backward_components(plan, facts, state_on_gpu,
-                                                   accumulating=batch.micro_batches_per_mini >= 2),
-            root_gathered_at_head=root_gathered_at_head(plan))
+        arguments = self._step_arguments(plan, role, state_on_gpu, batch, head, profile)
+        fp32_head = head is not None and head.fp32
+        return training_components(model_facts(plan.model.arch), state_on_gpu, fp32_head=fp32_head, **arguments)
+
+    def update_moments(self, plan: Plan, role: Literal["actor", "critic"], state_on_gpu: TrainerState,
+                       batch: RoleBatchLayout, head: LossHead | None,
+                       profile: Profile) -> list[tuple[str, list[Component]]]:
+        """Every moment of the update's micro batch (training_moments), for the allocator's replay."""
+        arguments = self._step_arguments(plan, role, state_on_gpu, batch, head, profile)
+        return training_moments(model_facts(plan.model.arch), state_on_gpu, **arguments)
 
     def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
                            head_bytes_per_token_vocab: float) -> list[Component]:
         return forward_components(model_facts(plan.model.arch), params_bytes=params_bytes, params_name=params_name,
                                   tokens=tokens, head_bytes_per_token_vocab=head_bytes_per_token_vocab,
                                   root_gathered_at_head=root_gathered_at_head(plan))
+
+    def forward_moments(self, plan: Plan, *, tokens: int,
+                        head_bytes_per_token_vocab: float) -> list[tuple[str, list[Component]]]:
+        return forward_moments(model_facts(plan.model.arch), tokens=tokens,
+                               head_bytes_per_token_vocab=head_bytes_per_token_vocab,
+                               root_gathered_at_head=root_gathered_at_head(plan))
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
         return weight_sync_gather_bytes(plan, model_facts(plan.model.arch), bucket_bytes)

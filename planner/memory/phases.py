@@ -23,6 +23,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
+from rlplan.planner.memory.allocator_trace import stranded_bytes
 from rlplan.planner.memory.backend import training_backend
 from rlplan.planner.memory.heads import forward_head_bytes_per_token_vocab, update_loss_head
 from rlplan.planner.memory.model_facts import model_facts
@@ -200,14 +201,17 @@ class _StepContext:
             components += self.vllm_resident
         components += vllm_extra
         components.append(self.overhead)
-        # A calibrated allocator cache (profile.allocator_cache_gib) is held in trainer phases only: verl empties
-        # the cache around the engine's wake-up and sleep (FSDP-vLLM sharding manager __enter__ / __exit__), so it
-        # builds up over the trainer phases between two rollouts.
-        cache = self.profile.allocator_cache_gib * GIB if step_is_trainer else 0.0
-        components.append(
-            Component("fragmentation_reserve", int(self.profile.fragmentation_fraction * trainer_bytes + cache),
-                      "overhead"))
+        reserve = self._allocator_reserve(PhaseMemory(name, tuple(components), peak_at), trainer_bytes)
+        components.append(Component("fragmentation_reserve", reserve, "overhead"))
         return PhaseMemory(name, tuple(components), peak_at)
+
+    def _allocator_reserve(self, phase: PhaseMemory, trainer_bytes: int) -> int:
+        """What the caching allocator holds beyond the phase's live tensors that it cannot give back at the peak:
+        free bytes in segments with a block in use (memory.allocator_trace.stranded_bytes); a backend that prices
+        no moments (Megatron) keeps the profile's fraction of its trainer bytes."""
+        if hasattr(self.trainer, "update_moments"):
+            return stranded_bytes(self, phase)
+        return int(self.profile.fragmentation_fraction * trainer_bytes)
 
 
 def _actor_update(ctx: _StepContext) -> PhaseMemory:
@@ -313,8 +317,7 @@ def _host(ctx: _StepContext) -> HostMemory:
     rollout = plan.rollout
     if rollout.free_cache_engine and ROLLOUT_ENGINES[rollout.name].sleep_copies_weights_to_host(rollout):
         components.append(Component(f"{rollout.name}_sleep_weights", ranks * ctx.budget.weights_bytes))
-    if profile.shm_model_copies_per_node:
-        components.append(Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * facts.params))
+    components += _model_copy(plan, profile)
     if ctx.on_cpu:
         # Each rank's process is priced per 'device' (its share of host RAM); the engine's process, its
         # weights and its KV space come on top of them: one engine per machine (runtime.workers).
@@ -322,8 +325,25 @@ def _host(ctx: _StepContext) -> HostMemory:
         components.append(Component("vllm_cpu_engine", int(profile.cpu_rollout_process_gib * GIB)
                                     + engine.weights_bytes + max(0, engine.kv_cache_bytes)))
         return HostMemory(tuple(components))
-    components.append(Component("process_overhead", int(ranks * profile.host_process_gib_per_gpu * GIB)))
+    components.append(_process_overhead(plan, profile))
     return HostMemory(tuple(components))
+
+
+def _model_copy(plan: Plan, profile: Profile) -> list[Component]:
+    if not profile.shm_model_copies_per_node:
+        return []
+    return [Component("model_copy_shm", profile.shm_model_copies_per_node * 2 * model_facts(plan.model.arch).params)]
+
+
+def _process_overhead(plan: Plan, profile: Profile) -> Component:
+    return Component("process_overhead", int(plan.cluster.gpus_per_node * profile.host_process_gib_per_gpu * GIB))
+
+
+def host_floor(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> HostMemory:
+    """What every GPU plan of this model on this node holds in host RAM whatever its knobs (offload, LoRA, batch,
+    lengths): the model's copy in shared memory verl's workers load from, and each GPU process's own RAM. The
+    solver proves a request infeasible from it before any search (solver.solve.host_floor_diagnosis)."""
+    return HostMemory(tuple([*_model_copy(plan, profile), _process_overhead(plan, profile)]))
 
 
 def _step_phases(ctx: _StepContext) -> dict[str, Callable[[], PhaseMemory]]:
@@ -362,7 +382,17 @@ def predict_phases(plan: Plan, names: tuple[str, ...], profile: Profile = DEFAUL
 
 def predict_memory(plan: Plan, profile: Profile = DEFAULT_PROFILE, layout: PlanLayout | None = None) -> MemoryReport:
     """Per-GPU peak of every phase, host RAM per node, and the rollout KV budget of one plan."""
-    ctx = _StepContext(plan, profile, layout or plan_layout(plan))
+    return _report(_StepContext(plan, profile, layout or plan_layout(plan)))
+
+
+def step_context(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> tuple[_StepContext, MemoryReport]:
+    """The step's shared context with its MemoryReport, for the allocator replay (memory.allocator_report)."""
+    ctx = _StepContext(plan, profile, plan_layout(plan))
+    return ctx, _report(ctx)
+
+
+def _report(ctx: _StepContext) -> MemoryReport:
+    plan, profile = ctx.plan, ctx.profile
     phases = [build() for build in _step_phases(ctx).values()]
     budget = ctx.budget
     notes: list[str] = []

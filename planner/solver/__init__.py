@@ -37,10 +37,10 @@ from rlplan.planner.solver.request import (
     Suggestion,
 )
 from rlplan.planner.solver.search import finalize, request_margin
-from rlplan.planner.solver.solve import diagnose, solve, solve_engines
+from rlplan.planner.solver.solve import RANKED_BY, diagnose, solve, solve_engines
 from rlplan.planner.solver.space import SEARCH_SPACES, SearchSpace, searched_knobs, skeleton_plan
 
-__all__ = ["GIB", "RUNNERS_UP", "SEARCH_SPACES", "STEP_TIME_TOLERANCE", "Candidate", "Diagnosis", "FrontierPoint",
+__all__ = ["GIB", "RANKED_BY", "RUNNERS_UP", "SEARCH_SPACES", "STEP_TIME_TOLERANCE", "Candidate", "Diagnosis", "FrontierPoint",
            "LoraChoice", "Objective", "SearchSpace", "SolveRequest", "SolveResult", "SolveStrategy", "Suggestion",
            "diagnose", "finalize", "gpu_limit_bytes", "largest_fitting_token_budget", "request_margin",
            "searched_knobs", "skeleton_plan", "solve", "solve_engines"]

@@ -119,6 +119,12 @@ class Suggestion:
     keeps_workload: bool = True
     # More GPUs (nodes) of the kind the request has: always among the changes shown when one fits.
     more_gpus: bool = False
+    # What the change asks of the user: other "hardware" for the run as asked, the run changed on the user's own
+    # hardware ("workload"), a smaller "margin" (both kept, the model's error less guarded), or the nearest values
+    # a broken verl "rule" accepts.
+    kind: str = "hardware"
+    # The share of the run's tokens per step (prompts x responses per prompt x their lengths) the change keeps.
+    tokens_kept: float = 1.0
 
 
 @frozen(kw_only=True)

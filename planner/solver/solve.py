@@ -10,11 +10,13 @@ from typing import Any
 
 import attrs
 
+from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.model_error import plan_margin
 from rlplan.planner.phases import PASS_KNOBS
 from rlplan.planner.plan import RolloutEngine
+from rlplan.planner.render import absent_knobs
 from rlplan.planner.rules import Violation, check_plan
 from rlplan.planner.solver.request import (
     GIB,
@@ -26,9 +28,10 @@ from rlplan.planner.solver.request import (
     SolveResult,
     Suggestion,
 )
-from rlplan.planner.solver.search import _rank_key, _ranked_points, _search, finalize
+from rlplan.planner.solver.search import _rank_key, _ranked_points, _search, finalize, request_margin
 from rlplan.planner.solver.space import SEARCH_SPACES, choice_text, search_space, skeleton_plan
 from rlplan.planner.solver.workload import default_lora_rank
+from rlplan.planner.verl_keys import BY_FIELD, backend_of
 
 
 def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool = False) -> SolveResult:
@@ -39,7 +42,19 @@ def solve(request: SolveRequest, *, keep: int = RUNNERS_UP + 1, frontier: bool =
     response_len = request.response_len
     evaluated_total = 0
     # A pin of the wrong type or an unknown key is bad input, whether or not any candidate gets built.
-    apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
+    target = apply_knobs(skeleton_plan(request, response_len or request.max_response_len or 1), request.pins)
+    # The target release's space: a knob its trainer config lacks stays at what that release does (the user's
+    # own pins win, and render then names the key).
+    absent = absent_knobs(target)
+    if "model.lora.rank" in absent and request.lora not in ("off", "auto", 0):
+        added = BY_FIELD["model.lora.rank"].releases(backend_of(target.actor.strategy))[0]
+        raise PlanError(field="--lora", message=f"asks for LoRA rank {request.lora}, but verl {target.stack.verl} has "
+                        f"no LoRA on this backend (verl added it in {added}).",
+                        fix=f"pass --lora off, or --verl-version {added} or later")
+    request = attrs.evolve(request, pins={**absent, **request.pins})
+    floor = host_floor_diagnosis(request, response_len or request.max_response_len or 1)
+    if floor is not None:  # proved before any search: no knob lowers what every plan holds in host RAM
+        return SolveResult(best=None, evaluated=0, feasible=0, diagnosis=floor, frontier=())
     if response_len is None:
         response_len, evaluated_total = _longest_fitting_response(request)
     dropped: list[FrontierPoint] | None = [] if frontier else None
@@ -74,6 +89,43 @@ def solve_engines(request: SolveRequest, engines: tuple[RolloutEngine, ...], *,
     best, _ = min(feasible, key=lambda pair: _rank_key(pair[1], request.objective))
     return attrs.evolve(best, evaluated=evaluated, feasible=sum(result.feasible for result in results),
                         frontier=points)
+
+
+# Host RAM tried, as multiples of what every plan holds (memory.phases.host_floor), when that is over the node's.
+HOST_FLOOR_STEPS = (1.25, 1.5, 2.0, 3.0)
+
+
+def host_floor_diagnosis(request: SolveRequest, response_len: int) -> Diagnosis | None:
+    """When the node's host RAM is below what every plan of the request holds there whatever its knobs (the model's
+    shared-memory copy, the GPU processes), nothing fits: said at once, with the host RAM that does fit, rather
+    than after a search of every layout (issue 41: 40-120 s for a 30B MoE at --host-mem 8)."""
+    from rlplan.planner.memory.phases import host_floor
+
+    cluster = request.cluster
+    if cluster.gpu.is_cpu:
+        return None
+    floor = host_floor(skeleton_plan(request, response_len), request.profile)
+    have = cluster.host_memory_bytes_per_node
+    if floor.total_bytes <= have:
+        return None
+    parts = ", ".join(f"{c.name} {c.bytes / GIB:.1f} GiB" for c in floor.components)
+    message = (f"every plan of {request.model.name} holds at least {floor.total_bytes / GIB:.1f} GiB of host RAM per "
+               f"node whatever its knobs ({parts}), and the node has {cluster.host_memory_gib:g} GiB.")
+    suggestions = []
+    for step in HOST_FLOOR_STEPS:
+        host = float(math.ceil(floor.total_bytes * step / GIB / 16) * 16)
+        candidate = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=host))
+        if _fits(candidate, response_len):
+            suggestions.append(Suggestion(change=f"--host-mem {host:g}", detail=f"{host:g} GiB of host RAM per node",
+                                          gpus=cluster.world_size,
+                                          gpu_memory_gib=cluster.world_size * cluster.gpu.memory_gib))
+            break
+    if suggestions:
+        message += f" Fix: {suggestions[0].change} (the least of {len(HOST_FLOOR_STEPS)} steps above it that fits)."
+    else:
+        message += (f" No host RAM up to {HOST_FLOOR_STEPS[-1]:g}x that makes it fit either: a smaller model, or "
+                    "nodes with more host RAM and GPUs.")
+    return Diagnosis(binding="host RAM", message=message, suggestions=tuple(suggestions))
 
 
 def _longest_fitting_response(request: SolveRequest) -> tuple[int, int]:
@@ -181,7 +233,7 @@ def diagnose_rules(request: SolveRequest, broken: list[Violation], response_len:
         solved = solve(fixed) if _fits(fixed, response_len) else None
         if solved is not None and solved.best is not None:
             suggestions.append(Suggestion(change=change, detail="the nearest value verl accepts; re-solved, it fits",
-                                          step_time_s=round(solved.best.step_time.total_seconds, 1),
+                                          kind="rule", keeps_workload=False, step_time_s=round(solved.best.step_time.total_seconds, 1),
                                           gpus=fixed.cluster.world_size,
                                           gpu_memory_gib=fixed.cluster.world_size * fixed.cluster.gpu.memory_gib))
     if suggestions:
@@ -266,9 +318,27 @@ def _fewest_more_gpus(request: SolveRequest, response_len: int) -> tuple[SolveRe
     return None
 
 
-def _change_candidates(request: SolveRequest,
-                       response_len: int) -> Iterator[tuple[str, str, bool, SolveRequest, bool]]:
-    """(flags, detail, keeps_workload, request, more_gpus) for each axis, at the smallest step along it that fits."""
+@attrs.frozen(kw_only=True)
+class _Change:
+    """One change to try: its flags, what it means, its kind (Suggestion.kind) and the request it makes."""
+
+    flags: str
+    detail: str
+    kind: str
+    request: SolveRequest
+    more_gpus: bool = False
+
+
+def _change_candidates(request: SolveRequest, response_len: int, lora_rank: int) -> Iterator[_Change]:
+    """Each axis at the smallest step along it that fits: other hardware for the run as asked, the run changed on
+    the user's hardware, and a smaller margin."""
+    yield from _hardware_changes(request, response_len)
+    yield from _workload_changes(request, response_len, lora_rank)
+    yield from _margin_changes(request, response_len)
+
+
+def _hardware_changes(request: SolveRequest, response_len: int) -> Iterator[_Change]:
+    """More GPUs of the kind the request has, a bigger GPU at least as fast, more host RAM."""
     from rlplan.planner.presets import gpu_presets  # late: only a failed solve needs the table
 
     cluster = request.cluster
@@ -284,54 +354,96 @@ def _change_candidates(request: SolveRequest,
         flags = _gpu_count_flags(bigger) + (f" --host-mem {bigger.host_memory_gib:g}" if host_factor > 1 else "")
         detail = f"{bigger.world_size} x {cluster.gpu.name} ({cluster.gpu.memory_gib:g} GiB)" + (
             f", {bigger.host_memory_gib:g} GiB host RAM per node" if host_factor > 1 else "")
-        yield flags, detail, True, candidate, True
+        yield _Change(flags=flags, detail=detail, kind="hardware", request=candidate, more_gpus=True)
     # More or bigger GPUs may also need more host RAM (a large model's shared-memory copy per node):
     # each GPU step tries the host steps too, so a change needing both is still found.
     for gpu in kinds[1:]:
-        found = False
         for factor, host_factor in itertools.product((1, *GPU_COUNT_FACTORS), (1, *HOST_MEMORY_FACTORS)):
             host = cluster.host_memory_gib * host_factor
             bigger = attrs.evolve(_scaled_cluster(cluster, factor, gpu), host_memory_gib=host)
             candidate = attrs.evolve(request, cluster=bigger)
             if _fits(candidate, response_len):
-                words = ([] if gpu is cluster.gpu else [f"--gpu {gpu.name}"]) + (
-                    [f"--gpus {bigger.world_size}"] if factor > 1 else []) + (
+                words = [f"--gpu {gpu.name}"] + ([f"--gpus {bigger.world_size}"] if factor > 1 else []) + (
                     [f"--host-mem {host:g}"] if host_factor > 1 else [])
                 detail = f"{bigger.world_size} x {gpu.name} ({gpu.memory_gib:g} GiB)" + (
                     f", {host:g} GiB host RAM per node" if host_factor > 1 else "")
-                yield " ".join(words), detail, True, candidate, False
-                found = True
+                yield _Change(flags=" ".join(words), detail=detail, kind="hardware", request=candidate)
                 break
-        if found:
-            continue
     for factor in HOST_MEMORY_FACTORS:
         host = cluster.host_memory_gib * factor
         candidate = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=host))
         if _fits(candidate, response_len):
-            yield f"--host-mem {host:g}", f"{host:g} GiB of host RAM per node", True, candidate, False
+            yield _Change(flags=f"--host-mem {host:g}", detail=f"{host:g} GiB of host RAM per node", kind="hardware",
+                          request=candidate)
             break
+
+
+# The smallest lengths and LoRA rank a change of the run goes down to (vLLM serves LoRA ranks from 8).
+SHORTEST_CHANGED_LENGTH = 128
+SMALLEST_SUGGESTED_LORA_RANK = 8
+
+
+def _halvings(value: int, floor: int) -> Iterator[int]:
+    """value // 2, value // 4, ... while at least `floor`."""
+    value //= 2
+    while value >= floor:
+        yield value
+        value //= 2
+
+
+def _workload_changes(request: SolveRequest, response_len: int, lora_rank: int) -> Iterator[_Change]:
+    """The run changed so that it fits the hardware it has, each axis at its first halving that fits: LoRA for
+    full fine-tuning or a smaller LoRA rank, shorter responses or prompts, fewer responses per prompt, fewer
+    prompts per step."""
+    def first_fit(steps: Iterator[tuple[str, str, SolveRequest]]) -> Iterator[_Change]:
+        for flags, detail, candidate in steps:
+            if _fits(candidate, candidate.response_len if candidate.response_len != request.response_len
+                     else response_len):
+                yield _Change(flags=flags, detail=detail, kind="workload", request=candidate)
+                return
+
     if request.lora == "off" or request.lora == 0:
         rank = default_lora_rank(request.model.arch)
-        candidate = attrs.evolve(request, lora=rank)
+        yield from first_fit(iter([(f"--lora {rank}", f"LoRA rank {rank} instead of full fine-tuning",
+                                    attrs.evolve(request, lora=rank))]))
+    elif lora_rank:
+        yield from first_fit((f"--lora {rank}", f"LoRA rank {rank} instead of {lora_rank}",
+                              attrs.evolve(request, lora=rank))
+                             for rank in _halvings(lora_rank, SMALLEST_SUGGESTED_LORA_RANK))
+    yield from first_fit((f"--response-len {shorter}", f"responses of {shorter} tokens instead of {response_len}",
+                          attrs.evolve(request, response_len=shorter, max_response_len=None))
+                         for shorter in _halvings(response_len, SHORTEST_CHANGED_LENGTH))
+    yield from first_fit((f"--prompt-len {shorter}", f"prompts of {shorter} tokens instead of {request.prompt_len}",
+                          attrs.evolve(request, prompt_len=shorter))
+                         for shorter in _halvings(request.prompt_len, SHORTEST_CHANGED_LENGTH))
+    yield from first_fit((f"--n {fewer}", f"{fewer} responses per prompt instead of {request.n}",
+                          attrs.evolve(request, n=fewer))
+                         for fewer in _halvings(request.n, 1))
+    yield from first_fit((f"--train-batch-size {smaller}", f"{smaller} prompts per step instead of "
+                          f"{request.train_batch_size}", attrs.evolve(
+                              request, train_batch_size=smaller,
+                              ppo_mini_batch_size=None if request.ppo_mini_batch_size is None
+                              else min(request.ppo_mini_batch_size, smaller)))
+                         for smaller in _halvings(request.train_batch_size, 1))
+
+
+def _margin_changes(request: SolveRequest, response_len: int) -> Iterator[_Change]:
+    """The run and the hardware as asked, with a smaller margin: half the one it keeps, else none."""
+    from rlplan.planner.model_error import Headroom
+
+    margin = request_margin(request).gib
+    for kept in (round(margin / 2, 2), 0.0) if margin > 0 else ():
+        candidate = attrs.evolve(request, headroom=Headroom(gib=kept))
         if _fits(candidate, response_len):
-            yield f"--lora {rank}", f"LoRA rank {rank} instead of full fine-tuning", False, candidate, False
-    shorter = response_len
-    while shorter > 256:
-        shorter //= 2
-        candidate = attrs.evolve(request, response_len=shorter, max_response_len=None)
-        if _fits(candidate, shorter):
-            yield (f"--response-len {shorter}", f"responses of {shorter} tokens instead of {response_len}", False,
-                   candidate, False)
-            break
-    smaller = request.train_batch_size
-    while smaller > 1:
-        smaller //= 2
-        mini = None if request.ppo_mini_batch_size is None else min(request.ppo_mini_batch_size, smaller)
-        candidate = attrs.evolve(request, train_batch_size=smaller, ppo_mini_batch_size=mini)
-        if _fits(candidate, response_len):
-            yield (f"--train-batch-size {smaller}", f"{smaller} prompts per step instead of "
-                   f"{request.train_batch_size}", False, candidate, False)
-            break
+            detail = (f"keep {kept:g} GiB free instead of the {margin:.2f} GiB margin: less room for the model's "
+                      "error" if kept else f"keep no margin instead of {margin:.2f} GiB: nothing for the model's error")
+            yield _Change(flags=f"--headroom {kept:g}GiB" if kept else "--headroom 0", detail=detail, kind="margin",
+                          request=candidate)
+            return
+
+
+def _tokens_per_step(request: SolveRequest, response_len: int) -> int:
+    return request.train_batch_size * request.n * (request.prompt_len + response_len)
 
 
 def _hardware_tier(suggestion: Suggestion) -> int:
@@ -351,55 +463,98 @@ def _margin_binding(closest: Candidate, request: SolveRequest) -> str:
     return f"the {limit.where} phase leaves too little room for {limit.component}"
 
 
-def _suggestion_rank(suggestion: Suggestion) -> tuple[bool, int, float]:
-    return (not suggestion.keeps_workload, _hardware_tier(suggestion), suggestion.step_time_s or 0.0)
+# How each group of changes is ranked, as the diagnosis says it (and solve --json's "ranked_by").
+RANKED_BY = {
+    "hardware": "the least GPU memory bought first (GPUs x GiB), then the shorter step",
+    "workload": "the most of the run kept first (its tokens per step), then the shorter step",
+    "margin": "the largest margin that fits",
+    "rule": "the nearest values verl accepts",
+}
+
+
+def _suggestion_rank(suggestion: Suggestion) -> tuple[int, ...] | tuple[float, ...]:
+    if suggestion.kind == "workload":
+        return (-suggestion.tokens_kept, suggestion.step_time_s or 0.0)
+    return (_hardware_tier(suggestion), suggestion.step_time_s or 0.0)
 
 
 def _shown_suggestions(suggestions: list[Suggestion]) -> list[Suggestion]:
-    """The best few, one per hardware tier (three variants of "4 x 80 GiB" are one choice, not three), with
-    more GPUs of the same kind always among them when that fits: it keeps the run and the GPUs one has."""
-    ranked = sorted(suggestions, key=_suggestion_rank)
-    tiers: dict[tuple[bool, int], Suggestion] = {}
-    for suggestion in ranked:
-        tiers.setdefault((suggestion.keeps_workload, _hardware_tier(suggestion)), suggestion)
+    """The best few of each kind. Hardware: one per hardware tier (three variants of "4 x 80 GiB" are one choice,
+    not three), with more GPUs of the same kind always among them when that fits (it keeps the run and the GPUs one
+    has). The run changed: the most of it kept first. A smaller margin: the largest that fits."""
+    hardware = sorted((s for s in suggestions if s.kind == "hardware"), key=_suggestion_rank)
+    tiers: dict[int, Suggestion] = {}
+    for suggestion in hardware:
+        tiers.setdefault(_hardware_tier(suggestion), suggestion)
     shown = list(tiers.values())[:SUGGESTIONS_SHOWN]
-    more = next((s for s in ranked if s.more_gpus), None)
+    more = next((s for s in hardware if s.more_gpus), None)
     if more is not None and more not in shown:
         shown = sorted([*shown[:SUGGESTIONS_SHOWN - 1], more], key=_suggestion_rank)
-    return shown
+    workload = sorted((s for s in suggestions if s.kind == "workload"), key=_suggestion_rank)[:SUGGESTIONS_SHOWN]
+    return [*shown, *workload, *[s for s in suggestions if s.kind == "margin"][:1]]
+
+
+def _binding_text(request: SolveRequest, closest: Candidate | None) -> str:
+    if closest is None:
+        return "no candidate satisfied the pinned knobs and verl's rules"
+    limit = closest.memory.binding_constraint
+    over = -limit.headroom_bytes / GIB
+    if over <= 0:
+        return _margin_binding(closest, request)
+    if limit.resource == "kv_cache":
+        # Not the GPU: the engine's KV pool at this utilization cannot hold one longest sequence (vLLM refuses to
+        # start), whatever the margin.
+        rollout = closest.plan.rollout
+        return (f"at best ({choice_text(closest.plan)}, gpu_memory_utilization {rollout.gpu_memory_utilization:.2f}) "
+                f"the rollout engine's KV cache is {over:.2f} GiB short of one "
+                f"{rollout.max_model_len or closest.plan.fitting_max_model_len}-token sequence")
+    return (f"at best ({choice_text(closest.plan)}) the {limit.where} phase needs {over:.1f} GiB more "
+            f"{'host RAM' if limit.resource == 'host' else 'GPU memory'} than there is, mostly {limit.component}")
+
+
+def _suggestions_text(request: SolveRequest, shown: list[Suggestion]) -> str:
+    """The changes that fit, in groups, each saying how it is ranked."""
+    cluster = request.cluster
+
+    def listed(kind: str) -> str:
+        return "; ".join(f"{s.change} ({s.detail}" + (f", {100 * s.tokens_kept:.0f} % of the run's tokens kept"
+                                                       if s.kind == "workload" else "")
+                         + f", ~{s.step_time_s:g} s per step)" for s in shown if s.kind == kind)
+
+    groups = [(f"The run as asked on other hardware, {RANKED_BY['hardware']}", listed("hardware")),
+              (f"On {cluster.world_size} x {cluster.gpu.name} with the run changed, {RANKED_BY['workload']}",
+               listed("workload")),
+              (f"Or the run and the hardware as asked with a smaller margin, {RANKED_BY['margin']}", listed("margin"))]
+    return " ".join(f"{title}: {text}." for title, text in groups if text)
 
 
 def diagnose(request: SolveRequest, closest: Candidate | None, response_len: int) -> Diagnosis:
-    """The binding constraint, and the changes along each axis that fit, ranked by what they cost the user.
-
-    Each change is re-solved in full: hardware changes, which keep the run the user asked for,
-    come before changes to what is trained; within each, less GPU memory bought (GPUs x GiB, the
-    price proxy), then the shorter predicted step.
-    """
-    if closest is not None:
-        limit = closest.memory.binding_constraint
-        over = -limit.headroom_bytes / GIB
-        binding = (f"at best ({choice_text(closest.plan)}) the {limit.where} phase needs {over:.1f} GiB more "
-                   f"{'host RAM' if limit.resource == 'host' else 'GPU memory'} than there is, mostly "
-                   f"{limit.component}" if over > 0 else _margin_binding(closest, request))
-    else:
-        binding = "no candidate satisfied the pinned knobs and verl's rules"
+    """The binding constraint, and the changes along each axis that fit, each re-solved in full, in three groups
+    ranked as RANKED_BY says: other hardware for the run as asked (the least GPU memory bought, GPUs x GiB, the
+    price proxy, then the shorter predicted step); the run changed on the user's hardware (the most of its tokens
+    per step kept, then the shorter step); a smaller margin."""
+    binding = _binding_text(request, closest)
+    lora_rank = closest.plan.model.lora.rank if closest is not None and closest.plan.model.lora.enabled else 0
+    asked = _tokens_per_step(request, response_len)
     suggestions: list[Suggestion] = []
-    for change, detail, keeps_workload, candidate, more_gpus in _change_candidates(request, response_len):
+    for change in _change_candidates(request, response_len, lora_rank):
+        candidate = change.request
         solved = solve(candidate)
         if solved.best is None:
             continue
-        suggestions.append(Suggestion(change=change, detail=detail, keeps_workload=keeps_workload,
-                                      more_gpus=more_gpus,
+        kept = _tokens_per_step(candidate, candidate.response_len or response_len) / asked
+        suggestions.append(Suggestion(change=change.flags, detail=change.detail, kind=change.kind,
+                                      keeps_workload=change.kind != "workload", more_gpus=change.more_gpus,
+                                      tokens_kept=round(min(kept, 1.0), 3),
                                       step_time_s=round(solved.best.step_time.total_seconds, 1),
                                       gpus=candidate.cluster.world_size,
                                       gpu_memory_gib=candidate.cluster.world_size * candidate.cluster.gpu.memory_gib))
-    suggestions = _shown_suggestions(suggestions)
-    if suggestions:
-        ranked = "; ".join(f"{s.change} ({s.detail}, ~{s.step_time_s:g} s per step)" for s in suggestions)
-        message = f"Nothing fits: {binding}. Changes that fit, best first (each re-solved): {ranked}."
+    shown = _shown_suggestions(suggestions)
+    if shown:
+        message = f"Nothing fits: {binding}. Changes that fit, each re-solved. {_suggestions_text(request, shown)}"
     else:
         message = (f"Nothing fits: {binding}. No change tried ({GPU_COUNT_FACTORS[-1]}x the GPUs, a bigger GPU "
-                   f"at least as fast, {HOST_MEMORY_FACTORS[-1]}x the host RAM, LoRA, shorter responses, a "
-                   "smaller batch) makes it fit.")
-    return Diagnosis(binding=binding, message=message, suggestions=tuple(suggestions))
+                   f"at least as fast, {HOST_MEMORY_FACTORS[-1]}x the host RAM, LoRA or a smaller LoRA rank, shorter "
+                   "responses or prompts, fewer responses per prompt, a smaller batch, a smaller margin) makes it "
+                   "fit.")
+    return Diagnosis(binding=binding, message=message, suggestions=tuple(shown))

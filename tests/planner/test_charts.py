@@ -68,7 +68,7 @@ def test_memory_chart_flags_exactly_the_binding_component_and_labels_it():
     assert binding.resource in ("gpu", "kv_cache")
     assert flagged == [(binding.where, binding.component)]
     assert binding.component in data["binding"]["label"] and binding.where in data["binding"]["label"]
-    assert data["binding"]["headroom_gib"] == round(binding.headroom_bytes / GIB, 3)
+    assert data["binding"]["free_gib"] == round(binding.headroom_bytes / GIB, 3)
 
 
 def test_memory_chart_flags_a_host_component_when_host_ram_binds():
@@ -140,7 +140,7 @@ def test_frontier_data_without_top_marks_only_the_chosen(tight_solve):
     assert len(frontier_data(result.frontier, 24.0, top=0)["key"]) == 1
 
 
-def test_frontier_data_gives_each_candidates_headroom_and_the_margin_line(tight_solve):
+def test_frontier_data_gives_what_each_candidate_leaves_free_and_the_margin_line(tight_solve):
     from rlplan.planner.solver import request_margin
 
     request, result = tight_solve
@@ -149,7 +149,7 @@ def test_frontier_data_gives_each_candidates_headroom_and_the_margin_line(tight_
     assert data["margin_gib"] == round(margin, 3) > 0
     assert data["margin_line_gib"] == round(request.cluster.gpu.memory_gib - margin, 3)
     for row in data["points"]:
-        assert row["headroom_gib"] == pytest.approx(request.cluster.gpu.memory_gib - row["gpu_peak_gib"], abs=1e-3)
+        assert row["free_gib"] == pytest.approx(request.cluster.gpu.memory_gib - row["gpu_peak_gib"], abs=1e-3)
         if row["feasible"]:  # every plan solve may write stays under the margin line
             assert row["gpu_peak_gib"] <= data["margin_line_gib"] + 1e-3
     assert all("free)" in line for line in data["key"])
@@ -343,3 +343,109 @@ def test_a_frontier_with_nothing_refused_draws_one_panel_not_the_same_one_twice(
     refused = [*rows, dict(rows[-1], feasible=False, rank=0, mark="infeasible", step_time_s=900.0)]
     spec = frontier_chart({"points": refused, "gpu_limit_gib": 79.2, "key": ["#1: the plan written"]}, "t").to_dict()
     assert "hconcat" in json.dumps(spec)
+
+
+# --- as drawn: each chart kind rendered headless (vl-convert), checked on what it draws ------------------------------
+
+
+def looks_right(drawing) -> list[str]:
+    """What a user would see wrong in any chart: a text over another, a value or label crossed by a limit line, a
+    mark's text outside its panel, a title off the picture."""
+    import importlib.util
+
+    from tests.planner.drawn import (
+        ink_on_the_edge,
+        off_the_canvas,
+        overlapping_texts,
+        texts_across_rules,
+        texts_outside_their_panel,
+    )
+
+    # The PNG's edge pixels are read with Pillow, which the charts extra does not bring (the runtime's stack does).
+    edges = ink_on_the_edge(drawing) if importlib.util.find_spec("PIL") else []
+    return [*overlapping_texts(drawing), *texts_across_rules(drawing), *texts_outside_their_panel(drawing),
+            *off_the_canvas(drawing), *(f"ink on the {side} edge" for side in edges)]
+
+
+@pytest.mark.parametrize("overrides,gpu_mem_gib", [
+    ({}, 80.0),                                                     # fits
+    ({}, 40.0),                                                     # over the GPU: the bar crosses both lines
+    ({"actor.ppo_micro_batch_size_per_gpu": 16}, 80.0),             # over by a lot, in the update
+    ({"model.lora.rank": 64, "rollout.gpu_memory_utilization": 0.3}, 24.0),
+    ({"cluster.host_memory_gib": 40.0}, 80.0),                      # host RAM binds
+])
+def test_the_memory_chart_draws_no_text_over_another_or_across_a_limit_line(overrides, gpu_mem_gib):
+    """Issue 35 item 2: in an over-budget plan's chart the GPU line's label, the margin's label and a bar's value
+    ran into each other, and the binding label past the panel into the legend."""
+    pytest.importorskip("vl_convert", reason="the charts extra (vl-convert-python) is not installed")
+    from rlplan.planner.charts import memory_chart
+    from tests.planner.drawn import drawn
+
+    data = memory_chart_data(predict_memory(make_plan(gpu_mem_gib=gpu_mem_gib, overrides=overrides)), 4.0)
+    drawing = drawn(memory_chart(data, "test-model"))
+    assert looks_right(drawing) == []
+    subtitle = [line for item in drawing.of(role="title-subtitle") for line in item.text]
+    assert subtitle == [data["binding"]["label"]]
+    legend = {line for item in drawing.of(role="legend-label") for line in item.text}
+    assert {"GPU memory 80.0 GiB" if gpu_mem_gib == 80.0 else f"GPU memory {gpu_mem_gib:.1f} GiB",
+            "margin: 4.0 GiB kept free"} <= legend
+
+
+@pytest.fixture(scope="module")
+def public_comparison():
+    """The README's compare example: PPO, Qwen2-7B-Instruct, 8 x H100 (tests/data/verl_logs/public)."""
+    from rlplan.planner.commands.compare_commands import load_plan_or_script, read_verl_log
+    from rlplan.planner.compare import compare_run
+    from rlplan.planner.compare_report import comparison_json
+    from rlplan.planner.profile import DEFAULT_PROFILE
+
+    folder = Path(__file__).parent.parent / "data" / "verl_logs" / "public"
+    plan, _ = load_plan_or_script(str(folder / "qwen2_7b_gsm8k_8gpu_min.sh"), gpu="h100-80g", gpu_mem=None,
+                                  host_mem=1024.0, env=[], fixes={"rollout.enforce_eager": True})
+    log = read_verl_log(str(folder / "verl_qwen2_7b_min.log"))
+    return comparison_json(compare_run(plan, log, DEFAULT_PROFILE, None)), log.series("response_length/mean")
+
+
+def test_the_compare_chart_draws_each_bar_over_its_own_label_and_the_forecast_whole(public_comparison):
+    """Issue 35 item 2: the panels shared one offset scale, so each predicted time bar stood under the next phase's
+    label and the last outside the plot; the trend panel's title was the forecast cut at 90 characters."""
+    pytest.importorskip("vl_convert", reason="the charts extra (vl-convert-python) is not installed")
+    from rlplan.planner.compare_report import comparison_chart
+    from tests.planner.drawn import bars_off_their_labels, drawn
+
+    payload, lengths = public_comparison
+    drawing = drawn(comparison_chart(payload, "run.sh vs run.log", lengths))
+    assert bars_off_their_labels(drawing, "concat_0", "metric") == []
+    assert bars_off_their_labels(drawing, "concat_1", "phase") == []
+    times = {(bar.datum["phase"], bar.datum["kind"]) for bar in drawing.of(marktype="rect", panel="concat_1")
+             if "phase" in bar.datum}
+    assert times == {(row["phase"], kind) for row in payload["times"] for kind in ("measured", "predicted")}
+    assert looks_right(drawing) == []
+    forecast = " ".join(line for item in drawing.of(role="title-subtitle", panel="concat_2") for line in item.text)
+    assert forecast == payload["forecast"]["message"]
+
+
+def test_the_frontier_draws_its_labels_clear_of_the_limit_lines_and_inside_its_panels(tight_solve):
+    pytest.importorskip("vl_convert", reason="the charts extra (vl-convert-python) is not installed")
+    from rlplan.planner.charts import frontier_chart
+    from tests.planner.drawn import drawn
+
+    request, result = tight_solve
+    data = frontier_data(result.frontier, request.cluster.gpu.memory_gib, 3, margin_gib=1.2)
+    drawing = drawn(frontier_chart(data, "qwen2.5-7b on 8 x RTX4090-24G"))
+    assert looks_right(drawing) == []
+    labels = {line for item in drawing.of(marktype="text", role="mark") for line in item.text if ":" not in line}
+    assert labels == {row["label"] for row in data["points"] if row["label"]}
+
+
+def test_the_run_report_draws_each_memory_bar_over_its_own_phase(tmp_path):
+    pytest.importorskip("vl_convert", reason="the charts extra (vl-convert-python) is not installed")
+    from rlplan.planner.charts import report_chart
+    from tests.planner.drawn import bars_off_their_labels, drawn
+
+    data = run_report_data([metrics_record(step) for step in range(1, 13)], {})
+    drawing = drawn(report_chart(data, "test-model, run demo", "grpo on 8 x test-gpu"))
+    memory = next(panel for panel in drawing.panels()
+                  if any("kind" in item.datum for item in drawing.of(marktype="rect", panel=panel)))
+    assert bars_off_their_labels(drawing, memory, "phase") == []
+    assert looks_right(drawing) == []

@@ -13,14 +13,16 @@ import pytest
 from rlplan.planner.calibration import STEP_TIME_CONSTANTS
 from rlplan.planner.commands.commands_io import load_profile
 from rlplan.planner.commands.compare_commands import load_plan_or_script, read_verl_log
-from rlplan.planner.compare import SCOPES, compare_run, infer_family, version_family
+from rlplan.planner.compare import FAMILY_RELEASE, SCOPES, compare_run, infer_family, version_family
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import apply_knobs, with_expected_lengths
 from rlplan.planner.memory import GIB, predict_memory
+from rlplan.planner.memory.allocator_report import allocator_report
 from rlplan.planner.memory.phases import longest_expected_response_that_fits
-from rlplan.planner.model_error import peak_error_band
+from rlplan.planner.model_error import counter_error_band
 from rlplan.planner.phases import Phase
 from rlplan.planner.profile import DEFAULT_PROFILE
+from rlplan.planner.rules import check_plan
 from rlplan.planner.steptime import predict_step_time
 from tests.data.verl_logs.make_fixtures import STEPS, metrics
 from tests.planner.cli_runner import invoke
@@ -32,23 +34,30 @@ PUBLIC = LOGS / "public"
 FAMILY = {"v02_console.log": "0.2", "v03_console.log": "0.3", "v08_console.log": "0.8", "v08_file.jsonl": "0.8"}
 
 
-def fixture_plan():
-    plan, _ = load_plan_or_script(SCRIPT, gpu="h100-80g", gpu_mem=None, host_mem=1024.0, env=[], fixes={})
+def fixture_plan(name: str | None = None):
+    """The fixture script as compare reads it for the log `name`: at the release the log's spellings date it to
+    (compare.FAMILY_RELEASE), or on the default stack."""
+    release = FAMILY_RELEASE.get(FAMILY[name]) if name else None
+    plan, _ = load_plan_or_script(SCRIPT, gpu="h100-80g", gpu_mem=None, host_mem=1024.0, env=[], fixes={},
+                                  verl_version=release)
     return plan
 
 
-def expected_counter_gib(plan, family: str) -> tuple[float, float, str]:
-    """The comparable prediction: the phase with the largest counter bytes (allocated, reserved, its name)."""
+def expected_counter_gib(plan, family: str, index: int) -> tuple[float, str]:
+    """The comparable prediction of one counter (0: allocated, 1: reserved): its largest over the phases, and
+    that phase."""
     per_phase = expected_phase_counters(plan, family)
-    name = max(per_phase, key=lambda key: per_phase[key][0])
-    return (*per_phase[name], name)
+    name = max(per_phase, key=lambda key: per_phase[key][index])
+    return per_phase[name][index], name
 
 
 def expected_phase_counters(plan, family: str) -> dict[str, tuple[float, float]]:
-    """Per phase, (allocated, reserved) GiB verl's counters would show, worked out from the phase components
-    independently of compare.counter_bytes."""
+    """Per phase, (allocated, reserved) GiB verl's counters would show: allocated worked out from the phase
+    components independently of memory.allocator_report, reserved as that module's replay prices it."""
     scope = SCOPES[family]
     report = predict_memory(plan)
+    reserved = {str(r.phase): r.reserved / GIB for r in allocator_report(
+        plan, engine_in_process=scope.engine_in_process, pool_counted_asleep=scope.pool_counted_asleep)}
     out = {}
     for phase in report.phases:
         names = {c.name for c in phase.components}
@@ -63,13 +72,13 @@ def expected_phase_counters(plan, family: str) -> dict[str, tuple[float, float]]
         if phase.name != "rollout" and scope.engine_in_process and scope.pool_counted_asleep:
             allocated += (0 if "vllm_weights" in names else report.rollout.weights_bytes)
             allocated += (0 if "kv_cache" in names else report.rollout.kv_cache_bytes)
-        out[str(phase.name)] = (allocated / GIB, (allocated + phase.bytes_of("fragmentation_reserve")) / GIB)
+        out[str(phase.name)] = (allocated / GIB, reserved[str(phase.name)])
     return out
 
 
 @pytest.mark.parametrize("name", list(FAMILY))
 def test_per_phase_counter_rows(payloads, name):
-    plan = with_expected_lengths(fixture_plan(), 300, 1176)
+    plan = with_expected_lengths(fixture_plan(name), 300, 1176)
     expected = expected_phase_counters(plan, FAMILY[name])
     peaks = {str(p.name): p.peak_bytes / GIB for p in predict_memory(plan).phases}
     rows = payloads[name][1]["phases"]
@@ -105,30 +114,35 @@ def test_lengths_are_the_runs_means(payloads, name):
 def test_memory_numbers_follow_the_versions_scope(payloads, name):
     code, payload = payloads[name]
     family = FAMILY[name]
-    plan = with_expected_lengths(fixture_plan(), 300, 1176)
-    allocated, reserved, phase = expected_counter_gib(plan, family)
+    plan = with_expected_lengths(fixture_plan(name), 300, 1176)
     rows = {row["metric"].rsplit("/", 1)[-1]: row for row in payload["memory"]}
     last = metrics(STEPS)["perf/max_memory_allocated_gb"]
-    for metric, predicted, measured in (("max_memory_allocated_gb", allocated, last),
-                                        ("max_memory_reserved_gb", reserved, last + 12.0)):
+    for index, (metric, counter, measured) in enumerate((("max_memory_allocated_gb", "allocated", last),
+                                                          ("max_memory_reserved_gb", "reserved", last + 12.0))):
+        predicted, phase = expected_counter_gib(plan, family, index)
         row = rows[metric]
+        assert row["counter"] == counter
         assert row["measured_gib"] == pytest.approx(measured, abs=1e-3)
         assert row["measured_peak_step"] == STEPS
         assert row["predicted_gib"] == pytest.approx(predicted, abs=1e-3)
         assert row["predicted_peak_phase"] == phase
         assert row["ratio"] == pytest.approx(measured / predicted, abs=1e-3)
-        # The band of the predicted peak's phase, as planner/model_error.py derives it from the measured rows.
-        highest = peak_error_band(plan, Phase(phase)).highest_actual_gib(predicted)
+        # The band of the counter at the predicted peak's phase, as planner/model_error.py derives it from the
+        # measured rows and the real runs of the scope's regime; outside it on either side is flagged.
+        band = counter_error_band(plan, Phase(phase), counter, SCOPES[family])
+        highest, lowest = band.highest_actual_gib(predicted), band.lowest_actual_gib(predicted)
         assert row["highest_allowed_gib"] == pytest.approx(highest, abs=1e-3)
-        assert row["exceeds_band"] == (measured > highest)
+        assert row["lowest_allowed_gib"] == pytest.approx(lowest, abs=1e-3)
+        assert row["exceeds_band"] == (not lowest <= measured <= highest)
     assert code == (1 if any(r["exceeds_band"] for r in rows.values()) else 0)
     assert payload["scope"]["engine_in_trainer_process"] == SCOPES[family].engine_in_process
 
 
 def test_an_engine_in_the_trainer_process_is_inside_the_counter(payloads):
     inside = payloads["v03_console.log"][1]["memory"][0]["predicted_gib"]
-    outside = payloads["v08_console.log"][1]["memory"][0]["predicted_gib"]
-    budget = predict_memory(with_expected_lengths(fixture_plan(), 300, 1176)).rollout
+    plan = with_expected_lengths(fixture_plan("v03_console.log"), 300, 1176)
+    outside = max(r.allocated for r in allocator_report(plan, engine_in_process=False)) / GIB
+    budget = predict_memory(plan).rollout
     # The sleeping pool (weights + KV) is what separates the two scopes at the update's peak.
     assert inside - outside == pytest.approx((budget.weights_bytes + budget.kv_cache_bytes) / GIB, rel=0.05)
 
@@ -136,7 +150,7 @@ def test_an_engine_in_the_trainer_process_is_inside_the_counter(payloads):
 @pytest.mark.parametrize("name", list(FAMILY))
 def test_times_are_medians_over_steady_steps_beside_the_model(payloads, name):
     _, payload = payloads[name]
-    plan = with_expected_lengths(fixture_plan(), 300, 1176)
+    plan = with_expected_lengths(fixture_plan(name), 300, 1176)
     predicted = predict_step_time(plan, predict_memory(plan)).phase_seconds
     steady = [s for s in range(2, STEPS + 1) if s != 10]  # step 1 warms up, step 10 validates
     rows = {row["phase"]: row for row in payload["times"]}
@@ -166,7 +180,7 @@ def test_times_are_medians_over_steady_steps_beside_the_model(payloads, name):
 @pytest.mark.parametrize("name", list(FAMILY))
 def test_forecast_finds_the_step_where_the_plan_stops_fitting(payloads, name):
     forecast = payloads[name][1]["forecast"]
-    plan = with_expected_lengths(fixture_plan(), 300, 1176)
+    plan = with_expected_lengths(fixture_plan(name), 300, 1176)
     longest = longest_expected_response_that_fits(plan)
     assert 1176 < longest < plan.data.max_response_length
     assert forecast["slope_tokens_per_step"] == pytest.approx(9.0, abs=1e-3)
@@ -175,10 +189,15 @@ def test_forecast_finds_the_step_where_the_plan_stops_fitting(payloads, name):
     # Invariant: the trend first reaches a mean the plan does not fit at that step.
     assert 991 + 9 * stop >= longest + 1 - 0.01 and 991 + 9 * (stop - 1) < longest + 1
     assert forecast["reaches_max_response_length_at_step"] == math.ceil((8192 - 991) / 9)
-    key, value = forecast["fix"].removeprefix("set ").split(" = ")
-    assert key == "actor.ppo_max_token_len_per_gpu"
     at_limit = with_expected_lengths(plan, None, plan.data.max_response_length)
     assert not predict_memory(at_limit).fits
+    if not check_plan(at_limit).valid:
+        # Read at the release a v0.2 / v0.3 log dates it to, the script breaks a rule of that release besides
+        # memory (its max_num_batched_tokens below max_model_len): no token budget alone makes it valid.
+        assert FAMILY_RELEASE.get(FAMILY[name]) is not None and forecast["fix"].startswith("re-solve with")
+        return
+    key, value = forecast["fix"].removeprefix("set ").split(" = ")
+    assert key == "actor.ppo_max_token_len_per_gpu"
     assert predict_memory(apply_knobs(at_limit, {key: int(value)})).fits
     assert f"near step {stop}" in forecast["message"] and forecast["fix"] in forecast["message"]
     assert forecast["longest_response_hit_limit_at_step"] is None  # response_length/max stays below 8192
@@ -233,10 +252,6 @@ def test_bad_inputs_exit_2_with_json(tmp_path):
     plan_toml.write_text(plan_to_toml(fixture_plan()))
     result = invoke("compare", str(plan_toml), str(LOGS / "v03_console.log"), "--gpu", "h100-80g", "--json")
     assert result.exit_code == 2 and json.loads(result.output)["error"]["field"] == "--gpu"
-    no_lengths = tmp_path / "no_lengths.log"
-    no_lengths.write_text("step:1 - timing_s/gen:3.0\n")
-    result = invoke("compare", str(plan_toml), str(no_lengths), "--json")
-    assert result.exit_code == 2 and "prompt_length/mean" in json.loads(result.output)["error"]["message"]
     result = invoke("compare", str(plan_toml), str(tmp_path), "--json")
     assert result.exit_code == 2
 
@@ -253,41 +268,47 @@ def test_chart_is_written(tmp_path):
 # --- public runs (tests/data/verl_logs/public/README.md) -----------------------------------------------------
 
 
+# The runs' verl (main of April 2025: benchmarks/public_verl_runs.py VERL_VERSION says how the logs date it).
+PUBLIC_VERL = "0.3.0.post1"
+
+
 def public_compare(script: str, log: str, *extra: str):
     result = invoke("compare", str(PUBLIC / script), str(PUBLIC / log), "--gpu", "h100-80g", "--fix",
-                    "rollout.enforce_eager=true", "--json", *extra)
+                    "rollout.enforce_eager=true", "--verl-version", PUBLIC_VERL, "--json", *extra)
     return result.exit_code, json.loads(result.output)
 
 
 def test_public_runs_memory_against_the_model():
-    code, rec = public_compare("qwen2_7b_gsm8k_8gpu_recommended.sh", "verl_qwen2_7b_recommended.log")
-    allocated = rec["memory"][0]
-    assert allocated["measured_gib"] == pytest.approx(83.586)
-    # FSDP1 keeps both models' gradients between steps (docs/accuracy.md section 4), which the planner does not
-    # price outside the updates; the update's peak, with verl's in-place temperature on the logits priced (issue 24),
-    # now reaches that reading within a few percent. The reserved counter still exceeds its band (exit 1).
-    assert 0.95 < allocated["ratio"] < 1.10 and code == 1 and rec["memory"][1]["exceeds_band"]
-    code, low = public_compare("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log")
-    assert low["memory"][0]["measured_gib"] == pytest.approx(54.493)
-    assert 0.95 < low["memory"][0]["ratio"] <= 1.0 and not low["memory"][0]["exceeds_band"]
-    # The reserved figure is where the flat fragmentation allowance fails: 14 GiB held beyond allocated.
-    assert low["memory"][1]["exceeds_band"] and code == 1
-    # Both runs' longest responses hit max_response_length (1024) from step 1; the forecast says so.
-    assert low["forecast"]["longest_response_hit_limit_at_step"] == 1 and "cut there" in low["forecast"]["message"]
+    """Issue 37's bar on the public runs: the reserved counter within 15 % and never under by more than 10 %, every
+    measurement inside its band (exit 0)."""
+    for script, log, allocated, reserved in (
+            ("qwen2_7b_gsm8k_8gpu_recommended.sh", "verl_qwen2_7b_recommended.log", 83.586, 106.545),
+            ("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log", 54.493, 68.334)):
+        code, payload = public_compare(script, log)
+        rows = {row["counter"]: row for row in payload["memory"]}
+        assert (rows["allocated"]["measured_gib"], rows["reserved"]["measured_gib"]) == (
+            pytest.approx(allocated), pytest.approx(reserved))
+        assert 0.85 < rows["reserved"]["predicted_gib"] / reserved < 1.15
+        assert rows["reserved"]["predicted_gib"] / reserved > 0.90
+        assert code == 0 and not any(row["exceeds_band"] for row in rows.values())
+        # The runs' longest responses hit max_response_length (1024) from step 1; the forecast says so.
+        assert payload["forecast"]["longest_response_hit_limit_at_step"] == 1
+        assert "cut there" in payload["forecast"]["message"]
 
 
-def test_calibrate_from_verl_log_fits_the_allocator_cache_and_compare_then_fits(tmp_path):
-    profile = tmp_path / "min.toml"
-    result = invoke("calibrate", "--from-verl-log", str(PUBLIC / "verl_qwen2_7b_min.log"), "--plan",
-                    str(PUBLIC / "qwen2_7b_gsm8k_8gpu_min.sh"), "--gpu", "h100-80g", "--fix",
-                    "rollout.enforce_eager=true", "-o", str(profile), "--json")
+def test_calibrate_from_verl_log_fits_the_reserved_counters_residual_and_compare_then_fits(tmp_path):
+    profile = tmp_path / "rec.toml"
+    result = invoke("calibrate", "--from-verl-log", str(PUBLIC / "verl_qwen2_7b_recommended.log"), "--plan",
+                    str(PUBLIC / "qwen2_7b_gsm8k_8gpu_recommended.sh"), "--gpu", "h100-80g", "--fix",
+                    "rollout.enforce_eager=true", "--verl-version", PUBLIC_VERL, "-o", str(profile), "--json")
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     changed = payload["changed"]
     fitted = load_profile(str(profile))
-    gap = 68.334 - 54.493
-    # One run: the cache is fitted, the fraction refused (one allocation size), the context refused (not logged).
-    assert 0.0 < changed["allocator_cache_gib"] < gap
+    _, before = public_compare("qwen2_7b_gsm8k_8gpu_recommended.sh", "verl_qwen2_7b_recommended.log")
+    residual = before["memory"][1]["measured_gib"] - before["memory"][1]["predicted_gib"]
+    # One run: the site's cache is the reserved counter's residual; the context and the fraction are refused.
+    assert changed["allocator_cache_gib"] == pytest.approx(max(residual, 0.0), abs=0.01) and residual > 0
     assert fitted.fragmentation_fraction == DEFAULT_PROFILE.fragmentation_fraction
     assert fitted.cuda_context_and_nccl_gib == DEFAULT_PROFILE.cuda_context_and_nccl_gib
     assert any(note.startswith("fragmentation_fraction: not fitted") for note in payload["notes"])
@@ -295,12 +316,13 @@ def test_calibrate_from_verl_log_fits_the_allocator_cache_and_compare_then_fits(
     assert (fitted.observed_prompt_length, fitted.observed_response_length) == (94, 195)
     # The step-time constants come from the sweeps' fit (calibration.fit_step_time), and it lowers the error.
     assert set(changed) & set(STEP_TIME_CONSTANTS)
-    before, after = next(n for n in payload["notes"] if n.startswith("step time: rms log error")).split("error ")[1] \
-        .split(" over")[0].split(" -> ")
-    assert float(after) < float(before)
-    code, again = public_compare("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log", "--profile", str(profile))
+    before_rms, after_rms = next(n for n in payload["notes"] if n.startswith("step time: rms log error")).split(
+        "error ")[1].split(" over")[0].split(" -> ")
+    assert float(after_rms) < float(before_rms)
+    code, again = public_compare("qwen2_7b_gsm8k_8gpu_recommended.sh", "verl_qwen2_7b_recommended.log", "--profile",
+                                 str(profile))
     reserved = again["memory"][1]
-    assert reserved["ratio"] == pytest.approx(1.0, abs=0.05) and not reserved["exceeds_band"] and code == 0
+    assert reserved["ratio"] == pytest.approx(1.0, abs=0.01) and not reserved["exceeds_band"] and code == 0
 
 
 def test_calibrate_refuses_what_a_log_does_not_inform(tmp_path):
@@ -316,7 +338,7 @@ def test_calibrate_refuses_what_a_log_does_not_inform(tmp_path):
     assert {"observed_prompt_length", "observed_response_length"} <= changed
     assert changed & set(STEP_TIME_CONSTANTS) and not changed & {"training_mfu", "training_mfu_light_gpu",
                                                                   "micro_batch_seconds_per_layer"}
-    assert any("allocator_cache_gib, fragmentation_fraction: not fitted" in n for n in payload["notes"])
+    assert any("allocator_cache_gib: not fitted" in n for n in payload["notes"])
     assert any(n.startswith("training_mfu: not fitted") for n in payload["notes"])
 
 
@@ -340,27 +362,27 @@ def test_critic_counters_of_engine_workers_are_compared_too(tmp_path):
         "predicted_gib"]
 
 
-def test_calibrating_from_two_runs_fits_the_fraction_and_centres_the_cache(tmp_path):
-    """Invariant of the least-squares fit at the (clamped) fraction: over the runs it was fitted on, the predicted
-    reserved-minus-allocated gap equals the measured one on average."""
+def test_calibrating_from_two_runs_centres_the_reserved_residual(tmp_path):
+    """Invariant of the fit: over the runs it was fitted on, the reserved counter's mean residual is zero (unless
+    that mean was negative, where the cache is clamped at zero)."""
     profile = tmp_path / "both.toml"
     runs = (("qwen2_7b_gsm8k_8gpu_min.sh", "verl_qwen2_7b_min.log"),
             ("qwen2_7b_gsm8k_8gpu_recommended.sh", "verl_qwen2_7b_recommended.log"))
-    args = ["calibrate", "--gpu", "h100-80g", "--fix", "rollout.enforce_eager=true", "-o", str(profile), "--json"]
+    args = ["calibrate", "--gpu", "h100-80g", "--fix", "rollout.enforce_eager=true", "--verl-version", PUBLIC_VERL,
+            "-o", str(profile), "--json"]
     for script, log in runs:
         args += ["--from-verl-log", str(PUBLIC / log), "--plan", str(PUBLIC / script)]
-    payload = json.loads(invoke(*args).output)
+    assert invoke(*args).exit_code == 0
     fitted = load_profile(str(profile))
-    # Two runs of different trainer bytes separate the fraction from the flat cache; at the bound it is clamped, said.
-    assert 0.0 < fitted.fragmentation_fraction <= 0.5
-    assert fitted.fragmentation_fraction < 0.5 or any("lies outside" in n for n in payload["notes"])
     residuals = []
     for script, log in runs:
         _, out = public_compare(script, log, "--profile", str(profile))
-        allocated, reserved = out["memory"]
-        residuals.append((reserved["measured_gib"] - allocated["measured_gib"])
-                         - (reserved["predicted_gib"] - allocated["predicted_gib"]))
-    assert statistics.fmean(residuals) == pytest.approx(0.0, abs=0.05)
+        reserved = out["memory"][1]
+        residuals.append(reserved["measured_gib"] - reserved["predicted_gib"])
+    if fitted.allocator_cache_gib > 0:
+        assert statistics.fmean(residuals) == pytest.approx(0.0, abs=0.05)
+    else:
+        assert statistics.fmean(residuals) <= 0.05
 
 
 @pytest.mark.parametrize("script, log, measured", [
@@ -373,7 +395,8 @@ def test_public_small_model_runs(script, log, measured):
     code, payload = public_compare(script, log)
     allocated = payload["memory"][0]
     assert allocated["measured_gib"] == pytest.approx(measured)
-    assert 1.0 < allocated["ratio"] < 1.10 and code == 1
+    # Under-predicted by up to 7 % (the rollout's terms, docs/accuracy.md 4), inside the real runs' band.
+    assert 0.99 < allocated["ratio"] < 1.10 and code == 0
 
 
 def _public_runs_module():
@@ -409,7 +432,34 @@ def test_a_run_with_one_step_compares_and_forecasts_no_trend(tmp_path):
     assert payload["forecast"]["slope_tokens_per_step"] == 0.0
     assert payload["forecast"]["stops_fitting_at_step"] is None
     assert [row["steps"] for row in payload["times"]] == [1]
-    assert payload["memory"][0]["measured_gib"] == 40.0 and result.exit_code == 0
+    assert payload["memory"][0]["measured_gib"] == 40.0
+    assert result.exit_code == (1 if payload["memory"][0]["exceeds_band"] else 0)
+
+
+def test_a_partial_log_is_priced_at_the_plans_lengths_and_says_so(tmp_path):
+    """A pasted subset of metrics (no prompt_length/mean, no response_length/mean): compare prices the counters it
+    has at the plan's lengths, names the missing means in a note, and forecasts no trend."""
+    log = tmp_path / "pasted.log"
+    log.write_text("step:1 - perf/max_memory_allocated_gb:54.0 - perf/max_memory_reserved_gb:67.0\n"
+                   "step:2 - perf/max_memory_allocated_gb:54.4 - perf/max_memory_reserved_gb:68.3\n")
+    result = invoke("compare", str(PUBLIC / "qwen2_7b_gsm8k_8gpu_min.sh"), str(log), "--gpu", "h100-80g",
+                    "--verl-version", PUBLIC_VERL, "--json")
+    payload = json.loads(result.output)
+    assert result.exit_code in (0, 1) and payload["forecast"] is None
+    lengths = payload["lengths"]
+    assert not lengths["prompt_from_log"] and not lengths["response_from_log"]
+    plan, _ = load_plan_or_script(str(PUBLIC / "qwen2_7b_gsm8k_8gpu_min.sh"), gpu="h100-80g", gpu_mem=None,
+                                  host_mem=1024.0, env=[], fixes={})
+    assert (lengths["expected_prompt_length"], lengths["expected_response_length"]) == (
+        plan.data.max_prompt_length, plan.data.max_response_length)
+    assert [row["counter"] for row in payload["memory"]] == ["allocated", "reserved"]
+    assert "no prompt_length/mean and no response_length/mean" in payload["notes"][0]
+    # With one of the means the log's is used for it.
+    log.write_text("step:1 - response_length/mean:200.0 - perf/max_memory_allocated_gb:54.0\n")
+    half = json.loads(invoke("compare", str(PUBLIC / "qwen2_7b_gsm8k_8gpu_min.sh"), str(log), "--gpu", "h100-80g",
+                             "--json").output)
+    assert half["lengths"]["response_from_log"] and half["lengths"]["expected_response_length"] == 200
+
 
 
 def test_every_time_row_carries_its_out_of_sample_band_and_says_whether_the_run_lies_in_it():
@@ -421,6 +471,19 @@ def test_every_time_row_carries_its_out_of_sample_band_and_says_whether_the_run_
         assert band is not None and 0 <= band["under"] < 1 and band["over"] >= 0, row["phase"]
         low, high = row["predicted_s"] / (1 + band["over"]), row["predicted_s"] / (1 - band["under"])
         assert row["within_band"] == (low <= row["measured_s"] <= high), row["phase"]
+
+
+def test_every_public_run_that_completed_fits_with_its_margin_and_reserve():
+    """Issue 37: no run that completed is predicted not to fit because of the margin or the allocator's reserve.
+    Priced as compare prices them (their verl, their lengths), each public run fits and leaves its default margin."""
+    from rlplan.planner.model_error import plan_margin
+
+    bench = _public_runs_module()
+    for run in bench.RUNS:
+        plan = bench.compare(run).comparison.plan
+        report = predict_memory(plan)
+        assert report.fits, run.label
+        assert report.gpu_capacity_bytes - report.gpu_peak_bytes >= plan_margin(plan).bytes, run.label
 
 
 @pytest.mark.parametrize("bad", ["step:" + "9" * 400 + " - perf/max_memory_allocated_gb:30.0",

@@ -64,3 +64,14 @@ def test_a_gallery_entry_regenerates_with_todays_solver(entry, tmp_path, monkeyp
 
     monkeypatch.setattr(REGENERATE, "rlplan", rlplan)
     _valid_fitting_and_renderable(REGENERATE.regenerate(entry, tmp_path))
+
+
+def test_every_plan_file_in_the_gallery_validates():
+    """Issue 35 item 10: the SGLang example kept its imported.toml (verl's overrides as verl would run them, with no
+    micro batch), which `rlplan validate` refused with exit 2: a user who copied it started from an error. A plan
+    file in examples/ is one that validates."""
+    plans = sorted(path for path in EXAMPLES.glob("*/*.toml"))
+    assert plans and all(path.name == "plan.toml" for path in plans), plans
+    for path in plans:
+        result = CliRunner().invoke(app, ["validate", str(path)])
+        assert result.exit_code == 0, (path, result.output[-2000:])

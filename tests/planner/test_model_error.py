@@ -16,9 +16,11 @@ from rlplan.planner.model_error import (
     parse_headroom,
     peak_error_band,
     plan_margin,
+    run_rows,
 )
 from rlplan.planner.phases import Phase
 from rlplan.planner.profile import DEFAULT_PROFILE
+from rlplan.planner.stack import StackSection
 from tests.planner.plans import make_plan
 
 
@@ -35,28 +37,52 @@ def test_every_row_of_the_data_file_is_a_measurement_beside_a_prediction():
         assert row.kind in ("update", "forward", "engine")
 
 
-def test_a_phase_band_is_the_widest_error_of_the_rows_with_its_head_strategy_and_kind():
+def test_a_phase_band_holds_its_twin_rows_and_every_real_runs_error():
     plan = make_plan()
     head = resolved_loss_head(plan)
     for phase, kind in ((Phase.ACTOR_UPDATE, "update"), (Phase.OLD_LOG_PROB, "forward")):
         errors = _errors(kind, head)
         band = peak_error_band(plan, phase)
-        assert band.rows == len(errors) > 0
-        assert band.under == pytest.approx(max(0.0, -min(errors)))
-        assert band.over == pytest.approx(max(0.0, max(errors)))
-        assert head in band.basis
-    # The critic's value head and the engine take every head's rows.
+        assert band.rows == len(errors) > 0 and head in band.basis
+        real = [row.error for row in run_rows() if row.counter == "allocated"]
+        assert band.runs == len(real) > 0
+        for error in errors + real:
+            assert -band.under <= error <= band.over
+    # The critic's value head and the engine take every head's twin rows.
     engine = peak_error_band(plan, Phase.ROLLOUT)
     assert engine.rows == len(_errors("engine", None)) > 0
 
 
-def test_without_comparable_rows_the_band_is_the_widest_of_its_kind_and_says_so():
+def test_the_real_runs_are_the_public_logs_each_against_the_others_fit():
+    rows = run_rows()
+    assert {row.counter for row in rows} == {"allocated", "reserved"}
+    assert all(row.real_run and row.regime and row.kind in ("update", "forward", "engine") for row in rows)
+    # Within 15 % out of sample, and the reserved counter never under-predicted by more than 10 % (issue 37).
+    assert all(abs(row.error) <= 0.15 for row in rows)
+    assert all(row.error > -0.10 for row in rows if row.counter == "reserved")
+
+
+def test_a_band_is_never_narrower_than_the_real_runs_nor_of_zero_width():
+    plan = make_plan()
+    for counter in ("allocated", "reserved"):
+        for phase in model_error.plan_phases(plan):
+            band = peak_error_band(plan, phase, counter)
+            assert band.under > 0 and band.over > 0
+            for row in run_rows():
+                if row.counter == counter:
+                    assert -band.under <= row.error <= band.over
+
+
+def test_without_comparable_rows_the_band_says_so():
     fsdp1 = make_plan(overrides={"actor.strategy": "fsdp"})
     band = peak_error_band(fsdp1, Phase.ACTOR_UPDATE)
     every = _errors("update", None) + [r.error for r in accuracy_rows() if r.kind == "update" and r.strategy != "fsdp2"]
     assert band.rows == 0 and "no measured" in band.basis
-    assert band.under == pytest.approx(max(0.0, -min(every)))
-    assert "none comparable" in band.describe()
+    assert band.under >= max(0.0, -min(every))
+    # verl 0.9's regime (the engine in its own process, expandable segments) has no public run: said.
+    assert not band.comparable_runs and "no comparable real run" in band.describe()
+    old = make_plan(overrides={"actor.strategy": "fsdp"}).evolve(stack=StackSection(verl="0.3.0.post1"))
+    assert peak_error_band(old, Phase.ACTOR_UPDATE, engine_in_process=True).comparable_runs
 
 
 def test_the_band_follows_the_rows_not_constants(monkeypatch):
@@ -67,17 +93,27 @@ def test_the_band_follows_the_rows_not_constants(monkeypatch):
             AccuracyRow(source="heads", model="m", phase="actor_update", head=head, strategy="fsdp2",
                         configuration="d", measured_mib=100.0, predicted_mib=104.0))
     monkeypatch.setattr(model_error, "accuracy_rows", lambda: fake)
-    model_error.error_band.cache_clear()
-    model_error.default_margin_fraction.cache_clear()
+    monkeypatch.setattr(model_error, "run_rows", lambda: ())
+    caches = (model_error.error_band, model_error._twin_band, model_error.default_margin_fraction)
+    for cache in caches:
+        cache.cache_clear()
     try:
         band = peak_error_band(plan, Phase.ACTOR_UPDATE)
         assert (band.rows, band.under, band.over) == (2, pytest.approx(0.2), pytest.approx(0.04))
-        assert band.describe() == "model error on comparable measured rows: -20 % to +4 %"
+        assert band.describe() == "allocated: model error on comparable measured rows (no real run): -20 % to +4 %"
         # The default margin is the largest under-prediction once it passes the floor.
         assert plan_margin(plan).fraction == pytest.approx(0.2)
     finally:
-        model_error.error_band.cache_clear()
-        model_error.default_margin_fraction.cache_clear()
+        for cache in caches:
+            cache.cache_clear()
+
+
+def test_a_handful_of_real_runs_gives_a_prediction_interval_wider_than_what_they_showed():
+    under, over = model_error.real_run_interval([-0.03, 0.05, 0.01, -0.01])
+    assert under > 0.03 and over > 0.05
+    assert model_error.real_run_interval([]) == (0.0, 0.0)
+    # Never inside the errors seen, whatever their spread.
+    assert model_error.real_run_interval([0.02, 0.02]) == (pytest.approx(0.0), pytest.approx(0.02))
 
 
 def test_highest_actual_peak_undoes_the_largest_under_prediction():
@@ -90,7 +126,8 @@ def test_highest_actual_peak_undoes_the_largest_under_prediction():
 def test_default_margin_is_the_floor_or_the_largest_under_prediction_of_the_plans_phases():
     plan = make_plan()
     margin = plan_margin(plan)
-    unders = [peak_error_band(plan, phase).under for phase in model_error.plan_phases(plan)]
+    # The margin keeps the largest under-prediction the rows showed (the band's edge is where a new run may fall).
+    unders = [peak_error_band(plan, phase).seen_under for phase in model_error.plan_phases(plan)]
     expected = max(DEFAULT_PROFILE.headroom_floor_fraction, *unders)
     assert margin.default and margin.fraction == pytest.approx(expected)
     assert margin.bytes == int(expected * plan.cluster.gpu_memory_bytes)

@@ -17,6 +17,7 @@ from rlplan.planner.planfile import plan_to_dict
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.render import plan_as_verl_runs_it, render_plan
 from rlplan.planner.solver import SolveRequest, solve
+from rlplan.planner.stack import DEFAULT_STACK, solve_pins
 from rlplan.planner.verl_import import import_verl_script
 from rlplan.planner.verl_keys import format_value
 from tests.planner.plans import make_plan, without_inferred_range
@@ -260,3 +261,64 @@ def test_a_plan_without_a_critic_renders_no_critic_block_and_a_ppo_plan_renders_
 ])
 def test_hydra_values_are_written_as_hydra_reads_them(value, text):
     assert format_value(value) == text
+
+
+def _on_verl(verl: str, overrides: dict) -> Plan:
+    """A plan for that verl, as `solve --verl-version` pins it (its defaults), with `overrides` on top."""
+    return make_plan(overrides={"model.path": "Qwen/Qwen2.5-7B-Instruct",
+                                **solve_pins(DEFAULT_STACK, verl, None, None), **overrides})
+
+
+@pytest.mark.parametrize(("verl", "spelling"), [
+    ("0.3.0.post1", "critic.model.fsdp_config"), ("0.7.1", "critic.model.fsdp_config"), ("0.8.0", "critic.fsdp"),
+    ("0.9.1", "critic.fsdp")])
+def test_render_writes_the_critic_offload_in_the_target_releases_spelling(verl, spelling):
+    """verl 0.3-0.7 spell the critic's FSDP offload critic.model.fsdp_config.*, 0.8 on critic.fsdp.*."""
+    overrides = render_plan(_on_verl(verl, {"algorithm.adv_estimator": "gae", "critic.param_offload": True,
+                                            "critic.optimizer_offload": True}), "verl", "overrides").split("\n")
+    assert f"{spelling}.param_offload=true" in overrides and f"{spelling}.optimizer_offload=true" in overrides
+    other = "critic.fsdp." if spelling != "critic.fsdp" else "critic.model.fsdp_config."
+    assert not [line for line in overrides if line.startswith(other)]
+
+
+def test_render_refuses_a_knob_the_target_lacks_naming_the_release_that_added_it_and_its_spelling_there():
+    with pytest.raises(PlanError) as raised:
+        render_plan(_on_verl("0.3.0.post1", {"algorithm.adv_estimator": "gae", "critic.offload_policy": True}),
+                    "verl", "overrides")
+    assert raised.value.field == "critic.offload_policy"
+    assert "verl added it in 0.4.0, spelled critic.model.fsdp_config.offload_policy" in raised.value.message
+    with pytest.raises(PlanError) as raised:
+        render_plan(_on_verl("0.4.0", {"actor.entropy_from_logits_with_chunking": True}), "verl", "overrides")
+    assert "added it in 0.4.1, spelled actor_rollout_ref.actor.entropy_from_logits_with_chunking" in str(
+        raised.value.message)
+
+
+def test_the_reward_function_renders_in_the_target_releases_spelling():
+    assert "\nreward.custom_reward_function.path=r.py" in "\n" + render_plan(
+        _on_verl("0.7.1", {"reward.function": "r.py:score"}), "verl", "overrides")
+    old = render_plan(_on_verl("0.7.0", {"reward.function": "r.py:score"}), "verl", "overrides").split("\n")
+    assert "custom_reward_function.path=r.py" in old and "custom_reward_function.name=score" in old
+    assert not [line for line in old if line.startswith("reward.")]
+
+
+def test_an_older_spelling_imports_as_the_same_knob_and_shows_the_older_verl():
+    script = ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=gae "
+              "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct critic.model.fsdp_config.param_offload=True "
+              "actor_rollout_ref.rollout.name=vllm")
+    result = import_verl_script(script, gpu=resolve_gpu("h100-80g"), host_memory_gib=1000, env={},
+                                local_config_reader=lambda path: None)
+    assert result.plan.critic.param_offload
+    assert "critic.model.fsdp_config.param_offload" not in result.plan.passthrough
+    # The old spelling dates the script before 0.8.0; nothing else in it is dated.
+    assert result.plan.stack.verl == "0.7.1"
+
+
+def test_every_estimator_of_a_release_renders_for_it_and_one_it_lacks_is_refused_naming_the_release():
+    from rlplan.planner import verl_inventory
+
+    for estimator in verl_inventory.estimators_of("0.5.0"):
+        assert f"algorithm.adv_estimator={estimator}" in render_plan(
+            _on_verl("0.5.0", {"algorithm.adv_estimator": estimator}), "verl", "overrides")
+    with pytest.raises(PlanError) as raised:
+        render_plan(_on_verl("0.4.1", {"algorithm.adv_estimator": "gpg"}), "verl", "overrides")
+    assert raised.value.field == "algorithm.adv_estimator" and "added it in 0.5.0" in raised.value.message

@@ -5,6 +5,7 @@ explain tables show a plan's own backend knobs."""
 from __future__ import annotations
 
 import io
+import re
 import sys
 import types
 
@@ -52,7 +53,7 @@ def test_a_plan_that_fits_shows_the_peak_host_and_step_the_json_writes():
     band, headroom = payload["error_band"], payload["headroom"]
     assert margin_text(reports.margin) == (
         f"peak {payload['gpu_peak_gib']:.2f} GiB in {band['phase']} ({band['text']}), at most "
-        f"{band['highest_actual_gib']:.2f} GiB if the model errs as on those rows; leaves {headroom['left_gib']:.2f} "
+        f"{band['highest_actual_gib']:.2f} GiB at the band's edge; leaves {headroom['left_gib']:.2f} "
         f"GiB of {payload['gpu_mem_gib']:.2f}, margin {headroom['gib']:.2f} GiB ({headroom['rule']}).")
 
 
@@ -67,7 +68,7 @@ def test_a_plan_over_the_gpu_names_the_binding_limit_of_the_json_and_the_lengths
     assert 0 < longest < payload["max_response_length"]
     assert verdict(reports).plain == (
         f"VALID but predicted NOT to fit: {binding['where']} ({binding['resource']}) is over by "
-        f"{-binding['headroom_gib']:.2f} GiB, mostly {binding['component']}. It fits while responses average <= "
+        f"{-binding['free_gib']:.2f} GiB, mostly {binding['component']}. It fits while responses average <= "
         f"{longest} tokens (at {payload['expected_prompt_length']}-token prompts); OOM once they reach "
         f"{payload['max_response_length']}.")
 
@@ -171,7 +172,7 @@ def test_a_megatron_plan_shows_megatrons_own_offload_recompute_and_parallel_size
     plan = plan.evolve(actor=attrs.evolve(plan.actor, megatron=engine),
                        passthrough={key + "optimizer_cpu_offload": "True", key + "optimizer_offload_fraction": "0.5"})
     rows = _rows(plan)
-    assert rows["offload"] == "params True, grads unset, optimizer True (CPU optimizer 50%); ref params True"
+    assert rows["offload"] == "params on, grads unset, optimizer on (CPU optimizer 50%); ref params on"
     assert rows["activations"].startswith("recompute full, uniform, 2 layer(s)")
     assert rows["parallel"].startswith("TP 1, PP 1, CP 1, EP 8, ETP 1")
     assert "checkpointing" not in rows["activations"] and "Ulysses" not in rows["parallel"]
@@ -180,7 +181,7 @@ def test_a_megatron_plan_shows_megatrons_own_offload_recompute_and_parallel_size
 def test_a_megatron_plan_without_recompute_says_so_and_an_fsdp_plan_keeps_its_own_rows():
     assert _rows(make_plan(overrides={"actor.strategy": "megatron"}))["activations"].startswith("recompute off")
     fsdp = _rows(make_plan(overrides={"model.gradient_checkpointing": True}))
-    assert fsdp["activations"].startswith("checkpointing True")
+    assert fsdp["activations"].startswith("checkpointing on")
     assert fsdp["parallel"].startswith("Ulysses 1")
 
 
@@ -200,3 +201,24 @@ def test_a_megatron_layout_names_its_model_parallel_span_and_context_parallel_si
     title = _layout_title(plan)
     assert "dp 1, TP x PP 4, CP 2" in title and "FSDP" not in title and "Ulysses" not in title
     assert "Ulysses 1, FSDP shard 8" in _layout_title(make_plan(gpus=8))
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"actor.use_dynamic_bsz": True, "actor.ppo_max_token_len_per_gpu": 8192,
+     "rollout.log_prob_use_dynamic_bsz": True, "rollout.log_prob_max_token_len_per_gpu": 16384,
+     "ref.log_prob_use_dynamic_bsz": True, "ref.log_prob_max_token_len_per_gpu": 16384},
+    {"actor.strategy": "megatron"},
+])
+def test_explain_says_switches_as_on_or_off_and_names_the_micro_batches_the_plan_runs(overrides):
+    """Issue 35 item 9: the Plan table said "offload params False" (Python's booleans in prose), and explain said
+    "fixed micro batches" of a dynamic-batch plan."""
+    from rlplan.planner.report import explain_tables
+
+    plan = make_plan(overrides=overrides)
+    text = "\n".join(rendered(table) for table in explain_tables(plan_reports(plan, DEFAULT_PROFILE)))
+    assert not re.search(r"\b(True|False)\b", text), [line for line in text.splitlines() if "True" in line
+                                                       or "False" in line]
+    dynamic = plan.actor.use_dynamic_bsz
+    assert ("fixed micro batches" in text) == (not dynamic)
+    assert ("filled to their token budgets" in text) == dynamic

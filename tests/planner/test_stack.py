@@ -208,15 +208,6 @@ def test_render_leaves_out_the_actor_seed_a_verl_before_0_7_cannot_read_and_writ
     assert "fsdp_config.seed=7" in render_plan(plan.evolve(stack=StackSection(verl="0.7.0")), "verl", "overrides")
 
 
-def test_render_refuses_a_critic_offload_on_a_verl_before_critic_fsdp():
-    plan = make_plan(overrides={"algorithm.adv_estimator": "gae", "critic.param_offload": True})
-    plan = plan.evolve(model=attrs.evolve(plan.model, path="Qwen/Qwen2.5-7B-Instruct"),
-                       stack=StackSection(verl="0.7.1"))
-    with pytest.raises(PlanError) as raised:
-        render_plan(plan, "verl", "overrides")
-    assert raised.value.field == "critic.param_offload" and "0.8.0" in raised.value.message
-
-
 def test_version_flags_reach_validate_and_solve_json(tmp_path):
     path = tmp_path / "plan.toml"
     path.write_text(plan_to_toml(make_plan()))

@@ -57,3 +57,23 @@ def test_inventory_loads_without_torch_or_verl():
     code = ("import sys; from rlplan.planner import verl_inventory as v; v.keys_of('0.5.0'); "
             "assert not {'torch', 'verl', 'yaml', 'omegaconf'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_generator_keeps_a_run_per_presence_and_default():
+    from tests.verl_compat.make_inventory import leaves, spans
+
+    releases = VERL_RELEASES
+    present = {releases[0]: 1, releases[1]: 1, releases[2]: 2, releases[4]: 2}
+    assert spans(present) == [[releases[0], releases[2], 1], [releases[2], releases[3], 2],
+                              [releases[4], releases[5], 2]]
+    assert spans({release: None for release in releases})[0] == [releases[0], None, None]
+    assert dict(leaves({"a": {"b": 1, "c": {}, "d": [1, 2]}, "e": None})) == {"a.b": 1, "a.c": {}, "a.d": [1, 2],
+                                                                            "e": None}
+
+
+def test_the_plans_estimators_are_exactly_those_some_release_accepts():
+    from typing import get_args
+
+    from rlplan.planner.plan import ESTIMATORS, Algorithm
+
+    assert set(ESTIMATORS) == set(get_args(Algorithm)) == set(inventory.all_estimators())

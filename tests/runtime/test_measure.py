@@ -204,6 +204,9 @@ def _twin_bytes(head, entropy, *, grad):
                                               entropy_variant="eager" if entropy == "none" else entropy)
 
 
+# The twins run verl's heads for real at thousands of tokens x vocab 8192 (compiled ones through inductor): tens of
+# seconds each on 2 cores, so they run in `nox -s slow` (CI runs it after `nox -s tests`).
+@pytest.mark.slow
 @pytest.mark.parametrize(("head", "entropy"), _MEASURED_HEADS, ids=[f"{h}-{e}" for h, e in _MEASURED_HEADS])
 def test_each_twin_run_as_verl_runs_it_holds_what_the_planner_prices_for_its_update(head, entropy):
     measured = _twin_bytes(head, entropy, grad=True)
@@ -214,6 +217,7 @@ def test_each_twin_run_as_verl_runs_it_holds_what_the_planner_prices_for_its_upd
     assert measured == pytest.approx(priced + split_buffer, abs=TWIN_TOLERANCE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("head", "entropy"), _MEASURED_HEADS, ids=[f"{h}-{e}" for h, e in _MEASURED_HEADS])
 def test_each_twin_run_as_verl_runs_it_holds_what_the_planner_prices_without_grad(head, entropy):
     measured = _twin_bytes(head, entropy, grad=False)
@@ -221,6 +225,7 @@ def test_each_twin_run_as_verl_runs_it_holds_what_the_planner_prices_without_gra
                                      abs=TWIN_TOLERANCE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("head", "entropy"), [("flash_attn_ce", "none"), ("flash_attn_ce", "compiled")])
 def test_verls_in_place_temperature_is_the_update_heads_peak_where_the_kernel_holds_less(
         head, entropy, monkeypatch):
@@ -236,6 +241,7 @@ def test_verls_in_place_temperature_is_the_update_heads_peak_where_the_kernel_ho
     assert with_division == pytest.approx(8.0, abs=TWIN_TOLERANCE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", [1024, 4096, 8192, 16384])
 @pytest.mark.parametrize("grad", [True, False], ids=["update", "no_grad"])
 def test_verls_chunked_entropy_is_priced_at_or_just_above_its_twin_at_every_length(tokens, grad):

@@ -481,6 +481,7 @@ def test_adapter_sync_without_lora_is_a_plan_error(model_dir):
 
 @pytest.mark.runtime
 @pytest.mark.vllm
+@pytest.mark.slow  # a second engine, compiled by inductor: the module's slowest test (`nox -s slow`)
 def test_a_compiled_cpu_engine_samples_the_weights_synced_into_it(model_dir, base_model, prompts):
     """CPU plans run vLLM's torch.compile path (enforce_eager false): the compiled model must read the synced
     weights, not constants captured when it was compiled."""

@@ -34,15 +34,14 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from rlplan.planner.stack import in_range  # noqa: E402
+from rlplan.planner import verl_inventory  # noqa: E402
 from rlplan.planner.verl_import import Override, _overrides_from_file, _overrides_from_script  # noqa: E402
 from rlplan.planner.verl_keys import (  # noqa: E402
     BY_FIELD,
-    BY_KEY,
-    KEY_ALIASES,
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
+    REWARD_SPELLINGS,
     VERL_KEYS,
     Follows,
     Interpolation,
@@ -138,24 +137,21 @@ def follows_key(interpolation: str, key: str) -> str | None:
 
 def check_keys_and_defaults(config: Any, version: str, backend: str = "fsdp") -> list[str]:
     """The table's entries of one backend (those both share included) against that backend's config.
-    `version`: the installed verl's; a key the table dates (VerlKey.since / before) is checked to be there in
-    its range and absent outside it."""
+    `version`: the installed verl's; every spelling of a key (VerlKey.spellings, the reward pair's) is checked to
+    be in the config exactly where presets/verl_inventory.json says this release has it."""
     failures: list[str] = []
     name = "ppo_megatron_trainer" if backend == "megatron" else "ppo_trainer"
     entries = [entry for entry in VERL_KEYS if has_key(entry, backend)]  # type: ignore[arg-type]
-    known = [entry.key for entry in entries]
+    known = [key for entry in entries for key in entry.spellings]
     if backend == "fsdp":
-        known += [REWARD_PATH_KEY, REWARD_NAME_KEY, *RENDER_ALSO, *KEY_ALIASES.values()]
+        known += [*REWARD_SPELLINGS[REWARD_PATH_KEY], *REWARD_SPELLINGS[REWARD_NAME_KEY], *RENDER_ALSO]
     for key in known:
-        entry = BY_KEY.get(key)
-        dated = entry is not None and (entry.since is not None or entry.before is not None)
-        in_version = entry is None or in_range(version, entry.since, entry.before)
+        listed = verl_inventory.has_key(version, key, backend)  # type: ignore[arg-type]
         absent = raw_node_value(config, key) is _ABSENT and key not in KEYS_BEYOND_THE_CONFIG
-        if absent and in_version:
-            failures.append(f"keys: {key} is not in verl's {name} config")
-        elif dated and not absent and not in_version:
-            failures.append(f"keys: {key} is in verl {version}'s config, outside its range in verl_keys.py "
-                            f"(since {entry.since}, before {entry.before})")
+        if absent and listed:
+            failures.append(f"keys: {key} is not in verl {version}'s {name} config, which the inventory lists it in")
+        elif not absent and not listed and key not in KEYS_BEYOND_THE_CONFIG:
+            failures.append(f"keys: {key} is in verl {version}'s {name} config, but not in the inventory")
     for entry in entries:
         raw = raw_node_value(config, entry.key)
         if raw is _ABSENT:

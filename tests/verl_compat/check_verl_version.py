@@ -4,9 +4,9 @@
 `stack.verl` = the installed version, it checks rlplan's version tables against that version's own YAML
 and source, never against rlplan's memory of them:
 
-1. keys       every key verl_keys.py dates (VerlKey.since / before) and every era key stack.py's
-              REMOVED_KEYS names is in the installed verl's composed `ppo_trainer` config inside its range
-              and absent outside it;
+1. keys       the inventory (presets/verl_inventory.json, from which verl_keys.py dates every spelling) lists
+              exactly the installed verl's composed `ppo_trainer` keys, and every era key stack.py's
+              REMOVED_KEYS names is in that config inside its range and absent outside it;
 2. defaults   each verl behaviour in stack.py that sets a default (entropy_coeff 0.001, eager rollout,
               unstaged wake-up) holds exactly where the YAML has that default (or, for a key the version
               lacks, where the key is absent);
@@ -42,6 +42,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from omegaconf import OmegaConf  # noqa: E402
+
+from rlplan.planner import verl_inventory  # noqa: E402
 from rlplan.planner.errors import PlanError  # noqa: E402
 from rlplan.planner.render import render_plan  # noqa: E402
 from rlplan.planner.rules import check_plan  # noqa: E402
@@ -62,6 +65,7 @@ from tests.verl_compat.check_key_table import (  # noqa: E402
     resolved_default,
 )
 from tests.verl_compat.check_verl_accepts import full_compose, script_arguments  # noqa: E402
+from tests.verl_compat.make_inventory import leaves  # noqa: E402
 
 # Layouts whose rendered scripts verl's compose must accept: each switches on a different part of the table.
 RENDERED_LAYOUTS: dict[str, dict[str, Any]] = {
@@ -74,16 +78,23 @@ RENDERED_LAYOUTS: dict[str, dict[str, Any]] = {
 
 
 def check_dated_keys(config: Any, version: str) -> tuple[int, list[str]]:
+    """The inventory (presets/verl_inventory.json) lists exactly the keys of this verl's composed ppo_trainer, so
+    every spelling the key table dates by it is present exactly where the inventory says; and stack.py's eras."""
     failures = []
-    dated = [(e.key, e.since, e.before) for e in VERL_KEYS if e.since or e.before]
+    composed = {key for key, _ in leaves(OmegaConf.to_container(config, resolve=False))}
+    listed = verl_inventory.keys_of(version, "fsdp")
+    failures += [f"keys: {key} is in verl {version}'s ppo_trainer config, but not in the inventory"
+                 for key in sorted(composed - listed)]
+    failures += [f"keys: the inventory lists {key} for verl {version}, whose ppo_trainer config lacks it"
+                 for key in sorted(listed - composed)]
     # An era that a value shows (rollout.mode=sync) is not about the key: verl keeps the key.
-    dated += [(era.key, era.since, era.before) for era in REMOVED_KEYS if era.value is None]
+    dated = [(era.key, era.since, era.before) for era in REMOVED_KEYS if era.value is None]
     for key, since, before in dated:
         present = raw_node_value(config, key) is not _ABSENT
         if present != in_range(version, since, before):
             failures.append(f"keys: {key} is {'in' if present else 'not in'} verl {version}'s ppo_trainer config, "
-                            f"but rlplan dates it since {since} before {before}")
-    return len(dated), failures
+                            f"but stack.py dates it since {since} before {before}")
+    return len(composed) + len(dated), failures
 
 
 def check_behaviour_defaults(config: Any, version: str) -> tuple[int, list[str]]:
@@ -123,8 +134,7 @@ def check_rendered_keys(config: Any, version: str) -> tuple[int, list[str]]:
     failures = []
     for name, knobs in RENDERED_LAYOUTS.items():
         # A layout switching on a key this verl lacks must be refused, naming it (LoRA before 0.4.0).
-        lacking = [field for field in knobs if field in BY_FIELD
-                   and not in_range(version, BY_FIELD[field].since, BY_FIELD[field].before)]
+        lacking = [field for field in knobs if field in BY_FIELD and BY_FIELD[field].spelling_for(version, "fsdp") is None]
         try:
             words = script_arguments(render_plan(plan_on(version, knobs), "verl"))
         except PlanError as error:
@@ -160,7 +170,7 @@ def check_render_refuses_missing(version: str) -> tuple[int, list[str]]:
     checked = 0
     defaults = solve_pins(DEFAULT_STACK, version, None, None)
     for entry in VERL_KEYS:
-        if entry.kind != "bool" or in_range(version, entry.since, entry.before):
+        if entry.kind != "bool" or "fsdp" not in entry.trainer_configs() or entry.spelling_for(version, "fsdp"):
             continue
         implied = defaults.get(entry.field, entry.default)
         checked += 1

@@ -92,21 +92,34 @@ class ReleaseSource:
             return archive.read(path).decode() if path in archive.namelist() else None
 
 
-def composed(source: ReleaseSource, config_name: str) -> dict[str, Any] | None:
-    """The release's trainer config as Hydra composes it with no overrides (values as written)."""
+_CONFIG_DIRS: dict[str, tempfile.TemporaryDirectory[str]] = {}
+
+
+def config_dir(source: ReleaseSource) -> Path:
+    """The release's config folder, written out once per process."""
+    if source.release not in _CONFIG_DIRS:
+        folder = tempfile.TemporaryDirectory(prefix=f"verl-{source.release}-config-")
+        for path in source.paths(CONFIG_DIR):
+            if path.endswith(".yaml"):
+                target = Path(folder.name, path[len(CONFIG_DIR) + 1:])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(source.read(path) or "")
+        _CONFIG_DIRS[source.release] = folder
+    return Path(_CONFIG_DIRS[source.release].name)
+
+
+def composed(source: ReleaseSource, config_name: str, overrides: list[str] | tuple[str, ...] = ()
+             ) -> dict[str, Any] | None:
+    """The release's trainer config as Hydra composes it with these command-line overrides (values as written);
+    None where the release has no such config. Hydra's refusal of an override is raised."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in source.paths(CONFIG_DIR):
-            if path.endswith(".yaml"):
-                target = Path(tmp, path[len(CONFIG_DIR) + 1:])
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(source.read(path) or "")
-        if not Path(tmp, f"{config_name}.yaml").is_file():
-            return None
-        with initialize_config_dir(config_dir=tmp, version_base=None):
-            config = compose(config_name=config_name)
+    folder = config_dir(source)
+    if not (folder / f"{config_name}.yaml").is_file():
+        return None
+    with initialize_config_dir(config_dir=str(folder), version_base=None):
+        config = compose(config_name=config_name, overrides=list(overrides))
     container = OmegaConf.to_container(config, resolve=False)
     assert isinstance(container, dict)
     return container

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,19 +133,8 @@ def test_solve_train_files_with_an_empty_path_exits_2_naming_the_flag(tmp_path):
     assert "--train-files" in result.output and "empty path" in result.output
 
 
-def _column_cells(table_text: str, column: int) -> list[str]:
-    """One rich table column's cells (rows separated by rule lines), each folded piece joined back."""
-    cells, current = [], []
-    for line in table_text.splitlines():
-        if line.startswith(("├", "└")) and current:
-            cells.append("".join(current))
-            current = []
-        elif line.startswith("│"):
-            current.append(line.split("│")[column].strip())
-    return cells
-
-
-def test_rule_table_folds_long_keys_at_80_columns_instead_of_cutting_them(tmp_path):
+def test_rule_table_keeps_long_keys_whole_at_80_columns(tmp_path):
+    """The fixes stay copyable: no key is cut with an ellipsis or folded across lines (planner/tables.py)."""
     plan = make_plan(overrides={"actor.ppo_micro_batch_size_per_gpu": 3, "actor.use_dynamic_bsz": True,
                                 "actor.ppo_max_token_len_per_gpu": 100})
     path = tmp_path / "bad.toml"
@@ -153,9 +143,11 @@ def test_rule_table_folds_long_keys_at_80_columns_instead_of_cutting_them(tmp_pa
     assert result.exit_code == 2
     assert max(len(line) for line in result.output.splitlines()) <= 80
     assert "…" not in result.output
-    fixes = [cell.replace(" ", "") for cell in _column_cells(result.output, 4)]
-    assert "setrollout.log_prob_use_dynamic_bsz=true" in fixes
-    assert any(fix.startswith("setactor.ppo_max_token_len_per_gpu>=1536") for fix in fixes)
+    lines = result.output.splitlines()
+    for key in ("rollout.log_prob_use_dynamic_bsz", "actor.ppo_max_token_len_per_gpu"):
+        assert any(re.search(rf"(^|\s){re.escape(key)}(\s|$)", line) for line in lines), key
+    said = " ".join(result.output.split())
+    assert "set rollout.log_prob_use_dynamic_bsz = true" in said and "set actor.ppo_max_token_len_per_gpu >= 1536" in said
 
 
 def test_explain_prints_the_breakdown_tables(solved_plan):
@@ -498,6 +490,64 @@ def test_json_commands_print_their_errors_as_json_on_stdout(args):
     assert error["field"] and error["message"] and error["fix"]
 
 
+def every_command(group=None, path=()) -> list[tuple[tuple[str, ...], object]]:
+    """(the words that name a command, its click command), for every command and subcommand of `rlplan`."""
+    import typer
+
+    group = group or typer.main.get_command(app)
+    found = []
+    for name, command in sorted(group.commands.items()):
+        found += every_command(command, (*path, name)) if hasattr(command, "commands") else [((*path, name), command)]
+    return found
+
+
+def usage_errors_of(words: tuple[str, ...], command) -> list[tuple[list[str], str]]:
+    """Command lines that click refuses while parsing them, each with the field its error must name: an unknown
+    option; where the command has them, a required argument left out, a whole number given 2.5, an option's
+    value left out."""
+    lines = [([*words, "--json", "--no-such-option"], "--no-such-option")]
+    options = [param for param in command.params if getattr(param, "param_type_name", "") == "option"]
+    arguments = [param for param in command.params if getattr(param, "param_type_name", "") == "argument"]
+    if any(param.required for param in arguments):
+        lines.append(([*words, "--json"], next(p for p in arguments if p.required).human_readable_name))
+    whole = next((p for p in options if getattr(p.type, "name", "") == "integer"), None)
+    if whole is not None:
+        lines.append(([*words, "--json", whole.opts[0], "2.5"], whole.opts[0]))
+    valued = next((p for p in options if not p.is_flag and p.opts[0].startswith("--")), None)
+    if valued is not None:
+        lines.append(([*words, "--json", valued.opts[0]], valued.opts[0]))
+    return lines
+
+
+@pytest.mark.parametrize("words,command", every_command(), ids=lambda value: " ".join(value) if
+                         isinstance(value, tuple) else "")
+def test_every_usage_error_under_json_is_one_json_object_on_stdout_naming_the_field(words, command):
+    """Issue 35 item 4: `--gpus 2.5`, an unknown option or a missing argument with --json printed click's box on
+    stderr and nothing on stdout. Invariant: under --json, each is one JSON error object on stdout, exit 2."""
+    for line, field in usage_errors_of(words, command):
+        result = invoke(*line)
+        assert result.exit_code == 2, (line, result.output)
+        error = json.loads(result.stdout)["error"]
+        assert error["field"] == field and error["message"], (line, error)
+        assert error["fix"] == f"see `rlplan {' '.join(words)} --help`", (line, error)
+
+
+def test_a_usage_error_without_json_stays_clicks_message_on_stderr():
+    result = invoke("solve", "--gpus", "2.5")
+    assert result.exit_code == 2 and result.stdout == "" and "'2.5' is not a valid int" in result.stderr
+
+
+def test_the_installed_entry_prints_a_usage_error_under_json_as_json():
+    """Through the console script's own entry (not the test runner), the exit code included."""
+    done = subprocess.run([sys.executable, "-c", "from rlplan.planner.commands.entry import main; main()", "solve", "--gpus",
+                           "2.5", "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert json.loads(done.stdout)["error"]["field"] == "--gpus"
+    ok = subprocess.run([sys.executable, "-c", "from rlplan.planner.commands.entry import main; main()", "presets", "gpus",
+                         "--json"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "H100-80G" in json.loads(ok.stdout)
+
+
 def test_gpu_mem_takes_nvidia_smis_mib_and_says_which_speeds_it_assumed():
     result = invoke("solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu-mem", "81559MiB", "--prompt-len", "512",
                     "--response-len", "512", "--json")
@@ -530,9 +580,10 @@ def test_version_prints_the_installed_package_version_and_the_default_stack():
 
     result = invoke("--version")
     assert result.exit_code == 0
-    first, stack = result.output.strip().splitlines()
+    first, stack, releases = result.output.strip().splitlines()
     assert first == f"rlplan {version('rlplan')}"
     assert f"verl {DEFAULT_VERL}" in stack and f"vLLM {DEFAULT_VLLM}" in stack and f"SGLang {DEFAULT_SGLANG}" in stack
+    assert "0.3.0.post1, 0.4.0" in releases and DEFAULT_VERL in releases
 
 
 def test_help_lists_shell_completion_and_the_choices_of_fixed_set_options():
@@ -574,8 +625,28 @@ def test_render_json_reports_the_text_or_the_written_path(solved_plan, tmp_path)
     assert payload["text"] == runner.invoke(app, ["render", str(solved_plan), "--format", "overrides"]).stdout
     out = tmp_path / "run.sh"
     written = json.loads(runner.invoke(app, ["render", str(solved_plan), "-o", str(out), "--json"]).stdout)
-    assert written == {"output": str(out), "target": "verl", "format": "script", "text": None}
+    assert written == {"output": str(out), "target": "verl", "format": "script", "added": [], "text": None}
     assert out.read_text().startswith("#!")
+
+
+@pytest.mark.parametrize("target", ["verl", "slurm", "ray-job"])
+def test_render_says_what_it_wrote_and_every_value_it_added_on_stderr(solved_plan, tmp_path, target):
+    """Issue 35 item 10: `render -o` printed nothing on success and silently added max_model_len; the SLURM and Ray
+    targets run `rlplan run`, which render now says."""
+    unset = tmp_path / "plan.toml"
+    unset.write_text(re.sub(r"(?m)^max_model_len = .*\n", "", solved_plan.read_text(), count=1))
+    out = tmp_path / "out.sh"
+    result = runner.invoke(app, ["render", str(unset), "--target", target, "-o", str(out)])
+    assert result.exit_code == 0 and result.stdout == "", result.output
+    said = " ".join(result.stderr.split())
+    assert f"wrote {out}:" in said
+    assert ("added: rollout.max_model_len = 3072" in said) == (target == "verl")
+    assert ("`rlplan run` (the bundled runtime, not verl)" in said) == (target != "verl")
+    printed = runner.invoke(app, ["render", str(unset)])
+    assert printed.stdout.startswith("#!") and "added: rollout.max_model_len" not in printed.stdout
+    assert "rollout.max_model_len=3072" in printed.stdout and "added: rollout.max_model_len" in printed.stderr
+    payload = json.loads(runner.invoke(app, ["render", str(unset), "--json"]).stdout)
+    assert [line.split(" (")[0] for line in payload["added"]] == ["rollout.max_model_len = 3072"]
 
 
 @pytest.mark.parametrize("args", [["import", "verl", "/nonexistent/run.sh", "--gpu", "h100"],
@@ -728,3 +799,24 @@ def test_run_on_an_sglang_plan_names_rollout_name_before_loading_the_runtime(tmp
                   "--response-len", "64", "--rollout", "sglang", "-o", str(plan)).exit_code == 0
     result = invoke("run", str(plan), "--json")
     assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == "rollout.name"
+
+
+def test_an_infeasible_solve_lists_its_changes_in_groups_each_saying_how_it_is_ranked():
+    """Issue 35 item 5 through the CLI: on one RTX 4090 the text lists other hardware, the run changed on the card
+    and a smaller margin, each group with its criterion; --json gives each change's kind and the criteria."""
+    from rlplan.planner.solver import RANKED_BY
+
+    args = ["solve", "--model", "qwen2.5-7b", "--gpus", "1", "--gpu", "rtx4090-24g", "--prompt-len", "512",
+            "--response-len", "512", "--lora", "16"]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("no feasible plan Nothing fits: ")
+    for kind, title in (("hardware", "The run as asked on other hardware"),
+                        ("workload", "On 1 x RTX4090-24G with the run changed"),
+                        ("margin", "Or the run and the hardware as asked with a smaller margin")):
+        assert any(line.strip().startswith(title) and RANKED_BY[kind] in line for line in lines), (kind, lines)
+    payload = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    kinds = {s["kind"] for s in payload["suggestions"]}
+    assert {"hardware", "workload", "margin"} <= kinds and set(payload["ranked_by"]) == kinds
+    assert all(0 < s["tokens_kept"] <= 1 for s in payload["suggestions"])

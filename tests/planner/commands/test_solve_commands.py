@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlplan.planner.commands.solve_commands import _COUNT_FLAGS as COUNT_FLAGS
 from rlplan.planner.commands.solve_commands import (
     SolveFlags,
     gpu_cluster,
@@ -96,3 +97,16 @@ def test_rollout_engines_auto_prices_both_on_gpus_and_a_cpu_plan_refuses_sglang(
     assert rollout_engines(SolveFlags(), None, {"rollout.name": "sglang"}) == ("sglang",)
     with pytest.raises(PlanError):
         rollout_engines(SolveFlags(device="cpu"), None, {"rollout.name": "sglang"})
+
+
+@pytest.mark.parametrize("flag,name", [(flag, name) for flag, name, _ in COUNT_FLAGS])
+@pytest.mark.parametrize("value", [0, -8])
+def test_a_count_below_one_names_the_flag_and_what_leaving_it_out_means(flag, name, value):
+    """Issue 35 item 10: `--gpus -8` said to leave --gpus out "for the default", and --gpus has none. Each count
+    flag's fix says what leaving it out gives, or when it may be left out."""
+    with pytest.raises(PlanError) as refused:
+        SolveFlags(**{name: value})
+    error = refused.value
+    assert error.field == flag and f"got {value}" in error.message
+    assert "for the default" not in error.fix
+    assert "without it" in error.fix or "may be left out only" in error.fix

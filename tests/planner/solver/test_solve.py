@@ -320,7 +320,17 @@ def _apply_suggestion(request: SolveRequest, change: str) -> SolveRequest:
         cluster = attrs.evolve(cluster, nodes=total // per_node, gpus_per_node=per_node)
     if "--host-mem" in flags:
         cluster = attrs.evolve(cluster, host_memory_gib=float(flags["--host-mem"]))
-    return attrs.evolve(request, cluster=cluster)
+    # The run's own flags, as solve_commands reads them.
+    changed: dict = {name: int(flags[flag]) for flag, name in (
+        ("--response-len", "response_len"), ("--prompt-len", "prompt_len"), ("--n", "n"),
+        ("--train-batch-size", "train_batch_size"), ("--lora", "lora")) if flag in flags}
+    if "--train-batch-size" in flags and request.ppo_mini_batch_size is not None:
+        changed["ppo_mini_batch_size"] = min(request.ppo_mini_batch_size, changed["train_batch_size"])
+    if "--headroom" in flags:
+        from rlplan.planner.model_error import parse_headroom
+
+        changed["headroom"] = parse_headroom(flags["--headroom"])
+    return attrs.evolve(request, cluster=cluster, **changed)
 
 
 @pytest.mark.parametrize(("model", "gpu", "gpus", "host_mem", "lora", "expected_flag"), [
@@ -335,8 +345,10 @@ def test_nothing_fits_suggests_changes_that_fit_on_a_gpu_at_least_as_fast(model,
     # Without the CPU offload policy, which would fit the 70B's full fine-tuning state into host RAM.
     request = preset_request(model, gpu, gpus, host_mem=host_mem, lora=lora, pins={"actor.offload_policy": False})
     diagnosis = solve(request).diagnosis
-    assert diagnosis is not None and 1 <= len(diagnosis.suggestions) <= 3, diagnosis
-    assert any(expected_flag in s.change.split() for s in diagnosis.suggestions), diagnosis.message
+    assert diagnosis is not None
+    hardware = [s for s in diagnosis.suggestions if s.kind == "hardware"]
+    assert 1 <= len(hardware) <= 3, diagnosis
+    assert any(expected_flag in s.change.split() for s in hardware), diagnosis.message
     for suggestion in diagnosis.suggestions:
         fixed = _apply_suggestion(request, suggestion.change)
         assert fixed.cluster.gpu.bf16_tflops >= resolve_gpu(gpu).bf16_tflops  # never a slower GPU
@@ -582,3 +594,61 @@ def test_more_gpus_is_the_nearest_count_that_verl_accepts_and_fits():
             continue
         fewer = attrs.evolve(request, cluster=attrs.evolve(cluster, host_memory_gib=found[0].cluster.host_memory_gib))
         assert request_rule_violations(fewer, 8192) or not _fits(fewer, 8192), smaller
+
+
+def test_a_node_below_what_every_plan_holds_in_host_ram_is_refused_before_any_search():
+    """Issue 41: at --host-mem 8 a 30B MoE searched every layout for 40-120 s before saying nothing fits. The model's
+    shared-memory copy and the GPU processes are in every plan's host RAM (memory.phases.host_floor): below them,
+    the diagnosis comes before the search and names the host RAM that fits."""
+    from rlplan.planner.memory.phases import host_floor
+
+    request = request_for("qwen2.5-7b", gpus=8, gpu_mem=80.0, prompt=512, response=512, batch=64, n=4)
+    starved = attrs.evolve(request, cluster=attrs.evolve(request.cluster, host_memory_gib=8.0))
+    result = solve(starved)
+    assert result.best is None and result.evaluated == 0
+    assert result.diagnosis is not None and result.diagnosis.binding == "host RAM"
+    assert "model_copy_shm" in result.diagnosis.message and "--host-mem" in result.diagnosis.message
+    (suggestion,) = result.diagnosis.suggestions
+    host = float(suggestion.change.removeprefix("--host-mem "))
+    fixed = solve(attrs.evolve(request, cluster=attrs.evolve(request.cluster, host_memory_gib=host)))
+    assert fixed.plan is not None
+    # The floor is a floor: every solved plan holds at least it on the host.
+    floor = host_floor(fixed.plan)
+    assert predict_memory(fixed.plan, DEFAULT_PROFILE).host.total_bytes >= floor.total_bytes > 8 * 2**30
+
+
+def test_a_small_card_is_offered_changes_of_the_run_that_fit_on_it_beside_hardware_each_group_ranked_as_said():
+    """Issue 35 item 5: a 7B LoRA run on one RTX 4090 was offered only a 5090, an A100 or a second 4090, with no
+    word of what would fit on the card one has. Now the diagnosis lists the run changed on the user's card and a
+    smaller margin beside the hardware, each group ranked by the criterion it names, and each change re-solves to
+    a valid plan on that card."""
+    from rlplan.planner.solver import RANKED_BY
+
+    request = preset_request("qwen2.5-7b", "rtx4090-24g", 1, host_mem=64.0, lora=16)
+    request = attrs.evolve(request, prompt_len=512, response_len=512)
+    diagnosis = solve(request).diagnosis
+    assert diagnosis is not None
+    kinds = [s.kind for s in diagnosis.suggestions]
+    assert "hardware" in kinds and "workload" in kinds and "margin" in kinds, diagnosis.message
+    assert kinds == sorted(kinds, key=["hardware", "workload", "margin"].index)  # grouped, in that order
+    on_card = [s for s in diagnosis.suggestions if s.kind in ("workload", "margin")]
+    for suggestion in on_card:
+        fixed = _apply_suggestion(request, suggestion.change)
+        assert fixed.cluster == request.cluster, suggestion.change
+        plan = solve(fixed).plan
+        assert plan is not None and check_plan(plan).valid, suggestion.change
+    workload = [s for s in diagnosis.suggestions if s.kind == "workload"]
+    kept = [(s.tokens_kept, -(s.step_time_s or 0)) for s in workload]
+    assert kept == sorted(kept, reverse=True) and all(0 < s.tokens_kept <= 1 for s in workload)
+    for kind in set(kinds):
+        assert RANKED_BY[kind] in diagnosis.message
+
+
+def test_the_margin_change_is_the_largest_margin_that_fits_and_says_what_it_gives_up():
+    request = preset_request("qwen2.5-7b", "rtx4090-24g", 1, host_mem=64.0, lora=16)
+    request = attrs.evolve(request, prompt_len=512, response_len=512)
+    diagnosis = solve(request).diagnosis
+    assert diagnosis is not None
+    (margin,) = [s for s in diagnosis.suggestions if s.kind == "margin"]
+    assert margin.change.startswith("--headroom") and "model's error" in margin.detail
+    assert margin.tokens_kept == 1.0 and margin.keeps_workload
