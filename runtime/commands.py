@@ -13,6 +13,7 @@ The demo plan is written with the plan schema directly and is small enough for a
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -196,11 +197,15 @@ def execute(plan: Plan, options: RunOptions, console: Console, *, as_json: bool 
     from rlplan.runtime.metrics import check_trackers, plan_versus_actual_table
     from rlplan.runtime.platform import blocking_errors, detect_platform
     from rlplan.runtime.progress import run_progress
+    from rlplan.runtime.ray_session import check_ray_temp_dir
     from rlplan.runtime.trainer.model import check_model_dir
 
     platform = detect_platform()
     errors = blocking_errors(plan, platform)
-    for check in (lambda: check_trackers(plan.trainer.logger), lambda: check_model_dir(plan.model.path)):
+    checks = [lambda: check_trackers(plan.trainer.logger), lambda: check_model_dir(plan.model.path)]
+    if not (options.address or os.environ.get("RAY_ADDRESS")):  # a local cluster: its workers must be able to start
+        checks.append(check_ray_temp_dir)
+    for check in checks:
         try:
             check()
         except PlanError as error:

@@ -42,6 +42,8 @@ def start_ray(address: str | None, platform: Platform, world_size: int) -> bool:
     """Connect to `address` (or RAY_ADDRESS), else start a loopback-only local cluster. True if we started it."""
     import ray
 
+    from rlplan.runtime.ray_session import NO_FIRST_DRIVER_PRESTART
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     address = address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
@@ -58,6 +60,8 @@ def start_ray(address: str | None, platform: Platform, world_size: int) -> bool:
         num_cpus=cpus,
         log_to_driver=False,
         runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}},
+        # ray.init would otherwise wait, unwatched, for a first worker that may die at start (runtime.ray_session).
+        _system_config=NO_FIRST_DRIVER_PRESTART,
     )
     return True
 
@@ -341,12 +345,16 @@ def rollout_replicas(plan: Plan, platform: Platform) -> int:
 
 def create_workers(plan: Plan, platform: Platform, on_stage: Callable[[str], None] | None = None) -> WorkerGroup:
     """One trainer actor per rank in a placement group, and the rollout engines beside them; `on_stage` hears
-    what is starting (the run's spinner)."""
+    what is starting (the run's spinner). Every wait is bounded (runtime.ray_session.wait_for): workers that die
+    at start end it with their cause, and the actors started so far are killed."""
     say = on_stage or (lambda text: None)
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from rlplan.runtime.ray_session import SessionLogs, wait_for
+
+    logs = SessionLogs.of_this_session()
     world = plan.cluster.world_size
     if platform.has_accelerator:
         # Trainer and rollout share each GPU (colocated, like verl's hybrid engine): half a GPU each to Ray.
@@ -358,41 +366,41 @@ def create_workers(plan: Plan, platform: Platform, on_stage: Callable[[str], Non
         trainer_resources = {"num_cpus": 1}
         rollout_resources = {"num_cpus": 0}
     group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
-    ray.get(group.ready(), timeout=600)
+    started: list[Any] = []
 
     def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
 
-    trainer_class = ray.remote(TrainerWorker)
-    trainers = [
-        trainer_class.options(scheduling_strategy=in_bundle(rank), **trainer_resources).remote(
-            plan, rank, world, platform
-        )
-        for rank in range(world)
-    ]
-    rollout_class = ray.remote(RolloutWorker)
-
     def start_rollouts() -> list[RolloutHandle]:
-        return [
-            rollout_class.options(
-                scheduling_strategy=in_bundle(replica),
-                **rollout_resources,
-            ).remote(plan.model.path, plan, plan.trainer.seed + replica)
-            for replica in range(rollout_replicas(plan, platform))
-        ]
+        rollout_class = ray.remote(RolloutWorker)
+        engines = [rollout_class.options(scheduling_strategy=in_bundle(replica), **rollout_resources).remote(
+            plan.model.path, plan, plan.trainer.seed + replica) for replica in range(rollout_replicas(plan, platform))]
+        started.extend(engines)
+        return engines
 
-    # On a CPU the engine starts (vLLM's import, the model, the KV space) while the trainers build theirs; on
-    # GPUs it starts after them, as verl's hybrid engine does, since vLLM sizes its pool from what is free.
-    rollouts = None if platform.has_accelerator else start_rollouts()
-    ranks = f"{world} trainer rank{'s' if world > 1 else ''}"
-    say(f"loading the model on {ranks}" + ("" if rollouts is None else " while vLLM builds its engine"))
-    rendezvous = ray.get(trainers[0].rendezvous.remote())
-    ray.get([t.setup.remote(rendezvous) for t in trainers])
-    if rollouts is None:
-        rollouts = start_rollouts()
-    say("vLLM is building its engine (model, KV cache" + ("" if plan.rollout.enforce_eager else ", compiled kernels")
-        + "; up to a minute or two on a CPU)")
-    # A Ray actor's first call waits for its __init__: without this the engine's start-up (~14 s for the
-    # 8-layer model on 2 cores) was charged to the first step's wall time, outside every phase it timed.
-    ray.get([r.supports_sleep.remote() for r in rollouts])
+    try:
+        wait_for([group.ready()], "reserving the trainers' CPUs (placement group)", logs=logs)
+        trainer_class = ray.remote(TrainerWorker)
+        trainers = [trainer_class.options(scheduling_strategy=in_bundle(rank), **trainer_resources).remote(
+            plan, rank, world, platform) for rank in range(world)]
+        started.extend(trainers)
+        # On a CPU the engine starts (vLLM's import, the model, the KV space) while the trainers build theirs; on
+        # GPUs it starts after them, as verl's hybrid engine does, since vLLM sizes its pool from what is free.
+        rollouts = None if platform.has_accelerator else start_rollouts()
+        loading = f"loading the model on {world} trainer rank{'s' if world > 1 else ''}"
+        say(loading + ("" if rollouts is None else " while vLLM builds its engine"))
+        (rendezvous,) = wait_for([trainers[0].rendezvous.remote()], loading, logs=logs)
+        wait_for([t.setup.remote(rendezvous) for t in trainers], loading, logs=logs)
+        if rollouts is None:
+            rollouts = start_rollouts()
+        say("vLLM is building its engine (model, KV cache" + ("" if plan.rollout.enforce_eager else ", compiled "
+            "kernels") + "; up to a minute or two on a CPU)")
+        # A Ray actor's first call waits for its __init__: without this the engine's start-up (~14 s for the
+        # 8-layer model on 2 cores) was charged to the first step's wall time, outside every phase it timed.
+        wait_for([r.supports_sleep.remote() for r in rollouts], "building the vLLM engine", logs=logs)
+    except BaseException:
+        for handle in started:
+            ray.kill(handle)
+        remove_placement_group(group)
+        raise
     return WorkerGroup(trainers=trainers, rollouts=rollouts, placement_group=group)
