@@ -57,10 +57,11 @@ def load_sweeps(path: Path = DATA) -> dict[str, dict[str, Any]]:
 
 
 def run_plan(sweep: dict[str, Any], run: dict[str, Any]) -> Plan:
-    """The run's plan as `rlplan import verl` reads its overrides, at the run's mean lengths."""
+    """The run's plan as `rlplan import verl` reads its overrides, at the run's mean lengths and at the sweep's
+    `verl` release where it names one (as --verl-version), else the release the overrides imply."""
     overrides = "\n".join([*sweep["common"], *run["overrides"]]) + "\n"
     imported = import_verl_script(overrides, gpu=resolve_gpu(sweep["gpu"]), host_memory_gib=2048.0, env={},
-                                  local_config_reader=lambda path: None)
+                                  local_config_reader=lambda path: None, versions=(sweep.get("verl"), None, None))
     prompt = int(run.get("prompt_mean", sweep.get("prompt_mean")))
     response = int(run.get("response_mean", sweep.get("response_mean")))
     return apply_knobs(imported.plan, {"data.expected_prompt_length": prompt,
