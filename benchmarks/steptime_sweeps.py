@@ -56,11 +56,34 @@ def load_sweeps(path: Path = DATA) -> dict[str, dict[str, Any]]:
     return {sweep["name"]: sweep for sweep in tomllib.loads(path.read_text(encoding="utf-8"))["sweep"]}
 
 
+def switch_overrides(switches: dict[str, Any]) -> list[str]:
+    """A run's `switches` table (a layout and the script's on / off lines, as a published table's columns give
+    them) as Megatron Hydra overrides: TP and CP for actor and reference, verl's offloads, the script's full
+    uniform recompute of one layer, the three dynamic-batch switches and the rollout's utilization."""
+    actor, ref = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+    overrides = [f"{role}.megatron.{key}={switches[name]}" for role in (actor, ref)
+                 for key, name in (("tensor_model_parallel_size", "tp"), ("context_parallel_size", "cp"))]
+    offload = switches["offload"]
+    overrides += [f"{actor}.megatron.{key}={offload}" for key in ("param_offload", "grad_offload", "optimizer_offload")]
+    overrides += [f"{ref}.megatron.param_offload={offload}"]
+    if switches["recompute"]:
+        transformer = f"+{actor}.megatron.override_transformer_config"
+        overrides += [f"{transformer}.recompute_method=uniform", f"{transformer}.recompute_granularity=full",
+                      f"{transformer}.recompute_num_layers=1"]
+    dynamic = switches["dynamic"]
+    overrides += [f"{actor}.use_dynamic_bsz={dynamic}", f"{ref}.log_prob_use_dynamic_bsz={dynamic}",
+                  f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz={dynamic}",
+                  f"actor_rollout_ref.rollout.gpu_memory_utilization={switches['utilization']}"]
+    return overrides
+
+
 def run_plan(sweep: dict[str, Any], run: dict[str, Any]) -> Plan:
-    """The run's plan as `rlplan import verl` reads its overrides, at the run's mean lengths."""
-    overrides = "\n".join([*sweep["common"], *run["overrides"]]) + "\n"
+    """The run's plan as `rlplan import verl` reads its overrides, at the run's mean lengths and at the sweep's
+    `verl` release where it names one (as --verl-version), else the release the overrides imply."""
+    switches = switch_overrides(run["switches"]) if "switches" in run else []
+    overrides = "\n".join([*sweep["common"], *switches, *run.get("overrides", [])]) + "\n"
     imported = import_verl_script(overrides, gpu=resolve_gpu(sweep["gpu"]), host_memory_gib=2048.0, env={},
-                                  local_config_reader=lambda path: None)
+                                  local_config_reader=lambda path: None, versions=(sweep.get("verl"), None, None))
     prompt = int(run.get("prompt_mean", sweep.get("prompt_mean")))
     response = int(run.get("response_mean", sweep.get("response_mean")))
     return apply_knobs(imported.plan, {"data.expected_prompt_length": prompt,
@@ -68,9 +91,10 @@ def run_plan(sweep: dict[str, Any], run: dict[str, Any]) -> Plan:
 
 
 def all_runs(sweeps: dict[str, dict[str, Any]]) -> list[Run]:
+    """Every run with measured seconds (a run that died, `outcome` and no `measured`, has none to price)."""
     return [Run(sweep=name, label=run["id"], plan=run_plan(sweep, run),
                 measured={k: float(v) for k, v in run["measured"].items()})
-            for name, sweep in sweeps.items() for run in sweep["run"]]
+            for name, sweep in sweeps.items() for run in sweep["run"] if "measured" in run]
 
 
 def predicted_timings(run: Run, profile: Profile) -> dict[str, float]:

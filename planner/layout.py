@@ -97,7 +97,7 @@ class RoleBatchLayout:
     # model and the head, whatever the real lengths.
     padded: bool = False
     # The target verl's token budget is not a hard cap (stack.SOFT_TOKEN_BUDGET, before verl PR #7553): a micro
-    # batch may hold one sequence more than the budget.
+    # batch may hold one sequence more than the budget (tokens_per_micro_batch).
     soft_token_budget: bool = False
 
     @property
@@ -128,8 +128,11 @@ class RoleBatchLayout:
             # forward pass) of this rank: a micro batch never holds more than the chunk's tokens.
             chunk_tokens = math.ceil(self.chunk_size * length / self.sequence_parallel_size)
             # Before the cap, Karmarkar-Karp balances ceil(tokens / budget) micro batches: one may exceed the
-            # budget by up to its longest sequence.
-            overshoot = math.ceil(self.max_sequence_length / self.sequence_parallel_size) if self.soft_token_budget else 0
+            # budget, priced as one sequence of the priced length over it. At the maximum length that is the
+            # bound of the worst mix of lengths (the partition's spread stays under its longest sequence); at a
+            # mean length it is above what the partition gives lengths spread around that mean (docs/megatron.md,
+            # "The soft token budget").
+            overshoot = math.ceil(length / self.sequence_parallel_size) if self.soft_token_budget else 0
             return min(self.max_token_len_per_gpu + overshoot, chunk_tokens)
         micro = self.micro_batch_size_per_gpu or 1
         return math.ceil(micro * length / self.sequence_parallel_size)

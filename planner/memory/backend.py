@@ -44,6 +44,11 @@ class TrainingBackend(Protocol):
         `<role>_params` and `<role>_optimizer_state`, the names the phases load back)."""
         ...
 
+    def resident_at_engine_start(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState) -> int:
+        """What of the role's state is on the GPU when verl builds the rollout engine (after the worker's init
+        offloads), which an engine that profiles the whole GPU subtracts from its budget."""
+        ...
+
     def host_components(self, plan: Plan, role: TrainedRole, state: TrainerState, ranks: int) -> list[Component]:
         """The role's state in one node's host RAM, for its `ranks` ranks."""
         ...

@@ -354,6 +354,13 @@ class FsdpBackend:
             resident.append(Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer), "resident"))
         return resident
 
+    def resident_at_engine_start(self, plan: Plan, role: Literal["actor", "critic"],
+                                 state_on_gpu: TrainerState) -> int:
+        """The parameters param_offload leaves on the GPU (fsdp_workers.py init_model): the optimizer has no
+        state yet (AdamW creates it at the first step) and no gradients exist."""
+        return sum(c.bytes for c in self.resident_between_phases(plan, role, state_on_gpu)
+                   if c.name.endswith("_params"))
+
     def host_components(self, plan: Plan, role: Literal["actor", "critic"], state: TrainerState,
                         ranks: int) -> list[Component]:
         if offloaded_by_policy(plan, role):

@@ -44,6 +44,8 @@ TrainedRole = Literal["actor", "critic"]
 WEIGHT_BYTES = 2
 GRAD_BYTES = 4
 OPTIMIZER_BYTES = 12
+# Of those, the fp32 master weight's 4: what the optimizer holds before its first step creates the moments.
+MAIN_WEIGHT_SHARE_OF_ADAM = 4 / OPTIMIZER_BYTES
 # Per token, the embedding's input ids (int64) and its dropout mask: Megatron's 8 s b + s b h per micro batch.
 EMBEDDING_INPUT_BYTES = 8
 # verl builds Megatron's TransformerConfig with hidden_dropout = getattr(hf_config, "hidden_dropout", 0.0) and
@@ -436,6 +438,21 @@ class MegatronBackend:
         if not engine.optimizer_offload and state_on_gpu.optimizer:
             resident.append(Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer), "resident"))
         return resident
+
+    def resident_at_engine_start(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState) -> int:
+        """Megatron-Core allocates the DDP grad buffer when it wraps the model and the distributed optimizer its
+        fp32 main weights when it is built (distrib_optimizer.py _build_model_and_main_param_groups: the shard's
+        `clone().float()`); only Adam's moments wait for the first step. verl's init_model then offloads the
+        weights and the grad buffer under param_offload (offload_megatron_model_to_cpu) and the main weights
+        under optimizer_offload (offload_megatron_copy_params), before the engine is built (megatron_workers.py,
+        read at v0.5.0)."""
+        engine = _engine(plan, role)
+        if engine.param_offload:
+            model = 0.0
+        else:
+            model = state_on_gpu.params + state_on_gpu.grads
+        main_weights = 0.0 if engine.optimizer_offload else state_on_gpu.optimizer * MAIN_WEIGHT_SHARE_OF_ADAM
+        return int(model + main_weights)
 
     def host_components(self, plan: Plan, role: TrainedRole, state: TrainerState, ranks: int) -> list[Component]:
         """The host keeps the params verl offloads and the optimizer state, offloaded between phases or kept

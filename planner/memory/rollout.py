@@ -269,11 +269,11 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
 
 
 def trainer_bytes_at_engine_start(plan: Plan) -> int:
-    """The trainer's state on one GPU when verl builds the rollout engine: the parameters of the actor, the
-    reference and the critic that are not offloaded. verl builds the engine last ("we should create rollout at the
-    end so that vllm can have a better estimation of kv cache memory", ray_trainer.py init_workers, v0.3-v0.9),
-    after each worker has offloaded what param_offload says (fsdp_workers.py init_model); the optimizer has no
-    state yet (AdamW creates it at the first step) and no gradients exist."""
+    """The trainer's state on one GPU when verl builds the rollout engine: what each trained role's backend
+    leaves there after its init (`resident_at_engine_start`: FSDP's parameters; Megatron's parameters, gradient
+    buffer and fp32 main weights) and a reference's parameters that are not offloaded. verl builds the engine
+    last ("we should create rollout at the end so that vllm can have a better estimation of kv cache memory",
+    ray_trainer.py init_workers, v0.3-v0.9), after each worker has offloaded what its config says."""
     from rlplan.planner.layout import plan_layout
     from rlplan.planner.memory.backend import training_backend
 
@@ -281,8 +281,7 @@ def trainer_bytes_at_engine_start(plan: Plan) -> int:
     total = 0
     for role in ("actor", "critic") if plan.uses_critic else ("actor",):
         state = trainer.state_on_gpu(plan, role, trainer.role_state(plan, role, layout))  # type: ignore[arg-type]
-        total += sum(c.bytes for c in trainer.resident_between_phases(plan, role, state)  # type: ignore[arg-type]
-                     if c.name.endswith("_params"))
+        total += trainer.resident_at_engine_start(plan, role, state)  # type: ignore[arg-type]
     if plan.uses_reference and not plan.reference_is_actor and not trainer.reference_params_on_host(plan):
         total += trainer.reference_params_bytes(plan, layout)
     return int(total)

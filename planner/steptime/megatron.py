@@ -136,6 +136,17 @@ def gradient_sync_seconds(trainable_params: float, dp: int, bandwidth: float, *,
     return 2 * reduce_scatter
 
 
+def host_and_device_seconds(device: float, host: float, *, routes_tokens: bool) -> float:
+    """A pass's kernels on the GPU (`device` seconds) and the host work that launches them (`host`: Python and
+    kernel launches, the fixed cost per micro batch and layer).  CUDA runs the launched kernels while the host
+    launches the next ones, so a dense model's pass takes the longer of the two (each micro batch as long as its
+    GEMMs or its launches: small micro batches are launch-bound, large ones compute-bound).  A MoE layer's token
+    dispatcher waits for the GPU once a layer (the all-to-all's split sizes copied to the host:
+    MoEAlltoAllTokenDispatcher's cuda sync point, DeepEP's received-token count alike), so the host's launches
+    start only as the GPU drains and the two add up."""
+    return device + host if routes_tokens else max(device, host)
+
+
 def recomputed_forward_fraction(engine: MegatronSection, facts: ModelFacts, context: float) -> float:
     """The share of a forward that recompute runs again in backward."""
     if engine.recompute_granularity == "full":
@@ -250,10 +261,11 @@ def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatron
     stage = stage_share(plan.model.arch, pp)
     compute = slowest_stage_flops(flops, head_flops, routed, tp=tp, routed_split=routed_split_of(engine),
                                   stage=stage, pp=pp)
-    busy = compute / rates.train_flops(compute_dtype(plan, critic))
-    busy += _communication_seconds(ctx, engine, tokens, backward=backward, recompute=recompute)
     micro_batches = pass_micro_batches(plan, batch, lengths)
-    busy += fixed_micro_batch_seconds(facts.layers * stage, micro_batches, ctx.profile, passes)
+    host = fixed_micro_batch_seconds(facts.layers * stage, micro_batches, ctx.profile, passes)
+    busy = host_and_device_seconds(compute / rates.train_flops(compute_dtype(plan, critic)), host,
+                                   routes_tokens=plan.model.arch.is_moe)
+    busy += _communication_seconds(ctx, engine, tokens, backward=backward, recompute=recompute)
     # The last stage computes the entropy over its vocabulary-parallel logits while the others wait.
     busy += entropy_passes * entropy_seconds(facts, tokens, rates, ctx.profile) / tp
     schedules = max(1, batch.mini_batches_per_epoch * batch.epochs)
