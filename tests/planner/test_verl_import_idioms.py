@@ -235,3 +235,9 @@ def test_a_set_environment_variable_reaching_only_a_data_path_is_kept_as_a_refer
     plan, warnings = imported("unset_data_paths.sh", env={"DATA_HOME": "/private/data"})
     assert "${oc.env:DATA_HOME}" in plan.passthrough["data.val_files"]
     assert "/private/data" not in repr(plan) and not any("/private/data" in w for w in warnings)
+
+
+def test_a_token_budget_variable_named_max_token_is_a_count_read_as_the_script_sets_it():
+    plan, warnings = imported("token_budget_variable.sh")
+    assert plan.actor.ppo_max_token_len_per_gpu == 12288 and plan.rollout.max_num_batched_tokens == 12288
+    assert not any("credential" in warning for warning in warnings)
