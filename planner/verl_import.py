@@ -16,6 +16,7 @@ The shell itself (lexing, variables, finding the verl command) is interpreted in
 from __future__ import annotations
 
 import difflib
+import posixpath
 import re
 from collections.abc import Callable
 from typing import Any
@@ -405,14 +406,15 @@ def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, re
 
 
 def with_target_stack(plan: Plan, given: dict[str, str], written: dict[str, str], text: str,
-                      versions: tuple[str | None, str | None, str | None], warnings: list[str]) -> Plan:
+                      versions: tuple[str | None, str | None, str | None], warnings: list[str],
+                      installed: str | None = None) -> Plan:
     """The imported plan on its target stack: the version flags, else what the script shows (said as a warning;
     planner/stack_inference.py), with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
     from rlplan.planner.knobs import apply_knobs
     from rlplan.planner.stack import stack_defaults, stack_from_flags
     from rlplan.planner.stack_inference import infer_stack
 
-    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name)
+    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name, installed)
     stack = inferred.stack if inferred is not None else plan.stack
     if inferred is not None:
         flagged = [name for name, value in zip(("verl", "vllm", "sglang"), versions, strict=True) if value]
@@ -616,8 +618,9 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     resolved = _with_overridden_context(resolved, passthrough, warnings)
     # A file of overrides is no shell: only a script's own commands can export an engine switch.
     script = "" if _is_overrides_file(text) else text
+    installed = context.read_text(posixpath.join(context.cwd, "verl", "version", "version")) if context.cwd else None
     plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
-                             warnings)
+                             warnings, installed)
     kept = tuple(passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]
     if unmodeled:
