@@ -341,7 +341,21 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
         raise _model_not_found(spec, error) from None
 
 
+# A model path a script ships as a stand-in for the user's own: `<path_to_...>`, `/YOUR_MODELPATH`, `path/to/model`.
+_PLACEHOLDER = re.compile(r"<[^<>]*>|(?:^|[/_.\-])your[/_.\-]|path[/_]to[/_]", re.IGNORECASE)
+CANNOT_RUN_AS_SHIPPED = "the script cannot run as shipped"
+
+
 def _model_not_found(spec: str, error: PlanError) -> PlanError:
+    if _PLACEHOLDER.search(spec):
+        # verl's main_ppo (TaskRunner.run, v0.3-v0.7) loads the tokenizer from the model path first
+        # (copy_to_local, then hf_tokenizer): a placeholder exists on no machine and is no hub repo id.
+        return PlanError(field="actor_rollout_ref.model.path",
+                         message=f"is {spec!r}, a placeholder the script ships in place of a model: verl loads the "
+                         f"tokenizer from it first (main_ppo: copy_to_local, hf_tokenizer) and fails on any machine, "
+                         f"so {CANNOT_RUN_AS_SHIPPED}.",
+                         fix="set the model: --env NAME=PATH for the variable the script reads it from, or write "
+                         "it into actor_rollout_ref.model.path")
     if HUB_REPO_ID.fullmatch(spec):
         return PlanError(field="actor_rollout_ref.model.path",
                          message=f"{error.message.rstrip('.')}, and the local Hugging Face cache has no config.json "
@@ -522,7 +536,7 @@ def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pi
             raise PlanError(field="script", message=f"the verl command (line {command.line}) gets an argument that is "
                             "only whitespace, which Hydra refuses: a backslash followed by a space escapes the "
                             "space instead of continuing the line, so bash ends the command there and runs the lines "
-                            "after it as a command of their own.",
+                            f"after it as a command of their own: {CANNOT_RUN_AS_SHIPPED}.",
                             fix="remove the space after that backslash (or the comment after it)")
         override = Override.parse(raw)
         if override.value is not None:  # as spelled, for the stack inference (an older spelling dates the script)
@@ -606,7 +620,13 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
             del passthrough[key]
     model_path = fields.pop("model.path")
     if not model_path:
-        raise PlanError(field="actor_rollout_ref.model.path", message="the script does not say which model it trains.",
+        model_key = BY_FIELD["model.path"].key
+        if model_key in given or model_key in sorted_.written:
+            raise PlanError(field=model_key, message="is empty as the script sets it: verl loads the tokenizer from "
+                            f"it first (main_ppo: copy_to_local, hf_tokenizer) and fails, so {CANNOT_RUN_AS_SHIPPED}.",
+                            fix="set the model: --env NAME=PATH for the variable the script reads it from, or write "
+                            "it into actor_rollout_ref.model.path")
+        raise PlanError(field=model_key, message="the script does not say which model it trains.",
                         fix="add actor_rollout_ref.model.path=<hub repo id or local directory>")
     fields["model.path"] = model_path
     _warn_about_algorithm_defaults(given, fields, warnings)
