@@ -341,8 +341,10 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
         raise _model_not_found(spec, error) from None
 
 
-# A model path a script ships as a stand-in for the user's own: `<path_to_...>`, `/YOUR_MODELPATH`, `path/to/model`.
-_PLACEHOLDER = re.compile(r"<[^<>]*>|(?:^|[/_.\-])your[/_.\-]|path[/_]to[/_]", re.IGNORECASE)
+# A model path a script ships as a stand-in for the user's own: `<path_to_...>`, `/YOUR_MODELPATH`, `path/to/model`,
+# or a bare word naming what belongs there (`model_path`, `ref_model_path`: no folder here, no hub repo id).
+_PLACEHOLDER = re.compile(r"<[^<>]*>|(?:^|[/_.\-])your[/_.\-]|path[/_]to[/_]|^[a-z_]*(?:model|ckpt|checkpoint)_?(?:path|dir)$",
+                          re.IGNORECASE)
 CANNOT_RUN_AS_SHIPPED = "the script cannot run as shipped"
 
 

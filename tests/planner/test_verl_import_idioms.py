@@ -251,7 +251,8 @@ def test_a_placeholder_model_path_cannot_run_as_shipped_and_the_variable_that_se
     assert plan.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
-@pytest.mark.parametrize("path", ["<path_to_model>", "/mnt/your_ckpt/hf", "/path/to/model"])
+@pytest.mark.parametrize("path", ["<path_to_model>", "/mnt/your_ckpt/hf", "/path/to/model", "model_path",
+                                  "REF_MODEL_PATH", "ckpt_dir"])
 def test_each_placeholder_spelling_is_said_to_be_one(path):
     error = refusal("placeholder_model_path.sh", "--env", f"MODEL={path}")
     assert "cannot run as shipped" in error["message"]
