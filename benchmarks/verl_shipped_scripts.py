@@ -3,6 +3,7 @@
     python benchmarks/verl_shipped_scripts.py CHECKOUT [CHECKOUT ...]            # the table, per checkout
     python benchmarks/verl_shipped_scripts.py CHECKOUT --details                 # and one line per script
     python benchmarks/verl_shipped_scripts.py CHECKOUT --json                    # every row as JSON
+    python benchmarks/verl_shipped_scripts.py CHECKOUT ... --write docs/verl-shipped-scripts.md   # the page, in place
 
 A CHECKOUT is the root of a verl source tree at one release; none is committed here (it is verl's code). Get one
 from a clone of https://github.com/volcengine/verl:
@@ -18,6 +19,9 @@ in process through the CLI (the same code paths, exit codes and messages), with 
 
 Every script lands in one column:
 - fits / OOM: validate ran the memory model and said so (exit 0 / 1): a verdict.
+- cannot run as shipped: the import refused, saying why the script as shipped fails wherever it runs, with the
+  reason in verl's, bash's or Hydra's own behaviour (a placeholder or empty model path, which verl's main_ppo loads
+  the tokenizer from first; a backslash-space that ends the command): a verdict too.
 - refused by rule: the plan reached validate, whose rules refuse it (exit 2); the rules are named (most are rules
   of verl 0.9 a script of an older release breaks: issue 36).
 - the import refused (exit 2), never reaching the memory model, with its reason, in three kinds:
@@ -52,6 +56,11 @@ from attrs import frozen
 from typer.testing import CliRunner
 
 from rlplan.planner.commands.cli import app
+from rlplan.planner.verl_import import CANNOT_RUN_AS_SHIPPED
+
+# benchmarks/ is no package: its shared helpers are imported from beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _sections import print_or_write_section  # noqa: E402
 
 GPU = "h100-80g"
 _LAUNCH = re.compile(r"-m\s+(verl\.trainer\.main_ppo|recipe\.[A-Za-z0-9_.]+)\b")
@@ -61,7 +70,7 @@ _NOT_RL = re.compile(r"sft|generation|eval|data_process|preprocess")
 @frozen
 class Outcome:
     script: str
-    column: str  # "fits", "oom", "rule", "input", "unmodeled", "import", "bug"
+    column: str  # "fits", "oom", "shipped", "rule", "input", "unmodeled", "import", "bug"
     reason: str
 
 
@@ -72,6 +81,8 @@ _NOT_MODELED = ("is not supported", "does not model that", "does not model the",
 
 
 def _import_column(reason: str) -> str:
+    if CANNOT_RUN_AS_SHIPPED in reason:
+        return "shipped"
     if any(marker in reason for marker in _NEEDS_INPUT):
         return "input"
     if any(marker in reason for marker in _NOT_MODELED):
@@ -200,16 +211,17 @@ def _share(count: int, total: int) -> str:
 
 def _row(label: str, count: collections.Counter[str], commands: int) -> str:
     total = sum(count.values())
-    verdict = count["fits"] + count["oom"]
-    return (f"| {label} | {total} | {count['fits']} | {count['oom']} | {_share(verdict, total)} | {count['rule']} | "
+    verdict = count["fits"] + count["oom"] + count["shipped"]
+    return (f"| {label} | {total} | {count['fits']} | {count['oom']} | {count['shipped']} | {_share(verdict, total)} "
+            f"| {count['rule']} | "
             f"{_share(verdict + count['rule'], total)} | {count['input']} | {count['unmodeled']} | {count['import']} "
             f"| {count['bug']} | {commands} |")
 
 
 def table(results: dict[str, tuple[list[Outcome], list[str]]]) -> str:
-    lines = ["| checkout | scripts | fits | OOM | verdict | refused by rule | reached the memory model | "
-             "refused: needs input | refused: not modeled | refused: other | bug | commands run |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| checkout | scripts | fits | OOM | cannot run as shipped | verdict | refused by rule | "
+             "verdict or rule | refused: needs input | refused: not modeled | refused: other | bug | commands run |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     totals: collections.Counter[str] = collections.Counter()
     commands = 0
     for label, (outcomes, attempts) in results.items():
@@ -225,8 +237,8 @@ def table(results: dict[str, tuple[list[Outcome], list[str]]]) -> str:
 def reasons(results: dict[str, tuple[list[Outcome], list[str]]]) -> str:
     out = []
     for label, (outcomes, _) in results.items():
-        for column, title in (("input", "refused, needs input"), ("unmodeled", "refused, not modeled"),
-                              ("import", "refused, other"), ("rule", "refused by rule"), ("bug", "bug (exit 3)")):
+        for column, title in (("shipped", "cannot run as shipped"), ("input", "refused, needs input"),
+                              ("unmodeled", "refused, not modeled"), ("import", "refused, other"), ("rule", "refused by rule"), ("bug", "bug (exit 3)")):
             counter = collections.Counter(_reason_class(o.reason) if column != "rule" else o.reason
                                           for o in outcomes if o.column == column)
             if counter:
@@ -235,11 +247,34 @@ def reasons(results: dict[str, tuple[list[Outcome], list[str]]]) -> str:
     return "\n".join(out)
 
 
+SECTION_HEADING = "## verl's shipped launch scripts through `rlplan import verl`"
+
+
+def section(results: dict[str, tuple[list[Outcome], list[str]]], checkouts: list[Path]) -> str:
+    """The page's section: what was run, the table, and every refusal's reason, counted."""
+    versions = ", ".join(f"{path.name} ({_version_file(path)})" for path in checkouts)
+    return "\n".join([
+        SECTION_HEADING, "",
+        "Generated by `python benchmarks/verl_shipped_scripts.py CHECKOUT ... --write docs/verl-shipped-scripts.md` "
+        f"on checkouts {versions} (their `verl/version/version`), with `--gpu {GPU}`, from each checkout's root, in "
+        "this machine's environment and Hugging Face cache (a model found in neither is refused: the counts move "
+        "with them). A verdict is fits, OOM, or cannot run as shipped (a refusal that names why the script fails "
+        "wherever it runs); a rule refusal is counted apart. Issue 44 asks for >= 95 % verdicts.", "",
+        table(results), "", "What the refusals say, counted (names, paths and numbers taken out):", "", "```",
+        reasons(results).strip("\n"), "```", ""])
+
+
+def _version_file(checkout: Path) -> str:
+    path = checkout / "verl" / "version" / "version"
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else "no verl/version/version"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkouts", nargs="+", type=Path, help="roots of verl checkouts, one per release")
     parser.add_argument("--details", action="store_true", help="one line per script")
     parser.add_argument("--json", action="store_true", help="every outcome as JSON")
+    parser.add_argument("--write", type=Path, default=None, help="markdown page whose section to regenerate")
     args = parser.parse_args(argv)
     results = {}
     for checkout in args.checkouts:
@@ -250,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({label: {"outcomes": [attrs.asdict(o) for o in outcomes], "commands_attempted": attempts}
                           for label, (outcomes, attempts) in results.items()}, indent=1))
         return 0
+    if args.write is not None:
+        return print_or_write_section(section(results, args.checkouts), SECTION_HEADING, args.write)
     print(table(results))
     print(reasons(results))
     if args.details:

@@ -6,7 +6,7 @@ experiment tracker: `import verl` (and `compare` / `calibrate`, which import scr
 environment is already never copied (planner/shell_expand.py); this module names what else is one: a variable or
 key whose name says it holds a credential, or a value shaped like one of the common token formats.
 
-Names are matched on their words, not their letters: MAX_TOKEN_LEN and ppo_max_token_len_per_gpu are counts,
+Names are matched on their words, not their letters: MAX_TOKEN_LEN, ppo_max_token_len_per_gpu and max_token are counts,
 HF_TOKEN and github_token are credentials; PROMPT_KEY names a column, WANDB_API_KEY a credential.
 """
 
@@ -18,6 +18,9 @@ import re
 _SECRET_ENDINGS = ("token", "secret", "password", "passwd", "pass", "credential", "credentials", "apikey",
                    "api key", "access key", "secret key", "private key", "auth key", "auth", "cookie",
                    "session key", "signing key", "client secret", "webhook url")
+# A word before "token" that makes the name a count of tokens (verl's recipes write `max_token=20480` and pass it
+# as ppo_max_token_len_per_gpu), not a credential.
+_COUNT_WORDS = ("max", "min", "num", "n", "total", "avg", "mean", "per")
 # Words that make any name a credential's wherever they stand.
 _SECRET_WORDS = ("secret", "password", "passwd", "apikey", "credential", "credentials")
 # Token formats: Hugging Face, OpenAI / Anthropic style, GitHub, GitLab, Slack, AWS access key ids (a W&B key is 40 hex, like a git commit: known by its name only).
@@ -39,6 +42,8 @@ def is_secret_name(name: str) -> bool:
         return False
     if any(word in _SECRET_WORDS for word in words):
         return True
+    if len(words) >= 2 and words[-1] == "token" and words[-2] in _COUNT_WORDS:
+        return False
     tail = " ".join(words)
     return any(tail == ending or tail.endswith(" " + ending) for ending in _SECRET_ENDINGS)
 

@@ -329,6 +329,14 @@ BATCHED_TOKENS_RAISED = Behaviour(
     code_path="verl/workers/rollout/vllm_rollout/vllm_async_server.py _validate_configs: without chunked "
               "prefill, max_num_batched_tokens < max_model_len is raised to max_model_len with a warning",
     summary="verl raises max_num_batched_tokens to max_model_len itself when chunked prefill is off")
+VLLM_V1_FORCES_CHUNKED_PREFILL = Behaviour(
+    name="vllm_v1_forces_chunked_prefill", package="vllm", before="0.11.1",
+    code_path="vllm/engine/arg_utils.py EngineArgs._set_default_args_v1 (0.8.x-0.10.x) and _set_default_args "
+              "(0.11.0): `self.enable_chunked_prefill = True` for every generating model on the V1 engine, whatever "
+              "was passed (\"V1 always uses chunked prefills\"); 0.32 keeps an explicit False (`if "
+              "self.enable_chunked_prefill is None`). Between 0.11.1 and 0.31 not read: the rule stays strict there",
+    summary="vLLM's V1 engine turns chunked prefill on itself: enable_chunked_prefill=False is overridden, so "
+            "max_num_batched_tokens below max_model_len is no error")
 LORA_RANK_UNROUNDED = Behaviour(
     name="lora_rank_unrounded", package="verl", before="0.6.1",
     code_path="verl/workers/fsdp_workers.py _build_rollout (v0.4.0-v0.5.0: lora_kwargs max_lora_rank=self._lora_rank) "
@@ -425,7 +433,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
-    BATCHED_TOKENS_RAISED, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
+    BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
     TRAINER_EXPANDABLE_SEGMENTS)

@@ -8,6 +8,10 @@ Evidence, each narrowing the verl releases the script can have been written for 
 - the shell's own exports and command prefixes (read through shell_lexer.shell_commands, so a commented-out line
   does not count): `VLLM_USE_V1=0` or `VLLM_ATTENTION_BACKEND=XFORMERS` select vLLM's V0 engine, which vLLM 0.11
   removed and so no verl from 0.9.0 (vLLM >= 0.18) installs; `VLLM_USE_V1=1` selects V1.
+- the verl the command runs: `python -m verl...` imports the `verl` package of the folder it runs in first, so an
+  import from the root of a verl source tree reads that tree's `verl/version/version` (`0.4.1`; a tag's `0.7.0.dev`
+  or main's `0.8.0.dev` as that release): the release that runs, which the other evidence cannot overrule (what
+  disagrees with it is said).
 The stack is the newest release all the evidence allows (verl's later releases are the likelier target), with the
 oldest kept as `stack.verl_oldest` so that `verdicts_across` can say where rules or memory judge the range apart.
 Pure: no I/O.
@@ -104,6 +108,19 @@ def key_evidence(keys: Iterable[str], backend: verl_inventory.TrainerBackend) ->
     return found
 
 
+def installed_evidence(version_text: str | None) -> list[Evidence]:
+    """Evidence from the verl the command would run: the `verl/version/version` text of the folder it runs in
+    (None: no verl source tree there). A `.dev` version is the release it names; one rlplan does not know, none."""
+    if not version_text or not version_text.strip():
+        return []
+    written = version_text.strip().splitlines()[0].strip()
+    release = written if written in VERL_RELEASES else written.partition(".dev")[0]
+    if release not in VERL_RELEASES:
+        return []
+    return [Evidence(releases=frozenset({release}), why=f"`python -m verl...` runs the verl of the folder it runs in, "
+                                                         f"whose verl/version/version says {written}")]
+
+
 def value_evidence(values: dict[str, str]) -> list[Evidence]:
     """Evidence from values only some releases accept: a value verl refuses from some release on, an estimator."""
     found = []
@@ -163,16 +180,17 @@ def _binding_text(evidence: list[Evidence], span: list[str]) -> str:
 
 
 def infer_stack(written: dict[str, str], script: str, backend: verl_inventory.TrainerBackend,
-                engine: str) -> InferredStack | None:
+                engine: str, installed: str | None = None) -> InferredStack | None:
     """The stack a script shows, with why; None when it shows nothing.
 
     `written`: the overrides as the script writes them (key as spelled, `+`/`++` prefixes kept; value text).
     verl: the newest release all evidence allows, `verl_oldest` the oldest where that leaves a range; evidence that
     contradicts itself leaves verl at the default, said. vLLM: V0 (and a vLLM that has it) where the script's
-    exports select it.
+    exports select it. `installed`: the verl/version/version text of the folder the command runs in (it decides).
     """
     plain = [key for key in written if not key.startswith(("+", "~"))]
-    evidence = key_evidence(plain, backend) + value_evidence(written)
+    runs_here = installed_evidence(installed)
+    evidence = runs_here + key_evidence(plain, backend) + value_evidence(written)
     vllm_engine, switch, engine_found = engine_evidence(script_exports(script)) if engine == "vllm" else (None, "", [])
     evidence += engine_found
     if not evidence and vllm_engine is None:
@@ -182,9 +200,10 @@ def infer_stack(written: dict[str, str], script: str, backend: verl_inventory.Tr
     if evidence:
         # Scripts from verl's main between two releases can show both (rollout.mode=sync beside a key 0.7.0
         # added): the releases that agree with the most evidence, and what they do not agree with, are said.
-        agreeing = {r: [e for e in evidence if r in e.releases] for r in VERL_RELEASES}
+        candidates = [r for r in VERL_RELEASES if not runs_here or r in runs_here[0].releases]
+        agreeing = {r: [e for e in evidence if r in e.releases] for r in candidates}
         most = max(len(agreed) for agreed in agreeing.values())
-        ordered = [r for r in VERL_RELEASES if len(agreeing[r]) == most]
+        ordered = [r for r in candidates if len(agreeing[r]) == most]
         changes["verl"] = ordered[-1]
         changes["verl_oldest"] = ordered[0] if len(ordered) > 1 else None
         taken = f"; taken as {ordered[-1]}, the newest" if len(ordered) > 1 else ""

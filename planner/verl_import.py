@@ -16,6 +16,7 @@ The shell itself (lexing, variables, finding the verl command) is interpreted in
 from __future__ import annotations
 
 import difflib
+import posixpath
 import re
 from collections.abc import Callable
 from typing import Any
@@ -340,7 +341,23 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
         raise _model_not_found(spec, error) from None
 
 
+# A model path a script ships as a stand-in for the user's own: `<path_to_...>`, `/YOUR_MODELPATH`, `path/to/model`,
+# or a bare word naming what belongs there (`model_path`, `ref_model_path`: no folder here, no hub repo id).
+_PLACEHOLDER = re.compile(r"<[^<>]*>|(?:^|[/_.\-])your[/_.\-]|path[/_]to[/_]|^[a-z_]*(?:model|ckpt|checkpoint)_?(?:path|dir)$",
+                          re.IGNORECASE)
+CANNOT_RUN_AS_SHIPPED = "the script cannot run as shipped"
+
+
 def _model_not_found(spec: str, error: PlanError) -> PlanError:
+    if _PLACEHOLDER.search(spec):
+        # verl's main_ppo (TaskRunner.run, v0.3-v0.7) loads the tokenizer from the model path first
+        # (copy_to_local, then hf_tokenizer): a placeholder exists on no machine and is no hub repo id.
+        return PlanError(field="actor_rollout_ref.model.path",
+                         message=f"is {spec!r}, a placeholder the script ships in place of a model: verl loads the "
+                         f"tokenizer from it first (main_ppo: copy_to_local, hf_tokenizer) and fails on any machine, "
+                         f"so {CANNOT_RUN_AS_SHIPPED}.",
+                         fix="set the model: --env NAME=PATH for the variable the script reads it from, or write "
+                         "it into actor_rollout_ref.model.path")
     if HUB_REPO_ID.fullmatch(spec):
         return PlanError(field="actor_rollout_ref.model.path",
                          message=f"{error.message.rstrip('.')}, and the local Hugging Face cache has no config.json "
@@ -405,14 +422,15 @@ def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, re
 
 
 def with_target_stack(plan: Plan, given: dict[str, str], written: dict[str, str], text: str,
-                      versions: tuple[str | None, str | None, str | None], warnings: list[str]) -> Plan:
+                      versions: tuple[str | None, str | None, str | None], warnings: list[str],
+                      installed: str | None = None) -> Plan:
     """The imported plan on its target stack: the version flags, else what the script shows (said as a warning;
     planner/stack_inference.py), with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
     from rlplan.planner.knobs import apply_knobs
     from rlplan.planner.stack import stack_defaults, stack_from_flags
     from rlplan.planner.stack_inference import infer_stack
 
-    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name)
+    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name, installed)
     stack = inferred.stack if inferred is not None else plan.stack
     if inferred is not None:
         flagged = [name for name, value in zip(("verl", "vllm", "sglang"), versions, strict=True) if value]
@@ -520,7 +538,7 @@ def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pi
             raise PlanError(field="script", message=f"the verl command (line {command.line}) gets an argument that is "
                             "only whitespace, which Hydra refuses: a backslash followed by a space escapes the "
                             "space instead of continuing the line, so bash ends the command there and runs the lines "
-                            "after it as a command of their own.",
+                            f"after it as a command of their own: {CANNOT_RUN_AS_SHIPPED}.",
                             fix="remove the space after that backslash (or the comment after it)")
         override = Override.parse(raw)
         if override.value is not None:  # as spelled, for the stack inference (an older spelling dates the script)
@@ -604,7 +622,13 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
             del passthrough[key]
     model_path = fields.pop("model.path")
     if not model_path:
-        raise PlanError(field="actor_rollout_ref.model.path", message="the script does not say which model it trains.",
+        model_key = BY_FIELD["model.path"].key
+        if model_key in given or model_key in sorted_.written:
+            raise PlanError(field=model_key, message="is empty as the script sets it: verl loads the tokenizer from "
+                            f"it first (main_ppo: copy_to_local, hf_tokenizer) and fails, so {CANNOT_RUN_AS_SHIPPED}.",
+                            fix="set the model: --env NAME=PATH for the variable the script reads it from, or write "
+                            "it into actor_rollout_ref.model.path")
+        raise PlanError(field=model_key, message="the script does not say which model it trains.",
                         fix="add actor_rollout_ref.model.path=<hub repo id or local directory>")
     fields["model.path"] = model_path
     _warn_about_algorithm_defaults(given, fields, warnings)
@@ -616,8 +640,9 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     resolved = _with_overridden_context(resolved, passthrough, warnings)
     # A file of overrides is no shell: only a script's own commands can export an engine switch.
     script = "" if _is_overrides_file(text) else text
+    installed = context.read_text(posixpath.join(context.cwd, "verl", "version", "version")) if context.cwd else None
     plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
-                             warnings)
+                             warnings, installed)
     kept = tuple(passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]
     if unmodeled:

@@ -20,7 +20,9 @@ from rlplan.planner.stack import (
     BATCHED_TOKENS_RAISED,
     CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     LEN_FROM_SEQUENCES,
+    VLLM_V1_FORCES_CHUNKED_PREFILL,
     holds,
+    vllm_engine_of,
 )
 
 
@@ -125,7 +127,8 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
 @rule("runtime",
       "[R8] max_num_batched_tokens >= max_num_seqs, and >= max_model_len without chunked prefill")
 def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
-    """vLLM's scheduler check (vllm/config/scheduler.py). verl passes neither key to SGLang (see
+    """vLLM's scheduler check (vllm/config/scheduler.py), which vLLM's V1 engine up to 0.11.0 never meets with
+    chunked prefill off: it turns it back on (stack.VLLM_V1_FORCES_CHUNKED_PREFILL). verl passes neither key to SGLang (see
     SGLANG_IGNORED_ROLLOUT_KEYS), which sizes its own chunked prefill, so an SGLang plan is not judged by it."""
     rollout = ctx.plan.rollout
     if rollout.name == "sglang":
@@ -141,6 +144,9 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
     max_len = plan.verl_max_model_len
     if rollout.max_num_batched_tokens >= max_len:
         return
+    if not rollout.enable_chunked_prefill and vllm_engine_of(plan.stack) == "v1" and \
+            holds(VLLM_V1_FORCES_CHUNKED_PREFILL, plan.stack):
+        return  # vLLM turns chunked prefill back on, and verl's own check reads the False: nothing refuses
     sync = passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async"
     if holds(CHUNKED_PREFILL_NEEDS_MODEL_LEN, plan.stack) and sync:
         yield ctx.violation(

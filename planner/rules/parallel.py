@@ -194,8 +194,13 @@ UNEVEN_PIPELINE_KEYS = ("num_layers_in_first_pipeline_stage", "num_layers_in_las
 
 
 def _uneven_pipeline(plan: Plan, role: str) -> bool:
-    prefix = ("critic" if role == "critic" else f"actor_rollout_ref.{role}") + ".megatron.override_transformer_config."
-    return any(passthrough_value(plan, prefix + key, "") for key in UNEVEN_PIPELINE_KEYS)
+    """Whether the role's layers are placed by hand. The reference model's override_transformer_config is the
+    actor's unless it sets its own (verl's ppo_megatron_trainer.yaml v0.4.x and ref/megatron_ref.yaml v0.5.0 on:
+    `${oc.select:actor_rollout_ref.actor.megatron.override_transformer_config,{}}`)."""
+    roles = [role, "actor"] if role == "ref" else [role]
+    return any(passthrough_value(plan, ("critic" if name == "critic" else f"actor_rollout_ref.{name}")
+                                 + ".megatron.override_transformer_config." + key, "")
+               for name in roles for key in UNEVEN_PIPELINE_KEYS)
 
 
 @rule("worker", "the layers split evenly over PP x VPP model chunks")

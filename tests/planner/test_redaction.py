@@ -14,7 +14,7 @@ CREDENTIALS = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "OPENAI_AP
 # Counts, lengths and columns that share letters with credentials: verl scripts name them this way.
 NOT_CREDENTIALS = ["MAX_TOKEN_LEN", "ppo_max_token_len_per_gpu", "max_tokens", "n_tokens", "TOKENIZERS_PARALLELISM",
                    "PROMPT_KEY", "reward_key", "PWD", "PASSES", "tokenizer", "AWS_ACCESS_KEY_ID", "passthrough",
-                   "data.prompt_key", "use_dynamic_bsz", "log_prob_max_token_len_per_gpu"]
+                   "data.prompt_key", "use_dynamic_bsz", "log_prob_max_token_len_per_gpu", "max_token", "MAX_TOKEN", "num_token", "minToken"]
 
 
 @pytest.mark.parametrize("name", CREDENTIALS)

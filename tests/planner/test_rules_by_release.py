@@ -100,8 +100,23 @@ def test_a_long_context_model_with_a_short_run_needs_no_long_batched_tokens_befo
     plan = make_plan(overrides={"rollout.max_model_len": None, "rollout.max_num_batched_tokens": 8192,
                                 "rollout.enable_chunked_prefill": False})
     assert not fired(on(plan, "0.6.1"), "batched_tokens_cover_sequences")
-    assert fired(on(plan, "0.8.0"), "batched_tokens_cover_sequences")
+    assert fired(on(plan, "0.9.0"), "batched_tokens_cover_sequences")  # vLLM 0.18 keeps chunked prefill off
     assert fired(on(plan, "0.9.1"), "batched_tokens_cover_sequences", "warning")
+
+
+def test_vllms_v1_engine_up_to_0_11_0_turns_chunked_prefill_back_on_so_short_batched_tokens_pass():
+    # verl 0.7.0-0.8.0 hand vLLM the model's whole context (32768) with chunked prefill off and 8192 batched
+    # tokens; vLLM 0.11.0's V1 engine sets enable_chunked_prefill = True itself, so nothing refuses. Its V0 engine
+    # (vLLM 0.10.x and older, VLLM_USE_V1=0) keeps the False and refuses.
+    plan = make_plan(overrides={"rollout.max_model_len": None, "rollout.max_num_batched_tokens": 8192,
+                                "rollout.enable_chunked_prefill": False})
+    for verl in ("0.7.0", "0.8.0"):
+        assert not fired(on(plan, verl), "batched_tokens_cover_sequences")
+    v0 = plan.evolve(stack=StackSection(verl="0.8.0", vllm="0.10.1", vllm_engine="v0"))
+    assert fired(v0, "batched_tokens_cover_sequences")
+    # Below max_num_seqs vLLM's scheduler refuses whatever the engine does with chunked prefill.
+    few = apply_knobs(plan, {"rollout.max_num_batched_tokens": 128, "rollout.max_num_seqs": 256})
+    assert fired(on(few, "0.8.0"), "batched_tokens_cover_sequences")
 
 
 def test_verl_before_0_7_refuses_batched_tokens_below_max_model_len_with_chunked_prefill_on_in_sync_mode():

@@ -106,6 +106,44 @@ def test_where_the_rules_judge_the_range_apart_both_verdicts_are_given():
         in lines[0]
 
 
+@pytest.mark.parametrize(("version_file", "release"), [("0.4.1\n", "0.4.1"), ("0.7.0.dev", "0.7.0"),
+                                                       ("0.8.0.dev\n", "0.8.0"), ("0.3.0.post1", "0.3.0.post1")])
+def test_the_verl_a_checkout_runs_decides_the_release_over_the_keys(version_file, release):
+    # rollout.mode=sync is refused from 0.7.0 on: the keys alone say <= 0.6.1, the checkout's version decides.
+    inferred = infer_stack({"actor_rollout_ref.rollout.mode": "sync"}, command(), "fsdp", "vllm", version_file)
+    assert inferred is not None
+    assert (inferred.stack.verl, inferred.stack.verl_oldest) == (release, None)
+    assert f"verl/version/version says {version_file.strip()}" in inferred.reasons[0]
+
+
+@pytest.mark.parametrize("version_file", [None, "", "0.12.0.dev", "not a version"])
+def test_a_folder_without_a_known_verl_release_is_no_evidence(version_file):
+    assert infer_stack({"algorithm.adv_estimator": "grpo"}, command(), "fsdp", "vllm", version_file) is None
+
+
+def test_an_import_from_the_root_of_a_verl_checkout_is_judged_on_its_release(tmp_path):
+    # The agent loop splits the batch over its workers from 0.7.0 on (0.5.0-0.6.1 only for rollout.mode=async):
+    # 10 x 5 = 50 sequences over 8 workers asserts on 0.9.1, runs on a 0.6.1 checkout's sync rollout.
+    (tmp_path / "verl" / "version").mkdir(parents=True)
+    (tmp_path / "verl" / "version" / "version").write_text("0.6.1\n")
+    from rlplan.planner.rules import check_plan
+    from rlplan.planner.verl_import import ScriptContext
+
+    text = command("data.train_batch_size=10", "actor_rollout_ref.rollout.n=5",
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=10", "trainer.n_gpus_per_node=1")
+
+    def read(path: str) -> str | None:
+        return Path(path).read_text() if Path(path).is_file() else None
+
+    here = import_verl_script(text, gpu=H100, host_memory_gib=2048.0, env={}, local_config_reader=lambda p: None,
+                              environment={}, context=ScriptContext(cwd=str(tmp_path), read_text=read))
+    assert here.plan.stack.verl == "0.6.1"
+    assert "agent_loop_chunks_evenly" not in {v.rule for v in check_plan(here.plan).errors}
+    elsewhere = load(text).plan
+    assert elsewhere.stack.verl == DEFAULT_VERL
+    assert "agent_loop_chunks_evenly" in {v.rule for v in check_plan(elsewhere).errors}
+
+
 def test_a_script_without_dated_keys_shows_nothing():
     assert infer_stack({"algorithm.adv_estimator": "grpo"}, command(), "fsdp", "vllm") is None
 

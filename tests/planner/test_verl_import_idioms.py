@@ -235,3 +235,38 @@ def test_a_set_environment_variable_reaching_only_a_data_path_is_kept_as_a_refer
     plan, warnings = imported("unset_data_paths.sh", env={"DATA_HOME": "/private/data"})
     assert "${oc.env:DATA_HOME}" in plan.passthrough["data.val_files"]
     assert "/private/data" not in repr(plan) and not any("/private/data" in w for w in warnings)
+
+
+def test_a_token_budget_variable_named_max_token_is_a_count_read_as_the_script_sets_it():
+    plan, warnings = imported("token_budget_variable.sh")
+    assert plan.actor.ppo_max_token_len_per_gpu == 12288 and plan.rollout.max_num_batched_tokens == 12288
+    assert not any("credential" in warning for warning in warnings)
+
+
+def test_a_placeholder_model_path_cannot_run_as_shipped_and_the_variable_that_sets_it_is_named():
+    error = refusal("placeholder_model_path.sh")
+    assert error["field"] == "actor_rollout_ref.model.path"
+    assert "placeholder" in error["message"] and "cannot run as shipped" in error["message"]
+    plan, _ = imported("placeholder_model_path.sh", "--env", "MODEL=Qwen/Qwen2.5-0.5B-Instruct")
+    assert plan.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.mark.parametrize("path", ["<path_to_model>", "/mnt/your_ckpt/hf", "/path/to/model", "model_path",
+                                  "REF_MODEL_PATH", "ckpt_dir"])
+def test_each_placeholder_spelling_is_said_to_be_one(path):
+    error = refusal("placeholder_model_path.sh", "--env", f"MODEL={path}")
+    assert "cannot run as shipped" in error["message"]
+
+
+def test_a_model_path_on_another_machine_is_no_placeholder_it_needs_input():
+    error = refusal("placeholder_model_path.sh", "--env", "MODEL=/mnt/checkpoints/run7")
+    assert "is not on this machine" in error["message"] and "cannot run as shipped" not in error["message"]
+
+
+def test_an_empty_model_path_the_script_sets_cannot_run_as_shipped():
+    error = refusal("empty_model_path.sh")
+    assert error["field"] == "actor_rollout_ref.model.path" and "cannot run as shipped" in error["message"]
+
+
+def test_a_backslash_space_break_is_said_to_leave_the_script_unable_to_run_as_shipped():
+    assert "cannot run as shipped" in refusal("backslash_comment.sh")["message"]

@@ -22,7 +22,7 @@ def test_ignore_eos_with_a_shorter_expected_response_is_an_error_and_unsetting_i
 
 def test_vllm_scheduler_rules():
     plan = make_plan(overrides={"rollout.max_num_batched_tokens": 128, "rollout.max_num_seqs": 256,
-                                "rollout.enable_chunked_prefill": False, "stack.verl": "0.8.0"})
+                                "rollout.enable_chunked_prefill": False, "stack.verl": "0.9.0"})
     messages = [v.message for v in check_plan(plan).errors if v.rule == "batched_tokens_cover_sequences"]
     assert len(messages) == 2
     # verl 0.9.1 raises max_num_batched_tokens to max_model_len itself: said, not refused.

@@ -125,3 +125,16 @@ def test_rollout_tp_must_divide_heads_and_world():
     plan = make_plan(overrides={"rollout.tensor_model_parallel_size": 3})
     rules = {v.rule for v in check_plan(plan).errors}
     assert {"rollout_tp_divides_world", "rollout_tp_divides_heads"} <= rules
+
+
+def test_the_reference_places_its_layers_as_the_actor_does_unless_it_sets_its_own():
+    # verl's ref config takes the actor's override_transformer_config (ppo_megatron_trainer.yaml v0.4.x,
+    # ref/megatron_ref.yaml from v0.5.0): a script placing the actor's last stage by hand places the ref's too.
+    plan = megatron_plan(QWEN3_MOE, actor__megatron__pipeline_model_parallel_size=2,
+                         actor__megatron__virtual_pipeline_model_parallel_size=5, actor__use_kl_loss=True)
+    assert plan.uses_reference and not plan.reference_is_actor
+    errors = [v.message for v in check_plan(plan).errors if v.rule == "megatron_layers_divide_pipeline"]
+    assert any(message.startswith("ref:") for message in errors)
+    placed = plan.evolve(passthrough={
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage": "3"})
+    assert "megatron_layers_divide_pipeline" not in rules_of(placed)
