@@ -144,17 +144,20 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
     max_len = plan.verl_max_model_len
     if rollout.max_num_batched_tokens >= max_len:
         return
-    if not rollout.enable_chunked_prefill and vllm_engine_of(plan.stack) == "v1" and \
+    # Under `rlplan run` (a platform) neither verl nor the stack's vLLM is in the loop: the bundled runtime hands
+    # both keys unchanged to its own vLLM (runtime/rollout/engine_args.py), whose scheduler refuses the pair.
+    verl_runs_it = ctx.platform is None
+    if verl_runs_it and not rollout.enable_chunked_prefill and vllm_engine_of(plan.stack) == "v1" and \
             holds(VLLM_V1_FORCES_CHUNKED_PREFILL, plan.stack):
         return  # vLLM turns chunked prefill back on, and verl's own check reads the False: nothing refuses
     sync = passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async"
-    if holds(CHUNKED_PREFILL_NEEDS_MODEL_LEN, plan.stack) and sync:
+    if verl_runs_it and holds(CHUNKED_PREFILL_NEEDS_MODEL_LEN, plan.stack) and sync:
         yield ctx.violation(
             f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below max_model_len = {max_len}: "
             f"verl {plan.stack.verl}'s sync vLLM rollout refuses it with chunked prefill on, and vLLM without.",
             f"set rollout.max_num_batched_tokens = {max_len}", rollout__max_num_batched_tokens=max_len,
         )
-    elif not rollout.enable_chunked_prefill and holds(BATCHED_TOKENS_RAISED, plan.stack):
+    elif not rollout.enable_chunked_prefill and verl_runs_it and holds(BATCHED_TOKENS_RAISED, plan.stack):
         yield ctx.violation(
             f"without chunked prefill verl {plan.stack.verl} raises rollout.max_num_batched_tokens = "
             f"{rollout.max_num_batched_tokens} to max_model_len = {max_len}: vLLM's profile run (and memory) grows.",

@@ -221,13 +221,13 @@ def test_every_next_command_the_demo_prints_runs_as_printed(workspace, tmp_path,
     train files, then a batch larger than the toy data set). Each runs here, from where the demo ran, through the
     CLI as typed: `rlplan run` through every up-front check (platform, model, data) to the step loop, which is
     stubbed (the live demo, tests/runtime/test_demo.py, runs steps)."""
+    import importlib
     import shlex
     import types
 
     pytest.importorskip("altair", reason="the demo's next command `rlplan report` needs the charts extra")
     from typer.testing import CliRunner
 
-    import rlplan.runtime.loop
     from rlplan.planner.commands.cli import app
     from rlplan.runtime.commands import demo_next_steps
 
@@ -239,7 +239,9 @@ def test_every_next_command_the_demo_prints_runs_as_printed(workspace, tmp_path,
         started.append((plan, options, len(data.dataset)))
         return types.SimpleNamespace(plan_versus_actual=[], last_step=0, steps_done=0)
 
-    monkeypatch.setattr(rlplan.runtime.loop, "run_loop", step_loop)
+    # The module object `rlplan run` will import: another test may have re-imported rlplan.runtime (dropping
+    # its `loop` attribute) while sys.modules keeps the module itself.
+    monkeypatch.setattr(importlib.import_module("rlplan.runtime.loop"), "run_loop", step_loop)
     monkeypatch.chdir(tmp_path)
     lines = demo_next_steps(out.relative_to(tmp_path), model_dir.relative_to(tmp_path),
                             train_file.relative_to(tmp_path))
