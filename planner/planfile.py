@@ -19,6 +19,7 @@ import attrs
 import tomli_w
 
 from rlplan.planner.errors import PlanError, did_you_mean
+from rlplan.planner.megatron_overrides import lift_megatron_overrides
 from rlplan.planner.plan import Plan
 from rlplan.planner.plan_schema import SCHEMA_FILE_NAME
 
@@ -210,11 +211,13 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         raise PlanError(field="plan", message="is not a table of sections.", fix="start from `rlplan solve ... -o plan.toml`")
     _check_keys(data, Plan, [])
     try:
-        return _converter().structure(data, Plan)
+        plan = _converter().structure(data, Plan)
     except PlanError:
         raise
     except Exception as exc:  # cattrs wraps every leaf failure; translate the first one.
         raise _first_error(exc, []) from None
+    # A plan written before the uneven pipeline and the CPU optimizer were typed holds them as passthrough.
+    return lift_megatron_overrides(plan)
 
 
 def plan_from_toml(text: str, source: str = "plan.toml") -> Plan:
