@@ -239,9 +239,10 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
     model = attrs.evolve(plan.model, lora=lora, gradient_checkpointing=False, activation_offload=False,
                          use_remove_padding=True)
     uneven = uneven_stage_layers(arch.num_layers, choice.pipeline)
-    first, last = uneven if uneven is not None else (None, None)
-    engine = attrs.evolve(engine_for(choice), num_layers_in_first_pipeline_stage=first,
-                          num_layers_in_last_pipeline_stage=last)
+    engine = engine_for(choice)
+    if uneven is not None:
+        engine = attrs.evolve(engine, num_layers_in_first_pipeline_stage=uneven[0],
+                              num_layers_in_last_pipeline_stage=uneven[1])
     # A pinned layout wider than the world (TP x PP x CP > GPUs) has no DP replica: its batch is sized as for one,
     # and the rule megatron's world split refuses the plan naming the pin (it divided by zero here).
     dp = max(1, engine.data_parallel_size(plan.cluster.world_size))
@@ -256,6 +257,8 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
 
 
 def _with_cpu_optimizer(engine: MegatronSection, given: MegatronSection) -> MegatronSection:
+    if given.optimizer_cpu_offload is None and given.optimizer_offload_fraction is None:
+        return engine  # the common case, and the search evolves hundreds of these
     return attrs.evolve(engine, optimizer_cpu_offload=given.optimizer_cpu_offload,
                         optimizer_offload_fraction=given.optimizer_offload_fraction)
 
