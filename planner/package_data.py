@@ -11,11 +11,11 @@ PYTHONDONTWRITEBYTECODE / -B, and silently not where the folder is read-only or 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
 import tomllib
+import zlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,9 @@ def package_toml_exists(filename: str) -> bool:
 def _cache_path(resource: Any, filename: str, text: str) -> Path | None:
     if not isinstance(resource, Path):
         return None
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
+    # CRC-32 and length, not hashlib: importing hashlib (OpenSSL) cost more than the hash is worth here.
+    data = text.encode("utf-8")
+    digest = f"{zlib.crc32(data):08x}{len(data):x}"
     return resource.parent / "__pycache__" / f"{filename}.{digest}.json"
 
 

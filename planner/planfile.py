@@ -99,6 +99,7 @@ def plan_to_toml(plan: Plan) -> str:
     return header + tomli_w.dumps(plan_to_dict(plan))
 
 
+@functools.cache
 def _field_types(cls: Any) -> dict[str, Any]:
     """A section class's field types, evaluated once per class: attrs.resolve_types stores them on its fields, where
     cattrs reads them too (the annotations are strings under `from __future__ import annotations`)."""
