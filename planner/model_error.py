@@ -32,8 +32,6 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-import tomllib
-from importlib import resources
 from typing import Any, Literal
 
 import attrs
@@ -41,6 +39,7 @@ from attrs import frozen
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.memory.heads import resolved_loss_head
+from rlplan.planner.package_data import package_toml, package_toml_exists
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
@@ -152,17 +151,15 @@ class ErrorBand:
 @functools.cache
 def accuracy_rows() -> tuple[AccuracyRow, ...]:
     """Every twin row, from the package's presets/measured_accuracy.toml (read once per process)."""
-    text = resources.files("rlplan.presets").joinpath(ROWS_FILE).read_text(encoding="utf-8")
-    return tuple(AccuracyRow(**row) for row in tomllib.loads(text)["row"])
+    return tuple(AccuracyRow(**row) for row in package_toml(ROWS_FILE)["row"])
 
 
 @functools.cache
 def run_rows() -> tuple[AccuracyRow, ...]:
     """Every real run's row, from presets/public_runs_accuracy.toml (none when the file is absent)."""
-    path = resources.files("rlplan.presets").joinpath(RUN_ROWS_FILE)
-    if not path.is_file():
+    if not package_toml_exists(RUN_ROWS_FILE):
         return ()
-    return tuple(AccuracyRow(**row) for row in tomllib.loads(path.read_text(encoding="utf-8")).get("row", []))
+    return tuple(AccuracyRow(**row) for row in package_toml(RUN_ROWS_FILE).get("row", []))
 
 
 # Student's t at 97.5 % by degrees of freedom (1 to 10; the normal's 1.96 beyond), for a 95 % prediction interval.

@@ -201,6 +201,19 @@ class DataSection:
         return prompt + response
 
 
+def uneven_stage_layers(layers: int, pp: int) -> tuple[int, int] | None:
+    """(first, last) stage layers where PP does not divide the layers, as verl's DeepSeek recipe places them: the
+    middle stages take ceil(layers / PP), the first and last the rest (the first the larger share: the last also
+    holds the loss head); None when even, or when the rest leaves an end stage no layer."""
+    if pp == 1 or layers % pp == 0:
+        return None
+    middle = -(-layers // pp)
+    rest = layers - (pp - 2) * middle
+    if rest < 2:
+        return None
+    return rest - rest // 2, rest // 2
+
+
 @frozen(kw_only=True)
 class MegatronSection:
     """One role's Megatron-Core engine (verl: <role>.megatron.*, verl/workers/config/engine.py McoreEngineConfig).
@@ -233,6 +246,17 @@ class MegatronSection:
     use_mbridge: bool = True
     vanilla_mbridge: bool = False
     use_dist_checkpointing: bool = False
+    # An uneven pipeline: the layers Megatron-Core places on the first and the last stage (TransformerConfig
+    # num_layers_in_first/last_pipeline_stage, through verl's override_transformer_config); None: that stage
+    # takes the even split's share. The middle stages share the rest (rule megatron_layers_divide_pipeline).
+    num_layers_in_first_pipeline_stage: int | None = field(default=None, validator=at_least(1, "megatron"))
+    num_layers_in_last_pipeline_stage: int | None = field(default=None, validator=at_least(1, "megatron"))
+    # Megatron-Core's CPU optimizer (OptimizerConfig optimizer_cpu_offload, HybridDeviceOptimizer, through verl's
+    # <role>.optim.override_optimizer_config): the share `optimizer_offload_fraction` (None: Megatron's 1.0) of the
+    # optimizer state it keeps and steps on the host for the whole step. Not verl's between-phase
+    # `optimizer_offload`. None: unset (off).
+    optimizer_cpu_offload: bool | None = None
+    optimizer_offload_fraction: float | None = field(default=None, validator=at_least(0.0, "megatron", 1.0))
 
     def __attrs_post_init__(self) -> None:
         # Megatron-Core's TransformerConfig.__post_init__ refuses these combinations before building anything.
@@ -246,6 +270,32 @@ class MegatronSection:
             raise PlanError(field="megatron.recompute_num_layers", message="is set with selective recompute, which "
                             "Megatron-Core's TransformerConfig refuses (it recomputes recompute_modules in every "
                             "layer).", fix="unset megatron.recompute_num_layers")
+
+    @property
+    def uneven_pipeline(self) -> bool:
+        """Layers placed on the first or last stage by hand (Megatron then splits only the middle stages)."""
+        return self.num_layers_in_first_pipeline_stage is not None or self.num_layers_in_last_pipeline_stage is not None
+
+    def most_loaded_stage_layers(self, num_layers: int) -> int:
+        """The layers the most loaded pipeline stage holds: ceil(layers / PP) where the plan places none by hand
+        (an uneven split priced high rather than low), else the larger of the placed end stages and the middle
+        stages' even share (Megatron-Core's TransformerConfig splits the rest over them)."""
+        pp = self.pipeline_model_parallel_size
+        if not self.uneven_pipeline or pp == 1:
+            return -(-num_layers // pp)
+        ends = [n for n in (self.num_layers_in_first_pipeline_stage, self.num_layers_in_last_pipeline_stage)
+                if n is not None]
+        middle_stages, middle_layers = pp - len(ends), max(num_layers - sum(ends), 0)
+        middle = -(-middle_layers // middle_stages) if middle_stages > 0 else 0
+        return max([*ends, middle])
+
+    @property
+    def cpu_optimizer_fraction(self) -> float:
+        """The share of the optimizer state Megatron-Core's CPU optimizer keeps in host RAM for the whole step
+        (0: no CPU optimizer)."""
+        if not self.optimizer_cpu_offload:
+            return 0.0
+        return 1.0 if self.optimizer_offload_fraction is None else self.optimizer_offload_fraction
 
     @property
     def expert_tensor_size(self) -> int:
@@ -533,7 +583,11 @@ class Plan:
         from rlplan.planner.verl_keys import REF_FOLLOWS_ACTOR
 
         actor = self.actor.mcore
-        return MegatronSection(**{name: getattr(actor, name) for name in REF_FOLLOWS_ACTOR})
+        # ref.megatron.override_transformer_config follows the actor's too (verl v0.7.0
+        # verl/trainer/config/ref/megatron_ref.yaml `oc.select`): the uneven pipeline's placement with it.
+        return MegatronSection(**{name: getattr(actor, name) for name in REF_FOLLOWS_ACTOR},
+                               num_layers_in_first_pipeline_stage=actor.num_layers_in_first_pipeline_stage,
+                               num_layers_in_last_pipeline_stage=actor.num_layers_in_last_pipeline_stage)
 
     @property
     def reference_is_actor(self) -> bool:

@@ -10,8 +10,6 @@ import difflib
 import functools
 import math
 import re
-import tomllib
-from importlib import resources
 from pathlib import PurePath
 from typing import Any
 
@@ -22,6 +20,7 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import GpuSpec
 from rlplan.planner.hf_config import architecture_from_hf_config
+from rlplan.planner.package_data import package_toml
 
 # An unknown GPU given only by its memory: assume A100-class compute and PCIe-only links, so
 # step-time estimates err slow rather than promise what the card may not have.
@@ -85,7 +84,7 @@ class ResolvedModel:
 
 
 def _read_package_toml(filename: str) -> dict[str, Any]:
-    return tomllib.loads(resources.files("rlplan.presets").joinpath(filename).read_text(encoding="utf-8"))
+    return package_toml(filename)
 
 
 def _model_preset(name: str, table: dict[str, Any]) -> ModelPreset:

@@ -27,6 +27,7 @@ from rlplan.planner import verl_inventory
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
+from rlplan.planner.megatron_overrides import megatron_override_keys
 from rlplan.planner.plan import Plan
 from rlplan.planner.stack import parse_version, stack_defaults
 from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
@@ -281,6 +282,7 @@ def verl_overrides(plan: Plan) -> list[str]:
             path, name = name, DEFAULT_REWARD_NAME
         for key, text in ((REWARD_PATH_KEY, path), (REWARD_NAME_KEY, name)):
             overrides.append(f"{spelled(REWARD_SPELLINGS[key], verl, backend) or key}={format_value(text)}")
+    overrides.extend(megatron_override_keys(prepared))
     for key, value in prepared.passthrough.items():
         overrides.append(key if key.startswith("~") and value == "" else f"{key}={value}")
     return overrides

@@ -58,7 +58,9 @@ def at_least(minimum: float, prefix: str, maximum: float = MAX_PLAN_NUMBER) -> V
     """A finite number in [minimum, maximum] (MAX_PLAN_NUMBER unless given), or None (an unset optional knob)."""
 
     def check(instance: object, attribute: attrs.Attribute, value: Any) -> None:
-        if value is None or _number_in(value, minimum, maximum):
+        # An int in range first: every plan the solver builds runs thousands of these (bool is no int here).
+        if value is None or (type(value) is int and minimum <= value <= maximum) or _number_in(value, minimum,
+                                                                                              maximum):
             return
         field = f"{prefix}.{attribute.name}"
         shown = _shown(value)

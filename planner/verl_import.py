@@ -26,6 +26,7 @@ from attrs import frozen
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster, GpuSpec
+from rlplan.planner.megatron_overrides import lift_megatron_overrides
 from rlplan.planner.plan import Plan
 from rlplan.planner.planfile import plan_from_dict
 from rlplan.planner.presets import HUB_REPO_ID, ResolvedModel, resolve_model
@@ -643,7 +644,9 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     installed = context.read_text(posixpath.join(context.cwd, "verl", "version", "version")) if context.cwd else None
     plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
                              warnings, installed)
-    kept = tuple(passthrough)
+    # The Megatron settings rlplan types (uneven pipeline, CPU optimizer) leave the passthrough here, once.
+    plan = lift_megatron_overrides(plan.evolve(passthrough=passthrough))
+    kept = tuple(plan.passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]
     if unmodeled:
         warnings.append(f"kept {len(unmodeled)} verl key(s) rlplan does not model, rendered back unchanged: "
@@ -651,7 +654,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     alloc_conf = _alloc_conf(command.scope)
     if alloc_conf is not None:
         plan = plan.evolve(trainer=attrs.evolve(plan.trainer, pytorch_cuda_alloc_conf=alloc_conf))
-    return ImportResult(plan=plan.evolve(passthrough=passthrough), warnings=tuple(warnings), passthrough_keys=kept)
+    return ImportResult(plan=plan, warnings=tuple(warnings), passthrough_keys=kept)
 
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"

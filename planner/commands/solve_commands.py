@@ -586,10 +586,10 @@ def verify_candidates(candidates: list[Candidate], profile: Profile,
 def checked_plan_text(plan: Plan) -> str:
     """plan.toml's text, read back as `validate` will: a plan its strict reader refuses (a pin) is not written.
     Everything that can fail runs before the plan is written, so a written plan means a finished solve."""
-    from rlplan.planner.planfile import plan_from_toml, plan_to_toml
+    from rlplan.planner.planfile import check_reads_back, plan_to_toml
 
     plan_text = plan_to_toml(plan)
-    plan_from_toml(plan_text, source="the solved plan")
+    check_reads_back(plan, plan_text, source="the solved plan")
     return plan_text
 
 

@@ -93,11 +93,11 @@ def routed_expert_params_per_layer(arch: Architecture) -> int:
     return arch.moe_mlp_params - router - shared
 
 
-def stage_share(arch: Architecture, pp: int) -> float:
-    """The share of the layers the most loaded pipeline stage holds: 1 / PP where PP divides the layers, else
-    ceil(layers / PP) of them (an uneven placement, e.g. DeepSeek-V3's 61 layers, gives no stage fewer than
-    the even split's largest: priced high rather than low)."""
-    return math.ceil(arch.num_layers / pp) / arch.num_layers
+def stage_share(arch: Architecture, engine: MegatronSection) -> float:
+    """The share of the layers the most loaded pipeline stage holds: 1 / PP where PP divides the layers and the
+    plan places none by hand, else MegatronSection.most_loaded_stage_layers of them (an unplaced uneven split,
+    e.g. DeepSeek-V3's 61 layers, gives no stage fewer than the even split's largest: priced high, not low)."""
+    return engine.most_loaded_stage_layers(arch.num_layers) / arch.num_layers
 
 
 def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, *,
@@ -107,20 +107,19 @@ def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, 
     `value_model`: a critic, whose output layer verl's make_value_model replaces with LinearForLastLayer(hidden,
     1) (verl/models/mcore/bridge.py; mbridge's post_creation_callbacks alike)."""
     sizes = (engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size,
-             engine.expert_model_parallel_size, engine.expert_tensor_size)
+             engine.expert_model_parallel_size, engine.expert_tensor_size, stage_share(arch, engine))
     # The solver prices thousands of plans on a few layouts: one computation per (architecture, sizes).
     return cached_per_arch(arch, ("megatron_rank_params", sizes, value_model),
                            lambda: _rank_parameters(arch, *sizes, value_model=value_model))
 
 
-def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int, *,
+def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int, stage: float, *,
                      value_model: bool) -> RankParameters:
     experts_per_layer = routed_expert_params_per_layer(arch)
     layer_dense = (arch.num_dense_layers * arch.dense_layer_params
                    + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size)
     output_layer = arch.hidden_size if value_model else arch.lm_head_params
     vocab_layers = arch.embedding_params + (output_layer if pp == 1 else 0)
-    stage = stage_share(arch, pp)
     dense = (layer_dense * stage + vocab_layers) / tp
     experts = arch.num_moe_layers * experts_per_layer * stage / (ep * etp)
     return RankParameters(dense=dense, experts=experts)
@@ -284,11 +283,12 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
     sp = engine.sequence_parallel and tp > 1
     recompute = ((engine.recompute_method or "uniform", engine.recompute_num_layers or 1)
                  if engine.recompute_granularity == "full" else None)
+    stage_layers = engine.most_loaded_stage_layers(arch.num_layers)
     # Per layout, not per token budget: the solver's budget search calls this thousands of times on a few layouts.
     kept, recomputed = cached_per_arch(
-        arch, ("megatron_stage_bytes", tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks, rotary_outputs,
-               recompute),
-        lambda: _stage_bytes_per_token(arch, tp, pp, engine.expert_tensor_size, sp, gated, dropout_masks,
+        arch, ("megatron_stage_bytes", tp, stage_layers, engine.expert_tensor_size, sp, gated, dropout_masks,
+               rotary_outputs, recompute),
+        lambda: _stage_bytes_per_token(arch, tp, stage_layers, engine.expert_tensor_size, sp, gated, dropout_masks,
                                        rotary_outputs, recompute))
     embedding_inputs = EMBEDDING_INPUT_BYTES + arch.hidden_size
     in_flight = in_flight_micro_batches(engine, micro_batches)
@@ -301,7 +301,7 @@ def stage_activations(arch: Architecture, engine: MegatronSection, *, tokens_per
                             recomputed=tokens * recomputed)
 
 
-def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: bool, gated: bool,
+def _stage_bytes_per_token(arch: Architecture, tp: int, stage_layers: int, etp: int, sp: bool, gated: bool,
                            dropout_masks: bool, rotary_outputs: bool,
                            recompute: tuple[str, int] | None) -> tuple[float, float]:
     """Bytes per token of the most loaded stage's layers: what each micro batch keeps until its backward, and
@@ -312,7 +312,6 @@ def _stage_bytes_per_token(arch: Architecture, tp: int, pp: int, etp: int, sp: b
     time (their inputs saved, one recomputed in backward) and keeps every other layer's activations."""
     per_layer = _per_layer_bytes(arch, tp, etp, sp, gated, dropout_masks, rotary_outputs)
     mean_layer = sum(per_layer) / len(per_layer)
-    stage_layers = round(arch.num_layers * stage_share(arch, pp))
     if recompute is None:
         return stage_layers * mean_layer, 0.0
     method, layers = recompute
@@ -385,20 +384,9 @@ def trainable_fraction(plan: Plan, role: TrainedRole) -> float:
 
 
 def cpu_optimizer_fraction(plan: Plan, role: TrainedRole) -> float:
-    """The share of optimizer state Megatron-Core's CPU optimizer keeps in host RAM for the whole step (0: none)."""
-    prefix = ("actor_rollout_ref.actor" if role == "actor" else "critic") + ".optim.override_optimizer_config."
-
-    def value(name: str, default: str) -> str:
-        key = prefix + name
-        return next((plan.passthrough[spelling] for spelling in ("++" + key, "+" + key, key)
-                     if spelling in plan.passthrough), default).strip("'\"")
-
-    if value("optimizer_cpu_offload", "false").lower() != "true":
-        return 0.0
-    try:
-        return min(max(float(value("optimizer_offload_fraction", "1.0")), 0.0), 1.0)
-    except ValueError:
-        return 1.0
+    """The share of optimizer state Megatron-Core's CPU optimizer keeps in host RAM for the whole step (0: none):
+    the role's engine's typed optimizer_cpu_offload and optimizer_offload_fraction."""
+    return plan.engine(role).cpu_optimizer_fraction
 
 
 class MegatronBackend:

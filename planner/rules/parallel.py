@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.plan import MegatronSection, Plan, uneven_stage_layers
 from rlplan.planner.rules.registry import (
     RuleContext,
     Violation,
@@ -187,35 +187,76 @@ def _megatron_heads_divide_tp(ctx: RuleContext) -> Iterator[Violation]:
                 **{f"{role}__megatron__tensor_model_parallel_size": 1})
 
 
-# verl's override_transformer_config keys that place layers unevenly over pipeline stages (Megatron then
-# checks the remaining layers instead); with them in the plan's passthrough the even split is not required.
-UNEVEN_PIPELINE_KEYS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                        "pipeline_model_parallel_layout")
+# Megatron-Core's own layout string (pipeline_model_parallel_layout), which rlplan keeps as passthrough: with it
+# Megatron validates the layout instead of any split. The first / last stage placements are typed engine fields.
+PIPELINE_LAYOUT_KEY = "pipeline_model_parallel_layout"
 
 
-def _uneven_pipeline(plan: Plan, role: str) -> bool:
-    """Whether the role's layers are placed by hand. The reference model's override_transformer_config is the
-    actor's unless it sets its own (verl's ppo_megatron_trainer.yaml v0.4.x and ref/megatron_ref.yaml v0.5.0 on:
-    `${oc.select:actor_rollout_ref.actor.megatron.override_transformer_config,{}}`)."""
+def _pipeline_layout_given(plan: Plan, role: str) -> bool:
+    """Whether the role's layers are laid out by Megatron's layout string. The reference model's
+    override_transformer_config is the actor's unless it sets its own (verl's ppo_megatron_trainer.yaml v0.4.x and
+    ref/megatron_ref.yaml v0.5.0 on: `${oc.select:actor_rollout_ref.actor.megatron.override_transformer_config,{}}`)."""
     roles = [role, "actor"] if role == "ref" else [role]
     return any(passthrough_value(plan, ("critic" if name == "critic" else f"actor_rollout_ref.{name}")
-                                 + ".megatron.override_transformer_config." + key, "")
-               for name in roles for key in UNEVEN_PIPELINE_KEYS)
+                                 + ".megatron.override_transformer_config." + PIPELINE_LAYOUT_KEY, "")
+               for name in roles)
+
+
+def _middle_split(layers: int, engine: MegatronSection) -> tuple[int, int]:
+    """(layers, stages) in the middle of a pipeline whose first / last stage layers are placed by hand."""
+    ends = [n for n in (engine.num_layers_in_first_pipeline_stage, engine.num_layers_in_last_pipeline_stage)
+            if n is not None]
+    return layers - sum(ends), engine.pipeline_model_parallel_size - len(ends)
+
+
+def _placed_fix(role: str, layers: int, pp: int) -> dict[str, int | None]:
+    """The end stages placed as the solver places them (uneven_stage_layers), or unplaced where PP divides."""
+    first, last = uneven_stage_layers(layers, pp) or (None, None)
+    return {f"{role}__megatron__num_layers_in_first_pipeline_stage": first,
+            f"{role}__megatron__num_layers_in_last_pipeline_stage": last}
 
 
 @rule("worker", "the layers split evenly over PP x VPP model chunks")
 def _megatron_layers_divide_pipeline(ctx: RuleContext) -> Iterator[Violation]:
     """Megatron-Core TransformerConfig / transformer_block.get_num_layers_to_build: num_layers % PP == 0, and
-    with a virtual pipeline each stage's layers % VPP == 0 (ValueError at model build)."""
+    with a virtual pipeline each stage's layers % VPP == 0 (ValueError at model build). With the first / last
+    stage's layers placed (num_layers_in_first/last_pipeline_stage), TransformerConfig.__post_init__ checks the
+    middle instead: as many middle layers as middle stages allow (none with none), split evenly over them, and
+    with VPP each placed end stage's layers a multiple of it (read at Megatron-LM core_v0.13 and later)."""
     layers = ctx.plan.model.arch.num_layers
     for role, engine in _megatron_roles(ctx.plan):
+        if _pipeline_layout_given(ctx.plan, role):
+            continue
+        if engine.uneven_pipeline:
+            vpp = engine.virtual_pipeline_model_parallel_size or 1
+            ends = [n for n in (engine.num_layers_in_first_pipeline_stage, engine.num_layers_in_last_pipeline_stage)
+                    if n is not None]
+            if any(n % vpp for n in ends):
+                yield ctx.violation(
+                    f"{role}: the end stages' {' and '.join(map(str, ends))} layers do not split into VPP {vpp} "
+                    "model chunks each.", f"set {role}.megatron.num_layers_in_first_pipeline_stage and "
+                    f"num_layers_in_last_pipeline_stage to multiples of {vpp}, or unset "
+                    f"{role}.megatron.virtual_pipeline_model_parallel_size",
+                    **{f"{role}__megatron__virtual_pipeline_model_parallel_size": None})
+                continue
+            middle_layers, middle_stages = _middle_split(layers, engine)
+            if middle_layers < 0 or middle_stages < 0 or bool(middle_layers) != bool(middle_stages) or (
+                    middle_stages and middle_layers % middle_stages):
+                yield ctx.violation(
+                    f"{role}: the first and last pipeline stages take {layers - middle_layers} of {layers} layers, "
+                    f"which leaves {middle_layers} for {max(middle_stages, 0)} middle stage(s) of PP "
+                    f"{engine.pipeline_model_parallel_size}; Megatron-Core splits them evenly or refuses the model.",
+                    f"set {role}.megatron.num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage "
+                    "so the remaining layers divide over the middle stages",
+                    **_placed_fix(role, layers, engine.pipeline_model_parallel_size))
+            continue
         chunks = engine.pipeline_model_parallel_size * (engine.virtual_pipeline_model_parallel_size or 1)
-        if layers % chunks and not _uneven_pipeline(ctx.plan, role):
+        if layers % chunks:
             yield ctx.violation(
                 f"{role}: {layers} layers do not split into PP {engine.pipeline_model_parallel_size} x VPP "
                 f"{engine.virtual_pipeline_model_parallel_size or 1} = {chunks} equal model chunks.",
                 f"choose {role}.megatron pipeline sizes whose product divides {layers}, or place layers with "
-                "override_transformer_config.num_layers_in_first_pipeline_stage",
+                f"{role}.megatron.num_layers_in_first_pipeline_stage",
                 **{f"{role}__megatron__virtual_pipeline_model_parallel_size": None})
 
 

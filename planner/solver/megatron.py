@@ -30,7 +30,7 @@ from rlplan.planner.hardware import Cluster
 from rlplan.planner.memory.megatron import state_on_most_loaded_rank
 from rlplan.planner.memory.model_facts import model_facts
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import LoraConfig, MegatronSection, Plan
+from rlplan.planner.plan import LoraConfig, MegatronSection, Plan, uneven_stage_layers
 from rlplan.planner.solver.budgets import gpu_limit_bytes
 from rlplan.planner.solver.choices import KNOB, knob, knob_fields, pinned_value
 from rlplan.planner.solver.request import STEP_TIME_TOLERANCE, Candidate, SolveRequest
@@ -48,14 +48,6 @@ MAX_PIPELINE = 16
 CONTEXT_PARALLEL_FROM = 8192
 # (param_offload, optimizer_offload) of verl's Megatron engine, least memory-saving first.
 OFFLOAD_STEPS = ((False, False), (False, True), (True, True))
-# The passthrough keys that place the layers unevenly over the pipeline stages (rules.UNEVEN_PIPELINE_KEYS), per
-# role verl builds with Megatron: (first stage key, last stage key).
-STAGE_KEYS = tuple(
-    tuple(f"++{prefix}.megatron.override_transformer_config.num_layers_in_{end}_pipeline_stage"
-          for end in ("first", "last"))
-    for prefix in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"))
-
-
 @frozen(kw_only=True)
 class MegatronChoice:
     """The discrete knobs of a Megatron plan's training side (one engine for actor, reference and critic)."""
@@ -222,18 +214,6 @@ def megatron_skeleton(plan: Plan) -> Plan:
     )
 
 
-def uneven_stage_layers(layers: int, pp: int) -> tuple[int, int] | None:
-    """(first, last) stage layers where PP does not divide the layers: the middle stages take ceil(layers / PP),
-    the first and last the rest (the first the larger share: the last also holds the loss head); None when even."""
-    if pp == 1 or layers % pp == 0:
-        return None
-    middle = -(-layers // pp)
-    rest = layers - (pp - 2) * middle
-    if rest < 2:
-        return None
-    return rest - rest // 2, rest // 2
-
-
 def engine_for(choice: MegatronChoice) -> MegatronSection:
     return MegatronSection(
         tensor_model_parallel_size=choice.tensor, pipeline_model_parallel_size=choice.pipeline,
@@ -258,25 +238,29 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
             if choice.lora_rank else LoraConfig())
     model = attrs.evolve(plan.model, lora=lora, gradient_checkpointing=False, activation_offload=False,
                          use_remove_padding=True)
+    uneven = uneven_stage_layers(arch.num_layers, choice.pipeline)
     engine = engine_for(choice)
+    if uneven is not None:
+        engine = attrs.evolve(engine, num_layers_in_first_pipeline_stage=uneven[0],
+                              num_layers_in_last_pipeline_stage=uneven[1])
     # A pinned layout wider than the world (TP x PP x CP > GPUs) has no DP replica: its batch is sized as for one,
     # and the rule megatron's world split refuses the plan naming the pin (it divided by zero here).
     dp = max(1, engine.data_parallel_size(plan.cluster.world_size))
-    actor = attrs.evolve(plan.actor, megatron=engine, ppo_mini_batch_size=mini_batch_size(dp),
-                         lr=float(f"{plan.actor.lr * lr_scale:.12g}"))
+    # Megatron-Core's CPU optimizer is the plan's own setting, which no choice changes.
+    actor = attrs.evolve(plan.actor, megatron=_with_cpu_optimizer(engine, plan.actor.mcore),
+                         ppo_mini_batch_size=mini_batch_size(dp), lr=float(f"{plan.actor.lr * lr_scale:.12g}"))
     # The critic trains the whole model (no LoRA) over the same layout.
-    critic = attrs.evolve(plan.critic, megatron=engine)
+    critic = attrs.evolve(plan.critic, megatron=_with_cpu_optimizer(engine, plan.engine("critic")))
     rollout = attrs.evolve(plan.rollout, sleep_level=1 if choice.lora_rank else 2,
                            load_format="safetensors" if choice.lora_rank else "dummy")
-    stage_keys = {key for keys in STAGE_KEYS for key in keys}
-    passthrough = {k: v for k, v in plan.passthrough.items() if k not in stage_keys}
-    uneven = uneven_stage_layers(arch.num_layers, choice.pipeline)
-    if uneven is not None:
-        roles = (True, plan.uses_reference and not choice.lora_rank, plan.uses_critic)
-        for (first_key, last_key), built in zip(STAGE_KEYS, roles, strict=True):
-            if built:
-                passthrough.update({first_key: str(uneven[0]), last_key: str(uneven[1])})
-    return plan.evolve(model=model, actor=actor, critic=critic, rollout=rollout, passthrough=passthrough)
+    return plan.evolve(model=model, actor=actor, critic=critic, rollout=rollout)
+
+
+def _with_cpu_optimizer(engine: MegatronSection, given: MegatronSection) -> MegatronSection:
+    if given.optimizer_cpu_offload is None and given.optimizer_offload_fraction is None:
+        return engine  # the common case, and the search evolves hundreds of these
+    return attrs.evolve(engine, optimizer_cpu_offload=given.optimizer_cpu_offload,
+                        optimizer_offload_fraction=given.optimizer_offload_fraction)
 
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import functools
 import math
-import tomllib
-from importlib import resources
 
 import attrs
 from attrs import frozen
 
+from rlplan.planner.package_data import package_toml
 from rlplan.planner.plan import Plan
 from rlplan.planner.steptime.step import VERL_TIMING_OF_PHASE
 
@@ -51,10 +50,9 @@ class TimeBand:
 
 @functools.cache
 def _bands() -> dict[str, dict[str, TimeBand]]:
-    text = resources.files("rlplan.presets").joinpath(BANDS_FILE).read_text(encoding="utf-8")
     return {backend: {key: TimeBand(under=row["under"], over=row["over"], runs=row["runs"])
                       for key, row in keys.items()}
-            for backend, keys in tomllib.loads(text).items()}
+            for backend, keys in package_toml(BANDS_FILE).items()}
 
 
 def _widest(bands: dict[str, TimeBand]) -> TimeBand:

@@ -217,7 +217,7 @@ def _communication_seconds(ctx: StepContext, engine: MegatronSection, tokens: fl
     tp, pp, cp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size, engine.context_parallel_size
     ep, etp = engine.expert_model_parallel_size, engine.expert_tensor_size
     forwards, backwards = 1.0 + recompute, 1.0 if backward else 0.0
-    stage = stage_share(arch, pp)
+    stage = stage_share(arch, engine)
     stage_layers = arch.num_layers * stage
     seconds = (forwards + backwards) * tensor_parallel_seconds(tokens, arch.hidden_size, stage_layers, tp,
                                                                rates.collective(tp))
@@ -258,7 +258,7 @@ def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatron
     # The critic's value head (one output) replaces the vocabulary projection: nothing left to place.
     head_flops = 0.0 if critic else tokens * 2.0 * facts.vocab * facts.hidden * passes
     # The most loaded stage sets the pipeline's pace (ceil(layers / PP) of them where PP does not divide).
-    stage = stage_share(plan.model.arch, pp)
+    stage = stage_share(plan.model.arch, engine)
     compute = slowest_stage_flops(flops, head_flops, routed, tp=tp, routed_split=routed_split_of(engine),
                                   stage=stage, pp=pp)
     micro_batches = pass_micro_batches(plan, batch, lengths)

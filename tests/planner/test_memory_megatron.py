@@ -196,9 +196,8 @@ def test_a_megatron_plan_is_priced_by_the_megatron_backend_and_expert_parallelis
 
 def test_megatrons_cpu_optimizer_keeps_its_fraction_of_the_optimizer_state_off_the_gpu_in_the_update():
     plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
-    key = "+actor_rollout_ref.actor.optim.override_optimizer_config."
-    offloaded = plan.evolve(passthrough={key + "optimizer_cpu_offload": "True",
-                                         key + "optimizer_offload_fraction": "1."})
+    offloaded = plan.evolve(actor=attrs.evolve(plan.actor, megatron=attrs.evolve(
+        plan.actor.mcore, optimizer_cpu_offload=True, optimizer_offload_fraction=1.0)))
     state = state_on_most_loaded_rank(plan.model.arch, plan.actor.mcore, plan.cluster.world_size)
     assert _update_peak_gib(plan, "actor_optimizer_state") == pytest.approx(state.optimizer / 2**30, rel=1e-3)
     assert _update_peak_gib(offloaded, "actor_optimizer_state") == 0

@@ -161,3 +161,43 @@ def test_a_value_outside_a_choice_names_every_allowed_value_in_plain_words(key, 
     assert error.value.field == key and "typing" not in text and "Literal" not in text
     for value in allowed:
         assert (f'"{value}"' if isinstance(value, str) else str(value)) in error.value.fix
+
+
+def test_a_plans_own_text_reads_back_without_building_the_strict_reader(monkeypatch):
+    from rlplan.planner import planfile
+
+    plans = [make_plan(), make_plan(overrides={"actor.strategy": "megatron", "actor.megatron.pipeline_model_parallel_size": 2,
+                                               "actor.megatron.optimizer_cpu_offload": True})]
+
+    def no_reader():
+        raise AssertionError("the strict reader was built for a plan's own text")
+
+    monkeypatch.setattr(planfile, "_converter", no_reader)
+    for plan in plans:
+        planfile.check_reads_back(plan, plan_to_toml(plan), source="the solved plan")
+
+
+@pytest.mark.parametrize("pin", [{"actor.ppo_micro_batch_size_per_gpu": 2.5}, {"actor.param_offload": 1},
+                                 {"data.train_batch_size": 2**64}, {"model.name": 3}])
+def test_a_value_the_strict_reader_refuses_fails_the_read_back_as_reading_the_file_does(pin):
+    """The fast path never passes what plan_from_toml refuses: the same PlanError, field and all."""
+    from rlplan.planner.planfile import check_reads_back
+
+    plan = make_plan().evolve(**_evolved(make_plan(), pin))
+    text = plan_to_toml(plan)
+    with pytest.raises(PlanError) as read:
+        plan_from_toml(text, source="the solved plan")
+    with pytest.raises(PlanError) as checked:
+        check_reads_back(plan, text, source="the solved plan")
+    assert checked.value.paragraph() == read.value.paragraph()
+
+
+def _evolved(plan, pin):
+    """Sections with a value set past their validators (as a pin could), for the read-back to catch."""
+    import attrs
+
+    (dotted, value), = pin.items()
+    section, name = dotted.split(".")
+    changed = attrs.evolve(getattr(plan, section))
+    object.__setattr__(changed, name, value)
+    return {section: changed}

@@ -165,12 +165,11 @@ def _rows(plan) -> dict[str, str]:
 
 
 def test_a_megatron_plan_shows_megatrons_own_offload_recompute_and_parallel_sizes():
-    key = "+actor_rollout_ref.actor.optim.override_optimizer_config."
     plan = make_plan(overrides={"actor.strategy": "megatron"})
     engine = MegatronSection(param_offload=True, optimizer_offload=True, expert_model_parallel_size=8,
-                             recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)
-    plan = plan.evolve(actor=attrs.evolve(plan.actor, megatron=engine),
-                       passthrough={key + "optimizer_cpu_offload": "True", key + "optimizer_offload_fraction": "0.5"})
+                             recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2,
+                             optimizer_cpu_offload=True, optimizer_offload_fraction=0.5)
+    plan = plan.evolve(actor=attrs.evolve(plan.actor, megatron=engine))
     rows = _rows(plan)
     assert rows["offload"] == "params on, grads unset, optimizer on (CPU optimizer 50%); ref params on"
     assert rows["activations"].startswith("recompute full, uniform, 2 layer(s)")

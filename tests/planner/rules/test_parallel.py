@@ -59,9 +59,32 @@ def test_layers_split_evenly_over_pp_times_vpp_unless_stages_are_placed_unevenly
                          actor__megatron__virtual_pipeline_model_parallel_size=5)  # 48 % 10
     assert "megatron_layers_divide_pipeline" in rules_of(plan)
     assert "megatron_layers_divide_pipeline" not in rules_of(fixed(plan, "megatron_layers_divide_pipeline"))
-    placed = plan.evolve(passthrough={
-        "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage": "3"})
-    assert "megatron_layers_divide_pipeline" not in rules_of(placed)
+    # A layout string of Megatron's own (kept as passthrough) is Megatron's to check.
+    laid_out = plan.evolve(passthrough={
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.pipeline_model_parallel_layout": "'Et|tL'"})
+    assert "megatron_layers_divide_pipeline" not in rules_of(laid_out)
+
+
+def test_placed_end_stages_leave_middle_layers_that_split_evenly_over_the_middle_stages():
+    """48 layers on PP 5: 12 + 3 x 8 + 12 builds; 10 + 28 over 3 middle stages + 10 does not (Megatron-Core's
+    TransformerConfig.__post_init__), nor end stages a VPP of 2 cannot chunk; the reference follows the actor."""
+    plan = megatron_plan(QWEN3_MOE, actor__megatron__pipeline_model_parallel_size=5)  # 48 % 5
+    assert "megatron_layers_divide_pipeline" in rules_of(plan)
+    even_middle = apply_knobs(plan, {"actor.megatron.num_layers_in_first_pipeline_stage": 12,
+                                     "actor.megatron.num_layers_in_last_pipeline_stage": 12})
+    assert "megatron_layers_divide_pipeline" not in rules_of(even_middle)
+    assert even_middle.engine("ref").num_layers_in_first_pipeline_stage == 12
+    uneven_middle = apply_knobs(plan, {"actor.megatron.num_layers_in_first_pipeline_stage": 10,
+                                       "actor.megatron.num_layers_in_last_pipeline_stage": 10})
+    assert "megatron_layers_divide_pipeline" in rules_of(uneven_middle)
+    assert "megatron_layers_divide_pipeline" not in rules_of(fixed(uneven_middle, "megatron_layers_divide_pipeline"))
+    too_many = apply_knobs(plan, {"actor.megatron.num_layers_in_first_pipeline_stage": 40,
+                                  "actor.megatron.num_layers_in_last_pipeline_stage": 9})
+    assert "megatron_layers_divide_pipeline" in rules_of(too_many)
+    odd_ends = apply_knobs(plan, {"actor.megatron.num_layers_in_first_pipeline_stage": 9,
+                                  "actor.megatron.num_layers_in_last_pipeline_stage": 15,
+                                  "actor.megatron.virtual_pipeline_model_parallel_size": 2})
+    assert "megatron_layers_divide_pipeline" in rules_of(odd_ends)
 
 
 def test_a_virtual_pipeline_needs_a_pipeline():
@@ -135,6 +158,12 @@ def test_the_reference_places_its_layers_as_the_actor_does_unless_it_sets_its_ow
     assert plan.uses_reference and not plan.reference_is_actor
     errors = [v.message for v in check_plan(plan).errors if v.rule == "megatron_layers_divide_pipeline"]
     assert any(message.startswith("ref:") for message in errors)
-    placed = plan.evolve(passthrough={
-        "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage": "3"})
-    assert "megatron_layers_divide_pipeline" not in rules_of(placed)
+    placed = megatron_plan(QWEN3_MOE, actor__megatron__pipeline_model_parallel_size=2,
+                           actor__megatron__virtual_pipeline_model_parallel_size=5, actor__use_kl_loss=True,
+                           actor__megatron__num_layers_in_first_pipeline_stage=23,
+                           actor__megatron__num_layers_in_last_pipeline_stage=25)
+    assert placed.engine("ref").num_layers_in_last_pipeline_stage == 25
+    verdicts = {role: sorted(v.message.removeprefix(f"{role}: ") for v in check_plan(placed).errors
+                             if v.rule == "megatron_layers_divide_pipeline" and v.message.startswith(f"{role}:"))
+                for role in ("actor", "ref")}
+    assert verdicts["ref"] == verdicts["actor"]

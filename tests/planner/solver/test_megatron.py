@@ -14,11 +14,10 @@ from rlplan.planner.hardware import Cluster
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.plan import ModelSection
 from rlplan.planner.presets import resolve_gpu, resolve_model
-from rlplan.planner.render import render_plan
+from rlplan.planner.render import render_plan, verl_overrides
 from rlplan.planner.rules import check_plan
 from rlplan.planner.solver import SolveRequest, skeleton_plan, solve, solve_engines
 from rlplan.planner.solver.megatron import (
-    STAGE_KEYS,
     apply_megatron_choice,
     expert_options,
     megatron_choices,
@@ -73,9 +72,10 @@ def test_deepseek_v3_on_256_h100_places_its_61_layers_unevenly_and_validates():
     plan = result.plan
     assert_a_valid_megatron_plan(plan)
     pp = plan.actor.mcore.pipeline_model_parallel_size
-    first_key, last_key = STAGE_KEYS[0]
+    engine = plan.actor.mcore
     if pp > 1:  # 61 is prime: every pipeline needs the uneven placement
-        first, last = int(plan.passthrough[first_key]), int(plan.passthrough[last_key])
+        first, last = engine.num_layers_in_first_pipeline_stage, engine.num_layers_in_last_pipeline_stage
+        assert first is not None and last is not None
         assert first + last + (pp - 2) * -(-61 // pp) == 61
     # The rollout engine holds the 671B weights: beyond two nodes' TP.
     assert plan.rollout.tensor_model_parallel_size > 16
@@ -86,8 +86,15 @@ def test_deepseek_v3_pinned_to_pp_16_places_3_and_2_layers_on_the_end_stages_as_
     assert result.plan is not None
     plan = result.plan
     assert_a_valid_megatron_plan(plan)
-    first_key, last_key = STAGE_KEYS[0]
-    assert (plan.passthrough[first_key], plan.passthrough[last_key]) == ("3", "2")  # 3 + 14 x 4 + 2 = 61
+    engine = plan.actor.mcore
+    assert (engine.num_layers_in_first_pipeline_stage, engine.num_layers_in_last_pipeline_stage) == (3, 2)
+    ref = plan.engine("ref")  # 3 + 14 x 4 + 2 = 61, the reference following the actor
+    assert (ref.num_layers_in_first_pipeline_stage, ref.num_layers_in_last_pipeline_stage) == (3, 2)
+    # Render writes them as verl's DeepSeek recipe does, through override_transformer_config.
+    rendered = verl_overrides(plan)
+    for end, layers in (("first", 3), ("last", 2)):
+        key = f"++actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_{end}_pipeline_stage"
+        assert f"{key}={layers}" in rendered
 
 
 def test_the_default_strategy_is_fsdp_and_auto_keeps_the_faster_backend():
