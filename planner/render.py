@@ -29,7 +29,7 @@ from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.megatron_overrides import megatron_override_keys
 from rlplan.planner.plan import Plan
-from rlplan.planner.stack import parse_version, stack_defaults
+from rlplan.planner.stack import VERL_WARMUP_STEPS_DEFAULT, parse_version, stack_defaults
 from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
 from rlplan.planner.verl_keys import (
     BY_FIELD,
@@ -39,6 +39,7 @@ from rlplan.planner.verl_keys import (
     REWARD_PATH_KEY,
     REWARD_SPELLINGS,
     UNREAD_WHERE_ABSENT,
+    WARMUP_RATIO_KEY,
     Follows,
     VerlKey,
     backend_of,
@@ -258,6 +259,16 @@ def _where_verl_has(entry: VerlKey, backend: TrainerBackend, verl: str) -> str:
     return f"verl had it up to {release}, spelled {spelled_as}"
 
 
+def _as_verl_reads(plan: Plan, entry: VerlKey, value: Any) -> Any:
+    """The plan's value as the target verl reads the same meaning: no warm-up steps of the plan's own, beside a
+    passthrough lr_warmup_steps_ratio, is verl's own default -1 (the ratio decides on every worker; an explicit 0
+    would switch it off on the legacy FSDP worker, stack.WARMUP_ZERO_READS_RATIO)."""
+    ratio_set = any(key.lstrip("+") == WARMUP_RATIO_KEY for key in plan.passthrough)
+    if entry.field == "actor.lr_warmup_steps" and value == 0 and ratio_set:
+        return VERL_WARMUP_STEPS_DEFAULT
+    return value
+
+
 def verl_overrides(plan: Plan) -> list[str]:
     """Every knob of the plan as verl Hydra overrides in the target release's spelling, then the passthrough keys
     verbatim."""
@@ -270,7 +281,7 @@ def verl_overrides(plan: Plan) -> list[str]:
             continue
         spelling = _target_spelling(prepared, entry, value)
         if spelling is not None:
-            overrides.append(f"{spelling}={format_value(rendered_value(entry, value))}")
+            overrides.append(f"{spelling}={format_value(rendered_value(entry, _as_verl_reads(prepared, entry, value)))}")
     for key, field in RENDER_ALSO.items():
         value = knob_value(prepared, BY_FIELD[field].field)
         wanted = value is not None and key not in prepared.passthrough

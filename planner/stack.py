@@ -394,6 +394,35 @@ ROOT_RESHARDS_AFTER_FORWARD_SGLANG = Behaviour(name="root_reshards_after_forward
                                                code_path=_ROOT_RESHARD_CODE_PATH + " (sglang 0.5.0 pins torch 2.8.0)",
                                                summary=_ROOT_RESHARD_SUMMARY)
 
+# The weight sync's bucket and the learning-rate warm-up: defaults a plan for an older release takes from it.
+WEIGHT_SYNC_BUCKET_512 = Behaviour(
+    name="weight_sync_bucket_512", package="verl", before="0.7.1",
+    code_path="verl/trainer/config/rollout/rollout.yaml rollout.update_weights_bucket_megabytes: 512 (v0.5.0 to "
+              "v0.7.0; verl/workers/config/rollout.py RolloutConfig's default 512 in v0.6.1, v0.7.0), read only by "
+              "the SGLang sync (verl/workers/sharding_manager/fsdp_sglang.py get_named_tensor_buckets, "
+              "v0.5.0-v0.6.1; sglang_rollout.py in v0.7.0), vLLM's load_weights taking a tensor at a time; "
+              "rollout.checkpoint_engine.update_weights_bucket_megabytes: 2048 from the v0.7.1 wheel; no key "
+              "before v0.5.0, where fsdp_sglang.py update_weights serializes a tensor at a time (v0.4.1)",
+    summary="the weight sync pushes buckets of at most 512 MB (none larger before v0.5.0)",
+    default=("rollout.update_weights_bucket_megabytes", 512))
+WARMUP_ZERO_READS_RATIO = Behaviour(
+    name="warmup_zero_reads_ratio", package="verl", since="0.8.0",
+    opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.0", "0.8.0"),
+    code_path="verl/workers/fsdp_workers.py _build_model_optimizer (the legacy worker, the default up to v0.7.x): "
+              "int(optim.get('lr_warmup_steps', -1)), and only `if num_warmup_steps < 0` "
+              "int(lr_warmup_steps_ratio * total_steps) (v0.3.0.post1-v0.7.1); "
+              "verl/workers/engine/fsdp/transformer_impl.py (the engine worker, default from v0.8.0): "
+              "`if num_warmup_steps <= 0` (v0.6.0 to the v0.9.1 wheel; v0.5.0's engine_impl.py `< 0`); "
+              "verl/utils/megatron/optimizer.py: the ratio where lr_warmup_steps is None or <= 0 (v0.4.1-v0.9.1); "
+              "optim.lr_warmup_steps defaults to -1 (None in ppo_megatron_trainer.yaml v0.4.1-v0.5.0), "
+              "lr_warmup_steps_ratio to 0.0, in every release",
+    summary="an FSDP actor's optim.lr_warmup_steps=0 hands the warm-up to lr_warmup_steps_ratio, as -1 does "
+            "(the legacy worker reads 0 as no warm-up whatever the ratio)")
+# verl's optim.lr_warmup_steps default: "take lr_warmup_steps_ratio of the run's steps" on every worker of every
+# release (WARMUP_ZERO_READS_RATIO's code paths); the plan's 0 (no warm-up steps of its own) is rendered as this,
+# so a script's lr_warmup_steps_ratio works as under verl's own default.
+VERL_WARMUP_STEPS_DEFAULT = -1
+
 # Where verl flushes torch's caching allocator around the weight sync and the rollout, and whether its trainer
 # phases run on expandable segments (memory.allocator_trace replays a step with them).
 EMPTIES_CACHE_BEFORE_SYNC = Behaviour(
@@ -436,7 +465,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
-    TRAINER_EXPANDABLE_SEGMENTS)
+    TRAINER_EXPANDABLE_SEGMENTS, WEIGHT_SYNC_BUCKET_512, WARMUP_ZERO_READS_RATIO)
 
 
 # The ranks vLLM's LoRAConfig takes as max_lora_rank (vllm/config.py LoRAConfig.__post_init__ possible_max_ranks;

@@ -43,6 +43,7 @@ from rlplan.planner.verl_keys import (
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
+    WARMUP_RATIO_KEY,
     Backend,
     Follows,
     HydraSyntaxError,
@@ -644,6 +645,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     installed = context.read_text(posixpath.join(context.cwd, "verl", "version", "version")) if context.cwd else None
     plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
                              warnings, installed)
+    _drop_switched_off_warmup_ratio(plan, given, passthrough, warnings)
     # The Megatron settings rlplan types (uneven pipeline, CPU optimizer) leave the passthrough here, once.
     plan = lift_megatron_overrides(plan.evolve(passthrough=passthrough))
     kept = tuple(plan.passthrough)
@@ -658,6 +660,25 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
 
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def _drop_switched_off_warmup_ratio(plan: Plan, given: dict[str, str], passthrough: dict[str, str],
+                                    warnings: list[str]) -> None:
+    """A script's explicit actor lr_warmup_steps=0 switches its lr_warmup_steps_ratio off on the legacy FSDP worker
+    (stack.WARMUP_ZERO_READS_RATIO does not hold). The plan's 0 renders as verl's -1, which would switch the ratio
+    back on (render.py): a ratio the script's verl never reads is dropped, and the import says so."""
+    from rlplan.planner.stack import WARMUP_ZERO_READS_RATIO, holds
+
+    steps_key = BY_FIELD["actor.lr_warmup_steps"].key
+    ratio_keys = [p + WARMUP_RATIO_KEY for p in ("", "+", "++") if p + WARMUP_RATIO_KEY in passthrough]
+    if plan.is_megatron or not ratio_keys or steps_key not in given or parse_value(given[steps_key]) != 0:
+        return
+    if holds(WARMUP_ZERO_READS_RATIO, plan.stack, passthrough=passthrough):
+        return
+    for key in ratio_keys:
+        warnings.append(f"{key}={passthrough.pop(key)} is dropped: verl {plan.stack.verl}'s FSDP worker reads "
+                        f"{steps_key}=0 as no warm-up and never reads the ratio (fsdp_workers.py: the ratio only for "
+                        f"lr_warmup_steps < 0); the plan's no warm-up steps renders as verl's -1.")
 
 
 def _alloc_conf(scope: ShellScope | None) -> str | None:

@@ -625,6 +625,10 @@ VALUE_SPELLINGS: dict[str, dict[str, str]] = {
 # verl's own integer defaults that mean what the plan's value means: optim.lr_warmup_steps -1 is "use
 # lr_warmup_steps_ratio", whose default 0 is no warm-up (verl/utils/torch_functional.py, the optimizer builders).
 INT_SPELLINGS: dict[str, dict[int, int]] = {"actor.lr_warmup_steps": {-1: 0}}
+# The actor's warm-up ratio, a key rlplan keeps as passthrough: with it, the plan's lr_warmup_steps = 0 renders as
+# verl's -1 (stack.VERL_WARMUP_STEPS_DEFAULT), which hands the warm-up to the ratio on every release's workers, where
+# an explicit 0 switches the ratio off on the legacy FSDP worker (stack.WARMUP_ZERO_READS_RATIO).
+WARMUP_RATIO_KEY = f"{ARF}.actor.optim.lr_warmup_steps_ratio"
 
 
 def coerce(entry: VerlKey, value: Any, raw: str) -> Any:

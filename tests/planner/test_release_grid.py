@@ -26,6 +26,8 @@ def test_the_slice_is_part_of_the_grid():
     assert set(SLICE) <= set(GRID) and len(GRID) == 36
 
 
+# A solve per request and release (1-2 minutes a release on 2 cores): in `nox -s slow`, which CI runs too.
+@pytest.mark.slow
 @pytest.mark.parametrize("release", list(VERL_ENGINE_PINS))
 def test_what_solve_produces_for_a_release_renders_for_it_in_its_own_keys(release):
     outcomes = [check(request, release, composer=None) for request in SLICE]

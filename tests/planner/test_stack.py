@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from rlplan.planner import verl_inventory
 from rlplan.planner.commands.cli import app
 from rlplan.planner.errors import PlanError
 from rlplan.planner.knobs import apply_knobs
@@ -27,16 +28,22 @@ from rlplan.planner.stack import (
     FITTED_ENGINE_VERSIONS,
     SGLANG_FRACTION_OF_FREE,
     VERL_ENGINE_PINS,
+    VERL_RELEASES,
+    VERL_WARMUP_STEPS_DEFAULT,
     VLLM_V0_WHOLE_GPU_PROFILE,
     VLLM_V1_WHOLE_GPU_PROFILE,
+    WARMUP_ZERO_READS_RATIO,
+    WEIGHT_SYNC_BUCKET_512,
     StackSection,
     default_engine_version,
     holds,
     parse_version,
     root_reshards_after_forward,
+    solve_pins,
     stack_defaults,
 )
 from rlplan.planner.verl_import import import_verl_script
+from rlplan.planner.verl_keys import BY_FIELD, WARMUP_RATIO_KEY
 from tests.planner.plans import make_plan
 
 runner = CliRunner()
@@ -125,10 +132,14 @@ def test_the_default_stack_has_verl_09s_defaults():
 @pytest.mark.parametrize(("verl", "expected"), [
     ("0.3.0.post1", {"actor.entropy_coeff": 0.001, "rollout.enforce_eager": True,
                      "rollout.multi_stage_wake_up": False, "ref.model_dtype": "bf16",
-                     "trainer.val_before_train": True}),
-    ("0.4.0", {"rollout.enforce_eager": True, "rollout.multi_stage_wake_up": False, "ref.model_dtype": "bf16"}),
-    ("0.5.0", {"rollout.enforce_eager": True, "ref.model_dtype": "bf16"}),
-    ("0.6.0", {}),
+                     "trainer.val_before_train": True, "rollout.update_weights_bucket_megabytes": 512}),
+    ("0.4.0", {"rollout.enforce_eager": True, "rollout.multi_stage_wake_up": False, "ref.model_dtype": "bf16",
+               "rollout.update_weights_bucket_megabytes": 512}),
+    ("0.5.0", {"rollout.enforce_eager": True, "ref.model_dtype": "bf16",
+               "rollout.update_weights_bucket_megabytes": 512}),
+    ("0.6.0", {"rollout.update_weights_bucket_megabytes": 512}),
+    ("0.7.0", {"rollout.update_weights_bucket_megabytes": 512}),
+    ("0.7.1", {}),
 ])
 def test_old_verls_defaults_are_what_their_yaml_said(verl, expected):
     assert stack_defaults(StackSection(verl=verl)) == expected
@@ -271,3 +282,67 @@ def test_the_engine_formula_table_names_each_formula_behaviour():
     table = docs[docs.index("## Engine formulas by version"):docs.index("## What a script shows")]
     for behaviour in (VLLM_V0_WHOLE_GPU_PROFILE, VLLM_V1_WHOLE_GPU_PROFILE, SGLANG_FRACTION_OF_FREE):
         assert f"`{behaviour.name}`" in table, behaviour.name
+
+
+@pytest.mark.parametrize("verl", VERL_RELEASES)
+def test_a_plans_weight_sync_bucket_is_the_default_of_the_release_it_targets(verl):
+    """The bucket default stack.py gives a release is the one its own rollout config has under the spelling it
+    uses (presets/verl_inventory.json, read from each tag / wheel), 512 MB in 0.5.0-0.7.0; releases without the key
+    get the smallest default verl ever had (they push a tensor at a time)."""
+    entry = BY_FIELD["rollout.update_weights_bucket_megabytes"]
+    spelling = entry.spelling_for(verl, "fsdp")
+    defaults = stack_defaults(StackSection(verl=verl))
+    planned = defaults.get(entry.field, entry.default)
+    if spelling is None:
+        assert parse_version(verl) < parse_version("0.5.0")
+        assert planned == 512
+    else:
+        assert planned == verl_inventory.default_of(verl, spelling)
+    assert holds(WEIGHT_SYNC_BUCKET_512, StackSection(verl=verl)) == (planned == 512)
+
+
+@pytest.mark.parametrize("verl", VERL_RELEASES)
+def test_the_warmup_default_rendered_for_no_warmup_steps_is_every_releases_own(verl):
+    """Every release's actor optimizer defaults lr_warmup_steps to -1 (None for Megatron in 0.4.1-0.5.0): the
+    ratio decides, on every worker. That is what a plan without warm-up steps renders beside a script's
+    lr_warmup_steps_ratio, so the ratio keeps working (without one, 0 and -1 both mean none on every worker);
+    explicit steps are written as they are, and import reads each back."""
+    key = BY_FIELD["actor.lr_warmup_steps"].spelling_for(verl, "fsdp")
+    assert verl_inventory.default_of(verl, key) == VERL_WARMUP_STEPS_DEFAULT
+    assert verl_inventory.default_of(verl, key, "megatron") in (VERL_WARMUP_STEPS_DEFAULT, None)
+    assert verl_inventory.default_of(verl, WARMUP_RATIO_KEY) == 0.0
+    for steps, passthrough, written in ((0, {WARMUP_RATIO_KEY: "0.1"}, VERL_WARMUP_STEPS_DEFAULT),
+                                        (7, {WARMUP_RATIO_KEY: "0.1"}, 7), (0, {}, 0)):
+        plan = make_plan(overrides={**solve_pins(DEFAULT_STACK, verl, None, None), "actor.lr_warmup_steps": steps,
+                                    "model.path": "Qwen/Qwen2.5-7B-Instruct"})
+        plan = attrs.evolve(plan, passthrough=passthrough)
+        overrides = render_plan(plan, "verl", "overrides")
+        assert f"{key}={written}" in overrides.splitlines()
+        imported = load(overrides, versions=(verl, None, None)).plan
+        assert imported.actor.lr_warmup_steps == steps
+        assert imported.passthrough == passthrough
+
+
+def test_warmup_zero_reads_the_ratio_only_on_the_engine_worker():
+    """The legacy FSDP worker (the default up to 0.7.x) reads lr_warmup_steps=0 as no warm-up; the engine worker
+    (the default from 0.8.0, opted into in 0.7.x) hands it to the ratio."""
+    legacy = {"trainer.use_legacy_worker_impl": "disable"}
+    assert not holds(WARMUP_ZERO_READS_RATIO, StackSection(verl="0.7.1"))
+    assert holds(WARMUP_ZERO_READS_RATIO, StackSection(verl="0.7.1"), passthrough=legacy)
+    assert not holds(WARMUP_ZERO_READS_RATIO, StackSection(verl="0.6.1"), passthrough=legacy)
+    assert holds(WARMUP_ZERO_READS_RATIO, StackSection(verl="0.8.0"))
+
+
+@pytest.mark.parametrize(("verl", "kept"), [("0.5.0", False), ("0.7.1", False), ("0.8.0", True), ("0.9.1", True)])
+def test_a_ratio_an_explicit_zero_switches_off_is_dropped_on_import(verl, kept):
+    """lr_warmup_steps=0 with a ratio: no warm-up on the legacy worker (up to 0.7.x), the ratio on the engine
+    worker. The plan's 0 renders as -1 (the ratio on every worker), so the import keeps the ratio only where the
+    script's verl reads it; either way the rendered plan warms up as the script did."""
+    ratio = WARMUP_RATIO_KEY
+    script = (MINIMAL + "actor_rollout_ref.actor.optim.lr_warmup_steps=0\n" + f"{ratio}=0.1\n")
+    result = load(script, versions=(verl, None, None))
+    assert result.plan.actor.lr_warmup_steps == 0
+    assert (ratio in result.plan.passthrough) == kept
+    assert any(f"{ratio}=0.1 is dropped" in warning for warning in result.warnings) != kept
+    kept_without_zero = load(MINIMAL + f"{ratio}=0.1\n", versions=(verl, None, None)).plan.passthrough
+    assert kept_without_zero[ratio] == "0.1"  # verl's default -1 reads the ratio on every worker

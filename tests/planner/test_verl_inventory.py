@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from rlplan.planner import verl_inventory as inventory
 from rlplan.planner.stack import VERL_ENGINE_PINS, VERL_RELEASES, in_range
@@ -77,3 +78,12 @@ def test_the_plans_estimators_are_exactly_those_some_release_accepts():
     from rlplan.planner.plan import ESTIMATORS, Algorithm
 
     assert set(ESTIMATORS) == set(get_args(Algorithm)) == set(inventory.all_estimators())
+
+
+def test_the_supported_releases_are_listed_by_version_and_the_docs():
+    """`rlplan --version` and docs/verl-versions.md name every release a plan can target, in order."""
+    listed = ", ".join(VERL_RELEASES)
+    assert listed in inventory.supported_releases_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "verl-versions.md").read_text()
+    supported = doc.split("**Releases supported**", 1)[1].split("(`stack.VERL_RELEASES`", 1)[0]
+    assert " ".join(supported.split()).endswith(f": {listed}")
