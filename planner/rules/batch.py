@@ -384,10 +384,13 @@ def _agent_loop_chunks_evenly(ctx: RuleContext) -> Iterator[Violation]:
 def _group_advantage_needs_samples(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     if plan.algorithm.adv_estimator in ("grpo", "rloo") and plan.rollout.n < 2:
+        # verl runs it: a one-response group gets mean 0 and std 1 (core_algos.py
+        # compute_grpo_outcome_advantage, and RLOO's leave-one-out needs two), so the advantage is the raw score.
         yield ctx.violation(
-            f"{plan.algorithm.adv_estimator} normalizes rewards within each prompt's group, and rollout.n = "
-            f"{plan.rollout.n} makes every advantage zero: nothing would be learned.",
-            "set rollout.n >= 2 (GRPO commonly uses 5-16)", rollout__n=5,
+            f"{plan.algorithm.adv_estimator} compares the responses of each prompt's group, and rollout.n = "
+            f"{plan.rollout.n} leaves one per group: verl then uses the raw score as the advantage (no baseline, "
+            "REINFORCE without variance reduction).",
+            "set rollout.n >= 2 (GRPO commonly uses 5-16)", severity="warning", rollout__n=5,
         )
     if plan.algorithm.adv_estimator in ("grpo", "rloo") and plan.rollout.temperature == 0:
         yield ctx.violation(
