@@ -35,7 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rlplan.planner import verl_inventory  # noqa: E402
-from rlplan.planner.verl_import import Override, _overrides_from_file, _overrides_from_script  # noqa: E402
+from rlplan.planner.verl_import import (  # noqa: E402
+    Override,
+    ScriptContext,
+    _command_from_script,
+    _overrides_from_file,
+)
 from rlplan.planner.verl_keys import (  # noqa: E402
     BY_FIELD,
     RENDER_ALSO,
@@ -233,8 +238,8 @@ def corpus() -> list[tuple[str, str]]:
             found = _overrides_from_file(path.read_text())
         elif path.suffix == ".sh":
             env, environment = SCRIPT_ENVIRONMENTS.get(path.name, ({}, {}))
-            read = _overrides_from_script(path.read_text(), env, environment, [])
-            found = read[0] if read else None
+            command = _command_from_script(path.read_text(), env, environment, ScriptContext(), [])
+            found = list(command.overrides) if command else None
         else:
             continue
         assert found, f"the importer read no overrides from {path.name}"
