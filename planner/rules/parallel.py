@@ -192,14 +192,33 @@ def _megatron_heads_divide_tp(ctx: RuleContext) -> Iterator[Violation]:
 PIPELINE_LAYOUT_KEY = "pipeline_model_parallel_layout"
 
 
-def _pipeline_layout_given(plan: Plan, role: str) -> bool:
-    """Whether the role's layers are laid out by Megatron's layout string. The reference model's
+def _transformer_override(plan: Plan, role: str, key: str) -> str:
+    """The role's override_transformer_config `key` as the script sets it ("" when unset). The reference model's
     override_transformer_config is the actor's unless it sets its own (verl's ppo_megatron_trainer.yaml v0.4.x and
     ref/megatron_ref.yaml v0.5.0 on: `${oc.select:actor_rollout_ref.actor.megatron.override_transformer_config,{}}`)."""
-    roles = [role, "actor"] if role == "ref" else [role]
-    return any(passthrough_value(plan, ("critic" if name == "critic" else f"actor_rollout_ref.{name}")
-                                 + ".megatron.override_transformer_config." + PIPELINE_LAYOUT_KEY, "")
-               for name in roles)
+    for name in [role, "actor"] if role == "ref" else [role]:
+        value = passthrough_value(plan, ("critic" if name == "critic" else f"actor_rollout_ref.{name}")
+                                  + ".megatron.override_transformer_config." + key, "")
+        if value:
+            return str(value).strip("'\"")
+    return ""
+
+
+def _pipeline_layout_given(plan: Plan, role: str) -> bool:
+    """Whether the role's layers are laid out by Megatron's layout string."""
+    return bool(_transformer_override(plan, role, PIPELINE_LAYOUT_KEY))
+
+
+# Megatron-Core counts the input embedding and the loss as one layer each in the even split when these are set
+# (TransformerConfig.__post_init__, core_v0.13 on: num_layers + 1 per flag must divide PP x VPP); verl's
+# Qwen3-235B 96 GB example splits 94 layers + 2 over PP 8 this way.
+SPLIT_ACCOUNTING_KEYS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+
+
+def _layers_in_even_split(plan: Plan, role: str) -> int:
+    """The layers Megatron-Core splits evenly: the model's, plus the embedding and the loss where counted."""
+    counted = sum(_transformer_override(plan, role, key).lower() == "true" for key in SPLIT_ACCOUNTING_KEYS)
+    return plan.model.arch.num_layers + counted
 
 
 def _middle_split(layers: int, engine: MegatronSection) -> tuple[int, int]:
@@ -251,9 +270,11 @@ def _megatron_layers_divide_pipeline(ctx: RuleContext) -> Iterator[Violation]:
                     **_placed_fix(role, layers, engine.pipeline_model_parallel_size))
             continue
         chunks = engine.pipeline_model_parallel_size * (engine.virtual_pipeline_model_parallel_size or 1)
-        if layers % chunks:
+        split = _layers_in_even_split(ctx.plan, role)
+        if split % chunks:
+            counted = f" (with the embedding and loss counted: {split})" if split != layers else ""
             yield ctx.violation(
-                f"{role}: {layers} layers do not split into PP {engine.pipeline_model_parallel_size} x VPP "
+                f"{role}: {layers} layers{counted} do not split into PP {engine.pipeline_model_parallel_size} x VPP "
                 f"{engine.virtual_pipeline_model_parallel_size or 1} = {chunks} equal model chunks.",
                 f"choose {role}.megatron pipeline sizes whose product divides {layers}, or place layers with "
                 f"{role}.megatron.num_layers_in_first_pipeline_stage",

@@ -4,6 +4,7 @@ removes it."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from rlplan.planner.knobs import apply_knobs
@@ -167,3 +168,18 @@ def test_the_reference_places_its_layers_as_the_actor_does_unless_it_sets_its_ow
                              if v.rule == "megatron_layers_divide_pipeline" and v.message.startswith(f"{role}:"))
                 for role in ("actor", "ref")}
     assert verdicts["ref"] == verdicts["actor"]
+
+
+def test_the_embedding_and_loss_counted_in_the_split_make_94_layers_divide_over_8_stages():
+    # verl's Qwen3-235B 96 GB example: 94 layers on PP 8 with both account_for_*_in_pipeline_split flags, which
+    # Megatron-Core (core_v0.13 on) splits as 96 layers; with one flag (95) it refuses the model.
+    prefix = "+actor_rollout_ref.actor.megatron.override_transformer_config."
+    base = megatron_plan(QWEN3_MOE, actor__megatron__pipeline_model_parallel_size=8)
+    arch = attrs.evolve(base.model.arch, num_layers=94)
+    plan = base.evolve(model=attrs.evolve(base.model, arch=arch))
+    assert "megatron_layers_divide_pipeline" in rules_of(plan)
+    both = plan.evolve(passthrough={prefix + "account_for_embedding_in_pipeline_split": "True",
+                                    prefix + "account_for_loss_in_pipeline_split": "True"})
+    assert "megatron_layers_divide_pipeline" not in rules_of(both)
+    one = plan.evolve(passthrough={prefix + "account_for_loss_in_pipeline_split": "True"})
+    assert "megatron_layers_divide_pipeline" in rules_of(one)
