@@ -39,6 +39,7 @@ import argparse
 import ast
 import copy
 import functools
+import importlib.metadata
 import math
 import os
 import subprocess
@@ -64,6 +65,9 @@ from rlplan.planner.rules import check_plan  # noqa: E402
 from tests.planner.plans import make_plan  # noqa: E402
 
 warnings.filterwarnings("ignore")
+
+# The verl release this environment installs: verl_compat installs one (noxfile.py), and plans are judged on it.
+INSTALLED_VERL = importlib.metadata.version("verl")
 
 # verl 0.9 check -> (why it disagrees with rlplan, the rlplan rule that would close the gap).
 KNOWN_GAPS = {
@@ -512,15 +516,21 @@ def check_megatron_examples() -> None:
     scripts = Path(__file__).resolve().parents[1] / "data" / "verl_scripts"
     gpu = resolve_gpu("h100-80g")
     for name, env in MEGATRON_SCRIPTS.items():
+        # Judged on the verl installed here, as `import verl --verl-version 0.9.1` does (the import alone infers
+        # 0.5-0.9.0 from grad_offload, where the key exists).
         plan = import_verl_script((scripts / name).read_text(), gpu=gpu, host_memory_gib=2048.0, env=env,
-                                  local_config_reader=lambda path: None, environment={}).plan
+                                  local_config_reader=lambda path: None, environment={},
+                                  versions=(INSTALLED_VERL, None, None)).plan
         # verl b178a3cd's examples set megatron.grad_offload, which verl 0.9.1 refuses: rlplan's rule says so,
         # and the plan with the rule's fix applied is what verl must accept.
         refused_by_rule = [violation for violation in check_plan(plan).errors
                            if violation.rule == "megatron_grad_offload_is_not_in_verl_0_9"]
         if refused_by_rule:
+            # rlplan's render refuses to write a key the target release lacks: the key as 0.9.0 spells it, to
+            # show that the verl installed here refuses it too.
+            as_before = plan.evolve(stack=attrs.evolve(plan.stack, verl="0.9.0"))
             try:
-                megatron_verdict(script_arguments(render_plan(plan, "verl")))
+                megatron_verdict(script_arguments(render_plan(as_before, "verl")))
                 FAILURES.append(f"{name}: rlplan refuses grad_offload, verl accepts it")
             except Rejected:
                 STATS["megatron_grad_offload_refused_by_both"] += 1
