@@ -54,6 +54,7 @@ from rlplan.planner.verl_keys import (
     format_value,
     parse_value,
     table_for,
+    value_alias,
     verl_sleep_level,
 )
 
@@ -564,6 +565,10 @@ def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pi
             _unknown_value(override, key, scope, sorted_)
             continue
         sorted_.unknowable.pop(key, None)
+        renamed = value_alias(key, override.value)
+        if renamed is not None:
+            warnings.append(f"{key}={override.value} is {renamed[1]}; read as {renamed[0]}.")
+            override = attrs.evolve(override, value=renamed[0])
         override = _without_literal_secret(override, pinned_values, warnings)
         assert override.value is not None
         referenced = set(re.findall(r"\$\{oc\.env:([^,}]*)", override.value))
@@ -744,6 +749,10 @@ def _config_values(config: TrainerConfig, module: str, backend: Backend, given: 
         key = KEY_ALIASES.get(dotted, dotted)
         if key not in BY_KEY or not backend_has(key, backend) or key in given:
             continue
+        renamed = value_alias(key, text)
+        if renamed is not None:
+            warnings.append(f"{config.path} sets {key}={text}, {renamed[1]}; read as {renamed[0]}.")
+            text = renamed[0]
         references = _PLAIN_REFERENCE.findall(text)
         if "${" in text and (len(references) != text.count("${") or any(ref not in BY_KEY for ref in references)):
             skipped.append(f"{key} = {text}")

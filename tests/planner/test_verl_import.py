@@ -401,3 +401,25 @@ def test_a_priced_key_that_reads_a_credential_is_refused_naming_the_variable_not
     with pytest.raises(PlanError) as raised:
         import_verl_script(script, gpu=H100, host_memory_gib=2048.0, env={}, local_config_reader=lambda path: None)
     assert HF_SECRET not in str(raised.value) and "MY_TOKEN" in str(raised.value)
+
+
+# rollout.name=sglang_async: verl 0.4.0/0.4.1's deprecated name of the sglang rollout (fsdp_workers._build_rollout).
+SGLANG_ASYNC_SCRIPT = """python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo \\
+  actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct data.train_batch_size=32 \\
+  actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.rollout.name='sglang_async' \\
+  trainer.n_gpus_per_node=4
+"""
+
+
+def test_sglang_async_imports_as_the_sglang_engine_naming_the_old_spelling_and_renders_what_04_accepts():
+    result = load(SGLANG_ASYNC_SCRIPT)
+    assert result.plan.rollout.name == "sglang"
+    assert any("rollout.name=sglang_async is verl 0.4" in warning and "read as sglang" in warning
+               for warning in result.warnings)
+    for verl in ("0.3.0.post1", "0.4.1", "0.5.0"):
+        plan = import_verl_script(SGLANG_ASYNC_SCRIPT, gpu=H100, host_memory_gib=512.0, env={},
+                                  local_config_reader=lambda path: None, environment={},
+                                  versions=(verl, None, None)).plan
+        assert plan.stack.verl == verl
+        rendered = render_plan(plan, "verl")
+        assert "actor_rollout_ref.rollout.name=sglang " in rendered and "sglang_async" not in rendered
