@@ -112,9 +112,13 @@ def test_local_model_directory_reads_its_config():
     assert plan.model.name == "tiny" and plan.model.arch.hidden_size == 512 and plan.model.path == "/models/tiny"
 
 
-def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists():
-    result = load("actor_rollout_ref.model.path=/home/u/models/Qwen2.5-7B-Instruct\n")
-    assert result.plan.model.name == "qwen2.5-7b" and result.plan.model.path == "/home/u/models/Qwen2.5-7B-Instruct"
+@pytest.mark.parametrize(("path", "preset"), [
+    ("/home/u/models/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+    ("/data/models/Qwen3-VL-235B-A22B-Instruct", "qwen3-vl-235b-a22b"),  # verl's run_qwen3_vl-235b-megatron.sh
+])
+def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists(path, preset):
+    result = load(f"actor_rollout_ref.model.path={path}\n")
+    assert result.plan.model.name == preset and result.plan.model.path == path
     assert any("not readable here" in warning for warning in result.warnings)
 
 
