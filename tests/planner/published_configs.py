@@ -191,6 +191,17 @@ PUBLISHED_CONFIGS: dict[str, dict] = {
          "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
          "max_position_embeddings": 262144, "tie_word_embeddings": False}, 27, 1152, 4304, [8, 16, 24]),
     "Qwen/Qwen3-VL-30B-A3B-Instruct": _qwen3_vl_moe(2048, 48, 32, 6144, 768),
+    # zai-org/GLM-4.1V-9B-Thinking
+    "zai-org/GLM-4.1V-9B-Thinking": {
+        "model_type": "glm4v", "architectures": ["Glm4vForConditionalGeneration"],
+        "text_config": {"model_type": "glm4v_text", "hidden_size": 4096, "num_hidden_layers": 40,
+                        "num_attention_heads": 32, "num_key_value_heads": 2, "intermediate_size": 13696,
+                        "vocab_size": 151552, "attention_bias": True, "partial_rotary_factor": 0.5,
+                        "max_position_embeddings": 65536, "tie_word_embeddings": False},
+        "vision_config": {"model_type": "glm4v", "depth": 24, "hidden_size": 1536, "intermediate_size": 13696,
+                          "num_heads": 12, "image_size": 336, "patch_size": 14, "in_channels": 3,
+                          "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 4096,
+                          "attention_bias": False, "hidden_act": "silu"}},
     # Qwen/Qwen3-VL-235B-A22B-Instruct
     "Qwen/Qwen3-VL-235B-A22B-Instruct": _qwen3_vl_moe(4096, 94, 64, 12288, 1536),
 }
