@@ -325,7 +325,8 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
         return resolve_model(spec, found.config)
     try:
         return resolve_model(spec)
-    except PlanError as error:
+    except PlanError as unresolved:
+        error = unresolved
         if found is not None:
             warnings.append(f"read {spec}'s architecture from the local Hugging Face cache: {found.source}.")
             return resolve_model(spec, found.config)
@@ -333,8 +334,9 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
         if folder and folder != spec and not HUB_REPO_ID.fullmatch(spec):
             try:
                 resolved = resolve_model(folder)
-            except PlanError:
-                pass
+            except PlanError as by_folder:
+                if "is not supported" in by_folder.message:  # a release rlplan recognises by name and refuses
+                    error = by_folder
             else:
                 warnings.append(f"{spec} is not readable here; its name matches the preset {resolved.name}, "
                                 "whose architecture the plan uses.")

@@ -122,6 +122,13 @@ def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists(path, pre
     assert any("not readable here" in warning for warning in result.warnings)
 
 
+def test_an_unreadable_local_path_whose_folder_names_a_refused_release_gets_that_refusal():
+    with pytest.raises(PlanError) as raised:
+        load("actor_rollout_ref.model.path=/root/verl/models/MiMo-7B-RL\n")
+    assert raised.value.field == "actor_rollout_ref.model.path"
+    assert "mimo-7b" in raised.value.message and "multi-token-prediction" in raised.value.message
+
+
 @pytest.mark.parametrize(("text", "field"), [
     ("data.train_batch_size=abc\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
     ("actor_rollout_ref.rollout.name=trtllm\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
