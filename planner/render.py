@@ -18,7 +18,6 @@ import functools
 import posixpath
 import re
 import shlex
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -28,6 +27,7 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.megatron_overrides import megatron_override_keys
+from rlplan.planner.package_data import package_file
 from rlplan.planner.plan import Plan
 from rlplan.planner.stack import VERL_WARMUP_STEPS_DEFAULT, parse_version, stack_defaults
 from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
@@ -76,7 +76,7 @@ def _environment() -> jinja2.Environment:
     import jinja2  # here, not at import: the CLI reads this module's choices on every command
 
     def load(name: str) -> str:
-        return resources.files("rlplan.templates").joinpath(name).read_text(encoding="utf-8")
+        return package_file("rlplan.templates", name).read_text(encoding="utf-8")
 
     environment = jinja2.Environment(
         loader=jinja2.FunctionLoader(load),
