@@ -279,6 +279,8 @@ def verl_overrides(plan: Plan) -> list[str]:
         value = knob_value(prepared, entry.field)
         if value is None or not _rendered(prepared, entry):
             continue
+        if entry.field == "data.train_batch_size" and prepared.rollout.pool and prepared.rollout.pool.streams:
+            value = 0  # verl's fully async rollouter asserts it (plan.RolloutPool.streams)
         spelling = _target_spelling(prepared, entry, value)
         if spelling is not None:
             overrides.append(f"{spelling}={format_value(rendered_value(entry, _as_verl_reads(prepared, entry, value)))}")
@@ -294,6 +296,9 @@ def verl_overrides(plan: Plan) -> list[str]:
         for key, text in ((REWARD_PATH_KEY, path), (REWARD_NAME_KEY, name)):
             overrides.append(f"{spelled(REWARD_SPELLINGS[key], verl, backend) or key}={format_value(text)}")
     overrides.extend(megatron_override_keys(prepared))
+    if (pool := prepared.rollout.pool) is not None:
+        # The recipes' configs declare the rollout's pool (one_step_off_ppo_trainer.yaml, fully_async_ppo_trainer.yaml).
+        overrides += [f"rollout.nnodes={pool.nodes}", f"rollout.n_gpus_per_node={pool.gpus_per_node}"]
     for key, value in prepared.passthrough.items():
         overrides.append(key if key.startswith("~") and value == "" else f"{key}={value}")
     return overrides

@@ -216,6 +216,7 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
                 **_figures_json(reports, p.name),
                 "peak_at": p.peak_at,
                 "components": _components_gib(p.components),
+                **({"pool": p.pool} if p.pool else {}),
             }
             for p in memory.phases
         },
@@ -341,7 +342,8 @@ def phase_table(memory: MemoryReport, detailed: bool, allocator: tuple[PhaseAllo
             text = f"{components[0][0]} {components[0][1]:.2f}" if components else ""
         counters = [f"{gib(figures[phase.name].allocated):.2f}", f"{gib(figures[phase.name].reserved):.2f}"] \
             if phase.name in figures else []
-        table.add_row(phase.name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", *counters, phase.peak_at, text)
+        name = f"{phase.name} ({phase.pool} GPUs)" if phase.pool else phase.name
+        table.add_row(name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", *counters, phase.peak_at, text)
     return table
 
 
@@ -420,6 +422,9 @@ def time_table(step: StepTime, lengths: Lengths | None, plan: Plan):
     title = f"Step time estimate {at}: {step_seconds:.2f} s ({phase_band(plan, 'step').text()})"
     caption = ("error band: the model's largest under- and over-prediction of that verl timing key on published "
                "runs left out of its fit (docs/accuracy.md 5a)")
+    if step.overlapped:
+        caption += ("; the rollout's own GPUs generate the next batch while the trainer trains on this one: the step "
+                    "is the longer of generation and training, then the weight sync (shares are of that step)")
     table = FittedTable(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")

@@ -322,3 +322,21 @@ def test_every_estimator_of_a_release_renders_for_it_and_one_it_lacks_is_refused
     with pytest.raises(PlanError) as raised:
         render_plan(_on_verl("0.4.1", {"algorithm.adv_estimator": "gpg"}), "verl", "overrides")
     assert raised.value.field == "algorithm.adv_estimator" and "added it in 0.5.0" in raised.value.message
+
+
+def test_a_rollout_pool_renders_as_the_recipes_keys_and_a_colocated_plan_writes_none():
+    import attrs
+
+    from rlplan.planner.plan import RolloutPool
+    from rlplan.planner.render import verl_overrides
+    from tests.planner.plans import make_plan
+
+    plan = make_plan(overrides={"model.path": "Qwen/Qwen2.5-7B-Instruct"})
+    assert not [o for o in verl_overrides(plan) if o.startswith("rollout.n")]
+    apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=2, gpus_per_node=4)))
+    overrides = verl_overrides(apart)
+    assert "rollout.nnodes=2" in overrides and "rollout.n_gpus_per_node=4" in overrides
+    assert "data.train_batch_size=64" in overrides
+    streamed = apart.evolve(rollout=attrs.evolve(apart.rollout, pool=RolloutPool(nodes=2, gpus_per_node=4,
+                                                                                 streams=True)))
+    assert "data.train_batch_size=0" in verl_overrides(streamed)
