@@ -341,7 +341,7 @@ def phase_table(memory: MemoryReport, detailed: bool, allocator: tuple[PhaseAllo
         else:
             text = f"{components[0][0]} {components[0][1]:.2f}" if components else ""
         counters = [f"{gib(figures[phase.name].allocated):.2f}", f"{gib(figures[phase.name].reserved):.2f}"] \
-            if phase.name in figures else []
+            if phase.name in figures else ["-", "-"] if allocator else []
         name = f"{phase.name} ({phase.pool} GPUs)" if phase.pool else phase.name
         table.add_row(name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", *counters, phase.peak_at, text)
     return table
@@ -501,7 +501,9 @@ def knobs_table(plan: Plan):
     rows = [
         ("model", f"{model.name} ({model.arch.total_params / 1e9:.2f}B params, {model.arch.family})"),
         ("cluster", f"{plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name} "
-                    f"({plan.cluster.gpu.memory_gib:g} GiB), host {plan.cluster.host_memory_gib:g} GiB/node"),
+                    f"({plan.cluster.gpu.memory_gib:g} GiB), host {plan.cluster.host_memory_gib:g} GiB/node"
+                    + (f"; the rollout on {rollout.pool.nodes} x {rollout.pool.gpus_per_node} of its own"
+                       if rollout.pool else "")),
         ("workload", f"{plan.algorithm.adv_estimator}: {plan.data.train_batch_size} prompts x n {rollout.n}, "
                      f"prompt {plan.data.max_prompt_length} + response {plan.data.max_response_length} tokens, "
                      f"mini batch {actor.ppo_mini_batch_size} prompts"),
