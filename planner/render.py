@@ -313,6 +313,23 @@ def _one_line_each(overrides: list[str]) -> None:
                             "cannot carry.", fix="render --format script instead, or remove the line break")
 
 
+def verl_entry_point(plan: Plan) -> tuple[str, str]:
+    """The module a rendered verl script runs and its --config-name ("": the module's own). verl's Megatron workers
+    read ppo_megatron_trainer.yaml, whose keys (actor.megatron.*) ppo_trainer.yaml lacks. A rollout on a pool of its
+    own runs verl's one-step-off recipe, or its fully async one for a streamed batch, each with its own configs
+    (<name>_ppo_trainer.yaml, <name>_ppo_megatron_trainer.yaml: they declare the pool's rollout.* keys), under
+    recipe/ or, from verl 0.8, verl/experimental/ (stack.ASYNC_RECIPES_IN_PACKAGE)."""
+    from rlplan.planner.stack import ASYNC_RECIPES_IN_PACKAGE, holds
+
+    pool = plan.rollout.pool
+    if pool is None:
+        return "verl.trainer.main_ppo", "ppo_megatron_trainer" if plan.is_megatron else ""
+    package = "verl.experimental" if holds(ASYNC_RECIPES_IN_PACKAGE, plan.stack) else "recipe"
+    recipe, main, config = (("fully_async_policy", "fully_async_main", "fully_async") if pool.streams
+                            else ("one_step_off_policy", "main_ppo", "one_step_off"))
+    return f"{package}.{recipe}.{main}", f"{config}_ppo_megatron_trainer" if plan.is_megatron else ""
+
+
 def _job_name(plan: Plan) -> str:
     """A scheduler job name from the experiment name, reduced to characters every scheduler takes."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", plan.trainer.experiment_name)[:64].strip("-.") or "rlplan"
@@ -338,8 +355,7 @@ def render_plan(plan: Plan, target: str, fmt: str = "script", *, plan_file: str 
         "plan_dir": posixpath.dirname(plan_file) or ".",
         "plan_name": posixpath.basename(plan_file),
     }
-    # verl's Megatron workers read ppo_megatron_trainer.yaml, whose keys (actor.megatron.*) ppo_trainer.yaml lacks.
-    context["config_name"] = "ppo_megatron_trainer" if plan.is_megatron else ""
+    context["module"], context["config_name"] = verl_entry_point(plan)
     # The caching allocator's settings the plan was priced with (memory.allocator_trace), for every process it starts.
     context["alloc_conf"] = plan.trainer.pytorch_cuda_alloc_conf
     if target == "verl":

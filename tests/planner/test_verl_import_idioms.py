@@ -302,3 +302,20 @@ def test_a_streamed_batch_is_priced_as_require_batches_mini_batches_and_rendered
     assert not any(o.startswith("data.train_batch_size=64") for o in rendered)
     step = predict_step_time(plan, predict_memory(plan))
     assert step.overlapped and verl_timing_seconds(step)["step"] == step.total_seconds
+
+
+def test_a_rollout_pool_and_a_streamed_batch_survive_import_render_import():
+    from rlplan.planner.planfile import plan_to_dict
+    from rlplan.planner.render import plan_as_verl_runs_it, render_plan, verl_overrides
+    from rlplan.planner.verl_import import import_verl_script
+    from tests.planner.plans import without_inferred_range
+
+    for script in ("split_rollout_one_step_off.sh", "streamed_batch_fully_async.sh"):
+        plan, _ = imported(script)
+        again = import_verl_script(render_plan(plan, "verl"), gpu=plan.cluster.gpu,
+                                   host_memory_gib=plan.cluster.host_memory_gib, env={},
+                                   local_config_reader=lambda path: None).plan
+        assert again.rollout.pool == plan.rollout.pool
+        assert sorted(verl_overrides(again)) == sorted(verl_overrides(plan))
+        assert plan_to_dict(without_inferred_range(again)) == plan_to_dict(without_inferred_range(
+            plan_as_verl_runs_it(plan)))
