@@ -369,14 +369,23 @@ def test_this_machines_pwd_in_a_script_warns_that_its_paths_are_frozen_and_env_u
     assert not [w for w in pinned.warnings if "$PWD" in w]
 
 
-def test_a_recipes_rollout_on_gpus_of_its_own_is_said_and_a_streamed_batch_of_zero_is_refused_with_why():
+def test_a_recipes_rollout_pool_is_read_with_or_without_plus_and_the_other_key_takes_the_recipes_default():
     head = "python3 -m recipe.one_step_off_policy.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
-    result = load(head + "rollout.nnodes=1 rollout.n_gpus_per_node=4 algorithm.adv_estimator=grpo\n")
-    assert any("rollout.nnodes, rollout.n_gpus_per_node" in w and "colocated" in w for w in result.warnings)
+    plain = load(head + "rollout.nnodes=2 rollout.n_gpus_per_node=4 algorithm.adv_estimator=grpo\n")
+    assert (plain.plan.rollout.pool.nodes, plain.plan.rollout.pool.gpus_per_node) == (2, 4)
+    plus = load(head + "+rollout.n_gpus_per_node=4 algorithm.adv_estimator=grpo\n").plan.rollout.pool
+    assert (plus.nodes, plus.gpus_per_node) == (1, 4)  # one_step_off_ppo_trainer.yaml: nnodes 1
+    assert load(head + "algorithm.adv_estimator=grpo\n").plan.rollout.pool is None
     with pytest.raises(PlanError) as error:
-        load(head.replace("one_step_off_policy.main_ppo", "fully_async_policy.fully_async_main")
-             + "data.train_batch_size=0 async_training.require_batches=4\n")
-    assert error.value.field == "data.train_batch_size" and "require_batches" in error.value.message
+        load(head + "rollout.nnodes=two algorithm.adv_estimator=grpo\n")
+    assert error.value.field == "rollout.nnodes"
+
+
+def test_a_streamed_batch_without_a_rollout_pool_is_refused_with_why():
+    with pytest.raises(PlanError) as error:
+        load("python3 -m recipe.fully_async_policy.fully_async_main actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+             "data.train_batch_size=0 async_training.require_batches=4 algorithm.adv_estimator=grpo\n")
+    assert error.value.field == "data.train_batch_size" and "rollout.n_gpus_per_node" in error.value.fix
 
 
 # --- credentials a script sets itself (issue 41) ------------------------------------------------------------------
