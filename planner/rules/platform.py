@@ -107,6 +107,21 @@ def _runtime_rollout_is_single_gpu(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
+@rule("platform", "the bundled runtime colocates the rollout with the trainer; a pool of its own is verl's recipes'")
+def _runtime_colocates_the_rollout(ctx: RuleContext) -> Iterator[Violation]:
+    # runtime/ drives one engine per trainer rank on the trainer's own devices; verl's one-step-off and fully async
+    # recipes (plan.RolloutPool) start engines on other GPUs and overlap the two, which the runtime does not.
+    pool = ctx.plan.rollout.pool
+    if pool is not None:
+        yield ctx.violation(
+            f"this plan puts the rollout on {pool.gpus} GPUs of its own ({pool.nodes} x {pool.gpus_per_node}, "
+            "verl's one-step-off or fully async recipe); the bundled runtime runs the rollout on the trainer's "
+            "devices only.",
+            "render the plan for verl (rlplan render plan.toml --target verl), which runs it through the recipe, "
+            "or remove [rollout.pool] to run it colocated here",
+        )
+
+
 @rule("platform", "on CPU the rollout engine computes in the dtype the actor does")
 def _rollout_dtype_matches_cpu_trainer(ctx: RuleContext) -> Iterator[Violation]:
     rollout, actor = ctx.plan.rollout, ctx.plan.actor

@@ -15,3 +15,16 @@ def test_the_bundled_runtime_refuses_an_estimator_only_verl_computes_and_verl_ru
     assert "runtime_computes_the_estimator" in platform_errors
     grpo = {v.rule for v in check_plan(make_plan(), Platform(device_type="cpu")).errors}
     assert "runtime_computes_the_estimator" not in grpo
+
+
+def test_the_bundled_runtime_refuses_a_rollout_on_a_pool_of_its_own_and_verl_rules_accept_it():
+    import attrs
+
+    from rlplan.planner.plan import RolloutPool
+
+    plan = make_plan()
+    apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=2)))
+    gpu = Platform(device_type="cuda", accelerator_count=8)
+    assert "runtime_colocates_the_rollout" not in {v.rule for v in check_plan(apart).violations}
+    assert "runtime_colocates_the_rollout" in {v.rule for v in check_plan(apart, gpu).errors}
+    assert "runtime_colocates_the_rollout" not in {v.rule for v in check_plan(plan, gpu).errors}
