@@ -23,7 +23,8 @@ words to Python, and then runs what that release runs before any GPU is touched:
 
 Two properties, over hypothesis-generated plans (solver plans and random batch layouts):
 - every plan rlplan calls valid passes all four stages;
-- every plan rlplan rejects with a config- or worker-stage rule is rejected by verl.
+- every plan rlplan rejects with a config- or worker-stage rule (or a runtime rule whose verl check is restated
+  at that release: JUDGED_RUNTIME_RULES) is rejected by verl.
 Disagreements a release is known to have with rlplan's rules are listed in KNOWN_GAPS, each with the
 releases it holds at and the rlplan rule that would close it; any other disagreement fails the check.
 Also checks that hostile strings (quotes, `$()`, backquotes, `;`, `${...}`) reach verl's config unchanged,
@@ -301,7 +302,11 @@ def verl_verdict(overrides: list[str]) -> None:
 # --- generated plans ----------------------------------------------------------------------
 
 BATCH_STAGES = {"config", "worker"}
-# One agent-loop worker, so that the agent loop's chunk never decides a case (rollout.agent.num_workers: v0.5.0 on).
+# Runtime-stage rules whose verl checks worker_eras restates at the installed release: the agent loop's chunk (every
+# release with one), the trainer's dispatch chunk (the legacy era's DataProto.chunk over the world).
+JUDGED_RUNTIME_RULES = {"agent_loop_chunks_evenly"} | (set() if worker_eras.ENGINE_ERA else {"dispatch_divisible_by_dp"})
+# rollout.agent.num_workers (v0.5.0 on): one worker in the random layouts, so the agent loop's chunk never decides
+# them; the dividing layouts draw a count that may not divide the batch.
 AGENT_WORKERS = {"rollout.agent_num_workers": 1} if worker_eras.since("0.5.0") else {}
 # LoRA ranks drawn (actor_rollout_ref.model.lora_rank: v0.4.0 on).
 LORA_RANKS = [0, 0, 32, 1024] if worker_eras.since("0.4.0") else [0, 0, 0]
@@ -382,7 +387,8 @@ def divisible_plans(draw) -> Plan:
         "ref.log_prob_micro_batch_size_per_gpu": log_prob_micro, "critic.ppo_micro_batch_size_per_gpu": micro,
         "critic.ulysses_sequence_parallel_size": sp,
         "rollout.tensor_model_parallel_size": draw(st.sampled_from([d for d in (1, 2, 4) if world % d == 0])),
-        **AGENT_WORKERS, "actor.use_kl_loss": draw(st.booleans()),
+        **({"rollout.agent_num_workers": draw(st.sampled_from([1, 1, 2, 3, 8]))} if AGENT_WORKERS else {}),
+        "actor.use_kl_loss": draw(st.booleans()),
         "algorithm.adv_estimator": draw(st.sampled_from(["grpo", "gae"])),
         "model.lora.rank": lora_rank, "rollout.sleep_level": 1 if lora_rank else 2,
         "actor.param_offload": draw(st.booleans()),
@@ -423,7 +429,7 @@ FAILURES: list[str] = []
 def judge(plan: Plan, label: str) -> None:
     plan = at_release(plan)
     report = check_plan(plan)
-    batch_errors = sorted({v.rule for v in report.errors if v.stage in BATCH_STAGES})
+    batch_errors = sorted({v.rule for v in report.errors if v.stage in BATCH_STAGES or v.rule in JUDGED_RUNTIME_RULES})
     try:
         arguments = script_arguments(render_plan(plan, "verl"))
     except PlanError:  # render refuses a key the release lacks: rlplan itself refuses the plan there

@@ -225,16 +225,22 @@ def _async_rollout(config) -> bool:
     return since("0.5.0") and config.actor_rollout_ref.rollout.get("mode", "sync") == "async"
 
 
+def agent_loop(config) -> None:
+    """verl/experimental/agent_loop/agent_loop.py AgentLoopManager.generate_sequences (v0.5.0 line 497, v0.7.0 949,
+    v0.8.0 1111, v0.9.1 1247): prompts.chunk(len(self.agent_loop_workers)) of the batch repeated n times, one worker
+    per rollout.agent.num_workers (DataProto.chunk's equal-chunk assert, run)."""
+    rollout = config.actor_rollout_ref.rollout
+    _chunk(config.data.train_batch_size * rollout.n, rollout.agent.num_workers, "agent_loop_chunk",
+           "AgentLoopManager.generate_sequences")
+
+
 def trainer_dispatch(config, world: int) -> None:
     """verl/trainer/ppo/ray_trainer.py RayPPOTrainer.fit, legacy era: the workers' methods are registered
     Dispatch.DP_COMPUTE_PROTO (single_controller/base/decorator.py), which chunks the batch over the worker
     group's world size with DataProto.chunk (auto padding only where the trainer enabled it: validation)."""
     train, n = config.data.train_batch_size, config.actor_rollout_ref.rollout.n
     if _async_rollout(config):
-        # verl/experimental/agent_loop/agent_loop.py AgentLoopManager.generate_sequences (v0.5.0 on):
-        # prompts.chunk(len(self.agent_loop_workers)) of the batch repeated n times.
-        workers = config.actor_rollout_ref.rollout.agent.num_workers
-        _chunk(train * n, workers, "agent_loop_chunk", "AgentLoopManager.generate_sequences")
+        agent_loop(config)
     else:
         # fit (v0.3.0.post1 line 817, v0.4.0 line 1011): generate_sequences(gen_batch) of the train_batch_size
         # prompts, repeated n times only after (lines 838, 1035); from v0.5.0 gen_batch is repeated first
@@ -345,3 +351,4 @@ def engine_worker(config, use_critic: bool) -> None:
         per_gpu = config.data.train_batch_size * n // dp
         if per_gpu:
             _micro_split(per_gpu, rollout.log_prob_micro_batch_size_per_gpu, "engine_log_prob_split")
+    agent_loop(config)  # the rollout is always async (the agent loop) from v0.7.0
