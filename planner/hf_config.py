@@ -42,12 +42,16 @@ _FAMILIES = {
     "mistral": "mistral", "mixtral": "mixtral", "phi3": "phi3",
     "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
     "deepseek_v2": "deepseek_v3", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
-    "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss",
+    "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss", "glm4v": "glm4v", "glm4v_text": "glm4v",
 }
 # Families whose routed experts' width is config.json's intermediate_size (no moe_intermediate_size key).
 _EXPERT_WIDTH_IN_INTERMEDIATE_SIZE = frozenset({"gpt_oss", "mixtral", "llama4"})
 _QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3"})  # a learned RMSNorm of head_dim on q and on k
-_FOUR_NORM_FAMILIES = frozenset({"gemma2", "gemma3"})  # pre/post norms around attention and around the MLP
+# Pre/post norms around attention and around the MLP (GLM-4.1V: input, post_self_attn, post_attention, post_mlp).
+_FOUR_NORM_FAMILIES = frozenset({"gemma2", "gemma3", "glm4v"})
+# Families whose q/k/v projections carry a bias whatever config.json says: transformers builds them with bias=True
+# (Qwen2's; Glm4vTextAttention, modeling_glm4v.py).
+_QKV_BIAS_FAMILIES = frozenset({"qwen2", "qwen2_moe", "glm4v"})
 _TIED_BY_DEFAULT = frozenset({"gemma2", "gemma3"})
 
 # A composite (vision-language) model_type -> the model types of its text and vision parts.
@@ -57,6 +61,7 @@ _PART_TYPES = {
     "qwen2_5_vl": ("qwen2_5_vl_text", "qwen2_5_vl_vision"),
     "qwen3_vl": ("qwen3_vl_text", "qwen3_vl_vision"),
     "qwen3_vl_moe": ("qwen3_vl_moe_text", "qwen3_vl_moe_vision"),
+    "glm4v": ("glm4v_text", "glm4v_vision"),
 }
 
 # transformers' class defaults (5.x) for the keys this reader uses, per model type, where
@@ -89,6 +94,9 @@ _LIGHT_DEFAULTS: dict[str, dict[str, Any]] = {
                             "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
                             "out_hidden_size": 3584, "num_position_embeddings": 2304,
                             "deepstack_visual_indexes": [8, 16, 24]},
+    "glm4v_vision": {"depth": 24, "hidden_size": 1536, "intermediate_size": 13696, "in_channels": 3, "image_size": 336,
+                     "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 4096,
+                     "attention_bias": False},
 }
 
 # Attention kinds whose layers keep an ordinary KV cache. Sliding-window and chunked layers are
@@ -231,7 +239,7 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
     vision = full.get("vision_config")
     if vision is not None and model_type not in _VISION_TOWERS:
         raise _refuse(source, f"a vision tower ({model_type or 'unnamed model_type'})",
-                      "rlplan prices the vision towers of gemma3, llama4, qwen2_5_vl, qwen3_vl and qwen3_vl_moe only.")
+                      f"rlplan prices the vision towers of {', '.join(sorted(_VISION_TOWERS))} only.")
     _refuse_unmodelled_layers(text, source)
     text_type = str(text.get("model_type") or model_type).lower()
     family = _FAMILIES.get(text_type, _FAMILIES.get(model_type, text_type or "llama"))
@@ -295,7 +303,7 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
         vocab_size=get("vocab_size"),
         tie_word_embeddings=bool(tied),
         max_position_embeddings=int(get("max_position_embeddings", 32768)),
-        qkv_bias=bool(get("attention_bias", family == "qwen2")) or family in ("qwen2", "qwen2_moe"),
+        qkv_bias=bool(get("attention_bias", False)) or family in _QKV_BIAS_FAMILIES,
         o_bias=family == "gpt_oss" and bool(get("attention_bias", True)),
         qk_norm=family in _QK_NORM_FAMILIES or (family == "glm4_moe" and bool(get("use_qk_norm", False))),
         norms_per_layer=4 if family in _FOUR_NORM_FAMILIES else 2,
@@ -389,10 +397,28 @@ def _llama4_vision_params(vision: dict[str, Any], text_hidden: int, whole: Any) 
     return embeddings + 4 * h + whole(vision, "num_hidden_layers") * layer + adapter + projector
 
 
+def _glm4v_vision_params(vision: dict[str, Any], text_hidden: int, whole: Any) -> int:
+    """GLM-4.1V's tower (transformers' Glm4vVisionModel): blocks whose SwiGLU is out_hidden_size wide, a Conv2d
+    that merges spatial_merge_size^2 patches into the text width, and a merger whose SwiGLU is intermediate_size
+    wide."""
+    h, i, depth = whole(vision, "hidden_size"), whole(vision, "intermediate_size"), whole(vision, "depth")
+    patch, temporal, merge = whole(vision, "patch_size"), whole(vision, "temporal_patch_size"), whole(
+        vision, "spatial_merge_size")
+    out = whole(vision, "out_hidden_size")
+    positions = (whole(vision, "image_size") // patch) ** 2 * h
+    patch_embed = whole(vision, "in_channels", 3) * temporal * patch * patch * h + h  # Conv3d with bias
+    qkv_bias = 3 * h if whole(vision, "attention_bias", False) else 0
+    block = 2 * h + (3 * h * h + qkv_bias) + h * h + 3 * h * out  # RMSNorms, qkv, proj (no bias), SwiGLU
+    downsample = h * merge * merge * out + out  # Conv2d with bias
+    merger = out * out + 2 * out + 3 * out * i  # proj (no bias), LayerNorm, SwiGLU
+    return positions + patch_embed + depth * block + 2 * h + downsample + merger  # 2 h: post-conv and final norms
+
+
 _VISION_TOWERS = {
     "gemma3": _gemma3_vision_params,
     "llama4": _llama4_vision_params,
     "qwen2_5_vl": _qwen2_5_vl_vision_params,
     "qwen3_vl": _qwen3_vl_vision_params,
     "qwen3_vl_moe": _qwen3_vl_vision_params,
+    "glm4v": _glm4v_vision_params,
 }

@@ -38,6 +38,9 @@ class ParallelLayout:
     # Megatron: the ranks one model replica's weights span (TP x PP); the sequence-parallel size above is then
     # Megatron's context parallel size (the group a token budget is split over). 1 under FSDP.
     model_parallel_size: int = 1
+    # The rollout's GPUs (and per node) where it runs on a pool of its own (plan.RolloutPool); 0: the trainer's.
+    rollout_gpus: int = 0
+    rollout_gpus_per_node: int = 0
 
     @property
     def dp(self) -> int:
@@ -60,11 +63,11 @@ class ParallelLayout:
         """Engines generating the batch between them, each taking an equal share of the sequences."""
         if self.one_rollout_engine:
             return 1
-        return self.world_size // self.rollout_tensor_parallel_size
+        return (self.rollout_gpus or self.world_size) // self.rollout_tensor_parallel_size
 
     @property
     def rollout_spans_nodes(self) -> bool:
-        return self.rollout_tensor_parallel_size > self.gpus_per_node
+        return self.rollout_tensor_parallel_size > (self.rollout_gpus_per_node or self.gpus_per_node)
 
     @property
     def fsdp_spans_nodes(self) -> bool:
@@ -259,6 +262,8 @@ def plan_layout(plan: Plan) -> PlanLayout:
         rollout_tensor_parallel_size=plan.rollout.tensor_model_parallel_size,
         one_rollout_engine=plan.cluster.gpu.is_cpu,
         model_parallel_size=model_parallel,
+        rollout_gpus=plan.rollout.pool.gpus if plan.rollout.pool else 0,
+        rollout_gpus_per_node=plan.rollout.pool.gpus_per_node if plan.rollout.pool else 0,
     )
     n = plan.rollout.n
     dp = max(parallel.dp, 1)

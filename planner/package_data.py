@@ -16,7 +16,6 @@ import os
 import sys
 import tomllib
 import zlib
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ PACKAGE = "rlplan.presets"
 
 def package_toml(filename: str) -> dict[str, Any]:
     """presets/<filename> parsed, as tomllib parses it."""
-    resource = resources.files(PACKAGE).joinpath(filename)
+    resource = package_file(PACKAGE, filename)
     text = resource.read_text(encoding="utf-8")
     cache = _cache_path(resource, filename, text)
     if cache is not None:
@@ -38,7 +37,22 @@ def package_toml(filename: str) -> dict[str, Any]:
 
 
 def package_toml_exists(filename: str) -> bool:
-    return resources.files(PACKAGE).joinpath(filename).is_file()
+    return package_file(PACKAGE, filename).is_file()
+
+
+def package_file(package: str, filename: str) -> Any:
+    """<package>/<filename> (package: rlplan.presets, rlplan.templates): a path beside the package's __init__
+    where the package is a folder (every wheel and editable install), else what importlib.resources serves (a zip
+    import). importlib.resources is imported only then: it brings tempfile and zipfile, a few milliseconds of
+    every process's start."""
+    import importlib
+
+    init = getattr(importlib.import_module(package), "__file__", None)
+    if init and Path(init).is_file():
+        return Path(init).parent / filename
+    from importlib import resources
+
+    return resources.files(package).joinpath(filename)
 
 
 def _cache_path(resource: Any, filename: str, text: str) -> Path | None:

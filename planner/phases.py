@@ -32,6 +32,10 @@ Glossary (one name per concept, planner and runtime alike):
   parallelism (CP) under Megatron; `layout.ParallelLayout.ulysses_sequence_parallel_size` holds whichever the
   plan's backend uses (`layout._sequence_and_model_parallel`).
 - **sync mode** (`SyncMode`): what the trainer sends the rollout engine in the weight_sync phase.
+- **placement** / **pool**: where the rollout engine runs. Colocated (the default, verl's hybrid engine): on the
+  trainer's GPUs, every phase on the same GPU. Split (`plan.RolloutPool`, verl's one-step-off and fully async
+  recipes): on a pool of GPUs of its own; the rollout phase then runs on a *rollout GPU*, the weight sync and the
+  passes on a *trainer GPU* (`memory.report.PhaseMemory.pool`), and generation overlaps training.
 """
 
 from __future__ import annotations

@@ -381,6 +381,33 @@ class RefSection:
     megatron: MegatronSection | None = None
 
 
+def _whole(section: str):
+    return field_check(section, lambda value: type(value) is int, "counts GPUs and must be a whole number, got {value}.",
+                       "set {field} to a whole number")
+
+
+@frozen(kw_only=True)
+class RolloutPool:
+    """GPUs of the rollout's own: verl's async recipes (recipe/one_step_off_policy, recipe/fully_async_policy at
+    v0.6.1 and v0.7.0) run with actor_rollout_ref.hybrid_engine=False and give the engine the top-level
+    `rollout.nnodes` x `rollout.n_gpus_per_node` GPUs beside the trainer's `trainer.nnodes` x
+    `trainer.n_gpus_per_node`, of the cluster's GPU kind. The engine there never sleeps and no trainer state
+    shares its GPUs."""
+
+    nodes: int = field(validator=[at_least(1, "rollout.pool"), _whole("rollout.pool")])
+    gpus_per_node: int = field(validator=[at_least(1, "rollout.pool"), _whole("rollout.pool")])
+    # verl's fully async recipe: the rollouter streams prompts one at a time (it asserts data.train_batch_size == 0
+    # and data.gen_batch_size == 1, v0.7.0 recipe/fully_async_policy/fully_async_rollouter.py) and the trainer takes
+    # async_training.require_batches x ppo_mini_batch_size of them per step (fully_async_trainer.py
+    # required_samples), which the plan's data.train_batch_size holds; render writes verl's 0 back.
+    streams: bool = False
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the rollout's engines share between them."""
+        return self.nodes * self.gpus_per_node
+
+
 @frozen(kw_only=True)
 class RolloutSection:
     """The rollout engine, vLLM or SGLang (verl: actor_rollout_ref.rollout.*).
@@ -423,6 +450,8 @@ class RolloutSection:
     log_prob_max_token_len_per_gpu: int = field(default=16384, validator=at_least(1, "rollout"))
     agent_num_workers: int = field(default=8, validator=at_least(1, "rollout"))
     update_weights_bucket_megabytes: int = field(default=2048, validator=at_least(1, "rollout"))
+    # Where the engine runs: None on the trainer's GPUs (colocated, verl's hybrid engine), else on a pool of its own.
+    pool: RolloutPool | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -538,6 +567,10 @@ class Plan:
                 fix=f"re-solve the plan with this rlplan, or set schema_version = {SCHEMA_VERSION} after checking it",
             )
         check_engine(self.stack, self.rollout.name)
+        if self.rollout.pool is not None and self.cluster.gpu.is_cpu:
+            raise PlanError(field="rollout.pool", message="puts the rollout on GPUs of its own, but the cluster is a "
+                            "CPU machine: rlplan's runtime starts one engine beside the trainer ranks there.",
+                            fix="remove the [rollout.pool] table (the rollout then shares the machine)")
         if self.actor.strategy != "megatron":
             for role in ("actor", "ref", "critic"):
                 if getattr(self, role).megatron is not None:
@@ -553,6 +586,22 @@ class Plan:
     def is_megatron(self) -> bool:
         """verl's Megatron workers train every role (megatron_workers.py); the bundled runtime never runs it."""
         return self.actor.strategy == "megatron"
+
+    @property
+    def rollout_is_split(self) -> bool:
+        """The rollout runs on a pool of its own (RolloutPool), not on the trainer's GPUs."""
+        return self.rollout.pool is not None
+
+    @property
+    def rollout_gpus(self) -> int:
+        """The GPUs the rollout's engines share: its own pool's, else the trainer's (colocated)."""
+        pool = self.rollout.pool
+        return pool.gpus if pool is not None else self.cluster.world_size
+
+    @property
+    def rollout_gpus_per_node(self) -> int:
+        pool = self.rollout.pool
+        return pool.gpus_per_node if pool is not None else self.cluster.gpus_per_node
 
     @property
     def uses_critic(self) -> bool:

@@ -35,6 +35,12 @@ HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*
 _MODEL_PRESET_KEYS = ("repo_ids", "repo_overrides", "published_params_b", "published_active_params_b")
 
 
+def _optional_float(value: Any) -> float | None:
+    # Not attrs.converters.optional(float): attrs reads a converter's signature, and a builtin's costs a tokenize
+    # pass (its regexes compiled on first use) at import, a tenth of a whole `rlplan solve` process.
+    return None if value is None else float(value)
+
+
 @frozen(kw_only=True)
 class ModelPreset:
     """A named architecture and the Hugging Face repos that ship it."""
@@ -43,10 +49,8 @@ class ModelPreset:
     arch: Architecture
     # The first repo is the one a bare preset name stands for.
     repo_ids: tuple[str, ...]
-    published_params_b: float | None = attrs.field(default=None, converter=attrs.converters.optional(float))
-    published_active_params_b: float | None = attrs.field(
-        default=None, converter=attrs.converters.optional(float)
-    )
+    published_params_b: float | None = attrs.field(default=None, converter=_optional_float)
+    published_active_params_b: float | None = attrs.field(default=None, converter=_optional_float)
     # (repo id, ((field, value), ...)): listed repos whose config.json differs from `arch`
     # in a field that changes no weight shape, e.g. a base release's longer context.
     repo_overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()

@@ -18,7 +18,6 @@ import functools
 import posixpath
 import re
 import shlex
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -28,6 +27,7 @@ from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.megatron_overrides import megatron_override_keys
+from rlplan.planner.package_data import package_file
 from rlplan.planner.plan import Plan
 from rlplan.planner.stack import VERL_WARMUP_STEPS_DEFAULT, parse_version, stack_defaults
 from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
@@ -76,7 +76,7 @@ def _environment() -> jinja2.Environment:
     import jinja2  # here, not at import: the CLI reads this module's choices on every command
 
     def load(name: str) -> str:
-        return resources.files("rlplan.templates").joinpath(name).read_text(encoding="utf-8")
+        return package_file("rlplan.templates", name).read_text(encoding="utf-8")
 
     environment = jinja2.Environment(
         loader=jinja2.FunctionLoader(load),
@@ -279,6 +279,8 @@ def verl_overrides(plan: Plan) -> list[str]:
         value = knob_value(prepared, entry.field)
         if value is None or not _rendered(prepared, entry):
             continue
+        if entry.field == "data.train_batch_size" and prepared.rollout.pool and prepared.rollout.pool.streams:
+            value = 0  # verl's fully async rollouter asserts it (plan.RolloutPool.streams)
         spelling = _target_spelling(prepared, entry, value)
         if spelling is not None:
             overrides.append(f"{spelling}={format_value(rendered_value(entry, _as_verl_reads(prepared, entry, value)))}")
@@ -294,6 +296,9 @@ def verl_overrides(plan: Plan) -> list[str]:
         for key, text in ((REWARD_PATH_KEY, path), (REWARD_NAME_KEY, name)):
             overrides.append(f"{spelled(REWARD_SPELLINGS[key], verl, backend) or key}={format_value(text)}")
     overrides.extend(megatron_override_keys(prepared))
+    if (pool := prepared.rollout.pool) is not None:
+        # The recipes' configs declare the rollout's pool (one_step_off_ppo_trainer.yaml, fully_async_ppo_trainer.yaml).
+        overrides += [f"rollout.nnodes={pool.nodes}", f"rollout.n_gpus_per_node={pool.gpus_per_node}"]
     for key, value in prepared.passthrough.items():
         overrides.append(key if key.startswith("~") and value == "" else f"{key}={value}")
     return overrides
@@ -306,6 +311,23 @@ def _one_line_each(overrides: list[str]) -> None:
             key = override.partition("=")[0]
             raise PlanError(field=key, message="holds a line break, which a file of one override per line "
                             "cannot carry.", fix="render --format script instead, or remove the line break")
+
+
+def verl_entry_point(plan: Plan) -> tuple[str, str]:
+    """The module a rendered verl script runs and its --config-name ("": the module's own). verl's Megatron workers
+    read ppo_megatron_trainer.yaml, whose keys (actor.megatron.*) ppo_trainer.yaml lacks. A rollout on a pool of its
+    own runs verl's one-step-off recipe, or its fully async one for a streamed batch, each with its own configs
+    (<name>_ppo_trainer.yaml, <name>_ppo_megatron_trainer.yaml: they declare the pool's rollout.* keys), under
+    recipe/ or, from verl 0.8, verl/experimental/ (stack.ASYNC_RECIPES_IN_PACKAGE)."""
+    from rlplan.planner.stack import ASYNC_RECIPES_IN_PACKAGE, holds
+
+    pool = plan.rollout.pool
+    if pool is None:
+        return "verl.trainer.main_ppo", "ppo_megatron_trainer" if plan.is_megatron else ""
+    package = "verl.experimental" if holds(ASYNC_RECIPES_IN_PACKAGE, plan.stack) else "recipe"
+    recipe, main, config = (("fully_async_policy", "fully_async_main", "fully_async") if pool.streams
+                            else ("one_step_off_policy", "main_ppo", "one_step_off"))
+    return f"{package}.{recipe}.{main}", f"{config}_ppo_megatron_trainer" if plan.is_megatron else ""
 
 
 def _job_name(plan: Plan) -> str:
@@ -333,8 +355,7 @@ def render_plan(plan: Plan, target: str, fmt: str = "script", *, plan_file: str 
         "plan_dir": posixpath.dirname(plan_file) or ".",
         "plan_name": posixpath.basename(plan_file),
     }
-    # verl's Megatron workers read ppo_megatron_trainer.yaml, whose keys (actor.megatron.*) ppo_trainer.yaml lacks.
-    context["config_name"] = "ppo_megatron_trainer" if plan.is_megatron else ""
+    context["module"], context["config_name"] = verl_entry_point(plan)
     # The caching allocator's settings the plan was priced with (memory.allocator_trace), for every process it starts.
     context["alloc_conf"] = plan.trainer.pytorch_cuda_alloc_conf
     if target == "verl":

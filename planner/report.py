@@ -216,6 +216,7 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
                 **_figures_json(reports, p.name),
                 "peak_at": p.peak_at,
                 "components": _components_gib(p.components),
+                **({"pool": p.pool} if p.pool else {}),
             }
             for p in memory.phases
         },
@@ -340,8 +341,9 @@ def phase_table(memory: MemoryReport, detailed: bool, allocator: tuple[PhaseAllo
         else:
             text = f"{components[0][0]} {components[0][1]:.2f}" if components else ""
         counters = [f"{gib(figures[phase.name].allocated):.2f}", f"{gib(figures[phase.name].reserved):.2f}"] \
-            if phase.name in figures else []
-        table.add_row(phase.name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", *counters, phase.peak_at, text)
+            if phase.name in figures else ["-", "-"] if allocator else []
+        name = f"{phase.name} ({phase.pool} GPUs)" if phase.pool else phase.name
+        table.add_row(name, f"[{style}]{peak:.2f}[/]" if style else f"{peak:.2f}", *counters, phase.peak_at, text)
     return table
 
 
@@ -420,6 +422,9 @@ def time_table(step: StepTime, lengths: Lengths | None, plan: Plan):
     title = f"Step time estimate {at}: {step_seconds:.2f} s ({phase_band(plan, 'step').text()})"
     caption = ("error band: the model's largest under- and over-prediction of that verl timing key on published "
                "runs left out of its fit (docs/accuracy.md 5a)")
+    if step.overlapped:
+        caption += ("; the rollout's own GPUs generate the next batch while the trainer trains on this one: the step "
+                    "is the longer of generation and training, then the weight sync (shares are of that step)")
     table = FittedTable(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("phase", style="bold")
     table.add_column("seconds", justify="right")
@@ -496,7 +501,9 @@ def knobs_table(plan: Plan):
     rows = [
         ("model", f"{model.name} ({model.arch.total_params / 1e9:.2f}B params, {model.arch.family})"),
         ("cluster", f"{plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name} "
-                    f"({plan.cluster.gpu.memory_gib:g} GiB), host {plan.cluster.host_memory_gib:g} GiB/node"),
+                    f"({plan.cluster.gpu.memory_gib:g} GiB), host {plan.cluster.host_memory_gib:g} GiB/node"
+                    + (f"; the rollout on {rollout.pool.nodes} x {rollout.pool.gpus_per_node} of its own"
+                       if rollout.pool else "")),
         ("workload", f"{plan.algorithm.adv_estimator}: {plan.data.train_batch_size} prompts x n {rollout.n}, "
                      f"prompt {plan.data.max_prompt_length} + response {plan.data.max_response_length} tokens, "
                      f"mini batch {actor.ppo_mini_batch_size} prompts"),

@@ -300,6 +300,12 @@ ASYNC_ROLLOUT_DEFAULT = Behaviour(
     code_path="verl/trainer/config/rollout/rollout.yaml mode (sync up to v0.6.1, async from v0.7.0, where "
               "RolloutConfig.__post_init__ refuses sync); ray_trainer.py uses the agent loop only for async",
     summary="the rollout is async (the agent loop) whatever the script says")
+ASYNC_RECIPES_IN_PACKAGE = Behaviour(
+    name="async_recipes_in_package", package="verl", since="0.8.0",
+    code_path="recipe/one_step_off_policy/main_ppo.py and recipe/fully_async_policy/fully_async_main.py (v0.5.0-"
+              "v0.7.0), verl/experimental/one_step_off_policy/main_ppo.py and verl/experimental/fully_async_policy/"
+              "fully_async_main.py on main at 0.8.0.dev (read January 2026; 0.7.1 not read, taken as recipe/)",
+    summary="the one-step-off and fully async recipes are modules of the verl package, not of recipe/")
 MEGATRON_GRAD_OFFLOAD_ABSENT = Behaviour(
     name="megatron_grad_offload_absent", package="verl", since="0.4.0", before="0.9.1", outside=True,
     code_path="verl/trainer/config/ppo_megatron_trainer.yaml actor.megatron.grad_offload (v0.4.0-v0.4.1), "
@@ -459,7 +465,7 @@ TRAINER_EXPANDABLE_SEGMENTS = Behaviour(
 
 BEHAVIOURS: tuple[Behaviour, ...] = (
     ENTROPY_COEFF_DEFAULT_0001, REFERENCE_ALWAYS_RUNS, ENTROPY_IN_EVERY_PASS, REWARD_TIMED_IN_ADV,
-    EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
+    EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,

@@ -27,7 +27,7 @@ from attrs import frozen
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.megatron_overrides import lift_megatron_overrides
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import Plan, RolloutPool
 from rlplan.planner.planfile import plan_from_dict
 from rlplan.planner.presets import HUB_REPO_ID, ResolvedModel, resolve_model
 from rlplan.planner.redaction import is_secret, reference
@@ -54,6 +54,7 @@ from rlplan.planner.verl_keys import (
     format_value,
     parse_value,
     table_for,
+    value_alias,
     verl_sleep_level,
 )
 
@@ -324,7 +325,8 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
         return resolve_model(spec, found.config)
     try:
         return resolve_model(spec)
-    except PlanError as error:
+    except PlanError as unresolved:
+        error = unresolved
         if found is not None:
             warnings.append(f"read {spec}'s architecture from the local Hugging Face cache: {found.source}.")
             return resolve_model(spec, found.config)
@@ -332,8 +334,9 @@ def _resolve_model(model_path: str, local_config_reader: LocalConfigReader, warn
         if folder and folder != spec and not HUB_REPO_ID.fullmatch(spec):
             try:
                 resolved = resolve_model(folder)
-            except PlanError:
-                pass
+            except PlanError as by_folder:
+                if "is not supported" in by_folder.message:  # a release rlplan recognises by name and refuses
+                    error = by_folder
             else:
                 warnings.append(f"{spec} is not readable here; its name matches the preset {resolved.name}, "
                                 "whose architecture the plan uses.")
@@ -564,6 +567,10 @@ def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pi
             _unknown_value(override, key, scope, sorted_)
             continue
         sorted_.unknowable.pop(key, None)
+        renamed = value_alias(key, override.value)
+        if renamed is not None:
+            warnings.append(f"{key}={override.value} is {renamed[1]}; read as {renamed[0]}.")
+            override = attrs.evolve(override, value=renamed[0])
         override = _without_literal_secret(override, pinned_values, warnings)
         assert override.value is not None
         referenced = set(re.findall(r"\$\{oc\.env:([^,}]*)", override.value))
@@ -614,7 +621,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     sorted_ = _sort_overrides(command, backend, warnings, set(env), set(env.values()))
     given, passthrough = sorted_.given, sorted_.passthrough
     given = {**_config_values(config, command.module, backend, given, warnings), **given}
-    _placement(given, passthrough, warnings)
+    pool = _placement(given, passthrough, warnings)
     table = table_for(backend)
     values = _Values(given, passthrough, dict(env), dict(environment or {}), table)
     fields = {field: values.field_value(field) for field in table}
@@ -648,6 +655,8 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     _drop_switched_off_warmup_ratio(plan, given, passthrough, warnings)
     # The Megatron settings rlplan types (uneven pipeline, CPU optimizer) leave the passthrough here, once.
     plan = lift_megatron_overrides(plan.evolve(passthrough=passthrough))
+    if pool is not None:
+        plan = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=pool))
     kept = tuple(plan.passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]
     if unmodeled:
@@ -695,29 +704,74 @@ def _alloc_conf(scope: ShellScope | None) -> str | None:
     return value
 
 
-# A recipe's own rollout placement (recipe/one_step_off_policy, recipe/fully_async_policy): the rollout on GPUs
-# of its own, `rollout.nnodes` x `rollout.n_gpus_per_node`, beside the trainer's.
-_SPLIT_ROLLOUT_KEYS = ("rollout.nnodes", "rollout.n_gpus_per_node")
+# A recipe's own rollout placement (recipe/one_step_off_policy, recipe/fully_async_policy at v0.6.1 and v0.7.0): the
+# rollout on GPUs of its own, the top-level `rollout.nnodes` x `rollout.n_gpus_per_node` (the recipes' configs
+# declare both, default 1 x 8: one_step_off_ppo_trainer.yaml, fully_async_ppo_trainer.yaml), beside the trainer's.
+_SPLIT_ROLLOUT_KEYS = {"rollout.nnodes": ("nodes", 1), "rollout.n_gpus_per_node": ("gpus_per_node", 8)}
+# The fully async trainer's batch: async_training.require_batches mini batches (fully_async_ppo_trainer.yaml: 1).
+REQUIRE_BATCHES_KEY = "async_training.require_batches"
 
 
-def _placement(given: dict[str, str], passthrough: dict[str, str], warnings: list[str]) -> None:
-    """What the plan's colocated step does not model of a recipe's placement: said, or refused where verl's
-    batch means something else."""
-    split = [key for key in _SPLIT_ROLLOUT_KEYS if key in passthrough or f"+{key}" in passthrough]
+def _placement(given: dict[str, str], passthrough: dict[str, str], warnings: list[str]) -> RolloutPool | None:
+    """The recipe's rollout pool, its keys taken out of the passthrough (None: colocated); a streamed batch
+    (fully async, data.train_batch_size=0) priced as the trainer's step takes it."""
     if given.get("algorithm.adv_estimator", "").strip("'\"") == "null":
         raise PlanError(field="algorithm.adv_estimator", message="is null: the recipe's own trainer (verl's SPIN and SPPO "
                         "recipes) computes no advantages, and rlplan does not model that step (it prices PPO-family "
                         "steps).", fix="import a script whose algorithm.adv_estimator is one of verl's estimators")
-    batch = given.get("data.train_batch_size", "").strip("'\"")
-    if batch == "0":
-        raise PlanError(field="data.train_batch_size", message="is 0: the prompts stream to the trainer, which takes "
-                        "async_training.require_batches mini batches per step from a rollout on GPUs of its own (verl's "
-                        "fully async recipe). rlplan prices a colocated step of a fixed batch and does not model that.",
-                        fix="price the trainer's step with data.train_batch_size = ppo_mini_batch_size x "
-                        "require_batches in a copy of the script, knowing the plan puts the rollout on the same GPUs")
-    if split:
-        warnings.append(f"{', '.join(split)} put the rollout on GPUs of its own (a recipe's split placement); the "
-                        "plan prices the rollout on the trainer's GPUs, so its memory verdict is the colocated one.")
+    sizes: dict[str, int] = {}
+    for key, (name, _) in _SPLIT_ROLLOUT_KEYS.items():
+        for spelling in ("++" + key, "+" + key, key):
+            if spelling in passthrough:
+                sizes[name] = _whole_number(key, passthrough.pop(spelling))
+    streams = given.get("data.train_batch_size", "").strip("'\"") == "0"
+    if streams:
+        _price_streamed_batch(given, passthrough, warnings, split=bool(sizes))
+    if not sizes:
+        return None
+    for name, default in _SPLIT_ROLLOUT_KEYS.values():
+        sizes.setdefault(name, default)
+    try:
+        return RolloutPool(**sizes, streams=streams)
+    except PlanError as error:
+        key = next(k for k, (name, _) in _SPLIT_ROLLOUT_KEYS.items() if error.field.endswith("." + name))
+        raise PlanError(field=key, message=error.message, fix=f"set {key} to a whole number of at least 1") from None
+
+
+def _whole_number(key: str, text: str) -> int:
+    value = parse_value(text)
+    if type(value) is not int:
+        raise PlanError(field=key, message=f"is {text!r}, which is not a whole number.",
+                        fix=f"set {key} to the rollout's {'nodes' if 'nnodes' in key else 'GPUs per node'}")
+    return value
+
+
+def _price_streamed_batch(given: dict[str, str], passthrough: dict[str, str], warnings: list[str], *,
+                          split: bool) -> None:
+    """verl's fully async recipe: data.train_batch_size=0 (and data.gen_batch_size=1) because the rollouter streams
+    prompts; the trainer's step takes async_training.require_batches x ppo_mini_batch_size of them
+    (fully_async_trainer.py required_samples, v0.7.0), which the plan prices as its train batch."""
+    if not split:
+        raise PlanError(field="data.train_batch_size", message="is 0: the prompts stream to the trainer from a rollout "
+                        "on GPUs of its own (verl's fully async recipe), but the script gives the rollout no GPUs "
+                        "(rollout.nnodes / rollout.n_gpus_per_node).",
+                        fix="set rollout.nnodes and rollout.n_gpus_per_node as the recipe's scripts do")
+    mini_entry = BY_FIELD["actor.ppo_mini_batch_size"]
+    mini = parse_value(given[mini_entry.key]) if mini_entry.key in given else mini_entry.default
+    spellings = [prefix + REQUIRE_BATCHES_KEY for prefix in ("++", "+", "")]
+    require_text = next((passthrough[key] for key in spellings if key in passthrough), "1")
+    require = parse_value(require_text)
+    if type(mini) is not int or type(require) is not int or mini < 1 or require < 1:
+        raise PlanError(field=REQUIRE_BATCHES_KEY, message=f"and {mini_entry.key} ({require_text} x {mini}) size the "
+                        "fully async trainer's step, and one of them is no whole number of at least 1.",
+                        fix=f"set {REQUIRE_BATCHES_KEY} and {mini_entry.key} to whole numbers")
+    given["data.train_batch_size"] = str(require * mini)
+    gen_key = BY_FIELD["data.gen_batch_size"].key
+    if gen_key in given:  # the rollouter's one prompt at a time: kept for render, not the step's generated batch
+        passthrough[gen_key] = given.pop(gen_key)
+    warnings.append(f"data.train_batch_size is 0 (verl's fully async recipe streams prompts): the trainer's step "
+                    f"takes {REQUIRE_BATCHES_KEY} x ppo_mini_batch_size = {require} x {mini} = {require * mini} "
+                    "prompts, priced as the step's batch (rendered back as 0).")
 
 
 _PLAIN_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
@@ -744,6 +798,10 @@ def _config_values(config: TrainerConfig, module: str, backend: Backend, given: 
         key = KEY_ALIASES.get(dotted, dotted)
         if key not in BY_KEY or not backend_has(key, backend) or key in given:
             continue
+        renamed = value_alias(key, text)
+        if renamed is not None:
+            warnings.append(f"{config.path} sets {key}={text}, {renamed[1]}; read as {renamed[0]}.")
+            text = renamed[0]
         references = _PLAIN_REFERENCE.findall(text)
         if "${" in text and (len(references) != text.count("${") or any(ref not in BY_KEY for ref in references)):
             skipped.append(f"{key} = {text}")

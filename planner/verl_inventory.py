@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import json
-from importlib import resources
 from typing import Any, Literal
 
+from rlplan.planner.package_data import package_file
 from rlplan.planner.stack import in_range, parse_version
 
 INVENTORY_FILE = "verl_inventory.json"
@@ -26,7 +26,7 @@ Run = tuple[str, str | None, Any]
 
 @functools.cache
 def _data() -> dict[str, Any]:
-    text = resources.files("rlplan.presets").joinpath(INVENTORY_FILE).read_text(encoding="utf-8")
+    text = package_file("rlplan.presets", INVENTORY_FILE).read_text(encoding="utf-8")
     return json.loads(text)
 
 def releases_read() -> tuple[str, ...]:

@@ -380,6 +380,28 @@ KEY_ALIASES: dict[str, str] = {
 }
 
 
+# Older spellings of a key's value, read by the importer as today's value: key -> {old value: (value, why)}.
+# rollout.name=sglang_async: verl v0.4.0 and v0.4.1 accept it as a deprecated name of sglang and build the same
+# SGLangRollout for both (verl/workers/fsdp_workers.py _build_rollout and megatron_workers.py at v0.4.0 and v0.4.1:
+# "'sglang_async' has been deprecated and merged into 'sglang'"); v0.3.0.post1 and v0.5.0 on know only sglang.
+# A render writes today's value, which every release read accepts.
+VALUE_ALIASES: dict[str, dict[str, tuple[str, str]]] = {
+    f"{ARF}.rollout.name": {
+        "sglang_async": ("sglang", "verl 0.4.0-0.4.1's deprecated name of the sglang rollout (the same SGLangRollout); "
+                         "verl 0.3 and 0.5 on know only sglang"),
+    },
+}
+
+
+def value_alias(key: str, value: str) -> tuple[str, str] | None:
+    """(today's value, why) when `value` is an older spelling of `key`'s value, else None."""
+    aliases = VALUE_ALIASES.get(key)
+    if not aliases:
+        return None
+    parsed = parse_value(value)
+    return aliases.get(parsed) if isinstance(parsed, str) else None
+
+
 def spelled(spellings: tuple[str, ...], version: str, backend: TrainerBackend) -> str | None:
     """The newest of these spellings that verl `version`'s trainer config of that backend has."""
     return next((key for key in spellings if verl_inventory.has_key(version, key, backend)), None)

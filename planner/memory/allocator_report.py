@@ -65,8 +65,10 @@ class PhaseAllocator:
 
 
 def engine_in_trainer_process(plan: Plan) -> bool:
-    """vLLM inside the trainer's process (verl before 0.7); SGLang always runs in a process of its own."""
-    return plan.rollout.name == "vllm" and holds(ENGINE_IN_TRAINER_PROCESS, plan.stack, "vllm")
+    """vLLM inside the trainer's process (verl before 0.7); SGLang always runs in a process of its own, and so
+    does any engine on a pool of its own (plan.RolloutPool)."""
+    return (plan.rollout.name == "vllm" and not plan.rollout_is_split
+            and holds(ENGINE_IN_TRAINER_PROCESS, plan.stack, "vllm"))
 
 
 def sleeping_pool_counted(plan: Plan) -> bool:
@@ -125,6 +127,8 @@ def allocator_report(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, engine_i
     unlisted = unlisted_cache_bytes(plan, profile, report, engine_in_process=in_process)
     rows = []
     for phase in report.phases:
+        if phase.pool == "rollout":
+            continue  # on GPUs of its own: no trainer process there, whose counters these are
         allocated = torch_bytes(phase, plan, report, engine_in_process=in_process, pool_counted_asleep=counted)
         replay = figures.get(phase.name, AllocatorFigures(allocated=0, reserved=0, needed=0))
         trainer_phase = phase.name not in (Phase.ROLLOUT, Phase.WEIGHT_SYNC)

@@ -11,6 +11,11 @@ A step runs these phases (the package docstring lists the components they report
     critic_update  critic training step (PPO/GAE only)
     actor_update   actor training step: max(P_loss, P_bwd, P_opt, P_root: the root groups' backward after the layers)
 
+With the rollout on a pool of its own (plan.RolloutPool: verl's one-step-off and fully async recipes) the same
+phases run on two kinds of GPU: rollout on a rollout GPU holding the engine alone (its weights, KV cache, buffers
+and graphs; no trainer state), weight_sync and the passes on a trainer GPU holding no engine at all (no KV cache,
+no sleeping weights). Each phase says its pool (`PhaseMemory.pool`); the fit is the largest phase of either.
+
 Entry points: `predict_memory` (every phase, host, KV budget) and `predict_phase` (one
 phase, for searches that bisect one knob).
 """
@@ -108,7 +113,7 @@ class _StepContext:
     """What every phase of one plan shares; built once per predict_memory call."""
 
     __slots__ = ("plan", "profile", "facts", "layout", "trainer", "actor", "critic", "actor_gpu", "critic_gpu",
-                 "_budget", "resident_by_role", "_vllm_resident", "overhead", "on_cpu")
+                 "_budget", "resident_by_role", "_vllm_resident", "overhead", "on_cpu", "split")
 
     def __init__(self, plan: Plan, profile: Profile, layout: PlanLayout) -> None:
         self.plan = plan
@@ -125,6 +130,7 @@ class _StepContext:
         self._budget: RolloutBudget | None = None
         self._vllm_resident: list[Component] | None = None
         self.on_cpu = plan.cluster.gpu.is_cpu
+        self.split = plan.rollout_is_split
         # On rlplan's CPU runtime a rank is a process and what it measures is its resident set: the
         # interpreter and libraries take the place of the CUDA context.
         self.overhead = (
@@ -140,6 +146,8 @@ class _StepContext:
 
     @property
     def vllm_resident(self) -> list[Component]:
+        if self.split:
+            return []  # the engine has GPUs of its own: nothing of it on a trainer GPU
         if self._vllm_resident is None:
             self._vllm_resident = self._vllm_components()
         return self._vllm_resident
@@ -194,7 +202,9 @@ class _StepContext:
                 return PhaseMemory(name, (*step, engine_process), peak_at)
             resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
             return PhaseMemory(name, (*step, *resident, self.overhead), peak_at)
-        resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
+        # The rollout's own pool holds no trainer state (plan.RolloutPool).
+        resident = [] if self.split and not step_is_trainer else [
+            c for key, c in self.resident_by_role.items() if key not in loaded]
         components = step + resident
         trainer_bytes = sum(c.bytes for c in (components if step_is_trainer else resident) if c.scope != "overhead")
         if step_is_trainer:
@@ -203,7 +213,8 @@ class _StepContext:
         components.append(self.overhead)
         reserve = self._allocator_reserve(PhaseMemory(name, tuple(components), peak_at), trainer_bytes)
         components.append(Component("fragmentation_reserve", reserve, "overhead"))
-        return PhaseMemory(name, tuple(components), peak_at)
+        pool = ("trainer" if step_is_trainer else "rollout") if self.split else ""
+        return PhaseMemory(name, tuple(components), peak_at, pool)
 
     def _allocator_reserve(self, phase: PhaseMemory, trainer_bytes: int) -> int:
         """What the caching allocator holds beyond the phase's live tensors that it cannot give back at the peak:
@@ -267,8 +278,27 @@ def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     return ctx.phase(Phase.CRITIC_UPDATE, step, loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
 
 
+def split_sync_tensor_bytes(plan: Plan) -> int:
+    """One tensor of the broadcast from the trainer to a rollout pool of its own. verl's recipes (read at v0.6.1
+    recipe/one_step_off_policy/fsdp_workers.py and v0.7.0 recipe/fully_async_policy/fsdp_workers.py,
+    `sync_rollout_weights`) walk the actor's state_dict one tensor at a time: every rank on both sides allocates
+    `torch.empty(shape, dtype)` of the whole tensor (the trainer's dtype: FSDP's model_dtype), the trainer's ranks
+    `full_tensor()` it, rank 0 copies it in, one NCCL broadcast, then the engine's `load_weights` of it. The
+    largest tensor is the peak: the embedding or the LM head."""
+    dtype_bytes = 4 if not plan.is_megatron and plan.actor.model_dtype == "fp32" else 2
+    return dtype_bytes * model_facts(plan.model.arch).largest_tensor
+
+
 def _weight_sync(ctx: _StepContext) -> PhaseMemory:
     rollout = ctx.plan.rollout
+    if ctx.split:
+        # The trainer's side of the broadcast (split_sync_tensor_bytes): the gathered tensor and the buffer it is
+        # broadcast from; the backend's own export gather under Megatron (its detail is the colocated path's),
+        # with the buffer as its bucket. The rollout's side is priced in its own pool's phase (_rollout).
+        tensor = split_sync_tensor_bytes(ctx.plan)
+        gather = ctx.trainer.weight_sync_gather_bytes(ctx.plan, tensor) if ctx.plan.is_megatron else 2 * tensor
+        return ctx.phase(Phase.WEIGHT_SYNC, [Component("actor_params", int(ctx.actor_gpu.params)),
+                                             Component("weight_sync_gather", gather)], loaded=("actor_params",))
     gather = ctx.trainer.weight_sync_gather_bytes(ctx.plan, rollout.update_weights_bucket_megabytes * MIB)
     step = [
         Component("actor_params", int(ctx.actor_gpu.params)),
@@ -296,6 +326,11 @@ def _rollout(ctx: _StepContext) -> PhaseMemory:
     ]
     if not ctx.plan.rollout.enforce_eager:
         step.append(Component("cuda_graph_pool", int(cuda_graph_pool_bytes(ctx.plan, profile))))
+    if ctx.split and (received := split_sync_tensor_bytes(ctx.plan) - budget.activation_bytes) > 0:
+        # The rollout's side of the weight sync, on its own GPU between generations: the engine (its KV cache
+        # stays: it never sleeps) plus the received tensor, which takes the cached activation workspace first;
+        # what it needs beyond that raises this pool's peak.
+        step.append(Component("weight_sync_received", received))
     return ctx.phase(Phase.ROLLOUT, step, loaded=(), step_is_trainer=False)
 
 
@@ -315,7 +350,8 @@ def _host(ctx: _StepContext) -> HostMemory:
         per_layer = 2 * facts.hidden if plan.model.gradient_checkpointing else facts.layer_activation_bytes_per_token
         components.append(Component("activations_offloaded", ranks * offloaded_layers * tokens * per_layer))
     rollout = plan.rollout
-    if rollout.free_cache_engine and ROLLOUT_ENGINES[rollout.name].sleep_copies_weights_to_host(rollout):
+    if (rollout.free_cache_engine and not plan.rollout_is_split
+            and ROLLOUT_ENGINES[rollout.name].sleep_copies_weights_to_host(rollout)):
         components.append(Component(f"{rollout.name}_sleep_weights", ranks * ctx.budget.weights_bytes))
     components += _model_copy(plan, profile)
     if ctx.on_cpu:
@@ -401,7 +437,7 @@ def _report(ctx: _StepContext) -> MemoryReport:
                      "no room for a KV cache")
     elif not budget.holds_max_model_len:
         notes.append(f"the KV cache holds {budget.kv_cache_tokens} tokens, below max_model_len {budget.max_model_len}")
-    if plan.rollout.free_cache_engine and not stages_wake_up(plan):
+    if plan.rollout.free_cache_engine and not stages_wake_up(plan) and not plan.rollout_is_split:
         remedy = ("rollout.multi_stage_wake_up = true keeps" if not plan.rollout.multi_stage_wake_up else
                   f"verl {plan.stack.verl} has no staged wake-up; from verl 0.4.1 multi_stage_wake_up keeps")
         notes.append("without multi_stage_wake_up the KV cache is resumed before the weight sync: trainer weights, "
@@ -422,7 +458,7 @@ def _report(ctx: _StepContext) -> MemoryReport:
                      "which over-states V0's (a verl run on vLLM 0.8.3 started at no more than 17, docs/accuracy.md "
                      "3b) and so under-states the KV cache; a profile calibrated on that vLLM sets it")
     if (plan.rollout.name == "vllm" and plan.rollout.layered_summon and plan.rollout.sleep_level == 2
-            and plan.rollout.free_cache_engine):
+            and plan.rollout.free_cache_engine and not plan.rollout_is_split):
         notes.append("layered_summon forces vLLM sleep level 1: weights are copied to host RAM")
     return MemoryReport(
         phases=tuple(phases),

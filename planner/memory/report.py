@@ -27,6 +27,9 @@ class PhaseMemory:
     components: tuple[Component, ...]
     # Which sub-phase set the peak (training: "loss", "backward" or "optimizer_step").
     peak_at: str = ""
+    # The GPUs it runs on where the rollout has a pool of its own (plan.RolloutPool): "trainer" or "rollout";
+    # "" colocated (every phase on the same GPUs).
+    pool: str = ""
 
     @property
     def peak_bytes(self) -> int:

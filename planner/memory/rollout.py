@@ -254,7 +254,9 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
     fraction_of_free = None if rollout.name != "sglang" or charges_all else rollout.gpu_memory_utilization
     return RolloutBudget(
         engine=rollout.name,
-        co_resident_bytes=trainer_bytes_at_engine_start(plan) if charges_all or fraction_of_free else 0,
+        # On a pool of its own (plan.RolloutPool) no trainer state shares the engine's GPU when it starts.
+        co_resident_bytes=(trainer_bytes_at_engine_start(plan) if (charges_all or fraction_of_free)
+                           and not plan.rollout_is_split else 0),
         fraction_of_free=fraction_of_free,
         requested_bytes=int(rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes),
         weights_bytes=weights,
@@ -303,7 +305,7 @@ def woken_for_weight_sync(plan: Plan, budget: RolloutBudget) -> tuple[Component,
     already among the resident components.
     """
     rollout = plan.rollout
-    if not rollout.free_cache_engine:
+    if not rollout.free_cache_engine or plan.rollout_is_split:
         return ()
     woken = [Component(f"{rollout.name}_weights", budget.weights_bytes, "resident")]
     if not stages_wake_up(plan):

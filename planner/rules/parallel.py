@@ -85,18 +85,20 @@ def _ulysses_divides_heads(ctx: RuleContext) -> Iterator[Violation]:
             )
 
 
-@rule("runtime", "[R6] world_size % rollout tensor_model_parallel_size == 0")
+@rule("runtime", "[R6] the rollout's GPUs % rollout tensor_model_parallel_size == 0")
 def _rollout_tp_divides_world(ctx: RuleContext) -> Iterator[Violation]:
-    world, tp = ctx.plan.cluster.world_size, ctx.plan.rollout.tensor_model_parallel_size
+    """Over the GPUs the engines run on: the trainer's (colocated), or the rollout's own pool (plan.RolloutPool)."""
+    world, tp = ctx.plan.rollout_gpus, ctx.plan.rollout.tensor_model_parallel_size
+    per_node = ctx.plan.rollout_gpus_per_node
     if world % tp:
         better = _largest_divisor_at_most(world, tp)
         yield ctx.violation(
             f"rollout.tensor_model_parallel_size = {tp} does not divide the {world} GPUs into whole vLLM replicas.",
             f"set rollout.tensor_model_parallel_size = {better}", rollout__tensor_model_parallel_size=better,
         )
-    elif tp > ctx.plan.cluster.gpus_per_node:
+    elif tp > per_node:
         yield ctx.violation(
-            f"rollout TP {tp} spans nodes of {ctx.plan.cluster.gpus_per_node} GPUs: tensor-parallel all-reduces cross "
+            f"rollout TP {tp} spans nodes of {per_node} GPUs: tensor-parallel all-reduces cross "
             "the inter-node network and verl needs vLLM >= 0.11.1 for it.",
             "prefer a TP that fits in one node unless the weights do not fit otherwise",
             severity="warning",

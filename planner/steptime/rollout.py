@@ -156,6 +156,11 @@ def engine_weight_load_seconds(plan: Plan, rates: Rates) -> float:
     t = rollout.tensor_model_parallel_size
     n_lora = lora_params(plan)
     seconds = rollout.dtype_bytes * (n_lora or facts.params) / t / rates.hbm
+    if plan.rollout_is_split:
+        # A pool of its own: the whole state_dict is broadcast from the trainer's rank 0 to every rollout GPU, one
+        # tensor at a time, in the trainer's dtype (memory.phases.split_sync_tensor_bytes); the engine never sleeps.
+        dtype_bytes = 4 if not plan.is_megatron and plan.actor.model_dtype == "fp32" else 2
+        return seconds + dtype_bytes * facts.params / rates.internode
     if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
         # Level 1 copies vLLM's weights to host at sleep and back at wake.
         seconds += 2.0 * rollout.dtype_bytes * (facts.params + n_lora) / t / rates.pcie
@@ -175,7 +180,7 @@ def rollout_host_seconds(plan: Plan, profile: Profile, layout: PlanLayout) -> fl
     sent = prompts * 3 * 8.0 * data.max_prompt_length  # input_ids, attention_mask, position_ids
     seconds = transfer_seconds(plan, profile, sent, batch_bytes(plan, sequences, 0))
     seconds += layout.sequences_per_rollout_engine * profile.rollout_host_seconds_per_sequence
-    if rollout.free_cache_engine:
+    if rollout.free_cache_engine and not plan.rollout_is_split:
         budget_gib = rollout.gpu_memory_utilization * plan.cluster.gpu.memory_gib
         seconds += budget_gib * profile.engine_wake_sleep_seconds_per_gib
     return seconds

@@ -22,10 +22,26 @@ from rlplan.planner.steptime.rollout import engine_weight_load_seconds, rollout_
 @frozen
 class StepTime:
     phase_seconds: dict[str, float] = attrs.field(factory=dict)
+    # The rollout on a pool of its own (plan.RolloutPool) generates the next batch while the trainer trains on
+    # this one: see total_seconds.
+    overlapped: bool = False
 
     @property
     def total_seconds(self) -> float:
-        return sum(self.phase_seconds.values())
+        """The phases' sum; overlapped, the longer of generation and training, then the weight sync. verl's
+        one-step-off recipe (v0.6.1 recipe/one_step_off_policy/ray_trainer.py fit: wait for the previous batch's
+        generation, sync_rollout_weights on both pools, launch the next batch's generate_sequences asynchronously
+        (_async_gen_next_batch), then this batch's log-probs and updates) and the fully async one
+        (v0.7.0 recipe/fully_async_policy: the rollouter streams samples while the trainer trains, and pauses for
+        the parameter sync) hide the shorter of the two behind the longer."""
+        if not self.overlapped:
+            return sum(self.phase_seconds.values())
+        generation_keys = (Phase.ROLLOUT, GREEDY_BASELINE)
+        generation = sum(s for k, s in self.phase_seconds.items() if k in generation_keys)
+        sync = self.phase_seconds.get(Phase.WEIGHT_SYNC, 0.0)
+        training = sum(s for k, s in self.phase_seconds.items()
+                       if k not in generation_keys and k != Phase.WEIGHT_SYNC)
+        return max(generation, training) + sync
 
 
 def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAULT_PROFILE,
@@ -64,7 +80,7 @@ def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAU
         # wake-up and weight load (each call enters the rollout's sharding manager, or the agent loop's wake/sleep).
         phases[GREEDY_BASELINE] = phases[Phase.WEIGHT_SYNC] + rollout_seconds(
             plan, memory, rates, profile, layout, lengths, responses_per_prompt=1)
-    return StepTime(phases)
+    return StepTime(phases, overlapped=plan.rollout_is_split)
 
 
 # ReMax's greedy baseline generation (verl's `timing_s/gen_max`): the rollout engine's footprint, at most the

@@ -44,6 +44,17 @@ def _qwen3_vl(text: dict, vision_depth: int, vision_hidden: int, vision_width: i
                               "num_position_embeddings": 2304, "deepstack_visual_indexes": deepstack}}
 
 
+def _qwen3_vl_moe(hidden: int, layers: int, heads: int, width: int, expert_width: int) -> dict:
+    """Qwen3-VL's MoE releases: 4 KV heads of 128, 128 experts top-8 in every layer, and the 27-deep tower."""
+    return _qwen3_vl(
+        {"model_type": "qwen3_vl_moe_text", "hidden_size": hidden, "num_hidden_layers": layers,
+         "num_attention_heads": heads, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": width,
+         "moe_intermediate_size": expert_width, "num_experts": 128, "num_experts_per_tok": 8,
+         "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 262144,
+         "tie_word_embeddings": False},
+        27, 1152, 4304, [8, 16, 24], model_type="qwen3_vl_moe")
+
+
 PUBLISHED_CONFIGS: dict[str, dict] = {
     # google/gemma-3-{1b,4b,12b,27b}-it
     "google/gemma-3-1b-it": {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26,
@@ -179,12 +190,20 @@ PUBLISHED_CONFIGS: dict[str, dict] = {
         {"model_type": "qwen3_vl_text", "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
          "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
          "max_position_embeddings": 262144, "tie_word_embeddings": False}, 27, 1152, 4304, [8, 16, 24]),
-    "Qwen/Qwen3-VL-30B-A3B-Instruct": _qwen3_vl(
-        {"model_type": "qwen3_vl_moe_text", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
-         "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
-         "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
-         "vocab_size": 151936, "max_position_embeddings": 262144, "tie_word_embeddings": False},
-        27, 1152, 4304, [8, 16, 24], model_type="qwen3_vl_moe"),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": _qwen3_vl_moe(2048, 48, 32, 6144, 768),
+    # zai-org/GLM-4.1V-9B-Thinking
+    "zai-org/GLM-4.1V-9B-Thinking": {
+        "model_type": "glm4v", "architectures": ["Glm4vForConditionalGeneration"],
+        "text_config": {"model_type": "glm4v_text", "hidden_size": 4096, "num_hidden_layers": 40,
+                        "num_attention_heads": 32, "num_key_value_heads": 2, "intermediate_size": 13696,
+                        "vocab_size": 151552, "attention_bias": True, "partial_rotary_factor": 0.5,
+                        "max_position_embeddings": 65536, "tie_word_embeddings": False},
+        "vision_config": {"model_type": "glm4v", "depth": 24, "hidden_size": 1536, "intermediate_size": 13696,
+                          "num_heads": 12, "image_size": 336, "patch_size": 14, "in_channels": 3,
+                          "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 4096,
+                          "attention_bias": False, "hidden_act": "silu"}},
+    # Qwen/Qwen3-VL-235B-A22B-Instruct
+    "Qwen/Qwen3-VL-235B-A22B-Instruct": _qwen3_vl_moe(4096, 94, 64, 12288, 1536),
 }
 
 # Qwen/Qwen3-Next-80B-A3B-Instruct: refused (linear-attention layers), kept to test the refusal.

@@ -57,7 +57,8 @@ def test_light_defaults_are_the_transformers_class_defaults(model_type, defaults
                  "llama4_vision_model": ("llama4", "vision_config"),
                  "qwen2_5_vl_vision": ("qwen2_5_vl", "vision_config"),
                  "qwen3_vl_vision": ("qwen3_vl", "vision_config"),
-                 "qwen3_vl_moe_vision": ("qwen3_vl_moe", "vision_config")}
+                 "qwen3_vl_moe_vision": ("qwen3_vl_moe", "vision_config"),
+                 "glm4v_vision": ("glm4v", "vision_config")}
     if model_type in composite:
         parent, part = composite[model_type]
         config = getattr(transformers.CONFIG_MAPPING[parent](), part)
@@ -78,6 +79,17 @@ def test_vision_tower_formula_matches_transformers(repo):
     tower = ("visual.", "vision_tower.", "vision_model.", "multi_modal_projector.")
     counted = sum(p.numel() for name, p in model.named_parameters() if any(part in name for part in tower))
     assert _read(repo, "light").vision_params == counted
+
+
+def test_glm4v_total_is_every_parameter_transformers_builds_from_the_published_config():
+    """Text stack (four norms per layer, q/k/v bias, untied head) and tower together: 10,292,777,472."""
+    torch = pytest.importorskip("torch", reason="counting the real modules needs torch")
+    transformers = pytest.importorskip("transformers", reason="counting the real modules needs transformers")
+    repo = "zai-org/GLM-4.1V-9B-Thinking"
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(PUBLISHED_CONFIGS[repo]))
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    assert _read(repo, "light").total_params == sum(p.numel() for p in model.parameters())
 
 
 def test_vision_language_presets_price_the_tower_outside_the_text_path():

@@ -50,3 +50,41 @@ def test_no_module_but_plan_py_derives_a_roles_engine():
                     and node.values[0].attr == "megatron"):
                 found.append(f"{path.relative_to(PLANNER)}:{node.lineno}")
     assert found == []
+
+
+def test_a_rollout_pool_refuses_a_size_below_one_naming_its_field_and_counts_its_gpus():
+    import pytest
+
+    from rlplan.planner.errors import PlanError
+    from rlplan.planner.plan import RolloutPool
+
+    assert RolloutPool(nodes=2, gpus_per_node=4).gpus == 8
+    for nodes, per_node, field in ((0, 4, "rollout.pool.nodes"), (1, -2, "rollout.pool.gpus_per_node"),
+                                   (1, 2.5, "rollout.pool.gpus_per_node")):
+        with pytest.raises(PlanError) as error:
+            RolloutPool(nodes=nodes, gpus_per_node=per_node)
+        assert error.value.field == field
+
+
+def test_a_plan_without_a_pool_is_colocated_and_one_with_a_pool_counts_the_rollouts_gpus_apart():
+    from rlplan.planner.plan import RolloutPool
+
+    plan = make_plan(gpus=8)
+    assert not plan.rollout_is_split and plan.rollout_gpus == 8
+    apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=2)))
+    assert apart.rollout_is_split and (apart.rollout_gpus, apart.rollout_gpus_per_node) == (2, 2)
+    assert apart.cluster.world_size == 8  # the trainer's GPUs are the cluster's
+
+
+def test_a_rollout_pool_on_a_cpu_machine_is_refused():
+    import pytest
+
+    from rlplan.planner.errors import PlanError
+    from rlplan.planner.hardware import Cluster, GpuSpec
+    from rlplan.planner.plan import RolloutPool
+
+    plan = make_plan()
+    cpu = Cluster(gpu=GpuSpec(name="cpu", memory_gib=64.0), gpus_per_node=2)
+    with pytest.raises(PlanError) as error:
+        plan.evolve(cluster=cpu, rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=2)))
+    assert error.value.field == "rollout.pool"

@@ -322,3 +322,39 @@ def test_every_estimator_of_a_release_renders_for_it_and_one_it_lacks_is_refused
     with pytest.raises(PlanError) as raised:
         render_plan(_on_verl("0.4.1", {"algorithm.adv_estimator": "gpg"}), "verl", "overrides")
     assert raised.value.field == "algorithm.adv_estimator" and "added it in 0.5.0" in raised.value.message
+
+
+def test_a_rollout_pool_renders_as_the_recipes_keys_and_a_colocated_plan_writes_none():
+    import attrs
+
+    from rlplan.planner.plan import RolloutPool
+    from rlplan.planner.render import verl_overrides
+    from tests.planner.plans import make_plan
+
+    plan = make_plan(overrides={"model.path": "Qwen/Qwen2.5-7B-Instruct"})
+    assert not [o for o in verl_overrides(plan) if o.startswith("rollout.n")]
+    apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=2, gpus_per_node=4)))
+    overrides = verl_overrides(apart)
+    assert "rollout.nnodes=2" in overrides and "rollout.n_gpus_per_node=4" in overrides
+    assert "data.train_batch_size=64" in overrides
+    streamed = apart.evolve(rollout=attrs.evolve(apart.rollout, pool=RolloutPool(nodes=2, gpus_per_node=4,
+                                                                                 streams=True)))
+    assert "data.train_batch_size=0" in verl_overrides(streamed)
+
+
+def test_a_split_plan_renders_the_recipe_that_runs_it_where_its_verl_keeps_that_recipe():
+    import attrs
+
+    from rlplan.planner.plan import RolloutPool
+    from rlplan.planner.render import render_plan
+    from rlplan.planner.stack import StackSection
+    from tests.planner.plans import make_plan
+
+    plan = make_plan(overrides={"model.path": "Qwen/Qwen2.5-7B-Instruct"})
+    assert "python3 -m verl.trainer.main_ppo \\\n" in render_plan(plan, "verl")
+    apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=4)))
+    assert "python3 -m verl.experimental.one_step_off_policy.main_ppo \\\n" in render_plan(apart, "verl")
+    old = apart.evolve(stack=StackSection(verl="0.7.0"))
+    assert "python3 -m recipe.one_step_off_policy.main_ppo \\\n" in render_plan(old, "verl")
+    streamed = old.evolve(rollout=attrs.evolve(old.rollout, pool=RolloutPool(nodes=1, gpus_per_node=4, streams=True)))
+    assert "python3 -m recipe.fully_async_policy.fully_async_main \\\n" in render_plan(streamed, "verl")

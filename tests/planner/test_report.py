@@ -221,3 +221,18 @@ def test_explain_says_switches_as_on_or_off_and_names_the_micro_batches_the_plan
     dynamic = plan.actor.use_dynamic_bsz
     assert ("fixed micro batches" in text) == (not dynamic)
     assert ("filled to their token budgets" in text) == dynamic
+
+
+def test_a_split_plans_report_names_each_phases_pool_and_leaves_the_trainers_counters_off_the_rollout_gpu():
+    from rlplan.planner.plan import RolloutPool
+
+    plan = make_plan(overrides={"rollout.free_cache_engine": False})
+    colocated = reports_json(plan_reports(plan, DEFAULT_PROFILE))
+    assert not any("pool" in phase for phase in colocated["phases"].values())
+    apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=4)))
+    reports = plan_reports(apart, DEFAULT_PROFILE)
+    phases = reports_json(reports)["phases"]
+    assert phases["rollout"]["pool"] == "rollout" and "allocated_gib" not in phases["rollout"]
+    assert phases["actor_update"]["pool"] == "trainer" and "allocated_gib" in phases["actor_update"]
+    text = "\n".join(rendered(table) for table in validation_tables(reports))
+    assert "rollout (rollout GPUs)" in text and "actor_update (trainer GPUs)" in text

@@ -112,10 +112,21 @@ def test_local_model_directory_reads_its_config():
     assert plan.model.name == "tiny" and plan.model.arch.hidden_size == 512 and plan.model.path == "/models/tiny"
 
 
-def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists():
-    result = load("actor_rollout_ref.model.path=/home/u/models/Qwen2.5-7B-Instruct\n")
-    assert result.plan.model.name == "qwen2.5-7b" and result.plan.model.path == "/home/u/models/Qwen2.5-7B-Instruct"
+@pytest.mark.parametrize(("path", "preset"), [
+    ("/home/u/models/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+    ("/data/models/Qwen3-VL-235B-A22B-Instruct", "qwen3-vl-235b-a22b"),  # verl's run_qwen3_vl-235b-megatron.sh
+])
+def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists(path, preset):
+    result = load(f"actor_rollout_ref.model.path={path}\n")
+    assert result.plan.model.name == preset and result.plan.model.path == path
     assert any("not readable here" in warning for warning in result.warnings)
+
+
+def test_an_unreadable_local_path_whose_folder_names_a_refused_release_gets_that_refusal():
+    with pytest.raises(PlanError) as raised:
+        load("actor_rollout_ref.model.path=/root/verl/models/MiMo-7B-RL\n")
+    assert raised.value.field == "actor_rollout_ref.model.path"
+    assert "mimo-7b" in raised.value.message and "multi-token-prediction" in raised.value.message
 
 
 @pytest.mark.parametrize(("text", "field"), [
@@ -358,14 +369,23 @@ def test_this_machines_pwd_in_a_script_warns_that_its_paths_are_frozen_and_env_u
     assert not [w for w in pinned.warnings if "$PWD" in w]
 
 
-def test_a_recipes_rollout_on_gpus_of_its_own_is_said_and_a_streamed_batch_of_zero_is_refused_with_why():
+def test_a_recipes_rollout_pool_is_read_with_or_without_plus_and_the_other_key_takes_the_recipes_default():
     head = "python3 -m recipe.one_step_off_policy.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
-    result = load(head + "rollout.nnodes=1 rollout.n_gpus_per_node=4 algorithm.adv_estimator=grpo\n")
-    assert any("rollout.nnodes, rollout.n_gpus_per_node" in w and "colocated" in w for w in result.warnings)
+    plain = load(head + "rollout.nnodes=2 rollout.n_gpus_per_node=4 algorithm.adv_estimator=grpo\n")
+    assert (plain.plan.rollout.pool.nodes, plain.plan.rollout.pool.gpus_per_node) == (2, 4)
+    plus = load(head + "+rollout.n_gpus_per_node=4 algorithm.adv_estimator=grpo\n").plan.rollout.pool
+    assert (plus.nodes, plus.gpus_per_node) == (1, 4)  # one_step_off_ppo_trainer.yaml: nnodes 1
+    assert load(head + "algorithm.adv_estimator=grpo\n").plan.rollout.pool is None
     with pytest.raises(PlanError) as error:
-        load(head.replace("one_step_off_policy.main_ppo", "fully_async_policy.fully_async_main")
-             + "data.train_batch_size=0 async_training.require_batches=4\n")
-    assert error.value.field == "data.train_batch_size" and "require_batches" in error.value.message
+        load(head + "rollout.nnodes=two algorithm.adv_estimator=grpo\n")
+    assert error.value.field == "rollout.nnodes"
+
+
+def test_a_streamed_batch_without_a_rollout_pool_is_refused_with_why():
+    with pytest.raises(PlanError) as error:
+        load("python3 -m recipe.fully_async_policy.fully_async_main actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+             "data.train_batch_size=0 async_training.require_batches=4 algorithm.adv_estimator=grpo\n")
+    assert error.value.field == "data.train_batch_size" and "rollout.n_gpus_per_node" in error.value.fix
 
 
 # --- credentials a script sets itself (issue 41) ------------------------------------------------------------------
@@ -401,3 +421,25 @@ def test_a_priced_key_that_reads_a_credential_is_refused_naming_the_variable_not
     with pytest.raises(PlanError) as raised:
         import_verl_script(script, gpu=H100, host_memory_gib=2048.0, env={}, local_config_reader=lambda path: None)
     assert HF_SECRET not in str(raised.value) and "MY_TOKEN" in str(raised.value)
+
+
+# rollout.name=sglang_async: verl 0.4.0/0.4.1's deprecated name of the sglang rollout (fsdp_workers._build_rollout).
+SGLANG_ASYNC_SCRIPT = """python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo \\
+  actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct data.train_batch_size=32 \\
+  actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.rollout.name='sglang_async' \\
+  trainer.n_gpus_per_node=4
+"""
+
+
+def test_sglang_async_imports_as_the_sglang_engine_naming_the_old_spelling_and_renders_what_04_accepts():
+    result = load(SGLANG_ASYNC_SCRIPT)
+    assert result.plan.rollout.name == "sglang"
+    assert any("rollout.name=sglang_async is verl 0.4" in warning and "read as sglang" in warning
+               for warning in result.warnings)
+    for verl in ("0.3.0.post1", "0.4.1", "0.5.0"):
+        plan = import_verl_script(SGLANG_ASYNC_SCRIPT, gpu=H100, host_memory_gib=512.0, env={},
+                                  local_config_reader=lambda path: None, environment={},
+                                  versions=(verl, None, None)).plan
+        assert plan.stack.verl == verl
+        rendered = render_plan(plan, "verl")
+        assert "actor_rollout_ref.rollout.name=sglang " in rendered and "sglang_async" not in rendered

@@ -270,3 +270,52 @@ def test_an_empty_model_path_the_script_sets_cannot_run_as_shipped():
 
 def test_a_backslash_space_break_is_said_to_leave_the_script_unable_to_run_as_shipped():
     assert "cannot run as shipped" in refusal("backslash_comment.sh")["message"]
+
+
+# --- placement: a rollout on GPUs of its own (verl's one-step-off and fully async recipes) ----------------------
+
+
+def _rendered_overrides(plan) -> set[str]:
+    from rlplan.planner.render import verl_overrides
+
+    return set(verl_overrides(plan))
+
+
+def test_a_rollout_pool_of_its_own_is_read_into_the_plan_and_rendered_back_as_the_same_keys():
+    plan, warnings = imported("split_rollout_one_step_off.sh")
+    assert (plan.cluster.world_size, plan.rollout.pool.gpus, plan.rollout.pool.streams) == (6, 2, False)
+    assert "rollout.nnodes" not in plan.passthrough and not any("colocated" in w for w in warnings)
+    assert {"rollout.nnodes=1", "rollout.n_gpus_per_node=2", "trainer.n_gpus_per_node=6"} <= _rendered_overrides(plan)
+    memory = predict_memory(plan)
+    assert {p.name: p.pool for p in memory.phases}["rollout"] == "rollout"
+    assert memory.phase("actor_update").bytes_of("kv_cache") == 0 < memory.phase("rollout").bytes_of("kv_cache")
+
+
+def test_a_streamed_batch_is_priced_as_require_batches_mini_batches_and_rendered_back_as_zero():
+    plan, warnings = imported("streamed_batch_fully_async.sh")
+    assert plan.data.train_batch_size == 4 * 16 and plan.data.gen_batch_size is None and plan.rollout.pool.streams
+    (warning,) = [w for w in warnings if "priced as the step's batch" in w]
+    assert "4 x 16 = 64" in warning
+    rendered = _rendered_overrides(plan)
+    assert {"data.train_batch_size=0", "data.gen_batch_size=1", "async_training.require_batches=4",
+            "rollout.n_gpus_per_node=4"} <= rendered
+    assert not any(o.startswith("data.train_batch_size=64") for o in rendered)
+    step = predict_step_time(plan, predict_memory(plan))
+    assert step.overlapped and verl_timing_seconds(step)["step"] == step.total_seconds
+
+
+def test_a_rollout_pool_and_a_streamed_batch_survive_import_render_import():
+    from rlplan.planner.planfile import plan_to_dict
+    from rlplan.planner.render import plan_as_verl_runs_it, render_plan, verl_overrides
+    from rlplan.planner.verl_import import import_verl_script
+    from tests.planner.plans import without_inferred_range
+
+    for script in ("split_rollout_one_step_off.sh", "streamed_batch_fully_async.sh"):
+        plan, _ = imported(script)
+        again = import_verl_script(render_plan(plan, "verl"), gpu=plan.cluster.gpu,
+                                   host_memory_gib=plan.cluster.host_memory_gib, env={},
+                                   local_config_reader=lambda path: None).plan
+        assert again.rollout.pool == plan.rollout.pool
+        assert sorted(verl_overrides(again)) == sorted(verl_overrides(plan))
+        assert plan_to_dict(without_inferred_range(again)) == plan_to_dict(without_inferred_range(
+            plan_as_verl_runs_it(plan)))

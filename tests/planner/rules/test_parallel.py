@@ -183,3 +183,16 @@ def test_the_embedding_and_loss_counted_in_the_split_make_94_layers_divide_over_
     assert "megatron_layers_divide_pipeline" not in rules_of(both)
     one = plan.evolve(passthrough={prefix + "account_for_loss_in_pipeline_split": "True"})
     assert "megatron_layers_divide_pipeline" in rules_of(one)
+
+
+def test_rollout_tp_is_checked_against_the_rollouts_own_pool_and_its_engines_count_there():
+    from rlplan.planner.layout import plan_layout
+    from rlplan.planner.plan import RolloutPool
+
+    plan = make_plan(gpus=8, overrides={"rollout.tensor_model_parallel_size": 2})
+    assert "rollout_tp_divides_world" not in rules_of(plan) and plan_layout(plan).parallel.rollout_replicas == 4
+    # Three GPUs of its own: TP 2 leaves one idle, which verl refuses, though TP 2 divides the trainer's 8.
+    odd = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=3)))
+    assert "rollout_tp_divides_world" in rules_of(odd)
+    apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=2)))
+    assert "rollout_tp_divides_world" not in rules_of(apart) and plan_layout(apart).parallel.rollout_replicas == 1
