@@ -51,6 +51,9 @@ VERL = "verl==0.9.1"
 # pkg_resources verl <= 0.4.1 imports at `import verl`.
 VERL_COMPAT_OLDER = ("0.9.0", "0.8.0", "0.7.0", "0.6.0", "0.5.0", "0.4.1", "0.4.0", "0.3.0.post1")
 VERL_COMPAT_VERSIONS = (VERL.removeprefix("verl=="), *VERL_COMPAT_OLDER)
+# check_verl_accepts.py's --examples for an older release when none is passed (~20-60 s each on 2 cores; CI's
+# 0.9.1 run passes 100).
+VERL_COMPAT_OLDER_EXAMPLES = "30"
 # PYTHONFAULTHANDLER: a native crash prints every thread's Python stack, also one during interpreter exit after
 # pytest has finished (a CI run once passed every test and then exited on SIGSEGV, with nothing to read).
 RUNTIME_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
@@ -272,8 +275,9 @@ def install_verl_compat(session: nox.Session, version: str, *, constraints: str 
 @nox.session(python=PYTHON)
 @nox.parametrize("verl", VERL_COMPAT_VERSIONS)
 def verl_compat(session: nox.Session, verl: str) -> None:
-    """verl 0.9 accepts rendered plans and rejects what rlplan rejects for a batch rule; every verl release in
-    VERL_COMPAT_VERSIONS agrees with rlplan's version tables for it (dated keys, version defaults, render, rules).
+    """Every verl release in VERL_COMPAT_VERSIONS accepts the plans rlplan calls valid at that release and rejects
+    what rlplan rejects there for a batch rule, and agrees with rlplan's version tables for it (dated keys, version
+    defaults, render, rules).
 
     First, verl's own YAML defaults and hydra-core's override parser check the importer's hand-kept
     key table and value codec (check_key_table.py, seconds). Its own environment: verl pins
@@ -284,6 +288,11 @@ def verl_compat(session: nox.Session, verl: str) -> None:
     if f"verl=={verl}" == VERL:
         session.run("python", "tests/verl_compat/check_key_table.py", *session.posargs, env=env)
         session.run("python", "tests/verl_compat/check_verl_accepts.py", *session.posargs, env=env)
+    else:
+        # The same acceptance check, judged at this release with its own validation and worker
+        # (tests/verl_compat/worker_eras.py).
+        examples = session.posargs or ("--examples", VERL_COMPAT_OLDER_EXAMPLES)
+        session.run("python", "tests/verl_compat/check_verl_accepts.py", *examples, env=env)
     session.run("python", "tests/verl_compat/check_verl_version.py", env=env)
     if os.environ.get("CI") and f"verl=={verl}" != VERL:
         # Each older release's environment is another 1.7 GB; CI's disk holds ~10 GB of environments, and a full
@@ -323,5 +332,5 @@ def lock(session: nox.Session, target: str) -> None:
     else:
         version = target.partition("-")[2] or VERL.removeprefix("verl==")
         install_verl_compat(session, version, constraints=None)
-        check = "acceptance check" if f"verl=={version}" == VERL else "version-table check"
+        check = "acceptance check" if f"verl=={version}" == VERL else "acceptance and version-table checks"
         freeze(session, verl_compat_constraints(version), f"verl=={version} {check} (nox -s verl_compat)")
