@@ -485,11 +485,13 @@ def replay_phase(ctx: StepShape, phase: PhaseMemory) -> AllocatorFigures:
 # smaller than the one before places its tensors in that one's segments, and best fit puts a tensor of one kind in a
 # larger freed segment of another, whose rest cannot be given back while the tensor lives.  The bound is the
 # largest share the phase replay (replay_phase) strands on the reference plans (the public runs, the example
-# gallery on verl 0.5), rounded up: 1.79, the 32B GRPO example's update with its optimizer on the GPU (Adam's
-# state, made at the first step in the segments the freed activations left, strands them from the next step's
-# activations; 15.0 GiB over an 8.4 GiB logits buffer); the public 7B PPO run's update gives 1.01.
-# tests/planner/memory/test_allocator_trace.py holds the replay to it.
-STRANDED_SHARE_OF_LARGEST_BLOCK = 1.8
+# gallery on verl 0.5): 1.01, one logits-sized buffer of the 7B PPO run's update, rounded up. One gallery plan
+# exceeds it, the 32B GRPO example's update with Adam's state on the GPU (1.79: the replay makes the state at the
+# first step in the segments the freed activations left, stranding them from the next step's activations), and is
+# not taken into the bound: raised to cover it (1.8), the bound refused the published full-parameter runs of verl's
+# device-tuning tables that ran (tests/planner/test_verl_ground_truth.py, qwen2-7b on 2 x H800), so the real
+# allocator does not strand that much there. tests/planner/memory/test_allocator_trace.py holds the replay to it.
+STRANDED_SHARE_OF_LARGEST_BLOCK = 1.1
 
 
 def stranded_bytes(ctx: StepShape, phase: PhaseMemory) -> int:
