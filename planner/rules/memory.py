@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rlplan.planner.memory.heads import runtime_loss_head
+from rlplan.planner.plan import Plan
 from rlplan.planner.rules.registry import (
     ROLLOUT_MODE_KEY,
     RuleContext,
@@ -124,12 +125,39 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
+def _short_batched_tokens_refused_by(plan: Plan, verl_runs_it: bool) -> str:
+    """Who refuses rollout.max_num_batched_tokens below max_model_len for this plan: "verl" (its sync vLLM rollout,
+    v0.3-v0.6), "vllm" (its scheduler, without chunked prefill), "raised" (verl >= 0.9.1 raises it itself), or ""
+    (nobody: chunked prefill on, or vLLM's V1 engine turning it back on). verl passes neither key to SGLang (see
+    SGLANG_IGNORED_ROLLOUT_KEYS), which sizes its own chunked prefill: "" too."""
+    rollout = plan.rollout
+    if rollout.name == "sglang":
+        return ""
+    if verl_runs_it and not rollout.enable_chunked_prefill and vllm_engine_of(plan.stack) == "v1" and \
+            holds(VLLM_V1_FORCES_CHUNKED_PREFILL, plan.stack):
+        return ""  # vLLM turns chunked prefill back on, and verl's own check reads the False: nothing refuses
+    sync = passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async"
+    if verl_runs_it and holds(CHUNKED_PREFILL_NEEDS_MODEL_LEN, plan.stack) and sync:
+        return "verl"
+    if not rollout.enable_chunked_prefill:
+        return "raised" if verl_runs_it and holds(BATCHED_TOKENS_RAISED, plan.stack) else "vllm"
+    return ""
+
+
+def least_batched_tokens(plan: Plan) -> int:
+    """The least rollout.max_num_batched_tokens that verl and vLLM start this plan's engine with (rule R8 below,
+    as verl runs it): max_num_seqs, and max_model_len where something refuses less. The solver sizes it so."""
+    least = plan.rollout.max_num_seqs
+    if _short_batched_tokens_refused_by(plan, verl_runs_it=True) in ("verl", "vllm"):
+        least = max(least, plan.verl_max_model_len)
+    return least
+
+
 @rule("runtime",
       "[R8] max_num_batched_tokens >= max_num_seqs, and >= max_model_len without chunked prefill")
 def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
     """vLLM's scheduler check (vllm/config/scheduler.py), which vLLM's V1 engine up to 0.11.0 never meets with
-    chunked prefill off: it turns it back on (stack.VLLM_V1_FORCES_CHUNKED_PREFILL). verl passes neither key to SGLang (see
-    SGLANG_IGNORED_ROLLOUT_KEYS), which sizes its own chunked prefill, so an SGLang plan is not judged by it."""
+    chunked prefill off: it turns it back on (stack.VLLM_V1_FORCES_CHUNKED_PREFILL)."""
     rollout = ctx.plan.rollout
     if rollout.name == "sglang":
         return
@@ -146,25 +174,21 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
         return
     # Under `rlplan run` (a platform) neither verl nor the stack's vLLM is in the loop: the bundled runtime hands
     # both keys unchanged to its own vLLM (runtime/rollout/engine_args.py), whose scheduler refuses the pair.
-    verl_runs_it = ctx.platform is None
-    if verl_runs_it and not rollout.enable_chunked_prefill and vllm_engine_of(plan.stack) == "v1" and \
-            holds(VLLM_V1_FORCES_CHUNKED_PREFILL, plan.stack):
-        return  # vLLM turns chunked prefill back on, and verl's own check reads the False: nothing refuses
-    sync = passthrough_value(plan, ROLLOUT_MODE_KEY, "sync").strip("'\"") != "async"
-    if verl_runs_it and holds(CHUNKED_PREFILL_NEEDS_MODEL_LEN, plan.stack) and sync:
+    refused_by = _short_batched_tokens_refused_by(plan, verl_runs_it=ctx.platform is None)
+    if refused_by == "verl":
         yield ctx.violation(
             f"rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} is below max_model_len = {max_len}: "
             f"verl {plan.stack.verl}'s sync vLLM rollout refuses it with chunked prefill on, and vLLM without.",
             f"set rollout.max_num_batched_tokens = {max_len}", rollout__max_num_batched_tokens=max_len,
         )
-    elif not rollout.enable_chunked_prefill and verl_runs_it and holds(BATCHED_TOKENS_RAISED, plan.stack):
+    elif refused_by == "raised":
         yield ctx.violation(
             f"without chunked prefill verl {plan.stack.verl} raises rollout.max_num_batched_tokens = "
             f"{rollout.max_num_batched_tokens} to max_model_len = {max_len}: vLLM's profile run (and memory) grows.",
             f"set rollout.max_num_batched_tokens = {max_len}, or rollout.enable_chunked_prefill = true",
             severity="warning", rollout__max_num_batched_tokens=max_len,
         )
-    elif not rollout.enable_chunked_prefill:
+    elif refused_by == "vllm":
         yield ctx.violation(
             f"without chunked prefill, rollout.max_num_batched_tokens = {rollout.max_num_batched_tokens} must hold "
             f"a whole max_model_len = {max_len} prompt.",

@@ -18,6 +18,7 @@ from rlplan.planner.monotone import last_holding
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan, RolloutSection
 from rlplan.planner.profile import Profile
+from rlplan.planner.rules.memory import least_batched_tokens
 from rlplan.planner.solver.budgets import gpu_limit_bytes
 from rlplan.planner.solver.request import SolveRequest
 from rlplan.planner.steptime import rollout_concurrency, workload_lengths
@@ -45,7 +46,10 @@ def tensor_parallel_options(arch: Architecture, cluster: Cluster) -> list[int]:
 def _rollout_sizes(plan: Plan, pins: dict[str, Any], max_num_seqs: int) -> RolloutSection:
     """max_num_seqs and max_num_batched_tokens derived from `max_num_seqs`, unless pinned (then the pin)."""
     seqs = int(pins.get("rollout.max_num_seqs", max_num_seqs))
-    tokens = int(pins.get("rollout.max_num_batched_tokens", max(8192, seqs)))
+    # At least what verl and vLLM start the engine with (rule R8): max_model_len where the release's sync rollout
+    # or vLLM without chunked prefill refuses less, else vLLM's default chunk of 8192.
+    least = least_batched_tokens(plan.evolve(rollout=attrs.evolve(plan.rollout, max_num_seqs=seqs)))
+    tokens = int(pins.get("rollout.max_num_batched_tokens", max(8192, least)))
     return attrs.evolve(plan.rollout, max_num_seqs=seqs, max_num_batched_tokens=tokens)
 
 
