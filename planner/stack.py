@@ -289,6 +289,19 @@ SOFT_TOKEN_BUDGET = Behaviour(
               "balanced by Karmarkar-Karp (PR #7553, 2026-08-25, after v0.9.0's 2026-08-14 branch)",
     summary="max_token_len is not a hard cap: one micro batch may hold more tokens than the budget")
 # --- rules that hold only in some releases (read in the 0.3.0.post1 ... 0.9.1 wheels' sources) ------------------
+PROMPTS_DISPATCHED_BEFORE_REPEAT = Behaviour(
+    name="prompts_dispatched_before_repeat", package="verl", before="0.5.0",
+    code_path="verl/trainer/ppo/ray_trainer.py fit: actor_rollout_wg.generate_sequences(gen_batch) on the "
+              "train_batch_size prompts, repeated n times only after it (v0.3.0.post1 lines 817/838, v0.4.0 1011/1035, "
+              "v0.4.1 983/1009); Dispatch.DP_COMPUTE_PROTO chunks them with verl/protocol.py DataProto.chunk's "
+              "equal-chunk assert (v0.3.0.post1 line 499); from v0.5.0 the repeated batch is dispatched",
+    summary="the sync rollout's prompts are split over the GPUs before they are repeated n times")
+REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ = Behaviour(
+    name="real_batch_checked_under_dynamic_bsz", package="verl", before="0.6.0",
+    code_path="verl/trainer/ppo/ray_trainer.py RayPPOTrainer._validate_config asserts real_train_batch_size % "
+              "n_gpus == 0 whatever use_dynamic_bsz says (v0.3.0.post1 lines 302-304, v0.4.0 431-434, v0.5.0 "
+              "414-427); verl/utils/config.py validate_config gates it on use_dynamic_bsz from v0.6.0",
+    summary="train_batch_size x n must divide by the GPUs even with dynamic batch size")
 AGENT_LOOP = Behaviour(
     name="agent_loop", package="verl", since="0.5.0",
     code_path="verl/experimental/agent_loop/agent_loop.py AgentLoopManager.generate_sequences: "
@@ -467,6 +480,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     ENTROPY_COEFF_DEFAULT_0001, REFERENCE_ALWAYS_RUNS, ENTROPY_IN_EVERY_PASS, REWARD_TIMED_IN_ADV,
     EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
+    PROMPTS_DISPATCHED_BEFORE_REPEAT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,

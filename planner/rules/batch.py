@@ -29,20 +29,39 @@ from rlplan.planner.stack import (
     ASYNC_ROLLOUT_DEFAULT,
     ENGINE_MICRO_SPLIT_ASSERT,
     ENGINE_WORKER,
+    PROMPTS_DISPATCHED_BEFORE_REPEAT,
+    REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
     holds,
 )
 
 
-@rule("config", "[V2] without dynamic bsz, train_batch_size * n % n_gpus == 0")
+@rule("config", "[V2] without dynamic bsz (with it too before verl 0.6), train_batch_size * n % n_gpus == 0")
 def _real_batch_divisible_by_world(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     world, n, tbs = plan.cluster.world_size, plan.rollout.n, plan.data.train_batch_size
-    if not plan.actor.use_dynamic_bsz and (tbs * n) % world:
+    checked = not plan.actor.use_dynamic_bsz or holds(REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ, plan.stack)
+    if checked and (tbs * n) % world:
         better = _smallest_train_batch(tbs, n, world)
         yield ctx.violation(
             f"train_batch_size * rollout.n = {tbs} * {n} = {tbs * n} sequences is not divisible by the {world} GPUs.",
             f"set data.train_batch_size = {better} (or enable actor.use_dynamic_bsz)",
             data__train_batch_size=better,
+        )
+
+
+@rule("runtime", "the sync rollout's train_batch_size prompts split evenly over the GPUs (verl < 0.5)",
+      applies=PROMPTS_DISPATCHED_BEFORE_REPEAT)
+def _prompts_dispatch_divisible_by_world(ctx: RuleContext) -> Iterator[Violation]:
+    """Before the agent loop (v0.5.0) every rollout was the sync one, and its prompts reach the workers before the
+    n-fold repeat (stack.PROMPTS_DISPATCHED_BEFORE_REPEAT): DataProto.chunk asserts they split evenly."""
+    plan = ctx.plan
+    world, tbs = plan.cluster.world_size, plan.data.train_batch_size
+    if tbs % world:
+        better = _next_multiple(tbs, world)
+        yield ctx.violation(
+            f"verl {plan.stack.verl} sends the {tbs} prompts of a step to the rollout before repeating them n times, "
+            f"split over the {world} GPUs, and they do not split evenly (its DataProto.chunk asserts they do).",
+            f"set data.train_batch_size = {better}", data__train_batch_size=better,
         )
 
 

@@ -177,3 +177,24 @@ def test_the_micro_split_assert_arrived_in_0_7_1s_engine_worker(verl, refused):
     plan = on(make_plan(overrides={"rollout.log_prob_micro_batch_size_per_gpu": 5}), verl)
     plan = plan.evolve(passthrough={"trainer.use_legacy_worker_impl": "disable"})
     assert fired(plan, "log_prob_micro_batch_divides_batch") is refused
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.3.0.post1", True), ("0.4.1", True), ("0.5.0", False),
+                                                ("0.9.1", False)])
+def test_prompts_that_do_not_split_over_the_gpus_are_refused_only_where_verl_dispatches_them_unrepeated(verl,
+                                                                                                       refused):
+    # 12 prompts x n 4 = 48 sequences split over 8 GPUs; the 12 prompts themselves do not (verl < 0.5 sends them).
+    plan = on(make_plan(overrides={"data.train_batch_size": 12, "rollout.n": 4, "actor.ppo_mini_batch_size": 4,
+                                   "actor.ppo_micro_batch_size_per_gpu": 1, "rollout.log_prob_micro_batch_size_per_gpu": 1,
+                                   "ref.log_prob_micro_batch_size_per_gpu": 1}), verl)
+    assert plan.cluster.world_size == 8
+    assert fired(plan, "prompts_dispatch_divisible_by_world") is refused
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.3.0.post1", True), ("0.5.0", True), ("0.6.0", False),
+                                                ("0.9.1", False)])
+def test_a_real_batch_that_does_not_split_over_the_gpus_is_refused_under_dynamic_bsz_only_before_0_6(verl, refused):
+    # 9 prompts x n 4 = 36 sequences over 8 GPUs: verl < 0.6's _validate_config asserts it whatever dynamic bsz says.
+    plan = on(make_plan(overrides={"data.train_batch_size": 9, "rollout.n": 4, "actor.ppo_mini_batch_size": 9,
+                                   "actor.use_dynamic_bsz": True, "rollout.log_prob_use_dynamic_bsz": True}), verl)
+    assert fired(plan, "real_batch_divisible_by_world") is refused

@@ -111,13 +111,6 @@ KNOWN_GAPS = {
         "micro batch's loss by 1 / (mini // micro), so the run goes on with a mis-weighted last micro batch",
         "actor/critic_micro_batch_divides_mini as a warning where only the _per_gpu key is set and micro <= mini, "
         "when targeting verl < 0.4", before="0.4.0"),
-    "dispatch_prompts_chunk": KnownGap(
-        "verl < 0.5's trainer dispatches the train_batch_size prompts to generate_sequences before repeating them "
-        "n times (verl/trainer/ppo/ray_trainer.py fit, v0.3.0.post1 lines 817/838, v0.4.0 lines 1011/1035), and "
-        "Dispatch.DP_COMPUTE_PROTO chunks them over the world with DataProto.chunk's equal-chunk assert "
-        "(verl/protocol.py chunk, v0.3.0.post1 line 499): train_batch_size itself must divide by the GPUs",
-        "a config-stage error: data.train_batch_size % n_gpus == 0 for a sync rollout when targeting verl < 0.5",
-        before="0.5.0"),
     "legacy_critic_split_unscaled": KnownGap(
         "verl 0.3's CriticWorker.__init__ divides critic.ppo_mini_batch_size by dp without multiplying it by n "
         "(fsdp_workers.py v0.3.0.post1 line 647; `*= self.config.rollout_n` from v0.4.0), so a critic mini batch "
@@ -131,13 +124,6 @@ KNOWN_GAPS = {
         "rank when the rollout engine starts, and vLLM is not installed here",
         "none in rlplan (lora_rank_within_vllm_limit is vLLM's refusal); this check would need vLLM's LoRAConfig",
         since="0.4.0", before="0.7.0"),
-    "real_batch_checked_under_dynamic_bsz": KnownGap(
-        "verl < 0.6's RayPPOTrainer._validate_config asserts train_batch_size * n % n_gpus == 0 whatever "
-        "use_dynamic_bsz says (verl/trainer/ppo/ray_trainer.py, v0.3.0.post1 lines 302-304, v0.4.0 431-434, "
-        "v0.5.0 414-427; validate_config gates it on use_dynamic_bsz from v0.6.0); rlplan's rule skips it under "
-        "dynamic batch size",
-        "real_batch_divisible_by_world applying under actor.use_dynamic_bsz too when targeting verl < 0.6",
-        before="0.6.0"),
 }
 
 # rlplan rules that check micro-batch keys a release's worker does not (under dynamic batch size: the engine
@@ -149,10 +135,6 @@ def accepted_plan_gap(plan: Plan, rejection: Rejected) -> str | None:
     """The KNOWN_GAPS entry for a plan rlplan calls valid and the installed verl rejects, if it is a known one."""
     if rejection.check in KNOWN_GAPS and KNOWN_GAPS[rejection.check].holds():
         return rejection.check
-    gap = "real_batch_checked_under_dynamic_bsz"
-    if (rejection.check == "validate_config" and "real_train_batch_size" in str(rejection)
-            and plan.actor.use_dynamic_bsz and KNOWN_GAPS[gap].holds()):
-        return gap
     return None
 
 
@@ -304,7 +286,8 @@ def verl_verdict(overrides: list[str]) -> None:
 BATCH_STAGES = {"config", "worker"}
 # Runtime-stage rules whose verl checks worker_eras restates at the installed release: the agent loop's chunk (every
 # release with one), the trainer's dispatch chunk (the legacy era's DataProto.chunk over the world).
-JUDGED_RUNTIME_RULES = {"agent_loop_chunks_evenly"} | (set() if worker_eras.ENGINE_ERA else {"dispatch_divisible_by_dp"})
+JUDGED_RUNTIME_RULES = {"agent_loop_chunks_evenly"} | (
+    set() if worker_eras.ENGINE_ERA else {"dispatch_divisible_by_dp", "prompts_dispatch_divisible_by_world"})
 # rollout.agent.num_workers (v0.5.0 on): one worker in the random layouts, so the agent loop's chunk never decides
 # them; the dividing layouts draw a count that may not divide the batch.
 AGENT_WORKERS = {"rollout.agent_num_workers": 1} if worker_eras.since("0.5.0") else {}
