@@ -310,19 +310,34 @@ def _mini_batch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
 
 
 @rule("config",
-      "[N4, N6] global micro-batch keys are normalized by verl 0.8 but rejected by verl >= 0.9")
+      "[N4, N6] global micro-batch keys: normalized per GPU by verl <= 0.7's worker, unread by verl >= 0.8's engine")
 def _deprecated_global_micro_batch_keys(ctx: RuleContext) -> Iterator[Violation]:
+    """The legacy worker (v0.3-v0.7.x fsdp_workers.py __init__) divides a global micro batch by dp; the engine worker
+    (stack.ENGINE_WORKER, v0.8.0 on) passes only the *_per_gpu keys on and, without dynamic batch size, asserts the
+    actor's and the rollout's are set (engine_workers.py ActorRolloutRefWorker.init_model, v0.8.0 lines 563-577);
+    the reference's arrives as None and prepare_micro_batches fails on it at the first step (engine/utils.py)."""
     plan, dp = ctx.plan, max(ctx.layout.parallel.dp, 1)
+    engine = holds(ENGINE_WORKER, plan.stack)
     for phase in (Phase.ACTOR_UPDATE, Phase.OLD_LOG_PROB, Phase.REF_LOG_PROB):
-        key, per_gpu_key = PASS_KNOBS[phase].legacy_micro_batch, PASS_KNOBS[phase].micro_batch
+        knobs = PASS_KNOBS[phase]
+        key, per_gpu_key = knobs.legacy_micro_batch, knobs.micro_batch
         value = knob_value(plan, key) if key else None
-        if value is not None:
-            per_gpu = max(1, value // dp)
+        if value is None:
+            continue
+        per_gpu = max(1, value // dp)
+        if engine and not knob_value(plan, knobs.dynamic_bsz) and knob_value(plan, per_gpu_key) is None:
             yield ctx.violation(
-                f"{key} = {value} is a deprecated global key: verl 0.8 turns it into {per_gpu} per GPU "
-                f"(divided by dp = {dp}, not multiplied by n); verl 0.9's engine worker rejects it.",
-                f"replace it with {per_gpu_key} = {per_gpu}", severity="warning",
+                f"{key} = {value} is a deprecated global key that verl {plan.stack.verl}'s engine worker does not "
+                f"read: it needs {per_gpu_key}, which is unset (it asserts it at start-up, or fails at the first "
+                "step).", f"replace it with {per_gpu_key} = {per_gpu}",
+                **{per_gpu_key.replace(".", "__"): per_gpu, key.replace(".", "__"): None},
             )
+            continue
+        yield ctx.violation(
+            f"{key} = {value} is a deprecated global key: verl <= 0.7's worker turns it into {per_gpu} per GPU "
+            f"(divided by dp = {dp}, not multiplied by n); from verl 0.8 the engine worker reads only {per_gpu_key}.",
+            f"replace it with {per_gpu_key} = {per_gpu}", severity="warning",
+        )
 
 
 @rule("runtime",

@@ -198,3 +198,12 @@ def test_a_real_batch_that_does_not_split_over_the_gpus_is_refused_under_dynamic
     plan = on(make_plan(overrides={"data.train_batch_size": 9, "rollout.n": 4, "actor.ppo_mini_batch_size": 9,
                                    "actor.use_dynamic_bsz": True, "rollout.log_prob_use_dynamic_bsz": True}), verl)
     assert fired(plan, "real_batch_divisible_by_world") is refused
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.3.0.post1", False), ("0.7.0", False), ("0.8.0", True),
+                                                ("0.9.1", True)])
+def test_a_global_micro_batch_key_alone_is_refused_only_by_the_engine_worker_that_does_not_read_it(verl, refused):
+    plan = on(apply_knobs(make_plan(), {"actor.ppo_micro_batch_size": 16, "actor.ppo_micro_batch_size_per_gpu": None}),
+              verl)
+    assert fired(plan, "deprecated_global_micro_batch_keys") is refused
+    assert fired(plan, "deprecated_global_micro_batch_keys", "warning") is not refused

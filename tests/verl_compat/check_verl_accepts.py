@@ -85,19 +85,6 @@ class KnownGap:
 
 # verl check (or, for rlplan being stricter, the gap's name) -> the gap.
 KNOWN_GAPS = {
-    "engine_per_gpu_micro_required": KnownGap(
-        "verl 0.9's engine worker asserts the *_per_gpu keys are set (engine_workers.py init_model, v0.9.0 "
-        "lines 629-631); only the legacy worker (<= 0.7.x) turned the deprecated global keys into per-GPU ones",
-        "a config-stage error for actor.ppo_micro_batch_size / rollout.log_prob_micro_batch_size without "
-        "their _per_gpu key when targeting verl >= 0.9", since="0.9.0"),
-    "engine_global_micro_key_unread": KnownGap(
-        "verl 0.8.0's engine worker hands a deprecated global micro-batch key on as None (no per-GPU "
-        "normalisation and, unlike 0.9, no assert that the _per_gpu key is set): prepare_micro_batches fails on it "
-        "at the first step (verl/workers/engine_workers.py init_model lines 563-570, engine/utils.py "
-        "prepare_micro_batches line 91, v0.8.0 wheel); rlplan's warning says verl 0.8 normalises the key, which "
-        "only the legacy worker (<= 0.7.x) does",
-        "deprecated_global_micro_batch_keys as an error, not a warning, when targeting verl 0.8.x",
-        since="0.8.0", before="0.9.0"),
     "micro_checked_under_dynamic_bsz": KnownGap(
         "rlplan is stricter here: the legacy worker (verl <= 0.7.x) asserted mini % micro even with dynamic batch "
         "size whenever a micro-batch key was set; the engine worker (0.8.0 on) ignores the micro keys under "
