@@ -1,7 +1,8 @@
 """A Hugging Face config.json -> an Architecture: the model's own transformers config class where
 transformers is installed, else a light table of the class defaults published files rely on.
 
-Pure: the caller reads the file (presets, the CLI).  Vision towers are priced from their own config;
+Pure: the caller reads the file (presets, the CLI).  Vision towers are priced from their own config, and an
+omni model's towers (MiniCPM-o: image, audio, speech) from the flags and parts its config states;
 layer kinds the model cannot price (state-space, linear attention) are refused by name.
 """
 
@@ -28,7 +29,8 @@ _INTEGER_KEYS = frozenset({
     "qk_nope_head_dim", "qk_rope_head_dim", "intermediate_size_mlp", "interleave_moe_layer_step",
     "decoder_sparse_step", "depth", "out_hidden_size", "patch_size", "image_size", "temporal_patch_size",
     "spatial_merge_size", "in_channels", "num_channels", "num_position_embeddings", "projector_input_dim",
-    "projector_output_dim", "vision_output_dim",
+    "projector_output_dim", "vision_output_dim", "d_model", "encoder_layers", "encoder_ffn_dim", "num_mel_bins",
+    "max_source_positions", "query_num", "llm_dim", "num_audio_tokens", "num_text_tokens", "num_vq",
 })
 
 # model_type -> the family of its text stack, whichever wrapper (vision-language, Kimi's
@@ -43,6 +45,7 @@ _FAMILIES = {
     "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
     "deepseek_v2": "deepseek_v3", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
     "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss", "glm4v": "glm4v", "glm4v_text": "glm4v",
+    "minicpmo": "qwen2",  # MiniCPM-o 2.6: a Qwen2 text stack (remote code MiniCPM_o_2_6Config(Qwen2Config))
 }
 # Families whose routed experts' width is config.json's intermediate_size (no moe_intermediate_size key).
 _EXPERT_WIDTH_IN_INTERMEDIATE_SIZE = frozenset({"gpt_oss", "mixtral", "llama4"})
@@ -94,6 +97,8 @@ _LIGHT_DEFAULTS: dict[str, dict[str, Any]] = {
                             "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
                             "out_hidden_size": 3584, "num_position_embeddings": 2304,
                             "deepstack_visual_indexes": [8, 16, 24]},
+    "whisper": {"d_model": 384, "encoder_layers": 4, "encoder_ffn_dim": 1536, "num_mel_bins": 80,
+                "max_source_positions": 1500},
     "glm4v_vision": {"depth": 24, "hidden_size": 1536, "intermediate_size": 13696, "in_channels": 3, "image_size": 336,
                      "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 4096,
                      "attention_bias": False},
@@ -234,10 +239,10 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
                             fix="point --model at a Hugging Face model's config.json")
         text = full["text_config"]
     for key in _UNPRICED_TOWERS:
-        if full.get(key) is not None:
+        if full.get(key) is not None and model_type not in _OMNI_TOWERS:
             raise _refuse(source, f"a non-text encoder ({key})", "its weights are not priced.")
     vision = full.get("vision_config")
-    if vision is not None and model_type not in _VISION_TOWERS:
+    if vision is not None and model_type not in _VISION_TOWERS and model_type not in _OMNI_TOWERS:
         raise _refuse(source, f"a vision tower ({model_type or 'unnamed model_type'})",
                       f"rlplan prices the vision towers of {', '.join(sorted(_VISION_TOWERS))} only.")
     _refuse_unmodelled_layers(text, source)
@@ -289,7 +294,10 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
     dense_layers = _dense_layer_count(text, family, layers, num_experts, get) if num_experts else 0
     ties = [*stated_ties, text.get("tie_word_embeddings"), full.get("tie_word_embeddings")]
     tied = next((tie for tie in ties if tie is not None), family in _TIED_BY_DEFAULT)
-    vision_params = _VISION_TOWERS[model_type](vision, hidden, whole) if vision is not None else 0
+    if model_type in _OMNI_TOWERS:
+        vision_params = _OMNI_TOWERS[model_type](full, hidden, whole)
+    else:
+        vision_params = _VISION_TOWERS[model_type](vision, hidden, whole) if vision is not None else 0
     return Architecture(
         family=family,
         hidden_size=hidden,
@@ -422,3 +430,92 @@ _VISION_TOWERS = {
     "qwen3_vl_moe": _qwen3_vl_vision_params,
     "glm4v": _glm4v_vision_params,
 }
+
+
+# --- omni towers ----------------------------------------------------------------------
+# A model whose config.json describes several non-text towers (image, audio, speech); the function reads the whole
+# file, since which towers exist is said at its top level. Architecture keeps them in vision_params: trained and
+# stored with the text stack, outside every text token's path.
+
+# ChatTTS's config class defaults (remote code configuration_minicpm.py MiniCPMConditionalTTSConfig, as published
+# with openbmb/MiniCPM-o-2_6; transformers has no class for it): the keys the speech tower's weights depend on.
+_CHATTTS_DEFAULTS = {"llm_dim": 2560, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 20,
+                     "num_audio_tokens": 626, "num_text_tokens": 21178, "num_vq": 4, "use_mlp": True}
+# MiniCPM_o_2_6Config.default_vision_config (remote code configuration_minicpm.py): the SigLIP it builds when
+# config.json has no vision_config ("same as HuggingFaceM4/siglip-so400m-14-980-flash-attn2-navit").
+_MINICPMO_VISION_DEFAULTS = {"hidden_size": 1152, "image_size": 980, "intermediate_size": 4304,
+                             "num_hidden_layers": 27, "patch_size": 14, "num_channels": 3}
+# The Llama stack inside ChatTTS is built from LlamaConfig(...) without a vocab_size, so its (unused) input
+# embedding has LlamaConfig's default 32000 rows.
+_CHATTTS_LLAMA_VOCAB = 32000
+# ChatTTS's DVAE (remote code modeling_minicpmo.py DVAE, borrowed from 2noise/ChatTTS dvae.py) has fixed shapes:
+# coef (100) + downsample convs (100->512 k3, 512->512 k4, biased) + encoder and decoder DVAEDecoder(idim 512, odim
+# 1024 / 512, hidden 256, 12 ConvNeXt blocks of 256 -> 1024, bn_dim 128) + out_conv (512->100 k3, no bias) + GFSQ's
+# two groups of 512 -> 4 -> 512 projections (vector_quantize_pytorch GroupedResidualFSQ, levels (5, 5, 5, 5)).
+_CONVNEXT_256 = 256 * 7 + 256 + 2 * 256 + (256 * 1024 + 1024) + (1024 * 256 + 256) + 256
+_DVAE_PARAMS = (100 + (100 * 512 * 3 + 512) + (512 * 512 * 4 + 512)
+                + sum((512 * 128 * 3 + 128) + (128 * 256 * 3 + 256) + 12 * _CONVNEXT_256 + 256 * odim
+                      for odim in (1024, 512))
+                + 512 * 100 * 3 + 2 * ((512 * 4 + 4) + (4 * 512 + 512)))
+
+
+def _navit_siglip_params(vision: dict[str, Any], layers: int, whole: Any) -> int:
+    """MiniCPM's SigLIP (remote code modeling_navit_siglip.py SiglipVisionTransformer): patch conv with bias, one
+    position per patch of the largest image, LayerNorm'd blocks, a post-LayerNorm and no pooling head."""
+    h, i = whole(vision, "hidden_size"), whole(vision, "intermediate_size")
+    patch, image = whole(vision, "patch_size"), whole(vision, "image_size")
+    embeddings = whole(vision, "num_channels", 3) * patch * patch * h + h + (image // patch) ** 2 * h
+    block = 4 * (h * h + h) + 4 * h + (h * i + i) + (i * h + h)
+    return embeddings + layers * block + 2 * h
+
+
+def _resampler_params(queries: int, embed: int, kv_dim: int) -> int:
+    """MiniCPM-V 2.6's Resampler: learned queries, kv_proj (no bias) when the widths differ, torch's
+    MultiheadAttention (packed in-projection and out-projection, biased), ln_q / ln_kv / ln_post and a square proj;
+    its 2-D sin-cos positions are a buffer."""
+    kv_proj = kv_dim * embed if kv_dim != embed else 0
+    return queries * embed + kv_proj + (3 * embed * embed + 3 * embed) + (embed * embed + embed) + 6 * embed + embed * embed
+
+
+def _whisper_encoder_params(audio: dict[str, Any], whole: Any) -> int:
+    """transformers' WhisperEncoder (MiniCPMWhisperEncoder keeps its shapes): two biased convs, a position table,
+    blocks whose k_proj alone has no bias, and a final LayerNorm."""
+    d, f = whole(audio, "d_model"), whole(audio, "encoder_ffn_dim")
+    convs = whole(audio, "num_mel_bins") * d * 3 + d + d * d * 3 + d
+    block = (4 * d * d + 3 * d) + 4 * d + (d * f + f) + (f * d + d)
+    return convs + whole(audio, "max_source_positions") * d + whole(audio, "encoder_layers") * block + 2 * d
+
+
+def _chattts_params(tts: dict[str, Any], whole: Any) -> int:
+    """ConditionalChatTTS (remote code modeling_minicpmo.py): the projector from the text width, code and text
+    embeddings, weight-normed code heads, the DVAE and a Llama stack."""
+    h, i, llm = whole(tts, "hidden_size"), whole(tts, "intermediate_size"), whole(tts, "llm_dim")
+    vq, codes = whole(tts, "num_vq"), whole(tts, "num_audio_tokens")
+    projector = (llm * h + h) + (h * h + h) if tts.get("use_mlp", True) else llm * h
+    heads = vq * (h * codes + codes)  # weight_norm: weight_v plus one weight_g per output row
+    llama = _CHATTTS_LLAMA_VOCAB * h + whole(tts, "num_hidden_layers") * (4 * h * h + 3 * h * i + 2 * h) + h
+    return projector + vq * codes * h + whole(tts, "num_text_tokens") * h + heads + _DVAE_PARAMS + llama
+
+
+def _minicpmo_tower_params(full: dict[str, Any], text_hidden: int, whole: Any) -> int:
+    """MiniCPM-o 2.6 (remote code modeling_minicpmo.py MiniCPMO.__init__): the towers its init_vision / init_audio /
+    init_tts flags build (each defaults to true in MiniCPM_o_2_6Config, and verl's fsdp_workers.py loads the model
+    with the file's config as it is): SigLIP + resampler, Whisper's encoder + a two-layer projector from
+    encoder_ffn_dim // 4, and ChatTTS."""
+    total = 0
+    if full.get("init_vision", True) is not False:
+        vision = {**_MINICPMO_VISION_DEFAULTS, **(full.get("vision_config") or {})}
+        layers = whole(vision, "num_hidden_layers") - (1 if full.get("drop_vision_last_layer", True) else 0)
+        total += _navit_siglip_params(vision, layers, whole)
+        total += _resampler_params(whole(full, "query_num", 64), text_hidden, whole(vision, "hidden_size"))
+    if full.get("init_audio", True) is not False:
+        audio = {**_LIGHT_DEFAULTS["whisper"], **(full.get("audio_config") or {})}
+        out = whole(audio, "encoder_ffn_dim") // 4
+        total += _whisper_encoder_params(audio, whole) + (out * text_hidden + text_hidden) + (
+            text_hidden * text_hidden + text_hidden)
+    if full.get("init_tts", True) is not False:
+        total += _chattts_params({**_CHATTTS_DEFAULTS, **(full.get("tts_config") or {})}, whole)
+    return total
+
+
+_OMNI_TOWERS = {"minicpmo": _minicpmo_tower_params}

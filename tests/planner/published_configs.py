@@ -204,6 +204,22 @@ PUBLISHED_CONFIGS: dict[str, dict] = {
                           "attention_bias": False, "hidden_act": "silu"}},
     # Qwen/Qwen3-VL-235B-A22B-Instruct
     "Qwen/Qwen3-VL-235B-A22B-Instruct": _qwen3_vl_moe(4096, 94, 64, 12288, 1536),
+    # openbmb/MiniCPM-o-2_6: the architecture keys of its config.json as the remote code and its readers state them
+    # (no copy of the file is on this machine): Qwen2.5-7B's text numbers with a 151700-row vocabulary, the SigLIP
+    # of MiniCPM_o_2_6Config.default_vision_config with its 27 layers kept, whisper-medium's encoder numbers
+    # ("same as openai/whisper-medium", configuration_minicpm.py), ChatTTS's defaults but llm_dim 3584.
+    "openbmb/MiniCPM-o-2_6": {
+        "model_type": "minicpmo", "architectures": ["MiniCPMO"], "hidden_size": 3584, "intermediate_size": 18944,
+        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 151700,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "query_num": 64, "image_size": 448,
+        "drop_vision_last_layer": False, "init_vision": True, "init_audio": True, "init_tts": True,
+        "audio_pool_step": 2,
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 980,
+                          "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 27,
+                          "patch_size": 14},
+        "audio_config": {"model_type": "whisper", "d_model": 1024, "encoder_layers": 24, "encoder_attention_heads": 16,
+                         "encoder_ffn_dim": 4096, "num_mel_bins": 80, "max_source_positions": 1500},
+        "tts_config": {"model_type": "conditional_chattts", "llm_dim": 3584}},
 }
 
 # Qwen/Qwen3-Next-80B-A3B-Instruct: refused (linear-attention layers), kept to test the refusal.

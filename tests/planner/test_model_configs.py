@@ -21,8 +21,10 @@ from tests.planner.published_configs import PUBLISHED_CONFIGS, QWEN3_NEXT_80B_A3
 
 MODEL_PRESETS = model_presets()
 # Repos whose model_type transformers has no config class for: read by the light reader either way.
-NOT_IN_TRANSFORMERS = {"moonshotai/Kimi-K2-Instruct"}
-VISION_LANGUAGE = [repo for repo, config in PUBLISHED_CONFIGS.items() if "vision_config" in config]
+NOT_IN_TRANSFORMERS = {"moonshotai/Kimi-K2-Instruct", "openbmb/MiniCPM-o-2_6"}
+# Omni models (remote code only): their towers are held to transformers' modules one by one below.
+OMNI = {"openbmb/MiniCPM-o-2_6"}
+VISION_LANGUAGE = [repo for repo, config in PUBLISHED_CONFIGS.items() if "vision_config" in config and repo not in OMNI]
 
 
 def _read(repo: str, read_with: str):
@@ -90,6 +92,52 @@ def test_glm4v_total_is_every_parameter_transformers_builds_from_the_published_c
     with torch.device("meta"):
         model = transformers.AutoModelForImageTextToText.from_config(config)
     assert _read(repo, "light").total_params == sum(p.numel() for p in model.parameters())
+
+
+def test_minicpmo_towers_are_what_transformers_builds_for_each_part():
+    """MiniCPMO builds its SigLIP (no pooling head), Whisper encoder and ChatTTS's Llama stack from transformers'
+    classes, and its resampler around torch's MultiheadAttention: each counted against its formula."""
+    torch = pytest.importorskip("torch", reason="counting the real modules needs torch")
+    transformers = pytest.importorskip("transformers", reason="counting the real modules needs transformers")
+    from rlplan.planner import hf_config
+
+    config = copy.deepcopy(PUBLISHED_CONFIGS["openbmb/MiniCPM-o-2_6"])
+    vision, audio = config["vision_config"], config["audio_config"]
+
+    def whole(part, key, default=0):
+        return part.get(key, default)
+
+    def count(module):
+        return sum(p.numel() for p in module.parameters())
+
+    with torch.device("meta"):
+        siglip = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**vision, vision_use_head=False))
+        whisper = transformers.models.whisper.modeling_whisper.WhisperEncoder(transformers.WhisperConfig(**audio))
+        llama = transformers.LlamaModel(transformers.LlamaConfig(hidden_size=768, intermediate_size=3072,
+                                                                 num_attention_heads=12, num_hidden_layers=20))
+        attention = torch.nn.MultiheadAttention(3584, 28)
+    assert hf_config._navit_siglip_params(vision, 27, whole) == count(siglip)
+    assert hf_config._whisper_encoder_params(audio, whole) == count(whisper)
+    resampler_rest = 64 * 3584 + 1152 * 3584 + 6 * 3584 + 3584 * 3584  # queries, kv_proj, three LayerNorms, proj
+    assert hf_config._resampler_params(64, 3584, 1152) == count(attention) + resampler_rest
+    tts = {**hf_config._CHATTTS_DEFAULTS, "llm_dim": 3584}
+    around_llama = (3584 * 768 + 768 + 768 * 768 + 768) + 4 * 626 * 768 + 21178 * 768 + 4 * (768 * 626 + 626)
+    assert hf_config._chattts_params(tts, whole) == count(llama) + around_llama + hf_config._DVAE_PARAMS
+
+
+def test_minicpmo_prices_only_the_towers_its_init_flags_build():
+    full = _read("openbmb/MiniCPM-o-2_6", "light")
+    assert full.total_params == 8_674_997_028 and full.total_params - full.vision_params == 7_613_007_360
+    sizes = {}
+    for flag in ("init_vision", "init_audio", "init_tts"):
+        config = {**copy.deepcopy(PUBLISHED_CONFIGS["openbmb/MiniCPM-o-2_6"]), flag: False}
+        sizes[flag] = full.vision_params - architecture_from_hf_config(config, read_with="light").vision_params
+    assert sizes == {"init_vision": 417_792_240 + 68_619_264, "init_audio": 307_216_384 + 16_522_240,
+                     "init_tts": 251_839_540}
+    # The config class drops SigLIP's last layer unless the file says otherwise.
+    dropping = {**copy.deepcopy(PUBLISHED_CONFIGS["openbmb/MiniCPM-o-2_6"]), "drop_vision_last_layer": True}
+    assert full.vision_params - architecture_from_hf_config(dropping).vision_params == 15_239_504
+    assert full.kv_cache_bytes_per_token() == MODEL_PRESETS["qwen2.5-7b"].arch.kv_cache_bytes_per_token()
 
 
 def test_vision_language_presets_price_the_tower_outside_the_text_path():
