@@ -26,6 +26,11 @@ _non_negative = field_check("model.arch", lambda value: not value < 0, "must be 
                             "set {field} to 0 or to the value in the model's config.json")
 
 
+# Field metadata: a plan file writes the field only where it differs from its default (a feature few models have,
+# so plans of the others read as before it existed; planfile.plan_to_dict).
+WRITTEN_WHEN_SET = {"written_when_set": True}
+
+
 def heads_split_evenly(heads: int, kv_heads: int, n: int) -> bool:
     """n ranks each take heads / n attention heads, and the KV heads either split (kv_heads % n == 0) or
     are copied to several ranks (n % kv_heads == 0): verl's Ulysses check and vLLM's attention asserts
@@ -67,6 +72,16 @@ class Architecture:
     # A vision-language model's image encoder and projector: trained and stored with the text stack
     # (weights, gradients, optimizer state) but outside every text token's path.
     vision_params: int = attrs.field(default=0, validator=_non_negative)
+    # Gated attention (Qwen3-Next): q_proj also writes a per-head output gate, so it is twice as wide.
+    attention_output_gate: bool = attrs.field(default=False, metadata=WRITTEN_WHEN_SET)
+    # Linear-attention layers (Qwen3-Next's Gated DeltaNet) in place of attention in that many decoder layers: no
+    # KV cache, a fixed-size state per sequence (a short convolution's window and a heads x key x value matrix).
+    linear_attention_layers: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
+    linear_num_key_heads: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
+    linear_num_value_heads: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
+    linear_key_head_dim: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
+    linear_value_head_dim: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
+    linear_conv_kernel_dim: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
 
     def __attrs_post_init__(self) -> None:
         if not self.is_mla and self.num_attention_heads % self.num_kv_heads != 0:
@@ -92,6 +107,18 @@ class Architecture:
                 field="model.arch.moe_intermediate_size",
                 message="an MoE model needs the width of one expert's MLP.",
                 fix="copy moe_intermediate_size (or intermediate_size for gpt-oss) from config.json",
+            )
+        linear_shape = (self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim,
+                        self.linear_value_head_dim, self.linear_conv_kernel_dim)
+        if self.linear_attention_layers and (self.linear_attention_layers >= self.num_layers or min(linear_shape) <= 0):
+            raise PlanError(
+                field="model.arch.linear_attention_layers",
+                message=(
+                    f"{self.linear_attention_layers} linear-attention layers need fewer than num_layers "
+                    f"({self.num_layers}) and positive linear_num_key_heads, linear_num_value_heads, "
+                    "linear_key_head_dim, linear_value_head_dim and linear_conv_kernel_dim."
+                ),
+                fix="copy the linear_* keys and the layer types from the model's config.json",
             )
         if self.first_dense_layers > self.num_layers:
             raise PlanError(
@@ -166,7 +193,7 @@ class Architecture:
                 + self.kv_lora_rank * nh * (self.qk_nope_head_dim + self.v_head_dim)
             )
             return q + kv + nh * self.v_head_dim * h
-        q = h * self.q_width
+        q = h * self.q_width * (2 if self.attention_output_gate else 1)
         kv = 2 * h * self.kv_width
         params = q + kv + self.q_width * h
         if self.qkv_bias:
@@ -178,6 +205,40 @@ class Architecture:
         if self.family == "gpt_oss":
             params += self.num_attention_heads  # attention sinks
         return params
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        """Decoder layers with attention (and a KV cache): all but the linear-attention ones."""
+        return self.num_layers - self.linear_attention_layers
+
+    @property
+    def linear_attention_conv_dim(self) -> int:
+        """Channels of a Gated DeltaNet layer's short convolution: q and k (key width each) and v."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + (
+            self.linear_num_value_heads * self.linear_value_head_dim)
+
+    @property
+    def linear_attention_params(self) -> int:
+        """One Gated DeltaNet mixer (transformers' Qwen3NextGatedDeltaNet): in_proj_qkvz (q, k, v and the output
+        gate z), in_proj_ba (beta and the decay's input, one each per value head), the depthwise conv (no bias),
+        dt_bias and A_log per value head, the gated RMSNorm over a value head, out_proj."""
+        h, value = self.hidden_size, self.linear_num_value_heads * self.linear_value_head_dim
+        in_proj = h * (self.linear_attention_conv_dim + value) + h * 2 * self.linear_num_value_heads
+        return (in_proj + self.linear_attention_conv_dim * self.linear_conv_kernel_dim
+                + 2 * self.linear_num_value_heads + self.linear_value_head_dim + value * h)
+
+    @property
+    def linear_attention_correction(self) -> int:
+        """What the linear-attention layers' mixers weigh beyond the attention the per-layer counts assume."""
+        return self.linear_attention_layers * (self.linear_attention_params - self.attention_params)
+
+    def linear_attention_state_elements(self, tensor_parallel_size: int = 1) -> int:
+        """One sequence's recurrent state in one linear-attention layer on one rank (vLLM's
+        MambaStateShapeCalculator.gated_delta_net_state_shape): the conv window (kernel - 1 steps of the conv
+        channels) and the heads x key x value matrix, both split over TP."""
+        t = tensor_parallel_size
+        conv = (self.linear_conv_kernel_dim - 1) * (self.linear_attention_conv_dim // t)
+        return conv + (self.linear_num_value_heads // t) * self.linear_key_head_dim * self.linear_value_head_dim
 
     @property
     def dense_mlp_params(self) -> int:
@@ -210,7 +271,9 @@ class Architecture:
     @property
     def largest_layer_params(self) -> int:
         """N_L: what one FSDP all-gather of a decoder layer unshards."""
-        return max(self.dense_layer_params if self.num_dense_layers else 0, self.moe_layer_params)
+        largest = max(self.dense_layer_params if self.num_dense_layers else 0, self.moe_layer_params)
+        return largest + max(0, self.linear_attention_params - self.attention_params if self.linear_attention_layers
+                             else 0)
 
     @property
     def total_params(self) -> int:
@@ -221,6 +284,7 @@ class Architecture:
             + self.num_moe_layers * self.moe_layer_params
             + self.hidden_size  # final norm
             + self.vision_params
+            + self.linear_attention_correction
         )
 
     @property
@@ -237,6 +301,7 @@ class Architecture:
             + self.num_dense_layers * self.dense_layer_params
             + self.num_moe_layers * active_moe_layer
             + self.hidden_size
+            + self.linear_attention_correction
         )
 
     @property
@@ -293,18 +358,19 @@ class Architecture:
     def kv_cache_bytes_per_token(self, tensor_parallel_size: int = 1, dtype_bytes: int = 2) -> int:
         """Per-rank KV bytes per token, as vLLM sizes its cache.
 
-        K and V heads are split over TP ranks and replicated once TP exceeds n_kv.
+        K and V heads of the attention layers (linear-attention layers keep none) are split over TP ranks and
+        replicated once TP exceeds n_kv.
         MLA caches one latent (kv_lora_rank + rope dims) per token, replicated on every rank.
         """
         if self.is_mla:
             return self.num_layers * self.kv_width * dtype_bytes
         kv_heads_per_rank = max(1, self.num_kv_heads // tensor_parallel_size)
-        return 2 * self.num_layers * kv_heads_per_rank * self.head_dim * dtype_bytes
+        return 2 * self.num_full_attention_layers * kv_heads_per_rank * self.head_dim * dtype_bytes
 
     def forward_flops_per_token(self, context_len: int) -> float:
         """Forward FLOPs for one token attending to `context_len` earlier tokens."""
         matmul = 2.0 * self.active_matmul_params
         qk_dim = (self.qk_nope_head_dim + self.qk_rope_head_dim) if self.is_mla else self.head_dim
         v_dim = self.v_head_dim if self.is_mla else self.head_dim
-        attention = 2.0 * self.num_layers * self.num_attention_heads * (qk_dim + v_dim) * context_len
+        attention = 2.0 * self.num_full_attention_layers * self.num_attention_heads * (qk_dim + v_dim) * context_len
         return matmul + attention

@@ -30,7 +30,8 @@ _INTEGER_KEYS = frozenset({
     "decoder_sparse_step", "depth", "out_hidden_size", "patch_size", "image_size", "temporal_patch_size",
     "spatial_merge_size", "in_channels", "num_channels", "num_position_embeddings", "projector_input_dim",
     "projector_output_dim", "vision_output_dim", "d_model", "encoder_layers", "encoder_ffn_dim", "num_mel_bins",
-    "max_source_positions", "query_num", "llm_dim", "num_audio_tokens", "num_text_tokens", "num_vq",
+    "max_source_positions", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval", "query_num", "llm_dim", "num_audio_tokens", "num_text_tokens", "num_vq",
 })
 
 # model_type -> the family of its text stack, whichever wrapper (vision-language, Kimi's
@@ -45,11 +46,12 @@ _FAMILIES = {
     "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
     "deepseek_v2": "deepseek_v3", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
     "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss", "glm4v": "glm4v", "glm4v_text": "glm4v",
+    "qwen3_next": "qwen3_next",
     "minicpmo": "qwen2",  # MiniCPM-o 2.6: a Qwen2 text stack (remote code MiniCPM_o_2_6Config(Qwen2Config))
 }
 # Families whose routed experts' width is config.json's intermediate_size (no moe_intermediate_size key).
 _EXPERT_WIDTH_IN_INTERMEDIATE_SIZE = frozenset({"gpt_oss", "mixtral", "llama4"})
-_QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3"})  # a learned RMSNorm of head_dim on q and on k
+_QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3", "qwen3_next"})  # a learned RMSNorm of head_dim on q and on k
 # Pre/post norms around attention and around the MLP (GLM-4.1V: input, post_self_attn, post_attention, post_mlp).
 _FOUR_NORM_FAMILIES = frozenset({"gemma2", "gemma3", "glm4v"})
 # Families whose q/k/v projections carry a bias whatever config.json says: transformers builds them with bias=True
@@ -111,6 +113,11 @@ _KV_CACHE_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunk
 _RECURRENT_LAYER_KEYS = ("linear_num_value_heads", "linear_conv_kernel_dim", "mamba_d_state", "ssm_state_size",
                          "mamba_n_heads", "attn_layer_period", "hybrid_override_pattern")
 _UNPRICED_TOWERS = ("audio_config", "speech_config", "vision_encoder_config")
+# Families whose linear-attention layers are priced (Qwen3-Next's Gated DeltaNet: transformers' Qwen3NextConfig
+# layer_types "linear_attention", every full_attention_interval-th layer being full attention).
+_LINEAR_ATTENTION_FAMILIES = frozenset({"qwen3_next"})
+_LINEAR_ATTENTION_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                          "linear_value_head_dim", "linear_conv_kernel_dim")
 
 
 def _transformers_config_classes() -> Any:
@@ -200,7 +207,22 @@ def _refuse(source: str, feature: str, why: str) -> PlanError:
     )
 
 
-def _refuse_unmodelled_layers(text: dict[str, Any], source: str) -> None:
+def _linear_attention_layer_count(text: dict[str, Any], family: str, layers: int) -> int:
+    """Qwen3-Next's Gated DeltaNet layers: those layer_types names "linear_attention", or (the published file
+    states no layer_types) all but every full_attention_interval-th layer, as Qwen3NextConfig derives them."""
+    if family not in _LINEAR_ATTENTION_FAMILIES:
+        return 0
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        return sum(1 for kind in layer_types[:layers] if kind == "linear_attention")
+    interval = text.get("full_attention_interval") or 4
+    interval = int(interval) if isinstance(interval, (int, float)) and not isinstance(interval, bool) else 4
+    return sum(1 for index in range(layers) if (index + 1) % max(1, interval) != 0)
+
+
+def _refuse_unmodelled_layers(text: dict[str, Any], source: str, family: str = "") -> None:
+    if family in _LINEAR_ATTENTION_FAMILIES:
+        return
     layer_types = text.get("layer_types") or ()
     odd = sorted({str(kind) for kind in layer_types} - _KV_CACHE_LAYER_TYPES) if isinstance(layer_types, list) else []
     recurrent_keys = [key for key in _RECURRENT_LAYER_KEYS if text.get(key) is not None]
@@ -209,8 +231,8 @@ def _refuse_unmodelled_layers(text: dict[str, Any], source: str) -> None:
         what = f"{count} of {len(layer_types)} layers of type {', '.join(odd)}" if odd else ", ".join(recurrent_keys)
         raise _refuse(
             source, f"linear-attention / state-space layers ({what})",
-            "those layers keep a fixed-size recurrent state per sequence instead of a KV cache (Qwen3-Next's "
-            "Gated DeltaNet, Mamba hybrids), and the rollout memory model prices only KV caches.",
+            "those layers keep a fixed-size recurrent state per sequence instead of a KV cache (Mamba hybrids), "
+            "and the rollout memory model prices only KV caches and Qwen3-Next's Gated DeltaNet states.",
         )
 
 
@@ -245,9 +267,9 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
     if vision is not None and model_type not in _VISION_TOWERS and model_type not in _OMNI_TOWERS:
         raise _refuse(source, f"a vision tower ({model_type or 'unnamed model_type'})",
                       f"rlplan prices the vision towers of {', '.join(sorted(_VISION_TOWERS))} only.")
-    _refuse_unmodelled_layers(text, source)
     text_type = str(text.get("model_type") or model_type).lower()
     family = _FAMILIES.get(text_type, _FAMILIES.get(model_type, text_type or "llama"))
+    _refuse_unmodelled_layers(text, source, family)
     _require(text, ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"), source)
 
     def whole(part: dict[str, Any], key: str, default: Any = 0) -> Any:
@@ -289,8 +311,8 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
     if family == "llama4":
         dense_width = int(get("intermediate_size_mlp", dense_width))
     shared = int(get("n_shared_experts", 0)) * moe_width
-    if family in ("qwen2_moe", "llama4"):
-        shared = int(get("shared_expert_intermediate_size", 0)) if family == "qwen2_moe" else moe_width
+    if family in ("qwen2_moe", "qwen3_next", "llama4"):
+        shared = int(get("shared_expert_intermediate_size", 0)) if family != "llama4" else moe_width
     dense_layers = _dense_layer_count(text, family, layers, num_experts, get) if num_experts else 0
     ties = [*stated_ties, text.get("tie_word_embeddings"), full.get("tie_word_embeddings")]
     tied = next((tie for tie in ties if tie is not None), family in _TIED_BY_DEFAULT)
@@ -327,7 +349,16 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
         qk_rope_head_dim=int(get("qk_rope_head_dim", 0)) if is_mla else 0,
         v_head_dim=int(get("v_head_dim", 0)) if is_mla else 0,
         vision_params=vision_params,
+        **_linear_attention_fields(text, family, layers, get),
     )
+
+
+def _linear_attention_fields(text: dict[str, Any], family: str, layers: int, get: Any) -> dict[str, Any]:
+    linear = _linear_attention_layer_count(text, family, layers)
+    if not linear:
+        return {}
+    fields = {f"linear_{key[len('linear_'):]}": int(get(key, 0)) for key in _LINEAR_ATTENTION_KEYS}
+    return {"linear_attention_layers": linear, "attention_output_gate": True, **fields}
 
 
 def _dense_layer_count(text: dict[str, Any], family: str, layers: int, num_experts: int, get: Any) -> int:
@@ -342,7 +373,7 @@ def _dense_layer_count(text: dict[str, Any], family: str, layers: int, num_exper
             step = max(1, int(get("interleave_moe_layer_step", 1)))
             moe_layers = list(range(step - 1, layers, step))
         return layers - len(set(moe_layers) & set(range(layers)))
-    if family in ("qwen2_moe", "qwen3_moe"):
+    if family in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
         step = max(1, int(get("decoder_sparse_step", 1)))
         dense_only = set(_layer_indices(text.get("mlp_only_layers")))
         return sum(1 for index in range(layers) if index in dense_only or (index + 1) % step != 0)

@@ -85,7 +85,12 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     attrs.asdict rather than cattrs' unstructure: cattrs generates and compiles a function per
     class on first use, a tenth of a second of every `rlplan solve` process for nothing.
     """
-    return _drop_none(attr.asdict(plan, recurse=True, retain_collection_types=False))
+    data = _drop_none(attr.asdict(plan, recurse=True, retain_collection_types=False))
+    arch = data.get("model", {}).get("arch", {})
+    for field in attrs.fields(type(plan.model.arch)):
+        if field.metadata.get("written_when_set") and arch.get(field.name) == field.default:
+            del arch[field.name]
+    return data
 
 
 def plan_to_toml(plan: Plan) -> str:

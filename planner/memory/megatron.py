@@ -32,7 +32,7 @@ from attrs import frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.heads import LossHead
-from rlplan.planner.memory.model_facts import cached_per_arch, lora_params, model_facts
+from rlplan.planner.memory.model_facts import cached_per_arch, lora_params, mixer_saved_bytes, model_facts
 from rlplan.planner.memory.report import Component, TrainerState
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
@@ -117,7 +117,8 @@ def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int, st
                      value_model: bool) -> RankParameters:
     experts_per_layer = routed_expert_params_per_layer(arch)
     layer_dense = (arch.num_dense_layers * arch.dense_layer_params
-                   + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size)
+                   + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size
+                   + arch.linear_attention_correction)
     output_layer = arch.hidden_size if value_model else arch.lm_head_params
     vocab_layers = arch.embedding_params + (output_layer if pp == 1 else 0)
     dense = (layer_dense * stage + vocab_layers) / tp
@@ -195,6 +196,7 @@ def layer_activation_bytes_per_token(arch: Architecture, *, moe: bool, tp: int, 
         # query's reshape to [tokens, heads, head_dim] copies it (2 q), and q_layernorm / k_layernorm (TENorm:
         # TE's RMSNorm saves its input) keep that copy and the key view (so the whole QKV output).
         attention += 2 * arch.q_width
+    attention = mixer_saved_bytes(arch, attention)  # gated attention's gate; Qwen3-Next's Gated DeltaNet layers
     # rlplan's architectures are gated (SwiGLU: arch.dense_mlp_params = 3 h I); ungated is Megatron's estimate.
     gate = 2 if gated else 1
     if moe:

@@ -42,6 +42,27 @@ class ModelFacts:
         return self.matmul_flops_per_token + self.attention_flops_per_context_token * context_len
 
 
+def linear_attention_saved_elements(arch: Architecture) -> int:
+    """Elements one Gated DeltaNet layer saves per token for its backward (transformers' Qwen3NextGatedDeltaNet
+    with fla's chunked kernels, Megatron-Core's GatedDeltaNet alike): in_proj_qkvz's output (q, k, v and the gate
+    z), in_proj_ba's (beta and the decay input), the conv's output and its SiLU (the kernel's q, k, v), the
+    kernel's output, the gated norm's output (out_proj's input)."""
+    conv, value = arch.linear_attention_conv_dim, arch.linear_num_value_heads * arch.linear_value_head_dim
+    return (conv + value) + 2 * arch.linear_num_value_heads + 2 * conv + 2 * value
+
+
+def mixer_saved_bytes(arch: Architecture, attention: float) -> float:
+    """A decoder layer's token-mixer activations per token, as the mean over the layers: `attention` (bf16 bytes
+    of an attention layer, as the caller's backend saves them) plus gated attention's gate (the gate half of
+    q_proj's output and its sigmoid), and a linear-attention layer's saved elements in bf16 (Qwen3-Next)."""
+    if arch.attention_output_gate:
+        attention += 4 * arch.q_width
+    if not arch.linear_attention_layers:
+        return attention
+    linear = 2 * linear_attention_saved_elements(arch)
+    return (arch.num_full_attention_layers * attention + arch.linear_attention_layers * linear) / arch.num_layers
+
+
 def _layer_activation_bytes(arch: Architecture, mlp_width: int, routed: bool) -> int:
     """Saved bytes per token of one HF decoder layer in bf16 with fp32 RMSNorm inputs (memory-model.md 2.2)."""
     h = arch.hidden_size
@@ -56,6 +77,7 @@ def _layer_activation_bytes(arch: Architecture, mlp_width: int, routed: bool) ->
     attention += 4 * nh
     if arch.qk_norm:
         attention += 6 * (arch.q_width + arch.kv_width)
+    attention = int(mixer_saved_bytes(arch, attention))
     mlp = 8 * mlp_width
     if routed:
         # fp32 router probabilities, and the hidden states permuted to and from the chosen experts.

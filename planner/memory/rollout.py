@@ -48,6 +48,9 @@ class RolloutBudget:
     co_resident_bytes: int = 0
     # SGLang from 0.5.10: mem_fraction_static is a fraction of the memory free before the load (its value here).
     fraction_of_free: float | None = None
+    # A hybrid model's linear-attention layers (Qwen3-Next): the recurrent state each running sequence holds in
+    # the pool besides its tokens' KV (EngineMemory.linear_attention_pool).
+    state_bytes_per_sequence: int = 0
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -66,12 +69,18 @@ class RolloutBudget:
         return kv_tokens_from_bytes(self.kv_cache_bytes, self.kv_cache_bytes_per_token, self.block_size)
 
     @property
+    def state_tokens_per_sequence(self) -> int:
+        """A sequence's recurrent state in tokens of the pool (0 for a model without linear-attention layers)."""
+        return -(-self.state_bytes_per_sequence // self.kv_cache_bytes_per_token) if self.state_bytes_per_sequence else 0
+
+    @property
     def usable_kv_cache_tokens(self) -> int:
         """vLLM (0.32) holds one block back as its null block; requests get the rest.
 
         SGLang (page size 1) caps a request at max_total_num_tokens - 1 (scheduler max_req_input_len).
+        A hybrid model's one request also holds its recurrent state.
         """
-        return max(0, self.kv_cache_tokens - self.block_size)
+        return max(0, self.kv_cache_tokens - self.block_size - self.state_tokens_per_sequence)
 
     @property
     def holds_max_model_len(self) -> bool:
@@ -85,12 +94,13 @@ class RolloutBudget:
     @property
     def bytes_needed_for_max_model_len(self) -> int:
         blocks = -(-self.max_model_len // self.block_size) + 1
-        return blocks * self.block_size * self.kv_cache_bytes_per_token
+        return blocks * self.block_size * self.kv_cache_bytes_per_token + self.state_bytes_per_sequence
 
     @property
     def max_concurrent_sequences(self) -> int:
-        """Full-length sequences (prompt + response) the cache holds at once, per replica."""
-        return self.usable_kv_cache_tokens // self.sequence_length
+        """Full-length sequences (prompt + response) the cache holds at once, per replica, each with its state."""
+        pool = max(0, self.kv_cache_tokens - self.block_size)
+        return pool // (self.sequence_length + self.state_tokens_per_sequence)
 
 
 def vllm_kv_cache_bytes(requested_bytes: float, weights_bytes: float, activation_bytes: float,
@@ -127,6 +137,59 @@ def sglang_kv_cache_bytes(static_bytes: float, weights_bytes: float, pre_load_by
 
 
 @frozen
+class LinearAttentionPool:
+    """How an engine keeps a hybrid model's attention KV and linear-attention state in one pool, on one rank."""
+
+    block_size: int  # tokens per block, for the attention layers
+    kv_cache_bytes_per_token: int  # the pool's bytes per token of a sequence's attention KV
+    state_bytes_per_sequence: int  # what each running sequence holds for its linear-attention layers
+
+
+# vLLM's attention backends take blocks in multiples of 16 tokens (model_executor/models/config.py
+# HybridAttentionMambaModelConfig: kernel_block_alignment_size, FlashAttention's and FlashInfer's).
+VLLM_HYBRID_BLOCK_ALIGNMENT = 16
+
+
+def vllm_linear_attention_pool(arch: Architecture, tensor_parallel_size: int, dtype_bytes: int,
+                               block_size: int) -> LinearAttentionPool:
+    """vLLM V1's one pool for attention and Gated DeltaNet layers (read at v0.11.0, the release verl 0.7.0's
+    Qwen3-Next recipe runs: setup.py pins vllm<=0.12.0, and Qwen3-Next arrived in 0.10.2).
+
+    A GDN layer's state per sequence (MambaStateShapeCalculator.gated_delta_net_state_shape, in the model's dtype
+    both: MambaStateDtypeCalculator.gated_delta_net_state_dtype with mamba_cache_dtype "auto") is one page of a
+    mamba layer. HybridAttentionMambaModelConfig.verify_and_update_config raises the attention block size to
+    the smallest multiple of 16 tokens whose page (block x 2 x KV heads per rank x head_dim x dtype) holds that
+    state, and pads the state's page to it. kv_cache_utils._get_kv_cache_groups_uniform_page_size groups the
+    layers by kind into groups of group_size (the smaller count of the two kinds, the larger when it is under
+    1.5x the smaller) and get_kv_cache_config_from_groups makes group_size tensors of num_blocks pages, a block id
+    addressing one page in each: num_blocks = memory // (page x group_size). A sequence holds ceil(tokens /
+    block) blocks in each attention group and one block in each GDN group (the whole state; prefix caching is
+    off for hybrid models up to 0.12, and verl passes no mamba cache mode).
+    """
+    t = tensor_parallel_size
+    attention_token = 2 * max(1, arch.num_kv_heads // t) * arch.head_dim * dtype_bytes
+    state = arch.linear_attention_state_elements(t) * dtype_bytes
+    align = VLLM_HYBRID_BLOCK_ALIGNMENT
+    block = max(block_size, align * -(-state // (align * attention_token)))
+    full, linear = arch.num_full_attention_layers, arch.linear_attention_layers
+    group = max(full, linear) if max(full, linear) < 1.5 * min(full, linear) else min(full, linear)
+    page_row = group * block * attention_token  # one block id, across the group_size tensors
+    attention_groups, state_groups = -(-full // group), -(-linear // group)
+    return LinearAttentionPool(block_size=block, kv_cache_bytes_per_token=attention_groups * page_row // block,
+                               state_bytes_per_sequence=state_groups * page_row)
+
+
+def unpadded_linear_attention_pool(arch: Architecture, tensor_parallel_size: int, dtype_bytes: int,
+                                   block_size: int) -> LinearAttentionPool:
+    """An engine that keeps the linear-attention state beside its token pool, one state per running request
+    (SGLang's MambaPool), priced as charged to the same budget: no block padding, no grouping."""
+    return LinearAttentionPool(
+        block_size=block_size, kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(tensor_parallel_size, dtype_bytes),
+        state_bytes_per_sequence=arch.linear_attention_layers * arch.linear_attention_state_elements(
+            tensor_parallel_size) * dtype_bytes)
+
+
+@frozen
 class EngineMemory:
     """Where one rollout engine's memory differs from another's (everything else is priced alike)."""
 
@@ -143,6 +206,8 @@ class EngineMemory:
     # Whether its sleep keeps a host copy of the weights: vLLM at sleep level 1, which layered_summon forces;
     # SGLang's memory saver discards paused contents (verl enables no CPU backup in hybrid mode).
     sleep_copies_weights_to_host: Callable[[RolloutSection], bool]
+    # A hybrid model's pool (arch, TP, dtype bytes, the engine's block size).
+    linear_attention_pool: Callable[[Architecture, int, int, int], LinearAttentionPool] = unpadded_linear_attention_pool
 
 
 VLLM = EngineMemory(
@@ -154,6 +219,7 @@ VLLM = EngineMemory(
     block_size=lambda profile: profile.vllm_block_size,
     cuda_graph_pool_gib=lambda profile: profile.cuda_graph_pool_gib,
     sleep_copies_weights_to_host=lambda rollout: rollout.sleep_level == 1 or rollout.layered_summon,
+    linear_attention_pool=vllm_linear_attention_pool,
 )
 SGLANG = EngineMemory(
     kv_cache_bytes=lambda budget: sglang_kv_cache_bytes(budget.requested_bytes, budget.weights_bytes,
@@ -250,6 +316,8 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
             max_model_len=rollout_max_model_len(plan),
             sequence_length=plan.data.max_sequence_length,
         )
+    pool = (engine.linear_attention_pool(arch, t, rollout.dtype_bytes, engine.block_size(profile))
+            if arch.linear_attention_layers else None)
     charges_all = kv_pool_charges_the_whole_gpu(plan.stack, rollout.name)
     fraction_of_free = None if rollout.name != "sglang" or charges_all else rollout.gpu_memory_utilization
     return RolloutBudget(
@@ -263,8 +331,10 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
         activation_bytes=int(vllm_activation_bytes(arch, rollout.max_num_batched_tokens, rollout.max_num_seqs,
                                                    profile)),
         non_torch_bytes=int(vllm_non_torch_bytes(t, profile)),
-        kv_cache_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
-        block_size=engine.block_size(profile),
+        kv_cache_bytes_per_token=pool.kv_cache_bytes_per_token if pool
+        else arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
+        block_size=pool.block_size if pool else engine.block_size(profile),
+        state_bytes_per_sequence=pool.state_bytes_per_sequence if pool else 0,
         max_model_len=rollout_max_model_len(plan),
         sequence_length=plan.data.max_sequence_length,
     )

@@ -222,7 +222,7 @@ PUBLISHED_CONFIGS: dict[str, dict] = {
         "tts_config": {"model_type": "conditional_chattts", "llm_dim": 3584}},
 }
 
-# Qwen/Qwen3-Next-80B-A3B-Instruct: refused (linear-attention layers), kept to test the refusal.
+# Qwen/Qwen3-Next-80B-A3B-Instruct: 36 Gated DeltaNet layers beside 12 gated-attention ones (full_attention_interval).
 QWEN3_NEXT_80B_A3B = {
     "model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
     "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 5120, "moe_intermediate_size": 512,
@@ -231,3 +231,4 @@ QWEN3_NEXT_80B_A3B = {
     "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128, "vocab_size": 151936,
     "max_position_embeddings": 262144, "tie_word_embeddings": False,
 }
+PUBLISHED_CONFIGS["Qwen/Qwen3-Next-80B-A3B-Instruct"] = QWEN3_NEXT_80B_A3B

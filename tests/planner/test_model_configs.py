@@ -152,19 +152,43 @@ def test_vision_language_presets_price_the_tower_outside_the_text_path():
 # --- refusals -----------------------------------------------------------------------
 
 
-def test_qwen3_next_config_is_refused_naming_its_linear_attention_layers():
-    with pytest.raises(PlanError) as raised:
-        architecture_from_hf_config(copy.deepcopy(QWEN3_NEXT_80B_A3B), source="Qwen3-Next/config.json")
-    assert raised.value.field == "model"
-    assert "linear-attention" in raised.value.message and "36 of 48 layers" in raised.value.message
+def test_qwen3_next_reads_its_gated_deltanet_layers_as_transformers_builds_them():
+    """36 GDN mixers and 12 gated-attention ones, counted against Qwen3NextForCausalLM's modules; rlplan leaves out
+    the shared expert's 2048-element gate per layer (as for Qwen2-MoE)."""
+    torch = pytest.importorskip("torch", reason="counting the real modules needs torch")
+    transformers = pytest.importorskip("transformers", reason="counting the real modules needs transformers")
+    arch = _read("Qwen/Qwen3-Next-80B-A3B-Instruct", "light")
+    assert (arch.linear_attention_layers, arch.num_full_attention_layers, arch.num_moe_layers) == (36, 12, 48)
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(QWEN3_NEXT_80B_A3B))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    layers = model.model.layers
+    kinds = {type(layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn).__name__ for layer in layers}
+    assert len(kinds) == 2 and sum(hasattr(layer, "linear_attn") for layer in layers) == 36
+
+    def count(module):
+        return sum(p.numel() for p in module.parameters())
+
+    assert arch.linear_attention_params == count(layers[0].linear_attn)
+    assert arch.attention_params == count(layers[3].self_attn)
+    assert arch.total_params == count(model) - 48 * 2048
+
+
+def test_qwen3_next_layer_types_and_full_attention_interval_read_alike():
+    stated = {**copy.deepcopy(QWEN3_NEXT_80B_A3B),
+              "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(48)]}
+    assert architecture_from_hf_config(stated, read_with="light") == _read("Qwen/Qwen3-Next-80B-A3B-Instruct", "light")
+    every_other = {**copy.deepcopy(QWEN3_NEXT_80B_A3B), "full_attention_interval": 2}
+    assert architecture_from_hf_config(every_other, read_with="light").linear_attention_layers == 24
 
 
 @pytest.mark.parametrize("spec", ["qwen3-next-80b-a3b", "Qwen/Qwen3-Next-80B-A3B-Instruct",
-                                  "Qwen/Qwen3-Next-80B-A3B-Thinking-FP8"])
-def test_qwen3_next_by_name_or_repo_is_refused_with_the_reason(spec):
-    with pytest.raises(PlanError) as raised:
-        resolve_model(spec)
-    assert "linear-attention" in raised.value.message and "not supported" in raised.value.message
+                                  "Qwen/Qwen3-Next-80B-A3B-Thinking"])
+def test_qwen3_next_by_name_or_repo_is_the_hybrid_preset(spec):
+    arch = resolve_model(spec).arch
+    assert arch.linear_attention_layers == 36
+    # Only the 12 attention layers keep a KV cache: 12 x 2 KV heads x 256 x 2 (K, V) x 2 bytes.
+    assert arch.kv_cache_bytes_per_token() == 12 * 2 * 256 * 2 * 2
 
 
 def test_every_unsupported_release_states_a_reason_and_solve_exits_2_naming_it():

@@ -52,6 +52,7 @@ ACTIVE_COUNT_CONVENTION = {
     "qwen3-30b-a3b": "active_params",
     "qwen3-235b-a22b": "active_params",
     "deepseek-v3": "active_matmul_params",
+    "qwen3-next-80b-a3b": "active_params",
     "gpt-oss-20b": "active_matmul_params",
     "gpt-oss-120b": "active_matmul_params",
     "llama-4-scout-17b-16e": "active_params",
