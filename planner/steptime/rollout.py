@@ -35,11 +35,14 @@ class DecodeStep:
     tp_seconds_per_sequence: float
     host_floor: float
     host_per_sequence: float
+    # A hybrid model's linear-attention layers read and write each running sequence's state every step.
+    state_bytes_per_sequence: float = 0.0
 
     def seconds(self, running: float, context: float) -> float:
         if running <= 0:
             return 0.0
-        memory = (self.weight_bytes + running * context * self.kv_bytes_per_token) / self.hbm
+        memory = (self.weight_bytes + running * (context * self.kv_bytes_per_token + self.state_bytes_per_sequence)
+                  ) / self.hbm
         per_token = self.matmul_flops_per_token + self.attention_flops_per_context_token * context
         compute = running * per_token / self.achieved_flops
         gpu = max(memory, compute) + self.tp_seconds_fixed + running * self.tp_seconds_per_sequence
@@ -73,6 +76,8 @@ def decode_step(plan: Plan, rates: Rates, profile: Profile, hbm: float, flops: f
     return DecodeStep(
         weight_bytes=rollout.dtype_bytes * weight_params / t,
         kv_bytes_per_token=arch.kv_cache_bytes_per_token(t, rollout.dtype_bytes),
+        state_bytes_per_sequence=2.0 * arch.linear_attention_layers * arch.linear_attention_state_elements(t)
+        * rollout.dtype_bytes if arch.linear_attention_layers else 0.0,
         hbm=hbm,
         matmul_flops_per_token=facts.matmul_flops_per_token / t,
         attention_flops_per_context_token=facts.attention_flops_per_context_token / t,

@@ -140,3 +140,17 @@ def test_a_plan_file_writes_the_linear_attention_fields_only_for_a_model_that_ha
     plain = plan_to_toml(make_plan())
     assert "linear_" not in plain and "attention_output_gate" not in plain
     assert plan_from_toml(plain) == make_plan()
+
+
+def test_a_decode_step_reads_and_writes_every_running_sequences_linear_attention_state():
+    from rlplan.planner.profile import DEFAULT_PROFILE
+    from rlplan.planner.steptime.rates import Rates
+    from rlplan.planner.steptime.rollout import decode_step
+
+    plan = _hybrid_plan()
+    step = decode_step(plan, Rates(plan, DEFAULT_PROFILE), DEFAULT_PROFILE, hbm=4.8e12, flops=4e14, concurrency=64)
+    assert step.state_bytes_per_sequence == 2 * 36 * NEXT.linear_attention_state_elements(8) * 2
+    gpu_bound = attrs.evolve(step, host_floor=0.0, host_per_sequence=0.0)  # the engine's host work hides it here
+    assert gpu_bound.seconds(64, 100) > attrs.evolve(gpu_bound, state_bytes_per_sequence=0.0).seconds(64, 100)
+    assert decode_step(make_plan(), Rates(make_plan(), DEFAULT_PROFILE), DEFAULT_PROFILE, hbm=4.8e12, flops=4e14,
+                       concurrency=64).state_bytes_per_sequence == 0.0
