@@ -559,6 +559,17 @@ def validation_tables(reports: PlanReports, fix: str | None = None) -> list[Any]
     return out
 
 
+def _linear_attention_state_note(plan: Plan) -> str:
+    """A hybrid model's pool also holds each running sequence's linear-attention state (memory/rollout.py)."""
+    if not plan.model.arch.linear_attention_layers:
+        return ""
+    from rlplan.planner.memory.rollout import rollout_budget
+
+    budget = rollout_budget(plan)
+    return (f", each also holding {budget.state_bytes_per_sequence / 2**20:.1f} MiB of linear-attention state "
+            f"({budget.state_tokens_per_sequence} tokens of the pool, in {budget.block_size}-token blocks)")
+
+
 def explain_tables(reports: PlanReports) -> list[Any]:
     plan, memory = reports.plan, reports.memory
     out: list[Any] = [knobs_table(plan), layout_table(reports.layout, megatron=plan.is_megatron),
@@ -569,7 +580,7 @@ def explain_tables(reports: PlanReports) -> list[Any]:
     out.append(Text(
         f"KV cache per rank: {gib(max(memory.kv_cache_bytes, 0)):.2f} GiB = {memory.kv_cache_tokens} tokens, "
         f"{memory.max_concurrent_sequences} full-length sequences at once (util "
-        f"{plan.rollout.gpu_memory_utilization:.2f})."))
+        f"{plan.rollout.gpu_memory_utilization:.2f}){_linear_attention_state_note(plan)}."))
     batches = ("micro batches filled to their token budgets (dynamic batch size)" if plan.actor.use_dynamic_bsz
                else "fixed micro batches")
     out.append(Text(

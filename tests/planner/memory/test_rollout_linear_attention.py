@@ -154,3 +154,12 @@ def test_a_decode_step_reads_and_writes_every_running_sequences_linear_attention
     assert gpu_bound.seconds(64, 100) > attrs.evolve(gpu_bound, state_bytes_per_sequence=0.0).seconds(64, 100)
     assert decode_step(make_plan(), Rates(make_plan(), DEFAULT_PROFILE), DEFAULT_PROFILE, hbm=4.8e12, flops=4e14,
                        concurrency=64).state_bytes_per_sequence == 0.0
+
+
+def test_explain_says_what_state_each_running_sequence_holds_beside_its_kv():
+    from rlplan.planner.report import _linear_attention_state_note
+
+    budget = rollout_budget(_hybrid_plan())
+    note = _linear_attention_state_note(_hybrid_plan())
+    assert f"{budget.state_tokens_per_sequence} tokens of the pool, in 144-token blocks" in note
+    assert _linear_attention_state_note(make_plan()) == ""
