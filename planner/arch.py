@@ -141,7 +141,11 @@ class Architecture:
 
         `latent_kv`: the engine keeps MLA's compressed KV whole on every rank (vLLM's and SGLang's
         MLA attention), so for an MLA model only the query heads must split.
+        Linear-attention layers split their key and value heads too, whole (vLLM's Gated DeltaNet layer and
+        MambaStateShapeCalculator divide them by TP and assert it divides).
         """
+        if self.linear_attention_layers and (self.linear_num_key_heads % n or self.linear_num_value_heads % n):
+            return False
         if latent_kv and self.is_mla:
             return self.num_attention_heads % n == 0
         return heads_split_evenly(self.num_attention_heads, self.num_kv_heads, n)

@@ -163,3 +163,10 @@ def test_explain_says_what_state_each_running_sequence_holds_beside_its_kv():
     note = _linear_attention_state_note(_hybrid_plan())
     assert f"{budget.state_tokens_per_sequence} tokens of the pool, in 144-token blocks" in note
     assert _linear_attention_state_note(make_plan()) == ""
+
+
+@pytest.mark.parametrize(("n", "splits"), [(2, True), (8, True), (16, True), (32, False)])
+def test_ranks_split_the_linear_attention_heads_whole_or_not_at_all(n, splits):
+    # 16 key heads and 32 value heads: TP 32 would give a rank half a key head (and 16 attention heads split too).
+    assert NEXT.splits_heads(n) is splits
+    assert attrs.evolve(NEXT, linear_num_key_heads=12, linear_num_value_heads=24).splits_heads(8) is False
