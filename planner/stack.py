@@ -20,7 +20,7 @@ from attrs import field, frozen
 
 from rlplan.planner.errors import PlanError, shorten
 
-Package = Literal["verl", "vllm", "sglang"]
+Package = Literal["verl", "vllm", "sglang", "trtllm"]
 Version = tuple[int, int, int]
 VllmEngine = Literal["v0", "v1"]
 
@@ -32,10 +32,17 @@ DEFAULT_VERL = "0.9.1"
 # allows it (`default_engine_version`).
 FITTED_VLLM = "0.11.0"
 FITTED_SGLANG = "0.4.6.post5"
-FITTED_ENGINE_VERSIONS: dict[str, str] = {"vllm": FITTED_VLLM, "sglang": FITTED_SGLANG}
+# TensorRT-LLM: the lowest verl's `trtllm` extra allows (setup.py TRTLLM_REQUIRES "tensorrt-llm>=1.2.0rc6" at
+# v0.7.1, v0.8.0, v0.9.0 and the 0.8.0.dev main of /work/wt/import-verl-main; docker/Dockerfile.stable.trtllm's base
+# image is release:1.2.0rc6 on that main). Its KV sizing was read in tensorrt_llm/_torch/pyexecutor/_util.py
+# (KvCacheCreator.estimate_max_tokens / _cal_max_tokens) as the code index holds it, not at a pinned tag.
+FITTED_TRTLLM = "1.2.0rc6"
+FITTED_ENGINE_VERSIONS: dict[str, str] = {"vllm": FITTED_VLLM, "sglang": FITTED_SGLANG, "trtllm": FITTED_TRTLLM}
 
 # What each verl release's `vllm` and `sglang` extras allow (its wheel's Requires-Dist, read 2026-11-25 from PyPI):
 # (lowest, highest), both inclusive, None where open. A release between two of these has the older one's pins.
+# `trtllm` (TensorRT-LLM) is an extra from verl 0.7.1 (setup.py TRTLLM_REQUIRES, read at the tags v0.7.1, v0.8.0 and
+# v0.9.0 of verl-project/verl; 0.9.1's is carried from 0.9.0, not read); a release without it has no entry.
 VERL_ENGINE_PINS: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "0.3.0.post1": {"vllm": (None, "0.8.2"), "sglang": ("0.4.4.post3", "0.4.4.post3")},
     "0.4.0": {"vllm": (None, "0.8.5"), "sglang": ("0.4.6.post5", "0.4.6.post5")},
@@ -43,9 +50,10 @@ VERL_ENGINE_PINS: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "0.6.0": {"vllm": ("0.7.3", "0.9.1"), "sglang": ("0.5.2", "0.5.2")},
     "0.6.1": {"vllm": ("0.8.5", "0.11.0"), "sglang": ("0.5.5", "0.5.5")},
     "0.7.0": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.6", "0.5.6")},
-    "0.8.0": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.8", "0.5.8")},
-    "0.9.0": {"vllm": ("0.18.0", None), "sglang": ("0.5.8", "0.5.8")},
-    "0.9.1": {"vllm": ("0.24.0", "0.24.0"), "sglang": ("0.5.12", "0.5.12")},
+    "0.7.1": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.6", "0.5.6"), "trtllm": (FITTED_TRTLLM, None)},
+    "0.8.0": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.8", "0.5.8"), "trtllm": (FITTED_TRTLLM, None)},
+    "0.9.0": {"vllm": ("0.18.0", None), "sglang": ("0.5.8", "0.5.8"), "trtllm": (FITTED_TRTLLM, None)},
+    "0.9.1": {"vllm": ("0.24.0", "0.24.0"), "sglang": ("0.5.12", "0.5.12"), "trtllm": (FITTED_TRTLLM, None)},
 }
 
 
@@ -88,6 +96,7 @@ class StackSection:
     verl: str = field(default=DEFAULT_VERL, validator=_version_check)
     vllm: str | None = field(default=None, validator=_version_check)
     sglang: str | None = field(default=None, validator=_version_check)
+    trtllm: str | None = field(default=None, validator=_version_check)
     # vLLM's engine where the script chose it (VLLM_USE_V1, an attention backend V1 lacks); None: the one the
     # vLLM version runs by default (`vllm_engine_of`).
     vllm_engine: VllmEngine | None = field(default=None, validator=attrs.validators.optional(
@@ -136,7 +145,7 @@ def engine_pins(verl: str, engine: str) -> tuple[str | None, str | None]:
     release = parse_version(verl)
     listed = sorted(VERL_ENGINE_PINS, key=parse_version)
     known = [name for name in listed if parse_version(name) <= release] or listed[:1]
-    return VERL_ENGINE_PINS[known[-1]][engine]
+    return VERL_ENGINE_PINS[known[-1]].get(engine, (None, None))
 
 
 def default_engine_version(verl: str, engine: str) -> str:
@@ -157,14 +166,14 @@ DEFAULT_SGLANG = default_engine_version(DEFAULT_VERL, "sglang")
 
 def check_engine(stack: StackSection, engine: str) -> None:
     """The stack names a version only for the engine the plan rolls out with."""
-    other = "sglang" if engine == "vllm" else "vllm"
-    if engine == "sglang" and stack.vllm_engine is not None:
+    if engine != "vllm" and stack.vllm_engine is not None:
         raise PlanError(field="stack.vllm_engine", message=f"is {stack.vllm_engine!r}, but the plan rolls out with "
-                        "sglang.", fix="remove stack.vllm_engine")
-    if getattr(stack, other) is not None:
-        raise PlanError(field=f"stack.{other}",
-                        message=f"is {getattr(stack, other)!r}, but the plan rolls out with {engine}.",
-                        fix=f"remove stack.{other}, or set stack.{engine} (or rollout.name = \"{other}\")")
+                        f"{engine}.", fix="remove stack.vllm_engine")
+    for other in (name for name in FITTED_ENGINE_VERSIONS if name != engine):
+        if getattr(stack, other) is not None:
+            raise PlanError(field=f"stack.{other}",
+                            message=f"is {getattr(stack, other)!r}, but the plan rolls out with {engine}.",
+                            fix=f"remove stack.{other}, or set stack.{engine} (or rollout.name = \"{other}\")")
 
 
 def default_stack_text() -> str:

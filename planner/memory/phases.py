@@ -444,7 +444,9 @@ def _report(ctx: _StepContext) -> MemoryReport:
                      f"rollout weights and KV cache are on the GPU at once; {remedy} "
                      f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
     if budget.co_resident_bytes and not plan.cluster.gpu.is_cpu:
-        formula = (f"SGLang {plan.stack.version_of('sglang')} takes mem_fraction_static of the memory free before "
+        formula = (f"TensorRT-LLM {plan.stack.version_of('trtllm')} takes free_gpu_memory_fraction of the memory free "
+                   "after its load" if plan.rollout.name == "trtllm" else
+                   f"SGLang {plan.stack.version_of('sglang')} takes mem_fraction_static of the memory free before "
                    "its load" if budget.fraction_of_free is not None else
                    f"{plan.rollout.name} {plan.stack.version_of(plan.rollout.name)} sizes its KV cache from the "
                    "whole GPU")

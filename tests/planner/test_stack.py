@@ -346,3 +346,19 @@ def test_a_ratio_an_explicit_zero_switches_off_is_dropped_on_import(verl, kept):
     assert any(f"{ratio}=0.1 is dropped" in warning for warning in result.warnings) != kept
     kept_without_zero = load(MINIMAL + f"{ratio}=0.1\n", versions=(verl, None, None)).plan.passthrough
     assert kept_without_zero[ratio] == "0.1"  # verl's default -1 reads the ratio on every worker
+
+
+def test_trtllm_is_an_engine_of_verl_0_7_1_on_with_verls_lowest_pin_and_only_its_own_version_named():
+    """verl's `trtllm` extra (setup.py TRTLLM_REQUIRES, tensorrt-llm>=1.2.0rc6) arrives in 0.7.1."""
+    assert VERL_ENGINE_PINS["0.7.1"]["trtllm"] == ("1.2.0rc6", None)
+    assert "trtllm" not in VERL_ENGINE_PINS["0.7.0"]
+    assert default_engine_version("0.8.0", "trtllm") == FITTED_ENGINE_VERSIONS["trtllm"] == "1.2.0rc6"
+    plan = make_plan(overrides={"rollout.name": "trtllm", "stack.verl": "0.8.0"})
+    assert plan.stack.version_of("trtllm") == "1.2.0rc6"
+    assert plan.evolve(stack=StackSection(verl="0.8.0", trtllm="1.3.0")).stack.version_of("trtllm") == "1.3.0"
+    for other in ({"vllm": "0.11.0"}, {"sglang": "0.5.8"}, {"vllm_engine": "v1"}):
+        with pytest.raises(PlanError):
+            plan.evolve(stack=StackSection(verl="0.8.0", **other))
+    with pytest.raises(PlanError) as raised:
+        make_plan().evolve(stack=StackSection(trtllm="1.2.0rc6"))
+    assert raised.value.field == "stack.trtllm"

@@ -152,3 +152,11 @@ def test_a_script_without_dated_keys_shows_nothing():
                                                 (["0.9.1"], "0.9.1"), (["0.4.0", "0.7.0"], "0.4.0, 0.7.0")])
 def test_a_span_of_consecutive_releases_reads_as_a_range(releases, text):
     assert span_text(releases) == text
+
+
+def test_a_trtllm_rollout_dates_the_script_to_the_releases_that_build_it():
+    inferred = infer_stack({"actor_rollout_ref.rollout.name": "trtllm"}, command(), "fsdp", "trtllm")
+    assert inferred is not None
+    assert (inferred.stack.verl_oldest, inferred.stack.verl) == ("0.7.1", DEFAULT_VERL)
+    assert "`actor_rollout_ref.rollout.name=trtllm`: verl builds that rollout from 0.7.1" in inferred.reasons[0]
+    assert infer_stack({"actor_rollout_ref.rollout.name": "sglang"}, command(), "fsdp", "sglang") is None
