@@ -203,13 +203,23 @@ class Behaviour:
     # (key, value, since, before): it also holds on those releases where the script sets key=value (kept as
     # passthrough), e.g. trainer.use_legacy_worker_impl=disable selecting the engine worker in verl 0.7.x.
     opt_in: tuple[str, str, str, str] | None = None
+    # (key, values, since, before): it does not hold on those releases where key is one of values (the script's, or
+    # the default of the verl source tree the import runs in), e.g. LEGACY_WORKER_SWITCH on verl's 0.8.0.dev main.
+    opt_out: tuple[str, tuple[str, ...], str, str] | None = None
 
     def opted_in(self, version: str, passthrough: Mapping[str, str]) -> bool:
         if self.opt_in is None:
             return False
         key, value, since, before = self.opt_in
-        written = next((passthrough[p + key] for p in ("++", "+", "") if p + key in passthrough), None)
-        return written is not None and written.strip("'\"") == value and in_range(version, since, before)
+        written = _written(passthrough, key)
+        return written is not None and written == value and in_range(version, since, before)
+
+    def opted_out(self, version: str, passthrough: Mapping[str, str]) -> bool:
+        if self.opt_out is None:
+            return False
+        key, values, since, before = self.opt_out
+        written = _written(passthrough, key)
+        return written is not None and written in values and in_range(version, since, before)
 
     def holds_for(self, version: str) -> bool:
         return in_range(version, self.since, self.before) != self.outside
@@ -223,12 +233,21 @@ class Behaviour:
         return f"{self.package} >= {self.since}" if self.since else f"{self.package} < {self.before}"
 
 
+def _written(passthrough: Mapping[str, str], key: str) -> str | None:
+    """The value the plan's passthrough gives `key` (as `key`, `+key` or `++key`), unquoted."""
+    written = next((passthrough[p + key] for p in ("++", "+", "") if p + key in passthrough), None)
+    return None if written is None else written.strip("'\"")
+
+
 def holds(behaviour: Behaviour, stack: StackSection, engine: str = "vllm",
           passthrough: Mapping[str, str] | None = None) -> bool:
     """Whether `behaviour` holds on `stack` (an engine's behaviour holds only for a plan rolling out with it);
-    with the plan's `passthrough`, also where the script opts in to it (`Behaviour.opt_in`)."""
+    with the plan's `passthrough`, also where the script opts in to it (`Behaviour.opt_in`), and not where it opts
+    out (`Behaviour.opt_out`)."""
     if behaviour.package == "verl":
-        return behaviour.holds_for(stack.verl) or behaviour.opted_in(stack.verl, passthrough or {})
+        written = passthrough or {}
+        return ((behaviour.holds_for(stack.verl) and not behaviour.opted_out(stack.verl, written))
+                or behaviour.opted_in(stack.verl, written))
     return behaviour.package == engine and behaviour.holds_for(stack.version_of(behaviour.package))
 
 
@@ -273,14 +292,21 @@ VALIDATES_BEFORE_TRAIN = Behaviour(
     name="validates_before_train", package="verl", before="0.4.0",
     code_path="verl/trainer/ppo/ray_trainer.py fit: trainer.get('val_before_train', True) (in the YAML from v0.4.0)",
     summary="verl validates before the first step", default=("trainer.val_before_train", True))
+# verl's main between the v0.7.x branch and v0.8.0 (verl/version/version "0.8.0.dev") still had
+# trainer.use_legacy_worker_impl, default auto, and main_ppo.py add_actor_rollout_worker built the engine worker only
+# for "disable" (read in a main checkout of January 2026); v0.8.0 removed the key and always builds the engine worker.
+# So on a 0.8.0.dev tree, auto or enable (the tree's default, which the import reads) keeps the legacy worker.
+LEGACY_WORKER_SWITCH = ("trainer.use_legacy_worker_impl", ("auto", "enable"), "0.8.0", "0.8.1")
 ENGINE_WORKER = Behaviour(
     name="engine_worker", package="verl", since="0.8.0",
+    opt_out=LEGACY_WORKER_SWITCH,
     opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.0", "0.8.0"),
     code_path="verl/trainer/main_ppo.py: the engine worker (verl/workers/engine_workers.py) is the default from "
               "v0.8.0; in v0.7.x only with trainer.use_legacy_worker_impl=disable",
     summary="the engine worker runs the actor, and asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz")
 ENGINE_MICRO_SPLIT_ASSERT = Behaviour(
     name="engine_micro_split_assert", package="verl", since="0.8.0",
+    opt_out=LEGACY_WORKER_SWITCH,
     opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.1", "0.8.0"),
     code_path="verl/workers/engine/utils.py prepare_micro_batches: assert total_data_size % (force_group_size * "
               "micro_batch_size_per_gpu) == 0 (from v0.7.1; v0.7.0 chunks without it), reached through the engine "
@@ -288,6 +314,7 @@ ENGINE_MICRO_SPLIT_ASSERT = Behaviour(
     summary="the engine worker asserts that a fixed micro batch divides each rank's batch")
 MICRO_OUTPUTS_HELD_TO_MINI_END = Behaviour(
     name="micro_outputs_held_to_mini_end", package="verl", since="0.8.0", before="0.9.0",
+    opt_out=LEGACY_WORKER_SWITCH,
     code_path="verl/workers/engine/fsdp/transformer_impl.py FSDPEngine.forward_backward_batch: output_lst keeps "
               "each micro batch's model_output (log_probs, entropy) until the mini batch ends (PR #6984, v0.9.0)",
     summary="the update holds every earlier micro batch's grad-connected log-probs and entropy until the mini "
@@ -435,6 +462,7 @@ WEIGHT_SYNC_BUCKET_512 = Behaviour(
     default=("rollout.update_weights_bucket_megabytes", 512))
 WARMUP_ZERO_READS_RATIO = Behaviour(
     name="warmup_zero_reads_ratio", package="verl", since="0.8.0",
+    opt_out=LEGACY_WORKER_SWITCH,
     opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.0", "0.8.0"),
     code_path="verl/workers/fsdp_workers.py _build_model_optimizer (the legacy worker, the default up to v0.7.x): "
               "int(optim.get('lr_warmup_steps', -1)), and only `if num_warmup_steps < 0` "
@@ -503,6 +531,13 @@ VLLM_LORA_RANKS_BY_VERSION: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("0.0.0", (8, 16, 32, 64, 128, 256)),
     ("0.8.5", (8, 16, 32, 64, 128, 256, 320, 512)),
 )
+
+
+def source_tree_switches() -> tuple[str, ...]:
+    """The keys whose value turns a verl behaviour on or off (`Behaviour.opt_in` / `opt_out`): the import reads
+    their defaults from a verl source tree between releases, whose config may still carry them."""
+    keys = {b.opt_in[0] for b in BEHAVIOURS if b.opt_in} | {b.opt_out[0] for b in BEHAVIOURS if b.opt_out}
+    return tuple(sorted(keys))
 
 
 def vllm_lora_ranks(stack: StackSection) -> tuple[int, ...]:

@@ -40,6 +40,7 @@ from rlplan.planner.stack import (
     parse_version,
     root_reshards_after_forward,
     solve_pins,
+    source_tree_switches,
     stack_defaults,
 )
 from rlplan.planner.verl_import import import_verl_script
@@ -331,6 +332,17 @@ def test_warmup_zero_reads_the_ratio_only_on_the_engine_worker():
     assert holds(WARMUP_ZERO_READS_RATIO, StackSection(verl="0.7.1"), passthrough=legacy)
     assert not holds(WARMUP_ZERO_READS_RATIO, StackSection(verl="0.6.1"), passthrough=legacy)
     assert holds(WARMUP_ZERO_READS_RATIO, StackSection(verl="0.8.0"))
+
+
+def test_the_engine_worker_does_not_run_where_a_tree_between_releases_keeps_the_legacy_switch():
+    """0.8.0.dev trees defaulted trainer.use_legacy_worker_impl to auto (the legacy worker); v0.8.0 removed the key,
+    so the switch only counts on 0.8.0 (where a .dev tree is judged) and disable still opts in on 0.7.x."""
+    for kept in ("auto", "enable", "'auto'"):
+        assert not holds(ENGINE_WORKER, StackSection(verl="0.8.0"), passthrough={"trainer.use_legacy_worker_impl": kept})
+    assert holds(ENGINE_WORKER, StackSection(verl="0.8.0"), passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert holds(ENGINE_WORKER, StackSection(verl="0.9.1"), passthrough={"+trainer.use_legacy_worker_impl": "auto"})
+    assert holds(ENGINE_WORKER, StackSection(verl="0.7.1"), passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert "trainer.use_legacy_worker_impl" in source_tree_switches()
 
 
 @pytest.mark.parametrize(("verl", "kept"), [("0.5.0", False), ("0.7.1", False), ("0.8.0", True), ("0.9.1", True)])
