@@ -69,9 +69,6 @@ class Architecture:
     qk_nope_head_dim: int = attrs.field(default=0, validator=_non_negative)
     qk_rope_head_dim: int = attrs.field(default=0, validator=_non_negative)
     v_head_dim: int = attrs.field(default=0, validator=_non_negative)
-    # A vision-language model's image encoder and projector: trained and stored with the text stack
-    # (weights, gradients, optimizer state) but outside every text token's path.
-    vision_params: int = attrs.field(default=0, validator=_non_negative)
     # Gated attention (Qwen3-Next): q_proj also writes a per-head output gate, so it is twice as wide.
     attention_output_gate: bool = attrs.field(default=False, metadata=WRITTEN_WHEN_SET)
     # Linear-attention layers (Qwen3-Next's Gated DeltaNet) in place of attention in that many decoder layers: no
@@ -82,6 +79,9 @@ class Architecture:
     linear_key_head_dim: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
     linear_value_head_dim: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
     linear_conv_kernel_dim: int = attrs.field(default=0, validator=_non_negative, metadata=WRITTEN_WHEN_SET)
+    # A vision-language model's image encoder and projector: trained and stored with the text stack
+    # (weights, gradients, optimizer state) but outside every text token's path.
+    vision_params: int = attrs.field(default=0, validator=_non_negative)
 
     def __attrs_post_init__(self) -> None:
         if not self.is_mla and self.num_attention_heads % self.num_kv_heads != 0:
