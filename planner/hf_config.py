@@ -38,7 +38,8 @@ _INTEGER_KEYS = frozenset({
 # DeepSeek-V3 clone) holds it. An unlisted model_type keeps its own name.
 _FAMILIES = {
     "qwen2": "qwen2", "qwen2_vl": "qwen2", "qwen2_vl_text": "qwen2", "qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2",
-    "qwen2_moe": "qwen2_moe",
+    "minicpmo": "qwen2",  # MiniCPM-o 2.6: a Qwen2 text stack (remote code MiniCPM_o_2_6Config(Qwen2Config))
+    "qwen2_moe": "qwen2_moe", "qwen3_next": "qwen3_next",
     "qwen3": "qwen3", "qwen3_vl": "qwen3", "qwen3_vl_text": "qwen3",
     "qwen3_moe": "qwen3_moe", "qwen3_vl_moe": "qwen3_moe", "qwen3_vl_moe_text": "qwen3_moe",
     "llama": "llama", "llama4": "llama4", "llama4_text": "llama4",
@@ -46,8 +47,6 @@ _FAMILIES = {
     "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
     "deepseek_v2": "deepseek_v3", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
     "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss", "glm4v": "glm4v", "glm4v_text": "glm4v",
-    "qwen3_next": "qwen3_next",
-    "minicpmo": "qwen2",  # MiniCPM-o 2.6: a Qwen2 text stack (remote code MiniCPM_o_2_6Config(Qwen2Config))
 }
 # Families whose routed experts' width is config.json's intermediate_size (no moe_intermediate_size key).
 _EXPERT_WIDTH_IN_INTERMEDIATE_SIZE = frozenset({"gpt_oss", "mixtral", "llama4"})
@@ -348,8 +347,8 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
         qk_nope_head_dim=int(get("qk_nope_head_dim", 0)) if is_mla else 0,
         qk_rope_head_dim=int(get("qk_rope_head_dim", 0)) if is_mla else 0,
         v_head_dim=int(get("v_head_dim", 0)) if is_mla else 0,
-        vision_params=vision_params,
         **_linear_attention_fields(text, family, layers, get),
+        vision_params=vision_params,
     )
 
 
