@@ -169,8 +169,10 @@ VLLM_HYBRID_BLOCK_ALIGNMENT = 16
 
 def vllm_linear_attention_pool(arch: Architecture, tensor_parallel_size: int, dtype_bytes: int,
                                block_size: int) -> LinearAttentionPool:
-    """vLLM V1's one pool for attention and Gated DeltaNet layers (read at v0.11.0, the release verl 0.7.0's
-    Qwen3-Next recipe runs: setup.py pins vllm<=0.12.0, and Qwen3-Next arrived in 0.10.2).
+    """vLLM V1's one pool for attention and Gated DeltaNet layers, for the releases verl 0.7.0's Qwen3-Next recipe
+    can run (setup.py pins vllm<=0.12.0; Qwen3-Next arrived in 0.10.2). Read in vLLM's V1 sources of two eras
+    (model_executor/models/config.py before and after mamba prefix caching, whose "none" cache mode keeps the
+    rule below; mamba_utils.py; v1/core/kv_cache_utils.py), not at one tag.
 
     A GDN layer's state per sequence (MambaStateShapeCalculator.gated_delta_net_state_shape, in the model's dtype
     both: MambaStateDtypeCalculator.gated_delta_net_state_dtype with mamba_cache_dtype "auto") is one page of a
@@ -180,8 +182,9 @@ def vllm_linear_attention_pool(arch: Architecture, tensor_parallel_size: int, dt
     layers by kind into groups of group_size (the smaller count of the two kinds, the larger when it is under
     1.5x the smaller) and get_kv_cache_config_from_groups makes group_size tensors of num_blocks pages, a block id
     addressing one page in each: num_blocks = memory // (page x group_size). A sequence holds ceil(tokens /
-    block) blocks in each attention group and one block in each GDN group (the whole state; prefix caching is
-    off for hybrid models up to 0.12, and verl passes no mamba cache mode).
+    block) blocks in each attention group and one block in each GDN group (the whole state: mamba cache mode
+    "none"; the "all" / "align" modes of later releases, which keep more states for prefix caching, are not
+    priced).
     """
     t = tensor_parallel_size
     attention_token = 2 * max(1, arch.num_kv_heads // t) * arch.head_dim * dtype_bytes
