@@ -178,7 +178,7 @@ def test_infeasible_request_exits_1_and_names_the_smallest_change():
         (["solve", "--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "1024",
           "--response-len", "1024", "--fix", "actor.param_ofload=true"], "actor.param_ofload"),
         (["validate", "/nonexistent/plan.toml"], "plan"),
-        ([*SOLVE_7B, "--rollout", "trtllm"], "--rollout"),
+        ([*SOLVE_7B, "--rollout", "trt_llm"], "--rollout"),
         ([*SOLVE_7B, "--rollout", "sglang", "--fix", "rollout.name=vllm"], "--rollout"),
     ],
 )
