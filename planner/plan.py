@@ -69,6 +69,38 @@ ESTIMATORS: dict[str, EstimatorFacts] = {
     # Group reward-decoupled normalization (core_algos.py compute_gdpo_outcome_advantage, from 0.7.1).
     "gdpo": EstimatorFacts(group=True),
 }
+# verl's recipes whose own trainer computes no advantages (their configs set algorithm.adv_estimator: null) and
+# whose step rlplan prices: the plan's `algorithm.recipe`. RECIPES says what each changes in a step, read from
+# the recipe's code at verl v0.4.1, v0.5.0, v0.6.1 and v0.7.0 (recipe/<name>/, the same step at every tag).
+Recipe = Literal["spin", "sppo"]
+
+
+@frozen(kw_only=True)
+class RecipeFacts:
+    """What a recipe's trainer changes in a verl step (beside: no critic, no advantage estimator).
+
+    `module` is the entry point (`python3 -m <module>`, its own `@hydra.main` config). `reference` says whether
+    the recipe builds the reference whatever the KL switches say. `pair_update` is SPIN's online-DPO update
+    (recipe/spin/dp_actor.py update_policy_dpo_with_ref): each micro batch of `ppo_micro_batch_size_per_gpu`
+    chosen sequences runs forward beside as many rejected ones, padded (the model called on the batch's
+    input_ids, no remove padding), both halves' logits and activations held until one backward; the whole
+    per-rank pair batch is one optimizer step (no mini batches), and SPIN's own head (core_algos.get_batch_logps:
+    a shifted copy of the logits and torch's cross entropy under bf16 autocast) replaces verl's."""
+
+    module: str
+    reference: bool = False
+    pair_update: bool = False
+
+
+RECIPES: dict[str, RecipeFacts] = {
+    # recipe/spin/main_spin.py maps Role.RefPolicy unconditionally; spin_trainer.fit_dpo: generate, the actor's
+    # log-prob pass, the reference's, the reward, the preference of each adjacent pair, update_actor_dpo.
+    "spin": RecipeFacts(module="recipe.spin.main_spin", reference=True, pair_update=True),
+    # recipe/sppo/main_sppo.py: a reference only under a KL switch; sppo_ray_trainer.fit: PPO's step without a
+    # critic, the advantage a softmean baseline over the batch on the driver; dp_actor.update_policy: verl's
+    # _forward_micro_batch (temperature, entropy when entropy_coeff != 0) per micro batch of each mini batch.
+    "sppo": RecipeFacts(module="recipe.sppo.main_sppo"),
+}
 # The estimators rlplan's own runtime computes (runtime/algorithms): what `solve --algo` offers.
 RUNTIME_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_plus_plus")
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -489,7 +521,11 @@ class CriticSection:
 
 @frozen(kw_only=True)
 class AlgorithmSection:
-    adv_estimator: Algorithm = "grpo"
+    # A verl recipe whose own trainer runs the step (RECIPES); None: verl's PPO trainer (main_ppo).
+    recipe: Recipe | None = None
+    # None exactly when a recipe runs the step: the recipes' configs set verl's key to null.
+    adv_estimator: Algorithm | None = field(
+        default=attrs.Factory(lambda section: None if section.recipe else "grpo", takes_self=True))
     norm_adv_by_std_in_grpo: bool = True
     # rlplan extension: GRPO baseline without the sample itself (NeMo-RL's default).
     grpo_leave_one_out: bool = False
@@ -498,6 +534,25 @@ class AlgorithmSection:
     use_kl_in_reward: bool = False
     kl_penalty: KlLossType = "kl"
     kl_coef: float = 0.001
+
+    def __attrs_post_init__(self) -> None:
+        if (self.adv_estimator is None) != (self.recipe is not None):
+            raise PlanError(field="algorithm.adv_estimator",
+                            message=f"is {self.adv_estimator} with algorithm.recipe {self.recipe}: verl's SPIN and "
+                            "SPPO recipes run their own step with no advantage estimator (their configs set it to "
+                            "null), and verl's PPO trainer needs one.",
+                            fix="set algorithm.recipe and leave adv_estimator out, or leave recipe out and set an "
+                                "estimator")
+
+    @property
+    def name(self) -> str:
+        """The step's algorithm in words: the estimator, or the recipe whose trainer runs it."""
+        return self.adv_estimator or f"verl's {self.recipe} recipe"
+
+    @property
+    def estimator(self) -> EstimatorFacts:
+        """What the step's advantage changes: the estimator's facts; a recipe's trainer has none of them."""
+        return EstimatorFacts() if self.adv_estimator is None else ESTIMATORS[self.adv_estimator]
 
 
 @frozen(kw_only=True)
@@ -571,6 +626,12 @@ class Plan:
             raise PlanError(field="rollout.pool", message="puts the rollout on GPUs of its own, but the cluster is a "
                             "CPU machine: rlplan's runtime starts one engine beside the trainer ranks there.",
                             fix="remove the [rollout.pool] table (the rollout then shares the machine)")
+        if self.algorithm.recipe is not None and (self.is_megatron or self.rollout.pool is not None):
+            raise PlanError(field="algorithm.recipe",
+                            message=f"is {self.algorithm.recipe}, whose priced step is its FSDP worker's on the "
+                            "trainer's GPUs (recipe/spin/fsdp_workers.py, recipe/sppo/sppo_worker.py); its Megatron "
+                            "path or a rollout on GPUs of its own is not modeled.",
+                            fix='set actor.strategy = "fsdp" (or "fsdp2") and remove [rollout.pool]')
         if self.actor.strategy != "megatron":
             for role in ("actor", "ref", "critic"):
                 if getattr(self, role).megatron is not None:
@@ -605,16 +666,21 @@ class Plan:
 
     @property
     def uses_critic(self) -> bool:
-        """verl's need_critic: critic.enable if set, else adv_estimator == gae."""
+        """verl's need_critic: critic.enable if set, else adv_estimator == gae; a recipe's trainer builds no critic
+        (sppo_ray_trainer.py: use_critic = False; main_spin.py maps no Role.Critic)."""
+        if self.algorithm.recipe is not None:
+            return False
         if self.critic.enable is not None:
             return self.critic.enable
-        return ESTIMATORS[self.algorithm.adv_estimator].critic
+        return self.algorithm.estimator.critic
 
     @property
     def uses_reference(self) -> bool:
         """verl's need_reference_policy: a KL term in the loss or in the reward; before verl 0.4 always
         (stack.REFERENCE_ALWAYS_RUNS)."""
+        recipe = self.algorithm.recipe
         return (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+                or (recipe is not None and RECIPES[recipe].reference)
                 or holds(REFERENCE_ALWAYS_RUNS, self.stack, self.rollout.name))
 
     def engine(self, role: EngineRole) -> MegatronSection:

@@ -28,3 +28,13 @@ def test_the_bundled_runtime_refuses_a_rollout_on_a_pool_of_its_own_and_verl_rul
     assert "runtime_colocates_the_rollout" not in {v.rule for v in check_plan(apart).violations}
     assert "runtime_colocates_the_rollout" in {v.rule for v in check_plan(apart, gpu).errors}
     assert "runtime_colocates_the_rollout" not in {v.rule for v in check_plan(plan, gpu).errors}
+
+
+def test_the_bundled_runtime_refuses_a_recipe_plan_whose_trainer_only_verl_has():
+    from rlplan.planner.plan import AlgorithmSection
+
+    plan = make_plan().evolve(algorithm=AlgorithmSection(recipe="spin"))
+    assert "runtime_computes_the_estimator" not in {v.rule for v in check_plan(plan).violations}
+    (error,) = [v for v in check_plan(plan, Platform(device_type="cpu")).errors
+                if v.rule == "runtime_computes_the_estimator"]
+    assert "spin recipe" in error.message
