@@ -178,6 +178,20 @@ class LoraConfig:
 
 
 @frozen(kw_only=True)
+class MtpSection:
+    """verl's model.mtp (verl/workers/config/model.py MtpConfig, hf_model.yaml; verl main at 0.8.0.dev), present
+    where `enable` is set: the Megatron workers keep the checkpoint's multi-token-prediction layers
+    (arch.mtp_layers) in the actor's and the reference's models (megatron_workers.py
+    _init_hf_config_and_tf_config; without it num_nextn_predict_layers is set to 0). `train` (enable_train) adds
+    their losses to the actor's update (model_forward.py passes the labels, mtp_patch.py computes each depth's
+    output layer and loss); the no_grad passes never run them. `rollout` (enable_rollout) is the engine's
+    speculative decoding with them, which rlplan does not price."""
+
+    train: bool = False
+    rollout: bool = False
+
+
+@frozen(kw_only=True)
 class ModelSection:
     name: str
     arch: Architecture
@@ -189,6 +203,19 @@ class ModelSection:
     use_remove_padding: bool = True
     # verl's model.use_fused_kernels: the lm_head fused with the log-prob, never holding full logits.
     use_fused_kernels: bool = False
+    # verl's model.mtp when enabled (None: off, the checkpoint's MTP layers dropped).
+    mtp: MtpSection | None = None
+
+    @property
+    def mtp_layers(self) -> int:
+        """The multi-token-prediction layers verl builds into the trained model: the checkpoint's, when model.mtp
+        is on; 0 otherwise."""
+        return (self.arch.mtp_layers or 0) if self.mtp is not None else 0
+
+    @property
+    def mtp_trained_layers(self) -> int:
+        """The MTP depths whose losses the actor's update runs (model.mtp.enable_train)."""
+        return self.mtp_layers if self.mtp is not None and self.mtp.train else 0
 
 
 @frozen(kw_only=True)
@@ -626,6 +653,7 @@ class Plan:
             raise PlanError(field="rollout.pool", message="puts the rollout on GPUs of its own, but the cluster is a "
                             "CPU machine: rlplan's runtime starts one engine beside the trainer ranks there.",
                             fix="remove the [rollout.pool] table (the rollout then shares the machine)")
+        self._check_mtp()
         if self.algorithm.recipe is not None and (self.is_megatron or self.rollout.pool is not None):
             raise PlanError(field="algorithm.recipe",
                             message=f"is {self.algorithm.recipe}, whose priced step is its FSDP worker's on the "
@@ -641,6 +669,27 @@ class Plan:
                                 "verl would build an FSDP model and never read them.",
                         fix=f'set actor.strategy = "megatron", or remove the [{role}.megatron] table',
                     )
+
+    def _check_mtp(self) -> None:
+        """What verl asserts of model.mtp (megatron_workers.py _init_hf_config_and_tf_config; fsdp_workers.py raises
+        NotImplementedError, verl main) and what rlplan does not price."""
+        mtp = self.model.mtp
+        if mtp is None:
+            return
+        if not self.model.arch.mtp_layers:
+            raise PlanError(field="model.mtp", message=f"is on, but {self.model.name}'s architecture states no "
+                            "multi-token-prediction layers (arch.mtp_layers, its config's num_nextn_predict_layers, "
+                            "which rlplan reads for MiMo): verl asserts at least one, and rlplan prices those it knows.",
+                            fix="remove [model.mtp] (verl's model.mtp.enable=False), or set model.arch.mtp_layers "
+                                "from the model's config.json")
+        if not self.is_megatron:
+            raise PlanError(field="model.mtp", message=f"is on with actor.strategy {self.actor.strategy!r}: verl's FSDP "
+                            "worker raises NotImplementedError (\"MTP is not supported in FSDP\"), so the script "
+                            "cannot run as shipped.", fix='set actor.strategy = "megatron", or remove [model.mtp]')
+        if mtp.rollout:
+            raise PlanError(field="model.mtp.rollout", message="turns on the rollout engine's speculative decoding "
+                            "with the MTP layers, whose draft weights, KV cache and step time rlplan does not price.",
+                            fix="set model.mtp.rollout = false (verl's model.mtp.enable_rollout=False)")
 
     # --- facts every consumer needs, derived once here --------------------
     @property

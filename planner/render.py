@@ -26,7 +26,7 @@ from rlplan.planner import verl_inventory
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
-from rlplan.planner.megatron_overrides import megatron_override_keys
+from rlplan.planner.megatron_overrides import megatron_override_keys, mtp_override_keys
 from rlplan.planner.package_data import package_file
 from rlplan.planner.plan import RECIPES, Plan
 from rlplan.planner.stack import VERL_WARMUP_STEPS_DEFAULT, parse_version, stack_defaults
@@ -304,7 +304,7 @@ def verl_overrides(plan: Plan) -> list[str]:
             path, name = name, DEFAULT_REWARD_NAME
         for key, text in ((REWARD_PATH_KEY, path), (REWARD_NAME_KEY, name)):
             overrides.append(f"{spelled(REWARD_SPELLINGS[key], verl, backend) or key}={format_value(text)}")
-    overrides.extend(megatron_override_keys(prepared))
+    overrides.extend(megatron_override_keys(prepared) + mtp_override_keys(prepared))
     if (pool := prepared.rollout.pool) is not None:
         # The recipes' configs declare the rollout's pool (one_step_off_ppo_trainer.yaml, fully_async_ppo_trainer.yaml).
         overrides += [f"rollout.nnodes={pool.nodes}", f"rollout.n_gpus_per_node={pool.gpus_per_node}"]

@@ -26,7 +26,7 @@ from attrs import frozen
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster, GpuSpec
-from rlplan.planner.megatron_overrides import lift_megatron_overrides
+from rlplan.planner.megatron_overrides import lift_megatron_overrides, lift_mtp
 from rlplan.planner.plan import RECIPES, Plan, RolloutPool
 from rlplan.planner.planfile import plan_from_dict
 from rlplan.planner.presets import HUB_REPO_ID, ResolvedModel, resolve_model
@@ -659,9 +659,11 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
                              warnings, installed)
     _drop_switched_off_warmup_ratio(plan, given, passthrough, warnings)
     # The Megatron settings rlplan types (uneven pipeline, CPU optimizer) leave the passthrough here, once.
-    plan = lift_megatron_overrides(plan.evolve(passthrough=passthrough))
+    plan = lift_mtp(lift_megatron_overrides(plan.evolve(passthrough=passthrough)))
     if pool is not None:
         plan = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=pool))
+    if plan.model.mtp is not None:
+        _say_what_mtp_prices(plan, warnings)
     kept = tuple(plan.passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]
     if unmodeled:
@@ -737,6 +739,17 @@ def _placement(given: dict[str, str], passthrough: dict[str, str], warnings: lis
     except PlanError as error:
         key = next(k for k, (name, _) in _SPLIT_ROLLOUT_KEYS.items() if error.field.endswith("." + name))
         raise PlanError(field=key, message=error.message, fix=f"set {key} to a whole number of at least 1") from None
+
+
+def _say_what_mtp_prices(plan: Plan, warnings: list[str]) -> None:
+    layers = plan.model.mtp_layers
+    trained = ("; enable_train adds each depth's layer activations and its own output layer's cross entropy to the "
+               "update's loss moment, and their FLOPs (no recompute assumed)") if plan.model.mtp_trained_layers else ""
+    warnings.append(f"model.mtp.enable: the actor and the reference are priced with the model's {layers} multi-token-"
+                    "prediction layer(s) (arch.mtp_layers, its config's num_nextn_predict_layers; the mimo-7b preset "
+                    "takes 2 from XiaomiMiMo/MiMo's config.json, its README says one: a readable model folder's "
+                    "config decides) on the last pipeline stage beside a copy of the embedding, in weights, gradients "
+                    f"and optimizer state{trained}. The rollout engine does not load them.")
 
 
 def _recipe(module: str, given: dict[str, str], warnings: list[str]) -> str | None:

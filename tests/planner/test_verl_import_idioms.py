@@ -373,3 +373,36 @@ def test_a_null_estimator_under_a_trainer_rlplan_does_not_know_is_refused_by_nam
                                                                       "recipe.mine.main_mine algorithm.adv_estimator=null"))
     error = refusal(str(script))
     assert error["field"] == "algorithm.adv_estimator" and "recipe.mine.main_mine" in error["message"]
+
+
+# --- verl's model.mtp on the Megatron workers ---------------------------------------------------------------
+
+
+def test_mtp_switches_become_the_plans_model_mtp_priced_and_rendered_back_for_verl_08():
+    from rlplan.planner.errors import PlanError
+    from rlplan.planner.render import render_plan
+    from rlplan.planner.stack import StackSection
+
+    plan, warnings = imported("mtp_megatron.sh", "--verl-version", "0.8.0")
+    assert plan.model.mtp is not None and plan.model.mtp.train and plan.model.mtp_trained_layers == 2
+    assert "actor_rollout_ref.model.mtp.enable" not in plan.passthrough
+    assert plan.passthrough["actor_rollout_ref.model.mtp.mtp_loss_scaling_factor"] == "0.1"
+    assert predict_memory(plan).phase("actor_update").bytes_of("actor_params") > 0
+    (said,) = [w for w in warnings if w.startswith("model.mtp.enable")]
+    assert "2 multi-token-prediction layer(s)" in said and "README says one" in said
+    rendered = _rendered_overrides(plan)
+    assert {"actor_rollout_ref.model.mtp.enable=True", "actor_rollout_ref.model.mtp.enable_train=True"} <= rendered
+    with pytest.raises(PlanError) as older:
+        render_plan(plan.evolve(stack=StackSection(verl="0.7.0")), "verl")
+    assert older.value.field == "model.mtp"
+
+
+def test_mtp_under_fsdp_cannot_run_and_mtp_off_is_the_dense_stack(tmp_path):
+    script = tmp_path / "run.sh"
+    fsdp = (IDIOMS / "mtp_megatron.sh").read_text().replace(" --config-path=config --config-name=ppo_megatron_trainer", "")
+    script.write_text("\n".join(line for line in fsdp.splitlines() if ".megatron." not in line))
+    error = refusal(str(script))
+    assert error["field"] == "model.mtp" and "NotImplementedError" in error["message"]
+    script.write_text((IDIOMS / "mtp_megatron.sh").read_text().replace("mtp.enable=True", "mtp.enable=False"))
+    plan, _ = imported(str(script))
+    assert plan.model.mtp is None and plan.model.mtp_layers == 0 and plan.model.arch.mtp_layers == 2
