@@ -774,8 +774,8 @@ def _recipe(module: str, given: dict[str, str], warnings: list[str]) -> str | No
                         "maximum prompt + response length, with SPIN's own cross-entropy head (read from "
                         "recipe/spin/dp_actor.py, not measured). Not priced: the reference refresh every "
                         "trainer.ref_update_freq steps (the actor written to /tmp/actor_state_mid and read back into "
-                        "the reference), and the pairs assume train_batch_size x rollout.n is even (verl raises "
-                        "otherwise)." + ignored)
+                        "the reference). An odd train_batch_size x rollout.n is refused (rule spin_pairs_responses)."
+                        + ignored)
     else:
         warnings.append("verl's SPPO recipe (recipe.sppo.main_sppo): priced as a PPO step without a critic (its "
                         "trainer builds none): the rollout, the old-log-prob pass, the reference's only under a KL "
