@@ -432,10 +432,12 @@ def with_target_stack(plan: Plan, given: dict[str, str], written: dict[str, str]
     """The imported plan on its target stack: the version flags, else what the script shows (said as a warning;
     planner/stack_inference.py), with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
     from rlplan.planner.knobs import apply_knobs
-    from rlplan.planner.stack import stack_defaults, stack_from_flags
+    from rlplan.planner.stack import SPIN_SPPO_RECIPES, stack_defaults, stack_from_flags
     from rlplan.planner.stack_inference import infer_stack
 
-    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name, installed)
+    needs = (SPIN_SPPO_RECIPES,) if plan.algorithm.recipe is not None else ()
+    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name, installed,
+                           needs)
     stack = inferred.stack if inferred is not None else plan.stack
     if inferred is not None:
         flagged = [name for name, value in zip(("verl", "vllm", "sglang"), versions, strict=True) if value]

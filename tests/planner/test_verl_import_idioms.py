@@ -349,6 +349,10 @@ def test_sppo_is_a_ppo_step_without_critic_or_reference_through_the_modules_own_
     assert (plan.algorithm.recipe, plan.algorithm.adv_estimator) == ("sppo", None)
     assert plan.rollout.name == "sglang" and plan.rollout.tensor_model_parallel_size == 2
     assert not plan.uses_reference and not plan.uses_critic
+    from rlplan.planner.stack import SPIN_SPPO_RECIPES, holds
+
+    # Imported away from a checkout, the stack is judged among the releases that ship the recipe.
+    assert holds(SPIN_SPPO_RECIPES, plan.stack) and any("spin_sppo_recipes" in w for w in warnings)
     phases = {phase.name for phase in predict_memory(plan).phases}
     assert "actor_update" in phases and "ref_log_prob" not in phases and "critic_update" not in phases
     assert any("SPPO recipe" in w for w in warnings)
