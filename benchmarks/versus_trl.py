@@ -2,7 +2,7 @@
 
     nox -s versus_trl                       # the issue 12 size: 8 steps of 8 prompts x 8 samples x 128 tokens
     nox -s versus_trl -- --steps 3 --response-len 32 --output result.json
-    python benchmarks/versus_trl.py [--steps 8] [--prompts 8] [--n 8] [--response-len 128] [--lengths fixed|free]
+    python benchmarks/versus_trl.py [--sides trl,rlplan,limit] [--steps 8] [--prompts 8] [--n 8] [--response-len 128] [--lengths fixed|free]
         [--lr 1e-5] [--compute-dtype auto|bfloat16|float32]
         [--seed 1] [--world-size 2] [--layers 8] [--hidden 512] [--vocab 128] [--work-dir DIR] [--json]
 
@@ -28,6 +28,11 @@ two policies drift apart within a few steps (see docs/benchmarks.md).
 
 - TRL: `GRPOTrainer` with HF `generate`, in one process on every core (`--side trl`, a child process).
 - rlplan: `rlplan run` of the plan `rlplan demo` would solve for this workload on `--world-size` CPU ranks.
+- limit: the step's synchronous limit (issue 42): raw vLLM `LLM.generate` of the same batch (vLLM's defaults, the
+  same model, dtype and seed, every core) and then one raw torch update of it (a padded forward, autocast in bf16
+  over fp32 weights, the clipped token-mean loss, backward, AdamW), in one process, one after the other. It pushes
+  no weights and scores nothing, so rlplan's weight sync, reward and controller count as its overhead; the table's
+  caption gives rlplan / limit per phase and for the step. `--sides rlplan,limit` runs without TRL installed.
 
 Printed per side: seconds per step (median over the steps), tokens per second per phase (median over the
 steps; TRL's phases are its generation, the reward and advantages around it, and the rest of the step as its
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -51,6 +57,7 @@ from typing import Any
 
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
 TRL_VERSION = "1.16.0"
+SIDES = ("trl", "rlplan", "limit")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,8 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--output", default=None,
                         help="also write that JSON object to this file (nox mixes the children's logs into stdout)")
-    parser.add_argument("--side", choices=("both", "trl", "rlplan"), default="both", help=argparse.SUPPRESS)
+    parser.add_argument("--sides", default="trl,rlplan,limit",
+                        help="which sides run, comma-separated, of trl, rlplan and limit (raw vLLM + raw torch)")
+    parser.add_argument("--side", choices=("both", *SIDES), default="both", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    if not args.sides or set(args.sides) - set(SIDES):
+        parser.error(f"--sides takes a comma-separated subset of {', '.join(SIDES)}")
     for name in ("steps", "prompts", "n", "response_len", "world_size", "layers", "hidden", "vocab"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -274,6 +286,111 @@ def run_rlplan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) 
     return records
 
 
+# --- the synchronous limit: raw vLLM + raw torch --------------------------------------------------
+
+
+def _raw_engine(model_dir: str, dtype: str, seed: int, kv_space_gib: float) -> Any:
+    """vLLM's `LLM` with nothing but the model, its dtype and seed, on every core (as rlplan's rollout actor and
+    TRL's process get them): vLLM's own scheduler and batching defaults. On a CPU three settings are the machine's,
+    not tuning, and are rlplan's engine's too: the engine core in this process (the trainer shares it), OpenMP
+    threads left unpinned (pinned, they collide with the trainer's), and the same KV space."""
+    import torch
+
+    from rlplan.runtime.workers import use_every_core
+
+    if not torch.cuda.is_available():
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_space_gib)
+        use_every_core()
+    import vllm
+
+    return vllm.LLM(model=model_dir, dtype=dtype, seed=seed)
+
+
+def _raw_update_step(model: Any, optimizer: Any, sequences: list[tuple[list[int], list[int]]], dtype: str) -> int:
+    """One raw torch GRPO update over the whole batch: a padded forward (autocast in bf16, fp32 weights as TRL's
+    and rlplan's trainers keep them), the log-probs of the response tokens, the clipped surrogate at ratio 1
+    (on-policy, one optimizer step per RL step), token-mean, backward, grad clip 1.0, AdamW. Returns the tokens."""
+    import torch
+
+    longest = max(len(p) + len(r) for p, r in sequences)
+    ids = torch.zeros(len(sequences), longest, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    response = torch.zeros(len(sequences), longest, dtype=torch.bool)
+    for row, (prompt, reply) in enumerate(sequences):
+        tokens = prompt + reply
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        attention[row, : len(tokens)] = 1
+        response[row, len(prompt) : len(tokens)] = True
+    advantages = torch.randn(len(sequences), 1)  # the cost does not depend on the values
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    mask = response[:, 1:]
+    ratio = torch.exp(log_probs - log_probs.detach())
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH) * advantages)
+    loss = -(surrogate * mask).sum() / mask.sum().clamp(min=1)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return int(attention.sum())
+
+
+def run_limit(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    """The step's synchronous limit: raw vLLM `LLM.generate` of the same batch (prompts x n, the same lengths,
+    temperature 1), then one raw torch update of it (`_raw_update_step`), on every core, in one process. No weight
+    push, no reward, no controller: whatever rlplan's step spends beyond these two is its own overhead."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlplan.runtime.tiny import toy_messages
+
+    rows = [json.loads(line) for line in Path(inputs["jsonl"]).read_text().splitlines() if line.strip()]
+    tokenizer = AutoTokenizer.from_pretrained(inputs["model_dir"])
+    prompts = [_chat_ids(tokenizer, toy_messages(row["reward_model"]["ground_truth"])) for row in rows]
+    from rlplan.planner.memory.rollout import vllm_cpu_kv_space_gib
+
+    kv_space = vllm_cpu_kv_space_gib(rlplan_plan(args, inputs, out_dir))
+    engine = _raw_engine(inputs["model_dir"], args.compute_dtype, args.seed, kv_space)
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(inputs["model_dir"], dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    import vllm
+
+    params = vllm.SamplingParams(n=args.n, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=args.response_len,
+                                 ignore_eos=args.lengths == "fixed", seed=args.seed)
+    records = []
+    for step in range(args.steps + 1):  # the first step warms both up and is dropped
+        batch = prompts[(step % args.steps) * args.prompts : (step % args.steps + 1) * args.prompts]
+        started = time.perf_counter()
+        outputs = engine.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        generated = time.perf_counter()
+        sequences = [(list(output.prompt_token_ids), list(sample.token_ids))
+                     for output in outputs for sample in output.outputs]
+        update_tokens = _raw_update_step(model, optimizer, sequences, args.compute_dtype)
+        done = time.perf_counter()
+        if step == 0:
+            continue
+        rollout_s, update_s = generated - started, done - generated
+        records.append({"step_s": done - started, "reward": float("nan"), "entropy": None,
+                        "response_length": statistics.fmean(len(r) for _, r in sequences),
+                        "phase_s": {"rollout": rollout_s, "actor_update": update_s},
+                        "tokens_per_s": {"rollout": sum(len(r) for _, r in sequences) / rollout_s,
+                                         "actor_update": update_tokens / update_s}})
+    return records
+
+
+def limit_ratios(sides: dict[str, Any]) -> dict[str, float]:
+    """rlplan's median seconds over the limit's, per phase the limit has and for the step."""
+    ours, limit = sides["rlplan"], sides["limit"]
+    ratios = {f"{phase} s": ours["phase_seconds_median"][phase] / seconds
+              for phase, seconds in limit["phase_seconds_median"].items() if phase in ours["phase_seconds_median"]}
+    ratios["step s"] = ours["seconds_per_step_median"] / limit["seconds_per_step_median"]
+    return ratios
+
+
 # --- the comparison ------------------------------------------------------------------------------
 
 
@@ -287,7 +404,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                                  for name in sorted({n for r in records for n in r["phase_s"]})},
         "tokens_per_s_median": {name: statistics.median(r["tokens_per_s"][name] for r in records
                                                         if name in r["tokens_per_s"]) for name in phases},
-        "reward_first3": statistics.fmean(rewards[:3]),
+        "reward_first3": statistics.fmean(rewards[:3]),  # nan for the limit, which scores nothing
         "reward_last3": statistics.fmean(rewards[-3:]),
         "per_step": records,
     }
@@ -298,7 +415,9 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     sides = result["sides"]
-    table = Table(title=f"GRPO, {result['workload']}: TRL {TRL_VERSION} GRPOTrainer vs rlplan run")
+    names = {"trl": f"TRL {TRL_VERSION} GRPOTrainer", "rlplan": "rlplan run",
+             "limit": "the synchronous limit (raw vLLM generate + raw torch update)"}
+    table = Table(title=f"GRPO, {result['workload']}: " + ", ".join(names[side] for side in sides))
     table.add_column("")
     for name in sides:
         table.add_column(name, justify="right")
@@ -310,12 +429,17 @@ def print_table(result: dict[str, Any]) -> None:
     for phase in sorted({p for s in sides.values() for p in s["phase_seconds_median"]}):
         table.add_row(f"{phase} s", *(f"{s['phase_seconds_median'][phase]:.2f}"
                                       if phase in s["phase_seconds_median"] else "-" for s in sides.values()))
-    table.add_row("reward, first 3 steps", *(f"{s['reward_first3']:.3f}" for s in sides.values()))
-    table.add_row("reward, last 3 steps", *(f"{s['reward_last3']:.3f}" for s in sides.values()))
-    if len(sides) == 2:
+    for label, key in (("reward, first 3 steps", "reward_first3"), ("reward, last 3 steps", "reward_last3")):
+        table.add_row(label, *("-" if math.isnan(s[key]) else f"{s[key]:.3f}" for s in sides.values()))
+    captions = []
+    if "trl" in sides and "rlplan" in sides:
         trl, ours = sides["trl"], sides["rlplan"]
-        table.caption = (f"rlplan / TRL step time: {ours['seconds_per_step_median'] / trl['seconds_per_step_median']:.2f}x"
-                         f"; one run after the other on {os.cpu_count()} cores")
+        captions.append(f"rlplan / TRL step time: {ours['seconds_per_step_median'] / trl['seconds_per_step_median']:.2f}x")
+    if "limit" in sides and "rlplan" in sides:
+        captions.append("rlplan / limit: " + ", ".join(f"{name} {ratio:.2f}x"
+                                                        for name, ratio in result["rlplan_over_limit"].items()))
+    captions.append(f"one side after the other on {os.cpu_count()} cores")
+    table.caption = "; ".join(captions)
     Console(highlight=False).print(table)
 
 
@@ -324,7 +448,7 @@ def _child(args: argparse.Namespace, side: str, work: Path) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--side", side, "--work-dir", str(work), "--json",
             "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n),
             "--response-len", str(args.response_len), "--lengths", args.lengths, "--lr", str(args.lr), "--seed", str(args.seed),
-            "--compute-dtype", args.compute_dtype,
+            "--compute-dtype", args.compute_dtype, "--sides", ",".join(args.sides),
             "--world-size", str(args.world_size), "--layers", str(args.layers), "--hidden", str(args.hidden),
             "--vocab", str(args.vocab)]
     completed = subprocess.run(argv, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=False)
@@ -343,19 +467,21 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.side != "both":
         inputs = json.loads((work / "inputs.json").read_text())
-        runner = run_trl if args.side == "trl" else run_rlplan
+        runner = {"trl": run_trl, "rlplan": run_rlplan, "limit": run_limit}[args.side]
         records = runner(args, inputs, work / f"run-{args.side}")
         print(json.dumps(summarize(records)))
         return 0
     inputs = prepare(args, work)
     (work / "inputs.json").write_text(json.dumps(inputs))
-    sides = {side: _child(args, side, work) for side in ("trl", "rlplan")}
-    result = {
+    sides = {side: _child(args, side, work) for side in SIDES if side in args.sides}
+    result: dict[str, Any] = {
         "workload": f"{args.layers}-layer Qwen2 h{args.hidden} V{args.vocab}, {args.prompts} prompts x {args.n} "
                     f"samples x {'' if args.lengths == 'fixed' else '<= '}{args.response_len} tokens, lr {args.lr:g}, seed {args.seed}, "
                     f"{args.steps} steps, rlplan on {args.world_size} rank(s), both computing in {args.compute_dtype}",
         "sides": sides,
     }
+    if "limit" in sides and "rlplan" in sides:
+        result["rlplan_over_limit"] = limit_ratios(sides)
     if args.output:
         from rlplan.planner.commands.commands_io import write_atomic
 

@@ -33,9 +33,10 @@ from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.memory import GIB, MemoryReport, predict_memory
 from rlplan.planner.memory.allocator_report import allocator_report
 from rlplan.planner.memory.phases import longest_expected_response_that_fits
+from rlplan.planner.memory.rollout import OWN_PROCESS_ENGINES
 from rlplan.planner.model_error import Counter, ErrorBand, counter_error_band
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import ENGINE_TITLES, Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.stack import DEFAULT_VERL, parse_version
 from rlplan.planner.verl_log import VerlLog
@@ -445,8 +446,9 @@ class Comparison:
 
 def _notes(log: VerlLog, scope: MetricScope, plan: Plan) -> list[str]:
     notes = list(log.reading_notes())
-    if plan.rollout.name == "sglang" and scope.engine_in_process:
-        notes.append("SGLang always runs in its own process: its memory is outside verl's counters")
+    if plan.rollout.name in OWN_PROCESS_ENGINES and scope.engine_in_process:
+        notes.append(f"{ENGINE_TITLES[plan.rollout.name]} always runs in its own process: its memory is outside "
+                     "verl's counters")
     if not any(key in log.keys() for key in (scope.allocated_key, scope.reserved_key)):
         notes.append(f"the log has no {scope.allocated_key}: no memory to compare")
     return notes

@@ -125,7 +125,9 @@ RecomputeGranularity = Literal["full", "selective"]
 RecomputeMethod = Literal["uniform", "block"]
 # Megatron-Bridge's PEFT flavours (verl: model.lora.type).
 MegatronLoraType = Literal["lora", "vlm_lora", "canonical_lora", "dora"]
-RolloutEngine = Literal["vllm", "sglang"]
+# trtllm: TensorRT-LLM, verl's rollout from 0.7.1 (verl/workers/rollout/trtllm_rollout/, ROLLOUT_ENGINE_SINCE).
+RolloutEngine = Literal["vllm", "sglang", "trtllm"]
+ENGINE_TITLES: dict[str, str] = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 # verl's experiment trackers (verl.utils.tracking.Tracking.supported_backend, verl 0.9); the bundled
 # runtime writes console, tensorboard, wandb and mlflow, and refuses the others before a run starts.
 VERL_LOGGERS = ("console", "tensorboard", "wandb", "mlflow", "swanlab", "vemlp_wandb", "clearml", "trackio",
@@ -469,10 +471,12 @@ class RolloutPool:
 
 @frozen(kw_only=True)
 class RolloutSection:
-    """The rollout engine, vLLM or SGLang (verl: actor_rollout_ref.rollout.*).
+    """The rollout engine, vLLM, SGLang or TensorRT-LLM (verl: actor_rollout_ref.rollout.*).
 
     With SGLang verl passes gpu_memory_utilization as mem_fraction_static and max_num_seqs as
-    max_running_requests (verl sglang_rollout/async_sglang_server.py, the server args).
+    max_running_requests (verl sglang_rollout/async_sglang_server.py, the server args). With TensorRT-LLM it passes
+    gpu_memory_utilization as KvCacheConfig.free_gpu_memory_fraction, max_num_seqs as max_batch_size and
+    max_num_batched_tokens as max_num_tokens (trtllm_rollout/trtllm_async_server.py launch_server).
     """
 
     n: int = field(validator=at_least(1, "rollout"))

@@ -120,6 +120,10 @@ class Profile:
     sglang_page_size: int = _constant(
         1, "SGLang's KV page size in tokens (server_args.page_size default; verl does not set it)", low=1, kind=int,
         high=4096)
+    # --- TensorRT-LLM rollout (PyTorch backend, as verl's trtllm_rollout/trtllm_async_server.py starts it) ---
+    trtllm_tokens_per_block: int = _constant(
+        32, "TensorRT-LLM's KV block in tokens (tensorrt_llm/llmapi/llm_args.py KvCacheConfig.tokens_per_block "
+            "default; verl does not set it)", low=1, kind=int, high=4096)
 
     # --- loss head, bytes per token x vocab (memory-model.md 2.4) ---
     head_log_prob_bytes: float = _constant(12.0, "fp32 log-prob head with grad (verl update, entropy_coeff 0); "

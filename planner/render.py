@@ -38,6 +38,7 @@ from rlplan.planner.verl_keys import (
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
     REWARD_SPELLINGS,
+    ROLLOUT_ENGINE_SINCE,
     UNREAD_WHERE_ABSENT,
     WARMUP_RATIO_KEY,
     Follows,
@@ -108,6 +109,7 @@ def prepare_for_verl(plan: Plan) -> Plan:
                 fix=f'set {role}.compute_dtype = "bfloat16" (and rollout.dtype = "bfloat16") for a verl run',
             )
     _check_estimator(plan)
+    _check_engine_release(plan)
     if not plan.model.path:
         raise PlanError(
             field="model.path",
@@ -147,6 +149,16 @@ def _check_estimator(plan: Plan) -> None:
                             "rendered run would stop at its first advantage computation.",
                     fix=f"target verl >= {later[0]} (stack.verl / --verl-version), or pick one of verl {verl}'s: "
                         + ", ".join(sorted(verl_inventory.estimators_of(verl))))
+
+
+def _check_engine_release(plan: Plan) -> None:
+    """verl refuses a rollout.name its release has no rollout for (verl_keys.ROLLOUT_ENGINE_SINCE)."""
+    engine, verl = plan.rollout.name, plan.stack.verl
+    since = ROLLOUT_ENGINE_SINCE[engine]
+    if since is not None and parse_version(verl) < parse_version(since):
+        raise PlanError(field="rollout.name",
+                        message=f"is {engine}, which verl {verl} has no rollout for (verl added it in {since}).",
+                        fix=f"target verl >= {since} (stack.verl / --verl-version), or set rollout.name = \"vllm\"")
 
 
 def verl_additions(plan: Plan) -> list[str]:

@@ -35,7 +35,7 @@ from rlplan.planner.memory.phases import (
     longest_expected_sequence_that_fits,
 )
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
-from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.plan import ENGINE_TITLES, MegatronSection, Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.rules import RuleReport, Violation, check_plan
 from rlplan.planner.solver import (
@@ -512,7 +512,7 @@ def knobs_table(plan: Plan):
         ("micro batches", f"dynamic bsz, {actor.ppo_max_token_len_per_gpu} tokens/GPU (update), "
                           f"{rollout.log_prob_max_token_len_per_gpu} (log-prob)" if actor.use_dynamic_bsz
          else f"{actor.ppo_micro_batch_size_per_gpu} per GPU"),
-        ("rollout", f"{'SGLang' if rollout.name == 'sglang' else 'vLLM'} TP {rollout.tensor_model_parallel_size}, "
+        ("rollout", f"{ENGINE_TITLES[rollout.name]} TP {rollout.tensor_model_parallel_size}, "
                     f"util {rollout.gpu_memory_utilization:.2f}, "
                     f"max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens {rollout.max_num_batched_tokens}, "
                     f"max_model_len {rollout.max_model_len}, sleep level {rollout.sleep_level}, "

@@ -20,7 +20,7 @@ from attrs import field, frozen
 
 from rlplan.planner.errors import PlanError, shorten
 
-Package = Literal["verl", "vllm", "sglang"]
+Package = Literal["verl", "vllm", "sglang", "trtllm"]
 Version = tuple[int, int, int]
 VllmEngine = Literal["v0", "v1"]
 
@@ -32,10 +32,17 @@ DEFAULT_VERL = "0.9.1"
 # allows it (`default_engine_version`).
 FITTED_VLLM = "0.11.0"
 FITTED_SGLANG = "0.4.6.post5"
-FITTED_ENGINE_VERSIONS: dict[str, str] = {"vllm": FITTED_VLLM, "sglang": FITTED_SGLANG}
+# TensorRT-LLM: the lowest verl's `trtllm` extra allows (setup.py TRTLLM_REQUIRES "tensorrt-llm>=1.2.0rc6" at
+# v0.7.1, v0.8.0, v0.9.0 and the 0.8.0.dev main of /work/wt/import-verl-main; docker/Dockerfile.stable.trtllm's base
+# image is release:1.2.0rc6 on that main). Its KV sizing was read in tensorrt_llm/_torch/pyexecutor/_util.py
+# (KvCacheCreator.estimate_max_tokens / _cal_max_tokens) as the code index holds it, not at a pinned tag.
+FITTED_TRTLLM = "1.2.0rc6"
+FITTED_ENGINE_VERSIONS: dict[str, str] = {"vllm": FITTED_VLLM, "sglang": FITTED_SGLANG, "trtllm": FITTED_TRTLLM}
 
 # What each verl release's `vllm` and `sglang` extras allow (its wheel's Requires-Dist, read 2026-11-25 from PyPI):
 # (lowest, highest), both inclusive, None where open. A release between two of these has the older one's pins.
+# `trtllm` (TensorRT-LLM) is an extra from verl 0.7.1 (setup.py TRTLLM_REQUIRES, read at the tags v0.7.1, v0.8.0 and
+# v0.9.0 of verl-project/verl; 0.9.1's is carried from 0.9.0, not read); a release without it has no entry.
 VERL_ENGINE_PINS: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "0.3.0.post1": {"vllm": (None, "0.8.2"), "sglang": ("0.4.4.post3", "0.4.4.post3")},
     "0.4.0": {"vllm": (None, "0.8.5"), "sglang": ("0.4.6.post5", "0.4.6.post5")},
@@ -43,9 +50,10 @@ VERL_ENGINE_PINS: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "0.6.0": {"vllm": ("0.7.3", "0.9.1"), "sglang": ("0.5.2", "0.5.2")},
     "0.6.1": {"vllm": ("0.8.5", "0.11.0"), "sglang": ("0.5.5", "0.5.5")},
     "0.7.0": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.6", "0.5.6")},
-    "0.8.0": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.8", "0.5.8")},
-    "0.9.0": {"vllm": ("0.18.0", None), "sglang": ("0.5.8", "0.5.8")},
-    "0.9.1": {"vllm": ("0.24.0", "0.24.0"), "sglang": ("0.5.12", "0.5.12")},
+    "0.7.1": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.6", "0.5.6"), "trtllm": (FITTED_TRTLLM, None)},
+    "0.8.0": {"vllm": ("0.8.5", "0.12.0"), "sglang": ("0.5.8", "0.5.8"), "trtllm": (FITTED_TRTLLM, None)},
+    "0.9.0": {"vllm": ("0.18.0", None), "sglang": ("0.5.8", "0.5.8"), "trtllm": (FITTED_TRTLLM, None)},
+    "0.9.1": {"vllm": ("0.24.0", "0.24.0"), "sglang": ("0.5.12", "0.5.12"), "trtllm": (FITTED_TRTLLM, None)},
 }
 
 
@@ -88,6 +96,7 @@ class StackSection:
     verl: str = field(default=DEFAULT_VERL, validator=_version_check)
     vllm: str | None = field(default=None, validator=_version_check)
     sglang: str | None = field(default=None, validator=_version_check)
+    trtllm: str | None = field(default=None, validator=_version_check)
     # vLLM's engine where the script chose it (VLLM_USE_V1, an attention backend V1 lacks); None: the one the
     # vLLM version runs by default (`vllm_engine_of`).
     vllm_engine: VllmEngine | None = field(default=None, validator=attrs.validators.optional(
@@ -136,7 +145,7 @@ def engine_pins(verl: str, engine: str) -> tuple[str | None, str | None]:
     release = parse_version(verl)
     listed = sorted(VERL_ENGINE_PINS, key=parse_version)
     known = [name for name in listed if parse_version(name) <= release] or listed[:1]
-    return VERL_ENGINE_PINS[known[-1]][engine]
+    return VERL_ENGINE_PINS[known[-1]].get(engine, (None, None))
 
 
 def default_engine_version(verl: str, engine: str) -> str:
@@ -157,14 +166,14 @@ DEFAULT_SGLANG = default_engine_version(DEFAULT_VERL, "sglang")
 
 def check_engine(stack: StackSection, engine: str) -> None:
     """The stack names a version only for the engine the plan rolls out with."""
-    other = "sglang" if engine == "vllm" else "vllm"
-    if engine == "sglang" and stack.vllm_engine is not None:
+    if engine != "vllm" and stack.vllm_engine is not None:
         raise PlanError(field="stack.vllm_engine", message=f"is {stack.vllm_engine!r}, but the plan rolls out with "
-                        "sglang.", fix="remove stack.vllm_engine")
-    if getattr(stack, other) is not None:
-        raise PlanError(field=f"stack.{other}",
-                        message=f"is {getattr(stack, other)!r}, but the plan rolls out with {engine}.",
-                        fix=f"remove stack.{other}, or set stack.{engine} (or rollout.name = \"{other}\")")
+                        f"{engine}.", fix="remove stack.vllm_engine")
+    for other in (name for name in FITTED_ENGINE_VERSIONS if name != engine):
+        if getattr(stack, other) is not None:
+            raise PlanError(field=f"stack.{other}",
+                            message=f"is {getattr(stack, other)!r}, but the plan rolls out with {engine}.",
+                            fix=f"remove stack.{other}, or set stack.{engine} (or rollout.name = \"{other}\")")
 
 
 def default_stack_text() -> str:
@@ -194,13 +203,23 @@ class Behaviour:
     # (key, value, since, before): it also holds on those releases where the script sets key=value (kept as
     # passthrough), e.g. trainer.use_legacy_worker_impl=disable selecting the engine worker in verl 0.7.x.
     opt_in: tuple[str, str, str, str] | None = None
+    # (key, values, since, before): it does not hold on those releases where key is one of values (the script's, or
+    # the default of the verl source tree the import runs in), e.g. LEGACY_WORKER_SWITCH on verl's 0.8.0.dev main.
+    opt_out: tuple[str, tuple[str, ...], str, str] | None = None
 
     def opted_in(self, version: str, passthrough: Mapping[str, str]) -> bool:
         if self.opt_in is None:
             return False
         key, value, since, before = self.opt_in
-        written = next((passthrough[p + key] for p in ("++", "+", "") if p + key in passthrough), None)
-        return written is not None and written.strip("'\"") == value and in_range(version, since, before)
+        written = _written(passthrough, key)
+        return written is not None and written == value and in_range(version, since, before)
+
+    def opted_out(self, version: str, passthrough: Mapping[str, str]) -> bool:
+        if self.opt_out is None:
+            return False
+        key, values, since, before = self.opt_out
+        written = _written(passthrough, key)
+        return written is not None and written in values and in_range(version, since, before)
 
     def holds_for(self, version: str) -> bool:
         return in_range(version, self.since, self.before) != self.outside
@@ -214,12 +233,21 @@ class Behaviour:
         return f"{self.package} >= {self.since}" if self.since else f"{self.package} < {self.before}"
 
 
+def _written(passthrough: Mapping[str, str], key: str) -> str | None:
+    """The value the plan's passthrough gives `key` (as `key`, `+key` or `++key`), unquoted."""
+    written = next((passthrough[p + key] for p in ("++", "+", "") if p + key in passthrough), None)
+    return None if written is None else written.strip("'\"")
+
+
 def holds(behaviour: Behaviour, stack: StackSection, engine: str = "vllm",
           passthrough: Mapping[str, str] | None = None) -> bool:
     """Whether `behaviour` holds on `stack` (an engine's behaviour holds only for a plan rolling out with it);
-    with the plan's `passthrough`, also where the script opts in to it (`Behaviour.opt_in`)."""
+    with the plan's `passthrough`, also where the script opts in to it (`Behaviour.opt_in`), and not where it opts
+    out (`Behaviour.opt_out`)."""
     if behaviour.package == "verl":
-        return behaviour.holds_for(stack.verl) or behaviour.opted_in(stack.verl, passthrough or {})
+        written = passthrough or {}
+        return ((behaviour.holds_for(stack.verl) and not behaviour.opted_out(stack.verl, written))
+                or behaviour.opted_in(stack.verl, written))
     return behaviour.package == engine and behaviour.holds_for(stack.version_of(behaviour.package))
 
 
@@ -264,14 +292,21 @@ VALIDATES_BEFORE_TRAIN = Behaviour(
     name="validates_before_train", package="verl", before="0.4.0",
     code_path="verl/trainer/ppo/ray_trainer.py fit: trainer.get('val_before_train', True) (in the YAML from v0.4.0)",
     summary="verl validates before the first step", default=("trainer.val_before_train", True))
+# verl's main between the v0.7.x branch and v0.8.0 (verl/version/version "0.8.0.dev") still had
+# trainer.use_legacy_worker_impl, default auto, and main_ppo.py add_actor_rollout_worker built the engine worker only
+# for "disable" (read in a main checkout of January 2026); v0.8.0 removed the key and always builds the engine worker.
+# So on a 0.8.0.dev tree, auto or enable (the tree's default, which the import reads) keeps the legacy worker.
+LEGACY_WORKER_SWITCH = ("trainer.use_legacy_worker_impl", ("auto", "enable"), "0.8.0", "0.8.1")
 ENGINE_WORKER = Behaviour(
     name="engine_worker", package="verl", since="0.8.0",
+    opt_out=LEGACY_WORKER_SWITCH,
     opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.0", "0.8.0"),
     code_path="verl/trainer/main_ppo.py: the engine worker (verl/workers/engine_workers.py) is the default from "
               "v0.8.0; in v0.7.x only with trainer.use_legacy_worker_impl=disable",
     summary="the engine worker runs the actor, and asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz")
 ENGINE_MICRO_SPLIT_ASSERT = Behaviour(
     name="engine_micro_split_assert", package="verl", since="0.8.0",
+    opt_out=LEGACY_WORKER_SWITCH,
     opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.1", "0.8.0"),
     code_path="verl/workers/engine/utils.py prepare_micro_batches: assert total_data_size % (force_group_size * "
               "micro_batch_size_per_gpu) == 0 (from v0.7.1; v0.7.0 chunks without it), reached through the engine "
@@ -279,6 +314,7 @@ ENGINE_MICRO_SPLIT_ASSERT = Behaviour(
     summary="the engine worker asserts that a fixed micro batch divides each rank's batch")
 MICRO_OUTPUTS_HELD_TO_MINI_END = Behaviour(
     name="micro_outputs_held_to_mini_end", package="verl", since="0.8.0", before="0.9.0",
+    opt_out=LEGACY_WORKER_SWITCH,
     code_path="verl/workers/engine/fsdp/transformer_impl.py FSDPEngine.forward_backward_batch: output_lst keeps "
               "each micro batch's model_output (log_probs, entropy) until the mini batch ends (PR #6984, v0.9.0)",
     summary="the update holds every earlier micro batch's grad-connected log-probs and entropy until the mini "
@@ -436,6 +472,7 @@ WEIGHT_SYNC_BUCKET_512 = Behaviour(
     default=("rollout.update_weights_bucket_megabytes", 512))
 WARMUP_ZERO_READS_RATIO = Behaviour(
     name="warmup_zero_reads_ratio", package="verl", since="0.8.0",
+    opt_out=LEGACY_WORKER_SWITCH,
     opt_in=("trainer.use_legacy_worker_impl", "disable", "0.7.0", "0.8.0"),
     code_path="verl/workers/fsdp_workers.py _build_model_optimizer (the legacy worker, the default up to v0.7.x): "
               "int(optim.get('lr_warmup_steps', -1)), and only `if num_warmup_steps < 0` "
@@ -504,6 +541,13 @@ VLLM_LORA_RANKS_BY_VERSION: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("0.0.0", (8, 16, 32, 64, 128, 256)),
     ("0.8.5", (8, 16, 32, 64, 128, 256, 320, 512)),
 )
+
+
+def source_tree_switches() -> tuple[str, ...]:
+    """The keys whose value turns a verl behaviour on or off (`Behaviour.opt_in` / `opt_out`): the import reads
+    their defaults from a verl source tree between releases, whose config may still carry them."""
+    keys = {b.opt_in[0] for b in BEHAVIOURS if b.opt_in} | {b.opt_out[0] for b in BEHAVIOURS if b.opt_out}
+    return tuple(sorted(keys))
 
 
 def vllm_lora_ranks(stack: StackSection) -> tuple[int, ...]:

@@ -43,6 +43,7 @@ from rlplan.planner.stack import (
     in_range,
     parse_version,
 )
+from rlplan.planner.verl_keys import ROLLOUT_ENGINE_SINCE, ROLLOUT_NAME_KEY
 
 ADV_ESTIMATOR_KEY = "algorithm.adv_estimator"
 # The vLLM a V0 script on a verl whose default vLLM has no V0 is judged with: the last release verl 0.4.0-0.5.0
@@ -138,6 +139,10 @@ def value_evidence(values: dict[str, str]) -> list[Evidence]:
         if value is not None and era.value is not None and value.strip("'\"") == era.value:
             allowed = frozenset(r for r in VERL_RELEASES if in_range(r, era.since, era.before))
             found.append(Evidence(releases=allowed, why=f"`{era.key}={era.value}` ({era.why})"))
+    engine = values.get(ROLLOUT_NAME_KEY, "").strip("'\"")
+    if (since := ROLLOUT_ENGINE_SINCE.get(engine)) is not None:
+        found.append(Evidence(releases=frozenset(r for r in VERL_RELEASES if in_range(r, since, None)),
+                              why=f"`{ROLLOUT_NAME_KEY}={engine}`: verl builds that rollout from {since}"))
     estimator = values.get(ADV_ESTIMATOR_KEY)
     if estimator is not None:
         name = estimator.strip("'\"")

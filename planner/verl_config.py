@@ -225,3 +225,15 @@ def trainer_config(module: str, config_path: str | None, config_name: str | None
         return TrainerConfig(name=name, path="", base="", problems=(*composer.problems, f"{file} is not readable"))
     return TrainerConfig(name=name, path=file, base=composer.base, values=tuple(_flatten(composed)),
                          problems=tuple(composer.problems))
+
+
+def source_tree_defaults(cwd: str, read: TextReader, backend: str, keys: tuple[str, ...]) -> dict[str, str]:
+    """What the verl source tree in `cwd` gives `keys` in its own trainer config (`verl/trainer/config/
+    ppo_trainer.yaml`, or `ppo_megatron_trainer.yaml`, composed with its defaults list); a key it does not set, or
+    an unreadable file, gives nothing. A tree between releases can default a switch its release number does not
+    (stack.LEGACY_WORKER_SWITCH)."""
+    name = BASE_CONFIGS[1] if backend == "megatron" else BASE_CONFIGS[0]
+    composed = _Composer(read, cwd).compose_file(posixpath.join(cwd, "verl", "trainer", "config", name + ".yaml"))
+    if composed is None:
+        return {}
+    return {key: value for key, value in _flatten(composed) if key in keys}

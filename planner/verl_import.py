@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -33,7 +33,7 @@ from rlplan.planner.presets import HUB_REPO_ID, ResolvedModel, resolve_model
 from rlplan.planner.redaction import is_secret, reference
 from rlplan.planner.shell_expand import ShellScope
 from rlplan.planner.shell_script import find_verl_command, positional_warning
-from rlplan.planner.verl_config import TextReader, TrainerConfig, trainer_config
+from rlplan.planner.verl_config import TextReader, TrainerConfig, source_tree_defaults, trainer_config
 from rlplan.planner.verl_keys import (
     ARF,
     BY_FIELD,
@@ -604,6 +604,26 @@ def _sort_overrides(command: _Command, backend: Backend, warnings: list[str], pi
     return sorted_
 
 
+def _take_source_tree_switches(installed: str | None, context: ScriptContext, backend: str,
+                               passthrough: dict[str, str], written: Iterable[str], warnings: list[str]) -> None:
+    """A verl tree between releases (verl/version/version `0.8.0.dev`) may still default a switch its release number
+    does not (stack.LEGACY_WORKER_SWITCH): the switches the script leaves unset take the tree's own defaults, kept
+    in the passthrough so the rules judge the worker that tree builds. A release's tree needs none: its defaults
+    are the release's."""
+    from rlplan.planner.stack import source_tree_switches
+
+    if not installed or ".dev" not in installed or context.cwd is None:
+        return
+    set_here = {key.lstrip("+~") for key in (*passthrough, *written)}
+    tree = source_tree_defaults(context.cwd, context.read_text, backend, source_tree_switches())
+    for key, value in sorted(tree.items()):
+        if key not in set_here:
+            passthrough[key] = value
+            warnings.append(f"this verl tree ({installed.strip()}, between releases) still defaults {key} to "
+                            f"{value} in its own trainer config: the plan keeps {key}={value}, judged as that "
+                            f"tree runs it.")
+
+
 def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: dict[str, str],
                        local_config_reader: LocalConfigReader, environment: dict[str, str] | None = None,
                        versions: tuple[str | None, str | None, str | None] = (None, None, None),
@@ -657,6 +677,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     # A file of overrides is no shell: only a script's own commands can export an engine switch.
     script = "" if _is_overrides_file(text) else text
     installed = context.read_text(posixpath.join(context.cwd, "verl", "version", "version")) if context.cwd else None
+    _take_source_tree_switches(installed, context, backend, passthrough, sorted_.written, warnings)
     plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
                              warnings, installed)
     _drop_switched_off_warmup_ratio(plan, given, passthrough, warnings)

@@ -393,6 +393,14 @@ VALUE_ALIASES: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 
+# rollout.name values by the first verl release that builds them (None: every release read). trtllm: verl 0.7.1 adds
+# verl/workers/rollout/trtllm_rollout/ (TRTLLMReplica registered as "trtllm" in rollout/replica.py, ServerAdapter
+# for ("trtllm", "async") in rollout/base.py), read at the tags v0.7.0 (absent) and v0.7.1, v0.8.0, v0.9.0 (present)
+# of verl-project/verl and in the 0.8.0.dev main of /work/wt/import-verl-main.
+ROLLOUT_NAME_KEY = f"{ARF}.rollout.name"
+ROLLOUT_ENGINE_SINCE: dict[str, str | None] = {"vllm": None, "sglang": None, "trtllm": "0.7.1"}
+
+
 def value_alias(key: str, value: str) -> tuple[str, str] | None:
     """(today's value, why) when `value` is an older spelling of `key`'s value, else None."""
     aliases = VALUE_ALIASES.get(key)

@@ -311,7 +311,8 @@ ObjectiveFlag = Annotated[str, typer.Option(
 RolloutFlag = Annotated[str | None, typer.Option(
     "--rollout", metavar=choices_metavar(ROLLOUT_CHOICES), rich_help_panel=SOLVER_PANEL,
     autocompletion=completion(ROLLOUT_CHOICES),
-    help="Rollout engine (auto: the better of both; default: the --from plan's engine, else vllm).")]
+    help="Rollout engine (auto: the better of vllm and sglang; trtllm only when named; default: the --from plan's "
+         "engine, else vllm).")]
 StrategyFlag = Annotated[str | None, typer.Option(
     "--strategy", metavar=choices_metavar(steps.STRATEGY_CHOICES), rich_help_panel=SOLVER_PANEL,
     autocompletion=completion(steps.STRATEGY_CHOICES),

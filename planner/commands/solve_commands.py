@@ -31,7 +31,7 @@ from rlplan.planner.errors import ECHO_LIMIT, PlanError, shorten
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.model_error import Headroom, parse_headroom
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import RUNTIME_ESTIMATORS, ModelSection, Plan, RolloutEngine
+from rlplan.planner.plan import ENGINE_TITLES, RUNTIME_ESTIMATORS, ModelSection, Plan, RolloutEngine
 from rlplan.planner.platform import CPU_RUNTIME_PINS
 from rlplan.planner.profile import Profile
 from rlplan.planner.solver import Candidate, Objective, SolveRequest, SolveResult, SolveStrategy
@@ -149,7 +149,7 @@ class SolveFlags:
                             fix="pass a LoRA rank such as 8, 16, 32 or 64 (verl's examples use 8 to 256), or --lora off")
         if self.rollout is not None and self.rollout not in ROLLOUT_CHOICES:
             raise PlanError(field="--rollout", message=f"{self.rollout!r} is not one of {', '.join(ROLLOUT_CHOICES)}.",
-                            fix="pass --rollout vllm (the bundled runtime's engine), sglang or auto")
+                            fix="pass --rollout vllm (the bundled runtime's engine), sglang, trtllm or auto")
         if self.strategy is not None and self.strategy not in STRATEGY_CHOICES:
             raise PlanError(field="--strategy", message=f"{self.strategy!r} is not one of "
                             f"{', '.join(STRATEGY_CHOICES)}.", fix="pass --strategy megatron, fsdp or auto")
@@ -460,8 +460,9 @@ def check_means(flags: SolveFlags, prompt_len: int, response_len: int | None) ->
 
 
 def rollout_engines(flags: SolveFlags, base: Plan | None, pins: dict[str, Any]) -> tuple[RolloutEngine, ...]:
-    """The engines to price: both with --rollout auto (vLLM only on a CPU), else --rollout, the pin, the --from
-    plan's engine or vLLM."""
+    """The engines to price: vLLM and SGLang with --rollout auto (vLLM only on a CPU), else --rollout, the pin, the
+    --from plan's engine or vLLM. TensorRT-LLM only when asked (--rollout trtllm): its decode is priced with vLLM's
+    host constants (steptime.rollout.decode_step), so a race between it and vLLM would rank nothing measured."""
     if flags.rollout == "auto":
         engines: tuple[Any, ...] = ("vllm",) if flags.on_cpu else ("vllm", "sglang")
     else:
@@ -469,8 +470,8 @@ def rollout_engines(flags: SolveFlags, base: Plan | None, pins: dict[str, Any]) 
     if flags.on_cpu and engines != ("vllm",):
         # The platform rule runtime_rolls_out_with_vllm would refuse the plan at `rlplan run`: say so now.
         raise PlanError(field="--rollout" if flags.rollout else "rollout.name",
-                        message=f"rlplan's CPU runtime runs vLLM rollouts only, not {engines[0]}; SGLang plans are "
-                        "for verl on GPUs.", fix="leave out --rollout with --device cpu (vllm), or plan a GPU cluster")
+                        message=f"rlplan's CPU runtime runs vLLM rollouts only, not {engines[0]}; "
+                        f"{ENGINE_TITLES[engines[0]]} plans are for verl on GPUs.", fix="leave out --rollout with --device cpu (vllm), or plan a GPU cluster")
     return engines
 
 

@@ -237,7 +237,7 @@ def _held_micro_outputs(plan: Plan, role: RoleBatchLayout) -> list[Component]:
     """Before verl PR #6984 (v0.9.0) the engine worker's forward_backward_batch kept every micro batch's
     model_output, fp32 log-probs and (with entropy_coeff) fp32 entropy per token, until the mini batch ended
     (stack.MICRO_OUTPUTS_HELD_TO_MINI_END): at the last micro batch's peak the earlier ones' are still held."""
-    if not holds(MICRO_OUTPUTS_HELD_TO_MINI_END, plan.stack, plan.rollout.name):
+    if not holds(MICRO_OUTPUTS_HELD_TO_MINI_END, plan.stack, plan.rollout.name, plan.passthrough):
         return []
     earlier = max(0, role.micro_batches_per_mini - 1) * role.tokens_per_micro_batch
     fp32_per_token = 4 * (2 if plan.actor.entropy_coeff != 0 else 1)
@@ -444,7 +444,9 @@ def _report(ctx: _StepContext) -> MemoryReport:
                      f"rollout weights and KV cache are on the GPU at once; {remedy} "
                      f"the {max(0, budget.kv_cache_bytes) / GIB:.2f} GiB KV cache paused until the trainer is offloaded")
     if budget.co_resident_bytes and not plan.cluster.gpu.is_cpu:
-        formula = (f"SGLang {plan.stack.version_of('sglang')} takes mem_fraction_static of the memory free before "
+        formula = (f"TensorRT-LLM {plan.stack.version_of('trtllm')} takes free_gpu_memory_fraction of the memory free "
+                   "after its load" if plan.rollout.name == "trtllm" else
+                   f"SGLang {plan.stack.version_of('sglang')} takes mem_fraction_static of the memory free before "
                    "its load" if budget.fraction_of_free is not None else
                    f"{plan.rollout.name} {plan.stack.version_of(plan.rollout.name)} sizes its KV cache from the "
                    "whole GPU")

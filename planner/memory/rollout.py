@@ -1,4 +1,4 @@
-"""The rollout engine's budget on one rank (vLLM V1, SGLang, vLLM's CPU backend): its KV cache, weights and
+"""The rollout engine's budget on one rank (vLLM V1, SGLang, TensorRT-LLM, vLLM's CPU backend): its KV cache, weights and
 workspace, the start-up check `holds_max_model_len` (not one of planner/rules/: `MemoryReport.fits` includes it), its
 CUDA-graph pool and what it resumes for the weight sync.
 
@@ -46,7 +46,8 @@ class RolloutBudget:
     # far as the engine's formula charges it to the pool (stack.kv_pool_charges_the_whole_gpu): vLLM V1 before
     # 0.9.1 and V0 0.6.4.x, and SGLang always; 0 where vLLM profiles only what the instance adds.
     co_resident_bytes: int = 0
-    # SGLang from 0.5.10: mem_fraction_static is a fraction of the memory free before the load (its value here).
+    # SGLang from 0.5.10: mem_fraction_static is a fraction of the memory free before the load (its value here);
+    # TensorRT-LLM: free_gpu_memory_fraction is a fraction of the memory free after its load and profile run.
     fraction_of_free: float | None = None
 
     @property
@@ -126,6 +127,22 @@ def sglang_kv_cache_bytes(static_bytes: float, weights_bytes: float, pre_load_by
     return static_bytes - weights_bytes - fraction * (pre_load_bytes + co_resident_bytes)
 
 
+def trtllm_kv_cache_bytes(fraction: float, gpu_bytes: float, weights_bytes: float, activation_bytes: float,
+                          non_torch_bytes: float, co_resident_bytes: float = 0.0) -> float:
+    """TensorRT-LLM (PyTorch backend): KV = free_gpu_memory_fraction x what the device has free after the weights
+    load and a profile run at max_num_tokens.
+
+    tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator.estimate_max_tokens: after the dummy requests,
+    peak_memory = torch's allocated peak (weights + activations) + (total - free - torch allocated), the latter
+    being everything else on the device (NCCL, other processes: verl's trainer, `co_resident_bytes`);
+    _cal_max_tokens: available_kv_mem = (total - peak_memory + the estimation cache) x fraction, fraction = verl's
+    gpu_memory_utilization (trtllm_async_server.py KvCacheConfig(free_gpu_memory_fraction=...)). So unlike vLLM the
+    fraction scales what is left, and (1 - fraction) of it stays unused. The activation peak is vLLM's profile-run
+    model (no TensorRT-LLM measurement); CUDA graphs captured during the estimation would lower the pool by
+    fraction x their pool, which is not charged here."""
+    return fraction * (gpu_bytes - weights_bytes - activation_bytes - non_torch_bytes - co_resident_bytes)
+
+
 @frozen
 class EngineMemory:
     """Where one rollout engine's memory differs from another's (everything else is priced alike)."""
@@ -165,7 +182,26 @@ SGLANG = EngineMemory(
     cuda_graph_pool_gib=lambda profile: profile.sglang_cuda_graph_pool_gib,
     sleep_copies_weights_to_host=lambda rollout: False,
 )
-ROLLOUT_ENGINES: Mapping[RolloutEngine, EngineMemory] = {"vllm": VLLM, "sglang": SGLANG}
+TRTLLM = EngineMemory(
+    # requested_bytes is fraction x GPU (`rollout_budget`), so GPU = requested / fraction.
+    kv_cache_bytes=lambda budget: trtllm_kv_cache_bytes(
+        budget.fraction_of_free or 0.0, budget.requested_bytes / (budget.fraction_of_free or 1.0),
+        budget.weights_bytes, budget.activation_bytes, budget.non_torch_bytes, budget.co_resident_bytes),
+    activation_outside_budget=False,
+    # verl passes TensorRT-LLM no LoRA arguments (trtllm_async_server.py llm_kwargs): base weights only.
+    holds_lora_adapter=False,
+    block_size=lambda profile: profile.trtllm_tokens_per_block,
+    # Graphs for batch sizes up to max_batch_size = max_num_seqs (verl's CudaGraphConfig); no TensorRT-LLM
+    # measurement, so vLLM's pool.
+    cuda_graph_pool_gib=lambda profile: profile.cuda_graph_pool_gib,
+    # verl's sleep releases every weights tag and kv_cache (trtllm_rollout.py ServerAdapter.get_full_tags) with
+    # restore mode NONE for both (v0.8.0 trtllm_async_server.py SleepConfig): nothing is copied to the host.
+    sleep_copies_weights_to_host=lambda rollout: False,
+)
+ROLLOUT_ENGINES: Mapping[RolloutEngine, EngineMemory] = {"vllm": VLLM, "sglang": SGLANG, "trtllm": TRTLLM}
+# Engines verl runs in processes of their own (SGLang's server, TensorRT-LLM's Ray workers): never inside the
+# trainer's process, whatever the verl release.
+OWN_PROCESS_ENGINES: tuple[RolloutEngine, ...] = ("sglang", "trtllm")
 
 
 def kv_tokens_from_bytes(kv_cache_bytes: float, bytes_per_token: int, block_size: int = 16) -> int:
@@ -251,7 +287,7 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
             sequence_length=plan.data.max_sequence_length,
         )
     charges_all = kv_pool_charges_the_whole_gpu(plan.stack, rollout.name)
-    fraction_of_free = None if rollout.name != "sglang" or charges_all else rollout.gpu_memory_utilization
+    fraction_of_free = None if rollout.name == "vllm" or charges_all else rollout.gpu_memory_utilization
     return RolloutBudget(
         engine=rollout.name,
         # On a pool of its own (plan.RolloutPool) no trainer state shares the engine's GPU when it starts.
@@ -315,7 +351,7 @@ def woken_for_weight_sync(plan: Plan, budget: RolloutBudget) -> tuple[Component,
 
 def cuda_graph_pool_bytes(plan: Plan, profile: Profile) -> float:
     """The engine's captured CUDA graphs, outside its memory budget (0 with enforce_eager, and on a CPU, where
-    vLLM compiles C++ kernels instead)."""
-    if plan.rollout.enforce_eager or plan.cluster.gpu.is_cpu:
+    vLLM compiles C++ kernels instead). verl gives TensorRT-LLM a CudaGraphConfig whatever enforce_eager says."""
+    if (plan.rollout.enforce_eager and plan.rollout.name != "trtllm") or plan.cluster.gpu.is_cpu:
         return 0.0
     return ROLLOUT_ENGINES[plan.rollout.name].cuda_graph_pool_gib(profile) * GIB

@@ -317,7 +317,7 @@ def _deprecated_global_micro_batch_keys(ctx: RuleContext) -> Iterator[Violation]
     actor's and the rollout's are set (engine_workers.py ActorRolloutRefWorker.init_model, v0.8.0 lines 563-577);
     the reference's arrives as None and prepare_micro_batches fails on it at the first step (engine/utils.py)."""
     plan, dp = ctx.plan, max(ctx.layout.parallel.dp, 1)
-    engine = holds(ENGINE_WORKER, plan.stack)
+    engine = holds(ENGINE_WORKER, plan.stack, plan.rollout.name, plan.passthrough)
     for phase in (Phase.ACTOR_UPDATE, Phase.OLD_LOG_PROB, Phase.REF_LOG_PROB):
         knobs = PASS_KNOBS[phase]
         key, per_gpu_key = knobs.legacy_micro_batch, knobs.micro_batch

@@ -1,4 +1,4 @@
-"""The engine and version rules: what one rollout engine (vLLM, SGLang) or training backend (FSDP, Megatron)
+"""The engine and version rules: what one rollout engine (vLLM, SGLang, TensorRT-LLM) or training backend (FSDP, Megatron)
 reads of a plan and what it ignores, and keys a verl release no longer has.
 """
 
@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlplan.planner.knobs import knob_value
+from rlplan.planner.plan import ENGINE_TITLES, RolloutEngine
 from rlplan.planner.rules.registry import RuleContext, Violation, passthrough_value, rule
-from rlplan.planner.stack import LORA_RANK_UNROUNDED, MEGATRON_GRAD_OFFLOAD_ABSENT, vllm_lora_ranks
+from rlplan.planner.stack import LORA_RANK_UNROUNDED, MEGATRON_GRAD_OFFLOAD_ABSENT, in_range, vllm_lora_ranks
+from rlplan.planner.verl_keys import ROLLOUT_ENGINE_SINCE
 
 # vLLM's MaxLoRARanks [V10]: the adapter rank is rounded up to one of these (vllm.config.lora
 # LoraConfig.max_lora_rank; its import path moves between vLLM versions, so the set is kept here).
@@ -57,15 +59,58 @@ def _sglang_lora_needs_merged_adapter(ctx: RuleContext) -> Iterator[Violation]:
     is set (engine_workers.py update_weights: `peft_merge` skips the adapter-only sync), so the
     adapter must be merged into the base weights before the sync.
     """
+    yield from _unmerged_adapter(ctx, "sglang")
+
+
+def _unmerged_adapter(ctx: RuleContext, engine: RolloutEngine) -> Iterator[Violation]:
+    """A LoRA plan on `engine`, which verl starts without adapters, unless verl merges the adapter into the base
+    weights before each sync (model.lora.merge)."""
     plan = ctx.plan
     merged = (plan.model.lora.merge if plan.model.lora.merge is not None
               else passthrough_value(plan, LORA_MERGE_KEY, "false").lower() == "true")
-    if plan.rollout.name == "sglang" and plan.model.lora.enabled and not merged:
+    if plan.rollout.name == engine and plan.model.lora.enabled and not merged:
+        title = ENGINE_TITLES[engine]
         yield ctx.violation(
-            f"model.lora.rank = {plan.model.lora.rank} with the SGLang rollout: SGLang serves no adapters, so "
+            f"model.lora.rank = {plan.model.lora.rank} with the {title} rollout: {title} serves no adapters, so "
             "after the first sync it would receive LoRA tensors it has no place for.",
             f"merge the adapter before each sync: add {LORA_MERGE_KEY}=true to the plan's passthrough "
             "(or use the vLLM rollout)",
+        )
+
+
+@rule("runtime",
+      "[R9] TensorRT-LLM receives full weights only: LoRA with TensorRT-LLM needs model.lora.merge")
+def _trtllm_lora_needs_merged_adapter(ctx: RuleContext) -> Iterator[Violation]:
+    """verl gives TensorRT-LLM no LoRA arguments (trtllm_rollout/trtllm_async_server.py launch_server llm_kwargs,
+    main 0.8.0.dev and v0.8.0) and ServerAdapter.update_weights (trtllm_rollout.py) hands every pushed tensor to
+    the engine by name, so after the first sync's adapter-only push (as with SGLang above) the engine would get
+    LoRA tensors its base model has no place for, unless model.lora.merge merges them first."""
+    yield from _unmerged_adapter(ctx, "trtllm")
+
+
+@rule("config", "verl builds the TensorRT-LLM rollout from 0.7.1")
+def _trtllm_needs_verl_0_7_1(ctx: RuleContext) -> Iterator[Violation]:
+    """verl before 0.7.1 has no trtllm_rollout/ and refuses rollout.name=trtllm (verl_keys.ROLLOUT_ENGINE_SINCE)."""
+    plan, since = ctx.plan, ROLLOUT_ENGINE_SINCE["trtllm"]
+    if plan.rollout.name == "trtllm" and since is not None and not in_range(plan.stack.verl, since, None):
+        yield ctx.violation(
+            f"rollout.name = trtllm, but verl {plan.stack.verl} has no TensorRT-LLM rollout (verl added it in "
+            f"{since}).", f"target verl >= {since} (stack.verl / --verl-version), or set rollout.name = \"vllm\"",
+            rollout__name="vllm",
+        )
+
+
+@rule("rlplan", "rollout.enforce_eager has no effect with TensorRT-LLM")
+def _trtllm_ignores_enforce_eager(ctx: RuleContext) -> Iterator[Violation]:
+    """verl always gives TensorRT-LLM a CudaGraphConfig (batch sizes up to max_num_seqs, or
+    cudagraph_capture_sizes) for the rollout, whatever enforce_eager says (trtllm_async_server.py launch_server,
+    main 0.8.0.dev, v0.8.0, v0.9.0): the graphs are captured and priced."""
+    if ctx.plan.rollout.name == "trtllm" and ctx.plan.rollout.enforce_eager:
+        yield ctx.violation(
+            "rollout.enforce_eager = true, but verl does not pass it to TensorRT-LLM, which captures CUDA graphs "
+            "up to max_num_seqs anyway.",
+            "drop rollout.enforce_eager, or set cuda_graph_config under "
+            "actor_rollout_ref.rollout.engine_kwargs.trtllm in the passthrough", severity="warning",
         )
 
 

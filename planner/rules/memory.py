@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rlplan.planner.memory.heads import runtime_loss_head
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import ENGINE_TITLES, Plan
 from rlplan.planner.rules.registry import (
     ROLLOUT_MODE_KEY,
     RuleContext,
@@ -91,7 +91,8 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
     # Before v0.7.0 verl passes prompt + response where max_model_len is unset (stack.LEN_FROM_SEQUENCES).
     if plan.rollout.max_model_len is None and not holds(LEN_FROM_SEQUENCES, plan.stack):
         yield ctx.violation(
-            f"rollout.max_model_len is not set, so verl {plan.stack.verl} sizes vLLM for max_position_embeddings = "
+            f"rollout.max_model_len is not set, so verl {plan.stack.verl} sizes {ENGINE_TITLES[plan.rollout.name]} for "
+            f"max_position_embeddings = "
             f"{limit} tokens instead of the plan's sequences.",
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
             severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
@@ -131,7 +132,7 @@ def _short_batched_tokens_refused_by(plan: Plan, verl_runs_it: bool) -> str:
     (nobody: chunked prefill on, or vLLM's V1 engine turning it back on). verl passes neither key to SGLang (see
     SGLANG_IGNORED_ROLLOUT_KEYS), which sizes its own chunked prefill: "" too."""
     rollout = plan.rollout
-    if rollout.name == "sglang":
+    if rollout.name != "vllm":  # TensorRT-LLM: verl passes max_num_tokens, no vLLM scheduler check
         return ""
     if verl_runs_it and not rollout.enable_chunked_prefill and vllm_engine_of(plan.stack) == "v1" and \
             holds(VLLM_V1_FORCES_CHUNKED_PREFILL, plan.stack):
@@ -159,7 +160,7 @@ def _batched_tokens_cover_sequences(ctx: RuleContext) -> Iterator[Violation]:
     """vLLM's scheduler check (vllm/config/scheduler.py), which vLLM's V1 engine up to 0.11.0 never meets with
     chunked prefill off: it turns it back on (stack.VLLM_V1_FORCES_CHUNKED_PREFILL)."""
     rollout = ctx.plan.rollout
-    if rollout.name == "sglang":
+    if rollout.name != "vllm":
         return
     if rollout.max_num_batched_tokens < rollout.max_num_seqs:
         yield ctx.violation(

@@ -33,7 +33,7 @@ def _gpu_plan_needs_a_gpu_machine(ctx: RuleContext) -> Iterator[Violation]:
 
 @rule("platform", "the bundled runtime's rollout engine is vLLM only")
 def _runtime_rolls_out_with_vllm(ctx: RuleContext) -> Iterator[Violation]:
-    # runtime/rollout/ drives vLLM; an SGLang plan is for verl, which starts SGLang itself.
+    # runtime/rollout/ drives vLLM; an SGLang or TensorRT-LLM plan is for verl, which starts that engine itself.
     if ctx.plan.rollout.name != "vllm":
         yield ctx.violation(
             f"the bundled runtime runs vLLM rollouts only; this plan's rollout engine is {ctx.plan.rollout.name}.",

@@ -120,7 +120,9 @@ def _largest_fitting_util(excess, capacity_bytes: int) -> int | None:
 
     Each of the two phases is either flat in the utilization or grows by one GPU's bytes per unit of it (vLLM
     and SGLang take util x GPU; the KV cache rounds to blocks), so where 90 % is over by E the largest that
-    fits is about 90 - E / (GPU / 100): that guess and its neighbour usually settle it, bisection otherwise.
+    fits is about 90 - E / (GPU / 100): that guess and its neighbour usually settle it, bisection otherwise
+    (TensorRT-LLM grows by the free memory's hundredth, less than the GPU's, so the guess is high and bisection
+    settles it).
     Whether that utilization leaves room for one max_model_len sequence of KV is checked after.
     """
     low, high = 10, int(MAX_GPU_MEMORY_UTILIZATION * 100)

@@ -10,6 +10,7 @@ from attrs import frozen
 from rlplan.planner.layout import PlanLayout
 from rlplan.planner.memory import MemoryReport
 from rlplan.planner.memory.model_facts import lora_params, model_facts
+from rlplan.planner.memory.rollout import ROLLOUT_ENGINES
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.steptime.lengths import Lengths, workload_lengths
@@ -50,7 +51,11 @@ class DecodeStep:
 
 def decode_step(plan: Plan, rates: Rates, profile: Profile, hbm: float, flops: float,
                 concurrency: float) -> DecodeStep:
-    """The decode step of one engine of the plan: GPU roofline per TP rank and the engine's host costs."""
+    """The decode step of one engine of the plan: GPU roofline per TP rank and the engine's host costs.
+
+    One model for every engine: SGLang and TensorRT-LLM are priced with vLLM's host constants (profile.decode_*),
+    as no step of either was measured here. TensorRT-LLM always runs CUDA graphs (verl gives it a CudaGraphConfig
+    whatever enforce_eager says, trtllm_rollout/trtllm_async_server.py), so it is never eager on a GPU."""
     arch = plan.model.arch
     facts = model_facts(arch)
     rollout = plan.rollout
@@ -60,7 +65,7 @@ def decode_step(plan: Plan, rates: Rates, profile: Profile, hbm: float, flops: f
         # Experts no sequence in the batch routed to are not read.
         untouched = (1.0 - arch.num_experts_per_token / arch.num_experts) ** max(1.0, concurrency)
         weight_params -= facts.routed_expert_params * untouched
-    eager = rollout.enforce_eager or plan.cluster.gpu.is_cpu
+    eager = (rollout.enforce_eager and rollout.name != "trtllm") or plan.cluster.gpu.is_cpu
     tp_fixed = tp_per_sequence = 0.0
     if t > 1:
         # Two all-reduces of the running batch's hidden states per layer, each launched from Python when eager.
@@ -161,8 +166,8 @@ def engine_weight_load_seconds(plan: Plan, rates: Rates) -> float:
         # tensor at a time, in the trainer's dtype (memory.phases.split_sync_tensor_bytes); the engine never sleeps.
         dtype_bytes = 4 if not plan.is_megatron and plan.actor.model_dtype == "fp32" else 2
         return seconds + dtype_bytes * facts.params / rates.internode
-    if rollout.free_cache_engine and (rollout.sleep_level == 1 or rollout.layered_summon):
-        # Level 1 copies vLLM's weights to host at sleep and back at wake.
+    if rollout.free_cache_engine and ROLLOUT_ENGINES[rollout.name].sleep_copies_weights_to_host(rollout):
+        # Level 1 copies vLLM's weights to host at sleep and back at wake (memory.rollout.EngineMemory).
         seconds += 2.0 * rollout.dtype_bytes * (facts.params + n_lora) / t / rates.pcie
     return seconds
 

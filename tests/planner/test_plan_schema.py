@@ -89,7 +89,7 @@ def test_schema_rejects_an_unknown_key_as_plan_from_dict_does(solved_plan_data):
     assert schema_errors(plan_json_schema(), data) == [".actor.param_ofload: unknown key"]
 
 
-@pytest.mark.parametrize(("section", "key", "value"), [("rollout", "name", "trtllm"), ("rollout", "sleep_level", 3)])
+@pytest.mark.parametrize(("section", "key", "value"), [("rollout", "name", "trt_llm"), ("rollout", "sleep_level", 3)])
 def test_schema_rejects_a_value_outside_a_literal(solved_plan_data, section, key, value):
     data = json.loads(json.dumps(solved_plan_data))
     data[section][key] = value

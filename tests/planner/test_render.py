@@ -358,3 +358,11 @@ def test_a_split_plan_renders_the_recipe_that_runs_it_where_its_verl_keeps_that_
     assert "python3 -m recipe.one_step_off_policy.main_ppo \\\n" in render_plan(old, "verl")
     streamed = old.evolve(rollout=attrs.evolve(old.rollout, pool=RolloutPool(nodes=1, gpus_per_node=4, streams=True)))
     assert "python3 -m recipe.fully_async_policy.fully_async_main \\\n" in render_plan(streamed, "verl")
+
+
+def test_a_trtllm_plan_renders_for_a_verl_that_has_the_rollout_and_is_refused_naming_the_release_before():
+    rendered = render_plan(_on_verl("0.8.0", {"rollout.name": "trtllm"}), "verl", "overrides")
+    assert "actor_rollout_ref.rollout.name=trtllm" in rendered
+    with pytest.raises(PlanError) as raised:
+        render_plan(_on_verl("0.7.0", {"rollout.name": "trtllm"}), "verl", "overrides")
+    assert raised.value.field == "rollout.name" and "added it in 0.7.1" in raised.value.message

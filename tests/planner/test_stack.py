@@ -40,6 +40,7 @@ from rlplan.planner.stack import (
     parse_version,
     root_reshards_after_forward,
     solve_pins,
+    source_tree_switches,
     stack_defaults,
 )
 from rlplan.planner.verl_import import import_verl_script
@@ -333,6 +334,17 @@ def test_warmup_zero_reads_the_ratio_only_on_the_engine_worker():
     assert holds(WARMUP_ZERO_READS_RATIO, StackSection(verl="0.8.0"))
 
 
+def test_the_engine_worker_does_not_run_where_a_tree_between_releases_keeps_the_legacy_switch():
+    """0.8.0.dev trees defaulted trainer.use_legacy_worker_impl to auto (the legacy worker); v0.8.0 removed the key,
+    so the switch only counts on 0.8.0 (where a .dev tree is judged) and disable still opts in on 0.7.x."""
+    for kept in ("auto", "enable", "'auto'"):
+        assert not holds(ENGINE_WORKER, StackSection(verl="0.8.0"), passthrough={"trainer.use_legacy_worker_impl": kept})
+    assert holds(ENGINE_WORKER, StackSection(verl="0.8.0"), passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert holds(ENGINE_WORKER, StackSection(verl="0.9.1"), passthrough={"+trainer.use_legacy_worker_impl": "auto"})
+    assert holds(ENGINE_WORKER, StackSection(verl="0.7.1"), passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert "trainer.use_legacy_worker_impl" in source_tree_switches()
+
+
 @pytest.mark.parametrize(("verl", "kept"), [("0.5.0", False), ("0.7.1", False), ("0.8.0", True), ("0.9.1", True)])
 def test_a_ratio_an_explicit_zero_switches_off_is_dropped_on_import(verl, kept):
     """lr_warmup_steps=0 with a ratio: no warm-up on the legacy worker (up to 0.7.x), the ratio on the engine
@@ -346,3 +358,19 @@ def test_a_ratio_an_explicit_zero_switches_off_is_dropped_on_import(verl, kept):
     assert any(f"{ratio}=0.1 is dropped" in warning for warning in result.warnings) != kept
     kept_without_zero = load(MINIMAL + f"{ratio}=0.1\n", versions=(verl, None, None)).plan.passthrough
     assert kept_without_zero[ratio] == "0.1"  # verl's default -1 reads the ratio on every worker
+
+
+def test_trtllm_is_an_engine_of_verl_0_7_1_on_with_verls_lowest_pin_and_only_its_own_version_named():
+    """verl's `trtllm` extra (setup.py TRTLLM_REQUIRES, tensorrt-llm>=1.2.0rc6) arrives in 0.7.1."""
+    assert VERL_ENGINE_PINS["0.7.1"]["trtllm"] == ("1.2.0rc6", None)
+    assert "trtllm" not in VERL_ENGINE_PINS["0.7.0"]
+    assert default_engine_version("0.8.0", "trtllm") == FITTED_ENGINE_VERSIONS["trtllm"] == "1.2.0rc6"
+    plan = make_plan(overrides={"rollout.name": "trtllm", "stack.verl": "0.8.0"})
+    assert plan.stack.version_of("trtllm") == "1.2.0rc6"
+    assert plan.evolve(stack=StackSection(verl="0.8.0", trtllm="1.3.0")).stack.version_of("trtllm") == "1.3.0"
+    for other in ({"vllm": "0.11.0"}, {"sglang": "0.5.8"}, {"vllm_engine": "v1"}):
+        with pytest.raises(PlanError):
+            plan.evolve(stack=StackSection(verl="0.8.0", **other))
+    with pytest.raises(PlanError) as raised:
+        make_plan().evolve(stack=StackSection(trtllm="1.2.0rc6"))
+    assert raised.value.field == "stack.trtllm"

@@ -144,6 +144,41 @@ def test_an_import_from_the_root_of_a_verl_checkout_is_judged_on_its_release(tmp
     assert "agent_loop_chunks_evenly" in {v.rule for v in check_plan(elsewhere).errors}
 
 
+def _verl_tree(root: Path, version: str, trainer_yaml: str) -> None:
+    (root / "verl" / "version").mkdir(parents=True)
+    (root / "verl" / "version" / "version").write_text(version + "\n")
+    (root / "verl" / "trainer" / "config").mkdir(parents=True)
+    (root / "verl" / "trainer" / "config" / "ppo_trainer.yaml").write_text(trainer_yaml)
+
+
+@pytest.mark.parametrize(("version", "legacy_default", "engine_worker"),
+                         [("0.8.0.dev", "auto", False), ("0.8.0.dev", "disable", True), ("0.8.0", "auto", True)])
+def test_a_tree_between_releases_is_judged_with_its_own_worker_switch(tmp_path, version, legacy_default,
+                                                                       engine_worker):
+    """verl's main between v0.7.x and v0.8.0 (version text 0.8.0.dev) still defaulted trainer.use_legacy_worker_impl
+    to auto, the legacy worker, which turns the deprecated global micro-batch keys into per-GPU ones; v0.8.0's engine
+    worker ignores them (rule deprecated_global_micro_batch_keys refuses). A release's own tree adds nothing."""
+    from rlplan.planner.rules import check_plan
+    from rlplan.planner.verl_import import ScriptContext
+
+    _verl_tree(tmp_path, version, f"trainer:\n  use_legacy_worker_impl: {legacy_default}\n  nnodes: 1\n")
+    text = command("data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+                   "trainer.n_gpus_per_node=1")
+
+    def read(path: str) -> str | None:
+        return Path(path).read_text() if Path(path).is_file() else None
+
+    result = import_verl_script(text, gpu=H100, host_memory_gib=2048.0, env={}, local_config_reader=lambda p: None,
+                                environment={}, context=ScriptContext(cwd=str(tmp_path), read_text=read))
+    assert result.plan.stack.verl == "0.8.0"
+    from_tree = result.plan.passthrough.get("trainer.use_legacy_worker_impl")
+    assert from_tree == (legacy_default if ".dev" in version else None)
+    assert "trainer.nnodes" not in result.plan.passthrough  # only the switches behaviours read
+    refused = "deprecated_global_micro_batch_keys" in {v.rule for v in check_plan(result.plan).errors}
+    assert refused == engine_worker
+
+
 def test_a_script_without_dated_keys_shows_nothing():
     assert infer_stack({"algorithm.adv_estimator": "grpo"}, command(), "fsdp", "vllm") is None
 
@@ -163,3 +198,11 @@ def test_what_the_trainer_needs_dates_the_script_to_the_releases_that_have_it():
     assert infer_stack({}, "", "fsdp", "vllm") is None  # nothing shown, nothing judged
     pinned = infer_stack({}, "", "fsdp", "vllm", installed="0.5.0", needs=(SPIN_SPPO_RECIPES,))
     assert pinned is not None and pinned.stack.verl == "0.5.0"
+
+
+def test_a_trtllm_rollout_dates_the_script_to_the_releases_that_build_it():
+    inferred = infer_stack({"actor_rollout_ref.rollout.name": "trtllm"}, command(), "fsdp", "trtllm")
+    assert inferred is not None
+    assert (inferred.stack.verl_oldest, inferred.stack.verl) == ("0.7.1", DEFAULT_VERL)
+    assert "`actor_rollout_ref.rollout.name=trtllm`: verl builds that rollout from 0.7.1" in inferred.reasons[0]
+    assert infer_stack({"actor_rollout_ref.rollout.name": "sglang"}, command(), "fsdp", "sglang") is None

@@ -22,6 +22,7 @@ EXPECTED = {
     "ppo_offload_deprecated_globals.sh": ({"DATA_DIR": "/data"}, {}, None),
     "dynamic_bsz_ulysses.sh": ({}, {}, {"token_budget_fits_longest_sequence"}),
     "overrides_lora_valid.txt": ({}, {}, None),
+    "trtllm_grpo_qwen2_7b.sh": ({"HOME": "/home/u"}, {}, None),
 }
 
 
@@ -138,7 +139,7 @@ def test_an_unreadable_local_path_whose_folder_names_a_refused_release_gets_that
 
 @pytest.mark.parametrize(("text", "field"), [
     ("data.train_batch_size=abc\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
-    ("actor_rollout_ref.rollout.name=trtllm\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
+    ("actor_rollout_ref.rollout.name=trt_llm\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
      "actor_rollout_ref.rollout.name"),
     ("data.train_batch_size=-4\nactor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n", "data.train_batch_size"),
     ("data.train_batch_size=8\n", "actor_rollout_ref.model.path"),
@@ -450,3 +451,17 @@ def test_sglang_async_imports_as_the_sglang_engine_naming_the_old_spelling_and_r
         assert plan.stack.verl == verl
         rendered = render_plan(plan, "verl")
         assert "actor_rollout_ref.rollout.name=sglang " in rendered and "sglang_async" not in rendered
+
+
+def test_a_trtllm_script_imports_as_a_trtllm_plan_judged_on_the_releases_that_have_it_and_renders_back():
+    """verl builds the TensorRT-LLM rollout from 0.7.1 (verl_keys.ROLLOUT_ENGINE_SINCE); its engine_kwargs.trtllm
+    pass through verbatim."""
+    result = load((SCRIPTS / "trtllm_grpo_qwen2_7b.sh").read_text(), {"HOME": "/home/u"})
+    plan = result.plan
+    assert plan.rollout.name == "trtllm" and plan.rollout.tensor_model_parallel_size == 2
+    assert (plan.stack.verl_oldest, plan.stack.trtllm) == ("0.7.1", None)
+    assert any("`actor_rollout_ref.rollout.name=trtllm`: verl builds that rollout from 0.7.1" in warning
+               for warning in result.warnings)
+    rendered = render_plan(plan, "verl", "overrides")
+    assert "actor_rollout_ref.rollout.name=trtllm" in rendered
+    assert "+actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=16" in rendered

@@ -558,11 +558,12 @@ def test_gpu_mem_takes_nvidia_smis_mib_and_says_which_speeds_it_assumed():
     assert "--gpu-tflops" in " ".join(text.output.split())
 
 
-def test_solve_with_rollout_sglang_writes_an_sglang_plan_that_validates(tmp_path):
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_solve_with_rollout_sglang_writes_an_sglang_plan_that_validates(tmp_path, engine):
     path = tmp_path / "plan.toml"
-    result = invoke(*SOLVE_7B, "--rollout", "sglang", "-o", str(path))
+    result = invoke(*SOLVE_7B, "--rollout", engine, "-o", str(path))
     assert result.exit_code == 0, result.output
-    assert plan_from_toml(path.read_text()).rollout.name == "sglang"
+    assert plan_from_toml(path.read_text()).rollout.name == engine
     assert invoke("validate", str(path)).exit_code == 0
 
 
@@ -783,6 +784,7 @@ def test_a_lora_plans_learning_rate_is_written_as_a_person_writes_it(tmp_path):
     (["--host-mem", "1e300"], "--host-mem"),
     (["--device", "cpu", "--host-mem", "1e300"], "--host-mem"),
     (["--device", "cpu", "--rollout", "sglang"], "--rollout"),
+    (["--device", "cpu", "--rollout", "trtllm"], "--rollout"),
     (["--device", "cpu", "--fix", "rollout.name=sglang"], "rollout.name"),
 ])
 def test_solve_refuses_what_validate_or_the_runtime_would_naming_its_own_flag(flags, field):
@@ -793,10 +795,11 @@ def test_solve_refuses_what_validate_or_the_runtime_would_naming_its_own_flag(fl
     assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == field, result.output
 
 
-def test_run_on_an_sglang_plan_names_rollout_name_before_loading_the_runtime(tmp_path):
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_run_on_an_sglang_plan_names_rollout_name_before_loading_the_runtime(tmp_path, engine):
     plan = tmp_path / "plan.toml"
     assert invoke("solve", "--model", "qwen2.5-0.5b", "--gpus", "8", "--gpu", "h100-80g", "--prompt-len", "64",
-                  "--response-len", "64", "--rollout", "sglang", "-o", str(plan)).exit_code == 0
+                  "--response-len", "64", "--rollout", engine, "-o", str(plan)).exit_code == 0
     result = invoke("run", str(plan), "--json")
     assert result.exit_code == 2 and json.loads(result.stdout)["error"]["field"] == "rollout.name"
 

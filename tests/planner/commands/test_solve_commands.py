@@ -99,6 +99,15 @@ def test_rollout_engines_auto_prices_both_on_gpus_and_a_cpu_plan_refuses_sglang(
         rollout_engines(SolveFlags(device="cpu"), None, {"rollout.name": "sglang"})
 
 
+def test_trtllm_is_priced_only_when_asked_and_a_cpu_plan_refuses_it():
+    """--rollout auto races vLLM and SGLang; TensorRT-LLM's decode has no measured constants of its own."""
+    assert "trtllm" not in rollout_engines(SolveFlags(rollout="auto"), None, {})
+    assert rollout_engines(SolveFlags(rollout="trtllm"), None, {}) == ("trtllm",)
+    with pytest.raises(PlanError) as raised:
+        rollout_engines(SolveFlags(rollout="trtllm", device="cpu"), None, {})
+    assert "TensorRT-LLM plans are for verl on GPUs" in raised.value.message
+
+
 @pytest.mark.parametrize("flag,name", [(flag, name) for flag, name, _ in COUNT_FLAGS])
 @pytest.mark.parametrize("value", [0, -8])
 def test_a_count_below_one_names_the_flag_and_what_leaving_it_out_means(flag, name, value):

@@ -43,3 +43,32 @@ def test_megatron_lora_with_peft_module_names_names_megatrons():
     repaired = fixed(plan, "megatron_lora_targets_megatron_modules")
     assert repaired.model.lora.target_modules == ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
     assert "megatron_lora_targets_megatron_modules" not in rules_of(repaired)
+
+
+def _trtllm(**overrides):
+    return make_plan(overrides={"rollout.name": "trtllm", "stack.verl": "0.8.0", **overrides})
+
+
+def test_lora_with_trtllm_needs_the_adapter_merged_and_merging_clears_it():
+    """verl starts TensorRT-LLM without adapters (trtllm_async_server.py), as it does SGLang."""
+    lora = _trtllm(**{"model.lora.rank": 32, "rollout.load_format": "safetensors"})
+    assert "trtllm_lora_needs_merged_adapter" in {v.rule for v in check_plan(lora).errors}
+    merged = lora.evolve(passthrough={"actor_rollout_ref.model.lora.merge": "true"})
+    assert "trtllm_lora_needs_merged_adapter" not in rules_of(merged)
+    assert "trtllm_lora_needs_merged_adapter" not in rules_of(
+        make_plan(overrides={"model.lora.rank": 32, "rollout.load_format": "safetensors"}))
+
+
+@pytest.mark.parametrize(("verl", "refused"), [("0.7.0", True), ("0.7.1", False), ("0.9.1", False)])
+def test_trtllm_is_refused_on_a_verl_before_0_7_1_and_the_fix_is_vllm(verl, refused):
+    plan = _trtllm(**{"stack.verl": verl})
+    assert ("trtllm_needs_verl_0_7_1" in {v.rule for v in check_plan(plan).errors}) == refused
+    if refused:
+        assert "trtllm_needs_verl_0_7_1" not in rules_of(fixed(plan, "trtllm_needs_verl_0_7_1"))
+
+
+def test_enforce_eager_with_trtllm_is_a_warning_that_verl_ignores_it():
+    eager = _trtllm(**{"rollout.enforce_eager": True})
+    assert "trtllm_ignores_enforce_eager" in {v.rule for v in check_plan(eager).warnings}
+    assert "trtllm_ignores_enforce_eager" not in rules_of(_trtllm())
+    assert "trtllm_ignores_enforce_eager" not in rules_of(make_plan(overrides={"rollout.enforce_eager": True}))

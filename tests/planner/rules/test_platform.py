@@ -38,3 +38,12 @@ def test_the_bundled_runtime_refuses_a_recipe_plan_whose_trainer_only_verl_has()
     (error,) = [v for v in check_plan(plan, Platform(device_type="cpu")).errors
                 if v.rule == "runtime_computes_the_estimator"]
     assert "spin recipe" in error.message
+
+
+def test_the_bundled_runtime_refuses_a_trtllm_rollout_and_verl_rules_accept_it():
+    """rlplan's runtime drives vLLM only; a TensorRT-LLM plan is for verl (render --target verl)."""
+    plan = make_plan(overrides={"rollout.name": "trtllm", "stack.verl": "0.8.0"})
+    assert "runtime_rolls_out_with_vllm" not in {v.rule for v in check_plan(plan).violations}
+    refused = next(v for v in check_plan(plan, Platform(device_type="cpu")).errors
+                   if v.rule == "runtime_rolls_out_with_vllm")
+    assert "trtllm" in refused.message and refused.suggested == {"rollout.name": "vllm"}
