@@ -82,6 +82,10 @@ class Architecture:
     # A vision-language model's image encoder and projector: trained and stored with the text stack
     # (weights, gradients, optimizer state) but outside every text token's path.
     vision_params: int = attrs.field(default=0, validator=_non_negative)
+    # Multi-token-prediction layers the checkpoint ships beside the stack (config.json num_nextn_predict_layers):
+    # verl keeps and trains them only where the plan turns model.mtp on (plan.MtpSection); otherwise it sets the
+    # count to 0 and builds the stack alone. None: the checkpoint has none rlplan prices.
+    mtp_layers: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
 
     def __attrs_post_init__(self) -> None:
         if not self.is_mla and self.num_attention_heads % self.num_kv_heads != 0:
@@ -267,6 +271,14 @@ class Architecture:
     @property
     def dense_layer_params(self) -> int:
         return self.attention_params + self.dense_mlp_params + self.norm_params_per_layer
+
+    @property
+    def mtp_layer_params(self) -> int:
+        """One multi-token-prediction layer as Megatron-Core builds it (multi_token_prediction.py
+        MultiTokenPredictionLayer; MiMo's MiMoMTPLayers alike): a dense decoder layer, the 2h -> h projection of the
+        normed embedding beside the normed hidden state (eh_proj, no bias) and three RMSNorms (the embedding's,
+        the hidden state's, the final one); the embedding and the output layer are the model's own."""
+        return self.dense_layer_params + 2 * self.hidden_size * self.hidden_size + 3 * self.hidden_size
 
     @property
     def moe_layer_params(self) -> int:

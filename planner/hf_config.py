@@ -47,7 +47,11 @@ _FAMILIES = {
     "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
     "deepseek_v2": "deepseek_v3", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
     "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss", "glm4v": "glm4v", "glm4v_text": "glm4v",
+    "mimo": "qwen2",
 }
+# The model types whose multi-token-prediction layers (num_nextn_predict_layers) rlplan prices when verl's
+# model.mtp is on (arch.mtp_layers): MiMo's (configuration_mimo.py MiMoConfig, a Qwen2Config with that count).
+_MTP_LAYER_TYPES = frozenset({"mimo"})
 # Families whose routed experts' width is config.json's intermediate_size (no moe_intermediate_size key).
 _EXPERT_WIDTH_IN_INTERMEDIATE_SIZE = frozenset({"gpt_oss", "mixtral", "llama4"})
 _QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3", "qwen3_next"})  # a learned RMSNorm of head_dim on q and on k
@@ -349,6 +353,7 @@ def _architecture_from_filled(full: dict[str, Any], model_type: str, source: str
         v_head_dim=int(get("v_head_dim", 0)) if is_mla else 0,
         **_linear_attention_fields(text, family, layers, get),
         vision_params=vision_params,
+        mtp_layers=int(get("num_nextn_predict_layers", 0)) or None if model_type in _MTP_LAYER_TYPES else None,
     )
 
 

@@ -19,7 +19,7 @@ import attrs
 from attrs import frozen
 
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import Plan, RefSection, RolloutSection
+from rlplan.planner.plan import RECIPES, Plan, RefSection, RolloutSection
 from rlplan.planner.stack import SOFT_TOKEN_BUDGET, holds
 
 
@@ -294,6 +294,15 @@ def plan_layout(plan: Plan) -> PlanLayout:
         dynamic=actor.use_dynamic_bsz,
         epochs=actor.ppo_epochs,
     )
+    recipe = plan.algorithm.recipe
+    if recipe is not None and RECIPES[recipe].pair_update:
+        # SPIN's update_policy_dpo_with_ref (plan.RECIPES): a micro batch is ppo_micro_batch_size_per_gpu chosen
+        # and as many rejected sequences, run padded through the model itself (no remove padding, no Ulysses
+        # split, no token budget), and the rank's whole share of the batch is one optimizer step.
+        pair_micro = normalized_micro_batch(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, dp) or 1
+        actor_update = role(Phase.ACTOR_UPDATE, mini=plan.data.train_batch_size * n // dp, micro=2 * pair_micro,
+                            budget=None, dynamic=False, sp_size=1, remove_padding=False)
+
     def log_prob_pass(name: Phase, section: RolloutSection | RefSection) -> RoleBatchLayout:
         """A forward-only log-prob pass: the rollout's and the reference's sections name its knobs alike."""
         return role(

@@ -8,6 +8,10 @@ imported script's, or a plan file written before they were typed. `lift_megatron
 at the edge, into the role's typed `MegatronSection` fields (a value that is no number, or out of range, is a
 PlanError naming the key); rules, memory, step time and render read the fields. `megatron_override_keys` writes
 them back, with `++` (add or override: some verl releases may list a key, which `+` would then refuse).
+
+verl's model.mtp switches (verl main: hf_model.yaml `mtp`, read by the Megatron workers) are typed alike:
+`lift_mtp` reads `actor_rollout_ref.model.mtp.enable` / `enable_train` / `enable_rollout` into the plan's
+`model.mtp` (plan.MtpSection; the section's other keys stay passthrough), `mtp_override_keys` writes them back.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from typing import Any, Literal
 import attrs
 
 from rlplan.planner.errors import PlanError
-from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.plan import MegatronSection, MtpSection, Plan
+from rlplan.planner.verl_keys import parse_value
 
 Role = Literal["actor", "ref", "critic"]
 # verl's section of each role that Megatron builds.
@@ -131,3 +136,49 @@ def megatron_override_keys(plan: Plan) -> list[str]:
                 shown = ("True" if value else "False") if isinstance(value, bool) else repr(value)
                 overrides.append(f"++{override_key(role, name)}={shown}")
     return overrides
+
+
+# verl's model.mtp switches (verl/trainer/config/model/hf_model.yaml, verl main at 0.8.0.dev) -> plan.MtpSection.
+MTP_PREFIX = "actor_rollout_ref.model.mtp."
+MTP_SWITCHES = {"enable": None, "enable_train": "train", "enable_rollout": "rollout"}
+
+
+def lift_mtp(plan: Plan) -> Plan:
+    """`plan` with verl's model.mtp switches read out of its passthrough into `model.mtp` (on when `enable` is
+    true); unchanged where the passthrough has none. A value that is no boolean is a PlanError naming the key."""
+    passthrough = dict(plan.passthrough)
+    found: dict[str, bool] = {}
+    for switch in MTP_SWITCHES:
+        for spelling in ("++", "+", ""):
+            key = spelling + MTP_PREFIX + switch
+            if key in passthrough:
+                found[switch] = _switch(MTP_PREFIX + switch, passthrough.pop(key))
+    if not found:
+        return plan
+    mtp = None
+    if found.get("enable", False):
+        mtp = MtpSection(train=found.get("enable_train", False), rollout=found.get("enable_rollout", False))
+    return plan.evolve(model=attrs.evolve(plan.model, mtp=mtp), passthrough=passthrough)
+
+
+def mtp_override_keys(plan: Plan) -> list[str]:
+    """The plan's model.mtp as verl's switches (none when it is off: verl's default)."""
+    from rlplan.planner.stack import MODEL_MTP, holds
+
+    mtp = plan.model.mtp
+    if mtp is None:
+        return []
+    if not holds(MODEL_MTP, plan.stack):
+        raise PlanError(field="model.mtp", message=f"is on, but verl {plan.stack.verl} has no model.mtp keys (they "
+                        "arrive with verl 0.8.0), so its Hydra config would refuse the rendered script.",
+                        fix="target verl >= 0.8.0 (stack.verl / --verl-version), or remove [model.mtp]")
+    values = {"enable": True, "enable_train": mtp.train, "enable_rollout": mtp.rollout}
+    return [f"{MTP_PREFIX}{switch}={values[switch]}" for switch in MTP_SWITCHES]
+
+
+def _switch(key: str, text: str) -> bool:
+    value = parse_value(text)
+    if not isinstance(value, bool):
+        raise PlanError(field=key, message=f"is {text!r}, and verl reads it as a boolean (MtpConfig).",
+                        fix=f"set {key}=True or {key}=False")
+    return value

@@ -69,6 +69,38 @@ ESTIMATORS: dict[str, EstimatorFacts] = {
     # Group reward-decoupled normalization (core_algos.py compute_gdpo_outcome_advantage, from 0.7.1).
     "gdpo": EstimatorFacts(group=True),
 }
+# verl's recipes whose own trainer computes no advantages (their configs set algorithm.adv_estimator: null) and
+# whose step rlplan prices: the plan's `algorithm.recipe`. RECIPES says what each changes in a step, read from
+# the recipe's code at verl v0.4.1, v0.5.0, v0.6.1 and v0.7.0 (recipe/<name>/, the same step at every tag).
+Recipe = Literal["spin", "sppo"]
+
+
+@frozen(kw_only=True)
+class RecipeFacts:
+    """What a recipe's trainer changes in a verl step (beside: no critic, no advantage estimator).
+
+    `module` is the entry point (`python3 -m <module>`, its own `@hydra.main` config). `reference` says whether
+    the recipe builds the reference whatever the KL switches say. `pair_update` is SPIN's online-DPO update
+    (recipe/spin/dp_actor.py update_policy_dpo_with_ref): each micro batch of `ppo_micro_batch_size_per_gpu`
+    chosen sequences runs forward beside as many rejected ones, padded (the model called on the batch's
+    input_ids, no remove padding), both halves' logits and activations held until one backward; the whole
+    per-rank pair batch is one optimizer step (no mini batches), and SPIN's own head (core_algos.get_batch_logps:
+    a shifted copy of the logits and torch's cross entropy under bf16 autocast) replaces verl's."""
+
+    module: str
+    reference: bool = False
+    pair_update: bool = False
+
+
+RECIPES: dict[str, RecipeFacts] = {
+    # recipe/spin/main_spin.py maps Role.RefPolicy unconditionally; spin_trainer.fit_dpo: generate, the actor's
+    # log-prob pass, the reference's, the reward, the preference of each adjacent pair, update_actor_dpo.
+    "spin": RecipeFacts(module="recipe.spin.main_spin", reference=True, pair_update=True),
+    # recipe/sppo/main_sppo.py: a reference only under a KL switch; sppo_ray_trainer.fit: PPO's step without a
+    # critic, the advantage a softmean baseline over the batch on the driver; dp_actor.update_policy: verl's
+    # _forward_micro_batch (temperature, entropy when entropy_coeff != 0) per micro batch of each mini batch.
+    "sppo": RecipeFacts(module="recipe.sppo.main_sppo"),
+}
 # The estimators rlplan's own runtime computes (runtime/algorithms): what `solve --algo` offers.
 RUNTIME_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_plus_plus")
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -148,6 +180,20 @@ class LoraConfig:
 
 
 @frozen(kw_only=True)
+class MtpSection:
+    """verl's model.mtp (verl/workers/config/model.py MtpConfig, hf_model.yaml; verl main at 0.8.0.dev), present
+    where `enable` is set: the Megatron workers keep the checkpoint's multi-token-prediction layers
+    (arch.mtp_layers) in the actor's and the reference's models (megatron_workers.py
+    _init_hf_config_and_tf_config; without it num_nextn_predict_layers is set to 0). `train` (enable_train) adds
+    their losses to the actor's update (model_forward.py passes the labels, mtp_patch.py computes each depth's
+    output layer and loss); the no_grad passes never run them. `rollout` (enable_rollout) is the engine's
+    speculative decoding with them, which rlplan does not price."""
+
+    train: bool = False
+    rollout: bool = False
+
+
+@frozen(kw_only=True)
 class ModelSection:
     name: str
     arch: Architecture
@@ -159,6 +205,19 @@ class ModelSection:
     use_remove_padding: bool = True
     # verl's model.use_fused_kernels: the lm_head fused with the log-prob, never holding full logits.
     use_fused_kernels: bool = False
+    # verl's model.mtp when enabled (None: off, the checkpoint's MTP layers dropped).
+    mtp: MtpSection | None = None
+
+    @property
+    def mtp_layers(self) -> int:
+        """The multi-token-prediction layers verl builds into the trained model: the checkpoint's, when model.mtp
+        is on; 0 otherwise."""
+        return (self.arch.mtp_layers or 0) if self.mtp is not None else 0
+
+    @property
+    def mtp_trained_layers(self) -> int:
+        """The MTP depths whose losses the actor's update runs (model.mtp.enable_train)."""
+        return self.mtp_layers if self.mtp is not None and self.mtp.train else 0
 
 
 @frozen(kw_only=True)
@@ -493,7 +552,11 @@ class CriticSection:
 
 @frozen(kw_only=True)
 class AlgorithmSection:
-    adv_estimator: Algorithm = "grpo"
+    # A verl recipe whose own trainer runs the step (RECIPES); None: verl's PPO trainer (main_ppo).
+    recipe: Recipe | None = None
+    # None exactly when a recipe runs the step: the recipes' configs set verl's key to null.
+    adv_estimator: Algorithm | None = field(
+        default=attrs.Factory(lambda section: None if section.recipe else "grpo", takes_self=True))
     norm_adv_by_std_in_grpo: bool = True
     # rlplan extension: GRPO baseline without the sample itself (NeMo-RL's default).
     grpo_leave_one_out: bool = False
@@ -502,6 +565,25 @@ class AlgorithmSection:
     use_kl_in_reward: bool = False
     kl_penalty: KlLossType = "kl"
     kl_coef: float = 0.001
+
+    def __attrs_post_init__(self) -> None:
+        if (self.adv_estimator is None) != (self.recipe is not None):
+            raise PlanError(field="algorithm.adv_estimator",
+                            message=f"is {self.adv_estimator} with algorithm.recipe {self.recipe}: verl's SPIN and "
+                            "SPPO recipes run their own step with no advantage estimator (their configs set it to "
+                            "null), and verl's PPO trainer needs one.",
+                            fix="set algorithm.recipe and leave adv_estimator out, or leave recipe out and set an "
+                                "estimator")
+
+    @property
+    def name(self) -> str:
+        """The step's algorithm in words: the estimator, or the recipe whose trainer runs it."""
+        return self.adv_estimator or f"verl's {self.recipe} recipe"
+
+    @property
+    def estimator(self) -> EstimatorFacts:
+        """What the step's advantage changes: the estimator's facts; a recipe's trainer has none of them."""
+        return EstimatorFacts() if self.adv_estimator is None else ESTIMATORS[self.adv_estimator]
 
 
 @frozen(kw_only=True)
@@ -575,6 +657,13 @@ class Plan:
             raise PlanError(field="rollout.pool", message="puts the rollout on GPUs of its own, but the cluster is a "
                             "CPU machine: rlplan's runtime starts one engine beside the trainer ranks there.",
                             fix="remove the [rollout.pool] table (the rollout then shares the machine)")
+        self._check_mtp()
+        if self.algorithm.recipe is not None and (self.is_megatron or self.rollout.pool is not None):
+            raise PlanError(field="algorithm.recipe",
+                            message=f"is {self.algorithm.recipe}, whose priced step is its FSDP worker's on the "
+                            "trainer's GPUs (recipe/spin/fsdp_workers.py, recipe/sppo/sppo_worker.py); its Megatron "
+                            "path or a rollout on GPUs of its own is not modeled.",
+                            fix='set actor.strategy = "fsdp" (or "fsdp2") and remove [rollout.pool]')
         if self.actor.strategy != "megatron":
             for role in ("actor", "ref", "critic"):
                 if getattr(self, role).megatron is not None:
@@ -584,6 +673,27 @@ class Plan:
                                 "verl would build an FSDP model and never read them.",
                         fix=f'set actor.strategy = "megatron", or remove the [{role}.megatron] table',
                     )
+
+    def _check_mtp(self) -> None:
+        """What verl asserts of model.mtp (megatron_workers.py _init_hf_config_and_tf_config; fsdp_workers.py raises
+        NotImplementedError, verl main) and what rlplan does not price."""
+        mtp = self.model.mtp
+        if mtp is None:
+            return
+        if not self.model.arch.mtp_layers:
+            raise PlanError(field="model.mtp", message=f"is on, but {self.model.name}'s architecture states no "
+                            "multi-token-prediction layers (arch.mtp_layers, its config's num_nextn_predict_layers, "
+                            "which rlplan reads for MiMo): verl asserts at least one, and rlplan prices those it knows.",
+                            fix="remove [model.mtp] (verl's model.mtp.enable=False), or set model.arch.mtp_layers "
+                                "from the model's config.json")
+        if not self.is_megatron:
+            raise PlanError(field="model.mtp", message=f"is on with actor.strategy {self.actor.strategy!r}: verl's FSDP "
+                            "worker raises NotImplementedError (\"MTP is not supported in FSDP\"), so the script "
+                            "cannot run as shipped.", fix='set actor.strategy = "megatron", or remove [model.mtp]')
+        if mtp.rollout:
+            raise PlanError(field="model.mtp.rollout", message="turns on the rollout engine's speculative decoding "
+                            "with the MTP layers, whose draft weights, KV cache and step time rlplan does not price.",
+                            fix="set model.mtp.rollout = false (verl's model.mtp.enable_rollout=False)")
 
     # --- facts every consumer needs, derived once here --------------------
     @property
@@ -609,16 +719,21 @@ class Plan:
 
     @property
     def uses_critic(self) -> bool:
-        """verl's need_critic: critic.enable if set, else adv_estimator == gae."""
+        """verl's need_critic: critic.enable if set, else adv_estimator == gae; a recipe's trainer builds no critic
+        (sppo_ray_trainer.py: use_critic = False; main_spin.py maps no Role.Critic)."""
+        if self.algorithm.recipe is not None:
+            return False
         if self.critic.enable is not None:
             return self.critic.enable
-        return ESTIMATORS[self.algorithm.adv_estimator].critic
+        return self.algorithm.estimator.critic
 
     @property
     def uses_reference(self) -> bool:
         """verl's need_reference_policy: a KL term in the loss or in the reward; before verl 0.4 always
         (stack.REFERENCE_ALWAYS_RUNS)."""
+        recipe = self.algorithm.recipe
         return (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+                or (recipe is not None and RECIPES[recipe].reference)
                 or holds(REFERENCE_ALWAYS_RUNS, self.stack, self.rollout.name))
 
     def engine(self, role: EngineRole) -> MegatronSection:

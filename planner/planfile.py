@@ -19,7 +19,7 @@ import attrs
 import tomli_w
 
 from rlplan.planner.errors import PlanError, did_you_mean
-from rlplan.planner.megatron_overrides import lift_megatron_overrides
+from rlplan.planner.megatron_overrides import lift_megatron_overrides, lift_mtp
 from rlplan.planner.plan import Plan
 from rlplan.planner.plan_schema import SCHEMA_FILE_NAME
 
@@ -223,7 +223,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
     except Exception as exc:  # cattrs wraps every leaf failure; translate the first one.
         raise _first_error(exc, []) from None
     # A plan written before the uneven pipeline and the CPU optimizer were typed holds them as passthrough.
-    return lift_megatron_overrides(plan)
+    return lift_mtp(lift_megatron_overrides(plan))
 
 
 def check_reads_back(plan: Plan, text: str, source: str) -> None:

@@ -26,9 +26,9 @@ from rlplan.planner import verl_inventory
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.knobs import apply_knobs, knob_value
-from rlplan.planner.megatron_overrides import megatron_override_keys
+from rlplan.planner.megatron_overrides import megatron_override_keys, mtp_override_keys
 from rlplan.planner.package_data import package_file
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import RECIPES, Plan
 from rlplan.planner.stack import VERL_WARMUP_STEPS_DEFAULT, parse_version, stack_defaults
 from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
 from rlplan.planner.verl_keys import (
@@ -132,6 +132,15 @@ def _check_estimator(plan: Plan) -> None:
     """verl refuses an advantage estimator its release does not have (ray_trainer.compute_advantage /
     core_algos.get_adv_estimator_fn), after the workers have started."""
     estimator, verl = plan.algorithm.adv_estimator, plan.stack.verl
+    if estimator is None:
+        from rlplan.planner.stack import SPIN_SPPO_RECIPES, holds
+
+        if not holds(SPIN_SPPO_RECIPES, plan.stack):
+            raise PlanError(field="algorithm.recipe",
+                            message=f"is {plan.algorithm.recipe}, a recipe verl {verl} does not ship (recipe/spin and "
+                                    "recipe/sppo are in verl 0.4.1 to 0.7.x), so the rendered script has nothing to run.",
+                            fix="target a verl release from 0.4.1 to 0.7.x (stack.verl / --verl-version)")
+        return
     if estimator in verl_inventory.estimators_of(verl):
         return
     later = [release for release, _ in verl_inventory.estimator_runs(estimator)]
@@ -307,7 +316,7 @@ def verl_overrides(plan: Plan) -> list[str]:
             path, name = name, DEFAULT_REWARD_NAME
         for key, text in ((REWARD_PATH_KEY, path), (REWARD_NAME_KEY, name)):
             overrides.append(f"{spelled(REWARD_SPELLINGS[key], verl, backend) or key}={format_value(text)}")
-    overrides.extend(megatron_override_keys(prepared))
+    overrides.extend(megatron_override_keys(prepared) + mtp_override_keys(prepared))
     if (pool := prepared.rollout.pool) is not None:
         # The recipes' configs declare the rollout's pool (one_step_off_ppo_trainer.yaml, fully_async_ppo_trainer.yaml).
         overrides += [f"rollout.nnodes={pool.nodes}", f"rollout.n_gpus_per_node={pool.gpus_per_node}"]
@@ -333,6 +342,9 @@ def verl_entry_point(plan: Plan) -> tuple[str, str]:
     recipe/ or, from verl 0.8, verl/experimental/ (stack.ASYNC_RECIPES_IN_PACKAGE)."""
     from rlplan.planner.stack import ASYNC_RECIPES_IN_PACKAGE, holds
 
+    if plan.algorithm.recipe is not None:
+        # The recipe's module and its own @hydra.main config (config/spin_trainer.yaml, config/sppo_trainer.yaml).
+        return RECIPES[plan.algorithm.recipe].module, ""
     pool = plan.rollout.pool
     if pool is None:
         return "verl.trainer.main_ppo", "ppo_megatron_trainer" if plan.is_megatron else ""

@@ -504,7 +504,7 @@ def knobs_table(plan: Plan):
                     f"({plan.cluster.gpu.memory_gib:g} GiB), host {plan.cluster.host_memory_gib:g} GiB/node"
                     + (f"; the rollout on {rollout.pool.nodes} x {rollout.pool.gpus_per_node} of its own"
                        if rollout.pool else "")),
-        ("workload", f"{plan.algorithm.adv_estimator}: {plan.data.train_batch_size} prompts x n {rollout.n}, "
+        ("workload", f"{plan.algorithm.name}: {plan.data.train_batch_size} prompts x n {rollout.n}, "
                      f"prompt {plan.data.max_prompt_length} + response {plan.data.max_response_length} tokens, "
                      f"mini batch {actor.ppo_mini_batch_size} prompts"),
         ("LoRA", f"rank {model.lora.rank}, alpha {model.lora.alpha}" if model.lora.enabled else "off (full fine-tuning)"),

@@ -355,6 +355,16 @@ ASYNC_RECIPES_IN_PACKAGE = Behaviour(
               "v0.7.0), verl/experimental/one_step_off_policy/main_ppo.py and verl/experimental/fully_async_policy/"
               "fully_async_main.py on main at 0.8.0.dev (read January 2026; 0.7.1 not read, taken as recipe/)",
     summary="the one-step-off and fully async recipes are modules of the verl package, not of recipe/")
+SPIN_SPPO_RECIPES = Behaviour(
+    name="spin_sppo_recipes", package="verl", since="0.4.1", before="0.8.0",
+    code_path="recipe/spin/main_spin.py and recipe/sppo/main_sppo.py in the v0.4.1, v0.5.0, v0.6.1 and v0.7.0 "
+              "checkouts; absent from v0.3.0.post1 and from main at 0.8.0.dev (recipe/ gone); 0.4.0 and 0.7.1 not read",
+    summary="verl ships the SPIN and SPPO recipes (plan.RECIPES) under recipe/")
+MODEL_MTP = Behaviour(
+    name="model_mtp", package="verl", since="0.8.0",
+    code_path="verl/trainer/config/model/hf_model.yaml `mtp` and verl/workers/config/model.py MtpConfig on main at "
+              "0.8.0.dev; absent from v0.7.0 (0.7.1 not read, taken as absent)",
+    summary="verl's model.mtp switches exist (the Megatron workers keep and train the checkpoint's MTP layers)")
 MEGATRON_GRAD_OFFLOAD_ABSENT = Behaviour(
     name="megatron_grad_offload_absent", package="verl", since="0.4.0", before="0.9.1", outside=True,
     code_path="verl/trainer/config/ppo_megatron_trainer.yaml actor.megatron.grad_offload (v0.4.0-v0.4.1), "
@@ -515,7 +525,7 @@ TRAINER_EXPANDABLE_SEGMENTS = Behaviour(
 
 BEHAVIOURS: tuple[Behaviour, ...] = (
     ENTROPY_COEFF_DEFAULT_0001, REFERENCE_ALWAYS_RUNS, ENTROPY_IN_EVERY_PASS, REWARD_TIMED_IN_ADV,
-    EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
+    EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, SPIN_SPPO_RECIPES, MODEL_MTP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     PROMPTS_DISPATCHED_BEFORE_REPEAT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,

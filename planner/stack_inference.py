@@ -8,6 +8,8 @@ Evidence, each narrowing the verl releases the script can have been written for 
 - the shell's own exports and command prefixes (read through shell_lexer.shell_commands, so a commented-out line
   does not count): `VLLM_USE_V1=0` or `VLLM_ATTENTION_BACKEND=XFORMERS` select vLLM's V0 engine, which vLLM 0.11
   removed and so no verl from 0.9.0 (vLLM >= 0.18) installs; `VLLM_USE_V1=1` selects V1.
+- what the command's trainer needs of verl (a `stack.Behaviour` each: the SPIN and SPPO recipes' modules exist in
+  some releases only, `stack.SPIN_SPPO_RECIPES`);
 - the verl the command runs: `python -m verl...` imports the `verl` package of the folder it runs in first, so an
   import from the root of a verl source tree reads that tree's `verl/version/version` (`0.4.1`; a tag's `0.7.0.dev`
   or main's `0.8.0.dev` as that release): the release that runs, which the other evidence cannot overrule (what
@@ -34,6 +36,7 @@ from rlplan.planner.stack import (
     VERL_RELEASES,
     VLLM_V0_ENGINE,
     VLLM_V0_REMOVED,
+    Behaviour,
     StackSection,
     default_engine_version,
     engine_pins,
@@ -107,6 +110,12 @@ def key_evidence(keys: Iterable[str], backend: verl_inventory.TrainerBackend) ->
         if allowed != frozenset(VERL_RELEASES):
             found.append(Evidence(releases=allowed, why=f"`{key}` {_runs_text((s, b) for s, b, _ in runs)}"))
     return found
+
+
+def needs_evidence(needs: Iterable[Behaviour]) -> list[Evidence]:
+    """Evidence from what the command's trainer needs: the releases where each behaviour holds."""
+    return [Evidence(releases=frozenset(r for r in VERL_RELEASES if behaviour.holds_for(r)),
+                     why=f"it needs what {behaviour.name} says: {behaviour.summary}") for behaviour in needs]
 
 
 def installed_evidence(version_text: str | None) -> list[Evidence]:
@@ -185,17 +194,18 @@ def _binding_text(evidence: list[Evidence], span: list[str]) -> str:
 
 
 def infer_stack(written: dict[str, str], script: str, backend: verl_inventory.TrainerBackend,
-                engine: str, installed: str | None = None) -> InferredStack | None:
+                engine: str, installed: str | None = None, needs: tuple[Behaviour, ...] = ()) -> InferredStack | None:
     """The stack a script shows, with why; None when it shows nothing.
 
     `written`: the overrides as the script writes them (key as spelled, `+`/`++` prefixes kept; value text).
     verl: the newest release all evidence allows, `verl_oldest` the oldest where that leaves a range; evidence that
     contradicts itself leaves verl at the default, said. vLLM: V0 (and a vLLM that has it) where the script's
     exports select it. `installed`: the verl/version/version text of the folder the command runs in (it decides).
+    `needs`: what the command's trainer needs of verl (needs_evidence).
     """
     plain = [key for key in written if not key.startswith(("+", "~"))]
     runs_here = installed_evidence(installed)
-    evidence = runs_here + key_evidence(plain, backend) + value_evidence(written)
+    evidence = runs_here + key_evidence(plain, backend) + value_evidence(written) + needs_evidence(needs)
     vllm_engine, switch, engine_found = engine_evidence(script_exports(script)) if engine == "vllm" else (None, "", [])
     evidence += engine_found
     if not evidence and vllm_engine is None:

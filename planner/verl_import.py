@@ -26,8 +26,8 @@ from attrs import frozen
 
 from rlplan.planner.errors import PlanError
 from rlplan.planner.hardware import Cluster, GpuSpec
-from rlplan.planner.megatron_overrides import lift_megatron_overrides
-from rlplan.planner.plan import Plan, RolloutPool
+from rlplan.planner.megatron_overrides import lift_megatron_overrides, lift_mtp
+from rlplan.planner.plan import RECIPES, Plan, RolloutPool
 from rlplan.planner.planfile import plan_from_dict
 from rlplan.planner.presets import HUB_REPO_ID, ResolvedModel, resolve_model
 from rlplan.planner.redaction import is_secret, reference
@@ -432,10 +432,12 @@ def with_target_stack(plan: Plan, given: dict[str, str], written: dict[str, str]
     """The imported plan on its target stack: the version flags, else what the script shows (said as a warning;
     planner/stack_inference.py), with that stack's defaults for the keys the script leaves out (planner/stack.py)."""
     from rlplan.planner.knobs import apply_knobs
-    from rlplan.planner.stack import stack_defaults, stack_from_flags
+    from rlplan.planner.stack import SPIN_SPPO_RECIPES, stack_defaults, stack_from_flags
     from rlplan.planner.stack_inference import infer_stack
 
-    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name, installed)
+    needs = (SPIN_SPPO_RECIPES,) if plan.algorithm.recipe is not None else ()
+    inferred = infer_stack(written, text, "megatron" if plan.is_megatron else "fsdp", plan.rollout.name, installed,
+                           needs)
     stack = inferred.stack if inferred is not None else plan.stack
     if inferred is not None:
         flagged = [name for name, value in zip(("verl", "vllm", "sglang"), versions, strict=True) if value]
@@ -642,6 +644,7 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     given, passthrough = sorted_.given, sorted_.passthrough
     given = {**_config_values(config, command.module, backend, given, warnings), **given}
     pool = _placement(given, passthrough, warnings)
+    recipe = _recipe(command.module, given, warnings)
     table = table_for(backend)
     values = _Values(given, passthrough, dict(env), dict(environment or {}), table)
     fields = {field: values.field_value(field) for field in table}
@@ -660,7 +663,11 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         raise PlanError(field=model_key, message="the script does not say which model it trains.",
                         fix="add actor_rollout_ref.model.path=<hub repo id or local directory>")
     fields["model.path"] = model_path
-    _warn_about_algorithm_defaults(given, fields, warnings)
+    fields["algorithm.recipe"] = recipe
+    if recipe is not None:
+        fields["algorithm.adv_estimator"] = None
+    else:
+        _warn_about_algorithm_defaults(given, fields, warnings)
     if "actor_rollout_ref.rollout.name" not in given:
         warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
     fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
@@ -675,9 +682,11 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
                              warnings, installed)
     _drop_switched_off_warmup_ratio(plan, given, passthrough, warnings)
     # The Megatron settings rlplan types (uneven pipeline, CPU optimizer) leave the passthrough here, once.
-    plan = lift_megatron_overrides(plan.evolve(passthrough=passthrough))
+    plan = lift_mtp(lift_megatron_overrides(plan.evolve(passthrough=passthrough)))
     if pool is not None:
         plan = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=pool))
+    if plan.model.mtp is not None:
+        _say_what_mtp_prices(plan, warnings)
     kept = tuple(plan.passthrough)
     unmodeled = [key for key in kept if key.lstrip("+~") not in sorted_.unknowable]
     if unmodeled:
@@ -736,10 +745,6 @@ REQUIRE_BATCHES_KEY = "async_training.require_batches"
 def _placement(given: dict[str, str], passthrough: dict[str, str], warnings: list[str]) -> RolloutPool | None:
     """The recipe's rollout pool, its keys taken out of the passthrough (None: colocated); a streamed batch
     (fully async, data.train_batch_size=0) priced as the trainer's step takes it."""
-    if given.get("algorithm.adv_estimator", "").strip("'\"") == "null":
-        raise PlanError(field="algorithm.adv_estimator", message="is null: the recipe's own trainer (verl's SPIN and SPPO "
-                        "recipes) computes no advantages, and rlplan does not model that step (it prices PPO-family "
-                        "steps).", fix="import a script whose algorithm.adv_estimator is one of verl's estimators")
     sizes: dict[str, int] = {}
     for key, (name, _) in _SPLIT_ROLLOUT_KEYS.items():
         for spelling in ("++" + key, "+" + key, key):
@@ -757,6 +762,49 @@ def _placement(given: dict[str, str], passthrough: dict[str, str], warnings: lis
     except PlanError as error:
         key = next(k for k, (name, _) in _SPLIT_ROLLOUT_KEYS.items() if error.field.endswith("." + name))
         raise PlanError(field=key, message=error.message, fix=f"set {key} to a whole number of at least 1") from None
+
+
+def _say_what_mtp_prices(plan: Plan, warnings: list[str]) -> None:
+    layers = plan.model.mtp_layers
+    trained = ("; enable_train adds each depth's layer activations and its own output layer's cross entropy to the "
+               "update's loss moment, and their FLOPs (no recompute assumed)") if plan.model.mtp_trained_layers else ""
+    warnings.append(f"model.mtp.enable: the actor and the reference are priced with the model's {layers} multi-token-"
+                    "prediction layer(s) (arch.mtp_layers, its config's num_nextn_predict_layers; the mimo-7b preset "
+                    "takes 2 from XiaomiMiMo/MiMo's config.json, its README says one: a readable model folder's "
+                    "config decides) on the last pipeline stage beside a copy of the embedding, in weights, gradients "
+                    f"and optimizer state{trained}. The rollout engine does not load them.")
+
+
+def _recipe(module: str, given: dict[str, str], warnings: list[str]) -> str | None:
+    """The verl recipe whose own trainer runs the command's step (plan.RECIPES), said in a warning with what
+    is priced and what is assumed; an estimator of null under any other module is refused."""
+    recipe = next((name for name, facts in RECIPES.items() if facts.module == module), None)
+    if recipe is None:
+        if given.get("algorithm.adv_estimator", "").strip("'\"") == "null":
+            raise PlanError(field="algorithm.adv_estimator", message=f"is null under {module}, whose trainer rlplan "
+                            "does not know: only verl's SPIN and SPPO recipes (recipe.spin.main_spin, "
+                            "recipe.sppo.main_sppo) run a step without an advantage estimator.",
+                            fix="import a script whose algorithm.adv_estimator is one of verl's estimators")
+        return None
+    # The recipe's config sets null, which the plan spells as its recipe (no estimator field).
+    estimator = given.pop("algorithm.adv_estimator", "null").strip("'\"")
+    ignored = f" Its algorithm.adv_estimator={estimator} is never read." if estimator not in ("null", "None") else ""
+    if RECIPES[recipe].pair_update:
+        warnings.append("verl's SPIN recipe (recipe.spin.main_spin): priced as its online DPO step: the rollout, the "
+                        "actor's and the reference's log-prob passes over the batch (the reference always runs), and "
+                        "update_actor_dpo as one optimizer step over the whole batch, each micro batch "
+                        "ppo_micro_batch_size_per_gpu chosen plus as many rejected sequences forward padded to the "
+                        "maximum prompt + response length, with SPIN's own cross-entropy head (read from "
+                        "recipe/spin/dp_actor.py, not measured). Not priced: the reference refresh every "
+                        "trainer.ref_update_freq steps (the actor written to /tmp/actor_state_mid and read back into "
+                        "the reference). An odd train_batch_size x rollout.n is refused (rule spin_pairs_responses)."
+                        + ignored)
+    else:
+        warnings.append("verl's SPPO recipe (recipe.sppo.main_sppo): priced as a PPO step without a critic (its "
+                        "trainer builds none): the rollout, the old-log-prob pass, the reference's only under a KL "
+                        "switch, and the actor update through verl's own forward per micro batch of each mini batch; "
+                        "its softmean advantage runs on the driver." + ignored)
+    return recipe
 
 
 def _whole_number(key: str, text: str) -> int:

@@ -284,6 +284,9 @@ def solve_demo_plan(workload: Plan, pins: dict[str, Any] | None = None) -> Plan:
     # Without a C++ compiler the engine can only start eager (rules: compiled_cpu_rollout_needs_a_compiler).
     machine_pins = {} if detect_platform().supports_compiled_rollout else {"rollout.enforce_eager": True}
 
+    if workload.algorithm.adv_estimator is None:
+        raise PlanError(field="algorithm.recipe", message=f"is {workload.algorithm.recipe}: verl's recipe trainer, "
+                        "which the bundled runtime does not have.", fix="render the plan for verl and run it there")
     request = SolveRequest(
         model=workload.model,
         cluster=workload.cluster,

@@ -163,7 +163,7 @@ def run_subtitle(plan: Any) -> str:
     devices = (f"{cluster.gpus_per_node} CPU rank{'s' if cluster.gpus_per_node > 1 else ''}" if cluster.gpu.is_cpu
                else f"{cluster.nodes * cluster.gpus_per_node} x {cluster.gpu.name}")
     lora = f"LoRA rank {plan.model.lora.rank}" if plan.model.lora.rank else "full fine-tuning"
-    return (f"{plan.algorithm.adv_estimator} on {devices}; {data.train_batch_size} prompts x n {plan.rollout.n}, "
+    return (f"{plan.algorithm.name} on {devices}; {data.train_batch_size} prompts x n {plan.rollout.n}, "
             f"prompt {data.max_prompt_length} + response {data.max_response_length} tokens; {lora}, lr {actor.lr:g}; "
             f"{actor.compute_dtype}, rollout {plan.rollout.name}")
 

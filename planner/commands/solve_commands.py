@@ -174,7 +174,13 @@ class SolveFlags:
         """The advantage estimator: --algo (ppo is gae), else the --from plan's, else grpo."""
         if self.algo is not None:
             return _algorithm_name(self.algo)
-        return base.algorithm.adv_estimator if base is not None else "grpo"
+        if base is None:
+            return "grpo"
+        if base.algorithm.adv_estimator is None:
+            raise PlanError(field="--from", message=f"plans verl's {base.algorithm.recipe} recipe, whose own trainer "
+                            "runs the step; solve searches verl's PPO trainer.",
+                            fix="pass --algo (grpo, ppo, ...) to solve the same workload for verl's PPO trainer")
+        return base.algorithm.adv_estimator
 
     def lora_choice(self) -> int | str:
         return int(self.lora) if _is_rank(self.lora) else self.lora

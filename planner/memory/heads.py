@@ -6,7 +6,7 @@ from __future__ import annotations
 from attrs import frozen
 
 from rlplan.planner.memory.model_facts import ModelFacts, model_facts
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import RECIPES, Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.stack import root_reshards_after_forward
 
@@ -219,8 +219,23 @@ class LossHead:
     lm_head_backward_bytes: float
 
 
+# SPIN's update head (plan.RECIPES "spin"; recipe/spin/dp_actor.py update_policy_dpo_with_ref and
+# core_algos.get_batch_logps, the same at v0.4.1-v0.7.0), per token x vocab of the micro batch's chosen and
+# rejected halves, read from the code (no memory twin measures it yet). Per half, under bf16 autocast: the
+# model's bf16 logits (2, held by the output object to the micro batch's end), the shifted contiguous copy (2),
+# cross entropy's fp32 cast (4) and its saved fp32 log_softmax (4); after the call the logits and the
+# log_softmax stay (6). The forward's peak is the second half's call beside the first's 6: (6 + 12) / 2 = 9; the
+# backward's is one half's log_softmax backward (its fp32 output gradient and input gradient, 4 + 4) beside
+# both halves' 6: 6 + 8 / 2 = 10. No temperature division (the update never divides), no entropy.
+SPIN_PAIR_HEAD_BYTES = 10.0
+
+
 def update_loss_head(plan: Plan, profile: Profile, tokens: int) -> LossHead:
     """The actor update's head at `tokens` per micro batch."""
+    recipe = plan.algorithm.recipe
+    if recipe is not None and RECIPES[recipe].pair_update:
+        return LossHead(bytes_per_token_vocab=SPIN_PAIR_HEAD_BYTES, fp32=False,
+                        lm_head_backward_bytes=lm_head_backward_bytes(plan, model_facts(plan.model.arch), tokens))
     return LossHead(
         bytes_per_token_vocab=actor_head_bytes_per_token_vocab(plan, profile, tokens=tokens),
         fp32=resolved_loss_head(plan) == "naive",

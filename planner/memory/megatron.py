@@ -101,33 +101,39 @@ def stage_share(arch: Architecture, engine: MegatronSection) -> float:
 
 
 def parameters_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, *,
-                                   value_model: bool = False) -> RankParameters:
+                                   value_model: bool = False, mtp_layers: int = 0) -> RankParameters:
     """The elements the most loaded rank holds: its stage's layers and the embedding (first stage) or the output
     layer (last stage; both on one stage at PP 1, and Megatron keeps a copy of a tied embedding on the last).
     `value_model`: a critic, whose output layer verl's make_value_model replaces with LinearForLastLayer(hidden,
-    1) (verl/models/mcore/bridge.py; mbridge's post_creation_callbacks alike)."""
+    1) (verl/models/mcore/bridge.py; mbridge's post_creation_callbacks alike). `mtp_layers`: the multi-token-
+    prediction layers the model is built with (plan.ModelSection.mtp_layers), on the last stage."""
     sizes = (engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size,
              engine.expert_model_parallel_size, engine.expert_tensor_size, stage_share(arch, engine))
     # The solver prices thousands of plans on a few layouts: one computation per (architecture, sizes).
-    return cached_per_arch(arch, ("megatron_rank_params", sizes, value_model),
-                           lambda: _rank_parameters(arch, *sizes, value_model=value_model))
+    return cached_per_arch(arch, ("megatron_rank_params", sizes, value_model, mtp_layers),
+                           lambda: _rank_parameters(arch, *sizes, value_model=value_model, mtp_layers=mtp_layers))
 
 
 def _rank_parameters(arch: Architecture, tp: int, pp: int, ep: int, etp: int, stage: float, *,
-                     value_model: bool) -> RankParameters:
+                     value_model: bool, mtp_layers: int = 0) -> RankParameters:
     experts_per_layer = routed_expert_params_per_layer(arch)
     layer_dense = (arch.num_dense_layers * arch.dense_layer_params
                    + arch.num_moe_layers * (arch.moe_layer_params - experts_per_layer) + arch.hidden_size
                    + arch.linear_attention_correction)
     output_layer = arch.hidden_size if value_model else arch.lm_head_params
     vocab_layers = arch.embedding_params + (output_layer if pp == 1 else 0)
+    if mtp_layers:
+        # Megatron-Core builds the MTP block on the last stage, and an embedding there too for its inputs
+        # (gpt_model.py: `if self.pre_process or self.mtp_process`): that stage holds both vocabulary layers.
+        vocab_layers = arch.embedding_params + output_layer + mtp_layers * arch.mtp_layer_params
     dense = (layer_dense * stage + vocab_layers) / tp
     experts = arch.num_moe_layers * experts_per_layer * stage / (ep * etp)
     return RankParameters(dense=dense, experts=experts)
 
 
 def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world: int,
-                              trainable_fraction: float = 1.0, *, value_model: bool = False) -> RankState:
+                              trainable_fraction: float = 1.0, *, value_model: bool = False,
+                              mtp_layers: int = 0) -> RankState:
     """Weights, gradients and optimizer state of the most loaded rank.
 
     `trainable_fraction`: the share of parameters that train (a LoRA adapter's share; 1 for full fine-tuning):
@@ -135,7 +141,7 @@ def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world
     data-parallel group (world / (TP x PP), which includes CP) and the experts' (world / (EP x ETP x PP)).
     `value_model`: a critic (parameters_on_most_loaded_rank).
     """
-    params = parameters_on_most_loaded_rank(arch, engine, value_model=value_model)
+    params = parameters_on_most_loaded_rank(arch, engine, value_model=value_model, mtp_layers=mtp_layers)
     dense_dp = max(world // engine.model_parallel_size, 1)
     expert_dp = max(engine.expert_data_parallel_size(world), 1)
     shard = engine.use_distributed_optimizer
@@ -346,6 +352,33 @@ def cross_entropy_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
     return tokens * (CROSS_ENTROPY_BYTES_PER_TOKEN_VOCAB * arch.vocab_size + 4 * arch.hidden_size) / tp
 
 
+# Per MTP depth, beside its decoder layer's saved activations: the depth's embedding and the hidden state it
+# reads (2 h each, bf16), their normed concatenation that eh_proj saves (4 h) and eh_proj's output (2 h):
+# 10 bytes a token per hidden unit (Megatron-Core multi_token_prediction.py MultiTokenPredictionLayer.forward).
+MTP_INPUT_BYTES_PER_HIDDEN = 10
+# Each depth's output layer and vocab-parallel cross entropy run in the forward (verl's mtp_patch.py
+# compute_output_layer_and_language_model_loss, "without storing logits"): what stays for its backward is the
+# fp32 softmax vocab_parallel_cross_entropy saves, 4 bytes a token x vocab / TP.
+MTP_LOSS_BYTES_PER_TOKEN_VOCAB = 4
+
+
+def mtp_activation_bytes(arch: Architecture, engine: MegatronSection, *, tokens: int, depths: int) -> float:
+    """What the trained MTP depths hold on the last stage while the update's loss heads run: per depth a dense
+    decoder layer's saved activations and its inputs (MTP_INPUT_BYTES_PER_HIDDEN), and its cross entropy's
+    saved softmax (`tokens`: this rank's micro batch, after CP). Their backward runs before the stack's, so the
+    layers' backward moment holds none of it. Priced without recompute (an upper bound where the engine
+    recomputes: whether Megatron-Core's MTP layer honours recompute_granularity was not read)."""
+    if not depths:
+        return 0.0
+    tp = engine.tensor_model_parallel_size
+    sp = engine.sequence_parallel and tp > 1
+    layer = layer_activation_bytes_per_token(arch, moe=False, tp=tp, etp=engine.expert_tensor_size,
+                                             sequence_parallel=sp, dropout_masks=VERL_SAVES_DROPOUT_MASKS)
+    inputs = MTP_INPUT_BYTES_PER_HIDDEN * arch.hidden_size / (tp if sp else 1)
+    loss = MTP_LOSS_BYTES_PER_TOKEN_VOCAB * arch.vocab_size / tp
+    return depths * tokens * (layer + inputs + loss)
+
+
 def export_gather_bytes(arch: Architecture, engine: MegatronSection) -> float:
     """GPU bytes of the weight export's largest tensor in flight on one rank, bf16 as Megatron holds it.
 
@@ -398,7 +431,8 @@ class MegatronBackend:
 
     def role_state(self, plan: Plan, role: TrainedRole, layout: PlanLayout) -> TrainerState:
         state = state_on_most_loaded_rank(plan.model.arch, _engine(plan, role), plan.cluster.world_size,
-                                          trainable_fraction(plan, role), value_model=role == "critic")
+                                          trainable_fraction(plan, role), value_model=role == "critic",
+                                          mtp_layers=plan.model.mtp_layers if role == "actor" else 0)
         # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
         # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy. The Adam step's
         # own temporaries are optimizer_step_bytes's.
@@ -454,7 +488,9 @@ class MegatronBackend:
         return state.host_copies(role, ranks, params=engine.param_offload, grads=False, optimizer=optimizer_share)
 
     def reference_params_bytes(self, plan: Plan, layout: PlanLayout) -> int:
-        return int(WEIGHT_BYTES * parameters_on_most_loaded_rank(plan.model.arch, plan.engine("ref")).total)
+        # The reference is built with the same MTP layers (megatron_workers.py passes model.mtp.enable to every role).
+        return int(WEIGHT_BYTES * parameters_on_most_loaded_rank(plan.model.arch, plan.engine("ref"),
+                                                                 mtp_layers=plan.model.mtp_layers).total)
 
     def reference_params_on_host(self, plan: Plan) -> bool:
         return plan.engine("ref").param_offload
@@ -491,13 +527,15 @@ class MegatronBackend:
         state = [Component(f"{role}_params", int(state_on_gpu.params)),
                  Component(f"{role}_grads", int(state_on_gpu.grads)),
                  Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer))]
-        loss, backward = stages.at_loss_head + loss_head, stages.layers_peak + workspace
+        depths = plan.model.mtp_trained_layers if role == "actor" else 0
+        mtp = Component("mtp_activations", int(mtp_activation_bytes(arch, engine, tokens=tokens, depths=depths)))
+        loss, backward = stages.at_loss_head + loss_head + mtp.bytes, stages.layers_peak + workspace
         if state_on_gpu.optimizer_step > max(loss, backward):
             # The step runs after every micro batch's activations are freed.
             return "optimizer_step", [*state, Component("optimizer_step_temporaries", int(state_on_gpu.optimizer_step))]
         if loss >= backward:
             return "loss", [*state, Component("activations", int(stages.at_loss_head)),
-                            Component("logits_head", int(loss_head))]
+                            Component("logits_head", int(loss_head)), *([mtp] if mtp.bytes else [])]
         return "backward", [*state, Component("activations", int(stages.layers_peak)),
                             Component("layer_backward_workspace", int(workspace))]
 

@@ -447,6 +447,23 @@ def _mini_batches_split_evenly(ctx: RuleContext) -> Iterator[Violation]:
             )
 
 
+@rule("config", "SPIN pairs adjacent responses: train_batch_size * n is even")
+def _spin_pairs_responses(ctx: RuleContext) -> Iterator[Violation]:
+    # recipe/spin/core_algos.py compute_onlinedpo_pref raises on an odd batch (scores.view(-1, 2));
+    # spin_trainer.py compute_onlineDPO_pref catches it and sets no preferences, and fit_dpo then skips
+    # update_actor_dpo: the run goes on without a single update (read at v0.4.1-v0.7.0).
+    plan = ctx.plan
+    sequences = plan.data.train_batch_size * plan.rollout.n
+    if plan.algorithm.recipe == "spin" and sequences % 2:
+        yield ctx.violation(
+            f"verl's SPIN recipe pairs adjacent responses into chosen and rejected, and train_batch_size x "
+            f"rollout.n = {sequences} is odd: its preference step fails, the trainer catches the error and skips "
+            "every actor update, so the run trains nothing.",
+            "make data.train_batch_size x rollout.n even (rollout.n = 2 pairs each prompt's own responses)",
+            rollout__n=2,
+        )
+
+
 @rule("rlplan", "[V6] a KL term in both the reward and the loss counts it twice")
 def _kl_in_reward_and_loss(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan

@@ -47,7 +47,11 @@ def _runtime_rolls_out_with_vllm(ctx: RuleContext) -> Iterator[Violation]:
 def _runtime_computes_the_estimator(ctx: RuleContext) -> Iterator[Violation]:
     # An imported verl plan may name any of verl's estimators (plan.ESTIMATORS); rlplan run computes four.
     estimator = ctx.plan.algorithm.adv_estimator
-    if estimator not in RUNTIME_ESTIMATORS:
+    if estimator is None:
+        yield ctx.violation(
+            f"the plan runs verl's {ctx.plan.algorithm.recipe} recipe, whose own trainer the bundled runtime does not "
+            "have.", "render the plan for verl (rlplan render plan.toml --target verl) and run it there")
+    elif estimator not in RUNTIME_ESTIMATORS:
         yield ctx.violation(
             f"the bundled runtime computes {', '.join(RUNTIME_ESTIMATORS)} advantages; this plan's estimator is "
             f"{estimator}, which verl computes.",

@@ -77,7 +77,8 @@ def workload_plan(request: SolveRequest, response_len: int, backend: Callable[[P
         expected_response_length=min(expected_response, response_len) if expected_response else None,
     )
     algorithm = base.algorithm if base is not None else AlgorithmSection()
-    algorithm = attrs.evolve(algorithm, adv_estimator=request.algorithm)
+    # A --from recipe plan (plan.RECIPES) is solved for verl's PPO trainer with the estimator --algo names.
+    algorithm = attrs.evolve(algorithm, recipe=None, adv_estimator=request.algorithm)
     actor = ActorSection(ppo_mini_batch_size=1, use_dynamic_bsz=True, entropy_from_logits_with_chunking=True)
     if base is not None:
         actor = attrs.evolve(base.actor, ppo_mini_batch_size=1)

@@ -257,6 +257,14 @@ def _pipeline_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatron
     flops = tokens * training_flops_per_token(plan, facts, lengths, critic) * passes
     # The critic's value head (one output) replaces the vocabulary projection: nothing left to place.
     head_flops = 0.0 if critic else tokens * 2.0 * facts.vocab * facts.hidden * passes
+    if backward and not critic and plan.model.mtp_trained_layers:
+        # The update's MTP depths run on the last stage after the stack: each a dense layer, its 2h -> h
+        # projection and its own output layer (mtp_patch.py), at the stack's per-layer cost.
+        layer = (facts.forward_flops_per_token(context) - 2.0 * facts.vocab * facts.hidden) / facts.layers
+        depth = layer + 4.0 * facts.hidden * facts.hidden + 2.0 * facts.vocab * facts.hidden
+        mtp_flops = tokens * plan.model.mtp_trained_layers * depth * passes
+        flops += mtp_flops
+        head_flops += mtp_flops
     # The most loaded stage sets the pipeline's pace (ceil(layers / PP) of them where PP does not divide).
     stage = stage_share(plan.model.arch, engine)
     compute = slowest_stage_flops(flops, head_flops, routed, tp=tp, routed_split=routed_split_of(engine),
@@ -298,7 +306,7 @@ def _optimizer_seconds(ctx: StepContext, batch: RoleBatchLayout, engine: Megatro
     """Every optimizer step's gradient sync over DP and AdamW over the rank's shard."""
     plan, rates = ctx.plan, ctx.rates
     world, pp = plan.cluster.world_size, engine.pipeline_model_parallel_size
-    params = parameters_on_most_loaded_rank(plan.model.arch, engine)
+    params = parameters_on_most_loaded_rank(plan.model.arch, engine, mtp_layers=0 if critic else plan.model.mtp_layers)
     trainable = _trainable_fraction(plan, critic)
     dense_dp = max(1, world // engine.model_parallel_size)
     expert_dp = max(1, engine.expert_data_parallel_size(world))
@@ -365,7 +373,8 @@ def weight_sync_gather_seconds(plan: Plan, rates: Rates) -> float:
 def _role_state_bytes(plan: Plan, engine: MegatronSection, critic: bool) -> tuple[float, float, float]:
     """A role's (weights, gradients, optimizer state on the GPU) bytes on its most loaded rank."""
     state = state_on_most_loaded_rank(plan.model.arch, engine, plan.cluster.world_size,
-                                      _trainable_fraction(plan, critic))
+                                      _trainable_fraction(plan, critic),
+                                      mtp_layers=0 if critic else plan.model.mtp_layers)
     on_cpu = cpu_optimizer_fraction(plan, "critic" if critic else "actor")
     return state.weights, state.grads, state.optimizer * (1.0 - on_cpu)
 

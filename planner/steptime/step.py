@@ -9,7 +9,7 @@ from attrs import frozen
 from rlplan.planner.layout import PlanLayout, plan_layout, reuses_update_log_probs
 from rlplan.planner.memory import MemoryReport
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import ESTIMATORS, Plan
+from rlplan.planner.plan import Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.stack import ENTROPY_IN_EVERY_PASS, REWARD_TIMED_IN_ADV, holds
 from rlplan.planner.steptime.backend import trainer_timing
@@ -75,7 +75,7 @@ def predict_step_time(plan: Plan, memory: MemoryReport, profile: Profile = DEFAU
             phases[phase] += worker_call_seconds(ctx, phase)
     phases["offload"] = trainer.offload_seconds(ctx)
     phases.update(driver_seconds(plan, profile))
-    if ESTIMATORS[plan.algorithm.adv_estimator].greedy_baseline:
+    if plan.algorithm.estimator.greedy_baseline:
         # ReMax: a second generate_sequences of the batch's prompts, greedy, one response each, behind its own
         # wake-up and weight load (each call enters the rollout's sharding manager, or the agent loop's wake/sleep).
         phases[GREEDY_BASELINE] = phases[Phase.WEIGHT_SYNC] + rollout_seconds(

@@ -495,3 +495,68 @@ def test_the_megatron_error_band_rows_are_the_twins_rows_as_the_benchmark_writes
                      for row in accuracy_rows() if row.strategy == "megatron")
     assert written == sorted((row["configuration"], row["measured_mib"], row["predicted_mib"])
                              for row in twin.data_rows(rows))
+
+
+# --- multi-token prediction (verl's model.mtp on the Megatron workers) -------------------------------------------
+
+MIMO = resolve_model("mimo-7b").arch
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_mtp_layers_sit_on_the_last_stage_with_both_vocabulary_layers(pp):
+    engine = MegatronSection(tensor_model_parallel_size=2, pipeline_model_parallel_size=pp)
+    dense = parameters_on_most_loaded_rank(MIMO, engine)
+    with_mtp = parameters_on_most_loaded_rank(MIMO, engine, mtp_layers=2)
+    # At PP 1 the one stage holds both vocabulary layers already; from PP 2 the last gets the embedding too.
+    embedding_copy = 0 if pp == 1 else MIMO.embedding_params
+    assert with_mtp.total - dense.total == pytest.approx((2 * MIMO.mtp_layer_params + embedding_copy) / 2)
+    state = state_on_most_loaded_rank(MIMO, engine, 16, mtp_layers=2)
+    assert state.grads == 4 * with_mtp.total  # fp32 gradients of every MTP parameter, trained or not
+
+
+def _mimo_plan(**knobs):
+    from rlplan.planner.plan import MtpSection
+
+    plan = _megatron_plan(MIMO, **{"actor.megatron.tensor_model_parallel_size": 2,
+                                   "actor.megatron.pipeline_model_parallel_size": 2, **knobs})
+    return plan, plan.evolve(model=attrs.evolve(plan.model, mtp=MtpSection(train=True)))
+
+
+def test_trained_mtp_depths_hold_their_layers_and_cross_entropy_at_the_update_loss_and_cost_time():
+    from rlplan.planner.memory import predict_memory
+    from rlplan.planner.memory.megatron import MTP_LOSS_BYTES_PER_TOKEN_VOCAB
+    from rlplan.planner.steptime import predict_step_time
+
+    dense, mtp = _mimo_plan()
+    assert _update_peak_gib(dense, "mtp_activations") == 0
+    held = _update_peak_gib(mtp, "mtp_activations") * 2**30
+    tokens = plan_layout(mtp).actor_update.tokens_per_micro_batch
+    assert held > 2 * tokens * MTP_LOSS_BYTES_PER_TOKEN_VOCAB * MIMO.vocab_size / 2  # two depths' softmax over TP 2
+    assert _update_peak_gib(mtp, "actor_params") > _update_peak_gib(dense, "actor_params")
+    loaded = attrs.evolve(mtp.model.mtp, train=False)
+    untrained = mtp.evolve(model=attrs.evolve(mtp.model, mtp=loaded))
+    assert _update_peak_gib(untrained, "mtp_activations") == 0
+    assert _update_peak_gib(untrained, "actor_params") == _update_peak_gib(mtp, "actor_params")
+    # Long responses, so the update is compute-bound (small micro batches are bound by their launches).
+    dense, mtp = _mimo_plan(**{"data.max_response_length": 8192, "data.train_batch_size": 256})
+    untrained = mtp.evolve(model=attrs.evolve(mtp.model, mtp=loaded))
+    seconds = {name: predict_step_time(p, predict_memory(p)).phase_seconds["actor_update"]
+               for name, p in (("dense", dense), ("untrained", untrained), ("mtp", mtp))}
+    assert seconds["dense"] < seconds["mtp"] and seconds["untrained"] < seconds["mtp"]
+
+
+def test_mtp_is_refused_where_verl_cannot_run_it_or_rlplan_cannot_price_it():
+    from rlplan.planner.errors import PlanError
+    from rlplan.planner.plan import MtpSection
+    from tests.planner.plans import make_plan
+
+    dense, mtp = _mimo_plan()
+    with pytest.raises(PlanError, match="NotImplementedError") as fsdp:
+        make_plan(MIMO).evolve(model=attrs.evolve(make_plan(MIMO).model, mtp=MtpSection()))
+    assert fsdp.value.field == "model.mtp"
+    with pytest.raises(PlanError) as speculative:
+        dense.evolve(model=attrs.evolve(dense.model, mtp=MtpSection(rollout=True)))
+    assert speculative.value.field == "model.mtp.rollout"
+    no_layers = _megatron_plan(LLAMA_8B)
+    with pytest.raises(PlanError, match="num_nextn_predict_layers"):
+        no_layers.evolve(model=attrs.evolve(no_layers.model, mtp=MtpSection(train=True)))

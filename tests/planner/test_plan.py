@@ -88,3 +88,39 @@ def test_a_rollout_pool_on_a_cpu_machine_is_refused():
     with pytest.raises(PlanError) as error:
         plan.evolve(cluster=cpu, rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=2)))
     assert error.value.field == "rollout.pool"
+
+
+def test_a_recipe_and_an_estimator_exclude_each_other_and_the_recipe_builds_no_critic():
+    import pytest
+
+    from rlplan.planner.errors import PlanError
+    from rlplan.planner.plan import AlgorithmSection
+
+    assert AlgorithmSection().adv_estimator == "grpo"
+    assert AlgorithmSection(recipe="sppo").adv_estimator is None  # the recipe's configs set it to null
+    with pytest.raises(PlanError) as raised:
+        AlgorithmSection(recipe="spin", adv_estimator="grpo")
+    assert raised.value.field == "algorithm.adv_estimator"
+    plan = make_plan()
+    spin = plan.evolve(algorithm=AlgorithmSection(recipe="spin"),
+                       critic=attrs.evolve(plan.critic, enable=True), actor=attrs.evolve(plan.actor, use_kl_loss=False))
+    assert spin.uses_reference and not spin.uses_critic and spin.algorithm.name == "verl's spin recipe"
+    with pytest.raises(PlanError) as raised:
+        _megatron_plan().evolve(algorithm=AlgorithmSection(recipe="sppo"))
+    assert raised.value.field == "algorithm.recipe"
+
+
+def test_a_recipe_renders_only_for_the_releases_that_ship_it():
+    import pytest
+
+    from rlplan.planner.errors import PlanError
+    from rlplan.planner.plan import AlgorithmSection
+    from rlplan.planner.render import render_plan
+    from rlplan.planner.stack import StackSection
+
+    plan = make_plan().evolve(algorithm=AlgorithmSection(recipe="sppo"))
+    plan = plan.evolve(model=attrs.evolve(plan.model, path="Qwen/Qwen2.5-7B-Instruct"))
+    assert "python3 -m recipe.sppo.main_sppo" in render_plan(plan.evolve(stack=StackSection(verl="0.7.0")), "verl")
+    with pytest.raises(PlanError) as raised:
+        render_plan(plan.evolve(stack=StackSection(verl="0.8.0")), "verl")
+    assert raised.value.field == "algorithm.recipe"

@@ -89,13 +89,22 @@ def test_schema_rejects_an_unknown_key_as_plan_from_dict_does(solved_plan_data):
     assert schema_errors(plan_json_schema(), data) == [".actor.param_ofload: unknown key"]
 
 
-@pytest.mark.parametrize(("section", "key", "value"), [("rollout", "name", "trt_llm"), ("rollout", "sleep_level", 3),
-                                                       ("algorithm", "adv_estimator", "ppo")])
+@pytest.mark.parametrize(("section", "key", "value"), [("rollout", "name", "trt_llm"), ("rollout", "sleep_level", 3)])
 def test_schema_rejects_a_value_outside_a_literal(solved_plan_data, section, key, value):
     data = json.loads(json.dumps(solved_plan_data))
     data[section][key] = value
     assert schema_errors(plan_json_schema(), data) == [f".{section}.{key}: {value!r} is not one of "
                                                        f"{plan_json_schema()['properties'][section]['properties'][key]['enum']}"]
+
+
+def test_schema_rejects_an_estimator_outside_its_literal_and_takes_none_beside_a_recipe(solved_plan_data):
+    data = json.loads(json.dumps(solved_plan_data))
+    data["algorithm"]["adv_estimator"] = "ppo"
+    assert schema_errors(plan_json_schema(), data) == [".algorithm.adv_estimator: matches none of anyOf"]
+    estimator = plan_json_schema()["properties"]["algorithm"]["properties"]["adv_estimator"]
+    assert {"type": "null"} in estimator["anyOf"] and "grpo" in estimator["anyOf"][0]["enum"]
+    data["algorithm"] = {"recipe": "spin"}
+    assert schema_errors(plan_json_schema(), data) == []
 
 
 def test_schema_rejects_a_wrong_type_and_a_missing_required_key(solved_plan_data):

@@ -131,6 +131,9 @@ def _hf_config(arch: Architecture) -> dict:
         }
         if arch.family == "qwen2_moe":
             config["shared_expert_intermediate_size"] = arch.shared_expert_intermediate_size
+    if arch.mtp_layers:
+        # MiMo: a Qwen2 stack whose config (model_type mimo) counts its multi-token-prediction layers.
+        config |= {"model_type": "mimo", "num_nextn_predict_layers": arch.mtp_layers}
     return config
 
 

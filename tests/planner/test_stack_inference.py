@@ -189,6 +189,17 @@ def test_a_span_of_consecutive_releases_reads_as_a_range(releases, text):
     assert span_text(releases) == text
 
 
+def test_what_the_trainer_needs_dates_the_script_to_the_releases_that_have_it():
+    from rlplan.planner.stack import SPIN_SPPO_RECIPES, VERL_RELEASES
+
+    inferred = infer_stack({}, "", "fsdp", "vllm", needs=(SPIN_SPPO_RECIPES,))
+    assert inferred is not None and SPIN_SPPO_RECIPES.holds_for(inferred.stack.verl)
+    assert inferred.stack.verl_oldest == next(r for r in VERL_RELEASES if SPIN_SPPO_RECIPES.holds_for(r))
+    assert infer_stack({}, "", "fsdp", "vllm") is None  # nothing shown, nothing judged
+    pinned = infer_stack({}, "", "fsdp", "vllm", installed="0.5.0", needs=(SPIN_SPPO_RECIPES,))
+    assert pinned is not None and pinned.stack.verl == "0.5.0"
+
+
 def test_a_trtllm_rollout_dates_the_script_to_the_releases_that_build_it():
     inferred = infer_stack({"actor_rollout_ref.rollout.name": "trtllm"}, command(), "fsdp", "trtllm")
     assert inferred is not None

@@ -319,3 +319,94 @@ def test_a_rollout_pool_and_a_streamed_batch_survive_import_render_import():
         assert sorted(verl_overrides(again)) == sorted(verl_overrides(plan))
         assert plan_to_dict(without_inferred_range(again)) == plan_to_dict(without_inferred_range(
             plan_as_verl_runs_it(plan)))
+
+
+# --- verl's SPIN and SPPO recipes: their own trainers, no advantage estimator -----------------------------------
+
+
+def test_spin_is_priced_as_its_pair_update_with_the_reference_and_its_config_is_read_from_the_recipe_folder():
+    from rlplan.planner.layout import plan_layout
+    from rlplan.planner.memory.heads import SPIN_PAIR_HEAD_BYTES
+
+    plan, warnings = imported("spin_recipe.sh")
+    assert (plan.algorithm.recipe, plan.algorithm.adv_estimator) == ("spin", None)
+    assert plan.rollout.n == 2 and plan.rollout.gpu_memory_utilization == 0.5  # from the recipe's config
+    assert plan.uses_reference and not plan.uses_critic
+    update = plan_layout(plan).actor_update
+    # 64 prompts x n 2 over 4 ranks, one optimizer step; 8 // 4 = 2 chosen + 2 rejected per micro batch, padded.
+    assert (update.sequences_per_gpu, update.mini_batch_size_per_gpu, update.micro_batch_size_per_gpu) == (32, 32, 4)
+    assert update.padded and update.tokens_per_micro_batch == 4 * 1024
+    memory = predict_memory(plan)
+    vocab = plan.model.arch.vocab_size
+    assert memory.phase("actor_update").bytes_of("logits_head") >= SPIN_PAIR_HEAD_BYTES * 4 * 1024 * vocab
+    assert memory.phase("ref_log_prob").peak_bytes > 0
+    (said,) = [w for w in warnings if "SPIN recipe" in w]
+    assert "ref_update_freq" in said and "not measured" in said
+
+
+def test_sppo_is_a_ppo_step_without_critic_or_reference_through_the_modules_own_config():
+    plan, warnings = imported("sppo_recipe.sh")
+    assert (plan.algorithm.recipe, plan.algorithm.adv_estimator) == ("sppo", None)
+    assert plan.rollout.name == "sglang" and plan.rollout.tensor_model_parallel_size == 2
+    assert not plan.uses_reference and not plan.uses_critic
+    from rlplan.planner.stack import SPIN_SPPO_RECIPES, holds
+
+    # Imported away from a checkout, the stack is judged among the releases that ship the recipe.
+    assert holds(SPIN_SPPO_RECIPES, plan.stack) and any("spin_sppo_recipes" in w for w in warnings)
+    phases = {phase.name for phase in predict_memory(plan).phases}
+    assert "actor_update" in phases and "ref_log_prob" not in phases and "critic_update" not in phases
+    assert any("SPPO recipe" in w for w in warnings)
+
+
+def test_a_recipe_plan_renders_the_recipes_module_and_survives_import_render_import():
+    from rlplan.planner.render import render_plan
+    from rlplan.planner.verl_import import import_verl_script
+
+    for script, module in (("spin_recipe.sh", "recipe.spin.main_spin"), ("sppo_recipe.sh", "recipe.sppo.main_sppo")):
+        plan, _ = imported(script, "--verl-version", "0.6.1")
+        text = render_plan(plan, "verl")
+        assert f"python3 -m {module} " in text and "adv_estimator" not in text
+        again = import_verl_script(text, gpu=plan.cluster.gpu, host_memory_gib=plan.cluster.host_memory_gib, env={},
+                                   local_config_reader=lambda path: None).plan
+        assert again.algorithm == plan.algorithm
+
+
+def test_a_null_estimator_under_a_trainer_rlplan_does_not_know_is_refused_by_name(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text((IDIOMS / "sppo_recipe.sh").read_text().replace("recipe.sppo.main_sppo",
+                                                                      "recipe.mine.main_mine algorithm.adv_estimator=null"))
+    error = refusal(str(script))
+    assert error["field"] == "algorithm.adv_estimator" and "recipe.mine.main_mine" in error["message"]
+
+
+# --- verl's model.mtp on the Megatron workers ---------------------------------------------------------------
+
+
+def test_mtp_switches_become_the_plans_model_mtp_priced_and_rendered_back_for_verl_08():
+    from rlplan.planner.errors import PlanError
+    from rlplan.planner.render import render_plan
+    from rlplan.planner.stack import StackSection
+
+    plan, warnings = imported("mtp_megatron.sh", "--verl-version", "0.8.0")
+    assert plan.model.mtp is not None and plan.model.mtp.train and plan.model.mtp_trained_layers == 2
+    assert "actor_rollout_ref.model.mtp.enable" not in plan.passthrough
+    assert plan.passthrough["actor_rollout_ref.model.mtp.mtp_loss_scaling_factor"] == "0.1"
+    assert predict_memory(plan).phase("actor_update").bytes_of("actor_params") > 0
+    (said,) = [w for w in warnings if w.startswith("model.mtp.enable")]
+    assert "2 multi-token-prediction layer(s)" in said and "README says one" in said
+    rendered = _rendered_overrides(plan)
+    assert {"actor_rollout_ref.model.mtp.enable=True", "actor_rollout_ref.model.mtp.enable_train=True"} <= rendered
+    with pytest.raises(PlanError) as older:
+        render_plan(plan.evolve(stack=StackSection(verl="0.7.0")), "verl")
+    assert older.value.field == "model.mtp"
+
+
+def test_mtp_under_fsdp_cannot_run_and_mtp_off_is_the_dense_stack(tmp_path):
+    script = tmp_path / "run.sh"
+    fsdp = (IDIOMS / "mtp_megatron.sh").read_text().replace(" --config-path=config --config-name=ppo_megatron_trainer", "")
+    script.write_text("\n".join(line for line in fsdp.splitlines() if ".megatron." not in line))
+    error = refusal(str(script))
+    assert error["field"] == "model.mtp" and "NotImplementedError" in error["message"]
+    script.write_text((IDIOMS / "mtp_megatron.sh").read_text().replace("mtp.enable=True", "mtp.enable=False"))
+    plan, _ = imported(str(script))
+    assert plan.model.mtp is None and plan.model.mtp_layers == 0 and plan.model.arch.mtp_layers == 2

@@ -119,3 +119,13 @@ def test_a_count_below_one_names_the_flag_and_what_leaving_it_out_means(flag, na
     assert error.field == flag and f"got {value}" in error.message
     assert "for the default" not in error.fix
     assert "without it" in error.fix or "may be left out only" in error.fix
+
+
+def test_a_recipe_from_plan_needs_algo_and_is_then_solved_for_verls_ppo_trainer():
+    from rlplan.planner.plan import AlgorithmSection
+
+    base = make_plan().evolve(algorithm=AlgorithmSection(recipe="sppo"))
+    with pytest.raises(PlanError) as raised:
+        _request(SolveFlags(), base)
+    assert raised.value.field == "--from" and "--algo" in raised.value.fix
+    assert _request(SolveFlags(algo="grpo"), base).algorithm == "grpo"

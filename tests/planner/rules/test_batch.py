@@ -161,3 +161,17 @@ def test_grpo_with_one_sample_is_a_warning_as_verl_runs_it_on_the_raw_score():
     warned = [v for v in check_plan(plan).violations if v.rule == "group_advantage_needs_samples"]
     assert warned and all(v.severity == "warning" for v in warned) and "raw score" in warned[0].message
     assert "group_advantage_needs_samples" not in {v.rule for v in check_plan(plan).errors}
+
+
+def test_spin_with_an_odd_pair_batch_is_an_error_and_its_fix_removes_it():
+    from rlplan.planner.knobs import apply_knobs
+    from rlplan.planner.plan import AlgorithmSection
+
+    odd = make_plan(overrides={"data.train_batch_size": 63, "rollout.n": 1, "actor.ppo_mini_batch_size": 63})
+    odd = odd.evolve(algorithm=AlgorithmSection(recipe="spin"))
+    (error,) = [v for v in check_plan(odd).errors if v.rule == "spin_pairs_responses"]
+    assert "63 is odd" in error.message and "skips every actor update" in error.message
+    fixed = apply_knobs(odd, error.suggested)
+    assert "spin_pairs_responses" not in {v.rule for v in check_plan(fixed).violations}
+    grpo = make_plan(overrides={"data.train_batch_size": 63, "rollout.n": 1, "actor.ppo_mini_batch_size": 63})
+    assert "spin_pairs_responses" not in {v.rule for v in check_plan(grpo).violations}

@@ -30,6 +30,16 @@ def test_the_bundled_runtime_refuses_a_rollout_on_a_pool_of_its_own_and_verl_rul
     assert "runtime_colocates_the_rollout" not in {v.rule for v in check_plan(plan, gpu).errors}
 
 
+def test_the_bundled_runtime_refuses_a_recipe_plan_whose_trainer_only_verl_has():
+    from rlplan.planner.plan import AlgorithmSection
+
+    plan = make_plan().evolve(algorithm=AlgorithmSection(recipe="spin"))
+    assert "runtime_computes_the_estimator" not in {v.rule for v in check_plan(plan).violations}
+    (error,) = [v for v in check_plan(plan, Platform(device_type="cpu")).errors
+                if v.rule == "runtime_computes_the_estimator"]
+    assert "spin recipe" in error.message
+
+
 def test_the_bundled_runtime_refuses_a_trtllm_rollout_and_verl_rules_accept_it():
     """rlplan's runtime drives vLLM only; a TensorRT-LLM plan is for verl (render --target verl)."""
     plan = make_plan(overrides={"rollout.name": "trtllm", "stack.verl": "0.8.0"})
