@@ -124,13 +124,12 @@ def test_unreadable_local_path_falls_back_to_the_preset_its_name_lists(path, pre
     assert any("not readable here" in warning for warning in result.warnings)
 
 
-def test_an_unreadable_local_path_whose_folder_names_a_refused_release_gets_that_refusal():
-    from rlplan.planner.presets import unsupported_models
+def test_an_unreadable_local_path_whose_folder_names_a_refused_release_gets_that_refusal(monkeypatch):
+    from rlplan.planner import presets
 
-    refused = unsupported_models()
-    if not refused:
-        pytest.skip("every release models.toml lists is priced")
-    name, (reason, repo_ids) = next(iter(refused.items()))
+    # models.toml prices every release it lists today; a refused one stands in (presets.toml `unsupported`).
+    name, reason, repo_ids = "omni-9b", "its speech tower is not priced", ("example/Omni-9B-Instruct",)
+    monkeypatch.setattr(presets, "unsupported_models", lambda: {name: (reason, repo_ids)})
     with pytest.raises(PlanError) as raised:
         load(f"actor_rollout_ref.model.path=/root/verl/models/{repo_ids[0].rsplit('/', 1)[-1]}\n")
     assert raised.value.field == "actor_rollout_ref.model.path"
