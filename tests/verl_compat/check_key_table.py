@@ -66,6 +66,7 @@ SCRIPT_ENVIRONMENTS = {
     "megatron_dense_lora_qwen2_7b.sh": ({"HOME": "/home/u"}, {}),
     "megatron_moe_qwen3_30b_a3b.sh": ({"HOME": "/home/u", "TEST_FILE": "/data/aime-2024.parquet"}, {}),
     "megatron_moe_lora_qwen3_30b_a3b.sh": ({"HOME": "/home/u"}, {}),
+    "trtllm_grpo_qwen2_7b.sh": ({"HOME": "/home/u"}, {}),
     # The script ships LLM="<path_to_dsv3_config>", which Hydra's lexer refuses: the model as the user sets it.
     "megatron_moe_deepseek_v3_256_h100.sh": ({"HOME": "/home/u", "CKPT_DIR": "/c", "LLM": "deepseek-ai/DeepSeek-V3",
                                               "RAY_DATA_HOME": "/r", "TRAIN_FILE": "/t", "TEST_FILE": "/t"}, {}),
