@@ -543,6 +543,14 @@ VLLM_LORA_RANKS_BY_VERSION: tuple[tuple[str, tuple[int, ...]], ...] = (
 )
 
 
+def switch_decides(release: str, passthrough: Mapping[str, str], key: str, value: str) -> bool:
+    """Whether `key=value` added to `passthrough` turns some verl behaviour on or off at `release` (a release
+    whose default it is changes nothing): what a source tree's switch default must do to be kept."""
+    stack = StackSection(verl=release)
+    trial = {**passthrough, key: value}
+    return any(holds(b, stack, passthrough=trial) != holds(b, stack, passthrough=passthrough) for b in BEHAVIOURS)
+
+
 def source_tree_switches() -> tuple[str, ...]:
     """The keys whose value turns a verl behaviour on or off (`Behaviour.opt_in` / `opt_out`): the import reads
     their defaults from a verl source tree between releases, whose config may still carry them."""

@@ -608,16 +608,21 @@ def _take_source_tree_switches(installed: str | None, context: ScriptContext, ba
                                passthrough: dict[str, str], written: Iterable[str], warnings: list[str]) -> None:
     """A verl tree between releases (verl/version/version `0.8.0.dev`) may still default a switch its release number
     does not (stack.LEGACY_WORKER_SWITCH): the switches the script leaves unset take the tree's own defaults, kept
-    in the passthrough so the rules judge the worker that tree builds. A release's tree needs none: its defaults
-    are the release's."""
-    from rlplan.planner.stack import source_tree_switches
+    in the passthrough so the rules judge the worker that tree builds, where they change a behaviour of that
+    release (a tag's tree, whose version text also ends in .dev, changes none: its defaults are the release's)."""
+    from rlplan.planner.stack import source_tree_switches, switch_decides
 
     if not installed or ".dev" not in installed or context.cwd is None:
         return
+    release = installed.strip().splitlines()[0].partition(".dev")[0]
     set_here = {key.lstrip("+~") for key in (*passthrough, *written)}
     tree = source_tree_defaults(context.cwd, context.read_text, backend, source_tree_switches())
     for key, value in sorted(tree.items()):
-        if key not in set_here:
+        try:
+            decides = key not in set_here and switch_decides(release, passthrough, key, value)
+        except PlanError:  # a release number rlplan cannot read: the import judges it elsewhere
+            return
+        if decides:
             passthrough[key] = value
             warnings.append(f"this verl tree ({installed.strip()}, between releases) still defaults {key} to "
                             f"{value} in its own trainer config: the plan keeps {key}={value}, judged as that "

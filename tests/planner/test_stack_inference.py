@@ -152,7 +152,8 @@ def _verl_tree(root: Path, version: str, trainer_yaml: str) -> None:
 
 
 @pytest.mark.parametrize(("version", "legacy_default", "engine_worker"),
-                         [("0.8.0.dev", "auto", False), ("0.8.0.dev", "disable", True), ("0.8.0", "auto", True)])
+                         [("0.8.0.dev", "auto", False), ("0.8.0.dev", "disable", True), ("0.8.0", "auto", True),
+                          ("0.7.0.dev", "auto", False)])
 def test_a_tree_between_releases_is_judged_with_its_own_worker_switch(tmp_path, version, legacy_default,
                                                                        engine_worker):
     """verl's main between v0.7.x and v0.8.0 (version text 0.8.0.dev) still defaulted trainer.use_legacy_worker_impl
@@ -171,9 +172,10 @@ def test_a_tree_between_releases_is_judged_with_its_own_worker_switch(tmp_path, 
 
     result = import_verl_script(text, gpu=H100, host_memory_gib=2048.0, env={}, local_config_reader=lambda p: None,
                                 environment={}, context=ScriptContext(cwd=str(tmp_path), read_text=read))
-    assert result.plan.stack.verl == "0.8.0"
+    assert result.plan.stack.verl == version.removesuffix(".dev")
+    # Kept only where it decides the worker: the v0.7.0 tag's tree also says .dev, and auto is 0.7.0's own default.
     from_tree = result.plan.passthrough.get("trainer.use_legacy_worker_impl")
-    assert from_tree == (legacy_default if ".dev" in version else None)
+    assert from_tree == (legacy_default if version == "0.8.0.dev" and legacy_default == "auto" else None)
     assert "trainer.nnodes" not in result.plan.passthrough  # only the switches behaviours read
     refused = "deprecated_global_micro_batch_keys" in {v.rule for v in check_plan(result.plan).errors}
     assert refused == engine_worker
