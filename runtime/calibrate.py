@@ -14,8 +14,10 @@ writing the profile, printing, exit codes) is runtime/commands.py's.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -150,3 +152,67 @@ def _real_update_step(plan: Plan) -> tuple[float, float, float]:
     tokens = step.tokens_per_micro_batch * step.micro_batches
     flops = tokens * facts.forward_flops_per_token(step.input_shape[1] / 2) * multiplier
     return float(held), sum(timed) / len(timed), flops
+
+
+# The run `measure_cpu_baselines` makes: the bundled tiny model (its state ~0.01 GiB, so what the process holds
+# is nearly all baseline) on a batch unlike the demo's, two steps (the heap's high-water mark comes with the first).
+BASELINE_RUN_PROMPTS = 2
+BASELINE_RUN_SAMPLES = 8
+BASELINE_RUN_STEPS = 2
+
+
+@attrs.frozen
+class CpuBaselineMeasurement:
+    """What one trainer rank and the engine held on this machine beyond what the planner prices (GiB)."""
+
+    trainer_gib: float
+    engine_gib: float
+    # The run's peaks per phase and what of each was file-backed (shared libraries, shared memory), GiB.
+    peaks_gib: dict[str, float]
+    mapped_gib: dict[str, float]
+
+
+def measure_cpu_baselines(work_dir: str | Path) -> CpuBaselineMeasurement:
+    """This machine's CPU process baselines: a short run of the bundled tiny model with the runtime's own trainer
+    ranks and engine, each phase's measured RSS less what the planner prices for it without a baseline
+    (planner/memory/cpu_process.py); the largest over the trainer's phases, the rollout's for the engine.
+
+    The shared libraries' resident pages follow the ISA's code paths, so only a process that ran them on this
+    CPU says what they take.
+    """
+    from rlplan.runtime.commands import demo_plan, solve_demo_plan
+    from rlplan.runtime.loop import PromptSource, RunOptions, run_loop
+    from rlplan.runtime.metrics import predicted_phase_peaks, read_metrics
+    from rlplan.runtime.platform import detect_platform
+    from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
+
+    out = Path(work_dir)
+    model_dir = ensure_tiny_model(out / "model")
+    train_file, _ = write_toy_dataset(out / "data" / "train.parquet", BASELINE_RUN_PROMPTS * BASELINE_RUN_STEPS)
+    workload = demo_plan(model_dir, train_file, out / "run", steps=BASELINE_RUN_STEPS, algorithm="grpo_full",
+                         train_batch_size=BASELINE_RUN_PROMPTS, n=BASELINE_RUN_SAMPLES)
+    plan = solve_demo_plan(workload)
+    platform = detect_platform()
+    summary = run_loop(plan, platform, RunOptions(output_dir=out / "run"), PromptSource.from_plan(plan))
+    measured = {row["phase"]: row["measured_gib"] for row in summary.plan_versus_actual if row["measured_gib"]}
+    unpriced = attrs.evolve(DEFAULT_PROFILE, cpu_trainer_process_gib=0.0, cpu_rollout_process_gib=0.0,
+                            cpu_trainer_baseline_measured_gib=0.0, cpu_rollout_baseline_measured_gib=0.0)
+    priced = predicted_phase_peaks(plan, unpriced)
+    residual = {phase: measured[phase] - priced[phase] for phase in measured if phase in priced}
+    trainer = [value for phase, value in residual.items() if phase != Phase.ROLLOUT]
+    if not trainer or Phase.ROLLOUT not in residual:
+        raise PlanError(field="calibrate --cpu", message="the baseline run measured no trainer or rollout phase.",
+                        fix="run `rlplan demo` to see why the runtime does not run on this machine")
+    mapped: dict[str, float] = {}
+    for record in read_metrics(out / "run"):
+        for key, value in record.items():
+            if key.startswith("memory/") and key.endswith("_mapped_gib"):
+                phase = key[len("memory/"):-len("_mapped_gib")]
+                mapped[phase] = max(mapped.get(phase, 0.0), float(value))
+    return CpuBaselineMeasurement(trainer_gib=_up(max(trainer)), engine_gib=_up(residual[Phase.ROLLOUT]),
+                                  peaks_gib=measured, mapped_gib=mapped)
+
+
+def _up(gib: float) -> float:
+    """Rounded up to 0.01 GiB, never below it (a baseline of 0 would read as 'not measured')."""
+    return max(0.01, math.ceil(gib * 100) / 100)

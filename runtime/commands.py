@@ -23,6 +23,7 @@ import attrs
 from rlplan.planner.commands.commands_io import (
     ExitCode,
     load_plan,
+    load_profile,
     make_console,
     print_json,
     refuse_overwriting_inputs,
@@ -258,17 +259,18 @@ def execute(plan: Plan, options: RunOptions, console: Console, *, as_json: bool 
 
 def run_command(
     plan_path: str, *, resume: bool, address: str | None, output_dir: str | None, max_steps: int | None,
-    as_json: bool = False,
+    as_json: bool = False, profile_path: str | None = None,
 ) -> int:
     """`rlplan run plan.toml [--resume] [--address A] [--output-dir D] [--max-steps N] [--json]`."""
     # With --json the log goes to stderr so that stdout holds only the one JSON object.
     console = make_console(stderr=as_json)
     try:
         plan = load_plan(plan_path)
+        profile = load_profile(profile_path)
     except PlanError as error:
         return report_error(error, as_json=as_json, log=console)
     directory = Path(output_dir or plan.trainer.output_dir)
-    options = RunOptions(output_dir=directory, resume=resume, address=address, max_steps=max_steps)
+    options = RunOptions(output_dir=directory, resume=resume, address=address, max_steps=max_steps, profile=profile)
     return execute(plan, options, console, as_json=as_json, plan_source=plan_path)
 
 
@@ -308,13 +310,17 @@ def solve_demo_plan(workload: Plan, pins: dict[str, Any] | None = None) -> Plan:
     return result.plan
 
 
-def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
+def demo_command(output_dir: str, steps: int, as_json: bool = False, profile_path: str | None = None) -> int:
     """`rlplan demo`: the bundled tiny model and toy task, solved for this machine, run end to end."""
     from rlplan.planner.planfile import plan_to_toml
     from rlplan.runtime.platform import detect_platform
     from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
 
     console = make_console(stderr=as_json)
+    try:
+        profile = load_profile(profile_path)
+    except PlanError as error:
+        return report_error(error, as_json=as_json, log=console)
     out = Path(output_dir)
     model_dir = ensure_tiny_model(out / "model")
     train_file, _ = write_toy_dataset(out / "data" / "train.parquet", DEMO_PROMPTS)
@@ -332,7 +338,8 @@ def demo_command(output_dir: str, steps: int, as_json: bool = False) -> int:
         f"and written to {plan_file} (update token budget {plan.actor.ppo_max_token_len_per_gpu} per rank); "
         f"{steps} GRPO steps, full fine-tuning"
     )
-    code = execute(plan, RunOptions(output_dir=out / "run"), console, as_json=as_json, plan_file=str(plan_file))
+    code = execute(plan, RunOptions(output_dir=out / "run", profile=profile), console, as_json=as_json,
+                   plan_file=str(plan_file))
     if code == ExitCode.OK:
         # soft_wrap: a command is never cut across lines, so it pastes as one.
         console.print("\n".join(demo_next_steps(out, model_dir, train_file)), markup=False, highlight=False,
@@ -394,24 +401,49 @@ def calibrate_command(plan_path: str | None, from_run: str | None, output: str, 
     return ExitCode.OK
 
 
-def calibrate_cpu_command(output: str, as_json: bool = False) -> int:
-    """`rlplan calibrate --cpu`: this machine's fp32 and bf16 FLOP/s and copy bandwidth, all cores, into a profile."""
+def calibrate_cpu_command(output: str, as_json: bool = False, *, measure_baselines: bool = True) -> int:
+    """`rlplan calibrate --cpu`: this machine's fp32 and bf16 FLOP/s and copy bandwidth, all cores, and (unless
+    --no-baselines) what a trainer rank and the engine hold beside the priced tensors, into a profile."""
+    import tempfile
+
+    from rlplan.runtime.calibrate import measure_cpu_baselines
+
     console = make_console(stderr=as_json)
     tflops, bf16_tflops, gbps = measure_cpu_rates()
     profile = attrs.evolve(DEFAULT_PROFILE, name=Path(output).stem, cpu_measured_tflops=tflops,
                            cpu_measured_bf16_tflops=bf16_tflops, cpu_measured_gbps=gbps)
+    baselines: dict[str, Any] = {}
+    if measure_baselines:
+        console.print("measuring this machine's CPU process baselines: a two-step run of the bundled tiny model "
+                      "(Ray, the trainer ranks and the vLLM CPU engine; a minute or two)")
+        try:
+            with tempfile.TemporaryDirectory(prefix="rlplan-calibrate-") as work:
+                found = measure_cpu_baselines(work)
+        except PlanError as error:
+            return report_error(error, as_json=as_json, log=console)
+        profile = attrs.evolve(profile, cpu_trainer_baseline_measured_gib=found.trainer_gib,
+                               cpu_rollout_baseline_measured_gib=found.engine_gib)
+        baselines = {"cpu_trainer_baseline_measured_gib": found.trainer_gib,
+                     "cpu_rollout_baseline_measured_gib": found.engine_gib,
+                     "peaks_gib": found.peaks_gib, "mapped_gib": found.mapped_gib}
     try:
         write_atomic(output, profile_to_toml(profile), "--output")
     except PlanError as error:
         return report_error(error, as_json=as_json)
     if as_json:
         print_json({"profile_file": output, "cpu_measured_tflops": tflops, "cpu_measured_bf16_tflops": bf16_tflops,
-                    "cpu_measured_gbps": gbps})
+                    "cpu_measured_gbps": gbps, **baselines})
         return ExitCode.OK
     console.print(f"wrote {output}: cpu_measured_tflops = {tflops:.4g} ({tflops * 1000:.1f} GFLOP/s fp32 matmul), "
                   f"cpu_measured_bf16_tflops = {bf16_tflops:.4g} ({bf16_tflops * 1000:.1f} GFLOP/s bf16), "
                   f"cpu_measured_gbps = {gbps:.4g}")
-    console.print(f"use it with `rlplan solve --device cpu ... --profile {output}`")
+    if baselines:
+        mapped = ", ".join(f"{phase} {gib:.2f}" for phase, gib in sorted(baselines["mapped_gib"].items()))
+        console.print(f"CPU process baselines: {baselines['cpu_trainer_baseline_measured_gib']:.2f} GiB per trainer "
+                      f"rank, {baselines['cpu_rollout_baseline_measured_gib']:.2f} GiB for the engine (file-backed "
+                      f"and shared pages of the peaks, GiB: {mapped})")
+    console.print(f"use it with `rlplan solve --device cpu ... --profile {output}` and "
+                  f"`rlplan run PLAN --profile {output}`")
     return ExitCode.OK
 
 

@@ -32,6 +32,7 @@ from rlplan.planner.layout import plan_layout, reuses_update_log_probs
 from rlplan.planner.phases import ControllerWork, Phase, SyncMode
 from rlplan.planner.plan import Plan
 from rlplan.planner.platform import Platform
+from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.runtime import checkpoint
 from rlplan.runtime.metrics import (
     MetricsLog,
@@ -39,6 +40,7 @@ from rlplan.runtime.metrics import (
     open_trackers,
     plan_versus_actual,
     predicted_phase_peaks,
+    prediction_bound,
 )
 from rlplan.runtime.trainer.token_batch import (
     TokenBatch,
@@ -72,6 +74,9 @@ class RunOptions:
     max_steps: int | None = None
     # Test-only negative control: False leaves the rollout engines on their initial weights.
     sync_weights: bool = True
+    # What plan-versus-actual prices with (`rlplan run --profile`): on a CPU, the baselines `calibrate --cpu`
+    # measured on this machine, else the built-in bounds.
+    profile: Profile = DEFAULT_PROFILE
 
 
 @frozen(kw_only=True)
@@ -149,7 +154,7 @@ class Controller:
         self.memory_measure = ""
         self.engines_asleep = False
         # Plan versus actual: the planner's per-phase prediction travels with every step's measurement.
-        self.predicted_gib = predicted_phase_peaks(plan)
+        self.predicted_gib = predicted_phase_peaks(plan, options.profile)
 
     # --- fan-out helpers --------------------------------------------------------------------------
     def _on_trainers(self, method: str, shards: list[TokenBatch] | None, *args: Any) -> list[Any]:
@@ -181,6 +186,10 @@ class Controller:
         held = [m.held_bytes for m in measurements if m.held_bytes is not None]
         if held:
             record[f"memory/{name}_held_gib"] = max(held) / 2**30
+        largest = max(measurements, key=lambda m: m.peak_bytes)
+        if largest.mapped_bytes is not None:
+            # What of the CPU peak is file-backed (libraries) rather than heap: the per-machine part of the RSS.
+            record[f"memory/{name}_mapped_gib"] = largest.mapped_bytes / 2**30
         return values
 
     # --- the step -------------------------------------------------------------------------------
@@ -368,7 +377,8 @@ class Controller:
         return int(state["step"])
 
     def plan_versus_actual(self) -> list[dict[str, Any]]:
-        return plan_versus_actual(self.predicted_gib, self.peaks, self.memory_measure)
+        return plan_versus_actual(self.predicted_gib, self.peaks, self.memory_measure,
+                                  bound=prediction_bound(self.options.profile))
 
 
 def _fields(shard: TokenBatch, **fields: Tensor) -> TokenBatch:

@@ -603,6 +603,9 @@ def run(
     max_steps: Annotated[int | None, typer.Option("--max-steps", help="Stop after this many steps.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Log to stderr; print one JSON object (steps, "
                                               "metrics file, plan versus actual, or the error) on stdout.")] = False,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", metavar="FILE", help="Profile plan-versus-actual prices with (on a CPU: the process baselines "
+        "`rlplan calibrate --cpu` measured here; without it, the built-in bounds).")] = None,
 ) -> None:
     """Run a plan with the bundled runtime (FSDP2 + vLLM + Ray).
 
@@ -617,7 +620,8 @@ def run(
     from rlplan.runtime.commands import run_command
 
     raise typer.Exit(run_command(plan_path, resume=resume, address=address or os.environ.get("RAY_ADDRESS"),
-                                 output_dir=output_dir, max_steps=max_steps, as_json=json_output))
+                                 output_dir=output_dir, max_steps=max_steps, as_json=json_output,
+                                 profile_path=profile))
 
 
 @app.command()
@@ -626,6 +630,8 @@ def demo(
     output_dir: Annotated[str, typer.Option("--output-dir", help="Where the model, data and run go.")] = "runs/demo",
     steps: Annotated[int, typer.Option(help="RL steps to run.")] = 12,
     json_output: Annotated[bool, typer.Option("--json", help="Log to stderr; print one JSON object on stdout.")] = False,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", metavar="FILE", help="Profile plan-versus-actual prices with (`rlplan calibrate --cpu`).")] = None,
 ) -> None:
     """CPU demo: build the bundled tiny model and toy task, solve a plan for this machine, run it.
 
@@ -633,7 +639,7 @@ def demo(
     """
     from rlplan.runtime.commands import demo_command
 
-    raise typer.Exit(demo_command(output_dir, steps, as_json=json_output))
+    raise typer.Exit(demo_command(output_dir, steps, as_json=json_output, profile_path=profile))
 
 
 @app.command()
@@ -673,7 +679,11 @@ def calibrate(
     from_run: Annotated[str | None, typer.Option("--from-run", help="A finished run's metrics.jsonl.")] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="Profile TOML to write.")] = "profile.toml",
     cpu: Annotated[bool, typer.Option("--cpu", help="Measure this machine's fp32 matmul FLOP/s and memory "
-                                      "bandwidth (what `solve --device cpu` prices), with or without a plan.")] = False,
+                                      "bandwidth (what `solve --device cpu` prices), with or without a plan, and "
+                                      "its CPU process baselines (a short run of the bundled tiny model).")] = False,
+    baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="With --cpu: also measure the "
+                                            "trainer's and the engine's process baselines (needs the runtime: "
+                                            "Ray and vLLM).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object (profile file, changed "
                                               "constants, notes, or the error).")] = False,
     from_verl_log: Annotated[list[str] | None, typer.Option(
@@ -703,7 +713,7 @@ def calibrate(
     from rlplan.runtime.commands import calibrate_command, calibrate_cpu_command
 
     if cpu:
-        raise typer.Exit(calibrate_cpu_command(output, as_json=json_output))
+        raise typer.Exit(calibrate_cpu_command(output, as_json=json_output, measure_baselines=baselines))
     if plan_path is None and from_run is None:
         raise PlanError(field="calibrate", message="needs a plan or --from-run.", fix="pass plan.toml or --from-run FILE")
     raise typer.Exit(calibrate_command(plan_path, from_run, output, as_json=json_output))

@@ -30,6 +30,7 @@ from attrs import frozen
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
 from rlplan.planner.memory.allocator_trace import stranded_bytes
 from rlplan.planner.memory.backend import training_backend
+from rlplan.planner.memory.cpu_process import cpu_baselines, engine_sync_component, trainer_heap_component
 from rlplan.planner.memory.heads import forward_head_bytes_per_token_vocab, update_loss_head
 from rlplan.planner.memory.model_facts import model_facts
 from rlplan.planner.memory.report import GIB, MIB, BindingConstraint, Component, HostMemory, PhaseMemory
@@ -113,7 +114,7 @@ class _StepContext:
     """What every phase of one plan shares; built once per predict_memory call."""
 
     __slots__ = ("plan", "profile", "facts", "layout", "trainer", "actor", "critic", "actor_gpu", "critic_gpu",
-                 "_budget", "resident_by_role", "_vllm_resident", "overhead", "on_cpu", "split")
+                 "_budget", "resident_by_role", "_vllm_resident", "overhead", "on_cpu", "split", "_cpu_high_water")
 
     def __init__(self, plan: Plan, profile: Profile, layout: PlanLayout) -> None:
         self.plan = plan
@@ -134,9 +135,21 @@ class _StepContext:
         # On rlplan's CPU runtime a rank is a process and what it measures is its resident set: the
         # interpreter and libraries take the place of the CUDA context.
         self.overhead = (
-            Component("cpu_process_baseline", int(profile.cpu_trainer_process_gib * GIB), "overhead") if self.on_cpu
+            Component("cpu_process_baseline", cpu_baselines(profile).trainer_bytes, "overhead") if self.on_cpu
             else Component("cuda_context_and_nccl", int(profile.cuda_context_and_nccl_gib * GIB), "overhead"))
         self.resident_by_role = self._resident_by_role()
+        # On a CPU: the largest trainer phase's own bytes, which every trainer phase's heap keeps (cpu_process).
+        self._cpu_high_water: int | None = None
+
+    def cpu_high_water(self) -> int:
+        """The largest trainer phase's priced bytes beside the heap term: glibc keeps that phase's high-water mark,
+        so after the first step every trainer phase holds at least it (memory.cpu_process)."""
+        if self._cpu_high_water is None:
+            self._cpu_high_water = 0  # the phases built below carry no retained part of their own
+            builders = _step_phases(self)
+            self._cpu_high_water = max((builders[name]().peak_bytes for name in builders if name != Phase.ROLLOUT),
+                                       default=0)
+        return self._cpu_high_water
 
     @property
     def budget(self) -> RolloutBudget:
@@ -196,12 +209,20 @@ class _StepContext:
         allocator keeps no cache to reserve for.
         """
         if self.on_cpu:
+            # The process's baseline and the heap beyond the priced tensors (memory.cpu_process).
             if not step_is_trainer:
                 engine_process = Component(f"{self.plan.rollout.name}_cpu_process_baseline",
-                                           int(self.profile.cpu_rollout_process_gib * GIB), "overhead")
-                return PhaseMemory(name, (*step, engine_process), peak_at)
+                                           cpu_baselines(self.profile).engine_bytes, "overhead")
+                return PhaseMemory(name, (*step, engine_sync_component(self.plan, self.profile), engine_process),
+                                   peak_at)
             resident = [c for key, c in self.resident_by_role.items() if key not in loaded]
-            return PhaseMemory(name, (*step, *resident, self.overhead), peak_at)
+            own = PhaseMemory(name, (*step, *resident, self.overhead), peak_at)
+            if self._cpu_high_water == 0:  # building the high-water mark itself
+                return own
+            baseline = self.overhead.bytes
+            heap = trainer_heap_component(self.plan, self.profile, high_water=self.cpu_high_water() - baseline,
+                                          own=own.peak_bytes - baseline)
+            return PhaseMemory(name, (*step, *resident, heap, self.overhead), peak_at)
         # The rollout's own pool holds no trainer state (plan.RolloutPool).
         resident = [] if self.split and not step_is_trainer else [
             c for key, c in self.resident_by_role.items() if key not in loaded]
@@ -358,7 +379,8 @@ def _host(ctx: _StepContext) -> HostMemory:
         # Each rank's process is priced per 'device' (its share of host RAM); the engine's process, its
         # weights and its KV space come on top of them: one engine per machine (runtime.workers).
         engine = ctx.budget
-        components.append(Component("vllm_cpu_engine", int(profile.cpu_rollout_process_gib * GIB)
+        components.append(Component("vllm_cpu_engine", cpu_baselines(profile).engine_bytes
+                                    + engine_sync_component(plan, profile).bytes
                                     + engine.weights_bytes + max(0, engine.kv_cache_bytes)))
         return HostMemory(tuple(components))
     components.append(_process_overhead(plan, profile))
@@ -437,6 +459,8 @@ def _report(ctx: _StepContext) -> MemoryReport:
                      "no room for a KV cache")
     elif not budget.holds_max_model_len:
         notes.append(f"the KV cache holds {budget.kv_cache_tokens} tokens, below max_model_len {budget.max_model_len}")
+    if ctx.on_cpu:
+        notes.append(cpu_baselines(profile).describe())
     if plan.rollout.free_cache_engine and not stages_wake_up(plan) and not plan.rollout_is_split:
         remedy = ("rollout.multi_stage_wake_up = true keeps" if not plan.rollout.multi_stage_wake_up else
                   f"verl {plan.stack.verl} has no staged wake-up; from verl 0.4.1 multi_stage_wake_up keeps")

@@ -102,7 +102,7 @@ def test_cpu_phases_are_processes_trainer_phases_hold_no_engine_and_the_rollout_
     rollout_names = {c.name for c in report.phase("rollout").components}
     assert "cpu_process_baseline" in trainer_names
     assert not trainer_names & {"kv_cache", "vllm_weights", "cuda_context_and_nccl", "fragmentation_reserve"}
-    assert rollout_names == {"vllm_weights", "kv_cache", "vllm_cpu_process_baseline"}
+    assert rollout_names == {"vllm_weights", "kv_cache", "cpu_engine_received_weights", "vllm_cpu_process_baseline"}
     assert any(c.name == "vllm_cpu_engine" for c in report.host.components)
 
 
@@ -150,10 +150,10 @@ def test_solve_device_cpu_with_a_gpu_is_bad_input():
     assert result.exit_code == 2
 
 
-def test_demo_plan_predicted_phases_agree_with_a_recorded_cpu_run_within_ten_percent():
-    """The demo's plan-versus-actual table: predicted per-phase RSS against the one measured on a real run."""
+def test_the_built_in_demo_prediction_is_never_under_a_recorded_cpu_run():
+    """The demo's plan-versus-actual table with the built-in baselines: an upper bound on a real run's RSS."""
     from rlplan.runtime.measure import with_runtime_head  # what runtime.metrics prices; imports no torch
-    from rlplan.runtime.metrics import prediction_error, prediction_verdict
+    from rlplan.runtime.metrics import prediction_bound, prediction_error, prediction_verdict
 
     plan = plan_from_toml((DEMO_RUN / "plan.toml").read_text())
     measured = json.loads((DEMO_RUN / "measured.json").read_text())
@@ -162,7 +162,7 @@ def test_demo_plan_predicted_phases_agree_with_a_recorded_cpu_run_within_ten_per
     assert set(predicted) == set(measured["measured_peak_gib"])
     for phase, gib in measured["measured_peak_gib"].items():
         error = prediction_error(predicted[phase], gib)
-        assert prediction_verdict(error) == "holds", (phase, predicted[phase], gib)
+        assert prediction_verdict(error, prediction_bound(DEFAULT_PROFILE)) == "holds", (phase, predicted[phase], gib)
 
 
 @pytest.mark.parametrize(("phase", "measured_gib"), [
@@ -170,15 +170,18 @@ def test_demo_plan_predicted_phases_agree_with_a_recorded_cpu_run_within_ten_per
     ("actor_update", 0.79), ("old_log_prob", 0.77), ("rollout", 1.97),
     # this project's 2-core EPYC, 2026-11-25 (4 steps of `rlplan demo`, fresh environment).
     ("actor_update", 0.67), ("old_log_prob", 0.66), ("rollout", 1.90),
+    # the 2-core AVX2-only EPYC, 2026-11-29 (issue 42: 3 steps of `rlplan demo`).
+    ("actor_update", 0.605), ("weight_sync", 0.600), ("rollout", 1.843),
 ])
 def test_the_demo_prediction_holds_for_the_rss_measured_on_each_cpu_it_ran_on(phase, measured_gib):
     """Invariant: never under by more than the bound's 5 %: the plan is an upper bound on every CPU measured."""
     from rlplan.runtime.measure import with_runtime_head
-    from rlplan.runtime.metrics import prediction_error, prediction_verdict
+    from rlplan.runtime.metrics import prediction_bound, prediction_error, prediction_verdict
 
     plan = plan_from_toml((DEMO_RUN / "plan.toml").read_text())
     predicted = {p.name: p.peak_bytes / GIB for p in predict_memory(with_runtime_head(plan)).phases}
-    assert prediction_verdict(prediction_error(predicted[phase], measured_gib)) == "holds", predicted[phase]
+    error = prediction_error(predicted[phase], measured_gib)
+    assert prediction_verdict(error, prediction_bound(DEFAULT_PROFILE)) == "holds", predicted[phase]
 
 
 def test_cpu_rollout_is_one_engine_on_the_whole_machine_whatever_the_trainer_ranks():

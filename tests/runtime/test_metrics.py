@@ -158,6 +158,25 @@ def test_cpu_probe_sees_an_allocation_made_inside_the_phase():
     assert phase.seconds > 0
 
 
+def test_cpu_probe_splits_the_peak_into_its_file_backed_part_and_a_heap_allocation_is_not_in_it():
+    size = 128 * 2**20
+
+    def allocate():
+        block = bytearray(size)
+        for offset in range(0, size, 4096):
+            block[offset] = 1
+        threading.Event().wait(0.05)
+        return len(block)
+
+    with PeakMemoryProbe("cpu") as idle:
+        pass
+    _, phase = measured("cpu", allocate)
+    assert idle.mapped_bytes is not None and phase.mapped_bytes is not None
+    # The interpreter's own libraries are resident and file-backed; the bytearray is anonymous memory.
+    assert 0 < phase.mapped_bytes < phase.peak_bytes
+    assert phase.mapped_bytes - idle.mapped_bytes < size * 0.2 < size * 0.8 < phase.peak_bytes - idle.peak_bytes
+
+
 def test_cpu_phases_carry_no_held_gpu_figure():
     _, phase = measured("cpu", lambda: None)
     assert phase.held_bytes is None
@@ -224,6 +243,32 @@ def test_the_plan_versus_actual_table_prints_the_error_and_a_verdict_against_the
     # The bound's edges hold; just past them does not.
     assert prediction_verdict(low) == prediction_verdict(high) == "holds"
     assert prediction_verdict(low - 0.001) == "UNDER-predicted"
+
+
+def test_with_the_built_in_baselines_only_the_under_side_is_held_and_the_table_says_how_to_measure_them():
+    import io
+
+    import attrs
+    from rich.console import Console
+
+    from rlplan.planner.profile import DEFAULT_PROFILE
+    from rlplan.runtime.metrics import (
+        PREDICTION_BOUND,
+        PREDICTION_BOUND_BUILT_IN,
+        plan_versus_actual_table,
+        prediction_bound,
+    )
+
+    measured_here = attrs.evolve(DEFAULT_PROFILE, cpu_trainer_baseline_measured_gib=0.5,
+                                 cpu_rollout_baseline_measured_gib=0.8)
+    assert prediction_bound(DEFAULT_PROFILE) == PREDICTION_BOUND_BUILT_IN
+    assert prediction_bound(measured_here) == PREDICTION_BOUND
+    rows = plan_versus_actual({"rollout": 3.0, "actor_update": 0.5}, {"rollout": 2**31, "actor_update": 2**30},
+                              CPU_MEASURE, bound=PREDICTION_BOUND_BUILT_IN)
+    assert {row["phase"]: row["verdict"] for row in rows} == {"rollout": "holds", "actor_update": "UNDER-predicted"}
+    out = io.StringIO()
+    Console(file=out, width=300).print(plan_versus_actual_table(rows))
+    assert "built-in bounds" in out.getvalue() and "rlplan calibrate --cpu" in out.getvalue()
 
 
 def test_a_gpu_run_gets_the_error_but_no_verdict_against_the_cpu_runtimes_bound():
