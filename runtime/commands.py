@@ -194,6 +194,7 @@ def execute(plan: Plan, options: RunOptions, console: Console, *, as_json: bool 
     With --json the log (the console, then on stderr) stays human, and stdout gets one JSON object: the
     run's outcome, or {"error": {field, message, fix}}.
     """
+    from rlplan.planner.memory.cpu_process import cpu_baselines
     from rlplan.runtime.loop import PromptSource, run_loop
     from rlplan.runtime.metrics import check_trackers, plan_versus_actual_table
     from rlplan.runtime.platform import blocking_errors, detect_platform
@@ -246,13 +247,16 @@ def execute(plan: Plan, options: RunOptions, console: Console, *, as_json: bool 
                                           "`rlplan run PLAN --resume`"}})
         return ExitCode.FAILED
     console.print(plan_versus_actual_table(summary.plan_versus_actual))
+    baselines = cpu_baselines(options.profile).describe() if plan.cluster.gpu.is_cpu else None
+    if baselines:
+        console.print(baselines, markup=False)
     metrics_file = Path(options.output_dir) / "metrics.jsonl"
     console.print(f"finished {summary.last_step} steps; metrics in {metrics_file}")
     if as_json:
         print_json({"finished_steps": summary.last_step, "steps_this_run": summary.steps_done,
                      "output_dir": str(options.output_dir), "metrics_file": str(metrics_file),
                      "plan_file": plan_file or str(run_dir / "plan.toml"),
-                     "plan_versus_actual": summary.plan_versus_actual})
+                     "plan_versus_actual": summary.plan_versus_actual, "cpu_baselines": baselines})
     return ExitCode.OK
 
 

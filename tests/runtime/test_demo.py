@@ -59,7 +59,9 @@ def test_the_live_demos_plan_versus_actual_holds_on_this_cpu(tmp_path, capsys, c
     code = demo_command(str(tmp_path / "demo"), steps=3, as_json=True, profile_path=calibrated_profile)
     captured = capsys.readouterr()
     assert code == ExitCode.OK, captured.err[-3000:]
-    rows = json.loads(captured.out)["plan_versus_actual"]
+    result = json.loads(captured.out)
+    rows = result["plan_versus_actual"]
+    assert "measured on this machine" in result["cpu_baselines"]
     assert "old_log_prob" in {row["phase"] for row in rows}
     _assert_every_phase_holds(rows)
     # The demo ends with the commands that come next, on its own paths.
