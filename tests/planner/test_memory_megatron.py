@@ -204,6 +204,29 @@ def test_megatrons_cpu_optimizer_keeps_its_fraction_of_the_optimizer_state_off_t
     assert _update_peak_gib(offloaded) < _update_peak_gib(plan)
 
 
+def test_megatron_leaves_its_grad_buffer_and_main_weights_on_the_gpu_when_the_engine_starts_unless_offloaded():
+    """Megatron-Core allocates the DDP grad buffer with the model and the distributed optimizer's fp32 main weights
+    with the optimizer, before verl builds the rollout engine; param_offload takes the weights and the buffer off,
+    optimizer_offload the main weights. FSDP has neither before its first step: its parameters alone."""
+    from rlplan.planner.memory.fsdp import FSDP
+    from rlplan.planner.memory.megatron import MAIN_WEIGHT_SHARE_OF_ADAM, MEGATRON
+    from tests.planner.plans import make_plan
+
+    def at_start(plan, backend) -> float:
+        state = backend.role_state(plan, "actor", plan_layout(plan))
+        return backend.resident_at_engine_start(plan, "actor", backend.state_on_gpu(plan, "actor", state))
+
+    plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
+    state = MEGATRON.state_on_gpu(plan, "actor", MEGATRON.role_state(plan, "actor", plan_layout(plan)))
+    assert state.grads > 0
+    assert at_start(plan, MEGATRON) == int(state.params + state.grads + MAIN_WEIGHT_SHARE_OF_ADAM * state.optimizer)
+    assert at_start(plan.evolve(actor=attrs.evolve(plan.actor, megatron=attrs.evolve(
+        plan.actor.mcore, param_offload=True, optimizer_offload=True))), MEGATRON) == 0
+    fsdp = make_plan(QWEN3_MOE)
+    assert at_start(fsdp, FSDP) == int(FSDP.state_on_gpu(fsdp, "actor", FSDP.role_state(fsdp, "actor", plan_layout(
+        fsdp))).params)
+
+
 def test_verls_megatron_lora_example_fits_on_the_h100s_it_names_and_the_dense_example_too():
     """verl's run_qwen3moe-30b_megatron_lora.sh (8 GPUs, TP 2 PP 2 CP 2 EP 4, full recompute, everything
     offloaded) and run_qwen2-7b_math_megatron.sh (8 GPUs, TP 2 PP 2) price under an 80 GB GPU."""
