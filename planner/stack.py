@@ -372,6 +372,13 @@ MEGATRON_GRAD_OFFLOAD_ABSENT = Behaviour(
               "absent from v0.9.1 (param_offload frees the gradient buffers) and before v0.4.0 (v0.3.0.post1's "
               "megatron_workers.py reads actor.grad_offload, outside actor.megatron)",
     summary="verl's Megatron engine config has no megatron.grad_offload: hydra refuses the override")
+MEGATRON_LOG_PROB_CLONES_LOGITS = Behaviour(
+    name="megatron_log_prob_clones_logits", package="verl", since="0.6.0",
+    code_path="verl/workers/actor/megatron_actor.py forward_backward_batch's logits_processor `logits_bak = "
+              "logits.clone()` before vocab_parallel_entropy (read at v0.6.0, v0.6.1, v0.7.0 and main at 0.8.0.dev; "
+              "the engine worker's verl/workers/engine/megatron/transformer_impl.py alike at v0.6.1-main); v0.4.0, "
+              "v0.4.1 and v0.5.0 compute the entropy and then the log-probs on the logits themselves",
+    summary="verl's Megatron log-prob pass with the entropy clones the vocabulary-parallel logits first")
 LEN_FROM_SEQUENCES = Behaviour(
     name="max_model_len_from_sequences", package="verl", before="0.7.0",
     code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py (and vllm_rollout.py) __init__: "
