@@ -121,6 +121,14 @@ def test_full_recompute_covers_at_most_one_stages_layers():
     assert "megatron_recompute_layers_fit_stage" not in rules_of(fixed(plan, "megatron_recompute_layers_fit_stage"))
 
 
+def test_block_recompute_of_more_layers_than_a_stage_holds_recomputes_the_stage_and_is_not_refused():
+    # Megatron-Core's block method checkpoints the stage's first recompute_num_layers layers, within the stage's own
+    # range: 8 on a stage of 7 recomputes all 7 (verl v0.7.0's recipe/r1_ascend DeepSeek-V3 script sets block, 8).
+    plan = megatron_plan(actor__megatron__pipeline_model_parallel_size=4, actor__megatron__recompute_method="block",
+                         actor__megatron__recompute_num_layers=8, actor__megatron__recompute_granularity="full")
+    assert "megatron_recompute_layers_fit_stage" not in rules_of(plan)
+
+
 def test_sequence_parallel_at_tp_1_says_nothing_as_it_changes_nothing():
     # verl's own default (sequence_parallel true at TP 1): McoreEngineConfig turns it off, and the memory model
     # splits activations over TP only where TP > 1, so no rule may warn about what no one can act on.
