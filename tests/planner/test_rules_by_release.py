@@ -3,6 +3,7 @@ one test per rule and era (planner/stack.py behaviours, read in verl's 0.3.0.pos
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from rlplan.planner.knobs import apply_knobs
@@ -93,6 +94,39 @@ def test_before_0_7_an_unset_max_model_len_is_prompt_plus_response_and_is_not_wa
     # verl 0.7.0's server sets the model's context whatever rollout.max_model_len says.
     assert on(make_plan(), "0.7.0").verl_max_model_len == plan.model.arch.max_position_embeddings
     assert fired(v070, "max_model_len_within_model", "warning")
+
+
+def _beyond_the_models_positions(verl: str, name: str = "qwen2.5-math-7b", **overrides):
+    # prompt + response 1536 on a model of 1024 positions (the DAPO Qwen2.5-Math-7B case: 10240 on 4096).
+    plan = make_plan(overrides={"rollout.max_model_len": None, **overrides})
+    arch = attrs.evolve(plan.model.arch, max_position_embeddings=1024)
+    model = attrs.evolve(plan.model, name=name, path="/data/Qwen2.5-Math-7B", arch=arch)
+    return on(plan.evolve(model=model), verl)
+
+
+@pytest.mark.parametrize("verl", ["0.3.0.post1", "0.4.1", "0.6.1"])
+def test_before_0_7_sequences_beyond_the_models_positions_are_refused_as_verls_rollout_asserts(verl):
+    plan = _beyond_the_models_positions(verl)
+    errors = [v for v in check_plan(plan).errors if v.rule == "max_model_len_within_model"]
+    assert len(errors) == 1  # one cause, one error (verl sizes vLLM for prompt + response: the same length)
+    assert "vllm_rollout_spmd.py" in errors[0].message and f"rlplan's preset {plan.model.name}" in errors[0].message
+    assert "a local config.json with more positions would change this verdict" in errors[0].message
+    assert "+actor_rollout_ref.model.override_config.max_position_embeddings=1536" in errors[0].fix
+    read_here = _beyond_the_models_positions(verl, name="Qwen2.5-Math-7B")  # the folder's own config.json
+    assert any("the config.json of /data/Qwen2.5-Math-7B" in v.message and "would change" not in v.message
+               for v in check_plan(read_here).errors)
+    megatron = _beyond_the_models_positions(verl, **{"actor.strategy": "megatron"})
+    assert any("override_config.model_config.max_position_embeddings=1536" in v.fix
+               for v in check_plan(megatron).errors if v.rule == "max_model_len_within_model")
+
+
+@pytest.mark.parametrize("verl", ["0.7.0", "0.8.0", "0.9.1"])
+def test_from_0_7_verl_runs_sequences_beyond_the_models_positions_with_responses_cut_so_it_is_a_warning(verl):
+    # verl starts vLLM at the model's positions and clamps max_tokens to max_model_len - prompt (agent loop).
+    plan = _beyond_the_models_positions(verl)
+    assert not fired(plan, "max_model_len_within_model")
+    warnings = [v for v in check_plan(plan).warnings if v.rule == "max_model_len_within_model"]
+    assert len(warnings) == 1 and "vllm_async_server.py generate" in warnings[0].message
 
 
 def test_a_long_context_model_with_a_short_run_needs_no_long_batched_tokens_before_0_7():
