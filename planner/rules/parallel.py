@@ -59,8 +59,11 @@ def _ulysses_divides_world(ctx: RuleContext) -> Iterator[Violation]:
         if world % sp:
             better = _largest_divisor_at_most(world, sp)
             yield ctx.violation(
-                f"{section}.ulysses_sequence_parallel_size = {sp} does not divide the {world} GPUs.",
-                f"set {section}.ulysses_sequence_parallel_size = {better}",
+                f"{section}.ulysses_sequence_parallel_size = {sp} does not divide the {world} GPUs: verl's FSDP "
+                f"worker builds a (dp = {world} // {sp}, sp = {sp}) device mesh (fsdp_workers.py __init__: "
+                "init_device_mesh(mesh_shape=(dp, ulysses_sequence_parallel_size))), which torch refuses unless "
+                "it holds every GPU.",
+                f"set {section}.ulysses_sequence_parallel_size = {better}, or run on a multiple of {sp} GPUs",
                 **{f"{section}__ulysses_sequence_parallel_size": better},
             )
 
@@ -166,10 +169,19 @@ def _megatron_experts_divide(ctx: RuleContext) -> Iterator[Violation]:
             yield ctx.violation(f"{role}: {experts} experts do not split over expert parallel size {ep}.",
                                 f"set {role}.megatron.expert_model_parallel_size to a divisor of {experts}")
         elif world % (ep * etp * engine.pipeline_model_parallel_size):
-            yield ctx.violation(
-                f"{role}: the world of {world} GPUs does not split into expert groups of EP {ep} x ETP {etp} x PP "
-                f"{engine.pipeline_model_parallel_size}.", f"choose {role}.megatron EP and ETP whose product with PP "
-                f"divides {world}")
+            yield from _expert_groups_refused(ctx, role, engine, world)
+
+
+def _expert_groups_refused(ctx: RuleContext, role: str, engine: MegatronSection, world: int) -> Iterator[Violation]:
+    ep, etp, pp = engine.expert_model_parallel_size, engine.expert_tensor_size, engine.pipeline_model_parallel_size
+    unset = "" if engine.expert_tensor_parallel_size else f" (expert_tensor_parallel_size unset: Megatron takes TP {etp})"
+    fix = f"choose {role}.megatron EP and ETP whose product with PP divides {world}"
+    if world % (ep * pp) == 0 and etp > 1:
+        fix = f"set {role}.megatron.expert_tensor_parallel_size = 1 (EP {ep} x PP {pp} divides {world}), or " + fix
+    yield ctx.violation(
+        f"{role}: the world of {world} GPUs does not split into expert groups of EP {ep} x ETP {etp}{unset} x PP "
+        f"{pp}: Megatron-Core's parallel_state.initialize_model_parallel raises \"world_size is not divisible by "
+        "expert_tensor_model_pipeline_parallel size\" when verl initializes the model's parallel groups.", fix)
 
 
 @rule("worker", "Megatron's tensor parallelism splits attention heads and KV heads evenly")

@@ -241,3 +241,14 @@ def test_a_global_micro_batch_key_alone_is_refused_only_by_the_engine_worker_tha
               verl)
     assert fired(plan, "deprecated_global_micro_batch_keys") is refused
     assert fired(plan, "deprecated_global_micro_batch_keys", "warning") is not refused
+
+
+@pytest.mark.parametrize("verl", ["0.7.0", "0.8.0"])
+def test_one_sequence_over_eight_agent_loop_workers_is_refused_naming_verls_chunk_assert(verl):
+    # verl's 1-GPU LoRA tuning scripts (examples/tuning/*/qwen2-*_grpo-lora_1_h100_fsdp_vllm.sh): batch 1 x n 1, and
+    # from 0.7.0 every rollout goes through the agent loop's 8 workers (prompts.chunk(8) on 1 sequence).
+    plan = on(make_plan(overrides={"data.train_batch_size": 1, "rollout.n": 1, "actor.ppo_mini_batch_size": 1,
+                                   "rollout.agent_num_workers": 8}), verl)
+    refusal = next(v for v in check_plan(plan).errors if v.rule == "agent_loop_chunks_evenly")
+    assert "agent_loop.py" in refusal.message and "protocol.py" in refusal.message
+    assert refusal.suggested == {"rollout.agent_num_workers": 1}

@@ -204,3 +204,15 @@ def test_rollout_tp_is_checked_against_the_rollouts_own_pool_and_its_engines_cou
     assert "rollout_tp_divides_world" in rules_of(odd)
     apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=2)))
     assert "rollout_tp_divides_world" not in rules_of(apart) and plan_layout(apart).parallel.rollout_replicas == 1
+
+
+def test_unset_expert_tp_takes_tp_and_the_refusal_names_megatrons_error_and_etp_1():
+    # verl passes expert_tensor_parallel_size=None and Megatron-Core takes TP: EP 8 x ETP 4 on 8 GPUs (verl v0.7.0's
+    # recipe/dapo/test_dapo_qwen3_moe_30b_megatron_fp16.sh: TP 4, PP 4, EP 8 on 32 GPUs).
+    plan = megatron_plan(QWEN3_MOE, actor__megatron__tensor_model_parallel_size=4,
+                         actor__megatron__expert_model_parallel_size=8)
+    refusal = next(v for v in check_plan(plan).errors if v.rule == "megatron_experts_divide")
+    assert "Megatron takes TP 4" in refusal.message and "initialize_model_parallel" in refusal.message
+    assert "expert_tensor_parallel_size = 1" in refusal.fix
+    assert "megatron_experts_divide" not in rules_of(
+        apply_knobs(plan, {"actor.megatron.expert_tensor_parallel_size": 1}))
