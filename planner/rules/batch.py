@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import normalized_micro_batch
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
+from rlplan.planner.plan import Plan
 from rlplan.planner.rules.registry import (
     ROLLOUT_MODE_KEY,
     RuleContext,
@@ -29,6 +30,7 @@ from rlplan.planner.stack import (
     ASYNC_ROLLOUT_DEFAULT,
     ENGINE_MICRO_SPLIT_ASSERT,
     ENGINE_WORKER,
+    MEGATRON_MICRO_SPLIT_ASSERT,
     PROMPTS_DISPATCHED_BEFORE_REPEAT,
     REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
     holds,
@@ -197,6 +199,22 @@ def _micro_key(phase: Phase, per_gpu: int | None) -> str:
     return key
 
 
+def _mini_micro_assert(plan: Plan) -> str:
+    """Which verl code refuses a micro batch that does not divide the mini batch per GPU ("" where nothing does).
+    The legacy FSDP workers assert it at start (fsdp_workers.py __init__, the actor's and the critic's, v0.3 on);
+    the engine worker's prepare_micro_batches asserts it (stack.ENGINE_MICRO_SPLIT_ASSERT). verl's legacy Megatron
+    workers assert it only before v0.4.0 (stack.MEGATRON_MICRO_SPLIT_ASSERT); from v0.4.0 megatron_actor.py /
+    megatron_critic.py split the mini batch with `batch.split(micro_batch_size)` and run a short last one."""
+    if holds(ENGINE_MICRO_SPLIT_ASSERT, plan.stack):
+        return (": verl's engine worker asserts it (verl/workers/engine/utils.py prepare_micro_batches: "
+                "total_data_size % micro_batch_size_per_gpu == 0)")
+    if plan.is_megatron:
+        return (": verl's Megatron worker asserts it (megatron_actor.py split_dict_tensor_into_batches)"
+                if holds(MEGATRON_MICRO_SPLIT_ASSERT, plan.stack) else "")
+    return (": verl's FSDP worker asserts it at start (fsdp_workers.py __init__: \"normalized ppo_mini_batch_size "
+            "... should be divisible by ppo_micro_batch_size_per_gpu\")")
+
+
 def _micro_rules(ctx: RuleContext, section: str, mini_prompts: int, mini_per_gpu: int, micro_key: str,
                  micro_per_gpu: int | None, from_global: bool) -> Iterator[Violation]:
     """[N3, N5] normalized mini > 0; a set micro batch divides it and is at most it."""
@@ -216,11 +234,11 @@ def _micro_rules(ctx: RuleContext, section: str, mini_prompts: int, mini_per_gpu
         )
         return
     if mini_per_gpu % micro_per_gpu or mini_per_gpu // micro_per_gpu == 0:
+        asserted = _mini_micro_assert(ctx.plan)
+        if not asserted:
+            return
         better = _largest_divisor_at_most(mini_per_gpu, micro_per_gpu)
         source = f"the global {micro_key} normalized to" if from_global else f"{micro_key} ="
-        asserted = "" if ctx.plan.is_megatron else (
-            ": verl's FSDP worker asserts it at start (fsdp_workers.py __init__: \"normalized ppo_mini_batch_size ... "
-            "should be divisible by ppo_micro_batch_size_per_gpu\")")
         yield ctx.violation(
             f"the mini batch per GPU ({section}.ppo_mini_batch_size * n / dp = {mini_per_gpu} sequences) is not a "
             f"multiple of the micro batch ({source} {micro_per_gpu}){asserted}.",

@@ -252,3 +252,16 @@ def test_one_sequence_over_eight_agent_loop_workers_is_refused_naming_verls_chun
     refusal = next(v for v in check_plan(plan).errors if v.rule == "agent_loop_chunks_evenly")
     assert "agent_loop.py" in refusal.message and "protocol.py" in refusal.message
     assert refusal.suggested == {"rollout.agent_num_workers": 1}
+
+
+@pytest.mark.parametrize(("verl", "megatron_refused"), [("0.3.0.post1", True), ("0.4.1", False), ("0.6.1", False),
+                                                        ("0.7.0", False), ("0.8.0", True)])
+def test_a_micro_batch_that_does_not_divide_the_mini_batch_is_refused_by_fsdp_always_and_megatron_per_release(
+        verl, megatron_refused):
+    # mini 8 x n 4 / 8 ranks = 4 sequences per GPU in micro batches of 8: verl's FSDP worker asserts at start (and
+    # the engine worker's prepare_micro_batches from 0.8.0); its Megatron actor asserts only at v0.3
+    # (split_dict_tensor_into_batches), and from v0.4.0 runs one micro batch of 4 (batch.split).
+    knobs = {"actor.ppo_mini_batch_size": 8, "rollout.n": 4, "actor.ppo_micro_batch_size_per_gpu": 8}
+    assert fired(on(make_plan(overrides=knobs), verl), "actor_micro_batch_divides_mini")
+    megatron = on(make_plan(overrides={"actor.strategy": "megatron", **knobs}), verl)
+    assert fired(megatron, "actor_micro_batch_divides_mini") is megatron_refused
