@@ -451,7 +451,8 @@ def _agent_loop_chunks_evenly(ctx: RuleContext) -> Iterator[Violation]:
     if total % workers:
         better = math.gcd(total, workers)
         yield ctx.violation(
-            f"{total} sequences per step do not split evenly over rollout.agent_num_workers = {workers}: verl "
+            f"{total} sequences per step do not split evenly over rollout.agent_num_workers = {workers} (verl's "
+            f"actor_rollout_ref.rollout.agent.num_workers): verl "
             f"{plan.stack.verl}'s AgentLoopManager.generate_sequences splits the batch with "
             "prompts.chunk(num_workers) (verl/experimental/agent_loop/agent_loop.py) and DataProto.chunk asserts "
             "len % chunks == 0 (verl/protocol.py), so the first step fails.",
