@@ -23,9 +23,11 @@ from typing import Any
 
 from attrs import frozen
 
+from rlplan.planner.memory.heads import FORWARD_HEAD_BYTES
 from rlplan.planner.memory.megatron import (
     VERL_SAVES_DROPOUT_MASKS,
     cross_entropy_bytes,
+    forward_pass_bytes,
     layer_activation_bytes_per_token,
     optimizer_step_bytes,
     stage_activations,
@@ -52,7 +54,16 @@ CASES = (
     TwinCase("dense-dp2-no-distributed-optimizer", DENSE, world=2, distributed_optimizer=False),
     TwinCase("dense-tp2-offload", DENSE, world=2, tp=2, offload=True),
     TwinCase("moe-tp2-ep4", MOE, world=4, tp=2, ep=4),
+    # then verl's no-grad log-prob pass: the old-log-prob's (the entropy beside the log-probs) or the reference's
+    TwinCase("dense-tp1-old-log-prob", DENSE, world=1, log_prob="entropy"),
+    TwinCase("dense-tp2-old-log-prob", DENSE, world=2, tp=2, log_prob="entropy"),
+    TwinCase("dense-tp2-ref-log-prob", DENSE, world=2, tp=2, log_prob="log_probs"),
+    TwinCase("moe-ep2-old-log-prob", MOE, world=2, ep=2, log_prob="entropy"),
 )
+# The head coefficient verl's defaults give a plan's no-grad passes (heads.FORWARD_HEAD_BYTES: flash-attn's cross
+# entropy, the compiled entropy): all a Megatron log-prob pass was priced with before these measurements.
+VERL_FORWARD_HEAD = {"entropy": FORWARD_HEAD_BYTES["flash_attn_ce"]["compiled"],
+                     "log_probs": FORWARD_HEAD_BYTES["flash_attn_ce"]["none"]}
 
 
 @frozen
@@ -67,9 +78,10 @@ class Moments:
 
 def predicted_moments(case: TwinCase, *, before: bool = False) -> dict[str, float]:
     """The planner's terms for the case: the state, the update's two candidate peaks (at the loss head, at a
-    layer's backward), the optimizer step, and what verl's offload leaves on the GPU between phases.
+    layer's backward), the optimizer step, what verl's offload leaves on the GPU between phases, and verl's
+    no-grad log-prob pass (the weights, and the larger of the layers' transients and the head).
     `before`: as the model priced them before these measurements (no rotary Q and K, Megatron-Core's estimate
-    of the loss head, no optimizer-step temporaries)."""
+    of the loss head, no optimizer-step temporaries, the log-prob pass's head at verl's FSDP head coefficient)."""
     arch, engine = case.model.architecture(), case.engine()
     state = state_on_most_loaded_rank(arch, engine, case.world)
     stages = stage_activations(arch, engine, tokens_per_micro_batch=case.seq, micro_batches=case.micro_batches,
@@ -89,6 +101,13 @@ def predicted_moments(case: TwinCase, *, before: bool = False) -> dict[str, floa
     if case.offload:
         moments["offloaded"] = 0.0
         moments["reload"] = state.total
+    if case.log_prob:  # the twin runs verl >= 0.6's pass: the logits cloned where it computes the entropy
+        layers, head = forward_pass_bytes(arch, tp=case.tp, tokens=case.seq,
+                                          head_bytes_per_token_vocab=VERL_FORWARD_HEAD[case.log_prob],
+                                          vocab_parallel_head=True, logits_cloned=case.log_prob == "entropy")
+        if before:  # verl's head coefficient over the logits, and the output layer's input
+            head = case.seq * (VERL_FORWARD_HEAD[case.log_prob] * arch.vocab_size / case.tp + 4 * arch.hidden_size)
+        moments["log_prob"] = state.weights + max(layers, head)
     return moments
 
 
@@ -114,6 +133,11 @@ def measured_moments(ranks: list[dict[str, Any]], case: TwinCase) -> dict[str, f
     if case.offload:
         moments["offloaded"] = most("offloaded")
         moments["reload"] = most("reload")
+    if case.log_prob:
+        # The pass's peak with the weights alone of the state: the twin keeps the grads and the optimizer state on
+        # the rank (verl offloads them between phases, or not: the phases' resident components say which).
+        moments["log_prob"] = float(max(rank["peaks"]["log_prob"] - fixed[rank["rank"]] - sum(rank["parts"].values())
+                                        + rank["parts"]["weights"] for rank in ranks))
     return moments
 
 
@@ -164,7 +188,12 @@ def _layout(case: TwinCase) -> str:
         parts.append("AdamW single-tensor loop")
     if case.offload:
         parts.append("verl offload")
+    if case.log_prob:
+        parts.append("then the " + _PASS[case.log_prob].split(" (")[0] + " pass")
     return ", ".join(parts)
+
+
+_PASS = {"entropy": "old-log-prob (entropy, the logits cloned)", "log_probs": "reference (log-probs only)"}
 
 
 def table(rows: list[Moments]) -> list[str]:
@@ -177,6 +206,14 @@ def table(rows: list[Moments]) -> list[str]:
         cells.append(", ".join(_error(row.before[m], row.measured[m]) for m in ("update", "optimizer")))
         cells.append(f"{row.measured['fixed'] / MIB:.2f}")
         lines.append(f"| {row.case.label} | {_layout(row.case)} | " + " | ".join(cells) + " |")
+    log_prob = [row for row in rows if row.case.log_prob]
+    if log_prob:
+        lines += ["", "| case | pass | no-grad log-prob pass (the weights and the larger of the layers' transients "
+                  "and the head): measured / predicted MiB | before these measurements |", "|---|---|---|---|"]
+        lines += [f"| {row.case.label} | {_PASS[row.case.log_prob]} | {row.measured['log_prob'] / MIB:.1f} / "
+                  f"{row.predicted['log_prob'] / MIB:.1f} ({_error(row.predicted['log_prob'], row.measured['log_prob'])})"
+                  f" | {row.before['log_prob'] / MIB:.1f} ({_error(row.before['log_prob'], row.measured['log_prob'])}) |"
+                  for row in log_prob]
     offload = [row for row in rows if row.case.offload]
     if offload:
         lines += ["", "| case | left on the GPU after verl's offload: measured / predicted MiB | reload peak |",
@@ -189,16 +226,25 @@ def table(rows: list[Moments]) -> list[str]:
 def data_rows(rows: list[Moments]) -> list[dict[str, Any]]:
     """presets/measured_accuracy.toml's Megatron rows: each case's update peak (planner/model_error.py reads
     them as the Megatron backend's update band)."""
-    return [{"source": SOURCE, "model": "twin-moe" if row.case.model.experts else "twin-dense",
-             "phase": "actor_update", "head": "megatron_ce", "strategy": "megatron",
-             "configuration": _layout(row.case), "measured_mib": round(row.measured["update"] / MIB, 1),
-             "predicted_mib": round(row.predicted["update"] / MIB, 1)} for row in rows]
+    def row_of(row: Moments, phase: str, moment: str) -> dict[str, Any]:
+        return {"source": SOURCE, "model": "twin-moe" if row.case.model.experts else "twin-dense", "phase": phase,
+                "head": "megatron_ce", "strategy": "megatron", "configuration": _layout(row.case),
+                "measured_mib": round(row.measured[moment] / MIB, 1),
+                "predicted_mib": round(row.predicted[moment] / MIB, 1)}
+
+    return ([row_of(row, "actor_update", "update") for row in rows]
+            + [row_of(row, "old_log_prob" if row.case.log_prob == "entropy" else "ref_log_prob", "log_prob")
+               for row in rows if row.case.log_prob])
 
 
 def section(rows: list[Moments]) -> str:
     errors = [row.predicted["update"] / row.measured["update"] - 1 for row in rows]
     summary = (f"{len(rows)} cases; update peak error from {100 * min(errors):+.1f} % to {100 * max(errors):+.1f} %"
                if rows else "no case measured")
+    passes = [row.predicted["log_prob"] / row.measured["log_prob"] - 1 for row in rows if row.case.log_prob]
+    if passes:
+        summary += (f"; the no-grad log-prob pass's peak from {100 * min(passes):+.1f} % to "
+                    f"{100 * max(passes):+.1f} % ({len(passes)} cases)")
     return "\n".join([
         SECTION_HEADING, "",
         "Generated by `python benchmarks/megatron_twin.py --write docs/accuracy.md` from the measurements cached in "
@@ -218,6 +264,12 @@ def section(rows: list[Moments]) -> str:
         "them before these measurements (no rotary Q and K, the loss head at Megatron-Core's estimate, no "
         "optimizer-step temporaries). The twin's loss head is Megatron's own vocabulary-parallel cross "
         "entropy (labels passed to GPTModel); verl's head is priced beside it (accuracy.md 1b). "
+        "The log-prob cases then run verl's no-grad log-prob pass as verl 0.6-0.8's Megatron actor runs it "
+        "without fused kernels (Megatron's forward-only schedule, GPTModel's bf16 logits, the in-place "
+        "temperature, the logits' clone and verl's vocab_parallel_entropy where the pass computes the entropy, "
+        "Megatron-Core's vocab_parallel_cross_entropy for the log-probs); their second table holds the pass's "
+        "peak with the weights alone of the state (planner/memory/megatron.py forward_pass_bytes), and as the "
+        "model priced it before (verl's FSDP head coefficient over the logits, with the output layer's input). "
         f"Error = predicted / measured - 1. {summary}.", "",
         *table(rows), "",
         "These rows are presets/measured_accuracy.toml's Megatron rows (source megatron-twin): a Megatron "

@@ -22,8 +22,9 @@ Every script lands in one column:
 - cannot run as shipped: the import refused, saying why the script as shipped fails wherever it runs, with the
   reason in verl's, bash's or Hydra's own behaviour (a placeholder or empty model path, which verl's main_ppo loads
   the tokenizer from first; a backslash-space that ends the command): a verdict too.
-- refused by rule: the plan reached validate, whose rules refuse it (exit 2); the rules are named (most are rules
-  of verl 0.9 a script of an older release breaks: issue 36).
+- refused by rule: the plan reached validate, whose rules refuse it (exit 2); the rules are named. Each rule fires
+  only on the releases whose own code (or vLLM's or Megatron-Core's under it) refuses the config (issue 36), so a
+  script here fails on its own release: docs/verl-shipped-scripts.md lists the code that refuses each.
 - the import refused (exit 2), never reaching the memory model, with its reason, in three kinds:
   - needs input: the script as shipped cannot run: a value a priced key needs that nothing sets (the refusal
     names the variable and the --env or --arg that sets it), a placeholder or local model path that is not on

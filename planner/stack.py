@@ -325,6 +325,13 @@ SOFT_TOKEN_BUDGET = Behaviour(
               "balanced by Karmarkar-Karp (PR #7553, 2026-08-25, after v0.9.0's 2026-08-14 branch)",
     summary="max_token_len is not a hard cap: one micro batch may hold more tokens than the budget")
 # --- rules that hold only in some releases (read in the 0.3.0.post1 ... 0.9.1 wheels' sources) ------------------
+MEGATRON_MICRO_SPLIT_ASSERT = Behaviour(
+    name="megatron_micro_split_assert", package="verl", before="0.4.0",
+    code_path="verl/workers/actor/megatron_actor.py forward_backward_batch: split_dict_tensor_into_batches, which "
+              "asserts batch % micro_batch_size == 0 (verl/utils/torch_functional.py line 223 at v0.3.0.post1); from "
+              "v0.4.0 megatron_actor.py / megatron_critic.py take mini_batch.batch.split(micro_batch_size), a short "
+              "last micro batch (read at v0.4.0-v0.7.0 and main)",
+    summary="the legacy Megatron workers assert that a fixed micro batch divides the mini batch per GPU")
 PROMPTS_DISPATCHED_BEFORE_REPEAT = Behaviour(
     name="prompts_dispatched_before_repeat", package="verl", before="0.5.0",
     code_path="verl/trainer/ppo/ray_trainer.py fit: actor_rollout_wg.generate_sequences(gen_batch) on the "
@@ -372,6 +379,13 @@ MEGATRON_GRAD_OFFLOAD_ABSENT = Behaviour(
               "absent from v0.9.1 (param_offload frees the gradient buffers) and before v0.4.0 (v0.3.0.post1's "
               "megatron_workers.py reads actor.grad_offload, outside actor.megatron)",
     summary="verl's Megatron engine config has no megatron.grad_offload: hydra refuses the override")
+MEGATRON_LOG_PROB_CLONES_LOGITS = Behaviour(
+    name="megatron_log_prob_clones_logits", package="verl", since="0.6.0",
+    code_path="verl/workers/actor/megatron_actor.py forward_backward_batch's logits_processor `logits_bak = "
+              "logits.clone()` before vocab_parallel_entropy (read at v0.6.0, v0.6.1, v0.7.0 and main at 0.8.0.dev; "
+              "the engine worker's verl/workers/engine/megatron/transformer_impl.py alike at v0.6.1-main); v0.4.0, "
+              "v0.4.1 and v0.5.0 compute the entropy and then the log-probs on the logits themselves",
+    summary="verl's Megatron log-prob pass with the entropy clones the vocabulary-parallel logits first")
 LEN_FROM_SEQUENCES = Behaviour(
     name="max_model_len_from_sequences", package="verl", before="0.7.0",
     code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py (and vllm_rollout.py) __init__: "
@@ -527,7 +541,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     ENTROPY_COEFF_DEFAULT_0001, REFERENCE_ALWAYS_RUNS, ENTROPY_IN_EVERY_PASS, REWARD_TIMED_IN_ADV,
     EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, SPIN_SPPO_RECIPES, MODEL_MTP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
-    PROMPTS_DISPATCHED_BEFORE_REPEAT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
+    PROMPTS_DISPATCHED_BEFORE_REPEAT, MEGATRON_MICRO_SPLIT_ASSERT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,

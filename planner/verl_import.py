@@ -38,6 +38,8 @@ from rlplan.planner.verl_keys import (
     ARF,
     BY_FIELD,
     BY_KEY,
+    CONTEXT_OVERRIDE_KEY,
+    CONTEXT_OVERRIDE_KEYS,
     DEFAULT_REWARD_NAME,
     KEY_ALIASES,
     RENDER_ALSO,
@@ -376,13 +378,6 @@ def _model_not_found(spec: str, error: PlanError) -> PlanError:
                      fix="import where the model folder is, or copy its config.json there (a verl checkpoint's is "
                      "global_step_N/actor/huggingface/config.json), or pass --env to point the script at a hub "
                      "repo id")
-
-
-CONTEXT_OVERRIDE_KEY = f"{ARF}.model.override_config.max_position_embeddings"
-# verl's Megatron workers apply override_config.model_config.* to the HF config (v0.4.1
-# single_controller/base/megatron/worker.py, v0.6.0 megatron_workers.py; from v0.6.0 HFModelConfig takes either
-# spelling, verl/workers/config/model.py __post_init__).
-CONTEXT_OVERRIDE_KEYS = (CONTEXT_OVERRIDE_KEY, f"{ARF}.model.override_config.model_config.max_position_embeddings")
 
 
 def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str],

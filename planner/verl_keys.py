@@ -34,6 +34,14 @@ Backend = Literal["any", "fsdp", "megatron"]
 
 ARF = "actor_rollout_ref"
 
+# The model's context as verl's HF config takes it: FSDP applies model.override_config.* to the config it loads;
+# verl's Megatron workers apply override_config.model_config.* (v0.4.1 single_controller/base/megatron/worker.py,
+# v0.6.0 megatron_workers.py; from v0.6.0 HFModelConfig takes either spelling, verl/workers/config/model.py
+# __post_init__).
+CONTEXT_OVERRIDE_KEY = f"{ARF}.model.override_config.max_position_embeddings"
+MEGATRON_CONTEXT_OVERRIDE_KEY = f"{ARF}.model.override_config.model_config.max_position_embeddings"
+CONTEXT_OVERRIDE_KEYS = (CONTEXT_OVERRIDE_KEY, MEGATRON_CONTEXT_OVERRIDE_KEY)
+
 
 @frozen
 class Follows:

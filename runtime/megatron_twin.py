@@ -6,7 +6,8 @@ dispatcher sizes its all-to-all from the routing (data-dependent splits), which 
 this twin runs small real models instead, over a real gloo group of `world` processes (torch.multiprocessing
 spawn), and the planner prices the same tiny architecture (benchmarks/megatron_twin.py holds the two side by
 side). Every tensor a rank creates is counted with its real size, per moment of the step (forward, loss head,
-the head's and the layers' backward, the optimizer step, verl's offload and reload between phases).
+the head's and the layers' backward, the optimizer step, verl's offload and reload between phases,
+verl's no-grad log-prob pass).
 
 What it runs, from megatron-core (PyPI 0.16.1, the version the twin installs; imported inside functions only,
 so the runtime does not need it): GPTModel on the local (non-Transformer-Engine) layer spec, tensor parallel
@@ -48,7 +49,7 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.plan import MegatronSection
 
 # The moments of one training step the tracker tells apart (planner/phases.py's vocabulary, per moment).
-MOMENTS = ("forward", "loss", "loss_backward", "backward", "optimizer", "offloaded", "reload")
+MOMENTS = ("forward", "loss", "loss_backward", "backward", "optimizer", "log_prob", "offloaded", "reload")
 
 
 @frozen
@@ -93,6 +94,9 @@ class TwinCase:
     distributed_optimizer: bool = True
     foreach: bool = True  # torch AdamW's multi-tensor path (the GPU's without TE / Apex; the CPU default is the loop)
     offload: bool = False  # verl's offload of params, grads and optimizer after the step, then the reload
+    # then verl's no-grad log-prob pass (its compute_log_prob): with the entropy beside the log-probs (the
+    # old-log-prob pass) or without (the reference's)
+    log_prob: Literal["entropy", "log_probs"] | None = None
     first_stage_layers: int | None = None  # Megatron's num_layers_in_first_pipeline_stage (uneven PP)
     last_stage_layers: int | None = None
 
@@ -165,8 +169,10 @@ def _measure_rank(case: TwinCase, rank: int) -> dict[str, Any]:
         tracker.reset_peaks()
         state, parts = tracker.current(), _state_parts(ddp, optimizer)
         step.run()
-        peaks = dict(tracker.peaks)
         after_step = tracker.current()
+        if case.log_prob:
+            step.log_prob_pass(entropy=case.log_prob == "entropy")
+        peaks = dict(tracker.peaks)
         if case.offload:
             tracker.stage = "offloaded"
             moved, grads = _offload(ddp, optimizer)
@@ -292,6 +298,54 @@ class _StepRunner:
             schedules.backward_step = original_backward
         self._enter("optimizer")
         self.optimizer.step()
+        self._enter("idle")
+
+    def log_prob_pass(self, *, entropy: bool) -> None:
+        """verl's compute_log_prob on Megatron without fused kernels (megatron_actor.py forward_backward_batch's
+        logits_processor, read at v0.6.0-v0.7.0 and main; the engine worker's, megatron/transformer_impl.py, alike):
+        Megatron's forward-only schedule under no_grad, GPTModel's bf16 vocabulary-parallel logits (no labels),
+        divided by the temperature in place, then with the entropy the logits cloned (`logits_bak`) and verl's
+        vocab_parallel_entropy of them, and the log-probs as Megatron-Core's vocab_parallel_cross_entropy of the
+        clone (verl's vocab_parallel_log_probs_from_logits). The entropy is computed as verl's
+        _VocabParallelEntropy.forward does (verl/utils/megatron/tensor_parallel.py, the same at v0.4.1-main): the
+        shifted logits (one bf16 logits-sized tensor) exp'd and divided in place; its torch.compile'd product
+        reduction makes no logits-sized tensor, so the twin reduces the product a block of rows at a time."""
+        import torch
+        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def entropy_of(logits: Any) -> Any:
+            group = parallel_state.get_tensor_model_parallel_group()
+            logits_max = logits.max(dim=-1, keepdim=True).values
+            torch.distributed.all_reduce(logits_max, op=torch.distributed.ReduceOp.MAX, group=group)
+            softmax = (logits - logits_max).exp_()
+            sum_exp = softmax.sum(dim=-1, keepdim=True)
+            torch.distributed.all_reduce(sum_exp, group=group)
+            softmax.div_(sum_exp)
+            products = torch.cat([(softmax[:, rows:rows + 64] * logits[:, rows:rows + 64]).sum(-1, keepdim=True)
+                                  for rows in range(0, logits.shape[1], 64)], dim=1)
+            torch.distributed.all_reduce(products, group=group)
+            return (logits_max + sum_exp.log() - products).squeeze(-1)
+
+        def forward_step(data_iterator: Any, model: Any) -> Any:
+            self._enter("log_prob")
+            logits = model(self.tokens, self.positions, None)
+
+            def loss_func(output: Any) -> Any:
+                output.div_(1.0)  # verl's temperature, in place
+                logits_bak, total = output, torch.zeros((), dtype=torch.float32)
+                if entropy:
+                    logits_bak = output.clone()
+                    total = total + entropy_of(output).float().sum()
+                total = total - tensor_parallel.vocab_parallel_cross_entropy(logits_bak, self.tokens).sum()
+                return total, {"log_probs": total.detach()}
+
+            return logits, loss_func
+
+        with torch.no_grad():
+            get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(()), model=[self.ddp],
+                                        num_microbatches=self.case.micro_batches, seq_length=self.case.seq,
+                                        micro_batch_size=1, forward_only=True)
         self._enter("idle")
 
 

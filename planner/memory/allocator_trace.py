@@ -625,7 +625,8 @@ def _forward_moments(ctx: StepShape, *, entropy: bool) -> Callable[[int], list[t
 
     def at(tokens: int) -> list[tuple[str, list[Component]]]:
         head = forward_head_bytes_per_token_vocab(ctx.plan, ctx.profile, entropy=entropy, tokens=tokens)
-        return _moments(ctx.trainer, "forward_moments", ctx.plan, tokens=tokens, head_bytes_per_token_vocab=head)
+        return _moments(ctx.trainer, "forward_moments", ctx.plan, tokens=tokens, head_bytes_per_token_vocab=head,
+                        entropy=entropy)
     return at
 
 

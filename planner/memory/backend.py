@@ -69,8 +69,9 @@ class TrainingBackend(Protocol):
         ...
 
     def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
-                           head_bytes_per_token_vocab: float) -> list[Component]:
-        """A no_grad forward over `tokens` tokens with `params_bytes` of parameters on the GPU (0 for no head)."""
+                           head_bytes_per_token_vocab: float, entropy: bool = False) -> list[Component]:
+        """A no_grad forward over `tokens` tokens with `params_bytes` of parameters on the GPU (0 for no head);
+        `entropy`: the pass computes the entropy beside the log-probs (verl's old-log-prob pass)."""
         ...
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:

@@ -414,13 +414,14 @@ class FsdpBackend:
         return training_moments(model_facts(plan.model.arch), state_on_gpu, **arguments)
 
     def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
-                           head_bytes_per_token_vocab: float) -> list[Component]:
+                           head_bytes_per_token_vocab: float, entropy: bool = False) -> list[Component]:
+        # The entropy's temporaries are in head_bytes_per_token_vocab (heads.FORWARD_HEAD_BYTES).
         return forward_components(model_facts(plan.model.arch), params_bytes=params_bytes, params_name=params_name,
                                   tokens=tokens, head_bytes_per_token_vocab=head_bytes_per_token_vocab,
                                   root_gathered_at_head=root_gathered_at_head(plan))
 
-    def forward_moments(self, plan: Plan, *, tokens: int,
-                        head_bytes_per_token_vocab: float) -> list[tuple[str, list[Component]]]:
+    def forward_moments(self, plan: Plan, *, tokens: int, head_bytes_per_token_vocab: float,
+                        entropy: bool = False) -> list[tuple[str, list[Component]]]:
         return forward_moments(model_facts(plan.model.arch), tokens=tokens,
                                head_bytes_per_token_vocab=head_bytes_per_token_vocab,
                                root_gathered_at_head=root_gathered_at_head(plan))

@@ -36,6 +36,7 @@ from rlplan.planner.memory.model_facts import cached_per_arch, lora_params, mixe
 from rlplan.planner.memory.report import Component, TrainerState
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.profile import Profile
+from rlplan.planner.stack import MEGATRON_LOG_PROB_CLONES_LOGITS, holds
 
 TrainedRole = Literal["actor", "critic"]
 
@@ -352,6 +353,33 @@ def cross_entropy_bytes(arch: Architecture, *, tp: int, tokens: int) -> float:
     return tokens * (CROSS_ENTROPY_BYTES_PER_TOKEN_VOCAB * arch.vocab_size + 4 * arch.hidden_size) / tp
 
 
+# verl's Megatron log-prob pass without grad and without fused kernels (verl/workers/actor/megatron_actor.py
+# forward_backward_batch's logits_processor, v0.4.0-main; the engine worker's megatron/transformer_impl.py alike):
+# GPTModel's bf16 vocabulary-parallel logits, divided by the temperature in place (v0.6.0 on), go to Megatron-Core's
+# vocab_parallel_cross_entropy through verl's vocab_parallel_log_probs_from_logits (verl/utils/megatron/
+# tensor_parallel.py), which holds their fp32 copy beside them: CROSS_ENTROPY_BYTES_PER_TOKEN_VOCAB, as in the
+# update. With the entropy (the old-log-prob pass) verl from v0.6.0 first clones the logits (`logits_bak`, alive
+# through the cross entropy: MEGATRON_LOG_PROB_CLONES_LOGITS), 2 more; vocab_parallel_entropy's own logits-sized
+# temporary (the bf16 shifted logits, exp'd and divided in place; the product is a torch.compile'd reduction) is
+# freed before the cross entropy starts, so it stays below: 2 + 2 (+ 2). Measured: docs/accuracy.md 6b.
+ENTROPY_CLONE_BYTES_PER_TOKEN_VOCAB = 2
+
+
+def forward_pass_bytes(arch: Architecture, *, tp: int, tokens: int, head_bytes_per_token_vocab: float,
+                       vocab_parallel_head: bool, logits_cloned: bool) -> tuple[float, float]:
+    """A no_grad forward's two moments on one rank, never held at once: (the layer transients over TP, the
+    head). The head holds verl's head kernel's `head_bytes_per_token_vocab`, at least Megatron-Core's cross
+    entropy over the vocabulary-parallel logits where the pass runs it (`vocab_parallel_head`: verl's log-prob
+    without fused kernels) and the logits' clone (`logits_cloned`); nothing else: GPTModel returns the logits
+    alone, and without grad the output layer's (all-gathered) input is freed before verl's head runs."""
+    facts = model_facts(arch)
+    per_token_vocab = head_bytes_per_token_vocab
+    if vocab_parallel_head:
+        megatron = CROSS_ENTROPY_BYTES_PER_TOKEN_VOCAB + (ENTROPY_CLONE_BYTES_PER_TOKEN_VOCAB if logits_cloned else 0)
+        per_token_vocab = max(per_token_vocab, megatron)
+    return tokens * facts.forward_transient_bytes_per_token / tp, per_token_vocab * tokens * facts.vocab / tp
+
+
 # Per MTP depth, beside its decoder layer's saved activations: the depth's embedding and the hidden state it
 # reads (2 h each, bf16), their normed concatenation that eh_proj saves (4 h) and eh_proj's output (2 h):
 # 10 bytes a token per hidden unit (Megatron-Core multi_token_prediction.py MultiTokenPredictionLayer.forward).
@@ -540,13 +568,18 @@ class MegatronBackend:
                             Component("layer_backward_workspace", int(workspace))]
 
     def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
-                           head_bytes_per_token_vocab: float) -> list[Component]:
-        """A no_grad forward: the layer transients over TP, or at the head the vocabulary-parallel logits."""
-        facts, tp = model_facts(plan.model.arch), plan.actor.mcore.tensor_model_parallel_size
+                           head_bytes_per_token_vocab: float, entropy: bool = False) -> list[Component]:
+        """A no_grad forward: the layer transients over TP, or at the head the vocabulary-parallel logits with
+        what verl's log-prob holds beside them (forward_pass_bytes; none with the fused kernels, which make no
+        logits, and the critic's value head: head_bytes_per_token_vocab 0)."""
+        layers_bytes, head_bytes = forward_pass_bytes(
+            plan.model.arch, tp=plan.actor.mcore.tensor_model_parallel_size, tokens=tokens,
+            head_bytes_per_token_vocab=head_bytes_per_token_vocab,
+            vocab_parallel_head=head_bytes_per_token_vocab > 0,
+            logits_cloned=entropy and holds(MEGATRON_LOG_PROB_CLONES_LOGITS, plan.stack, plan.rollout.name))
         params = Component(params_name, int(params_bytes))
-        layers = Component("forward_transients", int(tokens * facts.forward_transient_bytes_per_token / tp))
-        head = Component("logits_head", int(head_bytes_per_token_vocab * tokens * facts.vocab / tp
-                                            + tokens * 4 * facts.hidden))
+        layers = Component("forward_transients", int(layers_bytes))
+        head = Component("logits_head", int(head_bytes))
         return [params, max(layers, head, key=lambda component: component.bytes)]
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:

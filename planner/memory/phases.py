@@ -269,7 +269,7 @@ def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entro
     step = ctx.trainer.forward_components(
         ctx.plan, params_bytes=ctx.actor_gpu.params, params_name="actor_params", tokens=role.tokens_per_micro_batch,
         head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
-            ctx.plan, ctx.profile, entropy=entropy, tokens=role.tokens_per_micro_batch))
+            ctx.plan, ctx.profile, entropy=entropy, tokens=role.tokens_per_micro_batch), entropy=entropy)
     return ctx.phase(name, step, loaded=("actor_params",))
 
 

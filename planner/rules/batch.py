@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from rlplan.planner.knobs import knob_value
 from rlplan.planner.layout import normalized_micro_batch
 from rlplan.planner.phases import PASS_KNOBS, TOKEN_BUDGET_KEY, Phase
+from rlplan.planner.plan import Plan
 from rlplan.planner.rules.registry import (
     ROLLOUT_MODE_KEY,
     RuleContext,
@@ -29,6 +30,7 @@ from rlplan.planner.stack import (
     ASYNC_ROLLOUT_DEFAULT,
     ENGINE_MICRO_SPLIT_ASSERT,
     ENGINE_WORKER,
+    MEGATRON_MICRO_SPLIT_ASSERT,
     PROMPTS_DISPATCHED_BEFORE_REPEAT,
     REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
     holds,
@@ -77,17 +79,25 @@ def _mini_batch_within_train_batch(ctx: RuleContext) -> Iterator[Violation]:
         )
 
 
+# Where verl refuses a pass's micro-batch keys, before any worker starts (read at v0.5.0 and v0.6.1).
+_MICRO_KEY_CHECK = (": verl's config check raises on it (ray_trainer.py _validate_config check_mutually_exclusive "
+                    "before v0.6.0; from v0.6.0 verl/workers/config/actor.py ActorConfig.__post_init__ for the actor "
+                    "and verl/utils/config.py validate_config for the log-prob passes).")
+
+
 def _exactly_one(ctx: RuleContext, what: str, phase: Phase,
                  per_gpu: int | None, global_value: int | None, default_per_gpu: int) -> Iterator[Violation]:
     per_gpu_key, global_key = PASS_KNOBS[phase].micro_batch, PASS_KNOBS[phase].legacy_micro_batch
     if per_gpu is not None and global_value is not None:
         yield ctx.violation(
-            f"both {global_key} = {global_value} (deprecated, global) and {per_gpu_key} = {per_gpu} are set for {what}.",
+            f"both {global_key} = {global_value} (deprecated, global) and {per_gpu_key} = {per_gpu} are set for {what}"
+            f"{_MICRO_KEY_CHECK}",
             f"remove {global_key}",
         )
     elif per_gpu is None and global_value is None:
         yield ctx.violation(
-            f"neither {per_gpu_key} nor {global_key} is set for {what}, and dynamic batch size is off.",
+            f"neither {per_gpu_key} nor {global_key} is set for {what}, and dynamic batch size is off"
+            f"{_MICRO_KEY_CHECK}",
             f"set {per_gpu_key} = {default_per_gpu} (or enable dynamic batch size)",
             **{per_gpu_key.replace(".", "__"): default_per_gpu},
         )
@@ -189,6 +199,22 @@ def _micro_key(phase: Phase, per_gpu: int | None) -> str:
     return key
 
 
+def _mini_micro_assert(plan: Plan) -> str:
+    """Which verl code refuses a micro batch that does not divide the mini batch per GPU ("" where nothing does).
+    The legacy FSDP workers assert it at start (fsdp_workers.py __init__, the actor's and the critic's, v0.3 on);
+    the engine worker's prepare_micro_batches asserts it (stack.ENGINE_MICRO_SPLIT_ASSERT). verl's legacy Megatron
+    workers assert it only before v0.4.0 (stack.MEGATRON_MICRO_SPLIT_ASSERT); from v0.4.0 megatron_actor.py /
+    megatron_critic.py split the mini batch with `batch.split(micro_batch_size)` and run a short last one."""
+    if holds(ENGINE_MICRO_SPLIT_ASSERT, plan.stack):
+        return (": verl's engine worker asserts it (verl/workers/engine/utils.py prepare_micro_batches: "
+                "total_data_size % micro_batch_size_per_gpu == 0)")
+    if plan.is_megatron:
+        return (": verl's Megatron worker asserts it (megatron_actor.py split_dict_tensor_into_batches)"
+                if holds(MEGATRON_MICRO_SPLIT_ASSERT, plan.stack) else "")
+    return (": verl's FSDP worker asserts it at start (fsdp_workers.py __init__: \"normalized ppo_mini_batch_size "
+            "... should be divisible by ppo_micro_batch_size_per_gpu\")")
+
+
 def _micro_rules(ctx: RuleContext, section: str, mini_prompts: int, mini_per_gpu: int, micro_key: str,
                  micro_per_gpu: int | None, from_global: bool) -> Iterator[Violation]:
     """[N3, N5] normalized mini > 0; a set micro batch divides it and is at most it."""
@@ -208,11 +234,14 @@ def _micro_rules(ctx: RuleContext, section: str, mini_prompts: int, mini_per_gpu
         )
         return
     if mini_per_gpu % micro_per_gpu or mini_per_gpu // micro_per_gpu == 0:
+        asserted = _mini_micro_assert(ctx.plan)
+        if not asserted:
+            return
         better = _largest_divisor_at_most(mini_per_gpu, micro_per_gpu)
         source = f"the global {micro_key} normalized to" if from_global else f"{micro_key} ="
         yield ctx.violation(
             f"the mini batch per GPU ({section}.ppo_mini_batch_size * n / dp = {mini_per_gpu} sequences) is not a "
-            f"multiple of the micro batch ({source} {micro_per_gpu}).",
+            f"multiple of the micro batch ({source} {micro_per_gpu}){asserted}.",
             f"set {section}.ppo_micro_batch_size_per_gpu = {better}",
             **{f"{section}__ppo_micro_batch_size_per_gpu": better},
         )
@@ -364,13 +393,26 @@ def _dispatch_divisible_by_dp(ctx: RuleContext) -> Iterator[Violation]:
     if dp <= 0:
         return
     total = plan.data.train_batch_size * plan.rollout.n
-    if total % dp or total < dp:
-        better = _smallest_train_batch(plan.data.train_batch_size, plan.rollout.n, dp)
+    if not total % dp and total >= dp:
+        return
+    why = (f"do not split evenly over {dp} data-parallel ranks: verl balances the step's batch over them in "
+           "equal parts (ray_trainer.py _balance_batch: seqlen_balancing.karmarkar_karp asserts len % k_partitions "
+           "== 0) and dispatches it with DataProto.chunk (protocol.py asserts len % chunks == 0).")
+    pool = plan.rollout.pool
+    if pool is not None and pool.streams:  # the fully async recipe: the step is require_batches mini batches
+        mini = plan.actor.ppo_mini_batch_size
+        step = dp // math.gcd(dp, mini * plan.rollout.n)
         yield ctx.violation(
-            f"{total} sequences per step (train_batch_size {plan.data.train_batch_size} x n {plan.rollout.n}) "
-            f"do not split evenly over {dp} data-parallel ranks.",
-            f"set data.train_batch_size = {better}", data__train_batch_size=better,
-        )
+            f"{total} sequences per step (async_training.require_batches {plan.data.train_batch_size // mini} x "
+            f"ppo_mini_batch_size {mini} x n {plan.rollout.n}, verl's fully async trainer) {why}",
+            f"set async_training.require_batches to a multiple of {step}, or give the trainer a number of GPUs "
+            f"that divides {total}")
+        return
+    better = _smallest_train_batch(plan.data.train_batch_size, plan.rollout.n, dp)
+    yield ctx.violation(
+        f"{total} sequences per step (train_batch_size {plan.data.train_batch_size} x n {plan.rollout.n}) {why}",
+        f"set data.train_batch_size = {better}", data__train_batch_size=better,
+    )
 
 
 @rule("runtime",
@@ -409,7 +451,11 @@ def _agent_loop_chunks_evenly(ctx: RuleContext) -> Iterator[Violation]:
     if total % workers:
         better = math.gcd(total, workers)
         yield ctx.violation(
-            f"{total} sequences per step do not split evenly over rollout.agent_num_workers = {workers}.",
+            f"{total} sequences per step do not split evenly over rollout.agent_num_workers = {workers} (verl's "
+            f"actor_rollout_ref.rollout.agent.num_workers): verl "
+            f"{plan.stack.verl}'s AgentLoopManager.generate_sequences splits the batch with "
+            "prompts.chunk(num_workers) (verl/experimental/agent_loop/agent_loop.py) and DataProto.chunk asserts "
+            "len % chunks == 0 (verl/protocol.py), so the first step fails.",
             f"set rollout.agent_num_workers = {better}", rollout__agent_num_workers=better,
         )
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from rlplan.planner.memory.heads import runtime_loss_head
 from rlplan.planner.plan import ENGINE_TITLES, Plan
+from rlplan.planner.presets import model_presets
 from rlplan.planner.rules.registry import (
     ROLLOUT_MODE_KEY,
     RuleContext,
@@ -25,6 +26,7 @@ from rlplan.planner.stack import (
     holds,
     vllm_engine_of,
 )
+from rlplan.planner.verl_keys import CONTEXT_OVERRIDE_KEY, MEGATRON_CONTEXT_OVERRIDE_KEY
 
 
 @rule("config",
@@ -83,13 +85,32 @@ def _offload_policy_supersedes_offloads(ctx: RuleContext) -> Iterator[Violation]
             )
 
 
+def _model_config_as_read(plan: Plan) -> str:
+    """Where the plan's max_position_embeddings comes from, as far as the plan can tell: a preset's name is what the
+    import writes where it priced the model from rlplan's preset (a hub id a preset lists, or a local folder that is
+    not on this machine); any other name is the folder whose config.json the import read."""
+    name, path = plan.model.name, plan.model.path
+    if name in model_presets():
+        where = f"rlplan's preset {name} (the published config.json" + (
+            f"; {path} was not read on this machine)" if path else ")")
+        return f"{where}: a local config.json with more positions would change this verdict"
+    return f"the config.json of {path or name}"
+
+
+def _context_override(plan: Plan, positions: int) -> str:
+    key = MEGATRON_CONTEXT_OVERRIDE_KEY if plan.is_megatron else CONTEXT_OVERRIDE_KEY
+    return f"+{key}={positions}"
+
+
 @rule("runtime",
       "[R7] max_model_len <= max_position_embeddings and > max_prompt_length")
 def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
     plan = ctx.plan
     limit, max_len = plan.model.arch.max_position_embeddings, plan.verl_max_model_len
+    sequences = plan.data.max_sequence_length
     # Before v0.7.0 verl passes prompt + response where max_model_len is unset (stack.LEN_FROM_SEQUENCES).
-    if plan.rollout.max_model_len is None and not holds(LEN_FROM_SEQUENCES, plan.stack):
+    from_sequences = holds(LEN_FROM_SEQUENCES, plan.stack)
+    if plan.rollout.max_model_len is None and not from_sequences and plan.fitting_max_model_len < limit:
         yield ctx.violation(
             f"rollout.max_model_len is not set, so verl {plan.stack.verl} sizes {ENGINE_TITLES[plan.rollout.name]} for "
             f"max_position_embeddings = "
@@ -97,7 +118,9 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
             severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
-    if max_len > limit:
+    if plan.rollout.max_model_len is not None and max_len > limit:
+        # vLLM's ModelConfig refuses a max_model_len above the model's positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN
+        # aside); verl from v0.7.1 raises first (vllm_async_server.py).
         yield ctx.violation(
             f"rollout.max_model_len = {max_len} exceeds the model's max_position_embeddings = {limit}.",
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
@@ -107,23 +130,52 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
         yield ctx.violation(
             f"data.max_prompt_length = {plan.data.max_prompt_length} leaves no room for a response within "
             f"max_model_len = {max_len}; vLLM rejects such prompts.",
-            f"set rollout.max_model_len = {plan.data.max_sequence_length}",
-            rollout__max_model_len=plan.data.max_sequence_length,
+            f"set rollout.max_model_len = {sequences}",
+            rollout__max_model_len=sequences,
         )
-    elif max_len < plan.data.max_sequence_length:
+    elif max_len < sequences and not (sequences > limit and max_len == limit):
         yield ctx.violation(
-            f"max_model_len = {max_len} is shorter than prompt + response = {plan.data.max_sequence_length}: long "
+            f"max_model_len = {max_len} is shorter than prompt + response = {sequences}: long "
             "prompts get shorter responses than data.max_response_length.",
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
             severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
-    if plan.data.max_sequence_length > limit:
+    if sequences > limit:
+        yield from _sequences_beyond_model(ctx, from_sequences)
+
+
+def _sequences_beyond_model(ctx: RuleContext, from_sequences: bool) -> Iterator[Violation]:
+    """prompt + response above the model's positions. Before v0.7.0 verl sizes vLLM for prompt + response: its
+    sync rollout asserts `max_position_embeddings >= prompt_length + response_length` where the config has no
+    rope_scaling (vllm_rollout_spmd.py vLLMRollout.__init__: v0.3.0.post1 line 97, v0.4.1 124, v0.5.0 120, v0.6.1
+    177), and the v0.6.x async server hands vLLM that length, which vLLM's ModelConfig refuses. From v0.7.0 verl
+    starts vLLM at the model's positions and the agent loop clamps each request's max_tokens to max_model_len -
+    prompt (vllm_async_server.py generate, v0.7.0 line 471): the run goes on with shorter responses."""
+    plan = ctx.plan
+    limit, sequences = plan.model.arch.max_position_embeddings, plan.data.max_sequence_length
+    read = _model_config_as_read(plan)
+    lift = _context_override(plan, sequences)
+    shorter = f"data.max_response_length = {limit - plan.data.max_prompt_length}"
+    if from_sequences:
         yield ctx.violation(
-            f"prompt + response = {plan.data.max_sequence_length} tokens exceeds the model's "
-            f"max_position_embeddings = {limit}.",
-            f"set data.max_response_length = {limit - plan.data.max_prompt_length}",
+            f"prompt + response = {sequences} tokens exceeds the model's max_position_embeddings = {limit}, as "
+            f"read from {read}. verl {plan.stack.verl} gives vLLM prompt + response as max_model_len and its "
+            "rollout asserts max_position_embeddings >= prompt_length + response_length (vllm_rollout_spmd.py "
+            "vLLMRollout.__init__; vLLM refuses the length in the async server), so the script fails at start.",
+            f"if the model takes {sequences} positions, raise its context with {lift} (or edit its config.json); "
+            f"else set {shorter}",
             data__max_response_length=max(1, limit - plan.data.max_prompt_length),
         )
+        return
+    yield ctx.violation(
+        f"prompt + response = {sequences} tokens exceeds the model's max_position_embeddings = {limit}, as read "
+        f"from {read}. verl {plan.stack.verl} starts vLLM with max_model_len = {limit} and its agent loop clamps "
+        f"each response to {limit} - prompt tokens (vllm_async_server.py generate), so the run goes on with "
+        "responses cut short of data.max_response_length.",
+        f"if the model takes {sequences} positions, raise its context with {lift} (or edit its config.json); "
+        f"else set {shorter}",
+        severity="warning", data__max_response_length=max(1, limit - plan.data.max_prompt_length),
+    )
 
 
 def _short_batched_tokens_refused_by(plan: Plan, verl_runs_it: bool) -> str:

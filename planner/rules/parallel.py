@@ -59,8 +59,11 @@ def _ulysses_divides_world(ctx: RuleContext) -> Iterator[Violation]:
         if world % sp:
             better = _largest_divisor_at_most(world, sp)
             yield ctx.violation(
-                f"{section}.ulysses_sequence_parallel_size = {sp} does not divide the {world} GPUs.",
-                f"set {section}.ulysses_sequence_parallel_size = {better}",
+                f"{section}.ulysses_sequence_parallel_size = {sp} does not divide the {world} GPUs: verl's FSDP "
+                f"worker builds a (dp = {world} // {sp}, sp = {sp}) device mesh (fsdp_workers.py __init__: "
+                "init_device_mesh(mesh_shape=(dp, ulysses_sequence_parallel_size))), which torch refuses unless "
+                "it holds every GPU.",
+                f"set {section}.ulysses_sequence_parallel_size = {better}, or run on a multiple of {sp} GPUs",
                 **{f"{section}__ulysses_sequence_parallel_size": better},
             )
 
@@ -166,10 +169,19 @@ def _megatron_experts_divide(ctx: RuleContext) -> Iterator[Violation]:
             yield ctx.violation(f"{role}: {experts} experts do not split over expert parallel size {ep}.",
                                 f"set {role}.megatron.expert_model_parallel_size to a divisor of {experts}")
         elif world % (ep * etp * engine.pipeline_model_parallel_size):
-            yield ctx.violation(
-                f"{role}: the world of {world} GPUs does not split into expert groups of EP {ep} x ETP {etp} x PP "
-                f"{engine.pipeline_model_parallel_size}.", f"choose {role}.megatron EP and ETP whose product with PP "
-                f"divides {world}")
+            yield from _expert_groups_refused(ctx, role, engine, world)
+
+
+def _expert_groups_refused(ctx: RuleContext, role: str, engine: MegatronSection, world: int) -> Iterator[Violation]:
+    ep, etp, pp = engine.expert_model_parallel_size, engine.expert_tensor_size, engine.pipeline_model_parallel_size
+    unset = "" if engine.expert_tensor_parallel_size else f" (expert_tensor_parallel_size unset: Megatron takes TP {etp})"
+    fix = f"choose {role}.megatron EP and ETP whose product with PP divides {world}"
+    if world % (ep * pp) == 0 and etp > 1:
+        fix = f"set {role}.megatron.expert_tensor_parallel_size = 1 (EP {ep} x PP {pp} divides {world}), or " + fix
+    yield ctx.violation(
+        f"{role}: the world of {world} GPUs does not split into expert groups of EP {ep} x ETP {etp}{unset} x PP "
+        f"{pp}: Megatron-Core's parallel_state.initialize_model_parallel raises \"world_size is not divisible by "
+        "expert_tensor_model_pipeline_parallel size\" when verl initializes the model's parallel groups.", fix)
 
 
 @rule("worker", "Megatron's tensor parallelism splits attention heads and KV heads evenly")
@@ -314,18 +326,27 @@ def _megatron_vpp_micro_batches_divide(ctx: RuleContext) -> Iterator[Violation]:
             f"are a multiple of {pp}, or use dynamic batch sizes")
 
 
-@rule("worker", "full recompute covers at most the layers of one pipeline stage")
+@rule("worker", "uniform full recompute takes at most the layers of one pipeline stage at a time")
 def _megatron_recompute_layers_fit_stage(ctx: RuleContext) -> Iterator[Violation]:
-    """Megatron-Core TransformerConfig.__post_init__: with full recompute, recompute_num_layers must lie between
-    1 and num_layers_per_pipeline_rank (per virtual chunk with VPP)."""
+    """Megatron-Core TransformerBlock._checkpointed_forward (transformer_block.py): recompute_method "uniform"
+    checkpoints `custom(layer, layer + recompute_num_layers)`, whose loop takes `self._get_layer(index)` for every
+    index in that range: more layers than the stage holds index past its layers. "block" checkpoints the stage's
+    first `recompute_num_layers` layers one by one (`layer < recompute_num_layers + skip` over the stage's own
+    range), so a larger count recomputes the whole stage and nothing refuses: verl's Ascend DeepSeek-V3 recipe
+    (v0.7.0 recipe/r1_ascend, block, 8 layers on stages of 6-8) ships it. TransformerConfig.__post_init__ refuses
+    only a missing count ("must be between 1 and num_layers_per_pipeline_rank" is that message's text)."""
     layers = ctx.plan.model.arch.num_layers
     for role, engine in _megatron_roles(ctx.plan):
         chunks = engine.pipeline_model_parallel_size * (engine.virtual_pipeline_model_parallel_size or 1)
         per_chunk = max(layers // chunks, 1)
-        if engine.recompute_granularity == "full" and (engine.recompute_num_layers or 0) > per_chunk:
+        if engine.recompute_granularity == "full" and engine.recompute_method == "uniform" and \
+                (engine.recompute_num_layers or 0) > per_chunk:
             yield ctx.violation(
-                f"{role}: recompute_num_layers = {engine.recompute_num_layers}, but a pipeline chunk holds "
-                f"{per_chunk} layers.", f"set {role}.megatron.recompute_num_layers to at most {per_chunk}",
+                f"{role}: recompute_method = uniform with recompute_num_layers = {engine.recompute_num_layers}, but "
+                f"a pipeline chunk holds {per_chunk} layers: Megatron-Core's TransformerBlock._checkpointed_forward "
+                "checkpoints that many layers at a time and indexes past the chunk's last layer.",
+                f"set {role}.megatron.recompute_num_layers to at most {per_chunk} (or recompute_method = block, "
+                "which recomputes the whole chunk)",
                 **{f"{role}__megatron__recompute_num_layers": per_chunk})
 
 

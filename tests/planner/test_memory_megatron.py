@@ -204,6 +204,29 @@ def test_megatrons_cpu_optimizer_keeps_its_fraction_of_the_optimizer_state_off_t
     assert _update_peak_gib(offloaded) < _update_peak_gib(plan)
 
 
+def test_megatron_leaves_its_grad_buffer_and_main_weights_on_the_gpu_when_the_engine_starts_unless_offloaded():
+    """Megatron-Core allocates the DDP grad buffer with the model and the distributed optimizer's fp32 main weights
+    with the optimizer, before verl builds the rollout engine; param_offload takes the weights and the buffer off,
+    optimizer_offload the main weights. FSDP has neither before its first step: its parameters alone."""
+    from rlplan.planner.memory.fsdp import FSDP
+    from rlplan.planner.memory.megatron import MAIN_WEIGHT_SHARE_OF_ADAM, MEGATRON
+    from tests.planner.plans import make_plan
+
+    def at_start(plan, backend) -> float:
+        state = backend.role_state(plan, "actor", plan_layout(plan))
+        return backend.resident_at_engine_start(plan, "actor", backend.state_on_gpu(plan, "actor", state))
+
+    plan = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
+    state = MEGATRON.state_on_gpu(plan, "actor", MEGATRON.role_state(plan, "actor", plan_layout(plan)))
+    assert state.grads > 0
+    assert at_start(plan, MEGATRON) == int(state.params + state.grads + MAIN_WEIGHT_SHARE_OF_ADAM * state.optimizer)
+    assert at_start(plan.evolve(actor=attrs.evolve(plan.actor, megatron=attrs.evolve(
+        plan.actor.mcore, param_offload=True, optimizer_offload=True))), MEGATRON) == 0
+    fsdp = make_plan(QWEN3_MOE)
+    assert at_start(fsdp, FSDP) == int(FSDP.state_on_gpu(fsdp, "actor", FSDP.role_state(fsdp, "actor", plan_layout(
+        fsdp))).params)
+
+
 def test_verls_megatron_lora_example_fits_on_the_h100s_it_names_and_the_dense_example_too():
     """verl's run_qwen3moe-30b_megatron_lora.sh (8 GPUs, TP 2 PP 2 CP 2 EP 4, full recompute, everything
     offloaded) and run_qwen2-7b_math_megatron.sh (8 GPUs, TP 2 PP 2) price under an 80 GB GPU."""
@@ -474,11 +497,16 @@ def test_every_term_is_held_to_megatron_cores_measured_step_moment_by_moment():
     (summed from Megatron's DDP buffers and optimizer);
     the update's peak never under by more than 5 % (a pipeline stage's point-to-point tensors in flight are not
     priced: -3.5 % at PP 2 here) and the optimizer's step by more than 3 %, neither over by more than 10 %
-    (the CUDA allocator, which the twin leaves out, is the profile's reserve)."""
+    (the CUDA allocator, which the twin leaves out, is the profile's reserve); verl's no-grad log-prob pass
+    (Megatron-Core's cross entropy beside the logits, and their clone with the entropy) never under by more
+    than 3 %."""
     _, rows = _twin_rows()
     assert rows, "no cached twin measurement matches the benchmark's cases"
     for row in rows:
-        for moment, low, high in (("state", -0.01, 0.01), ("update", -0.05, 0.10), ("optimizer", -0.03, 0.10)):
+        moments = [("state", -0.01, 0.01), ("update", -0.05, 0.10), ("optimizer", -0.03, 0.10)]
+        if row.case.log_prob:  # verl's no-grad log-prob pass: the weights and the larger of the layers and the head
+            moments.append(("log_prob", -0.03, 0.10))
+        for moment, low, high in moments:
             error = row.predicted[moment] / row.measured[moment] - 1
             assert low <= error <= high, (row.case.label, moment, error)
         if row.case.offload:  # verl's offload leaves nothing of the state on the GPU; its reload all of it, once
@@ -491,10 +519,43 @@ def test_the_megatron_error_band_rows_are_the_twins_rows_as_the_benchmark_writes
     from rlplan.planner.model_error import accuracy_rows
 
     twin, rows = _twin_rows()
-    written = sorted((row.configuration, row.measured_mib, row.predicted_mib)
+    written = sorted((row.phase, row.configuration, row.measured_mib, row.predicted_mib)
                      for row in accuracy_rows() if row.strategy == "megatron")
-    assert written == sorted((row["configuration"], row["measured_mib"], row["predicted_mib"])
+    assert written == sorted((row["phase"], row["configuration"], row["measured_mib"], row["predicted_mib"])
                              for row in twin.data_rows(rows))
+
+
+@pytest.mark.parametrize("verl, entropy, per_token_vocab", [
+    ("0.9.1", True, 8), ("0.6.0", True, 8), ("0.5.0", True, 6), ("0.9.1", False, 6), ("0.5.0", False, 6)])
+def test_a_megatron_log_prob_pass_holds_megatrons_cross_entropy_and_from_verl_0_6_the_logits_clone_for_the_entropy(
+        verl, entropy, per_token_vocab):
+    """verl's unfused Megatron log-prob: the bf16 vocabulary-parallel logits beside Megatron-Core's fp32 copy of
+    them (6 bytes a token x vocab over TP), and from verl 0.6.0 the clone verl makes to compute the entropy
+    first (2 more); the reference pass computes no entropy."""
+    from rlplan.planner.memory.megatron import MEGATRON
+    from rlplan.planner.stack import StackSection
+
+    plan = _megatron_plan(**{"actor.megatron.tensor_model_parallel_size": 4})
+    plan = plan.evolve(stack=StackSection(verl=verl))
+    tokens, vocab = 8192, QWEN3_MOE.vocab_size
+    _, head = MEGATRON.forward_components(plan, params_bytes=0, params_name="actor_params", tokens=tokens,
+                                          head_bytes_per_token_vocab=2.0, entropy=entropy)
+    assert head.name == "logits_head"
+    assert head.bytes == int(per_token_vocab * tokens * vocab / 4)
+
+
+def test_a_megatron_forward_prices_verls_head_where_it_holds_more_and_no_logits_without_a_vocabulary_head():
+    """A verl head coefficient above Megatron's cross entropy prices; the fused kernels and the critic's value
+    head (head coefficient 0) make no logits: the layers' transients alone."""
+    from rlplan.planner.memory.megatron import forward_pass_bytes
+
+    tokens, vocab = 8192, QWEN3_MOE.vocab_size
+    _, above = forward_pass_bytes(QWEN3_MOE, tp=4, tokens=tokens, head_bytes_per_token_vocab=10.0,
+                                  vocab_parallel_head=True, logits_cloned=True)
+    assert above == 10 * tokens * vocab / 4
+    layers, none = forward_pass_bytes(QWEN3_MOE, tp=4, tokens=tokens, head_bytes_per_token_vocab=0.0,
+                                      vocab_parallel_head=False, logits_cloned=True)
+    assert none == 0 < layers
 
 
 # --- multi-token prediction (verl's model.mtp on the Megatron workers) -------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import pytest
 
@@ -160,21 +162,26 @@ def test_zero_headroom_keeps_no_margin_and_says_so():
     assert plan_margin(plan, Headroom(gib=4.0)).bytes == 4 * 2**30
 
 
-def test_a_backend_no_measured_row_covers_gets_the_stated_assumption_not_another_backends_rows():
-    """A Megatron plan's update band is the Megatron twin's rows (any head: they run Megatron's own cross
-    entropy, which the backend prices beside verl's head); its forward passes, which no Megatron row measures,
-    keep the stated assumption rather than FSDP's forward rows."""
+def test_a_backend_no_measured_row_covers_gets_the_stated_assumption_not_another_backends_rows(monkeypatch):
+    """A Megatron plan's update and forward bands are the Megatron twin's rows (any head: they run Megatron's own
+    cross entropy, which the backend prices beside verl's head), never FSDP's; where no Megatron row measures a
+    kind of pass (here with the twin's forward rows left out) it keeps the stated assumption rather than FSDP's
+    rows of that kind."""
     from rlplan.planner.knobs import apply_knobs
-    from rlplan.planner.model_error import accuracy_rows
     from tests.planner.test_verl_import_megatron import SCRIPTS, load
 
     megatron = load((SCRIPTS / "megatron_dense_qwen2_7b.sh").read_text(), {"HOME": "/home/u"}).plan
     assert megatron.actor.strategy == "megatron"
     assumed = DEFAULT_PROFILE.unmeasured_backend_under_fraction
-    rows = [row for row in accuracy_rows() if row.strategy == "megatron" and row.kind == "update"]
-    update = peak_error_band(megatron, Phase.ACTOR_UPDATE)
-    assert rows and not update.assumed and update.rows == len(rows)
-    assert update.under == pytest.approx(max(0.0, -min(row.error for row in rows)))
+    for phase, kind in ((Phase.ACTOR_UPDATE, "update"), (Phase.OLD_LOG_PROB, "forward")):
+        rows = [row for row in accuracy_rows() if row.strategy == "megatron" and row.kind == kind]
+        band = peak_error_band(megatron, phase)
+        assert rows and not band.assumed and band.rows == len(rows), phase
+        assert band.under == pytest.approx(max(0.0, -min(row.error for row in rows)))
+    kept = tuple(row for row in accuracy_rows() if not (row.strategy == "megatron" and row.kind == "forward"))
+    monkeypatch.setattr(model_error, "accuracy_rows", lambda: kept)
+    for cached in (model_error.error_band, model_error._twin_band, model_error.default_margin_fraction):
+        monkeypatch.setattr(model_error, cached.__name__, functools.cache(cached.__wrapped__))
     forward = peak_error_band(megatron, Phase.OLD_LOG_PROB)
     assert forward.assumed and forward.rows == 0 and forward.under == pytest.approx(assumed)
     assert "unmeasured" in forward.describe()

@@ -3,6 +3,7 @@ one test per rule and era (planner/stack.py behaviours, read in verl's 0.3.0.pos
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from rlplan.planner.knobs import apply_knobs
@@ -93,6 +94,39 @@ def test_before_0_7_an_unset_max_model_len_is_prompt_plus_response_and_is_not_wa
     # verl 0.7.0's server sets the model's context whatever rollout.max_model_len says.
     assert on(make_plan(), "0.7.0").verl_max_model_len == plan.model.arch.max_position_embeddings
     assert fired(v070, "max_model_len_within_model", "warning")
+
+
+def _beyond_the_models_positions(verl: str, name: str = "qwen2.5-math-7b", **overrides):
+    # prompt + response 1536 on a model of 1024 positions (the DAPO Qwen2.5-Math-7B case: 10240 on 4096).
+    plan = make_plan(overrides={"rollout.max_model_len": None, **overrides})
+    arch = attrs.evolve(plan.model.arch, max_position_embeddings=1024)
+    model = attrs.evolve(plan.model, name=name, path="/data/Qwen2.5-Math-7B", arch=arch)
+    return on(plan.evolve(model=model), verl)
+
+
+@pytest.mark.parametrize("verl", ["0.3.0.post1", "0.4.1", "0.6.1"])
+def test_before_0_7_sequences_beyond_the_models_positions_are_refused_as_verls_rollout_asserts(verl):
+    plan = _beyond_the_models_positions(verl)
+    errors = [v for v in check_plan(plan).errors if v.rule == "max_model_len_within_model"]
+    assert len(errors) == 1  # one cause, one error (verl sizes vLLM for prompt + response: the same length)
+    assert "vllm_rollout_spmd.py" in errors[0].message and f"rlplan's preset {plan.model.name}" in errors[0].message
+    assert "a local config.json with more positions would change this verdict" in errors[0].message
+    assert "+actor_rollout_ref.model.override_config.max_position_embeddings=1536" in errors[0].fix
+    read_here = _beyond_the_models_positions(verl, name="Qwen2.5-Math-7B")  # the folder's own config.json
+    assert any("the config.json of /data/Qwen2.5-Math-7B" in v.message and "would change" not in v.message
+               for v in check_plan(read_here).errors)
+    megatron = _beyond_the_models_positions(verl, **{"actor.strategy": "megatron"})
+    assert any("override_config.model_config.max_position_embeddings=1536" in v.fix
+               for v in check_plan(megatron).errors if v.rule == "max_model_len_within_model")
+
+
+@pytest.mark.parametrize("verl", ["0.7.0", "0.8.0", "0.9.1"])
+def test_from_0_7_verl_runs_sequences_beyond_the_models_positions_with_responses_cut_so_it_is_a_warning(verl):
+    # verl starts vLLM at the model's positions and clamps max_tokens to max_model_len - prompt (agent loop).
+    plan = _beyond_the_models_positions(verl)
+    assert not fired(plan, "max_model_len_within_model")
+    warnings = [v for v in check_plan(plan).warnings if v.rule == "max_model_len_within_model"]
+    assert len(warnings) == 1 and "vllm_async_server.py generate" in warnings[0].message
 
 
 def test_a_long_context_model_with_a_short_run_needs_no_long_batched_tokens_before_0_7():
@@ -207,3 +241,27 @@ def test_a_global_micro_batch_key_alone_is_refused_only_by_the_engine_worker_tha
               verl)
     assert fired(plan, "deprecated_global_micro_batch_keys") is refused
     assert fired(plan, "deprecated_global_micro_batch_keys", "warning") is not refused
+
+
+@pytest.mark.parametrize("verl", ["0.7.0", "0.8.0"])
+def test_one_sequence_over_eight_agent_loop_workers_is_refused_naming_verls_chunk_assert(verl):
+    # verl's 1-GPU LoRA tuning scripts (examples/tuning/*/qwen2-*_grpo-lora_1_h100_fsdp_vllm.sh): batch 1 x n 1, and
+    # from 0.7.0 every rollout goes through the agent loop's 8 workers (prompts.chunk(8) on 1 sequence).
+    plan = on(make_plan(overrides={"data.train_batch_size": 1, "rollout.n": 1, "actor.ppo_mini_batch_size": 1,
+                                   "rollout.agent_num_workers": 8}), verl)
+    refusal = next(v for v in check_plan(plan).errors if v.rule == "agent_loop_chunks_evenly")
+    assert "agent_loop.py" in refusal.message and "protocol.py" in refusal.message
+    assert refusal.suggested == {"rollout.agent_num_workers": 1}
+
+
+@pytest.mark.parametrize(("verl", "megatron_refused"), [("0.3.0.post1", True), ("0.4.1", False), ("0.6.1", False),
+                                                        ("0.7.0", False), ("0.8.0", True)])
+def test_a_micro_batch_that_does_not_divide_the_mini_batch_is_refused_by_fsdp_always_and_megatron_per_release(
+        verl, megatron_refused):
+    # mini 8 x n 4 / 8 ranks = 4 sequences per GPU in micro batches of 8: verl's FSDP worker asserts at start (and
+    # the engine worker's prepare_micro_batches from 0.8.0); its Megatron actor asserts only at v0.3
+    # (split_dict_tensor_into_batches), and from v0.4.0 runs one micro batch of 4 (batch.split).
+    knobs = {"actor.ppo_mini_batch_size": 8, "rollout.n": 4, "actor.ppo_micro_batch_size_per_gpu": 8}
+    assert fired(on(make_plan(overrides=knobs), verl), "actor_micro_batch_divides_mini")
+    megatron = on(make_plan(overrides={"actor.strategy": "megatron", **knobs}), verl)
+    assert fired(megatron, "actor_micro_batch_divides_mini") is megatron_refused

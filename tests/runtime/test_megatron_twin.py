@@ -34,3 +34,21 @@ def test_the_twins_state_is_megatrons_buffers_and_its_optimizer_step_the_foreach
     assert rank["state"] == pytest.approx(sum(parts.values()), rel=0.02)
     step = rank["peaks"]["optimizer"] - rank["state"]
     assert step == pytest.approx(optimizer_step_bytes(state.largest_optimizer), rel=0.05)
+
+
+@pytest.mark.parametrize("log_prob, per_token_vocab", [("entropy", 8), ("log_probs", 6)])
+def test_the_twins_log_prob_pass_holds_megatrons_fp32_logits_beside_the_bf16_ones_and_their_clone_for_the_entropy(
+        log_prob, per_token_vocab):
+    """verl's no-grad log-prob pass on one rank: above the state it holds the bf16 logits, Megatron-Core's fp32
+    copy of them in its cross entropy and, with the entropy, verl's clone (planner forward_pass_bytes)."""
+    pytest.importorskip("megatron.core")
+    from rlplan.planner.memory.megatron import forward_pass_bytes
+    from rlplan.runtime.megatron_twin import measure
+
+    case = TwinCase("tiny", TwinModel(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=4096), world=1,
+                    seq=256, micro_batches=1, log_prob=log_prob)
+    (rank,) = measure(case, timeout_s=600)
+    _, head = forward_pass_bytes(case.model.architecture(), tp=1, tokens=case.seq, head_bytes_per_token_vocab=0.0,
+                                 vocab_parallel_head=True, logits_cloned=log_prob == "entropy")
+    assert head == per_token_vocab * case.seq * 4096
+    assert rank["peaks"]["log_prob"] - rank["state"] == pytest.approx(head, rel=0.05)

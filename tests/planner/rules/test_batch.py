@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from rlplan.planner.hardware import Cluster, GpuSpec
 from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.layout import plan_layout
+from rlplan.planner.plan import RolloutPool
 from rlplan.planner.rules import check_plan, rule_names
 from tests.planner.plans import make_plan
 
@@ -175,3 +176,16 @@ def test_spin_with_an_odd_pair_batch_is_an_error_and_its_fix_removes_it():
     assert "spin_pairs_responses" not in {v.rule for v in check_plan(fixed).violations}
     grpo = make_plan(overrides={"data.train_batch_size": 63, "rollout.n": 1, "actor.ppo_mini_batch_size": 63})
     assert "spin_pairs_responses" not in {v.rule for v in check_plan(grpo).violations}
+
+
+def test_the_fully_async_trainers_step_that_does_not_split_over_its_gpus_names_require_batches():
+    # verl's recipe/fully_async_policy/shell/dapo_7b_math_fsdp2_4_12.sh (v0.6.1, v0.7.0): 4 x 32 prompts x 16 = 2048
+    # sequences over 12 trainer GPUs; _balance_batch's equal partitions assert 2048 % 12 == 0.
+    plan = make_plan(overrides={"data.train_batch_size": 128, "actor.ppo_mini_batch_size": 32, "rollout.n": 16})
+    plan = plan.evolve(cluster=Cluster(gpu=GpuSpec(name="test", memory_gib=80), nodes=2, gpus_per_node=6),
+                       rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=2, gpus_per_node=2, streams=True)))
+    refusal = next(v for v in check_plan(plan).errors if v.rule == "dispatch_divisible_by_dp")
+    assert "karmarkar_karp" in refusal.message and "async_training.require_batches 4" in refusal.message
+    assert "require_batches to a multiple of 3" in refusal.fix
+    three = plan.evolve(data=attrs.evolve(plan.data, train_batch_size=3 * 32))
+    assert "dispatch_divisible_by_dp" not in {v.rule for v in check_plan(three).errors}

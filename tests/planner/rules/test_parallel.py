@@ -121,6 +121,14 @@ def test_full_recompute_covers_at_most_one_stages_layers():
     assert "megatron_recompute_layers_fit_stage" not in rules_of(fixed(plan, "megatron_recompute_layers_fit_stage"))
 
 
+def test_block_recompute_of_more_layers_than_a_stage_holds_recomputes_the_stage_and_is_not_refused():
+    # Megatron-Core's block method checkpoints the stage's first recompute_num_layers layers, within the stage's own
+    # range: 8 on a stage of 7 recomputes all 7 (verl v0.7.0's recipe/r1_ascend DeepSeek-V3 script sets block, 8).
+    plan = megatron_plan(actor__megatron__pipeline_model_parallel_size=4, actor__megatron__recompute_method="block",
+                         actor__megatron__recompute_num_layers=8, actor__megatron__recompute_granularity="full")
+    assert "megatron_recompute_layers_fit_stage" not in rules_of(plan)
+
+
 def test_sequence_parallel_at_tp_1_says_nothing_as_it_changes_nothing():
     # verl's own default (sequence_parallel true at TP 1): McoreEngineConfig turns it off, and the memory model
     # splits activations over TP only where TP > 1, so no rule may warn about what no one can act on.
@@ -196,3 +204,15 @@ def test_rollout_tp_is_checked_against_the_rollouts_own_pool_and_its_engines_cou
     assert "rollout_tp_divides_world" in rules_of(odd)
     apart = plan.evolve(rollout=attrs.evolve(plan.rollout, pool=RolloutPool(nodes=1, gpus_per_node=2)))
     assert "rollout_tp_divides_world" not in rules_of(apart) and plan_layout(apart).parallel.rollout_replicas == 1
+
+
+def test_unset_expert_tp_takes_tp_and_the_refusal_names_megatrons_error_and_etp_1():
+    # verl passes expert_tensor_parallel_size=None and Megatron-Core takes TP: EP 8 x ETP 4 on 8 GPUs (verl v0.7.0's
+    # recipe/dapo/test_dapo_qwen3_moe_30b_megatron_fp16.sh: TP 4, PP 4, EP 8 on 32 GPUs).
+    plan = megatron_plan(QWEN3_MOE, actor__megatron__tensor_model_parallel_size=4,
+                         actor__megatron__expert_model_parallel_size=8)
+    refusal = next(v for v in check_plan(plan).errors if v.rule == "megatron_experts_divide")
+    assert "Megatron takes TP 4" in refusal.message and "initialize_model_parallel" in refusal.message
+    assert "expert_tensor_parallel_size = 1" in refusal.fix
+    assert "megatron_experts_divide" not in rules_of(
+        apply_knobs(plan, {"actor.megatron.expert_tensor_parallel_size": 1}))

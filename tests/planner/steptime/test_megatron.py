@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from rlplan.planner.steptime.megatron import (
     expert_all_to_all_seconds,
     expert_tensor_parallel_seconds,
     gradient_sync_seconds,
+    host_and_device_seconds,
     pipeline_bubble_fraction,
     recomputed_forward_fraction,
     routed_split_of,
@@ -214,3 +216,24 @@ def test_megatron_bridge_lora_with_megatrons_module_names_trains_only_its_adapte
     assert step_seconds(plan)["actor_update"] < step_seconds(full)["actor_update"]
     rates = Rates(plan, DEFAULT_PROFILE)
     assert 0 < weight_sync_gather_seconds(plan, rates) < weight_sync_gather_seconds(full, rates)
+
+
+@given(st.floats(0.0, 1e4), st.floats(0.0, 1e4))
+def test_a_dense_pass_takes_the_longer_of_its_kernels_and_their_launches_and_a_moe_pass_both(device, host):
+    """CUDA runs launched kernels while the host launches the next ones (a dense pass overlaps them); Megatron's
+    MoE token dispatcher syncs the host with the GPU once a layer, so a MoE pass adds them up."""
+    dense = host_and_device_seconds(device, host, routes_tokens=False)
+    assert dense == max(device, host)
+    assert host_and_device_seconds(device, host, routes_tokens=True) == device + host >= dense
+
+
+def test_a_dense_megatron_update_of_small_micro_batches_is_bound_by_its_launches():
+    """NV's GRPO-7B table (benchmarks/data/steptime_sweeps_megatron.toml): two-sequence micro batches make the
+    TP 4 update launch-bound, so at a fixed micro-batch count its seconds do not move with the MFU."""
+    plan = megatron_plan(QWEN25_7B, **{"actor.megatron.tensor_model_parallel_size": 4,
+                                       "actor.use_dynamic_bsz": False, "actor.ppo_micro_batch_size_per_gpu": 1,
+                                       "data.expected_prompt_length": 100, "data.expected_response_length": 100})
+    memory = predict_memory(plan)
+    fast, slow = (predict_step_time(plan, memory, attrs.evolve(DEFAULT_PROFILE, training_mfu=mfu)).phase_seconds
+                  for mfu in (0.5, 0.4))
+    assert fast["actor_update"] == pytest.approx(slow["actor_update"], rel=1e-9)
