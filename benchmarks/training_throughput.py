@@ -55,7 +55,7 @@ def _runtime_rank(rank: int, world_size: int, args: dict) -> dict:
     import attrs
     import torch
 
-    from rlplan.runtime.commands import demo_plan
+    from rlplan.runtime.demo_workload import demo_plan
     from rlplan.runtime.platform import cpu_threads_per_rank
     from rlplan.runtime.trainer.policy import PolicyTrainer
 

@@ -244,7 +244,7 @@ def rlplan_plan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path)
     """The plan `rlplan demo` solves for this workload, with the benchmark's batch, lengths, lr and seed."""
     import attrs
 
-    from rlplan.runtime.commands import demo_plan, solve_demo_plan
+    from rlplan.runtime.demo_workload import demo_plan, solve_demo_plan
 
     workload = demo_plan(inputs["model_dir"], inputs["parquet"], out_dir, steps=args.steps, algorithm="grpo_full",
                          world_size=args.world_size, train_batch_size=args.prompts, n=args.n, lr=args.lr,

@@ -185,7 +185,7 @@ def measure_cpu_baselines(work_dir: str | Path) -> CpuBaselineMeasurement:
     The shared libraries' resident pages follow the ISA's code paths, so only a process that ran them on this
     CPU says what they take.
     """
-    from rlplan.runtime.commands import demo_plan, solve_demo_plan
+    from rlplan.runtime.demo_workload import demo_plan, solve_demo_plan
     from rlplan.runtime.loop import PromptSource, RunOptions, run_loop
     from rlplan.runtime.metrics import predicted_phase_peaks, read_metrics
     from rlplan.runtime.platform import detect_platform

@@ -42,7 +42,7 @@ def _run_bad(tmp_path, capsys, plan) -> str:
 
 
 def _plan(workspace, **changes):
-    from rlplan.runtime.commands import demo_plan
+    from rlplan.runtime.demo_workload import demo_plan
 
     root, model_dir, train_file = workspace
     plan = demo_plan(model_dir, train_file, root / "unused", steps=2)
@@ -119,7 +119,7 @@ def test_missing_plan_file(tmp_path, capsys):
 def test_demo_plan_is_solved_for_this_machine_with_cpu_limits_pinned(tmp_path):
     from rlplan.planner.memory import predict_memory
     from rlplan.planner.rules import check_plan
-    from rlplan.runtime.commands import DEMO_CPU_PINS, demo_plan, solve_demo_plan
+    from rlplan.runtime.demo_workload import DEMO_CPU_PINS, demo_plan, solve_demo_plan
     from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
 
     model_dir = ensure_tiny_model(tmp_path / "model")
@@ -202,7 +202,8 @@ def demo_folder(root, workspace):
     import json
 
     from rlplan.planner.planfile import plan_to_toml
-    from rlplan.runtime.commands import DEMO_PROMPTS, demo_plan, solve_demo_plan
+    from rlplan.runtime.commands import DEMO_PROMPTS
+    from rlplan.runtime.demo_workload import demo_plan, solve_demo_plan
     from rlplan.runtime.tiny import ensure_tiny_model, write_toy_dataset
     from tests.planner.test_charts import metrics_record
 

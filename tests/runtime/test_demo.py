@@ -73,7 +73,8 @@ def test_a_plan_of_another_shape_holds_on_this_cpu(tmp_path, capsys, calibrated_
     layers of width 384, longer responses, a smaller batch."""
     from rlplan.planner.commands.commands_io import ExitCode, make_console
     from rlplan.planner.profile import load_profile_toml
-    from rlplan.runtime.commands import demo_plan, execute, solve_demo_plan
+    from rlplan.runtime.commands import execute
+    from rlplan.runtime.demo_workload import demo_plan, solve_demo_plan
     from rlplan.runtime.loop import RunOptions
     from rlplan.runtime.tiny import build_tiny_model, write_toy_dataset
 

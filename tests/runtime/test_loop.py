@@ -47,7 +47,7 @@ def workspace(tmp_path_factory):
 
 
 def _plan(workspace, name: str, algorithm: str, steps: int, **trainer_changes):
-    from rlplan.runtime.commands import demo_plan
+    from rlplan.runtime.demo_workload import demo_plan
 
     root, model_dir, train_file = workspace
     plan = demo_plan(model_dir, train_file, root / name, steps=steps, algorithm=algorithm)

@@ -88,7 +88,7 @@ def _one_step(rank: int, world_size: int, model_dir: str, output_dir: str, skip_
     import torch
 
     from rlplan.planner.platform import Platform
-    from rlplan.runtime.commands import demo_plan
+    from rlplan.runtime.demo_workload import demo_plan
     from rlplan.runtime.loop import Controller, RunOptions
     from rlplan.runtime.trainer.policy import PolicyTrainer
 

@@ -74,7 +74,8 @@ def test_run_refuses_a_ray_temp_dir_inside_the_virtualenv_before_starting_anythi
                                                                                     tiny_model_dir):
     from rlplan.planner.commands.commands_io import ExitCode
     from rlplan.planner.planfile import plan_to_toml
-    from rlplan.runtime.commands import demo_plan, run_command
+    from rlplan.runtime.commands import run_command
+    from rlplan.runtime.demo_workload import demo_plan
     from rlplan.runtime.tiny import write_toy_dataset
 
     train_file, _ = write_toy_dataset(tmp_path / "data" / "train.parquet", 16)
@@ -99,7 +100,7 @@ def test_a_run_whose_ray_workers_die_at_start_exits_within_bounded_time_naming_t
     a worker die (its registration timeout, lowered here to 10 s) and quotes what the worker wrote."""
     pytest.importorskip("ray")
     from rlplan.planner.planfile import plan_to_toml
-    from rlplan.runtime.commands import demo_plan
+    from rlplan.runtime.demo_workload import demo_plan
     from rlplan.runtime.tiny import write_toy_dataset
 
     hooks = tmp_path / "hooks"

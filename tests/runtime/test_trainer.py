@@ -13,7 +13,7 @@ pytestmark = pytest.mark.runtime
 
 
 def _plan(model_dir: str, **actor_changes):
-    from rlplan.runtime.commands import demo_plan
+    from rlplan.runtime.demo_workload import demo_plan
 
     plan = demo_plan(model_dir, "unused.parquet", "unused-output", steps=1, train_batch_size=4, n=4)
     # One mini batch per update: 4 prompts x 4 samples / 2 ranks = the 8 sequences each rank holds.
