@@ -281,6 +281,10 @@ def test_a_gpu_run_gets_the_error_but_no_verdict_against_the_cpu_runtimes_bound(
 def test_cpu_probe_catches_a_spike_freed_inside_the_phase():
     """The kernel's peak mark sees an allocation returned to the system before the phase ends, however short:
     a sampler can miss it (glibc hands large temporaries back at free)."""
+    from rlplan.runtime import metrics
+
+    if not metrics._reset_peak_rss():
+        pytest.skip("this kernel or sandbox refuses /proc/self/clear_refs: the probe samples, and may miss a spike")
     size = 128 * 2**20
 
     def spike():
