@@ -153,10 +153,8 @@ class PeakMemoryProbe:
     On a CPU the peak is the kernel's mark of the largest resident set (VmHWM, reset when the block starts):
     exact, and nothing runs beside the phase. A thread sampling the resident set every 2 ms, its fallback where
     the mark cannot be reset (or a probe is already open in this process, whose mark it would erase), missed
-    spikes shorter than its interval (13 of 20 freed 128 MiB blocks seen, tests/runtime/test_metrics.py) and
-    woke the process it watched every 2 ms, taking the GIL from the engine's Python loop (the same rollout
-    alternated with and without it: 6.38 s against 6.15 in one process, 8.1 against 7.5 in a Ray actor; the
-    whole step of benchmarks/versus_trl.py did not move beyond the machine's drift, issue 42).
+    spikes shorter than its interval (tests/runtime/test_metrics.py holds the mark to one such spike) and woke
+    the process it watched every 2 ms, taking the GIL from the engine's Python loop (issue 42).
     """
 
     # Probes open in this process that reset the kernel's mark: a second one must not reset it again.

@@ -1,7 +1,7 @@
 """rlplan's CPU runtime: what a rank's or the engine's resident set holds beside the tensors a phase prices.
 
 On a CPU cluster (rlplan's own runtime) a phase's figure is the resident set (RSS) of the process that runs it,
-measured by `/proc/self/statm` (runtime/metrics.py, which records its file-backed part apart). Issue 42 measured
+its peak the kernel's VmHWM mark (runtime/metrics.py, which records the file-backed part apart). Issue 42 measured
 what it is made of (`rlplan run` records `memory/<phase>_mapped_gib`, the RssFile + RssShmem part):
 
 - a per-machine baseline: the interpreter, torch, transformers, Ray's core worker, gloo, and the pages of the
@@ -27,12 +27,11 @@ from __future__ import annotations
 
 from attrs import frozen
 
+from rlplan.planner.memory.fsdp import DTYPE_BYTES
 from rlplan.planner.memory.model_facts import model_facts
 from rlplan.planner.memory.report import GIB, Component
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
-
-MODEL_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @frozen
@@ -66,7 +65,7 @@ def cpu_baselines(profile: Profile) -> CpuBaselines:
 
 def model_copy_bytes(plan: Plan) -> int:
     """One full copy of the policy in the trainer's dtype (FSDP's model_dtype): the unit the heap terms count."""
-    return MODEL_DTYPE_BYTES[plan.actor.model_dtype] * model_facts(plan.model.arch).params
+    return DTYPE_BYTES[plan.actor.model_dtype] * model_facts(plan.model.arch).params
 
 
 def trainer_heap_component(plan: Plan, profile: Profile, *, high_water: int, own: int) -> Component:
