@@ -27,6 +27,7 @@ from attrs import frozen
 from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import predict_memory
+from rlplan.planner.memory.allocator_trace import allocator_config
 from rlplan.planner.memory.megatron import (
     MEGATRON,
     VERL_SAVES_DROPOUT_MASKS,
@@ -105,7 +106,7 @@ def estimate_rows() -> list[str]:
 
 
 def verl_run_rows() -> list[str]:
-    rows = ["| verl example | GPUs | parallelism | peak phase | rlplan peak GiB | of GPU GiB | fits | reported |",
+    rows = ["| verl example | GPUs | parallelism | peak phase | rlplan peak GiB (resident) | of GPU GiB | fits | reported |",
             "|---|---|---|---|---|---|---|---|"]
     for name, gpu, _, outcome in VERL_RUNS:
         plan = _example_plan(name)
@@ -243,8 +244,8 @@ def _verdict(report: MemoryReport) -> str:
 
 def published_run_rows(runs: list[PublishedRun]) -> list[str]:
     rows = ["| published run | GPUs | layout | outcome | mean tokens a sequence | update tokens per micro batch "
-            "and rank: verl's partition at the run's lengths / priced / at the tail | peak phase | peak GiB at the "
-            "run's lengths | rlplan's verdict | right | peak GiB at the tail | fits at the tail |",
+            "and rank: verl's partition at the run's lengths / priced / at the tail | peak phase | resident peak GiB "
+            "at the run's lengths | rlplan's verdict | right | resident peak GiB at the tail | fits at the tail |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         report, plan = run.report, run.plan
@@ -307,6 +308,7 @@ def moe_full_example_paragraph() -> str:
         return f"{sum(update.bytes_of(name) for name in names) / GIB:.1f} GiB"
 
     reserve = update.bytes_of("fragmentation_reserve")
+    segments = "expandable" if allocator_config(plan, trainer_phase=True).expandable_segments else "fixed"
     fits = "within" if update.peak_bytes <= plan.cluster.gpu.memory_gib * GIB else "above"
     return (
         "The MoE full fine-tuning example (Qwen3-30B-A3B, EP 8, TP 1 PP 1, dynamic batches of 10240 tokens, no "
@@ -322,7 +324,8 @@ def moe_full_example_paragraph() -> str:
         f"{gib('logits_head')} at the update's peak, the head's backward (Megatron's fp32 vocab-parallel "
         "logits, then the backward of verl's in-place temperature division on the logits' transposed view: 8 "
         "bytes per token x vocab; one layer's backward workspace comes after the head's buffers are freed, "
-        f"never beside them), the 8 % allocator reserve {reserve / GIB:.1f} GiB and "
+        f"never beside them), the allocator's stranded bytes {reserve / GIB:.1f} GiB (the allocator replay's bound "
+        f"on {segments} segments, memory/allocator_trace.py stranded_bytes) and "
         f"{gib('cuda_context_and_nccl', 'vllm_context')} of contexts: {update.peak_bytes / GIB:.1f} GiB, "
         f"{(update.peak_bytes - reserve) / GIB:.1f} GiB without the reserve. More nodes do not lower it: EP "
         "stays 8, the token budget is per GPU and the optimizer is on the host, so 1 to 4 nodes price the same. "

@@ -274,7 +274,7 @@ def section(rows: list[Moments]) -> str:
         *table(rows), "",
         "These rows are presets/measured_accuracy.toml's Megatron rows (source megatron-twin): a Megatron "
         "plan's error band is theirs (planner/model_error.py), no longer an assumption. What they cannot "
-        "say: the CUDA caching allocator's rounding and fragmentation (the profile's reserve), NCCL's "
+        "say: the CUDA caching allocator's rounding and fragmentation (the allocator replay's reserve, memory/allocator_trace.py), NCCL's "
         "buffers, Transformer Engine's own kernels (here stood in for by kernels that save what TE's save: "
         "flash attention's q, k, v, output and log-sum-exp, a fused RMSNorm's input and inverse RMS), "
         "grouped GEMM and context parallelism.",

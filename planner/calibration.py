@@ -363,8 +363,8 @@ def calibrate_from_verl_logs(runs: Sequence[VerlRun], base: Profile = DEFAULT_PR
     if not runs:
         raise PlanError(field="--from-verl-log", message="no verl log to fit from.", fix="pass --from-verl-log LOG")
     notes = ["cuda_context_and_nccl_gib: not fitted (verl's counters exclude the CUDA context and NCCL)",
-             "fragmentation_fraction: not fitted (FSDP phases take the allocator replay's stranded bytes; the "
-             "fraction prices only a backend without a replay)"]
+             "fragmentation_fraction: not fitted (every trainer phase, FSDP's and Megatron's, takes the allocator "
+             "replay's stranded bytes; the fraction prices only benchmarks/accuracy.py's torchtitan rows)"]
     priced_runs: list[VerlRun] = []
     timings: list[RunTiming] = []
     weighted = {"prompt": 0.0, "response": 0.0, "steps": 0}

@@ -48,9 +48,9 @@ from rlplan.planner.memory.allocator import (
     round_size,
 )
 from rlplan.planner.memory.model_facts import model_facts
-from rlplan.planner.memory.report import Component, PhaseMemory, TrainerState
+from rlplan.planner.memory.report import AllocationShape, Component, PhaseMemory, TrainerState
 from rlplan.planner.phases import Phase
-from rlplan.planner.plan import Plan
+from rlplan.planner.plan import EngineRole, Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.stack import (
     EMPTIES_CACHE_AFTER_ROLLOUT,
@@ -228,6 +228,8 @@ class _Replay:
         self.stepped: set[str] = set()
         # Which micro batches a pass walks: the workload's sample, or FIT_PATTERN (None).
         self.sample: tuple[int, int] | None = (_CHUNKS, _MICRO_BATCHES)
+        # How the pass being recorded allocates (the backend's AllocationShape of its role and batch).
+        self.shape = _shape(ctx, "actor", None)
 
     @property
     def figures(self) -> dict[str, AllocatorFigures]:
@@ -276,9 +278,9 @@ class _Replay:
     # --- state ---
 
     def state(self, name: str, nbytes: float) -> None:
-        """A role's sharded state, one block per layer and one for the root's tensors."""
+        """A role's state: per-layer shards (in groups of layers), or the contiguous buffers its backend makes."""
         if not self.holds(name):
-            self.alloc(name, nbytes, blocks=self.groups)
+            self.alloc(name, nbytes, blocks=_state_blocks(self.ctx, name, self.groups))
 
     def load(self, names: Sequence[str], sizes: dict[str, float]) -> list[str]:
         """Load what a phase needs that is not resident between phases; returns the names to offload after."""
@@ -309,7 +311,7 @@ class _Replay:
             self.alloc(f"{tag}:{c.name}", size, _STREAM.get(c.name, COMPUTE), self._blocks_of(c, priced))
 
     def _blocks_of(self, c: Component, priced: int) -> int:
-        return _replayed_blocks(c, priced, self.facts.vocab, self.facts.layers)
+        return _replayed_blocks(c, priced, self.facts.vocab, self.facts.layers, self.shape)
 
     def release(self, tag: str, components: Sequence[Component]) -> None:
         for c in reversed(components):
@@ -363,8 +365,10 @@ def _forward_pass(replay: _Replay, phase: str, role: RoleBatchLayout, params: st
         "critic_params": ctx.critic_gpu.params if ctx.critic_gpu else 0.0}
     priced = max(1, role.tokens_per_micro_batch)
     moments = moments_at(priced)
+    shape = _shape(ctx, _role_of(params), role)
 
     def body() -> None:
+        replay.shape = shape
         loaded = replay.load([params], sizes)
         for chunk in replay.micro_batches(role):
             for tokens in chunk:
@@ -374,6 +378,8 @@ def _forward_pass(replay: _Replay, phase: str, role: RoleBatchLayout, params: st
                 replay.alloc("outputs", tokens * 4)  # log-probs kept to the phase's end
         replay.free("outputs")
         replay.offload(loaded)
+        if shape.empties_cache_after_pass:
+            replay.empty_cache()
 
     replay.phase(phase, True, body)
 
@@ -384,12 +390,18 @@ def _update_pass(replay: _Replay, phase: str, role_name: str, role: RoleBatchLay
     grads_name, grads = _grads(role_name, state)
     priced = max(1, role.tokens_per_micro_batch)
     layers = replay.groups
+    shape = _shape(replay.ctx, role_name, role)
+    # Contiguous gradient buffers (Megatron's DDP) are loaded with the weights and zeroed in place, never dropped.
+    buffered = shape.grad_buffers is not None
+    names = [params, grads_name, optimizer] if buffered else [params, optimizer]
 
     def body() -> None:
-        loaded = replay.load([params, optimizer], {params: state.params, optimizer: state.optimizer})
+        replay.shape = shape
+        loaded = replay.load(names, {params: state.params, grads_name: grads, optimizer: state.optimizer})
         for _ in range(role.epochs):
             for chunk in replay.micro_batches(role):
-                replay.free(grads_name)  # zero_grad(set_to_none) at the mini batch's start
+                if not buffered:
+                    replay.free(grads_name)  # zero_grad(set_to_none) at the mini batch's start
                 for tokens in chunk:
                     for name, components in moments:
                         if name == "optimizer_step":
@@ -403,10 +415,13 @@ def _update_pass(replay: _Replay, phase: str, role_name: str, role: RoleBatchLay
                     replay.stepped.add(optimizer)
                     replay.alloc("optimizer_step", state.optimizer_step, blocks=layers)
                     replay.free("optimizer_step")
-        replay.free(grads_name)
+        if not buffered:
+            replay.free(grads_name)
         if optimizer not in loaded and optimizer not in replay.ctx.resident_by_role and replay.holds(optimizer):
             loaded.append(optimizer)  # created by this pass's first step, offloaded with the rest
         replay.offload(loaded)
+        if shape.empties_cache_after_pass:
+            replay.empty_cache()
 
     replay.phase(phase, True, body)
 
@@ -505,7 +520,26 @@ def stranded_bytes(ctx: StepShape, phase: PhaseMemory) -> int:
     config = allocator_config(ctx.plan, trainer_phase=True)
     if config.expandable_segments:
         return _most_blocks(ctx, phase) * LARGE_PAGE // 2
-    return int(STRANDED_SHARE_OF_LARGEST_BLOCK * largest_transient_block(ctx, phase))
+    return int(max(STRANDED_SHARE_OF_LARGEST_BLOCK * largest_transient_block(ctx, phase),
+                   MANY_TENSORS_STRANDED_SHARE * _many_tensor_activations(ctx, phase)))
+
+
+# Saved activations a backend makes as many equal tensors (AllocationShape.activation_tensors: Megatron's, one per
+# layer and micro batch in flight) are each placed by a smaller micro batch in a larger one's segment: the phase
+# strands a share of all of them, not of one block.  FIT_PATTERN's largest step down after its largest micro batch
+# is a tenth; with two micro batches in flight (PP 2) the phase replay strands 0.195 of the activations on
+# Qwen2.5-Math-7B's tp4pp2 run, the most over verl's published Megatron runs (benchmarks/megatron_memory.py),
+# rounded up here; tests/planner/memory/test_allocator_trace.py holds the replay to it.
+MANY_TENSORS_STRANDED_SHARE = 0.2
+
+
+def _many_tensor_activations(ctx: StepShape, phase: PhaseMemory) -> int:
+    """The largest saved-activation bytes of the phase's moments where its backend makes them as many equal tensors
+    (0 where it makes them per group of layers: the largest block bounds those)."""
+    if not _shape(ctx, *_phase_role(ctx, phase.name)).activation_tensors:
+        return 0
+    moments = _pass_moments(ctx, phase.name, _priced_tokens(ctx, phase.name))
+    return max((c.bytes for _, components in moments for c in components if c.name == "activations"), default=0)
 
 
 def _most_blocks(ctx: StepShape, phase: PhaseMemory) -> int:
@@ -513,10 +547,17 @@ def _most_blocks(ctx: StepShape, phase: PhaseMemory) -> int:
     that has the most: the peak is the moment with the most bytes, and a larger micro batch can move it to a moment
     of fewer blocks, which would shrink the reserve and the fit with it (the property test of test_memory.py)."""
     groups = min(model_facts(ctx.plan.model.arch).layers, _LAYER_GROUPS)
+    shape = _shape(ctx, *_phase_role(ctx, phase.name))
+
+    def each(c: Component) -> int:
+        if c.name == "activations":
+            return shape.activation_tensors or groups
+        if c.name.endswith(_STATE_SUFFIXES + ("_grads",)):
+            return _state_blocks(ctx, c.name, groups)
+        return 1
 
     def blocks(components: Sequence[Component]) -> int:
-        return sum(groups if c.name.endswith(_STATE_SUFFIXES + ("_grads", "activations")) else 1
-                   for c in components
+        return sum(each(c) for c in components
                    if c.scope != "overhead" and not outside_the_trainer_allocator(c.name, ctx.plan.rollout.name))
 
     counted = blocks(phase.components)
@@ -534,23 +575,58 @@ def largest_transient_block(ctx: StepShape, phase: PhaseMemory) -> int:
     component.  Over every moment, not only the peak's: the bound then grows with the sizes alone."""
     facts = model_facts(ctx.plan.model.arch)
     tokens = _priced_tokens(ctx, phase.name)
+    shape = _shape(ctx, *_phase_role(ctx, phase.name))
     largest = 0.0
     for _, components in _pass_moments(ctx, phase.name, tokens):
         for c in components:
             if c.scope != "step" or c.name.endswith(_STATE_SUFFIXES + ("_grads",)):
                 continue
-            largest = max(largest, c.bytes / _replayed_blocks(c, tokens, facts.vocab, facts.layers))
+            largest = max(largest, c.bytes / _replayed_blocks(c, tokens, facts.vocab, facts.layers, shape))
     return int(largest)
 
 
-def _replayed_blocks(c: Component, tokens: int, vocab: int, layers: int) -> int:
-    """How many equal tensors the replay allocates a component as: a layer-wise component (saved activations, the
-    optimizer's foreach temporaries) in groups of layers, the head as its logits-sized buffers, else one."""
+def _replayed_blocks(c: Component, tokens: int, vocab: int, layers: int, shape: AllocationShape) -> int:
+    """How many equal tensors the replay allocates a component as: saved activations as the backend's tensors
+    (one per layer and micro batch in flight under Megatron) or in groups of layers, the optimizer's foreach
+    temporaries in groups of layers, the head as its logits-sized (bf16, over the vocabulary's shards) buffers,
+    else one."""
+    if c.name == "activations" and shape.activation_tensors:
+        return shape.activation_tensors
     if c.name in _LAYERWISE:
         return min(layers, _LAYER_GROUPS)
     if c.name == "logits_head":
-        return max(1, round(c.bytes / (2 * tokens * vocab)))
+        return max(1, round(c.bytes * shape.vocab_shards / (2 * tokens * vocab)))
     return 1
+
+
+def _role_of(state_name: str) -> EngineRole:
+    """The role a state component belongs to: `actor_params` -> actor, `ref_params` -> ref."""
+    role = state_name.split("_", 1)[0]
+    return "ref" if role == "ref" else "critic" if role == "critic" else "actor"
+
+
+def _shape(ctx: StepShape, role: EngineRole, batch: RoleBatchLayout | None) -> AllocationShape:
+    shape: AllocationShape = ctx.trainer.allocation_shape(ctx.plan, role, batch)
+    return shape
+
+
+def _state_blocks(ctx: StepShape, name: str, groups: int) -> int:
+    """The allocations a role's state component is: its backend's contiguous buffers (Megatron's DDP grad_data
+    and param_data), else one per group of layers."""
+    shape = _shape(ctx, _role_of(name), None)
+    buffers = shape.grad_buffers if name.endswith("_grads") else shape.param_buffers if name.endswith(
+        "_params") else None
+    return buffers or groups
+
+
+def _phase_role(ctx: StepShape, phase: str) -> tuple[EngineRole, RoleBatchLayout | None]:
+    """The role a trainer phase runs and its batch layout."""
+    layout = ctx.layout
+    roles: dict[str, tuple[EngineRole, RoleBatchLayout | None]] = {
+        Phase.OLD_LOG_PROB: ("actor", layout.old_log_prob), Phase.ACTOR_UPDATE: ("actor", layout.actor_update),
+        Phase.REF_LOG_PROB: ("actor" if ctx.plan.reference_is_actor else "ref", layout.ref_log_prob),
+        Phase.CRITIC_VALUES: ("critic", layout.critic_values), Phase.CRITIC_UPDATE: ("critic", layout.critic_update)}
+    return roles.get(phase, ("actor", None))
 
 
 def _pass_moments(ctx: StepShape, phase: str, tokens: int) -> list[tuple[str, list[Component]]]:
@@ -570,10 +646,7 @@ def _pass_moments(ctx: StepShape, phase: str, tokens: int) -> list[tuple[str, li
 
 
 def _priced_tokens(ctx: StepShape, phase: str) -> int:
-    layout = ctx.layout
-    role = {Phase.OLD_LOG_PROB: layout.old_log_prob, Phase.REF_LOG_PROB: layout.ref_log_prob,
-            Phase.CRITIC_VALUES: layout.critic_values, Phase.CRITIC_UPDATE: layout.critic_update,
-            Phase.ACTOR_UPDATE: layout.actor_update}.get(Phase(phase))
+    role = _phase_role(ctx, phase)[1]
     return max(1, role.tokens_per_micro_batch) if role is not None else 1
 
 
@@ -612,12 +685,8 @@ def _step(replay: _Replay, ctx: StepShape, engine_in_process: bool | None = None
 
 
 def _moments(trainer: Any, method: str, plan: Plan, **kwargs: Any) -> list[tuple[str, list[Component]]]:
-    """The backend's moments, or its peak alone where it prices no moments (one moment: the peak)."""
-    if hasattr(trainer, method):
-        return list(getattr(trainer, method)(plan, **kwargs))
-    if method == "forward_moments":
-        return [("peak", trainer.forward_components(plan, params_bytes=0, params_name="params", **kwargs))]
-    return [("peak", trainer.update_components(plan, **kwargs)[1])]
+    """The backend's moments of a pass (memory.backend.TrainingBackend.update_moments / forward_moments)."""
+    return list(getattr(trainer, method)(plan, **kwargs))
 
 
 def _forward_moments(ctx: StepShape, *, entropy: bool) -> Callable[[int], list[tuple[str, list[Component]]]]:

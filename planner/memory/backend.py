@@ -20,8 +20,8 @@ from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.fsdp import FSDP
 from rlplan.planner.memory.heads import LossHead
 from rlplan.planner.memory.megatron import MEGATRON
-from rlplan.planner.memory.report import Component, TrainerState
-from rlplan.planner.plan import Plan
+from rlplan.planner.memory.report import AllocationShape, Component, TrainerState
+from rlplan.planner.plan import EngineRole, Plan
 from rlplan.planner.profile import Profile
 
 TrainedRole = Literal["actor", "critic"]
@@ -72,6 +72,22 @@ class TrainingBackend(Protocol):
                            head_bytes_per_token_vocab: float, entropy: bool = False) -> list[Component]:
         """A no_grad forward over `tokens` tokens with `params_bytes` of parameters on the GPU (0 for no head);
         `entropy`: the pass computes the entropy beside the log-probs (verl's old-log-prob pass)."""
+        ...
+
+    def update_moments(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
+                       head: LossHead | None, profile: Profile) -> list[tuple[str, list[Component]]]:
+        """Every moment of the update's micro batch in the order it comes, each with its components
+        (update_components' peak is one of them); the allocator's replay walks them all."""
+        ...
+
+    def forward_moments(self, plan: Plan, *, tokens: int, head_bytes_per_token_vocab: float,
+                        entropy: bool = False) -> list[tuple[str, list[Component]]]:
+        """A no_grad forward's moments in their order, each with what it holds beside the parameters."""
+        ...
+
+    def allocation_shape(self, plan: Plan, role: EngineRole, batch: RoleBatchLayout | None) -> AllocationShape:
+        """How the role's tensors reach torch's caching allocator (`batch`: the pass's, None outside a pass): what
+        the allocator's replay (memory.allocator_trace) allocates its state and activations as."""
         ...
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:

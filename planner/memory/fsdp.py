@@ -9,8 +9,8 @@ from typing import Any, Literal
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.heads import LossHead, root_gathered_at_head
 from rlplan.planner.memory.model_facts import ModelFacts, lora_params, model_facts
-from rlplan.planner.memory.report import Component, TrainerState
-from rlplan.planner.plan import Plan
+from rlplan.planner.memory.report import FSDP_ALLOCATION_SHAPE, AllocationShape, Component, TrainerState
+from rlplan.planner.plan import EngineRole, Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
@@ -425,6 +425,10 @@ class FsdpBackend:
         return forward_moments(model_facts(plan.model.arch), tokens=tokens,
                                head_bytes_per_token_vocab=head_bytes_per_token_vocab,
                                root_gathered_at_head=root_gathered_at_head(plan))
+
+    def allocation_shape(self, plan: Plan, role: EngineRole, batch: RoleBatchLayout | None) -> AllocationShape:
+        """FSDP's tensors as the allocator's replay takes them by default (report.AllocationShape)."""
+        return FSDP_ALLOCATION_SHAPE
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
         return weight_sync_gather_bytes(plan, model_facts(plan.model.arch), bucket_bytes)

@@ -33,8 +33,8 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
 from rlplan.planner.memory.heads import LossHead
 from rlplan.planner.memory.model_facts import cached_per_arch, lora_params, mixer_saved_bytes, model_facts
-from rlplan.planner.memory.report import Component, TrainerState
-from rlplan.planner.plan import MegatronSection, Plan
+from rlplan.planner.memory.report import AllocationShape, Component, TrainerState
+from rlplan.planner.plan import EngineRole, MegatronSection, Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.stack import MEGATRON_LOG_PROB_CLONES_LOGITS, holds
 
@@ -523,13 +523,15 @@ class MegatronBackend:
     def reference_params_on_host(self, plan: Plan) -> bool:
         return plan.engine("ref").param_offload
 
-    def update_components(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
-                          head: LossHead | None, profile: Profile) -> tuple[str, list[Component]]:
-        """The update's peak, at the loss head's backward or as the layers' backward starts, whichever is larger.
+    def update_moments(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
+                       head: LossHead | None, profile: Profile) -> list[tuple[str, list[Component]]]:
+        """Every moment of the update's micro batch in the order it comes: the loss head's backward, the layers'
+        backward as it starts, the optimizer step at the mini batch's end (update_components takes the largest,
+        the allocator's replay walks them all).
 
-        Both hold the state and every layer's saved activations of the micro batches in flight. Autograd runs
-        the head's backward first (Megatron's vocab-parallel cross entropy, then the backward of verl's
-        in-place temperature division, megatron_actor.py logits_processor) and hands the output layer a
+        The first two hold the state and every layer's saved activations of the micro batches in flight.
+        Autograd runs the head's backward first (Megatron's vocab-parallel cross entropy, then the backward of
+        verl's in-place temperature division, megatron_actor.py logits_processor) and hands the output layer a
         [tokens, hidden] gradient; every logits-sized buffer is freed before the last transformer layer's
         backward starts (Megatron-Core GPTModel._postprocess, read at 0.20; verl b178a3cd): the head (verl's head
         kernel over the vocabulary-parallel logits, at least Megatron's fp32 logits) and one layer's backward
@@ -548,7 +550,6 @@ class MegatronBackend:
             stages = attrs.evolve(stages, loss_head=loss_head_bytes(arch, tp=tp, tokens=tokens, outputs=1))
         verl_head = head.bytes_per_token_vocab * tokens * arch.vocab_size / tp if head is not None else 0.0
         megatron_head = stages.loss_head if role == "critic" else cross_entropy_bytes(arch, tp=tp, tokens=tokens)
-        loss_head = max(verl_head, megatron_head)
         workspace = tokens * layer_activation_bytes_per_token(
             arch, moe=arch.is_moe, tp=tp, etp=engine.expert_tensor_size,
             sequence_parallel=engine.sequence_parallel and tp > 1, dropout_masks=VERL_SAVES_DROPOUT_MASKS)
@@ -557,30 +558,74 @@ class MegatronBackend:
                  Component(f"{role}_optimizer_state", int(state_on_gpu.optimizer))]
         depths = plan.model.mtp_trained_layers if role == "actor" else 0
         mtp = Component("mtp_activations", int(mtp_activation_bytes(arch, engine, tokens=tokens, depths=depths)))
-        loss, backward = stages.at_loss_head + loss_head + mtp.bytes, stages.layers_peak + workspace
-        if state_on_gpu.optimizer_step > max(loss, backward):
+        return [
+            ("loss", [*state, Component("activations", int(stages.at_loss_head)),
+                      Component("logits_head", int(max(verl_head, megatron_head))), *([mtp] if mtp.bytes else [])]),
+            ("backward", [*state, Component("activations", int(stages.layers_peak)),
+                          Component("layer_backward_workspace", int(workspace))]),
             # The step runs after every micro batch's activations are freed.
-            return "optimizer_step", [*state, Component("optimizer_step_temporaries", int(state_on_gpu.optimizer_step))]
-        if loss >= backward:
-            return "loss", [*state, Component("activations", int(stages.at_loss_head)),
-                            Component("logits_head", int(loss_head)), *([mtp] if mtp.bytes else [])]
-        return "backward", [*state, Component("activations", int(stages.layers_peak)),
-                            Component("layer_backward_workspace", int(workspace))]
+            ("optimizer_step", [*state, Component("optimizer_step_temporaries", int(state_on_gpu.optimizer_step))]),
+        ]
 
-    def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
-                           head_bytes_per_token_vocab: float, entropy: bool = False) -> list[Component]:
-        """A no_grad forward: the layer transients over TP, or at the head the vocabulary-parallel logits with
-        what verl's log-prob holds beside them (forward_pass_bytes; none with the fused kernels, which make no
-        logits, and the critic's value head: head_bytes_per_token_vocab 0)."""
+    def update_components(self, plan: Plan, role: TrainedRole, state_on_gpu: TrainerState, batch: RoleBatchLayout,
+                          head: LossHead | None, profile: Profile) -> tuple[str, list[Component]]:
+        """The update's peak (update_moments): the loss head's backward or the layers' backward as it starts,
+        whichever is larger (the loss on a tie), or the optimizer step where it exceeds both."""
+        moments = dict(self.update_moments(plan, role, state_on_gpu, batch, head, profile))
+        totals = {name: sum(c.bytes for c in components) for name, components in moments.items()}
+        if totals["optimizer_step"] > max(totals["loss"], totals["backward"]):
+            return "optimizer_step", moments["optimizer_step"]
+        peak = "loss" if totals["loss"] >= totals["backward"] else "backward"
+        return peak, moments[peak]
+
+    def forward_moments(self, plan: Plan, *, tokens: int, head_bytes_per_token_vocab: float,
+                        entropy: bool = False) -> list[tuple[str, list[Component]]]:
+        """A no_grad forward's moments beside the parameters, in their order: the layer transients over TP, then
+        at the head the vocabulary-parallel logits with what verl's log-prob holds beside them
+        (forward_pass_bytes; no head with the fused kernels, which make no logits, and the critic's value head:
+        head_bytes_per_token_vocab 0)."""
         layers_bytes, head_bytes = forward_pass_bytes(
             plan.model.arch, tp=plan.actor.mcore.tensor_model_parallel_size, tokens=tokens,
             head_bytes_per_token_vocab=head_bytes_per_token_vocab,
             vocab_parallel_head=head_bytes_per_token_vocab > 0,
             logits_cloned=entropy and holds(MEGATRON_LOG_PROB_CLONES_LOGITS, plan.stack, plan.rollout.name))
-        params = Component(params_name, int(params_bytes))
-        layers = Component("forward_transients", int(layers_bytes))
-        head = Component("logits_head", int(head_bytes))
-        return [params, max(layers, head, key=lambda component: component.bytes)]
+        moments = [("layers", [Component("forward_transients", int(layers_bytes))])]
+        if int(head_bytes):
+            moments.append(("head", [Component("logits_head", int(head_bytes))]))
+        return moments
+
+    def forward_components(self, plan: Plan, *, params_bytes: float, params_name: str, tokens: int,
+                           head_bytes_per_token_vocab: float, entropy: bool = False) -> list[Component]:
+        """A no_grad forward's peak: the parameters and the larger of its moments (forward_moments; the layers'
+        on a tie)."""
+        moments = self.forward_moments(plan, tokens=tokens, head_bytes_per_token_vocab=head_bytes_per_token_vocab,
+                                       entropy=entropy)
+        largest = max((c for _, components in moments for c in components), key=lambda component: component.bytes)
+        return [Component(params_name, int(params_bytes)), largest]
+
+    def allocation_shape(self, plan: Plan, role: EngineRole, batch: RoleBatchLayout | None) -> AllocationShape:
+        """How the role's tensors reach the caching allocator (memory.allocator_trace replays them).
+
+        Megatron-Core's DDP wraps each model chunk (VPP of them) and allocates, per chunk, one contiguous
+        grad_data for the dense parameters and one for the experts, and with the distributed optimizer one
+        param_data beside each (megatron/core/distributed/param_and_grad_buffer.py _ParamAndGradBuffer:
+        torch.zeros(numel) each; buckets are views): single large allocations made at model build, zeroed in place
+        between mini batches, freed only by verl's offload_megatron_model_to_cpu (storage().resize_(0)) and made
+        again by load_megatron_model_to_gpu. A stage's saved activations are one set of tensors per layer and
+        micro batch in flight (in_flight_micro_batches). verl's Megatron actor worker ends update_actor,
+        compute_log_prob and compute_ref_log_prob with empty_cache, offloaded or not (megatron_workers.py, read at
+        v0.4.1, v0.5.0, v0.6.1 and v0.7.0 and main of 2026: get_torch_device().empty_cache(), later
+        aggressive_empty_cache); its critic worker's compute_values and update_critic flush only through the
+        offload."""
+        arch, engine = plan.model.arch, plan.engine(role)
+        chunks = engine.virtual_pipeline_model_parallel_size or 1
+        buffers = chunks * (2 if arch.is_moe else 1)
+        in_flight = math.ceil(in_flight_micro_batches(engine, batch.micro_batches_per_mini)) if batch else 1
+        return AllocationShape(grad_buffers=buffers,
+                               param_buffers=buffers if engine.use_distributed_optimizer else None,
+                               activation_tensors=in_flight * engine.most_loaded_stage_layers(arch.num_layers),
+                               vocab_shards=engine.tensor_model_parallel_size,
+                               empties_cache_after_pass=role != "critic")
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
         """The export's largest tensor in flight (`export_gather_bytes`) and one bucket for the engine; a

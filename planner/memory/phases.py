@@ -227,23 +227,20 @@ class _StepContext:
         resident = [] if self.split and not step_is_trainer else [
             c for key, c in self.resident_by_role.items() if key not in loaded]
         components = step + resident
-        trainer_bytes = sum(c.bytes for c in (components if step_is_trainer else resident) if c.scope != "overhead")
         if step_is_trainer:
             components += self.vllm_resident
         components += vllm_extra
         components.append(self.overhead)
-        reserve = self._allocator_reserve(PhaseMemory(name, tuple(components), peak_at), trainer_bytes)
+        reserve = self._allocator_reserve(PhaseMemory(name, tuple(components), peak_at))
         components.append(Component("fragmentation_reserve", reserve, "overhead"))
         pool = ("trainer" if step_is_trainer else "rollout") if self.split else ""
         return PhaseMemory(name, tuple(components), peak_at, pool)
 
-    def _allocator_reserve(self, phase: PhaseMemory, trainer_bytes: int) -> int:
+    def _allocator_reserve(self, phase: PhaseMemory) -> int:
         """What the caching allocator holds beyond the phase's live tensors that it cannot give back at the peak:
-        free bytes in segments with a block in use (memory.allocator_trace.stranded_bytes); a backend that prices
-        no moments (Megatron) keeps the profile's fraction of its trainer bytes."""
-        if hasattr(self.trainer, "update_moments"):
-            return stranded_bytes(self, phase)
-        return int(self.profile.fragmentation_fraction * trainer_bytes)
+        free bytes in segments with a block in use (memory.allocator_trace.stranded_bytes, over the backend's
+        moments and allocation shape, FSDP's and Megatron's alike)."""
+        return stranded_bytes(self, phase)
 
 
 def _actor_update(ctx: _StepContext) -> PhaseMemory:

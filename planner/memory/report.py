@@ -97,3 +97,35 @@ class TrainerState:
                  ("optimizer", optimizer, self.optimizer))
         return [Component(f"{role}_{part}_offloaded", int(ranks * share * size)) for part, share, size in parts
                 if share]
+
+
+@frozen(kw_only=True)
+class AllocationShape:
+    """How one role's tensors reach torch's caching allocator under a training backend, for the allocator's replay
+    (memory.allocator_trace): how many allocations its state and a pass's saved activations are, and the cache
+    flushes its worker makes.  The defaults are FSDP's (per-layer state shards, gradients made at the first
+    backward and dropped by zero_grad, saved activations per group of layers)."""
+
+    # The contiguous buffers a role's gradients are (None: per-layer tensors): Megatron-Core's DDP allocates one
+    # grad_data per buffer when it wraps the model and zeroes it in place between mini batches.
+    grad_buffers: int | None = None
+    # The contiguous buffers its weights are (None: per-layer tensors): DDP's param_data, with the distributed
+    # optimizer only.
+    param_buffers: int | None = None
+    # The equal tensors a moment's saved activations are (0: the replay's groups of layers): one per layer and
+    # micro batch in flight on a pipeline stage.
+    activation_tensors: int = 0
+    # What a logits-sized buffer is split over (the vocabulary-parallel output layer's TP).
+    vocab_shards: int = 1
+    # The worker empties the cache at the end of each of the role's passes, offloaded or not.
+    empties_cache_after_pass: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.vocab_shards < 1 or self.activation_tensors < 0:
+            raise ValueError(f"AllocationShape: vocab_shards >= 1 and activation_tensors >= 0, got {self!r}")
+        for buffers in (self.grad_buffers, self.param_buffers):
+            if buffers is not None and buffers < 1:
+                raise ValueError(f"AllocationShape: a buffer count is at least 1, got {self!r}")
+
+
+FSDP_ALLOCATION_SHAPE = AllocationShape()

@@ -621,3 +621,75 @@ def test_mtp_is_refused_where_verl_cannot_run_it_or_rlplan_cannot_price_it():
     no_layers = _megatron_plan(LLAMA_8B)
     with pytest.raises(PlanError, match="num_nextn_predict_layers"):
         no_layers.evolve(model=attrs.evolve(no_layers.model, mtp=MtpSection(train=True)))
+
+
+def _dense_megatron_plan(**knobs):
+    """Qwen2.5-7B under Megatron at TP 2 on verl 0.5 (fixed segments unless PYTORCH_CUDA_ALLOC_CONF says otherwise),
+    dynamic micro batches of varying length."""
+    from rlplan.planner.stack import StackSection
+
+    plan = _megatron_plan(resolve_model("qwen2.5-7b").arch, **{
+        "actor.megatron.tensor_model_parallel_size": 2, "actor.use_dynamic_bsz": True,
+        "actor.ppo_max_token_len_per_gpu": 8192, "data.expected_response_length": 600, **knobs})
+    return plan.evolve(stack=StackSection(verl="0.5.0"))
+
+
+def test_the_megatron_allocator_reserve_is_the_replays_stranded_bytes_not_a_share_of_the_trainer():
+    from rlplan.planner.memory.allocator_trace import stranded_bytes
+    from rlplan.planner.memory.phases import step_context
+    from rlplan.planner.profile import DEFAULT_PROFILE
+
+    ctx, report = step_context(_dense_megatron_plan(), DEFAULT_PROFILE)
+    for phase in report.phases:
+        assert phase.bytes_of("fragmentation_reserve") == stranded_bytes(ctx, phase)
+    # The rollout strands nothing of the trainer's (the flat reserve kept 8 % of the resident state there); the
+    # update on fixed segments strands some of its micro batches' segments.
+    assert report.phase("rollout").bytes_of("fragmentation_reserve") == 0
+    assert report.phase("actor_update").bytes_of("fragmentation_reserve") > 0
+
+
+def test_expandable_segments_lower_the_megatron_reserve_and_the_replays_cache():
+    from rlplan.planner.memory.allocator_report import allocator_report
+
+    fixed = _dense_megatron_plan()
+    expandable = _dense_megatron_plan(**{"trainer.pytorch_cuda_alloc_conf": "expandable_segments:True"})
+
+    def update(plan):
+        reserve = predict_memory_phase(plan).bytes_of("fragmentation_reserve")
+        row = next(row for row in allocator_report(plan) if row.phase == "actor_update")
+        return reserve, row.reserved - row.allocated
+
+    (fixed_reserve, fixed_cache), (expandable_reserve, expandable_cache) = update(fixed), update(expandable)
+    assert expandable_reserve < fixed_reserve
+    assert expandable_cache < fixed_cache
+
+
+def predict_memory_phase(plan, phase: str = "actor_update"):
+    from rlplan.planner.memory import predict_memory
+
+    return predict_memory(plan).phase(phase)
+
+
+def test_megatrons_grad_and_param_buffers_are_single_allocations_and_its_activations_one_per_layer_in_flight():
+    from rlplan.planner.memory.megatron import MEGATRON
+
+    plan = _dense_megatron_plan(**{"actor.megatron.pipeline_model_parallel_size": 2})
+    role = _update_role(plan)
+    shape = MEGATRON.allocation_shape(plan, "actor", role)
+    assert shape.grad_buffers == shape.param_buffers == 1  # dense: one DDP buffer each, one model chunk
+    held = math.ceil(in_flight_micro_batches(plan.actor.mcore, role.micro_batches_per_mini))
+    assert shape.activation_tensors == held * plan.actor.mcore.most_loaded_stage_layers(plan.model.arch.num_layers)
+    assert shape.vocab_shards == 2 and shape.empties_cache_after_pass
+    assert not MEGATRON.allocation_shape(plan, "critic", role).empties_cache_after_pass
+    moe = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
+    assert MEGATRON.allocation_shape(moe, "actor", _update_role(moe)).grad_buffers == 2  # dense and expert buffers
+
+
+@given(budget=st.integers(2048, 20000), more=st.integers(1, 8000))
+def test_a_larger_megatron_micro_batch_never_lowers_the_updates_reserve_or_its_fit(budget, more):
+    """The solver bisects token budgets: the update's allocator reserve (and so its fitted figure) must not fall
+    when the micro batch grows."""
+    small = predict_memory_phase(_dense_megatron_plan(**{"actor.ppo_max_token_len_per_gpu": budget}))
+    large = predict_memory_phase(_dense_megatron_plan(**{"actor.ppo_max_token_len_per_gpu": budget + more}))
+    assert large.bytes_of("fragmentation_reserve") >= small.bytes_of("fragmentation_reserve")
+    assert large.peak_bytes >= small.peak_bytes
