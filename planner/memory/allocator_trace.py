@@ -308,10 +308,10 @@ class _Replay:
             if c.name.endswith(_STATE_SUFFIXES) or c.name.endswith("_grads") or c.scope == "overhead":
                 continue
             size = c.bytes * tokens / priced if c.name in _TOKEN_SIZED else c.bytes
-            self.alloc(f"{tag}:{c.name}", size, _STREAM.get(c.name, COMPUTE), self._blocks_of(c, priced))
+            self.alloc(f"{tag}:{c.name}", size, _STREAM.get(c.name, COMPUTE), self._blocks_of(tag, c, priced))
 
-    def _blocks_of(self, c: Component, priced: int) -> int:
-        return _replayed_blocks(c, priced, self.facts.vocab, self.facts.layers, self.shape)
+    def _blocks_of(self, moment: str, c: Component, priced: int) -> int:
+        return _replayed_blocks(moment, c, priced, self.facts.vocab, self.facts.layers, self.shape)
 
     def release(self, tag: str, components: Sequence[Component]) -> None:
         for c in reversed(components):
@@ -520,17 +520,18 @@ def stranded_bytes(ctx: StepShape, phase: PhaseMemory) -> int:
     config = allocator_config(ctx.plan, trainer_phase=True)
     if config.expandable_segments:
         return _most_blocks(ctx, phase) * LARGE_PAGE // 2
-    return int(max(STRANDED_SHARE_OF_LARGEST_BLOCK * largest_transient_block(ctx, phase),
-                   MANY_TENSORS_STRANDED_SHARE * _many_tensor_activations(ctx, phase)))
+    return int(STRANDED_SHARE_OF_LARGEST_BLOCK * largest_transient_block(ctx, phase)
+               + MANY_TENSORS_STRANDED_SHARE * _many_tensor_activations(ctx, phase))
 
 
 # Saved activations a backend makes as many equal tensors (AllocationShape.activation_tensors: Megatron's, one per
-# layer and micro batch in flight) are each placed by a smaller micro batch in a larger one's segment: the phase
-# strands a share of all of them, not of one block.  FIT_PATTERN's largest step down after its largest micro batch
-# is a tenth; with two micro batches in flight (PP 2) the phase replay strands 0.195 of the activations on
-# Qwen2.5-Math-7B's tp4pp2 run, the most over verl's published Megatron runs (benchmarks/megatron_memory.py),
-# rounded up here; tests/planner/memory/test_allocator_trace.py holds the replay to it.
-MANY_TENSORS_STRANDED_SHARE = 0.2
+# layer and micro batch its stage holds) are each placed by a smaller micro batch in a larger one's segment: the
+# phase strands a share of all of them, beside what the largest block strands (the head's freed segments, which
+# the layers' backward splits for its activations).  FIT_PATTERN's step down after its largest micro batch is a
+# tenth; the phase replay strands at most 0.124 of the activations beyond the largest-block share over verl's
+# published Megatron runs (Qwen2.5-Math-7B's tp4pp2 row, benchmarks/megatron_memory.py), rounded up here;
+# tests/planner/memory/test_allocator_trace.py holds the replay to it.
+MANY_TENSORS_STRANDED_SHARE = 0.125
 
 
 def _many_tensor_activations(ctx: StepShape, phase: PhaseMemory) -> int:
@@ -549,23 +550,24 @@ def _most_blocks(ctx: StepShape, phase: PhaseMemory) -> int:
     groups = min(model_facts(ctx.plan.model.arch).layers, _LAYER_GROUPS)
     shape = _shape(ctx, *_phase_role(ctx, phase.name))
 
-    def each(c: Component) -> int:
+    def each(c: Component, moment: str) -> int:
         if c.name == "activations":
-            return shape.activation_tensors or groups
+            return shape.activation_tensors_in(moment) or groups
         if c.name.endswith(_STATE_SUFFIXES + ("_grads",)):
             return _state_blocks(ctx, c.name, groups)
         return 1
 
-    def blocks(components: Sequence[Component]) -> int:
-        return sum(each(c) for c in components
+    def blocks(components: Sequence[Component], moment: str) -> int:
+        return sum(each(c, moment) for c in components
                    if c.scope != "overhead" and not outside_the_trainer_allocator(c.name, ctx.plan.rollout.name))
 
-    counted = blocks(phase.components)
+    counted = blocks(phase.components, phase.peak_at)
     moments = _pass_moments(ctx, phase.name, _priced_tokens(ctx, phase.name))
     step_names = sorted(c.name for c in phase.components if c.scope == "step")
-    peak = [components for _, components in moments if sorted(c.name for c in components) == step_names]
+    peak = [(name, components) for name, components in moments
+            if sorted(c.name for c in components) == step_names]
     if peak:
-        counted += max(blocks(components) for _, components in moments) - blocks(peak[0])
+        counted += max(blocks(components, name) for name, components in moments) - blocks(peak[0][1], peak[0][0])
     return counted
 
 
@@ -577,21 +579,21 @@ def largest_transient_block(ctx: StepShape, phase: PhaseMemory) -> int:
     tokens = _priced_tokens(ctx, phase.name)
     shape = _shape(ctx, *_phase_role(ctx, phase.name))
     largest = 0.0
-    for _, components in _pass_moments(ctx, phase.name, tokens):
+    for moment, components in _pass_moments(ctx, phase.name, tokens):
         for c in components:
             if c.scope != "step" or c.name.endswith(_STATE_SUFFIXES + ("_grads",)):
                 continue
-            largest = max(largest, c.bytes / _replayed_blocks(c, tokens, facts.vocab, facts.layers, shape))
+            largest = max(largest, c.bytes / _replayed_blocks(moment, c, tokens, facts.vocab, facts.layers, shape))
     return int(largest)
 
 
-def _replayed_blocks(c: Component, tokens: int, vocab: int, layers: int, shape: AllocationShape) -> int:
-    """How many equal tensors the replay allocates a component as: saved activations as the backend's tensors
-    (one per layer and micro batch in flight under Megatron) or in groups of layers, the optimizer's foreach
-    temporaries in groups of layers, the head as its logits-sized (bf16, over the vocabulary's shards) buffers,
-    else one."""
-    if c.name == "activations" and shape.activation_tensors:
-        return shape.activation_tensors
+def _replayed_blocks(moment: str, c: Component, tokens: int, vocab: int, layers: int, shape: AllocationShape) -> int:
+    """How many equal tensors the replay allocates a component of a moment as: saved activations as the backend's
+    tensors (one per layer and micro batch its stage holds under Megatron) or in groups of layers, the optimizer's
+    foreach temporaries in groups of layers, the head as its logits-sized (bf16, over the vocabulary's shards)
+    buffers, else one."""
+    if c.name == "activations" and shape.activation_tensors_in(moment):
+        return shape.activation_tensors_in(moment)
     if c.name in _LAYERWISE:
         return min(layers, _LAYER_GROUPS)
     if c.name == "logits_head":

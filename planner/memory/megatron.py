@@ -621,9 +621,12 @@ class MegatronBackend:
         chunks = engine.virtual_pipeline_model_parallel_size or 1
         buffers = chunks * (2 if arch.is_moe else 1)
         in_flight = math.ceil(in_flight_micro_batches(engine, batch.micro_batches_per_mini)) if batch else 1
+        layers = engine.most_loaded_stage_layers(arch.num_layers)
+        # The loss moment is the last stage's (stage_activations: one micro batch there under PP > 1).
+        at_loss = layers * (in_flight if engine.pipeline_model_parallel_size == 1 else 1)
         return AllocationShape(grad_buffers=buffers,
                                param_buffers=buffers if engine.use_distributed_optimizer else None,
-                               activation_tensors=in_flight * engine.most_loaded_stage_layers(arch.num_layers),
+                               activation_tensors=in_flight * layers, activation_tensors_at_loss=at_loss,
                                vocab_shards=engine.tensor_model_parallel_size,
                                empties_cache_after_pass=role != "critic")
 

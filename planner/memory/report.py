@@ -115,17 +115,26 @@ class AllocationShape:
     # The equal tensors a moment's saved activations are (0: the replay's groups of layers): one per layer and
     # micro batch in flight on a pipeline stage.
     activation_tensors: int = 0
+    # Those of the loss head's moment where they differ (0: the same): under a pipeline the most loaded rank's loss
+    # moment is the last stage's, which holds one micro batch, its backward's the first stage's in-flight ones.
+    activation_tensors_at_loss: int = 0
     # What a logits-sized buffer is split over (the vocabulary-parallel output layer's TP).
     vocab_shards: int = 1
     # The worker empties the cache at the end of each of the role's passes, offloaded or not.
     empties_cache_after_pass: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.vocab_shards < 1 or self.activation_tensors < 0:
+        if self.vocab_shards < 1 or min(self.activation_tensors, self.activation_tensors_at_loss) < 0:
             raise ValueError(f"AllocationShape: vocab_shards >= 1 and activation_tensors >= 0, got {self!r}")
         for buffers in (self.grad_buffers, self.param_buffers):
             if buffers is not None and buffers < 1:
                 raise ValueError(f"AllocationShape: a buffer count is at least 1, got {self!r}")
+
+
+    def activation_tensors_in(self, moment: str) -> int:
+        """The equal tensors a moment's saved activations are (0: the replay's groups of layers)."""
+        return (self.activation_tensors_at_loss or self.activation_tensors) if moment == "loss" else \
+            self.activation_tensors
 
 
 FSDP_ALLOCATION_SHAPE = AllocationShape()

@@ -678,7 +678,10 @@ def test_megatrons_grad_and_param_buffers_are_single_allocations_and_its_activat
     shape = MEGATRON.allocation_shape(plan, "actor", role)
     assert shape.grad_buffers == shape.param_buffers == 1  # dense: one DDP buffer each, one model chunk
     held = math.ceil(in_flight_micro_batches(plan.actor.mcore, role.micro_batches_per_mini))
-    assert shape.activation_tensors == held * plan.actor.mcore.most_loaded_stage_layers(plan.model.arch.num_layers)
+    layers = plan.actor.mcore.most_loaded_stage_layers(plan.model.arch.num_layers)
+    assert shape.activation_tensors == held * layers
+    # The loss moment is the last stage's, which holds one micro batch: tensors of the same shape, fewer of them.
+    assert shape.activation_tensors_in("loss") == layers and shape.activation_tensors_in("backward") == held * layers
     assert shape.vocab_shards == 2 and shape.empties_cache_after_pass
     assert not MEGATRON.allocation_shape(plan, "critic", role).empties_cache_after_pass
     moe = _megatron_plan(**{"actor.megatron.expert_model_parallel_size": 8})
