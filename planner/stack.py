@@ -509,18 +509,21 @@ EMPTIES_CACHE_BEFORE_SYNC = Behaviour(
     name="empties_cache_before_sync", package="verl", before="0.8.0",
     code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.3-v0.5: empty_cache before state_dict); "
               "fsdp_workers.py rollout_mode (v0.6, v0.7: aggressive_empty_cache first); the v0.8 engine workers' "
-              "update_weights flushes only after the sync (engine_workers.py, read at HEAD 2026-01-29)",
+              "update_weights flushes only after the sync (engine_workers.py, read at HEAD 2026-01-29); Megatron's alike: "
+              "megatron_vllm.py __enter__ (v0.4.1, v0.5.0), megatron_workers.py rollout_mode (v0.6.1, v0.7.0)",
     summary="the trainer's cache is flushed before the weight sync")
 EMPTIES_CACHE_AFTER_SYNC = Behaviour(
     name="empties_cache_after_sync", package="verl", since="0.4.0",
     code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.4.0: empty_cache after update_params, "
               "before wake_up(kv_cache)); fsdp_workers.py rollout_mode (v0.6, v0.7); engine_workers.py "
-              "update_weights (v0.8+: aggressive_empty_cache before resume kv_cache)",
+              "update_weights (v0.8+: aggressive_empty_cache before resume kv_cache); Megatron's alike: megatron_vllm.py "
+              "__enter__ after the load (v0.4.1, v0.5.0), megatron_workers.py rollout_mode (v0.6.1-main)",
     summary="the weight sync's gathered tensors are flushed from the cache before the KV cache wakes")
 EMPTIES_CACHE_AFTER_ROLLOUT = Behaviour(
     name="empties_cache_after_rollout", package="verl", before="0.8.0",
     code_path="verl/workers/sharding_manager/fsdp_vllm.py __exit__ (v0.3-v0.5: empty_cache after sleep; v0.4+ "
-              "also generate_sequences' end); fsdp_workers.py trainer_mode (v0.6, v0.7: aggressive_empty_cache)",
+              "also generate_sequences' end); fsdp_workers.py trainer_mode (v0.6, v0.7: aggressive_empty_cache); "
+              "Megatron's alike: megatron_vllm.py __exit__ (v0.4.1, v0.5.0), megatron_workers.py trainer_mode",
     summary="the trainer's cache is flushed when the engine goes to sleep")
 ENGINE_IN_TRAINER_PROCESS = Behaviour(
     name="engine_in_trainer_process", package="verl", before="0.7.0",
@@ -532,7 +535,9 @@ ENGINE_IN_TRAINER_PROCESS = Behaviour(
 TRAINER_EXPANDABLE_SEGMENTS = Behaviour(
     name="trainer_expandable_segments", package="verl", since="0.6.0",
     code_path="verl/workers/fsdp_workers.py trainer_mode set_expandable_segments(True), rollout_mode False "
-              "(v0.6.0, v0.7.0); engine_workers.py update_weights False for the sync, True after (v0.8+); "
+              "(v0.6.0, v0.7.0); megatron_workers.py alike (v0.6.1, v0.7.0; main: True after update_weights; "
+              "MEGATRON_CI_DISABLE_EXPANDABLE_SEGMENTS=1 keeps it off, not priced); engine_workers.py "
+              "update_weights False for the sync, True after (v0.8+); "
               "verl/utils/device.py torch.cuda.memory._set_allocator_settings",
     summary="the trainer phases allocate from expandable segments whatever PYTORCH_CUDA_ALLOC_CONF says; "
             "the weight sync does not")
