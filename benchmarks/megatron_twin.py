@@ -274,11 +274,21 @@ def section(rows: list[Moments]) -> str:
         *table(rows), "",
         "These rows are presets/measured_accuracy.toml's Megatron rows (source megatron-twin): a Megatron "
         "plan's error band is theirs (planner/model_error.py), no longer an assumption. What they cannot "
-        "say: the CUDA caching allocator's rounding and fragmentation (the allocator replay's reserve, memory/allocator_trace.py), NCCL's "
-        "buffers, Transformer Engine's own kernels (here stood in for by kernels that save what TE's save: "
-        "flash attention's q, k, v, output and log-sum-exp, a fused RMSNorm's input and inverse RMS), "
-        "grouped GEMM and context parallelism.",
+        "say: the CUDA caching allocator's rounding and fragmentation (the allocator replay's reserve, "
+        "memory/allocator_trace.py), NCCL's buffers, Transformer Engine's own kernels (here stood in for by "
+        "kernels that save what TE's save: flash attention's q, k, v, output and log-sum-exp, a fused RMSNorm's "
+        "input and inverse RMS), grouped GEMM and context parallelism. Their band is the allocated counter's; no "
+        "real Megatron run's counters were found, so the reserved counter's band of a Megatron plan is "
+        f"{_reserved_band()}.",
     ]) + "\n"
+
+
+def _reserved_band() -> str:
+    """What planner/model_error.py gives a Megatron update's reserved counter, in its own words."""
+    from rlplan.planner.model_error import error_band
+
+    band = error_band("update", None, "megatron", "reserved")
+    return f"-{100 * band.under:.1f} % / +{100 * band.over:.1f} % ({band.basis})"
 
 
 def main(argv: list[str] | None = None) -> int:
