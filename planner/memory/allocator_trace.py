@@ -278,9 +278,19 @@ class _Replay:
     # --- state ---
 
     def state(self, name: str, nbytes: float) -> None:
-        """A role's state: per-layer shards (in groups of layers), or the contiguous buffers its backend makes."""
+        """A role's state: per-layer shards (in groups of layers), or the contiguous buffers its backend makes.  An
+        optimizer's state is what exists of it: the share its backend builds with the optimizer (Megatron's fp32
+        main weights) from the start, the rest (Adam's moments) once it has stepped (`stepped`)."""
+        blocks = _state_blocks(self.ctx, name, self.groups)
+        built = _optimizer_built_share(self.ctx, name)
+        if not built:
+            if not self.holds(name):
+                self.alloc(name, nbytes, blocks=blocks)
+            return
         if not self.holds(name):
-            self.alloc(name, nbytes, blocks=_state_blocks(self.ctx, name, self.groups))
+            self.alloc(name, built * nbytes, blocks=blocks)
+        if name in self.stepped and not self.holds(f"{name}:moments"):
+            self.alloc(f"{name}:moments", (1 - built) * nbytes, blocks=blocks)
 
     def load(self, names: Sequence[str], sizes: dict[str, float]) -> list[str]:
         """Load what a phase needs that is not resident between phases; returns the names to offload after."""
@@ -288,7 +298,8 @@ class _Replay:
         for name in names:
             if name in self.ctx.resident_by_role or self.holds(name) or not sizes.get(name):
                 continue
-            if name.endswith("_optimizer_state") and name not in self.stepped:
+            if (name.endswith("_optimizer_state") and name not in self.stepped
+                    and not _optimizer_built_share(self.ctx, name)):
                 continue  # load_fsdp_optimizer moves the state there is: none before the first step
             self.state(name, sizes[name])
             loaded.append(name)
@@ -297,6 +308,7 @@ class _Replay:
     def offload(self, loaded: Sequence[str]) -> None:
         for name in loaded:
             self.free(name)
+            self.free(f"{name}:moments")
         if loaded:
             self.empty_cache()  # offload_fsdp_model_to_cpu(empty_cache=True), every version
 
@@ -411,8 +423,8 @@ def _update_pass(replay: _Replay, phase: str, role_name: str, role: RoleBatchLay
                             replay.alloc(grads_name, grads, blocks=layers)
                         replay.release(name, components)
                 if any(name == "optimizer_step" for name, _ in moments):
-                    replay.state(optimizer, state.optimizer)
                     replay.stepped.add(optimizer)
+                    replay.state(optimizer, state.optimizer)
                     replay.alloc("optimizer_step", state.optimizer_step, blocks=layers)
                     replay.free("optimizer_step")
         if not buffered:
@@ -621,6 +633,13 @@ def _state_blocks(ctx: StepShape, name: str, groups: int) -> int:
     return buffers or groups
 
 
+def _optimizer_built_share(ctx: StepShape, name: str) -> float:
+    """The share of an optimizer state component that exists from the optimizer's build (0 for other components)."""
+    if not name.endswith("_optimizer_state"):
+        return 0.0
+    return _shape(ctx, _role_of(name), None).optimizer_built_share
+
+
 def _phase_role(ctx: StepShape, phase: str) -> tuple[EngineRole, RoleBatchLayout | None]:
     """The role a trainer phase runs and its batch layout."""
     layout = ctx.layout
@@ -655,7 +674,8 @@ def _priced_tokens(ctx: StepShape, phase: str) -> int:
 def _start(ctx: StepShape, phases: Sequence[PhaseMemory]) -> _Replay:
     replay = _Replay(ctx, {p.name: p for p in phases})
     for name, component in ctx.resident_by_role.items():
-        if not name.endswith("_optimizer_state"):  # created at the first optimizer step (_Replay.stepped)
+        # An optimizer's state is created at its first step (_Replay.stepped), but what its backend builds with it.
+        if not name.endswith("_optimizer_state") or _optimizer_built_share(ctx, name):
             replay.state(name, component.bytes)
     return replay
 

@@ -612,7 +612,8 @@ class MegatronBackend:
         torch.zeros(numel) each; buckets are views): single large allocations made at model build, zeroed in place
         between mini batches, freed only by verl's offload_megatron_model_to_cpu (storage().resize_(0)) and made
         again by load_megatron_model_to_gpu. A stage's saved activations are one set of tensors per layer and
-        micro batch in flight (in_flight_micro_batches). verl's Megatron actor worker ends update_actor,
+        micro batch in flight (in_flight_micro_batches). The distributed optimizer builds its fp32 main weights
+        with itself (resident_at_engine_start), Adam's moments come at the first step. verl's Megatron actor worker ends update_actor,
         compute_log_prob and compute_ref_log_prob with empty_cache, offloaded or not (megatron_workers.py, read at
         v0.4.1, v0.5.0, v0.6.1 and v0.7.0 and main of 2026: get_torch_device().empty_cache(), later
         aggressive_empty_cache); its critic worker's compute_values and update_critic flush only through the
@@ -628,6 +629,7 @@ class MegatronBackend:
                                param_buffers=buffers if engine.use_distributed_optimizer else None,
                                activation_tensors=in_flight * layers, activation_tensors_at_loss=at_loss,
                                vocab_shards=engine.tensor_model_parallel_size,
+                               optimizer_built_share=MAIN_WEIGHT_SHARE_OF_ADAM,
                                empties_cache_after_pass=role != "critic")
 
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:

@@ -120,12 +120,17 @@ class AllocationShape:
     activation_tensors_at_loss: int = 0
     # What a logits-sized buffer is split over (the vocabulary-parallel output layer's TP).
     vocab_shards: int = 1
+    # The share of the optimizer's state built with the optimizer (the rest, Adam's moments, comes at its first
+    # step, torch/optim/adam.py _init_group): 0 where all of it waits for the step.
+    optimizer_built_share: float = 0.0
     # The worker empties the cache at the end of each of the role's passes, offloaded or not.
     empties_cache_after_pass: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.vocab_shards < 1 or min(self.activation_tensors, self.activation_tensors_at_loss) < 0:
-            raise ValueError(f"AllocationShape: vocab_shards >= 1 and activation_tensors >= 0, got {self!r}")
+        if (self.vocab_shards < 1 or min(self.activation_tensors, self.activation_tensors_at_loss) < 0
+                or not 0 <= self.optimizer_built_share < 1):
+            raise ValueError(f"AllocationShape: vocab_shards >= 1, activation_tensors >= 0 and an optimizer share "
+                             f"in [0, 1), got {self!r}")
         for buffers in (self.grad_buffers, self.param_buffers):
             if buffers is not None and buffers < 1:
                 raise ValueError(f"AllocationShape: a buffer count is at least 1, got {self!r}")

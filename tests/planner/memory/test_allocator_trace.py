@@ -193,3 +193,24 @@ def test_the_megatron_fit_holds_every_stranded_byte_its_phase_replay_finds_on_ve
             assert replay_phase(ctx, phase).stranded <= stranded_bytes(ctx, phase) + 1, (run.label, phase.name)
             checked += 1
     assert checked > 29
+
+
+def test_megatrons_main_weights_exist_from_the_optimizers_build_and_adams_moments_from_its_first_step():
+    """Megatron's distributed optimizer builds its fp32 main weights with itself; torch's Adam makes the moments at
+    the first step(): the replay holds the first from the start and makes the second after the first backward."""
+    from rlplan.planner.memory.allocator_trace import _start, _step
+    from rlplan.planner.memory.megatron import MAIN_WEIGHT_SHARE_OF_ADAM
+    from rlplan.planner.presets import resolve_model
+
+    plan = apply_knobs(make_plan(resolve_model("qwen2.5-7b").arch, overrides={"actor.strategy": "megatron"}),
+                       {"actor.megatron.tensor_model_parallel_size": 2})
+    ctx, report = step_context(_on(plan, "0.5.0"), DEFAULT_PROFILE)
+    replay = _start(ctx, report.phases)
+    built = [op for op in replay.ops if op[0] == "alloc" and op[1] == "actor_optimizer_state"]
+    assert built and not any(op[1] == "actor_optimizer_state:moments" for op in replay.ops)
+    state = report.phase(Phase.ACTOR_UPDATE).bytes_of("actor_optimizer_state")
+    assert sum(op[2] * op[4] for op in built) == pytest.approx(MAIN_WEIGHT_SHARE_OF_ADAM * state, rel=0.01)
+    for _, run in _step(replay, ctx):
+        run()
+    keys = [op[1] for op in replay.ops if op[0] == "alloc"]
+    assert keys.index("actor_optimizer_state:moments") > keys.index("backward:activations")
