@@ -1,9 +1,13 @@
 """A verl step as torch's caching allocator sees it: the allocations, frees and cache flushes of each phase,
 replayed through memory.allocator, giving each phase's allocated, reserved and needed bytes.
 
-The trace is built from the phases' own moments (memory.fsdp.training_moments / forward_moments: what an
-update or a no_grad forward holds at each moment of one micro batch, priced by the backend that owns those
-bytes), walked over the micro batches a step really runs:
+The trace is built from the phases' own moments (the backend's update_moments / forward_moments, FSDP's
+memory.fsdp.training_moments or Megatron's MegatronBackend.update_moments: what an update or a no_grad forward
+holds at each moment of one micro batch, priced by the backend that owns those bytes), allocated as the backend's
+AllocationShape says (FSDP's per-layer shards and gradients dropped by zero_grad; Megatron-Core's contiguous DDP
+grad / param buffers kept across mini batches, one activation tensor per layer and micro batch in flight, the fp32
+main weights built with the optimizer, the actor worker's empty_cache after each pass), walked over the micro
+batches a step really runs:
 
 * the micro batches' token counts: the workload's response lengths (steptime.lengths, the log-normal of
   the plan's mean, cut at the maximum) drawn at fixed quantiles in a fixed shuffled order, packed as verl packs
