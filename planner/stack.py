@@ -392,6 +392,25 @@ LEN_FROM_SEQUENCES = Behaviour(
               "max_model_len = config.max_model_len or prompt_length + response_length; v0.6.x "
               "vllm_async_server.py sets max_model_len = prompt_length + response_length outright",
     summary="vLLM gets prompt + response as max_model_len where rollout.max_model_len is unset")
+ROPE_SCALED_SKIPS_LEN_ASSERT = Behaviour(
+    name="rope_scaled_skips_len_assert", package="verl", since="0.4.0", before="0.5.0",
+    code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py vLLMRollout.__init__ (v0.4.0 and v0.4.1 lines "
+              "112-124; vllm_rollout.py line 100-102 alike; PR #1522): the assert max_position_embeddings >= "
+              "prompt_length + response_length runs only `if not rope_scaling_config` (getattr(model_hf_config, "
+              "'rope_scaling', None)); v0.3.0.post1 line 97 asserts it for every model. SGLang's "
+              "sglang_rollout.py _verify_config (v0.4.1 line 358) asserts max_position_embeddings >= max_model_len "
+              "whatever rope_scaling says",
+    summary="verl's vLLM rollout skips its positions assert for a model whose config has rope_scaling (vLLM's own "
+            "max_model_len check stays)")
+ROPE_SCALED_LEN_ASSERT = Behaviour(
+    name="rope_scaled_len_assert", package="verl", since="0.5.0", before="0.7.0",
+    code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py vLLMRollout.__init__ (v0.5.0 lines 105-137, "
+              "v0.6.1 lines 162-194; PR #737) and sglang_rollout/sglang_rollout.py _verify_config (v0.5.0 lines "
+              "389-407, v0.6.1 379-397): with rope_scaling, assert max_position_embeddings * "
+              "rope_scaling.get('factor', 1.0) >= prompt_length + response_length; from v0.7.0 no such assert "
+              "(vllm_rollout_spmd.py gone, vllm_async_server.py starts vLLM at max_position_embeddings, unscaled)",
+    summary="verl's rollout holds prompt + response to max_position_embeddings x rope_scaling.factor for a "
+            "rope-scaled model")
 LEN_FROM_MODEL_ALWAYS = Behaviour(
     name="max_model_len_from_model_always", package="verl", since="0.7.0", before="0.7.1",
     code_path="v0.7.0 verl/workers/rollout/vllm_rollout/vllm_async_server.py vLLMHttpServer.__init__: "
@@ -542,7 +561,8 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, SPIN_SPPO_RECIPES, MODEL_MTP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     PROMPTS_DISPATCHED_BEFORE_REPEAT, MEGATRON_MICRO_SPLIT_ASSERT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
-    MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+    MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
+    ROPE_SCALED_LEN_ASSERT, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
