@@ -411,6 +411,24 @@ ROPE_SCALED_LEN_ASSERT = Behaviour(
               "(vllm_rollout_spmd.py gone, vllm_async_server.py starts vLLM at max_position_embeddings, unscaled)",
     summary="verl's rollout holds prompt + response to max_position_embeddings x rope_scaling.factor for a "
             "rope-scaled model")
+ROLLOUT_HF_MODEL_CONFIG = Behaviour(
+    name="rollout_hf_model_config", package="verl", since="0.6.0",
+    code_path="verl/workers/config/model.py HFModelConfig.__post_init__ (v0.6.0 line 136, v0.6.1 lines 137-142, "
+              "v0.7.0 144-149, main 187-192): the HF config takes override_config['model_config'] where the script "
+              "sets it, else override_config itself; both workers build the rollout from it (fsdp_workers.py "
+              "v0.6.0 line 569, megatron_workers.py v0.6.0 lines 396-428). Before v0.6.0 the rollout gets the "
+              "trainer's HF config: FSDP applies override_config's own keys (fsdp_workers.py v0.5.0 lines 263-269), "
+              "Megatron only override_config.model_config's (single_controller/base/megatron/worker.py "
+              "_init_hf_config_and_tf_config, v0.4.1 line 85, v0.5.0 line 86)",
+    summary="the rollout's HF config reads override_config.model_config.* where the script sets it, else "
+            "override_config.*, on either backend")
+OVERRIDE_CONFIG_RECURSES = Behaviour(
+    name="override_config_recurses", package="verl", since="0.4.0",
+    code_path="verl/utils/model.py update_model_config (v0.4.0 and v0.4.1 lines 52-62, v0.5.0 54-64, v0.6.1 59-69, "
+              "v0.7.0 and main 61-71): a dict value recurses, `update_model_config(getattr(module_config, key), "
+              "val)`, then `setattr` on what getattr found; v0.3.0.post1 (lines 42-44) sets each key whole",
+    summary="verl applies a nested override_config key by getattr on the HF config and setattr on what it finds: "
+            "into a dict (rope_scaling) or a missing attribute that raises AttributeError")
 LEN_FROM_MODEL_ALWAYS = Behaviour(
     name="max_model_len_from_model_always", package="verl", since="0.7.0", before="0.7.1",
     code_path="v0.7.0 verl/workers/rollout/vllm_rollout/vllm_async_server.py vLLMHttpServer.__init__: "
@@ -562,7 +580,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     PROMPTS_DISPATCHED_BEFORE_REPEAT, MEGATRON_MICRO_SPLIT_ASSERT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
-    ROPE_SCALED_LEN_ASSERT, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+    ROPE_SCALED_LEN_ASSERT, ROLLOUT_HF_MODEL_CONFIG, OVERRIDE_CONFIG_RECURSES, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,

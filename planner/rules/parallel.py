@@ -352,7 +352,7 @@ def _megatron_recompute_layers_fit_stage(ctx: RuleContext) -> Iterator[Violation
         if not broken:
             continue
         common = math.gcd(*chunks)
-        fits = max(n for n in range(1, common + 1) if common % n == 0 and n <= requested)
+        fits = _largest_divisor_at_most(common, requested)
         sizes = ", ".join(str(chunk) for chunk in chunks)
         yield ctx.violation(
             f"{role}: recompute_method = uniform with recompute_num_layers = {requested}, but the pipeline chunks "
