@@ -327,8 +327,9 @@ def _override_config_key_is_settable(ctx: RuleContext) -> Iterator[Violation]:
     lacks; either raises AttributeError while the worker builds the model (fsdp_workers.py
     _build_model_optimizer; megatron_workers.py _init_hf_config_and_tf_config; HFModelConfig.__post_init__)."""
     plan = ctx.plan
-    found = [(match.group(1), match.group(2).split("."), key) for key in plan.passthrough
-             if (match := _OVERRIDE_CONFIG.match(key))]
+    # A dict value (`override_config.rope_scaling={type:yarn,factor:4}`) recurses alike: its keys are one level down.
+    found = [(match.group(1), match.group(2).split(".") + (["{...}"] if value.strip("'\" ").startswith("{") else []),
+              key) for key, value in plan.passthrough.items() if (match := _OVERRIDE_CONFIG.match(key))]
     nested_set = any(owner == "actor_rollout_ref" and path[0] == "model_config" for owner, path, _ in found)
     for owner, path, key in found:
         why = _override_config_failure(plan, owner, path, nested_set)

@@ -80,12 +80,14 @@ _OVERRIDE = "+actor_rollout_ref.model.override_config."
 def _with_override(plan, verl: str, *keys: str):
     from rlplan.planner.stack import StackSection
 
-    return plan.evolve(stack=StackSection(verl=verl), passthrough={_OVERRIDE + key: "4" for key in keys})
+    written = dict(key.split("=", 1) if "=" in key else (key, "4") for key in keys)
+    return plan.evolve(stack=StackSection(verl=verl), passthrough={_OVERRIDE + k: v for k, v in written.items()})
 
 
 @pytest.mark.parametrize(("strategy", "verl", "keys", "fails"), [
     # update_model_config setattr's on getattr(hf_config, "rope_scaling"): a dict, or None.
     ("fsdp", "0.4.1", ("rope_scaling.factor",), True),
+    ("fsdp", "0.5.0", ("rope_scaling={type:yarn,factor:4}",), True),  # a whole dict recurses alike
     ("fsdp", "0.7.0", ("rope_scaling.factor",), True),
     ("fsdp", "0.3.0.post1", ("rope_scaling.factor",), False),  # sets override_config's keys whole
     ("megatron", "0.5.0", ("model_config.rope_scaling.factor",), True),
