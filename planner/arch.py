@@ -52,6 +52,17 @@ class Architecture:
     vocab_size: int = attrs.field(validator=_positive)
     tie_word_embeddings: bool = False
     max_position_embeddings: int = attrs.field(default=32768, validator=_positive)
+    # config.json's rope_scaling, which verl's rollout and vLLM read beside max_position_embeddings (rules
+    # max_model_len_within_model): its rope_type (older files: type; "" where the file has none, so a plan of a
+    # model without it reads as before), its factor (1.0 where it states none: the mrope of Qwen2-VL), and the
+    # original_max_position_embeddings it states (YaRN, Llama 3's; 0 where it states none).
+    rope_scaling_type: str = attrs.field(default="", metadata=WRITTEN_WHEN_SET)
+    rope_scaling_factor: float = attrs.field(
+        default=1.0, metadata=WRITTEN_WHEN_SET,
+        validator=field_check("model.arch", lambda value: not value <= 0, "must be a positive number, got {value}.",
+                              "set {field} to rope_scaling.factor in the model's config.json"))
+    rope_original_max_position_embeddings: int = attrs.field(default=0, validator=_non_negative,
+                                                             metadata=WRITTEN_WHEN_SET)
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
@@ -130,6 +141,33 @@ class Architecture:
                 message=f"{self.first_dense_layers} dense layers exceed num_layers ({self.num_layers}).",
                 fix="copy first_k_dense_replace from the model's config.json",
             )
+
+    # --- context facts -----------------------------------------------------
+    @property
+    def rope_scaled(self) -> bool:
+        """config.json has a rope_scaling (verl's rollouts test `getattr(hf_config, "rope_scaling", None)`)."""
+        return bool(self.rope_scaling_type)
+
+    @property
+    def rope_scaled_positions(self) -> int:
+        """max_position_embeddings x rope_scaling.factor: the length verl 0.5.x-0.6.x's rollouts hold prompt +
+        response to for a rope-scaled model (vllm_rollout_spmd.py vLLMRollout.__init__, v0.5.0 line 127, v0.6.1
+        line 184; sglang_rollout.py _verify_config alike), whatever the rope type."""
+        return int(self.max_position_embeddings * self.rope_scaling_factor) if self.rope_scaled \
+            else self.max_position_embeddings
+
+    @property
+    def vllm_derived_max_model_len(self) -> int:
+        """The longest max_model_len vLLM's ModelConfig takes for this config without VLLM_ALLOW_LONG_MAX_MODEL_LEN
+        (vllm/config.py _get_and_verify_max_len of the 0.8-0.11 releases verl 0.4-0.6 install): the positions, times
+        rope_scaling.factor except for the su / longrope / llama3 types (already scaled), counted from
+        original_max_position_embeddings for YaRN. vLLM 0.32's vllm/config/model.py no longer scales YaRN either."""
+        if not self.rope_scaled or self.rope_scaling_type in ("su", "longrope", "llama3"):
+            return self.max_position_embeddings
+        base = self.max_position_embeddings
+        if self.rope_scaling_type == "yarn" and self.rope_original_max_position_embeddings:
+            base = self.rope_original_max_position_embeddings
+        return int(base * self.rope_scaling_factor)
 
     # --- shape facts -------------------------------------------------------
     @property

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from rlplan.planner.arch import Architecture
 from rlplan.planner.errors import PlanError
 
@@ -193,12 +195,36 @@ def architecture_from_hf_config(config: dict[str, Any], source: str = "config.js
     # Tying is read from what the file states, text part first: a composite file states it at the
     # top (Qwen3-VL-30B-A3B: false) while its text class defaults to true.
     stated_ties = [part.get("tie_word_embeddings") for part in ((config["text_config"], config) if nested else (config,))]
+    # Read before transformers' config class, which rewrites a shared rope_scaling in place (Qwen2-VL's mrope).
+    rope = rope_scaling_fields(config.get("rope_scaling"), source)
     filled = None
     if read_with != "light":
         filled = _through_transformers(config, model_type, strict=read_with == "transformers")
     if filled is None:
         filled = _with_light_defaults(config, model_type)
-    return _architecture_from_filled(filled, model_type, source, stated_ties)
+    arch = _architecture_from_filled(filled, model_type, source, stated_ties)
+    return attrs.evolve(arch, **rope)
+
+
+def rope_scaling_fields(rope_scaling: Any, source: str) -> dict[str, Any]:
+    """config.json's top-level rope_scaling as Architecture fields: what verl's rollouts read with
+    `getattr(model_hf_config, "rope_scaling", None)` (the top level, as written: transformers 5's config classes
+    fold it into rope_parameters, which verl's releases never read). An empty or null one is none."""
+    if not rope_scaling:
+        return {}
+    if not isinstance(rope_scaling, dict):
+        raise PlanError(field="model.rope_scaling", message=f"{source}'s rope_scaling is {rope_scaling!r}, not an "
+                        "object.", fix="set rope_scaling to the object in the model's config.json, or null")
+    kind = rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
+    factor = rope_scaling.get("factor", 1.0)
+    original = rope_scaling.get("original_max_position_embeddings") or 0
+    if not isinstance(kind, str) or isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
+            not factor > 0 or isinstance(original, bool) or not isinstance(original, (int, float)) or original < 0:
+        raise PlanError(field="model.rope_scaling", message=f"{source}'s rope_scaling {rope_scaling!r} needs a "
+                        "string rope_type, a positive factor and a whole original_max_position_embeddings.",
+                        fix="correct rope_scaling in the model's config.json")
+    return {"rope_scaling_type": kind.lower(), "rope_scaling_factor": float(factor),
+            "rope_original_max_position_embeddings": int(original)}
 
 
 def _refuse(source: str, feature: str, why: str) -> PlanError:

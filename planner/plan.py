@@ -350,6 +350,23 @@ class MegatronSection:
         middle = -(-middle_layers // middle_stages) if middle_stages > 0 else 0
         return max([*ends, middle])
 
+    def stage_layer_counts(self, num_layers: int) -> tuple[int, ...]:
+        """Each pipeline stage's layers as Megatron-Core places them (transformer_block.py
+        get_num_layers_to_build): the placed end stages their counts, the other stages the rest split evenly
+        (floor: a rest that does not divide is rule megatron_layers_divide_pipeline's)."""
+        pp = self.pipeline_model_parallel_size
+        first, last = self.num_layers_in_first_pipeline_stage, self.num_layers_in_last_pipeline_stage
+        if not self.uneven_pipeline or pp == 1:
+            return (num_layers // pp,) * pp
+        placed = [n for n in (first, last) if n is not None]
+        middle = max(num_layers - sum(placed), 0) // max(pp - len(placed), 1)
+        counts = [middle] * pp
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+        return tuple(counts)
+
     @property
     def cpu_optimizer_fraction(self) -> float:
         """The share of the optimizer state Megatron-Core's CPU optimizer keeps in host RAM for the whole step

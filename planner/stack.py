@@ -392,6 +392,43 @@ LEN_FROM_SEQUENCES = Behaviour(
               "max_model_len = config.max_model_len or prompt_length + response_length; v0.6.x "
               "vllm_async_server.py sets max_model_len = prompt_length + response_length outright",
     summary="vLLM gets prompt + response as max_model_len where rollout.max_model_len is unset")
+ROPE_SCALED_SKIPS_LEN_ASSERT = Behaviour(
+    name="rope_scaled_skips_len_assert", package="verl", since="0.4.0", before="0.5.0",
+    code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py vLLMRollout.__init__ (v0.4.0 and v0.4.1 lines "
+              "112-124; vllm_rollout.py line 100-102 alike; PR #1522): the assert max_position_embeddings >= "
+              "prompt_length + response_length runs only `if not rope_scaling_config` (getattr(model_hf_config, "
+              "'rope_scaling', None)); v0.3.0.post1 line 97 asserts it for every model. SGLang's "
+              "sglang_rollout.py _verify_config (v0.4.1 line 358) asserts max_position_embeddings >= max_model_len "
+              "whatever rope_scaling says",
+    summary="verl's vLLM rollout skips its positions assert for a model whose config has rope_scaling (vLLM's own "
+            "max_model_len check stays)")
+ROPE_SCALED_LEN_ASSERT = Behaviour(
+    name="rope_scaled_len_assert", package="verl", since="0.5.0", before="0.7.0",
+    code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py vLLMRollout.__init__ (v0.5.0 lines 105-137, "
+              "v0.6.1 lines 162-194; PR #737) and sglang_rollout/sglang_rollout.py _verify_config (v0.5.0 lines "
+              "389-407, v0.6.1 379-397): with rope_scaling, assert max_position_embeddings * "
+              "rope_scaling.get('factor', 1.0) >= prompt_length + response_length; from v0.7.0 no such assert "
+              "(vllm_rollout_spmd.py gone, vllm_async_server.py starts vLLM at max_position_embeddings, unscaled)",
+    summary="verl's rollout holds prompt + response to max_position_embeddings x rope_scaling.factor for a "
+            "rope-scaled model")
+ROLLOUT_HF_MODEL_CONFIG = Behaviour(
+    name="rollout_hf_model_config", package="verl", since="0.6.0",
+    code_path="verl/workers/config/model.py HFModelConfig.__post_init__ (v0.6.0 line 136, v0.6.1 lines 137-142, "
+              "v0.7.0 144-149, main 187-192): the HF config takes override_config['model_config'] where the script "
+              "sets it, else override_config itself; both workers build the rollout from it (fsdp_workers.py "
+              "v0.6.0 line 569, megatron_workers.py v0.6.0 lines 396-428). Before v0.6.0 the rollout gets the "
+              "trainer's HF config: FSDP applies override_config's own keys (fsdp_workers.py v0.5.0 lines 263-269), "
+              "Megatron only override_config.model_config's (single_controller/base/megatron/worker.py "
+              "_init_hf_config_and_tf_config, v0.4.1 line 85, v0.5.0 line 86)",
+    summary="the rollout's HF config reads override_config.model_config.* where the script sets it, else "
+            "override_config.*, on either backend")
+OVERRIDE_CONFIG_RECURSES = Behaviour(
+    name="override_config_recurses", package="verl", since="0.4.0",
+    code_path="verl/utils/model.py update_model_config (v0.4.0 and v0.4.1 lines 52-62, v0.5.0 54-64, v0.6.1 59-69, "
+              "v0.7.0 and main 61-71): a dict value recurses, `update_model_config(getattr(module_config, key), "
+              "val)`, then `setattr` on what getattr found; v0.3.0.post1 (lines 42-44) sets each key whole",
+    summary="verl applies a nested override_config key by getattr on the HF config and setattr on what it finds: "
+            "into a dict (rope_scaling) or a missing attribute that raises AttributeError")
 LEN_FROM_MODEL_ALWAYS = Behaviour(
     name="max_model_len_from_model_always", package="verl", since="0.7.0", before="0.7.1",
     code_path="v0.7.0 verl/workers/rollout/vllm_rollout/vllm_async_server.py vLLMHttpServer.__init__: "
@@ -547,7 +584,8 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, SPIN_SPPO_RECIPES, MODEL_MTP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     PROMPTS_DISPATCHED_BEFORE_REPEAT, MEGATRON_MICRO_SPLIT_ASSERT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
-    MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
+    MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
+    ROPE_SCALED_LEN_ASSERT, ROLLOUT_HF_MODEL_CONFIG, OVERRIDE_CONFIG_RECURSES, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,

@@ -42,6 +42,7 @@ from rlplan.planner.verl_keys import (
     CONTEXT_OVERRIDE_KEYS,
     DEFAULT_REWARD_NAME,
     KEY_ALIASES,
+    MEGATRON_CONTEXT_OVERRIDE_KEY,
     RENDER_ALSO,
     REWARD_NAME_KEY,
     REWARD_PATH_KEY,
@@ -380,24 +381,48 @@ def _model_not_found(spec: str, error: PlanError) -> PlanError:
                      "repo id")
 
 
-def _with_overridden_context(resolved: ResolvedModel, passthrough: dict[str, str],
-                             warnings: list[str]) -> ResolvedModel:
-    """verl applies `model.override_config` to the HF config it loads: a raised max_position_embeddings
-    (DAPO's Qwen2.5-Math-7B at 32768) is the model's context for the run.  The key stays passthrough,
-    so a rendered script still sets it."""
-    found = next(((name, passthrough[prefix + name]) for name in CONTEXT_OVERRIDE_KEYS
-                  for prefix in ("++", "+", "") if prefix + name in passthrough), None)
-    if found is None:
-        return resolved
-    key, raw = found
+def _context_override_read(plan: Plan) -> str:
+    """The spelling of the positions override whose value the rollout's HF config takes on the plan's release and
+    backend (stack.ROLLOUT_HF_MODEL_CONFIG): from v0.6.0 override_config.model_config.* where the script sets any
+    key under it, else override_config.*; before, FSDP's trainer config (override_config.*) or Megatron's
+    (override_config.model_config.* only)."""
+    from rlplan.planner.stack import ROLLOUT_HF_MODEL_CONFIG, holds
+
+    if holds(ROLLOUT_HF_MODEL_CONFIG, plan.stack):
+        nested = MEGATRON_CONTEXT_OVERRIDE_KEY.rsplit(".", 1)[0] + "."
+        sets_nested = any(key.lstrip("+~").startswith(nested) for key in plan.passthrough)
+        return MEGATRON_CONTEXT_OVERRIDE_KEY if sets_nested else CONTEXT_OVERRIDE_KEY
+    return MEGATRON_CONTEXT_OVERRIDE_KEY if plan.is_megatron else CONTEXT_OVERRIDE_KEY
+
+
+def with_overridden_context(plan: Plan, warnings: list[str]) -> Plan:
+    """verl applies `model.override_config` to the HF config its rollout checks: a raised max_position_embeddings
+    (DAPO's Qwen2.5-Math-7B at 32768) is the model's context for the run, in the spelling the plan's release and
+    backend read (`_context_override_read`); a spelling it ignores is said as a warning, naming the one it reads.
+    The keys stay passthrough, so a rendered script still sets them."""
+    written = {name: plan.passthrough[prefix + name] for name in CONTEXT_OVERRIDE_KEYS
+               for prefix in ("", "+", "++") if prefix + name in plan.passthrough}
+    if not written:
+        return plan
+    read = _context_override_read(plan)
+    backend = "Megatron" if plan.is_megatron else "FSDP"
+    for name in written:
+        if name != read:
+            warnings.append(f"{name} is ignored: verl {plan.stack.verl}'s rollout with the {backend} backend reads "
+                            f"the model's context from {read} (stack.py ROLLOUT_HF_MODEL_CONFIG), so the model keeps "
+                            f"{plan.model.arch.max_position_embeddings} positions.")
+    if read not in written:
+        return plan
+    raw = written[read]
     value = parse_value(raw)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanError(field=key, message=f"must be a positive integer, got {raw!r}.",
-                        fix=f"set {key} to the context in tokens, e.g. 32768")
-    warnings.append(f"{key}={value} is applied to the model's context "
-                    f"({resolved.arch.max_position_embeddings} in its config), as verl applies it to the HF "
-                    "config.")
-    return attrs.evolve(resolved, arch=attrs.evolve(resolved.arch, max_position_embeddings=value))
+        raise PlanError(field=read, message=f"must be a positive integer, got {raw!r}.",
+                        fix=f"set {read} to the context in tokens, e.g. 32768")
+    warnings.append(f"{read}={value} is applied to the model's context "
+                    f"({plan.model.arch.max_position_embeddings} in its config), as verl {plan.stack.verl} applies it "
+                    "to the HF config its rollout checks.")
+    arch = attrs.evolve(plan.model.arch, max_position_embeddings=value)
+    return plan.evolve(model=attrs.evolve(plan.model, arch=arch))
 
 
 def _build_plan(fields: dict[str, Any], gpu: GpuSpec, host_memory_gib: float, resolved: ResolvedModel) -> Plan:
@@ -673,13 +698,13 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
     fields["reward.function"] = _reward_function(sorted_.reward)
     resolved = _resolve_model(str(model_path), local_config_reader, warnings)
-    resolved = _with_overridden_context(resolved, passthrough, warnings)
     # A file of overrides is no shell: only a script's own commands can export an engine switch.
     script = "" if _is_overrides_file(text) else text
     installed = context.read_text(posixpath.join(context.cwd, "verl", "version", "version")) if context.cwd else None
     _take_source_tree_switches(installed, context, backend, passthrough, sorted_.written, warnings)
     plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
                              warnings, installed)
+    plan = with_overridden_context(plan.evolve(passthrough=passthrough), warnings)
     _drop_switched_off_warmup_ratio(plan, given, passthrough, warnings)
     # The Megatron settings rlplan types (uneven pipeline, CPU optimizer) leave the passthrough here, once.
     plan = lift_mtp(lift_megatron_overrides(plan.evolve(passthrough=passthrough)))

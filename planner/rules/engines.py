@@ -4,13 +4,22 @@ reads of a plan and what it ignores, and keys a verl release no longer has.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 from rlplan.planner.knobs import knob_value
-from rlplan.planner.plan import ENGINE_TITLES, RolloutEngine
+from rlplan.planner.plan import ENGINE_TITLES, Plan, RolloutEngine
 from rlplan.planner.rules.registry import RuleContext, Violation, passthrough_value, rule
-from rlplan.planner.stack import LORA_RANK_UNROUNDED, MEGATRON_GRAD_OFFLOAD_ABSENT, in_range, vllm_lora_ranks
+from rlplan.planner.stack import (
+    LORA_RANK_UNROUNDED,
+    MEGATRON_GRAD_OFFLOAD_ABSENT,
+    OVERRIDE_CONFIG_RECURSES,
+    ROLLOUT_HF_MODEL_CONFIG,
+    holds,
+    in_range,
+    vllm_lora_ranks,
+)
 from rlplan.planner.verl_keys import ROLLOUT_ENGINE_SINCE
 
 # vLLM's MaxLoRARanks [V10]: the adapter rank is rounded up to one of these (vllm.config.lora
@@ -284,3 +293,52 @@ def _megatron_lora_targets_megatron_modules(ctx: RuleContext) -> Iterator[Violat
         yield ctx.violation(f"model.lora.target_modules = {list(lora.target_modules)} are peft's names; "
                             "Megatron-Bridge matches Megatron's module names.",
                             f"set model.lora.target_modules = {names}", model__lora__target_modules=tuple(names))
+
+
+_OVERRIDE_CONFIG = re.compile(r"^[+~]*(actor_rollout_ref|critic)\.model\.override_config\.(.+)$")
+
+
+def _override_config_failure(plan: Plan, owner: str, path: list[str], nested_set: bool) -> str:
+    """Why update_model_config raises on override_config's `path` for the plan's backend and release ("" where it
+    does not): the trainer's HF config takes override_config's own keys under FSDP and only model_config's under
+    Megatron; from v0.6.0 the rollout's HFModelConfig takes model_config's where set, else the whole dict
+    (stack.ROLLOUT_HF_MODEL_CONFIG)."""
+    applied = [path]  # as FSDP's trainer applies it
+    if plan.is_megatron:
+        applied = [path[1:]] if path[0] == "model_config" else []
+    if owner == "actor_rollout_ref" and holds(ROLLOUT_HF_MODEL_CONFIG, plan.stack):
+        applied.append(path[1:] if nested_set and path[0] == "model_config" else [] if nested_set else path)
+    for keys in applied:
+        if len(keys) > 1 and keys[0] == "rope_scaling":
+            return ("getattr(hf_config, 'rope_scaling') is a dict (or None where config.json has none), and setattr "
+                    f"of {keys[1]} on it raises AttributeError")
+        if len(keys) > 1 and keys[0] == "model_config":
+            return ("the HF config has no attribute model_config (that spelling is the Megatron worker's), so "
+                    "getattr raises AttributeError")
+    return ""
+
+
+@rule("worker", "a nested override_config key verl applies by setattr on a dict or a missing attribute fails",
+      applies=OVERRIDE_CONFIG_RECURSES)
+def _override_config_key_is_settable(ctx: RuleContext) -> Iterator[Violation]:
+    """verl/utils/model.py update_model_config (stack.OVERRIDE_CONFIG_RECURSES) walks a nested override with
+    getattr on the HF config and setattr on what it finds: `override_config.rope_scaling.factor` sets an attribute
+    of a dict (or of None), and `override_config.model_config.*` under FSDP looks up an attribute the HF config
+    lacks; either raises AttributeError while the worker builds the model (fsdp_workers.py
+    _build_model_optimizer; megatron_workers.py _init_hf_config_and_tf_config; HFModelConfig.__post_init__)."""
+    plan = ctx.plan
+    # A dict value (`override_config.rope_scaling={type:yarn,factor:4}`) recurses alike: its keys are one level down.
+    found = [(match.group(1), match.group(2).split(".") + (["{...}"] if value.strip("'\" ").startswith("{") else []),
+              key) for key, value in plan.passthrough.items() if (match := _OVERRIDE_CONFIG.match(key))]
+    nested_set = any(owner == "actor_rollout_ref" and path[0] == "model_config" for owner, path, _ in found)
+    for owner, path, key in found:
+        why = _override_config_failure(plan, owner, path, nested_set)
+        if why:
+            flat = f"{owner}.model.override_config.{'.'.join(path[1:])}"
+            fix = (f"spell it +{flat}" if path[0] == "model_config" and not plan.is_megatron and
+                   path[1] != "rope_scaling" else "edit rope_scaling in the model's config.json (a copy of the model "
+                   f"folder) and drop {key.lstrip('+~')}")
+            yield ctx.violation(
+                f"{key.lstrip('+~')}: verl {plan.stack.verl} applies override_config with update_model_config "
+                f"(verl/utils/model.py), where {why} while the worker builds the model, so the script fails at "
+                "start.", fix)

@@ -22,6 +22,8 @@ from rlplan.planner.stack import (
     BATCHED_TOKENS_RAISED,
     CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     LEN_FROM_SEQUENCES,
+    ROPE_SCALED_LEN_ASSERT,
+    ROPE_SCALED_SKIPS_LEN_ASSERT,
     VLLM_V1_FORCES_CHUNKED_PREFILL,
     holds,
     vllm_engine_of,
@@ -118,11 +120,14 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
             severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
-    if plan.rollout.max_model_len is not None and max_len > limit:
+    engine_limit = _engine_max_model_len(plan, from_sequences)
+    if plan.rollout.max_model_len is not None and max_len > engine_limit:
         # vLLM's ModelConfig refuses a max_model_len above the model's positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN
-        # aside); verl from v0.7.1 raises first (vllm_async_server.py).
+        # aside), rope-scaled where the config scales them; verl from v0.7.1 raises first, on the positions
+        # themselves (vllm_async_server.py, verl/workers/rollout/utils.py get_max_position_embeddings).
         yield ctx.violation(
-            f"rollout.max_model_len = {max_len} exceeds the model's max_position_embeddings = {limit}.",
+            f"rollout.max_model_len = {max_len} exceeds the model's max_position_embeddings = {engine_limit}"
+            + (f" ({limit} x rope_scaling as vLLM reads it)." if engine_limit != limit else "."),
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
             rollout__max_model_len=plan.fitting_max_model_len,
         )
@@ -140,40 +145,89 @@ def _max_model_len_within_model(ctx: RuleContext) -> Iterator[Violation]:
             f"set rollout.max_model_len = {plan.fitting_max_model_len}",
             severity="warning", rollout__max_model_len=plan.fitting_max_model_len,
         )
-    if sequences > limit:
-        yield from _sequences_beyond_model(ctx, from_sequences)
+    if from_sequences:
+        start = _start_up_limit(plan)
+        if start is not None and sequences > start[0]:
+            yield from _sequences_fail_at_start(ctx, *start)
+    elif sequences > limit:
+        yield from _sequences_clamped(ctx)
 
 
-def _sequences_beyond_model(ctx: RuleContext, from_sequences: bool) -> Iterator[Violation]:
-    """prompt + response above the model's positions. Before v0.7.0 verl sizes vLLM for prompt + response: its
-    sync rollout asserts `max_position_embeddings >= prompt_length + response_length` where the config has no
-    rope_scaling (vllm_rollout_spmd.py vLLMRollout.__init__: v0.3.0.post1 line 97, v0.4.1 124, v0.5.0 120, v0.6.1
-    177), and the v0.6.x async server hands vLLM that length, which vLLM's ModelConfig refuses. From v0.7.0 verl
-    starts vLLM at the model's positions and the agent loop clamps each request's max_tokens to max_model_len -
-    prompt (vllm_async_server.py generate, v0.7.0 line 471): the run goes on with shorter responses."""
+def _engine_max_model_len(plan: Plan, from_sequences: bool) -> int:
+    """The longest rollout.max_model_len the rollout takes: vLLM's derived length (the positions, rope-scaled as
+    vLLM's ModelConfig scales them: `Architecture.vllm_derived_max_model_len`) where verl hands it the length
+    (before v0.7.0), else the model's positions (verl from v0.7.1 raises above them; SGLang's own check is not
+    modelled and taken as the positions)."""
+    arch = plan.model.arch
+    if from_sequences and plan.rollout.name == "vllm":
+        return arch.vllm_derived_max_model_len
+    return arch.max_position_embeddings
+
+
+def _start_up_limit(plan: Plan) -> tuple[int, str] | None:
+    """Before v0.7.0 verl starts the engine with prompt + response (stack.LEN_FROM_SEQUENCES): the longest
+    prompt + response that start-up lets through, and what refuses beyond it. verl's own rollout assert, per
+    release (v0.3: the positions; v0.4.x vLLM: skipped for a rope-scaled config, SGLang: the positions; v0.5-v0.6:
+    positions x rope_scaling.factor: stack.ROPE_SCALED_SKIPS_LEN_ASSERT / ROPE_SCALED_LEN_ASSERT), and under it
+    vLLM's ModelConfig, which refuses a max_model_len above its derived length (where rollout.max_model_len is
+    set, vLLM gets that instead: the rule's rollout.max_model_len check). None: nothing refuses at start."""
+    arch, engine = plan.model.arch, plan.rollout.name
+    positions = arch.max_position_embeddings
+    assert_text = ("its rollout asserts max_position_embeddings >= prompt_length + response_length "
+                   "(vllm_rollout_spmd.py vLLMRollout.__init__; sglang_rollout.py _verify_config)")
+    verl_limit: int | None = positions
+    if arch.rope_scaled and holds(ROPE_SCALED_LEN_ASSERT, plan.stack):
+        verl_limit = arch.rope_scaled_positions
+        assert_text = (f"its rollout asserts max_position_embeddings x rope_scaling factor {arch.rope_scaling_factor:g} "
+                       "= {limit} >= prompt_length + response_length (vllm_rollout_spmd.py vLLMRollout.__init__; "
+                       "sglang_rollout.py _verify_config)")
+    elif arch.rope_scaled and holds(ROPE_SCALED_SKIPS_LEN_ASSERT, plan.stack) and engine == "vllm":
+        verl_limit = None  # verl's vLLM rollout asserts only where the config has no rope_scaling
+    from_length = engine == "vllm" and plan.rollout.max_model_len is None
+    engine_limit = arch.vllm_derived_max_model_len if from_length else None
+    if engine_limit is not None and (verl_limit is None or engine_limit < verl_limit):
+        scaled = (f" (max_position_embeddings {positions} with rope_scaling {arch.rope_scaling_type} as vLLM "
+                  "scales it)" if arch.rope_scaled else "")
+        skipped = ("its rollout skips its own positions assert for a rope-scaled config, and "
+                   if verl_limit is None else "")
+        return engine_limit, (f"{skipped}vLLM's ModelConfig refuses max_model_len = prompt + response above its "
+                              f"derived length {engine_limit}{scaled} (vllm/config.py _get_and_verify_max_len)")
+    if verl_limit is None:
+        return None
+    return verl_limit, assert_text.replace("{limit}", str(verl_limit))
+
+
+def _sequences_fail_at_start(ctx: RuleContext, start_limit: int, refused_by: str) -> Iterator[Violation]:
+    """prompt + response above what start-up lets through (`_start_up_limit`): the v0.6.x async server hands
+    vLLM the same length, which vLLM's ModelConfig refuses alike, so the script fails at start."""
     plan = ctx.plan
     limit, sequences = plan.model.arch.max_position_embeddings, plan.data.max_sequence_length
-    read = _model_config_as_read(plan)
-    lift = _context_override(plan, sequences)
-    shorter = f"data.max_response_length = {limit - plan.data.max_prompt_length}"
-    if from_sequences:
-        yield ctx.violation(
-            f"prompt + response = {sequences} tokens exceeds the model's max_position_embeddings = {limit}, as "
-            f"read from {read}. verl {plan.stack.verl} gives vLLM prompt + response as max_model_len and its "
-            "rollout asserts max_position_embeddings >= prompt_length + response_length (vllm_rollout_spmd.py "
-            "vLLMRollout.__init__; vLLM refuses the length in the async server), so the script fails at start.",
-            f"if the model takes {sequences} positions, raise its context with {lift} (or edit its config.json); "
-            f"else set {shorter}",
-            data__max_response_length=max(1, limit - plan.data.max_prompt_length),
-        )
-        return
+    shorter = max(1, start_limit - plan.data.max_prompt_length)
+    yield ctx.violation(
+        f"prompt + response = {sequences} tokens exceeds the {start_limit} positions verl {plan.stack.verl} lets "
+        f"through at start for the model's max_position_embeddings = {limit}, as read from "
+        f"{_model_config_as_read(plan)}. verl {plan.stack.verl} gives {ENGINE_TITLES[plan.rollout.name]} prompt + "
+        f"response as max_model_len and {refused_by}, so the script fails at start.",
+        f"if the model takes {sequences} positions, raise its context with {_context_override(plan, sequences)} "
+        f"(or edit its config.json); else set data.max_response_length = {shorter}",
+        data__max_response_length=shorter,
+    )
+
+
+def _sequences_clamped(ctx: RuleContext) -> Iterator[Violation]:
+    """From v0.7.0 verl starts vLLM at the model's positions (unscaled: verl/workers/rollout/utils.py
+    get_max_position_embeddings on main, hf_config.max_position_embeddings at v0.7.0, whatever rope_scaling says)
+    and the agent loop clamps each request's max_tokens to max_model_len - prompt (vllm_async_server.py
+    generate, v0.7.0 line 471): the run goes on with shorter responses."""
+    plan = ctx.plan
+    limit, sequences = plan.model.arch.max_position_embeddings, plan.data.max_sequence_length
     yield ctx.violation(
         f"prompt + response = {sequences} tokens exceeds the model's max_position_embeddings = {limit}, as read "
-        f"from {read}. verl {plan.stack.verl} starts vLLM with max_model_len = {limit} and its agent loop clamps "
-        f"each response to {limit} - prompt tokens (vllm_async_server.py generate), so the run goes on with "
-        "responses cut short of data.max_response_length.",
-        f"if the model takes {sequences} positions, raise its context with {lift} (or edit its config.json); "
-        f"else set {shorter}",
+        f"from {_model_config_as_read(plan)}. verl {plan.stack.verl} starts vLLM with max_model_len = {limit} and "
+        f"its agent loop clamps each response to {limit} - prompt tokens (vllm_async_server.py generate), so the "
+        "run goes on with responses cut short of data.max_response_length.",
+        f"if the model takes {sequences} positions, raise its context with {_context_override(plan, sequences)} "
+        f"(or edit its config.json); else set data.max_response_length = {limit - plan.data.max_prompt_length}",
         severity="warning", data__max_response_length=max(1, limit - plan.data.max_prompt_length),
     )
 

@@ -5,6 +5,7 @@ groups with their recompute (verl's megatron workers over Megatron-Core).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from rlplan.planner.plan import MegatronSection, Plan, uneven_stage_layers
@@ -326,28 +327,41 @@ def _megatron_vpp_micro_batches_divide(ctx: RuleContext) -> Iterator[Violation]:
             f"are a multiple of {pp}, or use dynamic batch sizes")
 
 
-@rule("worker", "uniform full recompute takes at most the layers of one pipeline stage at a time")
+@rule("worker", "uniform full recompute checkpoints a whole number of units in every pipeline chunk")
 def _megatron_recompute_layers_fit_stage(ctx: RuleContext) -> Iterator[Violation]:
-    """Megatron-Core TransformerBlock._checkpointed_forward (transformer_block.py): recompute_method "uniform"
-    checkpoints `custom(layer, layer + recompute_num_layers)`, whose loop takes `self._get_layer(index)` for every
-    index in that range: more layers than the stage holds index past its layers. "block" checkpoints the stage's
-    first `recompute_num_layers` layers one by one (`layer < recompute_num_layers + skip` over the stage's own
-    range), so a larger count recomputes the whole stage and nothing refuses: verl's Ascend DeepSeek-V3 recipe
-    (v0.7.0 recipe/r1_ascend, block, 8 layers on stages of 6-8) ships it. TransformerConfig.__post_init__ refuses
-    only a missing count ("must be between 1 and num_layers_per_pipeline_rank" is that message's text)."""
+    """Megatron-Core TransformerBlock._checkpointed_forward (transformer_block.py, read at megatron-core 0.16.1):
+    recompute_method "uniform" walks `layer_idx` over the chunk's own layers (`num_layers_per_pipeline_rank =
+    len(self.layers)`, the model chunk this rank builds) in steps of recompute_num_layers, checkpointing
+    `custom(layer_idx, layer_idx + recompute_num_layers)`, whose loop takes `self._get_layer(index)` (=
+    `self.layers[index]`) for every index in that range: a chunk whose layers are not a multiple of
+    recompute_num_layers indexes past its last layer (IndexError in the first update). With an uneven pipeline
+    (num_layers_in_first/last_pipeline_stage) the chunks differ, and the smallest is the first to fail, not the
+    average. "block" checkpoints the stage's first `recompute_num_layers` layers one by one (`layer <
+    recompute_num_layers + skip` over the stage's own range), so a larger count recomputes the whole stage and
+    nothing refuses: verl's Ascend DeepSeek-V3 recipe (v0.7.0 recipe/r1_ascend, block, 8 layers on stages of 6-8)
+    ships it. TransformerConfig.__post_init__ refuses only a missing count ("must be between 1 and
+    num_layers_per_pipeline_rank" is that message's text)."""
     layers = ctx.plan.model.arch.num_layers
     for role, engine in _megatron_roles(ctx.plan):
-        chunks = engine.pipeline_model_parallel_size * (engine.virtual_pipeline_model_parallel_size or 1)
-        per_chunk = max(layers // chunks, 1)
-        if engine.recompute_granularity == "full" and engine.recompute_method == "uniform" and \
-                (engine.recompute_num_layers or 0) > per_chunk:
-            yield ctx.violation(
-                f"{role}: recompute_method = uniform with recompute_num_layers = {engine.recompute_num_layers}, but "
-                f"a pipeline chunk holds {per_chunk} layers: Megatron-Core's TransformerBlock._checkpointed_forward "
-                "checkpoints that many layers at a time and indexes past the chunk's last layer.",
-                f"set {role}.megatron.recompute_num_layers to at most {per_chunk} (or recompute_method = block, "
-                "which recomputes the whole chunk)",
-                **{f"{role}__megatron__recompute_num_layers": per_chunk})
+        requested = engine.recompute_num_layers or 0
+        if engine.recompute_granularity != "full" or engine.recompute_method != "uniform" or requested < 1:
+            continue
+        vpp = engine.virtual_pipeline_model_parallel_size or 1
+        chunks = sorted({max(count // vpp, 1) for count in engine.stage_layer_counts(layers)})
+        broken = [chunk for chunk in chunks if chunk % requested]
+        if not broken:
+            continue
+        common = math.gcd(*chunks)
+        fits = _largest_divisor_at_most(common, requested)
+        sizes = ", ".join(str(chunk) for chunk in chunks)
+        yield ctx.violation(
+            f"{role}: recompute_method = uniform with recompute_num_layers = {requested}, but the pipeline chunks "
+            f"hold {sizes} layers ({broken[0]} is no multiple of {requested}): Megatron-Core's "
+            "TransformerBlock._checkpointed_forward checkpoints that many layers at a time within each chunk and "
+            "indexes past the chunk's last layer.",
+            f"set {role}.megatron.recompute_num_layers to {fits} (it divides every chunk), or recompute_method = "
+            "block (which recomputes at most the whole chunk)",
+            **{f"{role}__megatron__recompute_num_layers": fits})
 
 
 @rule("config", "MoE with tensor parallelism needs sequence parallel")

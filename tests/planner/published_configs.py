@@ -27,6 +27,7 @@ def _qwen2_5_vl(hidden, layers, heads, kv, width, vocab, tied) -> dict:
     return {"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"], "hidden_size": hidden,
             "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
             "intermediate_size": width, "vocab_size": vocab, "max_position_embeddings": 128000,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
             "tie_word_embeddings": tied,
             "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
                               "num_heads": 16, "in_chans": 3, "out_hidden_size": hidden, "patch_size": 14,
@@ -109,6 +110,7 @@ PUBLISHED_CONFIGS: dict[str, dict] = {
                                           "first_k_dense_replace": 1, "moe_layer_freq": 1, "q_lora_rank": None,
                                           "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
                                           "v_head_dim": 128, "vocab_size": 102400, "max_position_embeddings": 163840,
+                                          "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
                                           "tie_word_embeddings": False, "attention_bias": False},
     # zai-org/GLM-4.5, zai-org/GLM-4.5-Air
     "zai-org/GLM-4.5": {"model_type": "glm4_moe", "hidden_size": 5120, "num_hidden_layers": 92,
@@ -133,6 +135,7 @@ PUBLISHED_CONFIGS: dict[str, dict] = {
                                     "num_experts_per_tok": 8, "first_k_dense_replace": 1, "q_lora_rank": 1536,
                                     "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
                                     "v_head_dim": 128, "vocab_size": 163840, "max_position_embeddings": 131072,
+                                    "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},
                                     "tie_word_embeddings": False},
     # Qwen/Qwen3-Coder-30B-A3B-Instruct, Qwen/Qwen3-Coder-480B-A35B-Instruct
     "Qwen/Qwen3-Coder-30B-A3B-Instruct": {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,

@@ -342,3 +342,29 @@ def test_readers_agree_on_every_complete_config(model_type, heads, kv_divisor, h
     pytest.importorskip("transformers", reason="compares with transformers' config classes")
     assert architecture_from_hf_config(dict(config), read_with="transformers") == architecture_from_hf_config(
         dict(config), read_with="light")
+
+
+def test_rope_scaling_is_read_as_verl_and_vllm_read_it_from_the_top_of_config_json():
+    # deepseek-coder-6.7b: linear x4 on 16384 positions; vLLM's derived length is 65536, and so is verl 0.5-0.6's.
+    coder = _read("deepseek-ai/deepseek-coder-6.7b-instruct", "auto")
+    assert (coder.rope_scaling_type, coder.rope_scaling_factor) == ("linear", 4.0)
+    assert coder.vllm_derived_max_model_len == coder.rope_scaled_positions == 65536
+    # Qwen2.5-VL's mrope is a rope_scaling verl's rollouts see (its assert is skipped at v0.4.x), of factor 1.
+    for read_with in ("auto", "light"):
+        vl = _read("Qwen/Qwen2.5-VL-7B-Instruct", read_with)
+        assert vl.rope_scaled and vl.rope_scaling_type == "mrope"
+        assert vl.vllm_derived_max_model_len == vl.rope_scaled_positions == vl.max_position_embeddings
+    # YaRN counts vLLM's length from original_max_position_embeddings: DeepSeek-V2-Lite's 4096 x 40.
+    assert _read("deepseek-ai/DeepSeek-V2-Lite-Chat", "light").vllm_derived_max_model_len == 163840
+    plain = _read("deepseek-ai/deepseek-llm-7b-chat", "light")
+    assert not plain.rope_scaled and plain.vllm_derived_max_model_len == plain.max_position_embeddings
+
+
+@pytest.mark.parametrize("rope_scaling", ["yarn", {"type": "yarn", "factor": 0}, {"rope_type": 3, "factor": 2.0},
+                                          {"type": "linear", "factor": True}])
+def test_a_malformed_rope_scaling_is_refused_naming_it(rope_scaling):
+    config = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
+              "vocab_size": 1000, "rope_scaling": rope_scaling}
+    with pytest.raises(PlanError) as raised:
+        architecture_from_hf_config(config, read_with="light")
+    assert raised.value.field == "model.rope_scaling"

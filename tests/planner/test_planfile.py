@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tomllib
 
+import attrs
 import pytest
 import tomli_w
 from hypothesis import HealthCheck, given, settings
@@ -121,6 +122,17 @@ def test_none_values_are_omitted_and_come_back_as_defaults():
     data = plan_to_dict(make_plan())
     assert "ppo_micro_batch_size" not in data["actor"]  # the deprecated global stays unset
     assert apply_knobs(make_plan(), {}) == make_plan()
+
+
+def test_rope_scaling_is_written_only_for_a_model_that_has_it_and_reads_back():
+    plain = make_plan()
+    assert not any(key.startswith("rope_") for key in plan_to_dict(plain)["model"]["arch"])
+    arch = attrs.evolve(plain.model.arch, rope_scaling_type="yarn", rope_scaling_factor=4.0,
+                        rope_original_max_position_embeddings=32768)
+    scaled = plain.evolve(model=attrs.evolve(plain.model, arch=arch))
+    written = plan_to_dict(scaled)["model"]["arch"]
+    assert (written["rope_scaling_type"], written["rope_scaling_factor"]) == ("yarn", 4.0)
+    assert plan_from_toml(plan_to_toml(scaled)) == scaled
 
 
 def _choice_fields() -> list[tuple[str, tuple]]:

@@ -131,6 +131,10 @@ def _hf_config(arch: Architecture) -> dict:
         }
         if arch.family == "qwen2_moe":
             config["shared_expert_intermediate_size"] = arch.shared_expert_intermediate_size
+    if arch.rope_scaled:
+        config["rope_scaling"] = {"rope_type": arch.rope_scaling_type, "factor": arch.rope_scaling_factor}
+        if arch.rope_original_max_position_embeddings:
+            config["rope_scaling"]["original_max_position_embeddings"] = arch.rope_original_max_position_embeddings
     if arch.mtp_layers:
         # MiMo: a Qwen2 stack whose config (model_type mimo) counts its multi-token-prediction layers.
         config |= {"model_type": "mimo", "num_nextn_predict_layers": arch.mtp_layers}

@@ -120,6 +120,49 @@ def test_before_0_7_sequences_beyond_the_models_positions_are_refused_as_verls_r
                for v in check_plan(megatron).errors if v.rule == "max_model_len_within_model")
 
 
+def _rope_scaled(verl: str, kind: str, factor: float, original: int = 0, engine: str = "vllm"):
+    """prompt + response 1536 on a model of 1024 positions whose config.json has rope_scaling."""
+    plan = _beyond_the_models_positions(verl, **({"rollout.name": "sglang"} if engine == "sglang" else {}))
+    arch = attrs.evolve(plan.model.arch, rope_scaling_type=kind, rope_scaling_factor=factor,
+                        rope_original_max_position_embeddings=original)
+    return plan.evolve(model=attrs.evolve(plan.model, arch=arch))
+
+
+def _start_up_errors(plan) -> list:
+    return [v for v in check_plan(plan).errors if v.rule == "max_model_len_within_model"]
+
+
+@pytest.mark.parametrize(("verl", "engine", "refused"), [
+    ("0.3.0.post1", "vllm", True),   # asserts the positions for every model
+    ("0.4.1", "vllm", False),        # skips its assert for a rope-scaled config; vLLM scales linear to 2048
+    ("0.4.1", "sglang", True),       # SGLang's _verify_config asserts the positions whatever rope_scaling says
+    ("0.5.0", "vllm", False),        # asserts 1024 x 2 = 2048 >= 1536
+    ("0.6.1", "sglang", False),
+])
+def test_before_0_7_a_linear_rope_scaled_model_is_held_to_each_releases_own_start_up_check(verl, engine, refused):
+    plan = _rope_scaled(verl, "linear", 2.0, engine=engine)
+    assert bool(_start_up_errors(plan)) is refused
+    assert _start_up_errors(_beyond_the_models_positions(verl))  # the same model without rope_scaling: refused
+
+
+@pytest.mark.parametrize("verl", ["0.4.1", "0.5.0", "0.6.1"])
+def test_vllm_refuses_what_verl_lets_through_where_it_does_not_scale_the_positions(verl):
+    # Llama 3's rope type is already scaled in max_position_embeddings: vLLM's ModelConfig keeps 1024, while verl
+    # 0.4.x skips its assert and 0.5-0.6 assert 1024 x 8. YaRN is counted from original_max_position_embeddings.
+    for plan in (_rope_scaled(verl, "llama3", 8.0, 256), _rope_scaled(verl, "yarn", 4.0, 256)):
+        [error] = _start_up_errors(plan)
+        assert "vLLM's ModelConfig refuses" in error.message and "1024" in error.message
+        assert error.suggested == {"data.max_response_length": 512}
+
+
+@pytest.mark.parametrize("verl", ["0.7.0", "0.9.1"])
+def test_from_0_7_rope_scaling_does_not_lift_the_positions_verl_starts_vllm_at(verl):
+    plan = _rope_scaled(verl, "linear", 2.0)
+    assert not _start_up_errors(plan)
+    assert any("vllm_async_server.py generate" in v.message
+               for v in check_plan(plan).warnings if v.rule == "max_model_len_within_model")
+
+
 @pytest.mark.parametrize("verl", ["0.7.0", "0.8.0", "0.9.1"])
 def test_from_0_7_verl_runs_sequences_beyond_the_models_positions_with_responses_cut_so_it_is_a_warning(verl):
     # verl starts vLLM at the model's positions and clamps max_tokens to max_model_len - prompt (agent loop).

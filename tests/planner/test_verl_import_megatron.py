@@ -129,3 +129,36 @@ def test_a_bash_array_of_overrides_expands_element_by_element():
             "  data.train_batch_size=64\n)\npython3 -m verl.trainer.main_ppo \"${ARGS[@]}\" trainer.nnodes=1\n")
     plan = load(text).plan
     assert plan.data.train_batch_size == 64 and plan.model.path == "Qwen/Qwen2.5-7B-Instruct"
+
+
+_LONG_RUN = ("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B\nactor_rollout_ref.rollout.name=vllm\n"
+             "data.max_prompt_length=2048\ndata.max_response_length=8192\n")
+_FLAT = "actor_rollout_ref.model.override_config.max_position_embeddings"
+_NESTED = "actor_rollout_ref.model.override_config.model_config.max_position_embeddings"
+
+
+def _load_on(verl: str, backend: str, spelling: str):
+    config = "actor_rollout_ref.actor.strategy=megatron\n" if backend == "megatron" else ""
+    return import_verl_script(config + _LONG_RUN + f"+{spelling}=32768\n", gpu=H100, host_memory_gib=2048.0,
+                              env={}, local_config_reader=lambda path: None, environment={},
+                              versions=(verl, None, None))
+
+
+@pytest.mark.parametrize(("verl", "backend", "spelling", "applied"), [
+    # Before v0.6.0 the rollout takes the trainer's HF config: Megatron's applies only override_config.model_config.*
+    ("0.4.1", "megatron", _FLAT, False), ("0.5.0", "megatron", _FLAT, False), ("0.5.0", "megatron", _NESTED, True),
+    ("0.5.0", "fsdp", _FLAT, True), ("0.5.0", "fsdp", _NESTED, False),
+    # From v0.6.0 the rollout's HFModelConfig takes model_config.* where set, else override_config.*: either.
+    ("0.6.1", "megatron", _FLAT, True), ("0.7.0", "megatron", _NESTED, True), ("0.6.1", "fsdp", _NESTED, True),
+])
+def test_the_positions_override_applies_only_in_the_spelling_the_releases_backend_reads(verl, backend, spelling,
+                                                                                        applied):
+    result = _load_on(verl, backend, spelling)
+    assert result.plan.is_megatron is (backend == "megatron") and result.plan.stack.verl == verl
+    assert result.plan.model.arch.max_position_embeddings == (32768 if applied else 4096)
+    ignored = [w for w in result.warnings if w.startswith(f"{spelling} is ignored")]
+    assert bool(ignored) is not applied
+    if ignored:
+        assert (_NESTED if spelling == _FLAT else _FLAT) in ignored[0]
+        # 2k + 8k on the stock 4096 positions: the run fails at start, where the flat spelling read as "fits".
+        assert any(v.rule == "max_model_len_within_model" for v in check_plan(result.plan).errors)

@@ -72,3 +72,37 @@ def test_enforce_eager_with_trtllm_is_a_warning_that_verl_ignores_it():
     assert "trtllm_ignores_enforce_eager" in {v.rule for v in check_plan(eager).warnings}
     assert "trtllm_ignores_enforce_eager" not in rules_of(_trtllm())
     assert "trtllm_ignores_enforce_eager" not in rules_of(make_plan(overrides={"rollout.enforce_eager": True}))
+
+
+_OVERRIDE = "+actor_rollout_ref.model.override_config."
+
+
+def _with_override(plan, verl: str, *keys: str):
+    from rlplan.planner.stack import StackSection
+
+    written = dict(key.split("=", 1) if "=" in key else (key, "4") for key in keys)
+    return plan.evolve(stack=StackSection(verl=verl), passthrough={_OVERRIDE + k: v for k, v in written.items()})
+
+
+@pytest.mark.parametrize(("strategy", "verl", "keys", "fails"), [
+    # update_model_config setattr's on getattr(hf_config, "rope_scaling"): a dict, or None.
+    ("fsdp", "0.4.1", ("rope_scaling.factor",), True),
+    ("fsdp", "0.5.0", ("rope_scaling={type:yarn,factor:4}",), True),  # a whole dict recurses alike
+    ("fsdp", "0.7.0", ("rope_scaling.factor",), True),
+    ("fsdp", "0.3.0.post1", ("rope_scaling.factor",), False),  # sets override_config's keys whole
+    ("megatron", "0.5.0", ("model_config.rope_scaling.factor",), True),
+    ("megatron", "0.5.0", ("rope_scaling.factor",), False),    # Megatron before v0.6.0 applies model_config.* only
+    ("megatron", "0.6.1", ("rope_scaling.factor",), True),     # the rollout's HFModelConfig takes the whole dict
+    ("megatron", "0.6.1", ("model_config.max_position_embeddings", "rope_scaling.factor"), False),
+    # FSDP's trainer looks model_config up on the HF config, which has no such attribute.
+    ("fsdp", "0.5.0", ("model_config.max_position_embeddings",), True),
+    ("fsdp", "0.9.1", ("model_config.max_position_embeddings",), True),
+    ("fsdp", "0.9.1", ("max_position_embeddings", "attention_dropout"), False),
+])
+def test_a_nested_override_config_key_verl_cannot_set_fails_at_start(strategy, verl, keys, fails):
+    base = megatron_plan() if strategy == "megatron" else make_plan()
+    plan = _with_override(base, verl, *keys)
+    errors = [v for v in check_plan(plan).errors if v.rule == "override_config_key_is_settable"]
+    assert bool(errors) is fails
+    if errors and "model_config" in keys[0] and strategy == "fsdp":
+        assert "+actor_rollout_ref.model.override_config.max_position_embeddings" in errors[0].fix

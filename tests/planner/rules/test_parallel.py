@@ -121,6 +121,31 @@ def test_full_recompute_covers_at_most_one_stages_layers():
     assert "megatron_recompute_layers_fit_stage" not in rules_of(fixed(plan, "megatron_recompute_layers_fit_stage"))
 
 
+def test_uniform_recompute_is_held_to_the_smallest_uneven_stage_not_the_average():
+    # 28 layers on 4 stages, 6 on the first and last: the middle stages hold 8 each (28 / 4 = 7 on average).
+    # Megatron-Core walks each chunk's own layers in steps of recompute_num_layers: 4 divides 8 but not 6.
+    uneven = {"actor__megatron__pipeline_model_parallel_size": 4,
+              "actor__megatron__num_layers_in_first_pipeline_stage": 6,
+              "actor__megatron__num_layers_in_last_pipeline_stage": 6,
+              "actor__megatron__recompute_method": "uniform"}
+    full = {"actor__megatron__recompute_granularity": "full"}  # last: the section checks each pin's result
+    plan = megatron_plan(**uneven, actor__megatron__recompute_num_layers=4, **full)
+    [violation] = [v for v in check_plan(plan).violations if v.rule == "megatron_recompute_layers_fit_stage"]
+    assert "6, 8 layers" in violation.message
+    assert violation.suggested == {"actor.megatron.recompute_num_layers": 2}
+    assert "megatron_recompute_layers_fit_stage" not in rules_of(fixed(plan, "megatron_recompute_layers_fit_stage"))
+    assert "megatron_recompute_layers_fit_stage" not in rules_of(
+        megatron_plan(**uneven, actor__megatron__recompute_num_layers=2, **full))
+
+
+def test_uniform_recompute_that_does_not_divide_an_even_stage_indexes_past_it():
+    # 7 layers a stage in units of 3: the third unit asks for layers 6-8 of a 7-layer chunk.
+    plan = megatron_plan(actor__megatron__pipeline_model_parallel_size=4, actor__megatron__recompute_method="uniform",
+                         actor__megatron__recompute_num_layers=3, actor__megatron__recompute_granularity="full")
+    assert "megatron_recompute_layers_fit_stage" in rules_of(plan)
+    assert "megatron_recompute_layers_fit_stage" not in rules_of(fixed(plan, "megatron_recompute_layers_fit_stage"))
+
+
 def test_block_recompute_of_more_layers_than_a_stage_holds_recomputes_the_stage_and_is_not_refused():
     # Megatron-Core's block method checkpoints the stage's first recompute_num_layers layers, within the stage's own
     # range: 8 on a stage of 7 recomputes all 7 (verl v0.7.0's recipe/r1_ascend DeepSeek-V3 script sets block, 8).
