@@ -621,6 +621,23 @@ def engine_refuses_short_free_memory(stack: StackSection, engine: str) -> bool:
             and holds(VLLM_REFUSES_SHORT_FREE_MEMORY, stack, engine))
 
 
+def unnamed_engine_range(stack: StackSection, behaviour: Behaviour) -> tuple[str, str] | None:
+    """Where the stack names no version of `behaviour`'s engine and the range its verl release installs holds
+    releases on both sides of it (an engine behaviour): that range, (lowest, highest), the text "any" for an open
+    end; None where the version is named or the behaviour holds alike over the range."""
+    engine = behaviour.package
+    if engine == "verl" or getattr(stack, engine) is not None:
+        return None
+    lowest, highest = engine_pins(stack.verl, engine)
+    chosen = stack.version_of(engine)
+    ends = [version for version in (lowest, highest) if version is not None]
+    if lowest is None and behaviour.since is not None:
+        ends.append("0.0.0")  # open below: every older release is allowed
+    if all(behaviour.holds_for(end) == behaviour.holds_for(chosen) for end in ends):
+        return None
+    return lowest or "any", highest or "any"
+
+
 def root_reshards_after_forward(stack: StackSection, engine: str) -> bool:
     """Whether the trainer's torch (the one `engine` pins on `stack`) reshards verl's root FSDP2 group after the
     forward (ROOT_RESHARDS_AFTER_FORWARD, for vLLM and SGLang)."""

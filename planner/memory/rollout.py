@@ -20,9 +20,11 @@ from rlplan.planner.plan import Plan, RolloutEngine, RolloutSection
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.stack import (
     UNSTAGED_WAKE_UP,
+    VLLM_REFUSES_SHORT_FREE_MEMORY,
     engine_refuses_short_free_memory,
     holds,
     kv_pool_charges_the_whole_gpu,
+    unnamed_engine_range,
 )
 
 
@@ -430,7 +432,10 @@ def start_refusal(plan: Plan, budget: RolloutBudget) -> str | None:
     lower = largest_starting_utilization(budget, gpu)
     fixes = (f"lower rollout.gpu_memory_utilization (actor_rollout_ref.rollout.gpu_memory_utilization) to {lower:.2f} "
              "or less for it to start (the phases must still fit), or " if lower else "")
-    return (f"vLLM {plan.stack.version_of('vllm')} refuses to start (\"Free memory on device ... is less than desired "
+    spans = unnamed_engine_range(plan.stack, VLLM_REFUSES_SHORT_FREE_MEMORY)
+    unnamed = (f" (the plan names no vLLM: verl {plan.stack.verl} installs {spans[0]} to {spans[1]}, and one before "
+               f"{VLLM_REFUSES_SHORT_FREE_MEMORY.since} has no such check)" if spans else "")
+    return (f"vLLM {plan.stack.version_of('vllm')}{unnamed} refuses to start (\"Free memory on device ... is less than desired "
             f"GPU memory utilization\"): {free / GIB:.2f} GiB free at its start ({gpu / GIB:.2f} GiB less the "
             f"trainer's {(gpu - free) / GIB:.2f} GiB: its state resident when verl builds the engine and its CUDA "
             f"context) is below actor_rollout_ref.rollout.gpu_memory_utilization {util:.2f} x GPU = "

@@ -175,3 +175,14 @@ def test_the_refusal_verdict_names_the_key_the_free_and_requested_gib_and_both_f
     assert f"to {lower:.2f} or less" in line and "param_offload" in line
     assert not reports.feasible and any("refuses to start" in note for note in reports.memory.notes)
     assert "refuses to start" not in verdict(plan_reports(_resident_trainer_at(0.7, "0.9.0"), DEFAULT_PROFILE)).plain
+
+
+def test_a_plan_that_names_no_vllm_is_told_that_its_releases_older_vllm_has_no_such_check():
+    """verl 0.6.0 installs vLLM 0.7.3 to 0.9.1 and rlplan prices the newest (0.9.1); the refusal says the range."""
+    plan = _one_gpu_full_tuning(**{"rollout.gpu_memory_utilization": 0.7}).evolve(stack=StackSection(verl="0.6.0"))
+    refusal = start_refusal(plan, rollout_budget(plan))
+    assert refusal is not None and refusal.startswith(
+        "vLLM 0.9.1 (the plan names no vLLM: verl 0.6.0 installs 0.7.3 to 0.9.1, and one before 0.9.1 has no such "
+        "check) refuses to start")
+    named = _resident_trainer_at(0.7, "0.9.1")
+    assert "names no vLLM" not in (start_refusal(named, rollout_budget(named)) or "")
