@@ -34,7 +34,7 @@ from rlplan.planner.memory.phases import (
     longest_expected_response_that_fits,
     longest_expected_sequence_that_fits,
 )
-from rlplan.planner.memory.rollout import start_refusal
+from rlplan.planner.memory.rollout import largest_starting_utilization, rollout_budget, start_refusal
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import ENGINE_TITLES, MegatronSection, Plan
 from rlplan.planner.profile import Profile
@@ -541,6 +541,13 @@ def fit_fix(plan: Plan, profile: Profile, plan_path: str) -> str:
     from rlplan.planner.solver import largest_fitting_token_budget
 
     resolve = f"run `rlplan solve --from {plan_path} -o {plan_path}`"
+    engine = rollout_budget(plan, profile)
+    if not engine.starts:  # no token budget helps an engine that dies at its start
+        lower = largest_starting_utilization(engine, plan.cluster.gpu_memory_bytes)
+        first = (f"set rollout.gpu_memory_utilization <= {lower:.2f} (vLLM refuses to start above it) or offload the "
+                 "trainer's state before the engine starts, then validate again; or " if lower else
+                 "offload the trainer's state before the engine starts; or ")
+        return f"{first}{resolve} to re-solve every knob"
     budget = largest_fitting_token_budget(plan, profile)
     if budget is not None:
         key, value = budget
