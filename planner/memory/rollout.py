@@ -1,6 +1,7 @@
 """The rollout engine's budget on one rank (vLLM V1, SGLang, TensorRT-LLM, vLLM's CPU backend): its KV cache, weights and
-workspace, the start-up check `holds_max_model_len` (not one of planner/rules/: `MemoryReport.fits` includes it), its
-CUDA-graph pool and what it resumes for the weight sync.
+workspace, the start-up checks (not planner/rules/: `MemoryReport.fits` includes both): `holds_max_model_len`, and
+`starts`, vLLM V1's refusal from 0.9.1 when the GPU's free memory at its start is below util x GPU
+(`free_at_engine_start`, `start_refusal`); its CUDA-graph pool and what it resumes for the weight sync.
 
 What differs between engines is one `EngineMemory` record each, in ROLLOUT_ENGINES: a new engine is its
 name in plan.RolloutEngine and one record here (with its own KV formula beside vllm_kv_cache_bytes).

@@ -1,5 +1,6 @@
 """The rollout's sizes beside a trained plan: the engine's TP options, gpu_memory_utilization as high as the rollout
-and weight-sync phases allow, and max_num_seqs from the KV cache.
+and weight-sync phases and the engine's start-up check (vLLM V1 from 0.9.1: no more than the free memory it starts
+on) allow, and max_num_seqs from the KV cache.
 """
 
 from __future__ import annotations
