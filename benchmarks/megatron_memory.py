@@ -35,6 +35,7 @@ from rlplan.planner.memory.megatron import (
     state_on_most_loaded_rank,
 )
 from rlplan.planner.memory.phases import MemoryReport, at_max_length
+from rlplan.planner.memory.rollout import rollout_budget
 from rlplan.planner.plan import MegatronSection, Plan
 from rlplan.planner.presets import resolve_gpu, resolve_model
 from rlplan.planner.profile import DEFAULT_PROFILE
@@ -172,9 +173,9 @@ KNOWN_MISSES = {
     "Qwen2.5-7B-Instruct row 4: tp2cp2, utilization 0.8": (
         "ran out of memory; priced to fit with 3.1 GiB left (inside the margin `solve` keeps). At verl 0.5.0's vLLM "
         "(0.8.5, V1 sizing its KV cache from the whole GPU) the engine's budget absorbs the trainer state resident at "
-        "its start; from vLLM 0.9.1 the engine refuses to start when the GPU's free memory is below util x GPU "
-        "(MemorySnapshot's check in gpu_worker.py), which this row's 31.9 GiB of resident trainer state trips at "
-        "util 0.8. Which vLLM the row ran is not published; rlplan models no such start-up check"),
+        "its start. From vLLM 0.9.1 the engine refuses to start when the GPU's free memory is below util x GPU, which "
+        "rlplan prices (memory/rollout.py free_at_engine_start) and which refuses this row (below); the table does "
+        "not say which vLLM ran, so the row stays priced at the release its sweep names, and a miss"),
 }
 
 
@@ -296,7 +297,33 @@ def published_runs_paragraph(runs: list[PublishedRun]) -> str:
         "lengths is the tail, not the run. For the runs that ran the check is one-sided: no peak was published, "
         "so how far rlplan over-predicts them is unknown; the routed experts' activations assume balanced "
         "routing (k / TP copies per token on each rank), and a rank the router favours holds more. "
-        "tests/planner/test_memory_megatron.py holds every verdict but the known misses right.")
+        "tests/planner/test_memory_megatron.py holds every verdict but the known misses right. "
+        + start_check_sentence(runs))
+
+
+# The first vLLM whose V1 worker refuses to start below util x GPU free (stack.VLLM_REFUSES_SHORT_FREE_MEMORY).
+START_CHECK_VLLM = "0.9.1"
+
+
+def start_check_sentence(runs: list[PublishedRun]) -> str:
+    """The published runs' verdicts were vLLM 0.9.1's (its start-up refusal) the engine they ran: which would not
+    start, and how much room the tightest of those that ran keeps."""
+    budgets = {run.label: (run, rollout_budget(run.plan.evolve(stack=attrs.evolve(run.plan.stack,
+                                                                                  vllm=START_CHECK_VLLM))))
+               for run in runs}
+    refused = [(run, budget) for run, budget in budgets.values() if not budget.starts]
+    ran = [(run, budget) for run, budget in budgets.values() if not run.died]
+    tightest_run, tightest = min(ran, key=lambda pair: (pair[1].free_at_start_bytes or 0) - pair[1].requested_bytes)
+    return (
+        f"On vLLM {START_CHECK_VLLM} (the first whose V1 worker refuses to start when the GPU's free memory is below "
+        "util x GPU; verl v0.5.0's vllm extra allows up to 0.8.5, v0.6.0's up to 0.9.1) the engine would refuse to "
+        "start on " + ("; ".join(
+            f"{run.label.partition(':')[0]} ({'died' if run.died else 'ran'}: "
+            f"{(budget.free_at_start_bytes or 0) / GIB:.1f} GiB free at its start, "
+            f"{budget.requested_bytes / GIB:.1f} GiB requested)" for run, budget in refused) or "none")
+        + f" and on {sum(not budget.starts for _, budget in ran)} of the {len(ran)} that ran (the least room, "
+        f"{((tightest.free_at_start_bytes or 0) - tightest.requested_bytes) / GIB:.1f} GiB, "
+        f"{tightest_run.label.partition(':')[0]}).")
 
 
 def moe_full_example_paragraph() -> str:

@@ -33,7 +33,7 @@ from rlplan.planner.knobs import with_expected_lengths
 from rlplan.planner.memory import GIB, MemoryReport, predict_memory
 from rlplan.planner.memory.allocator_report import allocator_report
 from rlplan.planner.memory.phases import longest_expected_response_that_fits
-from rlplan.planner.memory.rollout import OWN_PROCESS_ENGINES
+from rlplan.planner.memory.rollout import OWN_PROCESS_ENGINES, start_refusal
 from rlplan.planner.model_error import Counter, ErrorBand, counter_error_band
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import ENGINE_TITLES, Plan
@@ -471,6 +471,9 @@ def compare_run(plan: Plan, log: VerlLog, profile: Profile = DEFAULT_PROFILE,
     notes = _notes(log, scope, plan)
     if (note := lengths.note()) is not None:
         notes.insert(0, note)
+    if (refusal := start_refusal(at_run, report.rollout)) is not None:  # validate's verdict, which a log may refute
+        notes.insert(0, f"predicted not to start: {refusal}; a log with steps started, so the vLLM that ran or "
+                        "the trainer's state at its start differ from the plan's")
     return Comparison(plan=at_run, scope=scope, scope_reason=reason, lengths=lengths, memory=tuple(memory),
                       phases=tuple(phases), times=tuple(time_rows(at_run, report, log, profile)),
                       forecast=forecast, notes=tuple(notes))

@@ -34,6 +34,7 @@ from rlplan.planner.memory.phases import (
     longest_expected_response_that_fits,
     longest_expected_sequence_that_fits,
 )
+from rlplan.planner.memory.rollout import largest_starting_utilization, rollout_budget, start_refusal
 from rlplan.planner.model_error import DEFAULT_HEADROOM, Headroom, Margin
 from rlplan.planner.plan import ENGINE_TITLES, MegatronSection, Plan
 from rlplan.planner.profile import Profile
@@ -233,6 +234,10 @@ def _validation_json(reports: PlanReports) -> dict[str, Any]:
             "kv_cache_tokens": memory.kv_cache_tokens,
             "max_concurrent_sequences": memory.max_concurrent_sequences,
             "holds_max_model_len": memory.rollout.holds_max_model_len,
+            # vLLM V1 from 0.9.1 refuses to start below util x GPU free (null: the stack's engine does not check).
+            "free_at_start_gib": (None if memory.rollout.free_at_start_bytes is None
+                                  else gib(memory.rollout.free_at_start_bytes)),
+            "starts": memory.rollout.starts,
         },
         "binding": {
             # GPU (or host) memory the binding phase leaves free; negative: over by that much.
@@ -279,6 +284,9 @@ def verdict(reports: PlanReports):
     if not reports.rules.valid:
         return Text(f"INVALID: {len(reports.rules.errors)} rule violation(s); verl would reject this plan.",
                     style="bold red")
+    refusal = start_refusal(reports.plan, memory.rollout)
+    if refusal:  # the engine dies at its start, before any step: no length helps
+        return Text(f"VALID but predicted NOT to start: {refusal}.", style="bold yellow")
     if not reports.feasible:
         binding = memory.binding_constraint
         return Text(
@@ -533,6 +541,13 @@ def fit_fix(plan: Plan, profile: Profile, plan_path: str) -> str:
     from rlplan.planner.solver import largest_fitting_token_budget
 
     resolve = f"run `rlplan solve --from {plan_path} -o {plan_path}`"
+    engine = rollout_budget(plan, profile)
+    if not engine.starts:  # no token budget helps an engine that dies at its start
+        lower = largest_starting_utilization(engine, plan.cluster.gpu_memory_bytes)
+        first = (f"set rollout.gpu_memory_utilization <= {lower:.2f} (vLLM refuses to start above it) or offload the "
+                 "trainer's state before the engine starts, then validate again; or " if lower else
+                 "offload the trainer's state before the engine starts; or ")
+        return f"{first}{resolve} to re-solve every knob"
     budget = largest_fitting_token_budget(plan, profile)
     if budget is not None:
         key, value = budget

@@ -480,6 +480,21 @@ VLLM_V0_WHOLE_GPU_PROFILE = Behaviour(
               "whole-GPU peak as V1 <= 0.9.0; 0.6.3 charged free-memory drop since init, 0.6.5 on "
               "memory_profiling (what the instance adds)",
     summary="V0 0.6.4.x sizes its KV cache from the whole GPU, like V1 before 0.9.1")
+# vLLM's start-up refusal (read in the sdists of each release named; docs/verl-versions.md, engine formulas). V1's
+# Worker.init_device runs gc.collect() and torch.cuda.empty_cache() (the process's cached but free blocks go back),
+# then MemorySnapshot(): cudaMemGetInfo's free bytes, so every allocation on the device counts: other processes, the
+# CUDA contexts, and in verl's hybrid engine the trainer's state still on the GPU when it builds the engine.
+VLLM_REFUSES_SHORT_FREE_MEMORY = Behaviour(
+    name="vllm_refuses_short_free_memory", package="vllm", since="0.9.1",
+    code_path="vllm/v1/worker/gpu_worker.py Worker.init_device: init_snapshot = MemorySnapshot(); requested_memory "
+              "= total_memory x gpu_memory_utilization; `if init_snapshot.free_memory < requested_memory: raise "
+              "ValueError('Free memory on device (...) on startup is less than desired GPU memory utilization "
+              "(...)')` (0.9.1, 0.9.2, 0.10.0, 0.10.2, 0.11.0, 0.12.0; the snapshot after the worker's NCCL init "
+              "from 0.11.0); vllm/v1/worker/utils.py request_memory, ceil(total x util), the same test and message "
+              "(0.14.0, 0.17.0, 0.20.0, 0.24.0). None in 0.8.5 or 0.9.0 (init_gpu_memory only), none in V0's "
+              "vllm/worker/worker.py (0.8.5-0.10.2: baseline_snapshot, no test); no tolerance, no warning-only mode, "
+              "and kv_cache_memory_bytes does not skip it",
+    summary="V1 refuses to start when the GPU's free memory at its start is below gpu_memory_utilization x GPU")
 SGLANG_FRACTION_OF_FREE = Behaviour(
     name="sglang_fraction_of_free", package="sglang", since="0.5.10",
     code_path="sglang/srt/model_executor/model_runner_kv_cache_mixin.py: 0.5.10 on, rest = post_model_load - "
@@ -587,6 +602,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
     ROPE_SCALED_LEN_ASSERT, ROLLOUT_HF_MODEL_CONFIG, OVERRIDE_CONFIG_RECURSES, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
+    VLLM_REFUSES_SHORT_FREE_MEMORY,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
     TRAINER_EXPANDABLE_SEGMENTS, WEIGHT_SYNC_BUCKET_512, WARMUP_ZERO_READS_RATIO)
@@ -637,6 +653,32 @@ def kv_pool_charges_the_whole_gpu(stack: StackSection, engine: str) -> bool:
         return not holds(SGLANG_FRACTION_OF_FREE, stack, engine)
     mode = vllm_engine_of(stack)
     return holds(VLLM_V1_WHOLE_GPU_PROFILE if mode == "v1" else VLLM_V0_WHOLE_GPU_PROFILE, stack, engine)
+
+
+def engine_refuses_short_free_memory(stack: StackSection, engine: str) -> bool:
+    """Whether the rollout engine refuses to start when the GPU's free memory is below its utilization x GPU:
+    vLLM's V1 engine from 0.9.1 (`VLLM_REFUSES_SHORT_FREE_MEMORY`). Not V0, not SGLang (its start-up tests are
+    the TP ranks' balance and a KV pool above zero: sglang/srt/model_executor/model_runner.py, 0.4.6.post5,
+    0.5.2, 0.5.10), not TensorRT-LLM (a fraction of the free memory)."""
+    return (engine == "vllm" and vllm_engine_of(stack) == "v1"
+            and holds(VLLM_REFUSES_SHORT_FREE_MEMORY, stack, engine))
+
+
+def unnamed_engine_range(stack: StackSection, behaviour: Behaviour) -> tuple[str, str] | None:
+    """Where the stack names no version of `behaviour`'s engine and the range its verl release installs holds
+    releases on both sides of it (an engine behaviour): that range, (lowest, highest), the text "any" for an open
+    end; None where the version is named or the behaviour holds alike over the range."""
+    engine = behaviour.package
+    if engine == "verl" or getattr(stack, engine) is not None:
+        return None
+    lowest, highest = engine_pins(stack.verl, engine)
+    chosen = stack.version_of(engine)
+    ends = [version for version in (lowest, highest) if version is not None]
+    if lowest is None and behaviour.since is not None:
+        ends.append("0.0.0")  # open below: every older release is allowed
+    if all(behaviour.holds_for(end) == behaviour.holds_for(chosen) for end in ends):
+        return None
+    return lowest or "any", highest or "any"
 
 
 def root_reshards_after_forward(stack: StackSection, engine: str) -> bool:

@@ -270,7 +270,10 @@ def verdicts_across(plan: Plan, profile: Profile | None = None) -> list[str]:
               for release in (oldest, newest)}
     if memory[oldest].fits != memory[newest].fits:
         lines.append("the memory verdict differs across the range: " + "; ".join(
-            f"on verl {release} it {'fits' if report.fits else 'does not fit'} (peak "
+            f"on verl {release} it {'fits' if report.fits else 'does not fit'}"
+            + ("" if report.rollout.starts else
+               f" and vLLM {on_release(plan, release).stack.version_of('vllm')} refuses to start")
+            + " (peak "
             f"{report.gpu_peak_bytes / 2**30:.1f} GiB, KV cache {report.kv_cache_bytes / 2**30:.1f} GiB)"
             for release, report in memory.items()))
     return lines

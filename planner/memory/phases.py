@@ -40,6 +40,7 @@ from rlplan.planner.memory.rollout import (
     cuda_graph_pool_bytes,
     rollout_budget,
     stages_wake_up,
+    start_refusal,
     woken_for_weight_sync,
 )
 from rlplan.planner.monotone import last_holding
@@ -77,7 +78,8 @@ class MemoryReport:
 
     @property
     def fits_gpu(self) -> bool:
-        return self.gpu_peak_bytes <= self.gpu_capacity_bytes and self.rollout.holds_max_model_len
+        return (self.gpu_peak_bytes <= self.gpu_capacity_bytes and self.rollout.holds_max_model_len
+                and self.rollout.starts)
 
     @property
     def fits_host(self) -> bool:
@@ -456,6 +458,9 @@ def _report(ctx: _StepContext) -> MemoryReport:
                      "no room for a KV cache")
     elif not budget.holds_max_model_len:
         notes.append(f"the KV cache holds {budget.kv_cache_tokens} tokens, below max_model_len {budget.max_model_len}")
+    refusal = start_refusal(plan, budget)
+    if refusal:
+        notes.append(refusal)
     if ctx.on_cpu:
         notes.append(cpu_baselines(profile).describe())
     if plan.rollout.free_cache_engine and not stages_wake_up(plan) and not plan.rollout_is_split:

@@ -1,6 +1,7 @@
 """The rollout engine's budget on one rank (vLLM V1, SGLang, TensorRT-LLM, vLLM's CPU backend): its KV cache, weights and
-workspace, the start-up check `holds_max_model_len` (not one of planner/rules/: `MemoryReport.fits` includes it), its
-CUDA-graph pool and what it resumes for the weight sync.
+workspace, the start-up checks (not planner/rules/: `MemoryReport.fits` includes both): `holds_max_model_len`, and
+`starts`, vLLM V1's refusal from 0.9.1 when the GPU's free memory at its start is below util x GPU
+(`free_at_engine_start`, `start_refusal`); its CUDA-graph pool and what it resumes for the weight sync.
 
 What differs between engines is one `EngineMemory` record each, in ROLLOUT_ENGINES: a new engine is its
 name in plan.RolloutEngine and one record here (with its own KV formula beside vllm_kv_cache_bytes).
@@ -18,7 +19,14 @@ from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.memory.report import GIB, Component
 from rlplan.planner.plan import Plan, RolloutEngine, RolloutSection
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-from rlplan.planner.stack import UNSTAGED_WAKE_UP, holds, kv_pool_charges_the_whole_gpu
+from rlplan.planner.stack import (
+    UNSTAGED_WAKE_UP,
+    VLLM_REFUSES_SHORT_FREE_MEMORY,
+    engine_refuses_short_free_memory,
+    holds,
+    kv_pool_charges_the_whole_gpu,
+    unnamed_engine_range,
+)
 
 
 @frozen
@@ -52,6 +60,14 @@ class RolloutBudget:
     # A hybrid model's linear-attention layers (Qwen3-Next): the recurrent state each running sequence holds in
     # the pool besides its tokens' KV (EngineMemory.linear_attention_pool).
     state_bytes_per_sequence: int = 0
+    # The GPU's free memory when the engine starts, where the engine refuses to start below requested_bytes
+    # (stack.engine_refuses_short_free_memory: vLLM V1 from 0.9.1); None where it does not check.
+    free_at_start_bytes: int | None = None
+
+    @property
+    def starts(self) -> bool:
+        """vLLM V1 from 0.9.1 raises at start when the free memory is below util x GPU (`free_at_engine_start`)."""
+        return self.free_at_start_bytes is None or self.free_at_start_bytes >= self.requested_bytes
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -359,13 +375,17 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
             if arch.linear_attention_layers else None)
     charges_all = kv_pool_charges_the_whole_gpu(plan.stack, rollout.name)
     fraction_of_free = None if rollout.name == "vllm" or charges_all else rollout.gpu_memory_utilization
+    checks_free = engine_refuses_short_free_memory(plan.stack, rollout.name)
+    # On a pool of its own (plan.RolloutPool) no trainer state shares the engine's GPU when it starts.
+    trainer_at_start = (trainer_bytes_at_engine_start(plan) if (charges_all or fraction_of_free or checks_free)
+                        and not plan.rollout_is_split else 0)
     return RolloutBudget(
         engine=rollout.name,
-        # On a pool of its own (plan.RolloutPool) no trainer state shares the engine's GPU when it starts.
-        co_resident_bytes=(trainer_bytes_at_engine_start(plan) if (charges_all or fraction_of_free)
-                           and not plan.rollout_is_split else 0),
+        co_resident_bytes=trainer_at_start if charges_all or fraction_of_free else 0,
+        free_at_start_bytes=(free_at_engine_start(plan.cluster.gpu_memory_bytes, trainer_at_start, profile)
+                             if checks_free and not plan.rollout_is_split else None),
         fraction_of_free=fraction_of_free,
-        requested_bytes=int(rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes),
+        requested_bytes=requested_bytes(plan),
         weights_bytes=weights,
         activation_bytes=int(vllm_activation_bytes(arch, rollout.max_num_batched_tokens, rollout.max_num_seqs,
                                                    profile)),
@@ -377,6 +397,51 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
         max_model_len=rollout_max_model_len(plan),
         sequence_length=plan.data.max_sequence_length,
     )
+
+
+def requested_bytes(plan: Plan) -> int:
+    """What the engine asks of a GPU: gpu_memory_utilization (SGLang's mem_fraction_static, TensorRT-LLM's
+    fraction) x the GPU."""
+    return int(plan.rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes)
+
+
+def free_at_engine_start(gpu_bytes: int, trainer_bytes: int, profile: Profile = DEFAULT_PROFILE) -> int:
+    """The free memory vLLM's start-up snapshot reads on a trainer's GPU (stack.VLLM_REFUSES_SHORT_FREE_MEMORY):
+    the GPU less the trainer's state resident when verl builds the engine (`trainer_bytes_at_engine_start`) and
+    the trainer process's CUDA context and NCCL buffers (profile.cuda_context_and_nccl_gib). The engine's
+    empty_cache returns the cached blocks of its own process only: where verl runs vLLM in a process of its own
+    (stack.ENGINE_IN_TRAINER_PROCESS no longer holds) the trainer's cache and the engine process's own context
+    also count, and are not priced (the figure errs high: the check passes a plan it might refuse)."""
+    return gpu_bytes - trainer_bytes - int(profile.cuda_context_and_nccl_gib * GIB)
+
+
+def largest_starting_utilization(budget: RolloutBudget, gpu_bytes: int) -> float | None:
+    """The largest gpu_memory_utilization, to the hundredth, the engine starts at on this budget's GPU; None where
+    the engine does not check (or not even 0.01 starts)."""
+    if budget.free_at_start_bytes is None or budget.free_at_start_bytes < gpu_bytes / 100:
+        return None
+    return math.floor(100 * budget.free_at_start_bytes / gpu_bytes) / 100
+
+
+def start_refusal(plan: Plan, budget: RolloutBudget) -> str | None:
+    """Why the engine refuses to start on this plan, with the fixes; None where it starts."""
+    if budget.starts or budget.free_at_start_bytes is None:
+        return None
+    gpu = plan.cluster.gpu_memory_bytes
+    free, requested = budget.free_at_start_bytes, budget.requested_bytes
+    util = plan.rollout.gpu_memory_utilization
+    lower = largest_starting_utilization(budget, gpu)
+    fixes = (f"lower rollout.gpu_memory_utilization (actor_rollout_ref.rollout.gpu_memory_utilization) to {lower:.2f} "
+             "or less for it to start (the phases must still fit), or " if lower else "")
+    spans = unnamed_engine_range(plan.stack, VLLM_REFUSES_SHORT_FREE_MEMORY)
+    unnamed = (f" (the plan names no vLLM: verl {plan.stack.verl} installs {spans[0]} to {spans[1]}, and one before "
+               f"{VLLM_REFUSES_SHORT_FREE_MEMORY.since} has no such check)" if spans else "")
+    return (f"vLLM {plan.stack.version_of('vllm')}{unnamed} refuses to start (\"Free memory on device ... is less than desired "
+            f"GPU memory utilization\"): {free / GIB:.2f} GiB free at its start ({gpu / GIB:.2f} GiB less the "
+            f"trainer's {(gpu - free) / GIB:.2f} GiB: its state resident when verl builds the engine and its CUDA "
+            f"context) is below actor_rollout_ref.rollout.gpu_memory_utilization {util:.2f} x GPU = "
+            f"{requested / GIB:.2f} GiB; {fixes}offload the trainer's state before the engine is built "
+            "(param_offload / optimizer_offload of the actor, critic and reference)")
 
 
 def trainer_bytes_at_engine_start(plan: Plan) -> int:

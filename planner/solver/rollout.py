@@ -1,5 +1,6 @@
 """The rollout's sizes beside a trained plan: the engine's TP options, gpu_memory_utilization as high as the rollout
-and weight-sync phases allow, and max_num_seqs from the KV cache.
+and weight-sync phases and the engine's start-up check (vLLM V1 from 0.9.1: no more than the free memory it starts
+on) allow, and max_num_seqs from the KV cache.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from rlplan.planner.arch import Architecture
 from rlplan.planner.hardware import Cluster
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import predict_memory, predict_phases
-from rlplan.planner.memory.rollout import rollout_budget
+from rlplan.planner.memory.rollout import requested_bytes, rollout_budget
 from rlplan.planner.monotone import last_holding
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan, RolloutSection
@@ -80,10 +81,18 @@ def size_rollout(plan: Plan, tensor_parallel_size: int, request: SolveRequest) -
     def with_util(hundredths: int) -> Plan:
         return plan.evolve(rollout=attrs.evolve(plan.rollout, gpu_memory_utilization=hundredths / 100))
 
+    # The engine's start-up check (vLLM V1 from 0.9.1, memory.rollout.free_at_engine_start): the free memory it
+    # finds does not depend on the utilization, so it is read once, and a utilization above it is excess too.
+    free_at_start = rollout_budget(plan, profile).free_at_start_bytes
+
     def excess(candidate: Plan) -> int:
-        """Bytes by which the rollout or the sync phase passes the limit (<= 0: fits)."""
+        """Bytes by which the rollout or the sync phase passes the limit, or the engine's request passes the free
+        memory it starts on (<= 0: fits and starts)."""
         phases = predict_phases(candidate, (Phase.ROLLOUT, Phase.WEIGHT_SYNC), profile)
-        return max(p.peak_bytes for p in phases) - limit
+        over = max(p.peak_bytes for p in phases) - limit
+        if free_at_start is None:
+            return over
+        return max(over, requested_bytes(candidate) - free_at_start)
 
     def fits(candidate: Plan) -> bool:
         return excess(candidate) <= 0

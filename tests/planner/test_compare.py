@@ -505,3 +505,22 @@ def test_hostile_log_lines_are_notes_never_internal_errors(tmp_path, bad, comman
     assert result.exit_code in (0, 1), result.output
     notes = json.loads(result.stdout)["notes"]
     assert any("line 2" in note and ("out of range" in note or "negative" in note) for note in notes), notes
+
+
+def test_a_plan_predicted_not_to_start_says_so_beside_the_log_that_shows_it_ran():
+    """validate's start-up verdict (vLLM from 0.9.1 refuses below util x GPU free) reaches compare as a note; on a
+    vLLM without the check there is none."""
+    import attrs
+
+    from rlplan.planner.knobs import apply_knobs
+    from rlplan.planner.stack import StackSection
+
+    log = read_verl_log(str(LOGS / "v08_console.log"))
+    # The fixture's 7B on 8 GPUs keeps its fp32 parameter shards (3.5 GiB) on the GPU: 0.95 x GPU is more than
+    # the ~74 GiB left free.
+    plan = apply_knobs(fixture_plan(), {"rollout.gpu_memory_utilization": 0.95, "actor.param_offload": False})
+    refused = compare_run(plan.evolve(stack=StackSection(verl="0.7.1", vllm="0.11.0")), log)
+    assert not predict_memory(refused.plan).rollout.starts
+    assert refused.notes[0].startswith("predicted not to start: vLLM 0.11.0 refuses to start")
+    older = compare_run(plan.evolve(stack=attrs.evolve(StackSection(verl="0.5.0"), vllm="0.8.5")), log)
+    assert not any("not to start" in note for note in older.notes)

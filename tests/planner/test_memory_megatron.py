@@ -26,6 +26,7 @@ from rlplan.planner.memory.megatron import (
     state_on_most_loaded_rank,
 )
 from rlplan.planner.memory.phases import at_max_length
+from rlplan.planner.memory.rollout import rollout_budget, trainer_bytes_at_engine_start
 from rlplan.planner.plan import MegatronSection
 from rlplan.planner.presets import resolve_model
 
@@ -305,6 +306,28 @@ def test_verls_published_megatron_runs_are_priced_as_they_ended():
         partition = benchmark.partition_at_run_lengths(run.plan)
         priced = plan_layout(run.plan).actor_update.tokens_per_micro_batch
         assert partition is None or partition <= priced, run.label
+
+
+def test_vllm_0_9_1_would_refuse_to_start_the_nv_rows_that_died_at_tp2_and_none_of_the_runs_that_ran():
+    """vLLM from 0.9.1 refuses to start below util x GPU free (memory/rollout.py free_at_engine_start). The NV GRPO
+    rows at TP 2 CP 1-2 without offload keep ~32 GiB of Megatron state (weights, fp32 grad buffer, main weights, the
+    reference's weights) on the GPU when verl builds the engine: row 4 (util 0.8) and rows 10-11 (util 0.6) would not
+    start, row 5 (util 0.5) would and runs out of memory later; no run that ran would be refused. At the sweep's own
+    release (verl 0.5.0, vLLM 0.8.5) there is no such check, and row 4 stays the known miss."""
+    from tests.repo_scripts import load_script
+
+    benchmark = load_script("benchmarks/megatron_memory.py")
+    runs = benchmark.published_runs()
+    at_091 = {run.label.partition(":")[0]: (run, rollout_budget(run.plan.evolve(
+        stack=attrs.evolve(run.plan.stack, vllm="0.9.1")))) for run in runs}
+    refused = {label for label, (_, budget) in at_091.items() if not budget.starts}
+    assert refused == {"Qwen2.5-7B-Instruct row 4", "Qwen2.5-7B-Instruct row 10", "Qwen2.5-7B-Instruct row 11"}
+    assert all(run.died for run, budget in at_091.values() if not budget.starts)
+    row4, budget = at_091["Qwen2.5-7B-Instruct row 4"]
+    assert trainer_bytes_at_engine_start(row4.plan) / 2**30 == pytest.approx(31.9, abs=0.05)
+    assert budget.free_at_start_bytes is not None and budget.free_at_start_bytes < budget.requested_bytes
+    assert all(rollout_budget(run.plan).free_at_start_bytes is None for run in runs)  # vLLM 0.8.5: no check
+    assert row4.report.fits and row4.report.rollout.starts
 
 
 def test_the_published_megatron_runs_tail_is_priced_at_the_worst_mix_of_lengths():

@@ -30,6 +30,7 @@ from rlplan.planner.stack import (
     VERL_ENGINE_PINS,
     VERL_RELEASES,
     VERL_WARMUP_STEPS_DEFAULT,
+    VLLM_REFUSES_SHORT_FREE_MEMORY,
     VLLM_V0_WHOLE_GPU_PROFILE,
     VLLM_V1_WHOLE_GPU_PROFILE,
     WARMUP_ZERO_READS_RATIO,
@@ -42,6 +43,7 @@ from rlplan.planner.stack import (
     solve_pins,
     source_tree_switches,
     stack_defaults,
+    unnamed_engine_range,
 )
 from rlplan.planner.verl_import import import_verl_script
 from rlplan.planner.verl_keys import BY_FIELD, WARMUP_RATIO_KEY
@@ -374,3 +376,14 @@ def test_trtllm_is_an_engine_of_verl_0_7_1_on_with_verls_lowest_pin_and_only_its
     with pytest.raises(PlanError) as raised:
         make_plan().evolve(stack=StackSection(trtllm="1.2.0rc6"))
     assert raised.value.field == "stack.trtllm"
+
+
+@pytest.mark.parametrize(("stack", "spans"), [
+    (StackSection(verl="0.5.0"), None),  # vLLM 0.7.3-0.8.5: none has the start-up check
+    (StackSection(verl="0.6.0"), ("0.7.3", "0.9.1")),  # 0.9.1 has it, 0.7.3 does not
+    (StackSection(verl="0.7.0"), ("0.8.5", "0.12.0")),
+    (StackSection(verl="0.6.0", vllm="0.9.1"), None),  # named: no range
+    (StackSection(verl="0.9.1"), None),  # 0.24.0 only
+])
+def test_an_unnamed_engine_range_is_reported_where_a_behaviour_differs_across_it(stack, spans):
+    assert unnamed_engine_range(stack, VLLM_REFUSES_SHORT_FREE_MEMORY) == spans

@@ -208,3 +208,16 @@ def test_a_trtllm_rollout_dates_the_script_to_the_releases_that_build_it():
     assert (inferred.stack.verl_oldest, inferred.stack.verl) == ("0.7.1", DEFAULT_VERL)
     assert "`actor_rollout_ref.rollout.name=trtllm`: verl builds that rollout from 0.7.1" in inferred.reasons[0]
     assert infer_stack({"actor_rollout_ref.rollout.name": "sglang"}, command(), "fsdp", "sglang") is None
+
+
+def test_a_range_whose_newer_vllm_refuses_to_start_says_so():
+    """verl 0.5.0's vLLM (0.8.5) sizes its pool from the whole GPU and starts; verl 0.6.1's (0.11.0) refuses to
+    start below util x GPU free: the range's memory verdict names the refusal on the release that has it."""
+    from rlplan.planner.stack import StackSection
+    from tests.planner.memory.test_rollout_versions import _one_gpu_full_tuning
+
+    plan = _one_gpu_full_tuning(**{"rollout.gpu_memory_utilization": 0.8, "model.lora.rank": 32}).evolve(
+        stack=StackSection(verl="0.6.1", verl_oldest="0.5.0"))
+    [line] = verdicts_across(plan)
+    assert "on verl 0.5.0 it fits" in line
+    assert "on verl 0.6.1 it does not fit and vLLM 0.11.0 refuses to start" in line

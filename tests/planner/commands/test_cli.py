@@ -68,6 +68,23 @@ def test_valid_plan_that_does_not_fit_exits_1(tmp_path):
     assert result.exit_code == 1
 
 
+def test_a_plan_vllm_refuses_to_start_exits_1_naming_the_utilization_it_starts_at(tmp_path):
+    """vLLM from 0.9.1 refuses to start below util x GPU free (memory/rollout.py): validate says so, exits 1 as a
+    plan that does not fit does, and its fix is the largest utilization that starts."""
+    from tests.planner.memory.test_rollout_versions import _resident_trainer_at
+
+    path = tmp_path / "refused.toml"
+    path.write_text(plan_to_toml(_resident_trainer_at(0.7, "0.9.1")))
+    result = invoke("validate", str(path), "--json")
+    assert result.exit_code == 1
+    payload = json.loads(result.output)
+    assert payload["valid"] is True and payload["feasible"] is False and payload["rollout"]["starts"] is False
+    assert payload["rollout"]["free_at_start_gib"] < 0.7 * payload["gpu_mem_gib"]
+    assert payload["fix"].startswith("set rollout.gpu_memory_utilization <= 0.")
+    text = " ".join(invoke("validate", str(path)).output.split())
+    assert "VALID but predicted NOT to start: vLLM 0.9.1 refuses to start" in text
+
+
 def test_validate_on_a_plan_over_its_token_budget_prints_the_largest_budget_that_fits(solved_plan, tmp_path):
     import attrs
 
@@ -90,7 +107,8 @@ def test_validate_on_a_plan_over_its_token_budget_prints_the_largest_budget_that
 
 
 def test_validate_on_a_fixed_micro_batch_plan_that_does_not_fit_points_to_solve_from(tmp_path):
-    plan = make_plan(gpu_mem_gib=8.0, overrides={"rollout.gpu_memory_utilization": 0.5})
+    # 0.3 x 8 GB: below what the trainer's parameter shards leave free, so vLLM starts (it refuses 0.5).
+    plan = make_plan(gpu_mem_gib=8.0, overrides={"rollout.gpu_memory_utilization": 0.3})
     path = tmp_path / "oom.toml"
     path.write_text(plan_to_toml(plan))
     result = invoke("validate", str(path), "--json")

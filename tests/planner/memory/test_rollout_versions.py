@@ -1,5 +1,6 @@
 """The rollout engine's KV sizing by engine version (planner/memory/rollout.py, stack.kv_pool_charges_the_whole_gpu):
-which releases charge the trainer's resident state to the pool, read in vLLM's and SGLang's sources at the tags."""
+which releases charge the trainer's resident state to the pool, read in vLLM's and SGLang's sources at the tags; and
+vLLM V1's start-up refusal from 0.9.1 (stack.engine_refuses_short_free_memory, rollout.free_at_engine_start)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,20 @@ import pytest
 from rlplan.planner.hf_config import architecture_from_hf_config
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.memory.report import GIB
-from rlplan.planner.memory.rollout import rollout_budget, trainer_bytes_at_engine_start
-from rlplan.planner.stack import StackSection, kv_pool_charges_the_whole_gpu, vllm_engine_of
+from rlplan.planner.memory.rollout import (
+    largest_starting_utilization,
+    rollout_budget,
+    start_refusal,
+    trainer_bytes_at_engine_start,
+)
+from rlplan.planner.profile import DEFAULT_PROFILE
+from rlplan.planner.report import plan_reports, verdict
+from rlplan.planner.stack import (
+    StackSection,
+    engine_refuses_short_free_memory,
+    kv_pool_charges_the_whole_gpu,
+    vllm_engine_of,
+)
 from tests.planner.plans import make_plan
 
 # Qwen3-8B's config (hub Qwen/Qwen3-8B config.json): the model of vLLM issue #17431.
@@ -98,3 +111,78 @@ def test_the_default_stack_prices_vllm_per_instance_as_before():
     assert budget.kv_cache_bytes == (budget.requested_bytes - budget.weights_bytes - budget.activation_bytes
                                      - budget.non_torch_bytes)
     assert budget.kv_cache_bytes > 10 * GIB
+
+
+@pytest.mark.parametrize(("stack", "engine", "refuses"), [
+    (StackSection(verl="0.5.0", vllm="0.8.5"), "vllm", False),  # init_gpu_memory only: no test
+    (StackSection(verl="0.6.0", vllm="0.9.0"), "vllm", False),
+    (StackSection(verl="0.6.0", vllm="0.9.1"), "vllm", True),  # gpu_worker.py init_device: free < requested raises
+    (StackSection(verl="0.6.0", vllm="0.9.1", vllm_engine="v0"), "vllm", False),  # V0's worker.py has no test
+    (StackSection(verl="0.7.0", vllm="0.12.0"), "vllm", True),  # after the worker's NCCL init from 0.11.0
+    (StackSection(), "vllm", True),  # verl 0.9.1's vLLM 0.24.0: v1/worker/utils.py request_memory
+    (StackSection(verl="0.6.0", sglang="0.5.2"), "sglang", False),  # SGLang: TP balance and a pool above zero
+    (StackSection(sglang="0.5.12"), "sglang", False),
+])
+def test_which_engine_releases_refuse_to_start_below_util_x_gpu_free(stack, engine, refuses):
+    assert engine_refuses_short_free_memory(stack, engine) is refuses
+
+
+def _resident_trainer_at(util: float, vllm: str, **overrides):
+    """Qwen3-8B's fp32 parameters resident on one 80 GB GPU when the engine starts, at utilization `util`."""
+    return _one_gpu_full_tuning(**{"rollout.gpu_memory_utilization": util, **overrides}).evolve(
+        stack=StackSection(verl="0.6.0", vllm=vllm))
+
+
+def test_vllm_from_0_9_1_refuses_to_start_when_the_resident_trainer_leaves_less_free_than_util_x_gpu():
+    """The trainer's 30.5 GiB of fp32 parameters and its CUDA context leave ~42 GiB of an 80 GB GPU free when verl
+    builds the engine: util 0.7 asks for ~52 GiB, which vLLM 0.9.1 refuses at start; 0.9.0 has no such test."""
+    plan = _resident_trainer_at(0.7, "0.9.1")
+    budget = rollout_budget(plan)
+    gpu = plan.cluster.gpu_memory_bytes
+    expected_free = gpu - trainer_bytes_at_engine_start(plan) - int(DEFAULT_PROFILE.cuda_context_and_nccl_gib * GIB)
+    assert budget.free_at_start_bytes == expected_free < budget.requested_bytes
+    assert not budget.starts
+    assert not predict_memory(plan).fits
+    older = rollout_budget(_resident_trainer_at(0.7, "0.9.0"))
+    assert older.free_at_start_bytes is None and older.starts
+
+
+def test_the_largest_starting_utilization_starts_and_one_hundredth_more_does_not():
+    for vllm in ("0.9.1", "0.24.0"):
+        refused = _resident_trainer_at(0.7, vllm)
+        lower = largest_starting_utilization(rollout_budget(refused), refused.cluster.gpu_memory_bytes)
+        assert lower is not None and 0.4 < lower < 0.7
+        assert rollout_budget(_resident_trainer_at(lower, vllm)).starts
+        assert not rollout_budget(_resident_trainer_at(round(lower + 0.01, 2), vllm)).starts
+
+
+def test_offloading_the_trainers_parameters_before_the_engine_starts_lets_it_start():
+    offloaded = _resident_trainer_at(0.7, "0.9.1", **{"actor.param_offload": True, "actor.optimizer_offload": True})
+    budget = rollout_budget(offloaded)
+    assert trainer_bytes_at_engine_start(offloaded) == 0 and budget.starts
+    assert start_refusal(offloaded, budget) is None
+
+
+def test_the_refusal_verdict_names_the_key_the_free_and_requested_gib_and_both_fixes():
+    plan = _resident_trainer_at(0.7, "0.9.1")
+    budget = rollout_budget(plan)
+    lower = largest_starting_utilization(budget, plan.cluster.gpu_memory_bytes)
+    reports = plan_reports(plan, DEFAULT_PROFILE)
+    line = verdict(reports).plain
+    assert line.startswith("VALID but predicted NOT to start: vLLM 0.9.1 refuses to start")
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization 0.70" in line
+    assert f"{budget.free_at_start_bytes / GIB:.2f} GiB free" in line and f"{budget.requested_bytes / GIB:.2f} GiB" in line
+    assert f"to {lower:.2f} or less" in line and "param_offload" in line
+    assert not reports.feasible and any("refuses to start" in note for note in reports.memory.notes)
+    assert "refuses to start" not in verdict(plan_reports(_resident_trainer_at(0.7, "0.9.0"), DEFAULT_PROFILE)).plain
+
+
+def test_a_plan_that_names_no_vllm_is_told_that_its_releases_older_vllm_has_no_such_check():
+    """verl 0.6.0 installs vLLM 0.7.3 to 0.9.1 and rlplan prices the newest (0.9.1); the refusal says the range."""
+    plan = _one_gpu_full_tuning(**{"rollout.gpu_memory_utilization": 0.7}).evolve(stack=StackSection(verl="0.6.0"))
+    refusal = start_refusal(plan, rollout_budget(plan))
+    assert refusal is not None and refusal.startswith(
+        "vLLM 0.9.1 (the plan names no vLLM: verl 0.6.0 installs 0.7.3 to 0.9.1, and one before 0.9.1 has no such "
+        "check) refuses to start")
+    named = _resident_trainer_at(0.7, "0.9.1")
+    assert "names no vLLM" not in (start_refusal(named, rollout_budget(named)) or "")

@@ -74,6 +74,7 @@ def test_solver_plans_always_validate_and_fit(request):
     assert check_plan(plan).valid, [v.message for v in check_plan(plan).errors]
     report = predict_memory(plan, request.profile)
     assert report.fits and report.rollout.holds_max_model_len
+    assert report.rollout.starts  # the default stack's vLLM refuses to start below util x GPU free
     assert plan.rollout.max_model_len is not None
     assert plan.prediction is not None
 
@@ -652,3 +653,30 @@ def test_the_margin_change_is_the_largest_margin_that_fits_and_says_what_it_give
     (margin,) = [s for s in diagnosis.suggestions if s.kind == "margin"]
     assert margin.change.startswith("--headroom") and "model's error" in margin.detail
     assert margin.tokens_kept == 1.0 and margin.keeps_workload
+
+
+def test_the_solver_never_emits_a_utilization_vllm_refuses_to_start_at():
+    """vLLM V1 from 0.9.1 refuses to start when the GPU's free memory (the trainer's state resident when verl builds
+    the engine taken) is below util x GPU (memory/rollout.py free_at_engine_start): a solved plan's utilization is at
+    most the largest that starts, and a pinned one above it is refused, where vLLM 0.9.0 (no such test) has none."""
+    from rlplan.planner.memory.rollout import (
+        largest_starting_utilization,
+        rollout_budget,
+        trainer_bytes_at_engine_start,
+    )
+
+    stack = {"stack.verl": "0.6.0", "stack.vllm": "0.9.1"}
+    resident = {"actor.param_offload": False, "actor.optimizer_offload": False, "actor.offload_policy": False}
+    request = request_for("qwen3-8b", gpus=1, gpu_mem=80.0, prompt=512, response=1024, batch=32, n=4, lora=32,
+                          pins={**stack, **resident})
+    plan = solve(request).plan
+    assert plan is not None
+    budget = rollout_budget(plan)
+    lower = largest_starting_utilization(budget, plan.cluster.gpu_memory_bytes)
+    assert budget.free_at_start_bytes is not None and budget.starts
+    assert trainer_bytes_at_engine_start(plan) > 20 * 2**30  # the base model's parameters stay on the GPU
+    assert lower is not None and plan.rollout.gpu_memory_utilization <= lower < 0.9
+    above = round(lower + 0.02, 2)
+    refused = solve(attrs.evolve(request, pins={**request.pins, "rollout.gpu_memory_utilization": above}))
+    assert refused.plan is None
+    assert rollout_budget(plan.evolve(stack=attrs.evolve(plan.stack, vllm="0.9.0"))).free_at_start_bytes is None
