@@ -379,6 +379,15 @@ MEGATRON_GRAD_OFFLOAD_ABSENT = Behaviour(
               "absent from v0.9.1 (param_offload frees the gradient buffers) and before v0.4.0 (v0.3.0.post1's "
               "megatron_workers.py reads actor.grad_offload, outside actor.megatron)",
     summary="verl's Megatron engine config has no megatron.grad_offload: hydra refuses the override")
+MEGATRON_PP_STAGES_LOADED_FOR_ROLLOUT = Behaviour(
+    name="megatron_pp_stages_loaded_for_rollout", package="verl", before="0.4.0",
+    code_path="verl/workers/sharding_manager/megatron_vllm.py AllGatherPPModel: every rank builds the other pipeline "
+              "stages' models (bf16, no DDP) and offloads them to the host; megatron_workers.py _build_rollout calls "
+              "hybrid_engine.load_params_to_cuda() and allgather_params() before vLLMRollout is built, and "
+              "MegatronVLLMShardingManager.__enter__ / __exit__ load and offload them around each generation (read at "
+              "v0.3.0.rc0 and v0.3.0.post1; v0.4.0's megatron_workers.py no longer uses AllGatherPPModel)",
+    summary="the legacy Megatron actor holds every pipeline stage's weights on each GPU while the engine is built "
+            "and runs")
 MEGATRON_LOG_PROB_CLONES_LOGITS = Behaviour(
     name="megatron_log_prob_clones_logits", package="verl", since="0.6.0",
     code_path="verl/workers/actor/megatron_actor.py forward_backward_batch's logits_processor `logits_bak = "
@@ -599,7 +608,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, SPIN_SPPO_RECIPES, MODEL_MTP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     PROMPTS_DISPATCHED_BEFORE_REPEAT, MEGATRON_MICRO_SPLIT_ASSERT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
-    MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
+    MEGATRON_GRAD_OFFLOAD_ABSENT, MEGATRON_PP_STAGES_LOADED_FOR_ROLLOUT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
     ROPE_SCALED_LEN_ASSERT, ROLLOUT_HF_MODEL_CONFIG, OVERRIDE_CONFIG_RECURSES, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     VLLM_REFUSES_SHORT_FREE_MEMORY,

@@ -36,7 +36,7 @@ from rlplan.planner.memory.model_facts import cached_per_arch, lora_params, mixe
 from rlplan.planner.memory.report import AllocationShape, Component, TrainerState
 from rlplan.planner.plan import EngineRole, MegatronSection, Plan
 from rlplan.planner.profile import Profile
-from rlplan.planner.stack import MEGATRON_LOG_PROB_CLONES_LOGITS, holds
+from rlplan.planner.stack import MEGATRON_LOG_PROB_CLONES_LOGITS, MEGATRON_PP_STAGES_LOADED_FOR_ROLLOUT, holds
 
 TrainedRole = Literal["actor", "critic"]
 
@@ -432,6 +432,19 @@ def export_gather_bytes(arch: Architecture, engine: MegatronSection) -> float:
 # --- the backend the step's phases price a Megatron plan through (memory.backend.TrainingBackend) ----------
 
 
+def other_stages_weight_bytes(plan: Plan) -> int:
+    """The bf16 weights of the pipeline stages a rank does not train, which verl's legacy hybrid engine loads onto
+    every GPU to hand vLLM the whole model (stack.MEGATRON_PP_STAGES_LOADED_FOR_ROLLOUT, before v0.4.0): the
+    model at the actor's TP and EP with no pipeline split, less the rank's own stage; 0 at PP 1 or from v0.4.0."""
+    engine = _engine(plan, "actor")
+    if engine.pipeline_model_parallel_size == 1 or not holds(MEGATRON_PP_STAGES_LOADED_FOR_ROLLOUT, plan.stack):
+        return 0
+    arch, mtp = plan.model.arch, plan.model.mtp_layers
+    whole = attrs.evolve(engine, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None)
+    return int(WEIGHT_BYTES * (parameters_on_most_loaded_rank(arch, whole, mtp_layers=mtp).total
+                               - parameters_on_most_loaded_rank(arch, engine, mtp_layers=mtp).total))
+
+
 def _engine(plan: Plan, role: TrainedRole) -> MegatronSection:
     """A role's Megatron engine (Plan.engine: verl's defaults where the plan leaves it unset)."""
     return plan.engine(role)
@@ -497,14 +510,15 @@ class MegatronBackend:
         `clone().float()`); only Adam's moments wait for the first step. verl's init_model then offloads the
         weights and the grad buffer under param_offload (offload_megatron_model_to_cpu) and the main weights
         under optimizer_offload (offload_megatron_copy_params), before the engine is built (megatron_workers.py,
-        read at v0.5.0)."""
+        read at v0.5.0). Before v0.4.0 the actor also holds the other pipeline stages' weights then
+        (`other_stages_weight_bytes`)."""
         engine = _engine(plan, role)
         if engine.param_offload:
             model = 0.0
         else:
             model = state_on_gpu.params + state_on_gpu.grads
         main_weights = 0.0 if engine.optimizer_offload else state_on_gpu.optimizer * MAIN_WEIGHT_SHARE_OF_ADAM
-        return int(model + main_weights)
+        return int(model + main_weights + (other_stages_weight_bytes(plan) if role == "actor" else 0))
 
     def host_components(self, plan: Plan, role: TrainedRole, state: TrainerState, ranks: int) -> list[Component]:
         """The host keeps the params verl offloads and the optimizer state, offloaded between phases or kept

@@ -719,3 +719,32 @@ def test_a_larger_megatron_micro_batch_never_lowers_the_updates_reserve_or_its_f
     large = predict_memory_phase(_dense_megatron_plan(**{"actor.ppo_max_token_len_per_gpu": budget + more}))
     assert large.bytes_of("fragmentation_reserve") >= small.bytes_of("fragmentation_reserve")
     assert large.peak_bytes >= small.peak_bytes
+
+
+def test_the_legacy_hybrid_engine_holds_the_other_pipeline_stages_at_the_engine_start():
+    """verl before 0.4.0 loads every pipeline stage's bf16 weights onto each GPU to build vLLM (AllGatherPPModel):
+    the trainer's state at the engine's start is the v0.4.0 one plus those weights (about the stages the rank does
+    not train: half the TP shard at PP 2), and nothing at PP 1. The public Qwen2-7B TP 4 x PP 2 log
+    (docs/accuracy.md 4c) was priced 13 % low without them."""
+    from rlplan.planner.memory.megatron import MEGATRON, other_stages_weight_bytes
+    from rlplan.planner.memory.model_facts import model_facts
+    from rlplan.planner.stack import StackSection
+    from tests.planner.plans import QWEN25_7B
+
+    def at(verl: str, pp: int):
+        plan = _megatron_plan(QWEN25_7B, **{"actor.megatron.tensor_model_parallel_size": 4,
+                                            "actor.megatron.pipeline_model_parallel_size": pp})
+        return attrs.evolve(plan, stack=StackSection(verl=verl))
+
+    legacy, current = at("0.3.0.post1", 2), at("0.4.0", 2)
+    extra = other_stages_weight_bytes(legacy)
+    assert other_stages_weight_bytes(current) == 0 and other_stages_weight_bytes(at("0.3.0.post1", 1)) == 0
+    shard = 2 * model_facts(legacy.model.arch).params / 4
+    assert 0.4 * shard < extra < 0.6 * shard
+    # The actor's part (a v0.3 plan also builds a reference where v0.4 may not: stack.REFERENCE_ALWAYS_RUNS).
+    def actor_at_start(plan):
+        state = MEGATRON.state_on_gpu(plan, "actor", MEGATRON.role_state(plan, "actor", plan_layout(plan)))
+        return MEGATRON.resident_at_engine_start(plan, "actor", state)
+
+    assert actor_at_start(legacy) == actor_at_start(current) + extra
+    assert trainer_bytes_at_engine_start(legacy) >= trainer_bytes_at_engine_start(current) + extra
