@@ -47,6 +47,10 @@ from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 GIB = 2**30
 ROWS_FILE = "measured_accuracy.toml"
 RUN_ROWS_FILE = "public_runs_accuracy.toml"
+# The public evidence of a Megatron run's counters, searched for and kept by hand (presets/).
+MEGATRON_EVIDENCE_FILE = "megatron_public_evidence.toml"
+# Two of them measured at the engine's start (benchmarks/megatron_public_runs.py --write-rows).
+ENGINE_START_ROWS_FILE = "megatron_engine_start_rows.toml"
 REAL_RUN = "public"  # the source of a real run's row
 
 Counter = Literal["allocated", "reserved"]
@@ -116,6 +120,8 @@ class ErrorBand:
     # The largest under-prediction measured on the rows (the band's `under` is where a new run may fall; the default
     # margin keeps what was seen); None: the band's own `under`.
     observed_under: float | None = None
+    # What public evidence of the plan's backend exists where no real run backs the band (BackendEvidence), in words.
+    evidence: str = ""
 
     @property
     def seen_under(self) -> float:
@@ -130,12 +136,15 @@ class ErrorBand:
         return predicted_gib / (1 + self.over)
 
     def describe(self) -> str:
+        evidence = f"; {self.evidence}" if self.evidence else ""
         if self.assumed:
-            return f"model error unmeasured for this training backend: assumed -{100 * self.under:.0f} %"
+            over = f" to +{100 * self.over:.0f} %" if self.over else ""
+            where = "here" if self.rows else "for this training backend"
+            return f"{self.counter}: model error unmeasured {where}: assumed -{100 * self.under:.0f} %{over}{evidence}"
         span = f"-{100 * self.under:.0f} % to +{100 * self.over:.0f} %"
         if not self.runs:
             return (f"{self.counter}: model error on {'comparable measured rows' if self.rows else 'all measured rows'}"
-                    f" (no real run): {span}")
+                    f" (no real run): {span}{evidence}")
         if self.comparable_runs:
             return (f"{self.counter}: model error on {self.runs} comparable real verl runs (leave-one-out, 95 % "
                     f"prediction interval): {span}")
@@ -145,7 +154,8 @@ class ErrorBand:
     def as_json(self) -> dict[str, Any]:
         return {"counter": self.counter, "under": round(self.under, 4), "over": round(self.over, 4),
                 "rows": self.rows, "real_runs": self.runs, "comparable_real_runs": self.comparable_runs,
-                "basis": self.basis, "assumed": self.assumed, "text": self.describe()}
+                "basis": self.basis, "assumed": self.assumed, "text": self.describe(),
+                **({"evidence": self.evidence} if self.evidence else {})}
 
 
 @functools.cache
@@ -160,6 +170,40 @@ def run_rows() -> tuple[AccuracyRow, ...]:
     if not package_toml_exists(RUN_ROWS_FILE):
         return ()
     return tuple(AccuracyRow(**row) for row in package_toml(RUN_ROWS_FILE).get("row", []))
+
+
+@frozen(kw_only=True)
+class BackendEvidence:
+    """What public evidence of a training backend's counters exists (presets/megatron_public_evidence.toml)."""
+
+    sources: int  # public sources examined
+    phase_peak_runs: int  # runs whose phase counters and launch config rebuild a comparison (none yet)
+    engine_start_runs: int  # runs measured at the engine's start only (docs/accuracy.md 4c)
+
+    def describe(self) -> str:
+        return (f"real Megatron verl runs: {self.phase_peak_runs} with phase memory counters, {self.engine_start_runs} "
+                f"measured at the engine's start only (docs/accuracy.md 4c), of {self.sources} public sources examined "
+                f"(presets/{MEGATRON_EVIDENCE_FILE})")
+
+
+@functools.cache
+def backend_evidence(strategy: str) -> BackendEvidence | None:
+    """The public evidence of `strategy`'s counters where it is kept (Megatron's); None for other backends."""
+    if strategy != "megatron" or not package_toml_exists(MEGATRON_EVIDENCE_FILE):
+        return None
+    sources = package_toml(MEGATRON_EVIDENCE_FILE).get("source", [])
+    measures = [source["measures"] for source in sources]
+    return BackendEvidence(sources=len(sources), phase_peak_runs=measures.count("phase_peaks"),
+                           engine_start_runs=measures.count("engine_start"))
+
+
+@functools.cache
+def engine_start_rows() -> tuple[AccuracyRow, ...]:
+    """The public Megatron runs' allocated counter at the engine's start beside the prediction (the trainer's
+    resident state and the engine's weights; no phase peak), from presets/megatron_engine_start_rows.toml."""
+    if not package_toml_exists(ENGINE_START_ROWS_FILE):
+        return ()
+    return tuple(AccuracyRow(**row) for row in package_toml(ENGINE_START_ROWS_FILE).get("row", []))
 
 
 # Student's t at 97.5 % by degrees of freedom (1 to 10; the normal's 1.96 beyond), for a 95 % prediction interval.
@@ -223,27 +267,35 @@ def error_band(kind: str, head: str | None, strategy: str, counter: Counter = "a
     """The band of the rows of `kind` with `head` (None: any) under `strategy` (the engine's: any), for `counter`,
     widened to the real runs of that counter, kind and `regime` (every real run of the counter when none is)."""
     twins = _twin_band(kind, head, strategy)
-    if twins.assumed:
-        return attrs.evolve(twins, counter=counter)
     # Real runs of another training backend (the public logs are FSDP's) say nothing of this one's.
     real = [row for row in run_rows() if row.counter == counter and regime != CPU_REGIME
             and _same_backend(row.strategy, strategy)]
+    found = backend_evidence(strategy)
+    evidence = found.describe() if found is not None and not real and regime != CPU_REGIME else ""
+    if twins.assumed:
+        return attrs.evolve(twins, counter=counter, evidence=evidence)
     comparable = [row for row in real if row.regime == regime]
     used = comparable or real
     errors = [row.error for row in used]
     interval = real_run_interval(errors)
     seen = max([twins.under if counter == "allocated" else 0.0, *(-e for e in errors)], default=0.0)
-    under = max(twins.under if counter == "allocated" else 0.0, interval[0])
-    over = max(twins.over if counter == "allocated" else 0.0, interval[1])
+    # A real run measured at the engine's start sees the resident state every phase holds: the band keeps its errors.
+    starts = [row.error for row in engine_start_rows() if row.counter == counter and regime != CPU_REGIME
+              and _same_backend(row.strategy, strategy)]
+    seen = max([seen, *(-e for e in starts)])
+    under = max([twins.under if counter == "allocated" else 0.0, interval[0], *(-e for e in starts)])
+    over = max([twins.over if counter == "allocated" else 0.0, interval[1], *starts])
     if under <= 0 and over <= 0:
         # No evidence of any error is not evidence of none: the stated assumption, as for an unmeasured backend.
         under = DEFAULT_PROFILE.unmeasured_backend_under_fraction
-        return ErrorBand(under=under, over=under, rows=twins.rows, counter=counter, assumed=True,
+        return ErrorBand(under=under, over=under, rows=twins.rows, counter=counter, assumed=True, evidence=evidence,
                          basis=f"no measured error for {counter} here: +-{100 * under:.1f} % assumed")
     runs = f"{len(used)} real verl run{'s' * (len(used) != 1)} ({'comparable' if comparable else 'none comparable: all'})"
-    basis = f"{runs}" + (f"; {twins.basis}" if counter == "allocated" else "")
+    basis = f"{runs}" + (f"; {twins.basis}" if counter == "allocated" else "") + (
+        f"; {len(starts)} real runs at the engine's start only: {', '.join(f'{100 * e:+.1f} %' for e in starts)}"
+        if starts else "")
     return ErrorBand(under=min(max(0.0, under), 0.99), over=max(0.0, over), rows=twins.rows, basis=basis,
-                     runs=len(used), comparable_runs=bool(comparable), counter=counter,
+                     runs=len(used), comparable_runs=bool(comparable), counter=counter, evidence=evidence,
                      observed_under=min(max(0.0, seen), 0.99))
 
 

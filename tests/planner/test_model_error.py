@@ -177,7 +177,8 @@ def test_a_backend_no_measured_row_covers_gets_the_stated_assumption_not_another
         rows = [row for row in accuracy_rows() if row.strategy == "megatron" and row.kind == kind]
         band = peak_error_band(megatron, phase)
         assert rows and not band.assumed and band.rows == len(rows), phase
-        assert band.under == pytest.approx(max(0.0, -min(row.error for row in rows)))
+        starts = [row.error for row in model_error.engine_start_rows()]
+        assert band.under == pytest.approx(max(0.0, -min(row.error for row in rows), *(-e for e in starts)))
     kept = tuple(row for row in accuracy_rows() if not (row.strategy == "megatron" and row.kind == "forward"))
     monkeypatch.setattr(model_error, "accuracy_rows", lambda: kept)
     for cached in (model_error.error_band, model_error._twin_band, model_error.default_margin_fraction):
@@ -189,3 +190,49 @@ def test_a_backend_no_measured_row_covers_gets_the_stated_assumption_not_another
     assert plan_margin(megatron).fraction >= assumed
     # FSDP1 and FSDP2 are one backend: FSDP2's rows cover an FSDP1 plan.
     assert not peak_error_band(apply_knobs(make_plan(), {"actor.strategy": "fsdp"}), Phase.ACTOR_UPDATE).assumed
+
+
+def test_a_megatron_plans_bands_say_what_public_evidence_of_real_runs_exists():
+    """No public Megatron run with verl's phase counters was found: a Megatron plan's bands say so, with the count
+    of sources examined (presets/megatron_public_evidence.toml) and of runs measured at the engine's start only;
+    the reserved counter keeps the stated assumption, and an FSDP plan's bands (real runs) carry no such note."""
+    from rlplan.planner.package_data import package_toml
+    from tests.planner.test_verl_import_megatron import SCRIPTS, load
+
+    megatron = load((SCRIPTS / "megatron_dense_qwen2_7b.sh").read_text(), {"HOME": "/home/u"}).plan
+    sources = package_toml(model_error.MEGATRON_EVIDENCE_FILE)["source"]
+    assert all(source["url"].startswith("https://") and source["why"] for source in sources)
+    phase_peaks = sum(source["measures"] == "phase_peaks" for source in sources)
+    starts = sum(source["measures"] == "engine_start" for source in sources)
+    assert starts == len(model_error.engine_start_rows())
+    note = (f"{phase_peaks} with phase memory counters, {starts} measured at the engine's start only "
+            f"(docs/accuracy.md 4c), of {len(sources)} public sources examined")
+    reserved = model_error.counter_error_band(megatron, Phase.ACTOR_UPDATE, "reserved",
+                                              attrs.make_class("Scope", ["engine_in_process"])(True))
+    assert reserved.assumed and reserved.under == pytest.approx(DEFAULT_PROFILE.unmeasured_backend_under_fraction)
+    assert note in reserved.describe() and reserved.as_json()["evidence"] in reserved.as_json()["text"]
+    assert note in peak_error_band(megatron, Phase.ACTOR_UPDATE).describe()
+    assert not peak_error_band(make_plan(), Phase.ACTOR_UPDATE, "reserved").evidence
+
+
+@pytest.mark.parametrize("kind", ["update", "forward", "engine"])
+def test_a_megatron_allocated_band_is_never_narrower_than_the_runs_measured_at_the_engine_start(kind):
+    errors = [row.error for row in model_error.engine_start_rows()]
+    band = model_error.error_band(kind, None, "megatron", "allocated", model_error.allocator_regime(True, False))
+    assert errors and band.under >= -min(errors) and band.over >= max(errors)
+    assert band.seen_under >= -min(errors)
+
+
+def test_the_engine_start_rows_are_what_the_benchmark_computes_and_within_five_percent():
+    """presets/megatron_engine_start_rows.toml is benchmarks/megatron_public_runs.py's output on today's model
+    (regenerate with --write-rows), and each public run's engine-start moment is priced within 5 % of its log."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import megatron_public_runs as bench
+
+    starts = [bench.engine_start(run) for run in bench.RUNS]
+    assert bench.engine_start_rows(starts) == list(model_error.engine_start_rows())
+    for start in starts:
+        assert abs(start.error) <= 0.05, (start.run.label, start.error)
