@@ -649,7 +649,8 @@ class MegatronBackend:
     def weight_sync_gather_bytes(self, plan: Plan, bucket_bytes: int) -> int:
         """The export's largest tensor in flight (`export_gather_bytes`) and one bucket for the engine; a
         Megatron-Bridge adapter that is not merged, with vLLM holding the base (load_format not dummy), sends
-        only the adapter's tensors."""
+        only the adapter's tensors. Before v0.4.0 the sharding manager's __enter__ first loads the other pipeline
+        stages' weights back and broadcasts them (`other_stages_weight_bytes`), held through the generation."""
         arch, engine, lora = plan.model.arch, plan.actor.mcore, plan.model.lora
         copy_bytes = plan.rollout.dtype_bytes
         if lora.enabled and not lora.merge and plan.rollout.load_format != "dummy":
@@ -657,7 +658,8 @@ class MegatronBackend:
             gathered = WEIGHT_BYTES * adapter * (2 + 1 / engine.tensor_model_parallel_size)
             return int(gathered + min(bucket_bytes, WEIGHT_BYTES * lora_params(plan)))
         params = model_facts(arch).params
-        return int(export_gather_bytes(arch, engine) + min(bucket_bytes, copy_bytes * params))
+        return int(export_gather_bytes(arch, engine) + min(bucket_bytes, copy_bytes * params)
+                   + other_stages_weight_bytes(plan))
 
 
 MEGATRON = MegatronBackend()

@@ -747,4 +747,8 @@ def test_the_legacy_hybrid_engine_holds_the_other_pipeline_stages_at_the_engine_
         return MEGATRON.resident_at_engine_start(plan, "actor", state)
 
     assert actor_at_start(legacy) == actor_at_start(current) + extra
+    # The weight sync loads and broadcasts them again (the sharding manager's __enter__), held through generation.
+    bucket = 512 * 2**20
+    assert (MEGATRON.weight_sync_gather_bytes(legacy, bucket)
+            == MEGATRON.weight_sync_gather_bytes(current, bucket) + extra)
     assert trainer_bytes_at_engine_start(legacy) >= trainer_bytes_at_engine_start(current) + extra
