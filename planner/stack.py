@@ -578,12 +578,31 @@ EMPTIES_CACHE_AFTER_ROLLOUT = Behaviour(
               "Megatron's alike: megatron_vllm.py __exit__ (v0.4.1, v0.5.0), megatron_workers.py trainer_mode",
     summary="the trainer's cache is flushed when the engine goes to sleep")
 ENGINE_IN_TRAINER_PROCESS = Behaviour(
-    name="engine_in_trainer_process", package="verl", before="0.7.0",
+    name="engine_in_trainer_process", package="verl", before="0.7.1",
     code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py (sync mode: vLLM's LLM with the "
-              "external_launcher executor in the worker, v0.3-v0.5) and v0.6's in-process "
-              "ExternalZeroMQDistributedExecutor; v0.7's vLLMHttpServer runs vLLM in its own processes "
-              "(shared/reference/verl-metrics.md)",
-    summary="vLLM runs in the trainer's process: its forward passes use the trainer's caching allocator")
+              "external_launcher executor in the worker, v0.3-v0.5); the async server's "
+              "ExternalZeroMQDistributedExecutor sends init_worker / init_device / load_model to the trainer's "
+              "workers, whose vLLMAsyncRollout holds vLLM's WorkerWrapperBase (v0.6.1 vllm_async_server.py line 61; "
+              "v0.7.0 vllm_async_server.py lines 80-108, vllm_rollout.py line 205, rollout/base.py line 82 "
+              "('vllm', 'async') -> vLLMAsyncRollout); from the v0.7.1 wheel vLLMHttpServer starts vLLM with "
+              "distributed_executor_backend 'mp' (vllm_async_server.py line 306; v0.8.0 line 257, v0.9.1 line 329, "
+              "main 0.8.0.dev line 268) and the trainer holds a ServerAdapter (rollout/base.py line 84)",
+    summary="vLLM runs in the trainer's process: its forward passes use the trainer's caching allocator, and its "
+            "start-up snapshot sees the trainer's context only")
+# Where vLLM runs in processes of its own, its start-up snapshot (VLLM_REFUSES_SHORT_FREE_MEMORY) also sees what the
+# trainer's caching allocator still holds; from v0.7.1 every trainer worker flushes it as init_model ends, before
+# ray_trainer.py init_workers builds the AgentLoopManager that launches the servers.
+TRAINER_FLUSHED_AT_ENGINE_START = Behaviour(
+    name="trainer_flushed_at_engine_start", package="verl", since="0.7.1",
+    code_path="init_model's last statement aggressive_empty_cache(force_sync=True) 'so colocated vLLM processes can "
+              "see it via cudaMemGetInfo': verl/workers/fsdp_workers.py line 995, megatron_workers.py line 677, "
+              "engine_workers.py line 583 (v0.7.1 wheel); engine_workers.py line 632 (v0.8.0), line 691 (v0.9.1); "
+              "ray_trainer.py init_workers calls actor_rollout_wg.init_model() last, then AgentLoopManager.create "
+              "(v0.7.1 lines 802, 838); not in v0.7.0 (fsdp_workers.py init_model ends without it; vLLM's own "
+              "init_device empties the process's cache there, the engine being in it). verl's main at 0.8.0.dev "
+              "(January 2026) lacked it in engine_workers.py / fsdp_workers.py (megatron_workers.py line 673: "
+              "empty_cache): a tree between releases, priced as the 0.8.0 release",
+    summary="the trainer's cached but free blocks are returned to the device before the vLLM servers start")
 TRAINER_EXPANDABLE_SEGMENTS = Behaviour(
     name="trainer_expandable_segments", package="verl", since="0.6.0",
     code_path="verl/workers/fsdp_workers.py trainer_mode set_expandable_segments(True), rollout_mode False "
@@ -605,6 +624,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     VLLM_REFUSES_SHORT_FREE_MEMORY,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
+    TRAINER_FLUSHED_AT_ENGINE_START,
     TRAINER_EXPANDABLE_SEGMENTS, WEIGHT_SYNC_BUCKET_512, WARMUP_ZERO_READS_RATIO)
 
 

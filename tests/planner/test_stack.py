@@ -24,9 +24,11 @@ from rlplan.planner.stack import (
     BEHAVIOURS,
     DEFAULT_STACK,
     DEFAULT_VERL,
+    ENGINE_IN_TRAINER_PROCESS,
     ENGINE_WORKER,
     FITTED_ENGINE_VERSIONS,
     SGLANG_FRACTION_OF_FREE,
+    TRAINER_FLUSHED_AT_ENGINE_START,
     VERL_ENGINE_PINS,
     VERL_RELEASES,
     VERL_WARMUP_STEPS_DEFAULT,
@@ -387,3 +389,14 @@ def test_trtllm_is_an_engine_of_verl_0_7_1_on_with_verls_lowest_pin_and_only_its
 ])
 def test_an_unnamed_engine_range_is_reported_where_a_behaviour_differs_across_it(stack, spans):
     assert unnamed_engine_range(stack, VLLM_REFUSES_SHORT_FREE_MEMORY) == spans
+
+
+def test_every_verl_release_that_starts_vllm_in_its_own_processes_flushes_the_trainers_cache_before():
+    """rollout.free_at_engine_start prices no cached trainer block where vLLM has a process of its own: that holds
+    only while each such release flushes the trainer's cache as init_model ends (read per release in stack.py)."""
+    for release in VERL_RELEASES:
+        stack = StackSection(verl=release)
+        if not holds(ENGINE_IN_TRAINER_PROCESS, stack):
+            assert holds(TRAINER_FLUSHED_AT_ENGINE_START, stack), release
+    assert holds(ENGINE_IN_TRAINER_PROCESS, StackSection(verl="0.7.0"))
+    assert not holds(ENGINE_IN_TRAINER_PROCESS, StackSection(verl="0.7.1"))
