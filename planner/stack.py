@@ -495,6 +495,30 @@ VLLM_REFUSES_SHORT_FREE_MEMORY = Behaviour(
               "vllm/worker/worker.py (0.8.5-0.10.2: baseline_snapshot, no test); no tolerance, no warning-only mode, "
               "and kv_cache_memory_bytes does not skip it",
     summary="V1 refuses to start when the GPU's free memory at its start is below gpu_memory_utilization x GPU")
+# vLLM's derived max_model_len (vllm/config.py _get_and_verify_max_len; vllm/config/__init__.py in 0.10.2,
+# vllm/config/model.py from 0.11.0), read in the PyPI sdists of 0.6.3, 0.7.3, 0.8.0, 0.8.5, 0.9.1, 0.10.0, 0.10.2,
+# 0.11.0, 0.12.0, 0.14.0, 0.17.0, 0.20.0, 0.24.0, 0.29.0, 0.30.0 (and the 0.32 the runtime installs): every release
+# takes the smallest of the config's length keys, then multiplies by rope_scaling's factor unless the type is su,
+# longrope or llama3, YaRN counting from original_max_position_embeddings (Architecture.vllm_derived_max_model_len).
+# What moved: 0.6.3 reads `type` or `rope_type`, forces mrope's factor to 1 and asserts any other type states one
+# (0.7.3 on: rope_type only, after patch_rope_scaling, factor defaulting to 1.0); 0.12.0 reads transformers v5's
+# rope_parameters, per layer type, with one factor for all; 0.20.0 takes a null factor as 1.0; 0.12.0 on defaults
+# an unset max_model_len of a longrope config to original_max_position_embeddings (verl always sets it). The two that
+# move a limit rlplan prices are below.
+VLLM_GEMMA3_POSITIONS_PRESCALED = Behaviour(
+    name="vllm_gemma3_positions_prescaled", package="vllm", since="0.8.0",
+    code_path="_get_and_verify_max_len: `if rope_scaling is not None and \"gemma3\" not in hf_config.model_type` "
+              "(vllm/config.py 0.8.0 line 2674, 0.8.5 line 3051; config/__init__.py 0.10.2 line 2876; "
+              "config/model.py 0.12.0 line 2208, 0.24.0 line 2153, 0.30.0 line 2461); not in 0.7.3 (line 2521: `if rope_scaling is not None:`) or 0.6.3 (line 1741)",
+    summary="a Gemma 3 config's max_position_embeddings is vLLM's limit as it stands: its rope_scaling factor "
+            "is not applied again")
+VLLM_YARN_POSITIONS_PRESCALED = Behaviour(
+    name="vllm_yarn_positions_prescaled", package="vllm", since="0.30.0",
+    code_path="vllm/config/model.py _get_and_verify_max_len: 0.30.0 (line 2471) and 0.32 leave the factor out for "
+              "yarn, deepseek_yarn and deepseek_llama_scaling ('YaRN variants leave max_position_embeddings already "
+              "scaled'); up to 0.29.0 (line 2457) `if rope_type == \"yarn\": derived_max_model_len = "
+              "rp[\"original_max_position_embeddings\"]`, then times the factor (0.6.3 line 1766 on)",
+    summary="a YaRN config's max_position_embeddings is vLLM's limit as it stands, not original x factor")
 SGLANG_FRACTION_OF_FREE = Behaviour(
     name="sglang_fraction_of_free", package="sglang", since="0.5.10",
     code_path="sglang/srt/model_executor/model_runner_kv_cache_mixin.py: 0.5.10 on, rest = post_model_load - "
@@ -621,7 +645,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     MEGATRON_GRAD_OFFLOAD_ABSENT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
     ROPE_SCALED_LEN_ASSERT, ROLLOUT_HF_MODEL_CONFIG, OVERRIDE_CONFIG_RECURSES, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
-    VLLM_REFUSES_SHORT_FREE_MEMORY,
+    VLLM_REFUSES_SHORT_FREE_MEMORY, VLLM_GEMMA3_POSITIONS_PRESCALED, VLLM_YARN_POSITIONS_PRESCALED,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
     TRAINER_FLUSHED_AT_ENGINE_START,

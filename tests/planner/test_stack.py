@@ -32,9 +32,11 @@ from rlplan.planner.stack import (
     VERL_ENGINE_PINS,
     VERL_RELEASES,
     VERL_WARMUP_STEPS_DEFAULT,
+    VLLM_GEMMA3_POSITIONS_PRESCALED,
     VLLM_REFUSES_SHORT_FREE_MEMORY,
     VLLM_V0_WHOLE_GPU_PROFILE,
     VLLM_V1_WHOLE_GPU_PROFILE,
+    VLLM_YARN_POSITIONS_PRESCALED,
     WARMUP_ZERO_READS_RATIO,
     WEIGHT_SYNC_BUCKET_512,
     StackSection,
@@ -400,3 +402,14 @@ def test_every_verl_release_that_starts_vllm_in_its_own_processes_flushes_the_tr
             assert holds(TRAINER_FLUSHED_AT_ENGINE_START, stack), release
     assert holds(ENGINE_IN_TRAINER_PROCESS, StackSection(verl="0.7.0"))
     assert not holds(ENGINE_IN_TRAINER_PROCESS, StackSection(verl="0.7.1"))
+
+
+@pytest.mark.parametrize(("vllm", "gemma3", "yarn"), [
+    ("0.6.3", False, False), ("0.7.3", False, False), ("0.8.0", True, False), ("0.11.0", True, False),
+    ("0.24.0", True, False), ("0.29.0", True, False), ("0.30.0", True, True),
+])
+def test_the_rope_types_vllm_takes_as_already_scaled_move_by_release(vllm, gemma3, yarn):
+    stack = StackSection(vllm=vllm)
+    assert holds(VLLM_GEMMA3_POSITIONS_PRESCALED, stack) is gemma3
+    assert holds(VLLM_YARN_POSITIONS_PRESCALED, stack) is yarn
+    assert not holds(VLLM_GEMMA3_POSITIONS_PRESCALED, StackSection(vllm=vllm, sglang="0.5.2"), "sglang")
