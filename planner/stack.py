@@ -581,13 +581,31 @@ VERL_WARMUP_STEPS_DEFAULT = -1
 
 # Where verl flushes torch's caching allocator around the weight sync and the rollout, and whether its trainer
 # phases run on expandable segments (memory.allocator_trace replays a step with them).
+# Before the weight sync, per backend (allocator_trace._weight_sync picks the one of the plan's actor.strategy).
 EMPTIES_CACHE_BEFORE_SYNC = Behaviour(
-    name="empties_cache_before_sync", package="verl", before="0.8.0",
-    code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.3-v0.5: empty_cache before state_dict); "
-              "fsdp_workers.py rollout_mode (v0.6, v0.7: aggressive_empty_cache first); the v0.8 engine workers' "
-              "update_weights flushes only after the sync (engine_workers.py, read at HEAD 2026-01-29); Megatron's alike: "
-              "megatron_vllm.py __enter__ (v0.4.1, v0.5.0), megatron_workers.py rollout_mode (v0.6.1, v0.7.0)",
-    summary="the trainer's cache is flushed before the weight sync")
+    name="empties_cache_before_sync", package="verl", since="0.8.0", before="0.9.0", outside=True,
+    opt_out=("trainer.use_legacy_worker_impl", ("disable",), "0.7.1", "0.8.0"),
+    opt_in=("trainer.use_legacy_worker_impl", "auto", "0.8.0", "0.8.1"),
+    code_path="FSDP: the legacy worker flushes first: verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.3-v0.5: "
+              "empty_cache before state_dict), fsdp_workers.py rollout_mode (v0.6, v0.7, main 0.8.0.dev line 679: "
+              "aggressive_empty_cache first); the engine worker (engine_workers.py) flushes first in v0.7.0's wake_up "
+              "(line 552), not in update_weights from the v0.7.1 wheel (line 618) or v0.8.0 (line 667: only after the "
+              "sync), and again from v0.9.0 (line 761: aggressive_empty_cache after set_expandable_segments(False); "
+              "v0.9.1 line 769: empty_cache); FSDPEngine.get_per_tensor_param's load_fsdp_model_to_gpu does not flush. "
+              "So it holds outside 0.8.x, except the engine worker of 0.7.1+ (use_legacy_worker_impl=disable), and "
+              "on 0.8.0.dev trees that keep the legacy worker (use_legacy_worker_impl=auto; =enable not priced)",
+    summary="an FSDP trainer's cache is flushed before the weight sync")
+MEGATRON_EMPTIES_CACHE_BEFORE_SYNC = Behaviour(
+    name="megatron_empties_cache_before_sync", package="verl", since="0.4.0",
+    code_path="Megatron: verl/workers/sharding_manager/megatron_vllm.py __enter__ (v0.4.1, v0.5.0: empty_cache "
+              "first; v0.3.0.post1 none; 0.4.0 not read, taken with 0.4.1), megatron_workers.py rollout_mode (v0.6.1 "
+              "line 570, v0.7.0, main 0.8.0.dev line 678: aggressive_empty_cache first); on the engine worker "
+              "MegatronEngine.get_per_tensor_param calls verl/utils/megatron_utils.py load_megatron_model_to_gpu, "
+              "loaded or not, which ends with gc.collect() and empty_cache() before the weights are exported (v0.7.0 "
+              "lines 441-468, v0.7.1 461-509, v0.8.0 549-597, v0.9.1 802-849), besides update_weights' own flush "
+              "from v0.9.0",
+    summary="a Megatron trainer's cache is flushed before the weight sync on every worker (after its parameters "
+            "are back on the GPU on the engine worker; priced at the sync's start)")
 EMPTIES_CACHE_AFTER_SYNC = Behaviour(
     name="empties_cache_after_sync", package="verl", since="0.4.0",
     code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.4.0: empty_cache after update_params, "
@@ -647,7 +665,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     VLLM_REFUSES_SHORT_FREE_MEMORY, VLLM_GEMMA3_POSITIONS_PRESCALED, VLLM_YARN_POSITIONS_PRESCALED,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
-    EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
+    EMPTIES_CACHE_BEFORE_SYNC, MEGATRON_EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
     TRAINER_FLUSHED_AT_ENGINE_START,
     TRAINER_EXPANDABLE_SEGMENTS, WEIGHT_SYNC_BUCKET_512, WARMUP_ZERO_READS_RATIO)
 

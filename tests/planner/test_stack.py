@@ -24,9 +24,11 @@ from rlplan.planner.stack import (
     BEHAVIOURS,
     DEFAULT_STACK,
     DEFAULT_VERL,
+    EMPTIES_CACHE_BEFORE_SYNC,
     ENGINE_IN_TRAINER_PROCESS,
     ENGINE_WORKER,
     FITTED_ENGINE_VERSIONS,
+    MEGATRON_EMPTIES_CACHE_BEFORE_SYNC,
     SGLANG_FRACTION_OF_FREE,
     TRAINER_FLUSHED_AT_ENGINE_START,
     VERL_ENGINE_PINS,
@@ -413,3 +415,18 @@ def test_the_rope_types_vllm_takes_as_already_scaled_move_by_release(vllm, gemma
     assert holds(VLLM_GEMMA3_POSITIONS_PRESCALED, stack) is gemma3
     assert holds(VLLM_YARN_POSITIONS_PRESCALED, stack) is yarn
     assert not holds(VLLM_GEMMA3_POSITIONS_PRESCALED, StackSection(vllm=vllm, sglang="0.5.2"), "sglang")
+
+
+@pytest.mark.parametrize(("verl", "passthrough", "fsdp", "megatron"), [
+    ("0.3.0.post1", {}, True, False),  # megatron_vllm.py __enter__ without a flush
+    ("0.7.0", {}, True, True),  # the legacy workers' rollout_mode
+    ("0.7.0", {"trainer.use_legacy_worker_impl": "disable"}, True, True),  # the engine worker's wake_up
+    ("0.7.1", {"trainer.use_legacy_worker_impl": "disable"}, False, True),  # update_weights: after the sync only
+    ("0.8.0", {}, False, True),  # Megatron: load_megatron_model_to_gpu's empty_cache
+    ("0.8.0", {"trainer.use_legacy_worker_impl": "auto"}, True, True),  # a 0.8.0.dev tree's legacy worker
+    ("0.9.0", {}, True, True), ("0.9.1", {}, True, True),  # update_weights flushes first again
+])
+def test_verl_flushes_the_cache_before_the_weight_sync_per_backend_and_worker(verl, passthrough, fsdp, megatron):
+    stack = StackSection(verl=verl)
+    assert holds(EMPTIES_CACHE_BEFORE_SYNC, stack, passthrough=passthrough) is fsdp
+    assert holds(MEGATRON_EMPTIES_CACHE_BEFORE_SYNC, stack, passthrough=passthrough) is megatron
