@@ -156,13 +156,17 @@ class Architecture:
         return int(self.max_position_embeddings * self.rope_scaling_factor) if self.rope_scaled \
             else self.max_position_embeddings
 
-    @property
-    def vllm_derived_max_model_len(self) -> int:
+    def vllm_derived_max_model_len(self, *, gemma3_prescaled: bool = True, yarn_prescaled: bool = False) -> int:
         """The longest max_model_len vLLM's ModelConfig takes for this config without VLLM_ALLOW_LONG_MAX_MODEL_LEN
-        (vllm/config.py _get_and_verify_max_len of the 0.8-0.11 releases verl 0.4-0.6 install): the positions, times
-        rope_scaling.factor except for the su / longrope / llama3 types (already scaled), counted from
-        original_max_position_embeddings for YaRN. vLLM 0.32's vllm/config/model.py no longer scales YaRN either."""
-        if not self.rope_scaled or self.rope_scaling_type in ("su", "longrope", "llama3"):
+        (_get_and_verify_max_len): the positions, times rope_scaling.factor except for the su / longrope / llama3
+        types (already scaled), counted from original_max_position_embeddings for YaRN. What differs by vLLM release
+        is two flags (stack.VLLM_GEMMA3_POSITIONS_PRESCALED, VLLM_YARN_POSITIONS_PRESCALED; the rule
+        max_model_len_within_model sets them from the plan's stack): `gemma3_prescaled`, a Gemma 3 config's
+        positions taken unscaled (vLLM from 0.8.0); `yarn_prescaled`, YaRN's positions taken as they stand (vLLM
+        from 0.30.0). The defaults are vLLM 0.8.0-0.29's."""
+        if (not self.rope_scaled or self.rope_scaling_type in ("su", "longrope", "llama3")
+                or (gemma3_prescaled and "gemma3" in self.family)
+                or (yarn_prescaled and self.rope_scaling_type == "yarn")):
             return self.max_position_embeddings
         base = self.max_position_embeddings
         if self.rope_scaling_type == "yarn" and self.rope_original_max_position_embeddings:

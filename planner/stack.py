@@ -504,6 +504,30 @@ VLLM_REFUSES_SHORT_FREE_MEMORY = Behaviour(
               "vllm/worker/worker.py (0.8.5-0.10.2: baseline_snapshot, no test); no tolerance, no warning-only mode, "
               "and kv_cache_memory_bytes does not skip it",
     summary="V1 refuses to start when the GPU's free memory at its start is below gpu_memory_utilization x GPU")
+# vLLM's derived max_model_len (vllm/config.py _get_and_verify_max_len; vllm/config/__init__.py in 0.10.2,
+# vllm/config/model.py from 0.11.0), read in the PyPI sdists of 0.6.3, 0.7.3, 0.8.0, 0.8.5, 0.9.1, 0.10.0, 0.10.2,
+# 0.11.0, 0.12.0, 0.14.0, 0.17.0, 0.20.0, 0.24.0, 0.29.0, 0.30.0 (and the 0.32 the runtime installs): every release
+# takes the smallest of the config's length keys, then multiplies by rope_scaling's factor unless the type is su,
+# longrope or llama3, YaRN counting from original_max_position_embeddings (Architecture.vllm_derived_max_model_len).
+# What moved: 0.6.3 reads `type` or `rope_type`, forces mrope's factor to 1 and asserts any other type states one
+# (0.7.3 on: rope_type only, after patch_rope_scaling, factor defaulting to 1.0); 0.12.0 reads transformers v5's
+# rope_parameters, per layer type, with one factor for all; 0.20.0 takes a null factor as 1.0; 0.12.0 on defaults
+# an unset max_model_len of a longrope config to original_max_position_embeddings (verl always sets it). The two that
+# move a limit rlplan prices are below.
+VLLM_GEMMA3_POSITIONS_PRESCALED = Behaviour(
+    name="vllm_gemma3_positions_prescaled", package="vllm", since="0.8.0",
+    code_path="_get_and_verify_max_len: `if rope_scaling is not None and \"gemma3\" not in hf_config.model_type` "
+              "(vllm/config.py 0.8.0 line 2674, 0.8.5 line 3051; config/__init__.py 0.10.2 line 2876; "
+              "config/model.py 0.12.0 line 2208, 0.24.0 line 2153, 0.30.0 line 2461); not in 0.7.3 (line 2521: `if rope_scaling is not None:`) or 0.6.3 (line 1741)",
+    summary="a Gemma 3 config's max_position_embeddings is vLLM's limit as it stands: its rope_scaling factor "
+            "is not applied again")
+VLLM_YARN_POSITIONS_PRESCALED = Behaviour(
+    name="vllm_yarn_positions_prescaled", package="vllm", since="0.30.0",
+    code_path="vllm/config/model.py _get_and_verify_max_len: 0.30.0 (line 2471) and 0.32 leave the factor out for "
+              "yarn, deepseek_yarn and deepseek_llama_scaling ('YaRN variants leave max_position_embeddings already "
+              "scaled'); up to 0.29.0 (line 2457) `if rope_type == \"yarn\": derived_max_model_len = "
+              "rp[\"original_max_position_embeddings\"]`, then times the factor (0.6.3 line 1766 on)",
+    summary="a YaRN config's max_position_embeddings is vLLM's limit as it stands, not original x factor")
 SGLANG_FRACTION_OF_FREE = Behaviour(
     name="sglang_fraction_of_free", package="sglang", since="0.5.10",
     code_path="sglang/srt/model_executor/model_runner_kv_cache_mixin.py: 0.5.10 on, rest = post_model_load - "
@@ -566,13 +590,31 @@ VERL_WARMUP_STEPS_DEFAULT = -1
 
 # Where verl flushes torch's caching allocator around the weight sync and the rollout, and whether its trainer
 # phases run on expandable segments (memory.allocator_trace replays a step with them).
+# Before the weight sync, per backend (allocator_trace._weight_sync picks the one of the plan's actor.strategy).
 EMPTIES_CACHE_BEFORE_SYNC = Behaviour(
-    name="empties_cache_before_sync", package="verl", before="0.8.0",
-    code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.3-v0.5: empty_cache before state_dict); "
-              "fsdp_workers.py rollout_mode (v0.6, v0.7: aggressive_empty_cache first); the v0.8 engine workers' "
-              "update_weights flushes only after the sync (engine_workers.py, read at HEAD 2026-01-29); Megatron's alike: "
-              "megatron_vllm.py __enter__ (v0.4.1, v0.5.0), megatron_workers.py rollout_mode (v0.6.1, v0.7.0)",
-    summary="the trainer's cache is flushed before the weight sync")
+    name="empties_cache_before_sync", package="verl", since="0.8.0", before="0.9.0", outside=True,
+    opt_out=("trainer.use_legacy_worker_impl", ("disable",), "0.7.1", "0.8.0"),
+    opt_in=("trainer.use_legacy_worker_impl", "auto", "0.8.0", "0.8.1"),
+    code_path="FSDP: the legacy worker flushes first: verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.3-v0.5: "
+              "empty_cache before state_dict), fsdp_workers.py rollout_mode (v0.6, v0.7, main 0.8.0.dev line 679: "
+              "aggressive_empty_cache first); the engine worker (engine_workers.py) flushes first in v0.7.0's wake_up "
+              "(line 552), not in update_weights from the v0.7.1 wheel (line 618) or v0.8.0 (line 667: only after the "
+              "sync), and again from v0.9.0 (line 761: aggressive_empty_cache after set_expandable_segments(False); "
+              "v0.9.1 line 769: empty_cache); FSDPEngine.get_per_tensor_param's load_fsdp_model_to_gpu does not flush. "
+              "So it holds outside 0.8.x, except the engine worker of 0.7.1+ (use_legacy_worker_impl=disable), and "
+              "on 0.8.0.dev trees that keep the legacy worker (use_legacy_worker_impl=auto; =enable not priced)",
+    summary="an FSDP trainer's cache is flushed before the weight sync")
+MEGATRON_EMPTIES_CACHE_BEFORE_SYNC = Behaviour(
+    name="megatron_empties_cache_before_sync", package="verl", since="0.4.0",
+    code_path="Megatron: verl/workers/sharding_manager/megatron_vllm.py __enter__ (v0.4.1, v0.5.0: empty_cache "
+              "first; v0.3.0.post1 none; 0.4.0 not read, taken with 0.4.1), megatron_workers.py rollout_mode (v0.6.1 "
+              "line 570, v0.7.0, main 0.8.0.dev line 678: aggressive_empty_cache first); on the engine worker "
+              "MegatronEngine.get_per_tensor_param calls verl/utils/megatron_utils.py load_megatron_model_to_gpu, "
+              "loaded or not, which ends with gc.collect() and empty_cache() before the weights are exported (v0.7.0 "
+              "lines 441-468, v0.7.1 461-509, v0.8.0 549-597, v0.9.1 802-849), besides update_weights' own flush "
+              "from v0.9.0",
+    summary="a Megatron trainer's cache is flushed before the weight sync on every worker (after its parameters "
+            "are back on the GPU on the engine worker; priced at the sync's start)")
 EMPTIES_CACHE_AFTER_SYNC = Behaviour(
     name="empties_cache_after_sync", package="verl", since="0.4.0",
     code_path="verl/workers/sharding_manager/fsdp_vllm.py __enter__ (v0.4.0: empty_cache after update_params, "
@@ -587,12 +629,31 @@ EMPTIES_CACHE_AFTER_ROLLOUT = Behaviour(
               "Megatron's alike: megatron_vllm.py __exit__ (v0.4.1, v0.5.0), megatron_workers.py trainer_mode",
     summary="the trainer's cache is flushed when the engine goes to sleep")
 ENGINE_IN_TRAINER_PROCESS = Behaviour(
-    name="engine_in_trainer_process", package="verl", before="0.7.0",
+    name="engine_in_trainer_process", package="verl", before="0.7.1",
     code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py (sync mode: vLLM's LLM with the "
-              "external_launcher executor in the worker, v0.3-v0.5) and v0.6's in-process "
-              "ExternalZeroMQDistributedExecutor; v0.7's vLLMHttpServer runs vLLM in its own processes "
-              "(shared/reference/verl-metrics.md)",
-    summary="vLLM runs in the trainer's process: its forward passes use the trainer's caching allocator")
+              "external_launcher executor in the worker, v0.3-v0.5); the async server's "
+              "ExternalZeroMQDistributedExecutor sends init_worker / init_device / load_model to the trainer's "
+              "workers, whose vLLMAsyncRollout holds vLLM's WorkerWrapperBase (v0.6.1 vllm_async_server.py line 61; "
+              "v0.7.0 vllm_async_server.py lines 80-108, vllm_rollout.py line 205, rollout/base.py line 82 "
+              "('vllm', 'async') -> vLLMAsyncRollout); from the v0.7.1 wheel vLLMHttpServer starts vLLM with "
+              "distributed_executor_backend 'mp' (vllm_async_server.py line 306; v0.8.0 line 257, v0.9.1 line 329, "
+              "main 0.8.0.dev line 268) and the trainer holds a ServerAdapter (rollout/base.py line 84)",
+    summary="vLLM runs in the trainer's process: its forward passes use the trainer's caching allocator, and its "
+            "start-up snapshot sees the trainer's context only")
+# Where vLLM runs in processes of its own, its start-up snapshot (VLLM_REFUSES_SHORT_FREE_MEMORY) also sees what the
+# trainer's caching allocator still holds; from v0.7.1 every trainer worker flushes it as init_model ends, before
+# ray_trainer.py init_workers builds the AgentLoopManager that launches the servers.
+TRAINER_FLUSHED_AT_ENGINE_START = Behaviour(
+    name="trainer_flushed_at_engine_start", package="verl", since="0.7.1",
+    code_path="init_model's last statement aggressive_empty_cache(force_sync=True) 'so colocated vLLM processes can "
+              "see it via cudaMemGetInfo': verl/workers/fsdp_workers.py line 995, megatron_workers.py line 677, "
+              "engine_workers.py line 583 (v0.7.1 wheel); engine_workers.py line 632 (v0.8.0), line 691 (v0.9.1); "
+              "ray_trainer.py init_workers calls actor_rollout_wg.init_model() last, then AgentLoopManager.create "
+              "(v0.7.1 lines 802, 838); not in v0.7.0 (fsdp_workers.py init_model ends without it; vLLM's own "
+              "init_device empties the process's cache there, the engine being in it). verl's main at 0.8.0.dev "
+              "(January 2026) lacked it in engine_workers.py / fsdp_workers.py (megatron_workers.py line 673: "
+              "empty_cache): a tree between releases, priced as the 0.8.0 release",
+    summary="the trainer's cached but free blocks are returned to the device before the vLLM servers start")
 TRAINER_EXPANDABLE_SEGMENTS = Behaviour(
     name="trainer_expandable_segments", package="verl", since="0.6.0",
     code_path="verl/workers/fsdp_workers.py trainer_mode set_expandable_segments(True), rollout_mode False "
@@ -611,9 +672,10 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     MEGATRON_GRAD_OFFLOAD_ABSENT, MEGATRON_PP_STAGES_LOADED_FOR_ROLLOUT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
     ROPE_SCALED_LEN_ASSERT, ROLLOUT_HF_MODEL_CONFIG, OVERRIDE_CONFIG_RECURSES, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
-    VLLM_REFUSES_SHORT_FREE_MEMORY,
+    VLLM_REFUSES_SHORT_FREE_MEMORY, VLLM_GEMMA3_POSITIONS_PRESCALED, VLLM_YARN_POSITIONS_PRESCALED,
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
-    EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
+    EMPTIES_CACHE_BEFORE_SYNC, MEGATRON_EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
+    TRAINER_FLUSHED_AT_ENGINE_START,
     TRAINER_EXPANDABLE_SEGMENTS, WEIGHT_SYNC_BUCKET_512, WARMUP_ZERO_READS_RATIO)
 
 

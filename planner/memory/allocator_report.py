@@ -65,7 +65,7 @@ class PhaseAllocator:
 
 
 def engine_in_trainer_process(plan: Plan) -> bool:
-    """vLLM inside the trainer's process (verl before 0.7); SGLang always runs in a process of its own, and so
+    """vLLM inside the trainer's process (verl before 0.7.1); SGLang always runs in a process of its own, and so
     does any engine on a pool of its own (plan.RolloutPool)."""
     return (plan.rollout.name == "vllm" and not plan.rollout_is_split
             and holds(ENGINE_IN_TRAINER_PROCESS, plan.stack, "vllm"))

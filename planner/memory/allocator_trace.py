@@ -61,6 +61,7 @@ from rlplan.planner.stack import (
     EMPTIES_CACHE_AFTER_SYNC,
     EMPTIES_CACHE_BEFORE_SYNC,
     ENGINE_IN_TRAINER_PROCESS,
+    MEGATRON_EMPTIES_CACHE_BEFORE_SYNC,
     TRAINER_EXPANDABLE_SEGMENTS,
     holds,
 )
@@ -450,7 +451,8 @@ def _weight_sync(replay: _Replay) -> None:
     layer_share = min(1.0, replay.facts.layer_params / 3 / largest)
 
     def body() -> None:
-        if holds(EMPTIES_CACHE_BEFORE_SYNC, plan.stack, plan.rollout.name):
+        flush = MEGATRON_EMPTIES_CACHE_BEFORE_SYNC if plan.actor.strategy == "megatron" else EMPTIES_CACHE_BEFORE_SYNC
+        if holds(flush, plan.stack, plan.rollout.name, plan.passthrough):
             replay.empty_cache()
         loaded = replay.load(["actor_params"], {"actor_params": ctx.actor_gpu.params})
         # One tensor's full copy (and its cast) at a time: the embedding's first, then each layer's.

@@ -20,6 +20,7 @@ from rlplan.planner.memory.report import GIB, Component
 from rlplan.planner.plan import Plan, RolloutEngine, RolloutSection
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
 from rlplan.planner.stack import (
+    ENGINE_IN_TRAINER_PROCESS,
     UNSTAGED_WAKE_UP,
     VLLM_REFUSES_SHORT_FREE_MEMORY,
     engine_refuses_short_free_memory,
@@ -382,7 +383,8 @@ def rollout_budget(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> RolloutBud
     return RolloutBudget(
         engine=rollout.name,
         co_resident_bytes=trainer_at_start if charges_all or fraction_of_free else 0,
-        free_at_start_bytes=(free_at_engine_start(plan.cluster.gpu_memory_bytes, trainer_at_start, profile)
+        free_at_start_bytes=(free_at_engine_start(plan.cluster.gpu_memory_bytes, trainer_at_start, profile,
+                                                  own_process=not holds(ENGINE_IN_TRAINER_PROCESS, plan.stack))
                              if checks_free and not plan.rollout_is_split else None),
         fraction_of_free=fraction_of_free,
         requested_bytes=requested_bytes(plan),
@@ -405,14 +407,18 @@ def requested_bytes(plan: Plan) -> int:
     return int(plan.rollout.gpu_memory_utilization * plan.cluster.gpu_memory_bytes)
 
 
-def free_at_engine_start(gpu_bytes: int, trainer_bytes: int, profile: Profile = DEFAULT_PROFILE) -> int:
+def free_at_engine_start(gpu_bytes: int, trainer_bytes: int, profile: Profile = DEFAULT_PROFILE, *,
+                         own_process: bool = False) -> int:
     """The free memory vLLM's start-up snapshot reads on a trainer's GPU (stack.VLLM_REFUSES_SHORT_FREE_MEMORY):
     the GPU less the trainer's state resident when verl builds the engine (`trainer_bytes_at_engine_start`) and
-    the trainer process's CUDA context and NCCL buffers (profile.cuda_context_and_nccl_gib). The engine's
-    empty_cache returns the cached blocks of its own process only: where verl runs vLLM in a process of its own
-    (stack.ENGINE_IN_TRAINER_PROCESS no longer holds) the trainer's cache and the engine process's own context
-    also count, and are not priced (the figure errs high: the check passes a plan it might refuse)."""
-    return gpu_bytes - trainer_bytes - int(profile.cuda_context_and_nccl_gib * GIB)
+    the trainer process's CUDA context and NCCL buffers (profile.cuda_context_and_nccl_gib). In the trainer's
+    process (stack.ENGINE_IN_TRAINER_PROCESS, verl < 0.7.1) vLLM's empty_cache returns the trainer's cached blocks
+    too. In processes of its own (`own_process`, verl >= 0.7.1) its empty_cache reaches only its own cache: the
+    trainer's cached blocks are gone because every worker of those releases flushes them as init_model ends
+    (stack.TRAINER_FLUSHED_AT_ENGINE_START), and the vLLM worker's own context and, from vLLM 0.11.0, its NCCL
+    communicator are on the device too, priced with the same per-process figure."""
+    processes = 2 if own_process else 1
+    return gpu_bytes - trainer_bytes - processes * int(profile.cuda_context_and_nccl_gib * GIB)
 
 
 def largest_starting_utilization(budget: RolloutBudget, gpu_bytes: int) -> float | None:
@@ -434,12 +440,14 @@ def start_refusal(plan: Plan, budget: RolloutBudget) -> str | None:
     fixes = (f"lower rollout.gpu_memory_utilization (actor_rollout_ref.rollout.gpu_memory_utilization) to {lower:.2f} "
              "or less for it to start (the phases must still fit), or " if lower else "")
     spans = unnamed_engine_range(plan.stack, VLLM_REFUSES_SHORT_FREE_MEMORY)
+    contexts = ("" if holds(ENGINE_IN_TRAINER_PROCESS, plan.stack) else
+                f", and the vLLM worker's own, verl {plan.stack.verl} starting vLLM in processes of its own")
     unnamed = (f" (the plan names no vLLM: verl {plan.stack.verl} installs {spans[0]} to {spans[1]}, and one before "
                f"{VLLM_REFUSES_SHORT_FREE_MEMORY.since} has no such check)" if spans else "")
     return (f"vLLM {plan.stack.version_of('vllm')}{unnamed} refuses to start (\"Free memory on device ... is less than desired "
             f"GPU memory utilization\"): {free / GIB:.2f} GiB free at its start ({gpu / GIB:.2f} GiB less the "
             f"trainer's {(gpu - free) / GIB:.2f} GiB: its state resident when verl builds the engine and its CUDA "
-            f"context) is below actor_rollout_ref.rollout.gpu_memory_utilization {util:.2f} x GPU = "
+            f"context{contexts}) is below actor_rollout_ref.rollout.gpu_memory_utilization {util:.2f} x GPU = "
             f"{requested / GIB:.2f} GiB; {fixes}offload the trainer's state before the engine is built "
             "(param_offload / optimizer_offload of the actor, critic and reference)")
 

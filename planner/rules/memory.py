@@ -24,7 +24,9 @@ from rlplan.planner.stack import (
     LEN_FROM_SEQUENCES,
     ROPE_SCALED_LEN_ASSERT,
     ROPE_SCALED_SKIPS_LEN_ASSERT,
+    VLLM_GEMMA3_POSITIONS_PRESCALED,
     VLLM_V1_FORCES_CHUNKED_PREFILL,
+    VLLM_YARN_POSITIONS_PRESCALED,
     holds,
     vllm_engine_of,
 )
@@ -158,10 +160,18 @@ def _engine_max_model_len(plan: Plan, from_sequences: bool) -> int:
     vLLM's ModelConfig scales them: `Architecture.vllm_derived_max_model_len`) where verl hands it the length
     (before v0.7.0), else the model's positions (verl from v0.7.1 raises above them; SGLang's own check is not
     modelled and taken as the positions)."""
-    arch = plan.model.arch
     if from_sequences and plan.rollout.name == "vllm":
-        return arch.vllm_derived_max_model_len
-    return arch.max_position_embeddings
+        return vllm_derived_max_model_len(plan)
+    return plan.model.arch.max_position_embeddings
+
+
+def vllm_derived_max_model_len(plan: Plan) -> int:
+    """vLLM's own limit on max_model_len for the plan's model, on the plan's vLLM release (the rope types whose
+    positions it takes as already scaled move by release: stack.VLLM_GEMMA3_POSITIONS_PRESCALED,
+    VLLM_YARN_POSITIONS_PRESCALED)."""
+    return plan.model.arch.vllm_derived_max_model_len(
+        gemma3_prescaled=holds(VLLM_GEMMA3_POSITIONS_PRESCALED, plan.stack),
+        yarn_prescaled=holds(VLLM_YARN_POSITIONS_PRESCALED, plan.stack))
 
 
 def _start_up_limit(plan: Plan) -> tuple[int, str] | None:
@@ -184,10 +194,10 @@ def _start_up_limit(plan: Plan) -> tuple[int, str] | None:
     elif arch.rope_scaled and holds(ROPE_SCALED_SKIPS_LEN_ASSERT, plan.stack) and engine == "vllm":
         verl_limit = None  # verl's vLLM rollout asserts only where the config has no rope_scaling
     from_length = engine == "vllm" and plan.rollout.max_model_len is None
-    engine_limit = arch.vllm_derived_max_model_len if from_length else None
+    engine_limit = vllm_derived_max_model_len(plan) if from_length else None
     if engine_limit is not None and (verl_limit is None or engine_limit < verl_limit):
         scaled = (f" (max_position_embeddings {positions} with rope_scaling {arch.rope_scaling_type} as vLLM "
-                  "scales it)" if arch.rope_scaled else "")
+                  f"{plan.stack.version_of('vllm')} scales it)" if arch.rope_scaled else "")
         skipped = ("its rollout skips its own positions assert for a rope-scaled config, and "
                    if verl_limit is None else "")
         return engine_limit, (f"{skipped}vLLM's ModelConfig refuses max_model_len = prompt + response above its "

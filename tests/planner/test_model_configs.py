@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -348,16 +349,16 @@ def test_rope_scaling_is_read_as_verl_and_vllm_read_it_from_the_top_of_config_js
     # deepseek-coder-6.7b: linear x4 on 16384 positions; vLLM's derived length is 65536, and so is verl 0.5-0.6's.
     coder = _read("deepseek-ai/deepseek-coder-6.7b-instruct", "auto")
     assert (coder.rope_scaling_type, coder.rope_scaling_factor) == ("linear", 4.0)
-    assert coder.vllm_derived_max_model_len == coder.rope_scaled_positions == 65536
+    assert coder.vllm_derived_max_model_len() == coder.rope_scaled_positions == 65536
     # Qwen2.5-VL's mrope is a rope_scaling verl's rollouts see (its assert is skipped at v0.4.x), of factor 1.
     for read_with in ("auto", "light"):
         vl = _read("Qwen/Qwen2.5-VL-7B-Instruct", read_with)
         assert vl.rope_scaled and vl.rope_scaling_type == "mrope"
-        assert vl.vllm_derived_max_model_len == vl.rope_scaled_positions == vl.max_position_embeddings
+        assert vl.vllm_derived_max_model_len() == vl.rope_scaled_positions == vl.max_position_embeddings
     # YaRN counts vLLM's length from original_max_position_embeddings: DeepSeek-V2-Lite's 4096 x 40.
-    assert _read("deepseek-ai/DeepSeek-V2-Lite-Chat", "light").vllm_derived_max_model_len == 163840
+    assert _read("deepseek-ai/DeepSeek-V2-Lite-Chat", "light").vllm_derived_max_model_len() == 163840
     plain = _read("deepseek-ai/deepseek-llm-7b-chat", "light")
-    assert not plain.rope_scaled and plain.vllm_derived_max_model_len == plain.max_position_embeddings
+    assert not plain.rope_scaled and plain.vllm_derived_max_model_len() == plain.max_position_embeddings
 
 
 @pytest.mark.parametrize("rope_scaling", ["yarn", {"type": "yarn", "factor": 0}, {"rope_type": 3, "factor": 2.0},
@@ -368,3 +369,16 @@ def test_a_malformed_rope_scaling_is_refused_naming_it(rope_scaling):
     with pytest.raises(PlanError) as raised:
         architecture_from_hf_config(config, read_with="light")
     assert raised.value.field == "model.rope_scaling"
+
+
+def test_vllms_derived_length_per_release_flags_gemma3_and_yarn():
+    """vLLM 0.8.0-0.29 (the defaults): Gemma 3 unscaled, YaRN from original x factor; before 0.8.0 Gemma 3 is
+    scaled like any linear config; from 0.30.0 YaRN's positions stand (rules.memory.vllm_derived_max_model_len)."""
+    deepseek = _read("deepseek-ai/DeepSeek-V2-Lite-Chat", "light")
+    assert deepseek.vllm_derived_max_model_len(yarn_prescaled=True) == deepseek.max_position_embeddings == 163840
+    yarn = attrs.evolve(deepseek, max_position_embeddings=32768)  # Qwen-style: the positions unscaled, factor 4
+    assert yarn.vllm_derived_max_model_len() == 4096 * 40
+    assert yarn.vllm_derived_max_model_len(yarn_prescaled=True) == 32768
+    gemma = attrs.evolve(resolve_model("gemma-3-27b").arch, rope_scaling_type="linear", rope_scaling_factor=8.0)
+    assert gemma.vllm_derived_max_model_len() == gemma.max_position_embeddings
+    assert gemma.vllm_derived_max_model_len(gemma3_prescaled=False) == 8 * gemma.max_position_embeddings

@@ -308,3 +308,18 @@ def test_a_micro_batch_that_does_not_divide_the_mini_batch_is_refused_by_fsdp_al
     assert fired(on(make_plan(overrides=knobs), verl), "actor_micro_batch_divides_mini")
     megatron = on(make_plan(overrides={"actor.strategy": "megatron", **knobs}), verl)
     assert fired(megatron, "actor_micro_batch_divides_mini") is megatron_refused
+
+
+@pytest.mark.parametrize(("vllm", "refused"), [
+    ("0.7.3", False),  # scales every rope type but su / longrope / llama3: 1024 x 8
+    ("0.8.5", True),   # from 0.8.0 a Gemma 3 config's positions stand as they are: 1024
+])
+def test_vllm_from_0_8_takes_a_gemma3_configs_positions_unscaled_where_verl_0_5_asserts_them_scaled(vllm, refused):
+    plan = _rope_scaled("0.5.0", "linear", 8.0)
+    gemma = attrs.evolve(plan.model.arch, family="gemma3")
+    plan = plan.evolve(model=attrs.evolve(plan.model, arch=gemma), stack=StackSection(verl="0.5.0", vllm=vllm))
+    errors = _start_up_errors(plan)
+    assert bool(errors) is refused
+    if refused:
+        assert "derived length 1024" in errors[0].message and f"as vLLM {vllm} scales it" in errors[0].message
+    assert not _start_up_errors(plan.evolve(model=attrs.evolve(plan.model, arch=attrs.evolve(gemma, family="qwen2"))))

@@ -24,15 +24,21 @@ from rlplan.planner.stack import (
     BEHAVIOURS,
     DEFAULT_STACK,
     DEFAULT_VERL,
+    EMPTIES_CACHE_BEFORE_SYNC,
+    ENGINE_IN_TRAINER_PROCESS,
     ENGINE_WORKER,
     FITTED_ENGINE_VERSIONS,
+    MEGATRON_EMPTIES_CACHE_BEFORE_SYNC,
     SGLANG_FRACTION_OF_FREE,
+    TRAINER_FLUSHED_AT_ENGINE_START,
     VERL_ENGINE_PINS,
     VERL_RELEASES,
     VERL_WARMUP_STEPS_DEFAULT,
+    VLLM_GEMMA3_POSITIONS_PRESCALED,
     VLLM_REFUSES_SHORT_FREE_MEMORY,
     VLLM_V0_WHOLE_GPU_PROFILE,
     VLLM_V1_WHOLE_GPU_PROFILE,
+    VLLM_YARN_POSITIONS_PRESCALED,
     WARMUP_ZERO_READS_RATIO,
     WEIGHT_SYNC_BUCKET_512,
     StackSection,
@@ -387,3 +393,40 @@ def test_trtllm_is_an_engine_of_verl_0_7_1_on_with_verls_lowest_pin_and_only_its
 ])
 def test_an_unnamed_engine_range_is_reported_where_a_behaviour_differs_across_it(stack, spans):
     assert unnamed_engine_range(stack, VLLM_REFUSES_SHORT_FREE_MEMORY) == spans
+
+
+def test_every_verl_release_that_starts_vllm_in_its_own_processes_flushes_the_trainers_cache_before():
+    """rollout.free_at_engine_start prices no cached trainer block where vLLM has a process of its own: that holds
+    only while each such release flushes the trainer's cache as init_model ends (read per release in stack.py)."""
+    for release in VERL_RELEASES:
+        stack = StackSection(verl=release)
+        if not holds(ENGINE_IN_TRAINER_PROCESS, stack):
+            assert holds(TRAINER_FLUSHED_AT_ENGINE_START, stack), release
+    assert holds(ENGINE_IN_TRAINER_PROCESS, StackSection(verl="0.7.0"))
+    assert not holds(ENGINE_IN_TRAINER_PROCESS, StackSection(verl="0.7.1"))
+
+
+@pytest.mark.parametrize(("vllm", "gemma3", "yarn"), [
+    ("0.6.3", False, False), ("0.7.3", False, False), ("0.8.0", True, False), ("0.11.0", True, False),
+    ("0.24.0", True, False), ("0.29.0", True, False), ("0.30.0", True, True),
+])
+def test_the_rope_types_vllm_takes_as_already_scaled_move_by_release(vllm, gemma3, yarn):
+    stack = StackSection(vllm=vllm)
+    assert holds(VLLM_GEMMA3_POSITIONS_PRESCALED, stack) is gemma3
+    assert holds(VLLM_YARN_POSITIONS_PRESCALED, stack) is yarn
+    assert not holds(VLLM_GEMMA3_POSITIONS_PRESCALED, StackSection(vllm=vllm, sglang="0.5.2"), "sglang")
+
+
+@pytest.mark.parametrize(("verl", "passthrough", "fsdp", "megatron"), [
+    ("0.3.0.post1", {}, True, False),  # megatron_vllm.py __enter__ without a flush
+    ("0.7.0", {}, True, True),  # the legacy workers' rollout_mode
+    ("0.7.0", {"trainer.use_legacy_worker_impl": "disable"}, True, True),  # the engine worker's wake_up
+    ("0.7.1", {"trainer.use_legacy_worker_impl": "disable"}, False, True),  # update_weights: after the sync only
+    ("0.8.0", {}, False, True),  # Megatron: load_megatron_model_to_gpu's empty_cache
+    ("0.8.0", {"trainer.use_legacy_worker_impl": "auto"}, True, True),  # a 0.8.0.dev tree's legacy worker
+    ("0.9.0", {}, True, True), ("0.9.1", {}, True, True),  # update_weights flushes first again
+])
+def test_verl_flushes_the_cache_before_the_weight_sync_per_backend_and_worker(verl, passthrough, fsdp, megatron):
+    stack = StackSection(verl=verl)
+    assert holds(EMPTIES_CACHE_BEFORE_SYNC, stack, passthrough=passthrough) is fsdp
+    assert holds(MEGATRON_EMPTIES_CACHE_BEFORE_SYNC, stack, passthrough=passthrough) is megatron

@@ -214,3 +214,17 @@ def test_megatrons_main_weights_exist_from_the_optimizers_build_and_adams_moment
         run()
     keys = [op[1] for op in replay.ops if op[0] == "alloc"]
     assert keys.index("actor_optimizer_state:moments") > keys.index("backward:activations")
+
+
+def _sync_reserved(plan) -> int:
+    ctx, report = step_context(plan, DEFAULT_PROFILE)
+    return replay_step(ctx, report.phases)[Phase.WEIGHT_SYNC].reserved
+
+
+def test_the_fsdp_weight_sync_starts_from_what_the_update_cached_only_where_verl_does_not_flush_before_it():
+    """verl 0.8.x's engine worker syncs without a flush first (stack.EMPTIES_CACHE_BEFORE_SYNC); 0.7 and 0.9 flush.
+    (Megatron's flush before the sync, MEGATRON_EMPTIES_CACHE_BEFORE_SYNC, moves no figure: its update pass already
+    empties the cache, AllocationShape.empties_cache_after_pass.)"""
+    fsdp = _dynamic()
+    unflushed = _sync_reserved(_on(fsdp, "0.8.0"))
+    assert unflushed > _sync_reserved(_on(fsdp, "0.9.0")) and unflushed > _sync_reserved(_on(fsdp, "0.7.0"))

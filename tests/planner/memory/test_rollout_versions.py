@@ -186,3 +186,33 @@ def test_a_plan_that_names_no_vllm_is_told_that_its_releases_older_vllm_has_no_s
         "check) refuses to start")
     named = _resident_trainer_at(0.7, "0.9.1")
     assert "names no vLLM" not in (start_refusal(named, rollout_budget(named)) or "")
+
+
+@pytest.mark.parametrize(("verl", "own_process"), [
+    ("0.6.1", False),  # the async server's ExternalZeroMQDistributedExecutor runs vLLM's worker in the trainer
+    ("0.7.0", False),  # still: vllm_rollout.py vLLMAsyncRollout holds WorkerWrapperBase
+    ("0.7.1", True),  # vLLMHttpServer starts vLLM with distributed_executor_backend "mp"
+    ("0.8.0", True),
+    ("0.9.1", True),
+])
+def test_where_vllm_runs_in_its_own_process_its_start_snapshot_also_sees_its_own_context(verl, own_process):
+    """One context (the trainer's, which vLLM shares) up to verl 0.7.0; from 0.7.1 the vLLM worker's process adds
+    its own, and the trainer's cached blocks are already flushed (stack.TRAINER_FLUSHED_AT_ENGINE_START)."""
+    plan = _one_gpu_full_tuning(**{"rollout.gpu_memory_utilization": 0.4}).evolve(
+        stack=StackSection(verl=verl, vllm="0.10.2"))
+    budget = rollout_budget(plan)
+    context = int(DEFAULT_PROFILE.cuda_context_and_nccl_gib * GIB)
+    trainer = plan.cluster.gpu_memory_bytes - trainer_bytes_at_engine_start(plan)
+    assert budget.free_at_start_bytes == trainer - (2 if own_process else 1) * context
+
+
+def test_the_refusal_on_a_verl_that_starts_vllm_in_its_own_processes_names_the_workers_context():
+    own = _one_gpu_full_tuning(**{"rollout.gpu_memory_utilization": 0.7}).evolve(
+        stack=StackSection(verl="0.8.0", vllm="0.10.2"))
+    shared = own.evolve(stack=StackSection(verl="0.7.0", vllm="0.10.2"))
+    assert "the vLLM worker's own, verl 0.8.0 starting vLLM in processes of its own" in (
+        start_refusal(own, rollout_budget(own)) or "")
+    assert "vLLM worker's own" not in (start_refusal(shared, rollout_budget(shared)) or "")
+    lower_own = largest_starting_utilization(rollout_budget(own), own.cluster.gpu_memory_bytes)
+    lower_shared = largest_starting_utilization(rollout_budget(shared), shared.cluster.gpu_memory_bytes)
+    assert lower_own is not None and lower_shared is not None and lower_own < lower_shared
