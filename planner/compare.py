@@ -38,7 +38,7 @@ from rlplan.planner.model_error import Counter, ErrorBand, counter_error_band
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import ENGINE_TITLES, Plan
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile
-from rlplan.planner.stack import DEFAULT_VERL, parse_version
+from rlplan.planner.stack import DEFAULT_VERL, ENGINE_IN_TRAINER_PROCESS, in_range, parse_version
 from rlplan.planner.verl_log import VerlLog
 
 if TYPE_CHECKING:
@@ -71,11 +71,11 @@ SCOPES: dict[VersionFamily, MetricScope] = {
     "0.3": MetricScope(family="0.3", versions="v0.3-v0.5", allocated_key="perf/max_memory_allocated_gb",
                        reserved_key="perf/max_memory_reserved_gb", engine_in_process=True, pool_counted_asleep=True,
                        ranks="rank 0 (DataProto.concat keeps data[0].meta_info)", read_at=_LEGACY_READ),
-    "0.6": MetricScope(family="0.6", versions="v0.6.x", allocated_key="perf/max_memory_allocated_gb",
+    "0.6": MetricScope(family="0.6", versions="v0.6.x, v0.7.0", allocated_key="perf/max_memory_allocated_gb",
                        reserved_key="perf/max_memory_reserved_gb", engine_in_process=True, pool_counted_asleep=True,
                        ranks="max over ranks (verl/utils/metric/utils.py reduce_metrics: np.max for *max*)",
                        read_at=_LEGACY_READ),
-    "0.7": MetricScope(family="0.7", versions="v0.7.x", allocated_key="perf/max_memory_allocated_gb",
+    "0.7": MetricScope(family="0.7", versions="v0.7.1 and later v0.7.x", allocated_key="perf/max_memory_allocated_gb",
                        reserved_key="perf/max_memory_reserved_gb", engine_in_process=False, pool_counted_asleep=False,
                        ranks="max over ranks (reduce_metrics, np.max)", read_at=_LEGACY_READ),
     "0.8": MetricScope(family="0.8", versions="v0.8.0, v0.9.x, HEAD",
@@ -100,7 +100,11 @@ def version_family(version: str, where: str = "--verl-version") -> VersionFamily
         return "0.8"
     if minor <= 2:
         return "0.2"
-    return "0.3" if minor <= 5 else ("0.6" if minor == 6 else "0.7")
+    if minor <= 5:
+        return "0.3"
+    # 0.7.0 still runs vLLM's worker in the trainer's process, as 0.6 does (stack.ENGINE_IN_TRAINER_PROCESS owns
+    # where that ends), so its counters cover the engine as 0.6's do.
+    return "0.6" if minor == 6 or in_range(version.lstrip("v"), None, ENGINE_IN_TRAINER_PROCESS.before) else "0.7"
 
 
 def infer_family(log: VerlLog) -> tuple[VersionFamily, str]:

@@ -220,6 +220,8 @@ def test_text_output_prints_the_json_numbers(payloads):
 def test_version_family_and_inference():
     assert version_family("0.4.1") == "0.3" and version_family("v0.8.0") == "0.8" and version_family("1.0") == "0.8"
     assert version_family("0.7.2") == "0.7" and version_family("0.6") == "0.6" and version_family("0.2.0") == "0.2"
+    # verl 0.7.0 still runs vLLM's worker in the trainer's process (stack.ENGINE_IN_TRAINER_PROCESS): 0.6's scope.
+    assert version_family("0.7.0") == "0.6" and version_family("v0.7.1") == "0.7"
     with pytest.raises(PlanError):
         version_family("latest")
     assert infer_family(read_verl_log(str(LOGS / "v02_console.log")))[0] == "0.2"
@@ -228,7 +230,7 @@ def test_version_family_and_inference():
 
 def test_verl_version_option_overrides_the_inference():
     result = invoke("compare", SCRIPT, str(LOGS / "v03_console.log"), "--gpu", "h100-80g", "--json",
-                    "--verl-version", "0.7.0")
+                    "--verl-version", "0.7.1")
     payload = json.loads(result.output)
     assert payload["verl_version"] == SCOPES["0.7"].versions and not payload["scope"]["engine_in_trainer_process"]
 
