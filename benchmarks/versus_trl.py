@@ -34,7 +34,11 @@ two policies drift apart within a few steps (see docs/benchmarks.md).
   no weights and scores nothing, so rlplan's weight sync, reward and controller count as its overhead; the table's
   caption gives rlplan / limit per phase and for the step. `--sides rlplan,limit` runs without TRL installed.
 
-Printed per side: seconds per step (median over the steps), tokens per second per phase (median over the
+Every side first runs `--warmup-steps` steps (default 1) that its figures leave out: a first step carries
+one-time costs (rlplan's first weight sync and optimizer state, the allocators' growth, TRL's first generate),
+and the limit always dropped one.
+
+Printed per side: seconds per step (median over the timed steps), tokens per second per phase (median over the
 steps; TRL's phases are its generation, the reward and advantages around it, and the rest of the step as its
 actor update), and the mean reward of the first and of the last three steps. The machine may be shared: the
 figures are as noisy as it is.
@@ -62,7 +66,10 @@ SIDES = ("trl", "rlplan", "limit")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8, help="RL steps per side")
+    parser.add_argument("--steps", type=int, default=8, help="RL steps per side, timed")
+    parser.add_argument("--warmup-steps", type=int, default=1,
+                        help="steps each side runs first and leaves out of its figures (first-step costs: the "
+                             "first weight sync, optimizer state, allocator growth)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--response-len", type=int, default=128, help="new tokens per sample, at most")
@@ -88,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sides = [side.strip() for side in args.sides.split(",") if side.strip()]
     if not args.sides or set(args.sides) - set(SIDES):
         parser.error(f"--sides takes a comma-separated subset of {', '.join(SIDES)}")
+    if args.warmup_steps < 0:
+        parser.error("--warmup-steps must be >= 0")
     for name in ("steps", "prompts", "n", "response_len", "world_size", "layers", "hidden", "vocab"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -109,7 +118,7 @@ def prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         build_tiny_model(model_dir, seed=args.seed, num_layers=args.layers, vocab_size=args.vocab,
                          hidden_size=args.hidden, intermediate_size=args.hidden * 5 // 2,
                          num_kv_heads=max(1, args.hidden // 128))
-    prompts = args.steps * args.prompts
+    prompts = (args.warmup_steps + args.steps) * args.prompts
     parquet, jsonl = write_toy_dataset(work / "data" / "train.parquet", prompts, seed=args.seed)
     from transformers import AutoTokenizer
 
@@ -203,7 +212,7 @@ def run_trl(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> 
         warmup_steps=0,
         weight_decay=0.0,
         max_grad_norm=1.0,
-        max_steps=args.steps,
+        max_steps=args.warmup_steps + args.steps,
         seed=args.seed,
         data_seed=args.seed,
         logging_steps=1,
@@ -219,7 +228,7 @@ def run_trl(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -> 
                                train_dataset=dataset, callbacks=[StepClock()])
     trainer.train()
     records = []
-    for step in steps:
+    for step in steps[args.warmup_steps:]:
         rollout_s = step.get("rollout_s", 0.0)
         scoring_s = max(0.0, step.get("generate_and_score_s", 0.0) - rollout_s)
         update_s = max(1e-9, step["step_s"] - step.get("generate_and_score_s", 0.0))
@@ -246,7 +255,8 @@ def rlplan_plan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path)
 
     from rlplan.runtime.demo_workload import demo_plan, solve_demo_plan
 
-    workload = demo_plan(inputs["model_dir"], inputs["parquet"], out_dir, steps=args.steps, algorithm="grpo_full",
+    workload = demo_plan(inputs["model_dir"], inputs["parquet"], out_dir, steps=args.warmup_steps + args.steps,
+                         algorithm="grpo_full",
                          world_size=args.world_size, train_batch_size=args.prompts, n=args.n, lr=args.lr,
                          seed=args.seed)
     workload = workload.evolve(
@@ -275,7 +285,7 @@ def run_rlplan(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) 
         raise SystemExit(f"rlplan run exited {completed.returncode}")
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     records = []
-    for row in rows:
+    for row in rows[args.warmup_steps:]:
         phases = {name: row[f"time/{name}"] for name in ("rollout", "old_log_prob", "ref_log_prob", "actor_update",
                                                             "weight_sync") if f"time/{name}" in row}
         rates = {key.split("/")[1].removesuffix("_tokens_per_s"): value for key, value in row.items()
@@ -362,8 +372,8 @@ def run_limit(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -
     params = vllm.SamplingParams(n=args.n, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=args.response_len,
                                  ignore_eos=args.lengths == "fixed", seed=args.seed)
     records = []
-    for step in range(args.steps + 1):  # the first step warms both up and is dropped
-        batch = prompts[(step % args.steps) * args.prompts : (step % args.steps + 1) * args.prompts]
+    for step in range(args.warmup_steps + args.steps):  # the warm-up steps are left out, as on every side
+        batch = prompts[step * args.prompts : (step + 1) * args.prompts]
         started = time.perf_counter()
         outputs = engine.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         generated = time.perf_counter()
@@ -371,7 +381,7 @@ def run_limit(args: argparse.Namespace, inputs: dict[str, Any], out_dir: Path) -
                      for output in outputs for sample in output.outputs]
         update_tokens = _raw_update_step(model, optimizer, sequences, args.compute_dtype)
         done = time.perf_counter()
-        if step == 0:
+        if step < args.warmup_steps:
             continue
         rollout_s, update_s = generated - started, done - generated
         records.append({"step_s": done - started, "reward": float("nan"), "entropy": None,
@@ -446,7 +456,7 @@ def print_table(result: dict[str, Any]) -> None:
 def _child(args: argparse.Namespace, side: str, work: Path) -> dict[str, Any]:
     """Run one side in a fresh interpreter, so neither inherits the other's threads, memory or imports."""
     argv = [sys.executable, __file__, "--side", side, "--work-dir", str(work), "--json",
-            "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n),
+            "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--prompts", str(args.prompts), "--n", str(args.n),
             "--response-len", str(args.response_len), "--lengths", args.lengths, "--lr", str(args.lr), "--seed", str(args.seed),
             "--compute-dtype", args.compute_dtype, "--sides", ",".join(args.sides),
             "--world-size", str(args.world_size), "--layers", str(args.layers), "--hidden", str(args.hidden),
@@ -477,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "workload": f"{args.layers}-layer Qwen2 h{args.hidden} V{args.vocab}, {args.prompts} prompts x {args.n} "
                     f"samples x {'' if args.lengths == 'fixed' else '<= '}{args.response_len} tokens, lr {args.lr:g}, seed {args.seed}, "
-                    f"{args.steps} steps, rlplan on {args.world_size} rank(s), both computing in {args.compute_dtype}",
+                    f"{args.steps} steps timed after {args.warmup_steps} warm-up, rlplan on {args.world_size} rank(s), both computing in {args.compute_dtype}",
         "sides": sides,
     }
     if "limit" in sides and "rlplan" in sides:

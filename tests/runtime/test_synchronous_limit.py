@@ -47,3 +47,14 @@ def test_rlplan_over_the_limit_is_per_phase_the_limit_has_and_for_the_step():
 def test_an_unknown_side_is_a_usage_error(sides):
     with pytest.raises(SystemExit):
         versus_trl.parse_args(["--sides", sides])
+
+
+def test_a_negative_warmup_is_a_usage_error():
+    with pytest.raises(SystemExit):
+        versus_trl.parse_args(["--warmup-steps", "-1"])
+
+
+def test_the_warmup_steps_default_to_one_and_are_parsed():
+    args = versus_trl.parse_args(["--steps", "3", "--warmup-steps", "2"])
+    assert (args.steps, args.warmup_steps) == (3, 2)
+    assert versus_trl.parse_args([]).warmup_steps == 1
