@@ -107,8 +107,9 @@ def test_validate_on_a_plan_over_its_token_budget_prints_the_largest_budget_that
 
 
 def test_validate_on_a_fixed_micro_batch_plan_that_does_not_fit_points_to_solve_from(tmp_path):
-    # 0.3 x 8 GB: below what the trainer's parameter shards leave free, so vLLM starts (it refuses 0.5).
-    plan = make_plan(gpu_mem_gib=8.0, overrides={"rollout.gpu_memory_utilization": 0.3})
+    # 0.15 x 8 GB: below what the trainer's parameter shards and two CUDA contexts (the trainer's, and vLLM's in its
+    # own process on the default stack) leave free, so vLLM starts (it refuses 0.2).
+    plan = make_plan(gpu_mem_gib=8.0, overrides={"rollout.gpu_memory_utilization": 0.15})
     path = tmp_path / "oom.toml"
     path.write_text(plan_to_toml(plan))
     result = invoke("validate", str(path), "--json")
