@@ -31,6 +31,7 @@ from rlplan.planner.memory.allocator_trace import allocator_config
 from rlplan.planner.memory.megatron import (
     MEGATRON,
     VERL_SAVES_DROPOUT_MASKS,
+    optimizer_step_bytes,
     stage_activations,
     state_on_most_loaded_rank,
 )
@@ -129,18 +130,22 @@ def optimizer_step_paragraph() -> str:
     update = predict_memory(plan).phase("actor_update")
     state = MEGATRON.role_state(plan, "actor", plan_layout(plan))
     resident = state.params + state.grads + state.optimizer
+    # a dense model: its one optimizer group is the whole state
+    foreach = optimizer_step_bytes(state.optimizer, foreach=True)
     return (
         "verl's Qwen2.5-32B example for 8 H20 (`qwen2_32B_grpo_8_h20_megatron_vllm.sh` at verl 9f4161e2: TP 8, "
         "DP 1, so the distributed optimizer shards nothing; param, grad and optimizer offload; 8,192-token "
         "micro batches) ran out of memory in Megatron's `DistributedOptimizer.step_with_ready_grads` -> "
         "`self.optimizer.step()` (verl-project/verl issue 3124, 2025-08-19). rlplan prices its update's state at "
         f"{resident / GIB:.1f} GiB (bf16 weights, fp32 grads, fp32 main params and moments of 4.1 B parameters "
-        f"a rank), the step's temporaries at {state.optimizer_step / GIB:.1f} GiB (torch's foreach AdamW, "
-        "megatron-core's Adam without TE / Apex: `optimizer_step_bytes`), and the update's peak at "
-        f"{update.peak_bytes / GIB:.1f} GiB ({update.peak_at}) of the H20's {plan.cluster.gpu.memory_gib:.0f}: "
-        "so it still fits, by less than the 13 % margin `solve` keeps, and the step is not the priced peak. "
-        "The row stays a miss: the report does not say which Adam ran, how far into the update the run got, "
-        "or what else held memory at the step (verl 0.5's offload and vLLM's sleeping engine).")
+        f"a rank), the step's temporaries at {state.optimizer_step / GIB:.1f} GiB (Megatron-Core's fused Adam, "
+        "Transformer Engine's, which verl's TE-built models guarantee is installed, updates in place: "
+        "`VERL_MEGATRON_STEPS_FUSED_ADAM`; torch's foreach AdamW, megatron-core's Adam only without TE and Apex, "
+        f"would add {foreach / GIB:.1f} GiB), and the update's peak at {update.peak_bytes / GIB:.1f} GiB "
+        f"({update.peak_at}) of the H20's {plan.cluster.gpu.memory_gib:.0f}: so it still fits, by less than the "
+        "13 % margin `solve` keeps, and the step is not the priced peak. The row stays a miss: the report does not "
+        "say how far into the update the run got, or what else held memory at the step (verl 0.5's offload and "
+        "vLLM's sleeping engine).")
 
 
 def _example_plan(name: str):

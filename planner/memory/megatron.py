@@ -159,13 +159,30 @@ def state_on_most_loaded_rank(arch: Architecture, engine: MegatronSection, world
 # parameter of the optimizer shard on the GPU beside the state. The fused kernels update in place (0), and the
 # single-tensor loop holds that buffer for one parameter at a time. Measured: docs/accuracy.md 6b.
 FOREACH_ADAMW_STEP_BYTES_PER_PARAM = 4
+# Which Adam verl's Megatron workers step on a GPU: Megatron-Core's fused one, so no full-size temporaries.
+# megatron/core/optimizer/__init__.py imports transformer_engine.pytorch.optimizers.FusedAdam first, Apex's
+# FusedAdam next, torch.optim.AdamW only when neither imports (read at NVIDIA/Megatron-LM core_v0.11.0,
+# core_v0.12.0 to core_v0.15.0 and core_v0.16.1), and a verl Megatron run has Transformer Engine: verl builds
+# every model on TE's layer spec (verl/models/mcore/model_initializer.py get_gpt_decoder_block_spec(...,
+# use_transformer_engine=True), read at v0.4.0, v0.4.1, v0.5.0, v0.6.1, v0.7.0 and main; v0.3.0.post1's own
+# Megatron models predate it and its docs/start/install.rst installs TE). The fused kernel updates the shard's
+# params and moments in place (multi_tensor_adam); around it the step scales the grads for clipping in place
+# (clip_grads.py multi_tensor_applier(multi_tensor_scale)), counts zeros only under log_num_zeros_in_grad
+# (OptimizerConfig's default False, which verl leaves), and the fp32 main grads are views of the DDP grad buffer
+# verl builds with grad_reduce_in_fp32=True (verl/utils/megatron_utils.py line 140 at 9f4161e2; the same in
+# v0.3.0.post1 to v0.7.0), so _copy_model_grads_to_main_grads' .float() of them
+# (distrib_optimizer.py, and optimizer.py without the distributed optimizer) copies nothing. Priced at 0 for
+# every verl release and both workers. torch's foreach AdamW is what the CPU twin runs (runtime/megatron_twin.py:
+# no TE / Apex there), which benchmarks/megatron_twin.py prices with `optimizer_step_bytes(foreach=...)` of the
+# case it measured: the twin's rows keep the torch path's temporaries.
+VERL_MEGATRON_STEPS_FUSED_ADAM = True
 
 
-def optimizer_step_bytes(optimizer_state_bytes: float, *, foreach: bool = True) -> float:
+def optimizer_step_bytes(optimizer_state_bytes: float, *, foreach: bool) -> float:
     """The optimizer step's temporaries beside the state, from the optimizer state of the largest group Megatron
     steps at once (RankState.largest_optimizer: OPTIMIZER_BYTES a parameter of its shard, all of it without the
-    distributed optimizer): torch's foreach AdamW's fp32 sqrt(exp_avg_sq) of that group, priced unless
-    `foreach` is off (the fused kernels)."""
+    distributed optimizer): torch's foreach AdamW's fp32 sqrt(exp_avg_sq) of that group where `foreach` (torch's
+    AdamW, the CPU twin's), none for the fused kernels verl's GPU runs step (VERL_MEGATRON_STEPS_FUSED_ADAM)."""
     if not foreach:
         return 0.0
     return FOREACH_ADAMW_STEP_BYTES_PER_PARAM * optimizer_state_bytes / OPTIMIZER_BYTES
@@ -476,9 +493,10 @@ class MegatronBackend:
                                           mtp_layers=plan.model.mtp_layers if role == "actor" else 0)
         # The distributed optimizer's step writes the updated fp32 shard back into the bf16 weights in place;
         # Megatron's grad buffer is reduce-scattered in place: neither needs a second copy. The Adam step's
-        # own temporaries are optimizer_step_bytes's.
+        # own temporaries are optimizer_step_bytes's: none for the fused Adam verl's GPU runs step.
+        step = optimizer_step_bytes(state.largest_optimizer, foreach=not VERL_MEGATRON_STEPS_FUSED_ADAM)
         return TrainerState(params=state.weights, grads=state.grads, optimizer=state.optimizer,
-                            optimizer_step=optimizer_step_bytes(state.largest_optimizer), reduce_scatter=0.0)
+                            optimizer_step=step, reduce_scatter=0.0)
 
     def state_on_gpu(self, plan: Plan, role: TrainedRole, state: TrainerState) -> TrainerState:
         """verl loads every offloaded part back before the update, so a training step holds all of it, except

@@ -205,6 +205,28 @@ def test_megatrons_cpu_optimizer_keeps_its_fraction_of_the_optimizer_state_off_t
     assert _update_peak_gib(offloaded) < _update_peak_gib(plan)
 
 
+@pytest.mark.parametrize("knobs", [{"actor.megatron.expert_model_parallel_size": 8},
+                                   {"actor.megatron.use_distributed_optimizer": False}])
+def test_verls_megatron_step_on_a_gpu_is_the_fused_adam_with_no_temporaries_and_torchs_foreach_adamw_its_sqrt_buffer(
+        knobs):
+    """verl's Megatron models need Transformer Engine, so Megatron-Core steps TE's FusedAdam, in place: the update's
+    optimizer step holds the state and nothing beside it. torch's foreach AdamW (what the CPU twin runs, priced by
+    benchmarks/megatron_twin.py with foreach=True) holds fp32 sqrt(exp_avg_sq) of the larger optimizer group."""
+    from rlplan.planner.memory.megatron import MEGATRON, optimizer_step_bytes
+    from rlplan.planner.profile import DEFAULT_PROFILE
+
+    plan = _megatron_plan(**knobs)
+    state = MEGATRON.role_state(plan, "actor", plan_layout(plan))
+    assert state.optimizer_step == 0
+    moments = dict(MEGATRON.update_moments(plan, "actor", state, _update_role(plan), None, DEFAULT_PROFILE))
+    step = {c.name: c.bytes for c in moments["optimizer_step"]}
+    assert step["optimizer_step_temporaries"] == 0
+    assert sum(step.values()) == int(state.params) + int(state.grads) + int(state.optimizer)
+    rank = state_on_most_loaded_rank(plan.model.arch, plan.actor.mcore, plan.cluster.world_size)
+    assert optimizer_step_bytes(rank.largest_optimizer, foreach=True) == pytest.approx(rank.largest_optimizer / 3)
+    assert optimizer_step_bytes(rank.largest_optimizer, foreach=False) == 0
+
+
 def test_megatron_leaves_its_grad_buffer_and_main_weights_on_the_gpu_when_the_engine_starts_unless_offloaded():
     """Megatron-Core allocates the DDP grad buffer with the model and the distributed optimizer's fp32 main weights
     with the optimizer, before verl builds the rollout engine; param_offload takes the weights and the buffer off,

@@ -33,7 +33,7 @@ def test_the_twins_state_is_megatrons_buffers_and_its_optimizer_step_the_foreach
     assert parts["main_params"] + parts["moments"] == pytest.approx(state.optimizer, rel=0.01)
     assert rank["state"] == pytest.approx(sum(parts.values()), rel=0.02)
     step = rank["peaks"]["optimizer"] - rank["state"]
-    assert step == pytest.approx(optimizer_step_bytes(state.largest_optimizer), rel=0.05)
+    assert step == pytest.approx(optimizer_step_bytes(state.largest_optimizer, foreach=case.foreach), rel=0.05)
 
 
 @pytest.mark.parametrize("log_prob, per_token_vocab", [("entropy", 8), ("log_probs", 6)])
