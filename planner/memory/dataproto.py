@@ -19,26 +19,42 @@ from rlplan.planner.stack import (
     holds,
 )
 
-# Float tensors per response position the driver's batch holds when it calls each trainer phase
-# (ray_trainer.fit, v0.4.0): the log-prob pass none yet; the reference the old log-probs; the values both; the
-# updates also the scores, the rewards, the advantages and the returns. A call ships the whole batch
-# (`self.actor_rollout_wg.compute_log_prob(batch)`).
-FLOATS_SENT = {Phase.OLD_LOG_PROB: 0, Phase.REF_LOG_PROB: 1, Phase.CRITIC_VALUES: 2, Phase.CRITIC_UPDATE: 7,
-               Phase.ACTOR_UPDATE: 7}
+# The fp32 tensors over the response the driver's batch gains after each trainer phase, in the order verl's
+# ray_trainer.fit runs them (read at v0.5.0: old_log_probs line 1235-1236 with the entropys popped, ref_log_prob
+# 1269, values 1275; the 'adv' block's token_level_scores 1282, token_level_rewards 1294, advantages and returns
+# from compute_advantage, lines 254-289). token_level_rewards is token_level_scores itself without a KL in the
+# reward, and GRPO's returns are its advantages (core_algos.py `return scores, scores`), but the worker's
+# `data.to(device)` copies each TensorDict entry on its own, so on the GPU each is a tensor of its own.
+_ADVANTAGE_TENSORS = 4  # token_level_scores, token_level_rewards, advantages, returns
+
+
+def floats_sent(plan: Plan, phase: Phase) -> int:
+    """The fp32 tensors over the response positions the batch holds when the driver calls `phase`: none at the
+    log-prob pass; the old log-probs from the reference on; the reference's where one runs from the values on; the
+    values where a critic runs, and the advantage block's four, at the updates."""
+    if phase == Phase.OLD_LOG_PROB:
+        return 0
+    if phase == Phase.REF_LOG_PROB:
+        return 1
+    reference = 1 if plan.uses_reference else 0
+    if phase == Phase.CRITIC_VALUES:
+        return 1 + reference
+    return 1 + reference + (1 if plan.uses_critic else 0) + _ADVANTAGE_TENSORS
 
 
 def batch_bytes(plan: Plan, sequences: float, floats_per_position: int) -> float:
     """Bytes of verl's padded batch of `sequences`: int64 input_ids, attention_mask and position_ids over prompt +
-    response, the prompts, the responses and the response mask, and `floats_per_position` fp32 tensors over the
-    response positions."""
+    response, the prompts, the responses and the response mask (the rollout's TensorDict, vllm_rollout_spmd.py
+    generate_sequences at v0.5.0 lines 370-379, and the trainer's response_mask, ray_trainer.py line 1203), and
+    `floats_per_position` fp32 tensors over the response positions."""
     data = plan.data
-    ints = 4 * data.max_sequence_length + 2 * data.max_response_length
+    ints = 3 * data.max_sequence_length + data.max_prompt_length + 2 * data.max_response_length
     return sequences * (8.0 * ints + 4.0 * floats_per_position * data.max_response_length)
 
 
 def phase_batch_bytes(plan: Plan, phase: Phase, sequences: float) -> float:
     """The batch of `sequences` as the driver hands it to `phase`'s worker call."""
-    return batch_bytes(plan, sequences, FLOATS_SENT[phase])
+    return batch_bytes(plan, sequences, floats_sent(plan, phase))
 
 
 def batch_held_on_gpu(plan: Plan, phase: Phase) -> bool:

@@ -81,7 +81,7 @@ def entropy_seconds(facts: ModelFacts, tokens: float, rates: Rates, profile: Pro
 
 # --- what verl times around every trainer pass: the worker call and its data (ray_trainer.fit, v0.4.0) ---
 
-# What each trainer phase's call returns per position (what it is sent: memory.dataproto.FLOATS_SENT): log-probs
+# What each trainer phase's call returns per position (what it is sent: memory.dataproto.floats_sent): log-probs
 # and entropies, the reference's log-probs, the values; the updates return their metrics only.
 _FLOATS_RETURNED = {Phase.OLD_LOG_PROB: 2, Phase.REF_LOG_PROB: 1, Phase.CRITIC_VALUES: 1, Phase.CRITIC_UPDATE: 0,
                     Phase.ACTOR_UPDATE: 0}

@@ -7,7 +7,7 @@ import pytest
 
 from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import predict_memory
-from rlplan.planner.memory.dataproto import FLOATS_SENT, batch_bytes, batch_held_on_gpu, phase_batch_bytes
+from rlplan.planner.memory.dataproto import batch_bytes, batch_held_on_gpu, floats_sent, phase_batch_bytes
 from rlplan.planner.phases import Phase
 from rlplan.planner.stack import StackSection
 from tests.planner.plans import make_plan
@@ -30,9 +30,21 @@ def test_a_sequence_holds_int64_ids_masks_and_positions_and_fp32_tensors_over_it
     plan = make_plan()
     prompt, response = plan.data.max_prompt_length, plan.data.max_response_length
     ints = 3 * (prompt + response) + prompt + 2 * response  # ids, mask, positions; prompts, responses, mask
-    assert batch_bytes(plan, 1, 0) == 8 * (ints + response)
-    assert batch_bytes(plan, 10, 7) == 10 * (8 * (ints + response) + 7 * 4 * response)
-    assert phase_batch_bytes(plan, Phase.ACTOR_UPDATE, 3) == batch_bytes(plan, 3, FLOATS_SENT[Phase.ACTOR_UPDATE])
+    assert batch_bytes(plan, 1, 0) == 8 * ints
+    assert batch_bytes(plan, 10, 7) == 10 * (8 * ints + 7 * 4 * response)
+    assert phase_batch_bytes(plan, Phase.ACTOR_UPDATE, 3) == batch_bytes(plan, 3, floats_sent(plan, Phase.ACTOR_UPDATE))
+
+
+@pytest.mark.parametrize(("knobs", "values", "updates"), [
+    (PPO, 2, 7),  # old and reference log-probs, values, scores, rewards, advantages, returns
+    ({"algorithm.adv_estimator": "grpo", "actor.use_kl_loss": True}, 2, 6),  # no values
+    ({"algorithm.adv_estimator": "grpo", "actor.use_kl_loss": False}, 1, 5),  # no reference either
+])
+def test_the_batch_gains_each_passs_outputs_and_the_advantage_block_before_the_updates(knobs, values, updates):
+    plan = make_plan(overrides=knobs).evolve(stack=StackSection(verl="0.5.0"))
+    assert floats_sent(plan, Phase.OLD_LOG_PROB) == 0 and floats_sent(plan, Phase.REF_LOG_PROB) == 1
+    assert floats_sent(plan, Phase.CRITIC_VALUES) == values
+    assert floats_sent(plan, Phase.ACTOR_UPDATE) == floats_sent(plan, Phase.CRITIC_UPDATE) == updates
 
 
 @pytest.mark.parametrize("megatron", [False, True])
