@@ -421,8 +421,11 @@ FSDP_ACTOR_UPDATE_BATCH_ON_HOST = Behaviour(
     summary="the FSDP actor's update keeps the batch in host memory, moving one micro batch at a time")
 MEGATRON_CRITIC_HOLDS_BATCH_ON_GPU = Behaviour(
     name="megatron_critic_holds_batch_on_gpu", package="verl", before="0.8.0",
+    opt_out=("trainer.use_legacy_worker_impl", ("disable",), "0.7.1", "0.8.0"),
     code_path="verl/workers/megatron_workers.py compute_values / update_critic: data = data.to(get_device_id()) "
-              "(v0.3.0.post1-v0.7.1; no megatron_workers.py at v0.8.0)",
+              "(v0.3.0.post1-v0.7.1; no megatron_workers.py at v0.8.0); verl/trainer/main_ppo.py add_critic_worker "
+              "builds the Megatron critic from it at v0.6.0-v0.7.0 whatever trainer.use_legacy_worker_impl says, "
+              "and at v0.7.1 from engine_workers.py TrainingWorker (no such move) for 'disable'",
     summary="the legacy Megatron critic holds the rank's whole share of the step's batch on the GPU in its passes")
 LEN_FROM_SEQUENCES = Behaviour(
     name="max_model_len_from_sequences", package="verl", before="0.7.0",

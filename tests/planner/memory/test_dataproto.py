@@ -74,6 +74,10 @@ def test_the_legacy_megatron_critic_holds_the_batch_until_0_8():
         assert resident(plan, Phase.CRITIC_VALUES) > 0 and resident(plan, Phase.CRITIC_UPDATE) > 0, verl
         assert resident(plan, Phase.ACTOR_UPDATE) == 0, verl
     assert not batch_held_on_gpu(on("0.8.0", megatron=True), Phase.CRITIC_UPDATE)
+    engine = on("0.7.1", megatron=True).evolve(passthrough={"trainer.use_legacy_worker_impl": "disable"})
+    assert not batch_held_on_gpu(engine, Phase.CRITIC_UPDATE)  # the engine's TrainingWorker moves micro batches
+    assert batch_held_on_gpu(on("0.7.0", megatron=True).evolve(passthrough={"trainer.use_legacy_worker_impl": "disable"}),
+                             Phase.CRITIC_UPDATE)  # 0.7.0 builds the legacy Megatron critic whatever it says
 
 
 def test_each_rank_holds_its_data_parallel_share_so_model_parallel_replicas_hold_more():
