@@ -64,19 +64,27 @@ CONFIGURATIONS = (
     ("llama-3.1-70b", 64, 8, 4, 2, 16),
 )
 
-# verl's example script, the GPU it names (or the 80 GB H100 where it names none), --env pins, and what a
-# public report says happened when it ran ("" where none is known).
+# verl's example script, the GPU it names (or the 80 GB H100 where it names none), --env pins, what a public report
+# says happened when it ran ("" where none is known), and the verl release it is priced at (as --verl-version) with
+# the reason: the release of the commit the script was taken from, not rlplan's default.
+B178 = ("0.7.1", "commit b178a3cd (2026-01-29; its version file says 0.8.0.dev) is in the v0.7.1 tag, and like v0.7.1 "
+        "its main_ppo.py keeps the legacy workers by default (trainer.use_legacy_worker_impl=auto)")
 VERL_RUNS = (
-    ("megatron_dense_qwen2_7b.sh", "h100-80g", {"HOME": "/h"}, ""),
-    ("megatron_moe_lora_qwen3_30b_a3b.sh", "h100-80g", {"HOME": "/h"}, ""),
+    ("megatron_dense_qwen2_7b.sh", "h100-80g", {"HOME": "/h"}, "", B178),
+    ("megatron_moe_lora_qwen3_30b_a3b.sh", "h100-80g", {"HOME": "/h"}, "", B178),
     ("megatron_moe_qwen3_30b_a3b.sh", "h20-96g", {"HOME": "/h", "TEST_FILE": "/data/aime-2024.parquet"},
-     "out of memory on 8 nodes, phase not given (verl issue 3364)"),
+     "out of memory on 8 nodes, phase not given (verl issue 3364)", B178),
     ("megatron_moe_deepseek_v3_256_h100.sh", "h100-80g",
      {"HOME": "/h", "CKPT_DIR": "/c", "LLM": "deepseek-ai/DeepSeek-V3", "RAY_DATA_HOME": "/r", "TRAIN_FILE": "/t",
-      "TEST_FILE": "/t"}, ""),
+      "TEST_FILE": "/t"}, "", B178),
     ("megatron_dense_qwen2_32b_tp8_h20.sh", "h20-96g", {"HOME": "/h"},
-     "out of memory in the distributed optimizer's step (verl issue 3124)"),
+     "out of memory in the distributed optimizer's step (verl issue 3124)",
+     ("0.5.0", "commit 9f4161e2 (2025-08-12, v0.5.0-111, version file 0.5.0.dev; the run was reported on 2025-08-19) "
+               "still moves the update's whole batch onto the GPU as v0.5.0 does (megatron_workers.py line 623), which "
+               "v0.6.0 removed; its rollout.enforce_eager default is already False (rollout.yaml line 35), kept so")),
 )
+# What a row's tree defaults to where its pinned release defaults otherwise (the tree's config, read at its commit).
+TREE_DEFAULTS = {"megatron_dense_qwen2_32b_tp8_h20.sh": {"enforce_eager": False}}
 
 
 def _error(ours: float, theirs: float) -> str:
@@ -108,9 +116,10 @@ def estimate_rows() -> list[str]:
 
 
 def verl_run_rows() -> list[str]:
-    rows = ["| verl example | GPUs | parallelism | peak phase | rlplan peak GiB (resident) | of GPU GiB | fits | reported |",
-            "|---|---|---|---|---|---|---|---|"]
-    for name, gpu, _, outcome in VERL_RUNS:
+    rows = ["| verl example | GPUs | parallelism | priced at verl | peak phase | rlplan peak GiB (resident) | of GPU GiB "
+            "| fits | reported |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, gpu, _, outcome, (release, _why) in VERL_RUNS:
         plan = _example_plan(name)
         report = predict_memory(plan)
         engine = plan.actor.mcore
@@ -118,16 +127,29 @@ def verl_run_rows() -> list[str]:
                     f"CP {engine.context_parallel_size} EP {engine.expert_model_parallel_size}")
         peak = report.peak_phase
         at = f" ({peak.peak_at})" if peak.peak_at else ""
-        rows.append(f"| `{name}` | {plan.cluster.world_size} x {gpu} | {parallel} | {peak.name}{at} | "
+        rows.append(f"| `{name}` | {plan.cluster.world_size} x {gpu} | {parallel} | {release} | {peak.name}{at} | "
                     f"{report.gpu_peak_bytes / GIB:.1f} | {plan.cluster.gpu.memory_gib:.0f} | "
                     f"{'yes' if report.gpu_peak_bytes < report.gpu_capacity_bytes else 'no'} | {outcome or '-'} |")
     return rows
 
 
+def release_reasons() -> str:
+    """Why each example is priced at its release, each reason once."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    for name, _, _, _, pin in VERL_RUNS:
+        reasons.setdefault(pin, []).append(f"`{name}`")
+    return "; ".join(f"{', '.join(names)} at {release}: {why}" for (release, why), names in reasons.items())
+
+
 def optimizer_step_paragraph() -> str:
     """The dense TP 8 example that died in the optimizer's step: its update's moments as priced."""
     plan = _example_plan("megatron_dense_qwen2_32b_tp8_h20.sh")
-    update = predict_memory(plan).phase("actor_update")
+    report = predict_memory(plan)
+    update = report.phase("actor_update")
+    capacity = report.gpu_capacity_bytes
+    batch = sum(c.bytes for c in update.components if c.name == "resident_batch")
+    verdict = ("so it does not fit, as the run did not" if update.peak_bytes >= capacity else
+               "so it still fits, by less than the 13 % margin `solve` keeps: the row stays a miss")
     state = MEGATRON.role_state(plan, "actor", plan_layout(plan))
     resident = state.params + state.grads + state.optimizer
     # a dense model: its one optimizer group is the whole state
@@ -141,18 +163,22 @@ def optimizer_step_paragraph() -> str:
         f"a rank), the step's temporaries at {state.optimizer_step / GIB:.1f} GiB (Megatron-Core's fused Adam, "
         "Transformer Engine's, which verl's TE-built models guarantee is installed, updates in place: "
         "`VERL_MEGATRON_STEPS_FUSED_ADAM`; torch's foreach AdamW, megatron-core's Adam only without TE and Apex, "
-        f"would add {foreach / GIB:.1f} GiB), and the update's peak at {update.peak_bytes / GIB:.1f} GiB "
-        f"({update.peak_at}) of the H20's {plan.cluster.gpu.memory_gib:.0f}: so it still fits, by less than the "
-        "13 % margin `solve` keeps, and the step is not the priced peak. The row stays a miss: the report does not "
-        "say how far into the update the run got, or what else held memory at the step (verl 0.5's offload and "
-        "vLLM's sleeping engine).")
+        f"would add {foreach / GIB:.1f} GiB), and the update's peak at {update.peak_bytes / GIB:.2f} GiB "
+        f"({update.peak_at}) of the H20's {capacity / GIB:.2f}, the rank's share of the step's batch included "
+        f"({batch / GIB:.2f} GiB, which verl of that commit holds on the GPU for the whole update: "
+        f"stack.WORKER_HOLDS_BATCH_ON_GPU): {verdict}, and the step is "
+        f"{'' if update.peak_at == 'optimizer_step' else 'not '}the priced peak. The report does not say how far "
+        "into the update the run got, or what else held memory at the step (verl 0.5's offload and vLLM's "
+        "sleeping engine).")
 
 
 def _example_plan(name: str):
-    script, gpu, env, _ = next(run for run in VERL_RUNS if run[0] == name)
-    return import_verl_script((ROOT / "tests" / "data" / "verl_scripts" / script).read_text(),
+    script, gpu, env, _, (release, _why) = next(run for run in VERL_RUNS if run[0] == name)
+    plan = import_verl_script((ROOT / "tests" / "data" / "verl_scripts" / script).read_text(),
                               gpu=resolve_gpu(gpu), host_memory_gib=2048.0, env=env,
-                              local_config_reader=lambda path: None).plan
+                              local_config_reader=lambda path: None, versions=(release, None, None)).plan
+    tree = TREE_DEFAULTS.get(script)
+    return attrs.evolve(plan, rollout=attrs.evolve(plan.rollout, **tree)) if tree else plan
 
 
 @frozen
@@ -334,7 +360,8 @@ def start_check_sentence(runs: list[PublishedRun]) -> str:
 def moe_full_example_paragraph() -> str:
     """The MoE full fine-tuning example's update, term by term, with the numbers the model prices now."""
     plan = _example_plan("megatron_moe_qwen3_30b_a3b.sh")
-    update = predict_memory(plan).phase("actor_update")
+    report = predict_memory(plan)
+    update = report.phase("actor_update")
 
     def gib(*names: str) -> str:
         return f"{sum(update.bytes_of(name) for name in names) / GIB:.1f} GiB"
@@ -384,7 +411,8 @@ def section() -> str:
         "(tests/planner/test_memory_megatron.py).", "",
         *estimate_rows(), "",
         "verl's own Megatron examples, imported from tests/data/verl_scripts/ and priced per GPU by the whole "
-        "step model (rollout, log-prob passes and update through memory/backend.py's Megatron backend).",
+        "step model (rollout, log-prob passes and update through memory/backend.py's Megatron backend), each at "
+        "the verl release of the commit its script was taken from: " + release_reasons() + ".",
         moe_full_example_paragraph(), "",
         *verl_run_rows(), "",
         optimizer_step_paragraph(), "",

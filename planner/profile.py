@@ -88,7 +88,7 @@ class Profile:
              "allocator_cache_engine_workspaces: the reserved counter only, never the fit (0: not calibrated; "
              "`calibrate --from-verl-log` fits it from max_memory_reserved beside the prediction)", high=64.0)
     allocator_cache_engine_workspaces: float = _constant(
-        5.05, "reserved bytes beyond the allocator replay where vLLM runs in the trainer's process (verl < 0.7) and "
+        5.04, "reserved bytes beyond the allocator replay where vLLM runs in the trainer's process (verl < 0.7) and "
              "the trainer's segments are fixed, in units of the engine's profiled workspace (its tensors at every "
              "decode step's batch size go through the trainer's caching allocator); the reserved counter only, never "
              "the fit [fitted: the mean over the public verl logs of tests/data/verl_logs/public, each reported "

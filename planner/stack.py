@@ -395,6 +395,38 @@ MEGATRON_LOG_PROB_CLONES_LOGITS = Behaviour(
               "the engine worker's verl/workers/engine/megatron/transformer_impl.py alike at v0.6.1-main); v0.4.0, "
               "v0.4.1 and v0.5.0 compute the entropy and then the log-probs on the logits themselves",
     summary="verl's Megatron log-prob pass with the entropy clones the vocabulary-parallel logits first")
+# The worker call's DataProto (memory/dataproto.py). Read at the tags: v0.3.0.post1 fsdp_workers.py update_actor /
+# compute_log_prob / compute_ref_log_prob / compute_values / update_critic `data = data.to(torch.cuda.current_device())`
+# (lines 439, 529, 561, 808, 831), megatron_workers.py `data.batch = data.batch.cuda()` (update_actor, 372) and
+# `data = data.to('cuda')` (424, 444, 637, 645); v0.4.0 alike (fsdp_workers.py 571, 652, 695, 1018, 1041;
+# megatron_workers.py 419, 497, 519, 743, 755); v0.4.1 fsdp_workers.py 696, 740, 1084, 1108 (update_actor: 606 moves
+# it to "cpu"), megatron_workers.py `data.batch = data.batch.to(get_device_name())` 444 and 520, 543, 775, 788;
+# v0.5.0 fsdp_workers.py 676, 772, 816, 1209, 1233, megatron_workers.py 507, 590, 613, 924, 937 (and commit 9f4161e2,
+# 0.5.0.dev, megatron_workers.py 623). The whole DP share stays referenced by `data` in the worker's frame until the
+# call returns (the actors' update_policy / compute_log_prob select and split views of it). v0.6.0 removed the moves
+# from the FSDP worker (update_actor / compute_ref_log_prob / compute_values / update_critic move it to "cpu": "data
+# will to device with each micro batch", lines 858, 1006, 1461, 1480) and from the Megatron actor, ref and log-prob
+# (617-760: no move); the Megatron critic's compute_values / update_critic keep `data = data.to(get_device_id())` at
+# v0.6.0 (1034, 1047), v0.7.0 (1217, 1230) and v0.7.1 (1225, 1238); v0.8.0 has no megatron_workers.py.
+WORKER_HOLDS_BATCH_ON_GPU = Behaviour(
+    name="worker_holds_batch_on_gpu", package="verl", before="0.6.0",
+    code_path="verl/workers/fsdp_workers.py and megatron_workers.py update_actor, compute_log_prob, "
+              "compute_ref_log_prob, compute_values, update_critic: data.to(device) of the whole call's batch "
+              "(v0.3.0.post1-v0.5.0; gone at v0.6.0 but for the Megatron critic, MEGATRON_CRITIC_HOLDS_BATCH_ON_GPU)",
+    summary="each trainer pass holds the rank's whole share of the step's batch on the GPU")
+FSDP_ACTOR_UPDATE_BATCH_ON_HOST = Behaviour(
+    name="fsdp_actor_update_batch_on_host", package="verl", since="0.4.1", before="0.5.0",
+    code_path="verl/workers/fsdp_workers.py update_actor line 606 at v0.4.1: data.to('cpu') ('data will to device "
+              "with each micro batch on actor.update_policy'); v0.5.0 line 676 moves it to the GPU again",
+    summary="the FSDP actor's update keeps the batch in host memory, moving one micro batch at a time")
+MEGATRON_CRITIC_HOLDS_BATCH_ON_GPU = Behaviour(
+    name="megatron_critic_holds_batch_on_gpu", package="verl", before="0.8.0",
+    opt_out=("trainer.use_legacy_worker_impl", ("disable",), "0.7.1", "0.8.0"),
+    code_path="verl/workers/megatron_workers.py compute_values / update_critic: data = data.to(get_device_id()) "
+              "(v0.3.0.post1-v0.7.1; no megatron_workers.py at v0.8.0); verl/trainer/main_ppo.py add_critic_worker "
+              "builds the Megatron critic from it at v0.6.0-v0.7.0 whatever trainer.use_legacy_worker_impl says, "
+              "and at v0.7.1 from engine_workers.py TrainingWorker (no such move) for 'disable'",
+    summary="the legacy Megatron critic holds the rank's whole share of the step's batch on the GPU in its passes")
 LEN_FROM_SEQUENCES = Behaviour(
     name="max_model_len_from_sequences", package="verl", before="0.7.0",
     code_path="verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py (and vllm_rollout.py) __init__: "
@@ -669,7 +701,8 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     EAGER_ROLLOUT_DEFAULT, UNSTAGED_WAKE_UP, ASYNC_RECIPES_IN_PACKAGE, SPIN_SPPO_RECIPES, MODEL_MTP, REF_LOADS_BF16, VALIDATES_BEFORE_TRAIN,
     ENGINE_WORKER, ENGINE_MICRO_SPLIT_ASSERT, MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, AGENT_LOOP, ASYNC_ROLLOUT_DEFAULT,
     PROMPTS_DISPATCHED_BEFORE_REPEAT, MEGATRON_MICRO_SPLIT_ASSERT, REAL_BATCH_CHECKED_UNDER_DYNAMIC_BSZ,
-    MEGATRON_GRAD_OFFLOAD_ABSENT, MEGATRON_PP_STAGES_LOADED_FOR_ROLLOUT, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
+    MEGATRON_GRAD_OFFLOAD_ABSENT, MEGATRON_PP_STAGES_LOADED_FOR_ROLLOUT, WORKER_HOLDS_BATCH_ON_GPU,
+    FSDP_ACTOR_UPDATE_BATCH_ON_HOST, MEGATRON_CRITIC_HOLDS_BATCH_ON_GPU, LEN_FROM_SEQUENCES, LEN_FROM_MODEL_ALWAYS, ROPE_SCALED_SKIPS_LEN_ASSERT,
     ROPE_SCALED_LEN_ASSERT, ROLLOUT_HF_MODEL_CONFIG, OVERRIDE_CONFIG_RECURSES, CHUNKED_PREFILL_NEEDS_MODEL_LEN,
     BATCHED_TOKENS_RAISED, VLLM_V1_FORCES_CHUNKED_PREFILL, LORA_RANK_UNROUNDED, VLLM_V0_ENGINE, VLLM_V1_WHOLE_GPU_PROFILE, VLLM_V0_WHOLE_GPU_PROFILE,
     VLLM_REFUSES_SHORT_FREE_MEMORY, VLLM_GEMMA3_POSITIONS_PRESCALED, VLLM_YARN_POSITIONS_PRESCALED,

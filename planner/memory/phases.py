@@ -31,6 +31,7 @@ from rlplan.planner.layout import PlanLayout, RoleBatchLayout, plan_layout
 from rlplan.planner.memory.allocator_trace import stranded_bytes
 from rlplan.planner.memory.backend import training_backend
 from rlplan.planner.memory.cpu_process import cpu_baselines, engine_sync_component, trainer_heap_component
+from rlplan.planner.memory.dataproto import resident_batch
 from rlplan.planner.memory.heads import forward_head_bytes_per_token_vocab, update_loss_head
 from rlplan.planner.memory.model_facts import model_facts
 from rlplan.planner.memory.report import GIB, MIB, BindingConstraint, Component, HostMemory, PhaseMemory
@@ -249,7 +250,7 @@ def _actor_update(ctx: _StepContext) -> PhaseMemory:
     role = ctx.layout.actor_update
     head = update_loss_head(ctx.plan, ctx.profile, role.tokens_per_micro_batch)
     peak_at, step = ctx.trainer.update_components(ctx.plan, "actor", ctx.actor_gpu, role, head, ctx.profile)
-    return ctx.phase(Phase.ACTOR_UPDATE, [*step, *_held_micro_outputs(ctx.plan, role)],
+    return ctx.phase(Phase.ACTOR_UPDATE, [*step, *_held_micro_outputs(ctx.plan, role), *resident_batch(ctx.plan, role)],
                      loaded=("actor_params", "actor_optimizer_state"), peak_at=peak_at)
 
 
@@ -269,7 +270,7 @@ def _actor_forward(ctx: _StepContext, name: str, role: RoleBatchLayout, *, entro
         ctx.plan, params_bytes=ctx.actor_gpu.params, params_name="actor_params", tokens=role.tokens_per_micro_batch,
         head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
             ctx.plan, ctx.profile, entropy=entropy, tokens=role.tokens_per_micro_batch), entropy=entropy)
-    return ctx.phase(name, step, loaded=("actor_params",))
+    return ctx.phase(name, [*step, *resident_batch(ctx.plan, role)], loaded=("actor_params",))
 
 
 def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
@@ -282,20 +283,21 @@ def _ref_forward(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
         ctx.plan, params_bytes=on_gpu, params_name="ref_params", tokens=role.tokens_per_micro_batch,
         head_bytes_per_token_vocab=forward_head_bytes_per_token_vocab(
             ctx.plan, ctx.profile, entropy=False, tokens=role.tokens_per_micro_batch))
-    return ctx.phase(Phase.REF_LOG_PROB, step, loaded=("ref_params",))
+    return ctx.phase(Phase.REF_LOG_PROB, [*step, *resident_batch(ctx.plan, role)], loaded=("ref_params",))
 
 
 def _critic_values(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     assert ctx.critic_gpu is not None
     step = ctx.trainer.forward_components(ctx.plan, params_bytes=ctx.critic_gpu.params, params_name="critic_params",
                                           tokens=role.tokens_per_micro_batch, head_bytes_per_token_vocab=0.0)
-    return ctx.phase(Phase.CRITIC_VALUES, step, loaded=("critic_params",))
+    return ctx.phase(Phase.CRITIC_VALUES, [*step, *resident_batch(ctx.plan, role)], loaded=("critic_params",))
 
 
 def _critic_update(ctx: _StepContext, role: RoleBatchLayout) -> PhaseMemory:
     assert ctx.critic_gpu is not None
     peak_at, step = ctx.trainer.update_components(ctx.plan, "critic", ctx.critic_gpu, role, None, ctx.profile)
-    return ctx.phase(Phase.CRITIC_UPDATE, step, loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
+    return ctx.phase(Phase.CRITIC_UPDATE, [*step, *resident_batch(ctx.plan, role)],
+                     loaded=("critic_params", "critic_optimizer_state"), peak_at=peak_at)
 
 
 def split_sync_tensor_bytes(plan: Plan) -> int:

@@ -9,6 +9,7 @@ import math
 from attrs import frozen
 
 from rlplan.planner.layout import PlanLayout, RoleBatchLayout
+from rlplan.planner.memory.dataproto import phase_batch_bytes
 from rlplan.planner.memory.model_facts import ModelFacts
 from rlplan.planner.phases import Phase
 from rlplan.planner.plan import Plan
@@ -80,24 +81,10 @@ def entropy_seconds(facts: ModelFacts, tokens: float, rates: Rates, profile: Pro
 
 # --- what verl times around every trainer pass: the worker call and its data (ray_trainer.fit, v0.4.0) ---
 
-# Float tensors per response position the driver's batch holds when it calls each trainer phase: the log-prob
-# pass none yet; the reference the old log-probs; the values both; the updates also the scores, the rewards,
-# the advantages and the returns.  A call ships the whole batch (`self.actor_rollout_wg.compute_log_prob(batch)`).
-_FLOATS_SENT = {Phase.OLD_LOG_PROB: 0, Phase.REF_LOG_PROB: 1, Phase.CRITIC_VALUES: 2, Phase.CRITIC_UPDATE: 7,
-                Phase.ACTOR_UPDATE: 7}
-# ... and what each returns per position: log-probs and entropies, the reference's log-probs, the values; the
-# updates return their metrics only.
+# What each trainer phase's call returns per position (what it is sent: memory.dataproto.floats_sent): log-probs
+# and entropies, the reference's log-probs, the values; the updates return their metrics only.
 _FLOATS_RETURNED = {Phase.OLD_LOG_PROB: 2, Phase.REF_LOG_PROB: 1, Phase.CRITIC_VALUES: 1, Phase.CRITIC_UPDATE: 0,
                     Phase.ACTOR_UPDATE: 0}
-
-
-def batch_bytes(plan: Plan, sequences: float, floats_per_position: int) -> float:
-    """Bytes of verl's padded batch of `sequences`: int64 input_ids, attention_mask and position_ids over prompt +
-    response, the prompts, the responses and the response mask, and `floats_per_position` fp32 tensors over the
-    response positions."""
-    data = plan.data
-    ints = 4 * data.max_sequence_length + 2 * data.max_response_length
-    return sequences * (8.0 * ints + 4.0 * floats_per_position * data.max_response_length)
 
 
 def transfer_seconds(plan: Plan, profile: Profile, sent_bytes: float, returned_bytes: float) -> float:
@@ -112,7 +99,7 @@ def worker_call_seconds(ctx: StepContext, phase: Phase) -> float:
     """What a trainer phase's timer holds beside the pass: the call to every rank and the batch it ships."""
     plan = ctx.plan
     sequences = plan.data.train_batch_size * plan.rollout.n
-    return transfer_seconds(plan, ctx.profile, batch_bytes(plan, sequences, _FLOATS_SENT[phase]),
+    return transfer_seconds(plan, ctx.profile, phase_batch_bytes(plan, phase, sequences),
                             sequences * 4.0 * _FLOATS_RETURNED[phase] * plan.data.max_response_length)
 
 

@@ -9,12 +9,13 @@ from attrs import frozen
 
 from rlplan.planner.layout import PlanLayout
 from rlplan.planner.memory import MemoryReport
+from rlplan.planner.memory.dataproto import batch_bytes
 from rlplan.planner.memory.model_facts import lora_params, model_facts
 from rlplan.planner.memory.rollout import ROLLOUT_ENGINES
 from rlplan.planner.plan import Plan
 from rlplan.planner.profile import Profile
 from rlplan.planner.steptime.lengths import Lengths, workload_lengths
-from rlplan.planner.steptime.passes import batch_bytes, transfer_seconds
+from rlplan.planner.steptime.passes import transfer_seconds
 from rlplan.planner.steptime.rates import Rates
 
 # Points of the drain integral (the batch's last sequences finishing): enough for 1 % on smooth tails.

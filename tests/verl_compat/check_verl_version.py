@@ -26,7 +26,8 @@ and source, never against rlplan's memory of them:
               and the engine worker's micro-batch assert are present in the source exactly where stack.py says.
 
 What is not checked here: the memory behaviours that live in code paths without a config trace
-(stack.MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET) and vLLM's V0 engine.
+(stack.MICRO_OUTPUTS_HELD_TO_MINI_END, SOFT_TOKEN_BUDGET, WORKER_HOLDS_BATCH_ON_GPU and its exceptions)
+and vLLM's V0 engine.
 
 Usage: python tests/verl_compat/check_verl_version.py   (exit 0: all agree)
 """
