@@ -344,6 +344,19 @@ def test_published_megatron_dapo_recipe_rows_sum_their_rounds_and_the_others_do_
             assert run.measured["gen"] < 1.35 * run.measured["generate_sequences"], run.label
 
 
+def test_megatron_rows_with_a_script_of_their_own_run_at_its_rollout_memory_utilization():
+    """ISEEKYAN/verl_megatron_practice's DAPO_7B/N.*.sh and DAPO_MOE30B/N.*.sh are the tables' row N: where a row
+    has its script, it is priced at that script's rollout.gpu_memory_utilization (the KV cache its engines hold)."""
+    sweeps = _sweeps_module()
+    own = {("dapo-7b-h100-megatron", "9"): 0.8, ("dapo-moe30b-h100-megatron", "3"): 0.8,
+           ("dapo-moe30b-h100-megatron", "4"): 0.8, ("dapo-moe30b-h100-megatron", "5"): 0.8,
+           ("dapo-moe30b-h100-megatron", "7"): 0.7, ("dapo-moe30b-h100-megatron", "8"): 0.5,
+           ("dapo-moe30b-h100-megatron", "9"): 0.5, ("dapo-7b-h100-megatron", "16"): 0.6}
+    runs = {(run.sweep, run.label.split(":")[0]): run for run in sweeps.all_runs(sweeps.load_sweeps(sweeps.MEGATRON_DATA))}
+    for key, utilization in own.items():
+        assert runs[key].plan.rollout.gpu_memory_utilization == pytest.approx(utilization), key
+
+
 def test_rollout_tp1_generates_faster_than_tp4_for_a_7b_model_on_8_h100():
     """Published: 144 s at TP 1 against 399 s at TP 4 (dapo7b.csv rows 14 and 2): one engine's host work per
     token does not shrink with TP, and eight engines share it."""
