@@ -73,6 +73,9 @@ class Case:
     kind: str  # "sweep" (a publisher's table) or "log" (a run's own timing_s lines)
     plan: Plan
     measured: dict[str, float]
+    # Measured keys left out of the comparison: they sum an unpublished number of generation rounds
+    # (steptime_sweeps.Run.over_rounds).
+    over_rounds: tuple[str, ...] = ()
 
     def timing(self) -> RunTiming:
         return RunTiming(label=f"{self.group}: {self.label}", plan=self.plan,
@@ -102,7 +105,8 @@ def sweep_cases(path: Path, dataset: str) -> list[Case]:
     """Every run of a published-sweep TOML (steptime_sweeps.py's format), one group per sweep."""
     sweeps = steptime_sweeps.load_sweeps(path)
     return [Case(dataset=dataset, group=run.sweep, label=run.label, kind="sweep", plan=run.plan,
-                 measured=dict(run.measured)) for run in steptime_sweeps.all_runs(sweeps)]
+                 measured=dict(run.measured), over_rounds=tuple(run.over_rounds))
+            for run in steptime_sweeps.all_runs(sweeps)]
 
 
 def _log_plan(entry: Mapping) -> Plan:
@@ -344,6 +348,17 @@ def _per_key_line(priced: Sequence[Priced]) -> str:
     return ", ".join(cells)
 
 
+def _rounds_text(cases: Sequence[Case]) -> str:
+    """Which measured keys are left out because they sum several generation rounds, and where."""
+    summed = [case for case in cases if case.over_rounds]
+    if not summed:
+        return ""
+    keys = ", ".join(f"`{key}`" for key in dict.fromkeys(k for case in summed for k in case.over_rounds))
+    return (f" Not compared: {keys} of {len(summed)} runs ({', '.join(groups(summed))}), which sum an unpublished "
+            "number of generation rounds (recipe.dapo's dynamic sampling at a generation batch of the train batch; "
+            "section 5 gives the source).")
+
+
 def render_section(protocol: Protocol, cases: Sequence[Case], held: Sequence[Priced],
                    fitted: Sequence[Priced]) -> str:
     out, ins = summarize(held), summarize(fitted)
@@ -354,7 +369,7 @@ def render_section(protocol: Protocol, cases: Sequence[Case], held: Sequence[Pri
         f"{protocol.title}; datasets {datasets}: {len(cases)} runs in {len(groups(cases))} groups, each published "
         f"sweep one group and each log one). {_held_out_text(protocol)} **In sample**: one fit of "
         f"{', '.join(f'`{k}`' for k in protocol.keys)} to every run. A step time's error includes what rlplan does "
-        "not price (validation and checkpoint steps are left out of the medians).", "",
+        f"not price (validation and checkpoint steps are left out of the medians).{_rounds_text(cases)}", "",
         f"- Out of sample: {out.line()}.",
         f"- Out of sample, per timing key within {PHASE_ERROR_LIMIT:.0%}: {_per_key_line(held)}.",
         f"- In sample: {ins.line()}.", "",

@@ -22,11 +22,14 @@ from typing import Any
 from attrs import frozen
 
 from rlplan.planner.knobs import apply_knobs
+from rlplan.planner.layout import plan_layout
 from rlplan.planner.memory import predict_memory
 from rlplan.planner.plan import Plan
 from rlplan.planner.presets import resolve_gpu
 from rlplan.planner.profile import DEFAULT_PROFILE, Profile, load_profile_toml
 from rlplan.planner.steptime import predict_step_time, verl_timing_seconds
+from rlplan.planner.steptime.rates import Rates
+from rlplan.planner.steptime.rollout import rollout_seconds
 from rlplan.planner.verl_import import import_verl_script
 
 # benchmarks/ is no package: its shared helpers are imported from beside this file.
@@ -50,6 +53,9 @@ class Run:
     label: str
     plan: Plan
     measured: dict[str, float]
+    # Measured keys that sum an unpublished number of generation rounds (a sweep's `summed_over_rounds`: recipe.dapo's
+    # dynamic sampling regenerates until enough groups are kept), shown beside one round's prediction, never compared.
+    over_rounds: dict[str, float] = {}
 
 
 def load_sweeps(path: Path = DATA) -> dict[str, dict[str, Any]]:
@@ -91,10 +97,19 @@ def run_plan(sweep: dict[str, Any], run: dict[str, Any]) -> Plan:
 
 
 def all_runs(sweeps: dict[str, dict[str, Any]]) -> list[Run]:
-    """Every run with measured seconds (a run that died, `outcome` and no `measured`, has none to price)."""
-    return [Run(sweep=name, label=run["id"], plan=run_plan(sweep, run),
-                measured={k: float(v) for k, v in run["measured"].items()})
-            for name, sweep in sweeps.items() for run in sweep["run"] if "measured" in run]
+    """Every run with measured seconds (a run that died, `outcome` and no `measured`, has none to price); the keys
+    its sweep marks `summed_over_rounds` are set apart from those compared."""
+    runs = []
+    for name, sweep in sweeps.items():
+        summed = set(sweep.get("summed_over_rounds", ()))
+        for run in sweep["run"]:
+            if "measured" not in run:
+                continue
+            seconds = {k: float(v) for k, v in run["measured"].items()}
+            runs.append(Run(sweep=name, label=run["id"], plan=run_plan(sweep, run),
+                            measured={k: v for k, v in seconds.items() if k not in summed},
+                            over_rounds={k: v for k, v in seconds.items() if k in summed}))
+    return runs
 
 
 def predicted_timings(run: Run, profile: Profile) -> dict[str, float]:
@@ -135,16 +150,23 @@ def sweep_section(sweeps: dict[str, dict[str, Any]], runs: list[Run],
     for name, sweep in sweeps.items():
         members = [run for run in runs if run.sweep == name]
         predicted = [predicted_timings(run, profile) for run in members]
-        rho = spearman([p["step"] for p in predicted], [run.measured["step"] for run in members])
-        summary["sweeps"][name] = rho
+        stepped = [(p["step"], run.measured["step"]) for p, run in zip(predicted, members, strict=True)
+                   if "step" in run.measured]
+        rho = spearman([p for p, _ in stepped], [m for _, m in stepped]) if len(stepped) >= 2 else None
+        if rho is not None:
+            summary["sweeps"][name] = rho
         lines += [f"### {sweep['title']}", "", f"Source: {sweep['source']}; script {sweep['script']}.",
                   f"GPU preset `{sweep['gpu']}`. Lengths: {' '.join(sweep['lengths_source'].split())}.", "",
+                  *rounds_lines(sweep, members, profile),
                   "| run | " + " | ".join(f"{key} s measured / predicted (error)" for key in SHOWN) + " |",
                   "|---|" + "---|" * len(SHOWN)]
         for run, timing in zip(members, predicted, strict=True):
             cells = []
             for key in SHOWN:
                 measured = run.measured.get(key)
+                if key in run.over_rounds:
+                    cells.append(f"{run.over_rounds[key]:.0f} (every round) / {timing.get(key, 0.0):.0f} (one round)")
+                    continue
                 if measured is None:
                     cells.append(f"- / {timing.get(key, 0.0):.0f}")
                     continue
@@ -153,9 +175,40 @@ def sweep_section(sweeps: dict[str, dict[str, Any]], runs: list[Run],
                 summary["within"] += abs(error) <= PHASE_ERROR_LIMIT
                 cells.append(f"{measured:.0f} / {timing.get(key, 0.0):.0f} ({error:+.0%})")
             lines.append(f"| {run.label} | " + " | ".join(cells) + " |")
-        lines += ["", f"Spearman rank correlation of step times over {len(members)} runs: **{rho:+.2f}** "
-                  f"(target >= {RANK_TARGET}).", ""]
+        lines += ["", f"Spearman rank correlation of step times over {len(stepped)} runs: **{rho:+.2f}** "
+                  f"(target >= {RANK_TARGET})." if rho is not None else
+                  "No rank correlation of step times: every run's step sums several generation rounds.", ""]
     return lines, summary
+
+
+def rounds_lines(sweep: dict[str, Any], members: list[Run], profile: Profile) -> list[str]:
+    """A sweep whose `gen` and `step` sum several generation rounds: why (its `rounds_source`), the measured ratio of
+    `gen` (every round) to `generate_sequences` (the last round's engine call) that shows it, and that one round's
+    engine call against the predicted rollout alone (decode and prefill, without weight sync or host work)."""
+    if not sweep.get("summed_over_rounds"):
+        return []
+    keys = ", ".join(f"`{key}`" for key in sweep["summed_over_rounds"])
+    text = f"Not compared: {keys}, which sum several generation rounds: {' '.join(sweep['rounds_source'].split())}."
+    ratios = [run.over_rounds["gen"] / run.measured["generate_sequences"] for run in members
+              if "gen" in run.over_rounds and "generate_sequences" in run.measured]
+    if ratios:
+        text += f" Measured `gen` / `generate_sequences`: {min(ratios):.2f}-{max(ratios):.2f}."
+    rounds = []
+    for run in members:
+        if "generate_sequences" in run.measured:
+            measured = run.measured["generate_sequences"]
+            engine = engine_seconds(run, profile)
+            rounds.append(f"{run.label.split(':')[0]} {measured:.0f} / {engine:.0f} ({engine / measured - 1:+.0%})")
+    if rounds:
+        text += (" One round's `generate_sequences` measured / the predicted rollout engine alone, row by row (not "
+                 "counted above): " + "; ".join(rounds) + ".")
+    return [text, ""]
+
+
+def engine_seconds(run: Run, profile: Profile) -> float:
+    """The rollout engine's generation of one batch, as planner.steptime.rollout prices it."""
+    return rollout_seconds(run.plan, predict_memory(run.plan, profile), Rates(run.plan, profile), profile,
+                           plan_layout(run.plan))
 
 
 # The phases the training backend prices (the rollout's is the engine's, the same for FSDP and Megatron).

@@ -300,6 +300,63 @@ def test_published_sweeps_rank_as_measured_and_most_phases_are_within_a_quarter(
     assert summary["within"] > 0.75 * summary["phases"]
 
 
+def test_keys_summed_over_generation_rounds_are_shown_beside_one_round_and_never_compared():
+    """recipe.dapo's dynamic sampling at a generation batch of the train batch (the DAPO-14B / 32B Megatron scripts)
+    sums every round into verl's `gen` and `step`: a sweep's `summed_over_rounds` keys leave the compared seconds,
+    its cells say so, and the phase count and the rank correlation drop them."""
+    import copy
+
+    sweeps = _sweeps_module()
+    data = sweeps.load_sweeps()
+    name = "dapo-14b-h20"
+    runs = [run for run in sweeps.all_runs(data) if run.sweep == name]
+    _, before = sweeps.sweep_section({name: data[name]}, runs, DEFAULT_PROFILE)
+    marked = copy.deepcopy(data[name])
+    marked["summed_over_rounds"] = ["gen", "step"]
+    marked["rounds_source"] = "a test's reason"
+    summed = sweeps.all_runs({name: marked})
+    for run, plain in zip(summed, runs, strict=True):
+        assert set(run.over_rounds) == {"gen", "step"}
+        assert not set(run.over_rounds) & set(run.measured)
+        assert {**run.measured, **run.over_rounds} == plain.measured
+    lines, after = sweeps.sweep_section({name: marked}, summed, DEFAULT_PROFILE)
+    assert after["phases"] == before["phases"] - 2 * len(runs)
+    assert name not in after["sweeps"]
+    text = "\n".join(lines)
+    assert text.count("(every round)") == 2 * len(runs)
+    assert "a test's reason" in text and "`generate_sequences`" in text
+
+
+def test_published_megatron_dapo_recipe_rows_sum_their_rounds_and_the_others_do_not():
+    """Only the Megatron sweeps whose scripts run recipe.dapo with filter_groups and no data.gen_batch_size mark
+    `gen` and `step` as summed over rounds; their measured `gen` is over twice their last round's engine call,
+    against at most 1.35x in the FSDP rows of the same recipe, which generate 3x the train batch once."""
+    sweeps = _sweeps_module()
+    megatron = sweeps.load_sweeps(sweeps.MEGATRON_DATA)
+    summed = {name for name, sweep in megatron.items() if sweep.get("summed_over_rounds")}
+    assert summed == {"dapo-14b-h20-megatron", "dapo-32b-h20-megatron"}
+    for run in sweeps.all_runs(megatron):
+        if run.sweep in summed and "gen" in run.over_rounds:
+            assert run.over_rounds["gen"] > 2 * run.measured["generate_sequences"], run.label
+    for run in sweeps.all_runs(sweeps.load_sweeps()):
+        if run.sweep == "dapo-14b-h20":
+            assert run.plan.data.gen_batch_size == 3 * run.plan.data.train_batch_size
+            assert run.measured["gen"] < 1.35 * run.measured["generate_sequences"], run.label
+
+
+def test_megatron_rows_with_a_script_of_their_own_run_at_its_rollout_memory_utilization():
+    """ISEEKYAN/verl_megatron_practice's DAPO_7B/N.*.sh and DAPO_MOE30B/N.*.sh are the tables' row N: where a row
+    has its script, it is priced at that script's rollout.gpu_memory_utilization (the KV cache its engines hold)."""
+    sweeps = _sweeps_module()
+    own = {("dapo-7b-h100-megatron", "9"): 0.8, ("dapo-moe30b-h100-megatron", "3"): 0.8,
+           ("dapo-moe30b-h100-megatron", "4"): 0.8, ("dapo-moe30b-h100-megatron", "5"): 0.8,
+           ("dapo-moe30b-h100-megatron", "7"): 0.7, ("dapo-moe30b-h100-megatron", "8"): 0.5,
+           ("dapo-moe30b-h100-megatron", "9"): 0.5, ("dapo-7b-h100-megatron", "16"): 0.6}
+    runs = {(run.sweep, run.label.split(":")[0]): run for run in sweeps.all_runs(sweeps.load_sweeps(sweeps.MEGATRON_DATA))}
+    for key, utilization in own.items():
+        assert runs[key].plan.rollout.gpu_memory_utilization == pytest.approx(utilization), key
+
+
 def test_rollout_tp1_generates_faster_than_tp4_for_a_7b_model_on_8_h100():
     """Published: 144 s at TP 1 against 399 s at TP 4 (dapo7b.csv rows 14 and 2): one engine's host work per
     token does not shrink with TP, and eight engines share it."""

@@ -74,3 +74,12 @@ def test_written_bands_replace_only_their_protocols_table_and_never_narrow_the_e
         errors = [e for p in priced if (e := p.error(key)) is not None]
         assert band["runs"] == len(errors)
         assert all(-band["under"] - 1e-4 <= e <= band["over"] + 1e-4 for e in errors), key
+
+
+def test_megatron_runs_summed_over_rounds_keep_those_keys_out_and_the_section_says_so(holdout):
+    cases = holdout.DATASETS["megatron-sweeps"]()
+    summed = [case for case in cases if case.over_rounds]
+    assert summed and all(not set(case.over_rounds) & set(case.measured) for case in summed)
+    text = holdout._rounds_text(cases)
+    assert text.startswith(" Not compared:") and f"of {len(summed)} runs" in text
+    assert holdout._rounds_text([case for case in cases if not case.over_rounds]) == ""
