@@ -233,7 +233,7 @@ class Profile:
     prefill_mfu: float = _constant(
         0.45, "achieved MFU of vLLM prefill: long dense GEMMs, no backward", high=1.0, open_low=True)
     decode_mfu: float = _constant(
-        0.17, "fraction of peak FLOP/s a decode step's matmuls reach (skinny GEMMs of the running batch); "
+        0.163, "fraction of peak FLOP/s a decode step's matmuls reach (skinny GEMMs of the running batch); "
               "binds on FLOP-poor GPUs such as the H20 (148 TFLOP/s against 4 TB/s)" + FITTED,
         high=1.0, open_low=True)
     decode_hbm_efficiency: float = _constant(
@@ -248,8 +248,8 @@ class Profile:
     collective_efficiency: float = _constant(
         0.7, "fraction of link bandwidth NCCL all-gather / reduce-scatter reach", high=1.0, open_low=True)
     tp_allreduce_latency_us: float = _constant(
-        154.0, "latency of one small tensor-parallel all-reduce in an eager decode step, its launch from "
-               "Python included (two per layer)" + FITTED, high=10_000.0)
+        135.0, "host time of one small tensor-parallel all-reduce in an eager decode step, launched from "
+               "Python (two per layer; the GPU side costs tp_allreduce_graph_latency_us)" + FITTED, high=10_000.0)
     tp_allreduce_graph_latency_us: float = _constant(
         10.0, "latency of one small tensor-parallel all-reduce in a decode step replayed from CUDA graphs "
               "(NCCL / custom all-reduce within a node; estimate, no published sweep ran with graphs)",
@@ -262,7 +262,7 @@ class Profile:
              "0.07-0.3 of their maxima (DAPO 2k/20k: prompts ~160, responses 0.8-3.7k; GSM8K 512/1024)",
         high=1.0, open_low=True)
     response_length_sigma: float = _constant(
-        0.40, "shape of the log-normal response lengths a batch draws from (the tail parameter): the "
+        0.37, "shape of the log-normal response lengths a batch draws from (the tail parameter): the "
              "batch's decode ends with its longest responses" + FITTED, high=4.0)
     training_mfu_light_gpu: float = _constant(
         0.77, "training_mfu on GPUs below training_mfu_dense_gpu_tflops: published verl FSDP runs on H20 "
@@ -280,17 +280,17 @@ class Profile:
         16.0, "HBM bytes per token x vocab of the entropy over fp32 logits (old-log-prob pass; the reference "
               "pass skips it): softmax, log-softmax and the product, read and written", high=1024.0)
     decode_step_floor_s: float = _constant(
-        3.3e-3, "host time of one decode step beside its layers: scheduling, sampling, output processing"
+        3.4e-3, "host time of one decode step beside its layers: scheduling, sampling, output processing"
                 + FITTED, high=1.0)
     decode_eager_seconds_per_layer: float = _constant(
-        0.68e-3, "host time per layer of an eager decode step (rollout.enforce_eager, verl's default before "
+        0.71e-3, "host time per layer of an eager decode step (rollout.enforce_eager, verl's default before "
                  "Aug 2025): each kernel launched from Python" + FITTED, high=1.0)
     decode_graph_seconds_per_layer: float = _constant(
         0.02e-3, "host time per layer of a decode step replayed from CUDA graphs: one graph launch per step, "
              "estimated (no published sweep ran with graphs); the floor and per-sequence cost still apply",
         high=1.0)
     decode_seconds_per_sequence: float = _constant(
-        31e-6, "host time per running sequence and decode step of one engine (scheduling, sampling, "
+        25e-6, "host time per running sequence and decode step of one engine (scheduling, sampling, "
                "detokenizing): one engine's tokens per second do not grow with its TP size" + FITTED,
         high=1.0)
 

@@ -70,12 +70,16 @@ def decode_step(plan: Plan, rates: Rates, profile: Profile, hbm: float, flops: f
         untouched = (1.0 - arch.num_experts_per_token / arch.num_experts) ** max(1.0, concurrency)
         weight_params -= facts.routed_expert_params * untouched
     eager = (rollout.enforce_eager and rollout.name != "trtllm") or plan.cluster.gpu.is_cpu
-    tp_fixed = tp_per_sequence = 0.0
+    tp_fixed = tp_per_sequence = tp_launch = 0.0
     if t > 1:
-        # Two all-reduces of the running batch's hidden states per layer, each launched from Python when eager.
+        # Two all-reduces of the running batch's hidden states per layer. On the GPU each costs what a captured
+        # one does; an eager engine also launches each from Python, and that launch is the engine's host time
+        # (it overlaps the GPU's kernels, it does not add to them): the fitted eager latency, which includes
+        # the launch, goes to the host side.
         bandwidth = rates.collective(t)
-        latency_us = profile.tp_allreduce_latency_us if eager else profile.tp_allreduce_graph_latency_us
-        tp_fixed = 2 * facts.layers * latency_us * 1e-6
+        tp_fixed = 2 * facts.layers * profile.tp_allreduce_graph_latency_us * 1e-6
+        if eager:
+            tp_launch = 2 * facts.layers * profile.tp_allreduce_latency_us * 1e-6
         hidden_bytes = 2.0 * facts.hidden * rollout.dtype_bytes
         tp_per_sequence = 2 * facts.layers * hidden_bytes * (t - 1) / t / bandwidth
     per_layer = profile.decode_eager_seconds_per_layer if eager else profile.decode_graph_seconds_per_layer
@@ -90,7 +94,7 @@ def decode_step(plan: Plan, rates: Rates, profile: Profile, hbm: float, flops: f
         achieved_flops=flops,
         tp_seconds_fixed=tp_fixed,
         tp_seconds_per_sequence=tp_per_sequence,
-        host_floor=profile.decode_step_floor_s + per_layer * facts.layers,
+        host_floor=profile.decode_step_floor_s + per_layer * facts.layers + tp_launch,
         host_per_sequence=profile.decode_seconds_per_sequence,
     )
 
