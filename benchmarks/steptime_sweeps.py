@@ -228,8 +228,8 @@ def gen_split_lines(sweep: dict[str, Any], members: list[Run], profile: Profile)
         engine, rest = gen_split(run, profile)
         generating = run.measured["generate_sequences"]
         other = run.measured["gen"] - generating
-        cells.append(f"{run.label.split(':')[0]} {generating:.0f} / {engine:.0f} ({engine / generating - 1:+.0%}), "
-                     f"{other:.0f} / {rest:.0f}")
+        cells.append(f"row {run.label.split(':')[0]}: {generating:.0f} / {engine:.0f} ({engine / generating - 1:+.0%}), "
+                     f"rest {other:.0f} / {rest:.0f}")
     if not cells:
         return []
     return ["`gen` in two, row by row (not counted above): the engine's call, `generate_sequences` (verl's mean over "
