@@ -158,6 +158,7 @@ def sweep_section(sweeps: dict[str, dict[str, Any]], runs: list[Run],
         lines += [f"### {sweep['title']}", "", f"Source: {sweep['source']}; script {sweep['script']}.",
                   f"GPU preset `{sweep['gpu']}`. Lengths: {' '.join(sweep['lengths_source'].split())}.", "",
                   *rounds_lines(sweep, members, profile),
+                  *gen_split_lines(sweep, members, profile),
                   "| run | " + " | ".join(f"{key} s measured / predicted (error)" for key in SHOWN) + " |",
                   "|---|" + "---|" * len(SHOWN)]
         for run, timing in zip(members, predicted, strict=True):
@@ -203,6 +204,38 @@ def rounds_lines(sweep: dict[str, Any], members: list[Run], profile: Profile) ->
         text += (" One round's `generate_sequences` measured / the predicted rollout engine alone, row by row (not "
                  "counted above): " + "; ".join(rounds) + ".")
     return [text, ""]
+
+
+def gen_split(run: Run, profile: Profile) -> tuple[float, float]:
+    """The predicted `gen` of one run in two: the rollout engine's generation (what verl's `generate_sequences`
+    timer holds) and the rest (weight sync, wake/sleep, the batch to and from the ranks, host processing)."""
+    engine = engine_seconds(run, profile)
+    return engine, predicted_timings(run, profile)["gen"] - engine
+
+
+def gen_split_lines(sweep: dict[str, Any], members: list[Run], profile: Profile) -> list[str]:
+    """A sweep that publishes `generate_sequences` beside a one-round `gen`: each row's `gen` split into the engine's
+    call and the rest, measured / predicted. verl (v0.5.0 megatron_workers.py and fsdp_workers.py generate_sequences)
+    times the engine's call per rank and averages it over the ranks (utils/profiler/performance.py reduce_timing,
+    ReduceOp.AVG), while the driver's `gen` lasts until the slowest rank has returned its batch: the rest therefore
+    also holds the slowest engine's lead over the mean one."""
+    if sweep.get("summed_over_rounds"):
+        return []
+    cells = []
+    for run in members:
+        if "gen" not in run.measured or "generate_sequences" not in run.measured:
+            continue
+        engine, rest = gen_split(run, profile)
+        generating = run.measured["generate_sequences"]
+        other = run.measured["gen"] - generating
+        cells.append(f"row {run.label.split(':')[0]}: {generating:.0f} / {engine:.0f} ({engine / generating - 1:+.0%}), "
+                     f"rest {other:.0f} / {rest:.0f}")
+    if not cells:
+        return []
+    return ["`gen` in two, row by row (not counted above): the engine's call, `generate_sequences` (verl's mean over "
+            "the ranks) measured / the predicted rollout engine alone (error), then the rest of `gen` (weight sync, "
+            "wake and sleep, the batch to and from the ranks, host work, and the slowest engine's lead over the mean "
+            "one) measured / predicted: " + "; ".join(cells) + ".", ""]
 
 
 def engine_seconds(run: Run, profile: Profile) -> float:
