@@ -29,7 +29,7 @@ from rlplan.planner.knobs import apply_knobs, knob_value
 from rlplan.planner.megatron_overrides import megatron_override_keys, mtp_override_keys
 from rlplan.planner.package_data import package_file
 from rlplan.planner.plan import RECIPES, Plan
-from rlplan.planner.stack import VERL_WARMUP_STEPS_DEFAULT, parse_version, stack_defaults
+from rlplan.planner.stack import VERL_WARMUP_STEPS_DEFAULT, parse_version, stack_defaults, verl_sleep_level
 from rlplan.planner.verl_inventory import TRAINER_CONFIGS, TrainerBackend
 from rlplan.planner.verl_keys import (
     BY_FIELD,
@@ -49,7 +49,6 @@ from rlplan.planner.verl_keys import (
     rendered_value,
     spelled,
     table_for,
-    verl_sleep_level,
 )
 
 if TYPE_CHECKING:
@@ -191,7 +190,7 @@ def plan_as_verl_runs_it(plan: Plan) -> Plan:
     verl has no key for set the way an import sets them (verl_keys.RLPLAN_ONLY_FIELDS)."""
     prepared = prepare_for_verl(plan)
     rollout = attrs.evolve(prepared.rollout, sleep_level=verl_sleep_level(
-        prepared.model.lora.enabled, prepared.rollout.layered_summon))
+        prepared.stack, prepared.model.lora.enabled, prepared.rollout.layered_summon))
     cluster = Cluster(gpu=plan.cluster.gpu, nodes=plan.cluster.nodes, gpus_per_node=plan.cluster.gpus_per_node,
                       host_memory_gib=plan.cluster.host_memory_gib)
     prepared = prepared.evolve(rollout=rollout, cluster=cluster, prediction=None)

@@ -507,6 +507,32 @@ VLLM_V0_ENGINE = Behaviour(
               "lacks (XFORMERS) falls back to V0 up to 0.10.x; V0 is gone from 0.11.0",
     summary="vLLM's V0 engine by default (vllm/worker/worker.py)")
 VLLM_V0_REMOVED = "0.11.0"
+# The level verl puts vLLM to sleep at (read in volcengine/verl's tags). v0.3.0.post1, v0.4.1 and v0.5.0 always call
+# sleep(level=1): verl/workers/sharding_manager/fsdp_vllm.py __exit__ (v0.5.0 line 240, v0.4.1 215, v0.3.0.post1 123),
+# megatron_vllm.py (v0.5.0 191, v0.4.1 173), vllm_rollout/vllm_rollout_spmd.py (v0.5.0 189). From v0.6.0
+# verl/third_party/vllm/__init__.py (lines 33-49, unchanged to v0.7.0 and 0.8.0.dev main) sets VLLM_SLEEP_LEVEL = 2 for
+# vLLM >= 0.8.5 (1 below it, and on NPU), which the sharding managers and the rollout use, save that the rollout keeps
+# level 1 with layered_summon (vllm_rollout_spmd.py v0.6.0 line 106 and 495, v0.6.1 534; vllm_rollout.py v0.7.0 131).
+SLEEP_LEVEL_TWO = Behaviour(
+    name="sleep_level_two", package="verl", since="0.6.0",
+    code_path="verl/third_party/vllm/__init__.py VLLM_SLEEP_LEVEL (from v0.6.0; up to v0.5.0 the sharding managers "
+              "and vllm_rollout_spmd.py call inference_engine.sleep(level=1))",
+    summary="verl can put vLLM to sleep at level 2, which discards the weights instead of copying them to host")
+VLLM_SLEEP_LEVEL_TWO = Behaviour(
+    name="vllm_sleep_level_two", package="vllm", since="0.8.5",
+    code_path="verl/third_party/vllm/__init__.py: VLLM_SLEEP_LEVEL = 2 only where vs.parse(vllm) >= 0.8.5",
+    summary="verl from v0.6.0 sleeps vLLM at level 2 only on vLLM 0.8.5 or newer")
+
+
+def verl_sleep_level(stack: StackSection, lora_enabled: bool, layered_summon: bool) -> Literal[1, 2]:
+    """The level verl sleeps vLLM at on `stack`: 1 up to verl 0.5 and under vLLM 0.8.5 (SLEEP_LEVEL_TWO,
+    VLLM_SLEEP_LEVEL_TWO); from verl 0.6.0 on vLLM 0.8.5+, 2 unless only adapters (LoRA; verl 0.8's engine worker
+    sets level 1 for an adapter-only sync, engine_workers.py) or layers (layered_summon) are pushed back."""
+    if lora_enabled or layered_summon:
+        return 1
+    return 2 if holds(SLEEP_LEVEL_TWO, stack) and holds(VLLM_SLEEP_LEVEL_TWO, stack, "vllm") else 1
+
+
 VLLM_V1_WHOLE_GPU_PROFILE = Behaviour(
     name="vllm_v1_whole_gpu_profile", package="vllm", before="0.9.1",
     code_path="vllm/v1/worker/gpu_worker.py Worker.determine_available_memory (0.7.3, 0.8.5, 0.9.0): "
@@ -709,7 +735,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     SGLANG_FRACTION_OF_FREE, ROOT_RESHARDS_AFTER_FORWARD, ROOT_RESHARDS_AFTER_FORWARD_SGLANG,
     EMPTIES_CACHE_BEFORE_SYNC, MEGATRON_EMPTIES_CACHE_BEFORE_SYNC, EMPTIES_CACHE_AFTER_SYNC, EMPTIES_CACHE_AFTER_ROLLOUT, ENGINE_IN_TRAINER_PROCESS,
     TRAINER_FLUSHED_AT_ENGINE_START,
-    TRAINER_EXPANDABLE_SEGMENTS, WEIGHT_SYNC_BUCKET_512, WARMUP_ZERO_READS_RATIO)
+    TRAINER_EXPANDABLE_SEGMENTS, WEIGHT_SYNC_BUCKET_512, WARMUP_ZERO_READS_RATIO, SLEEP_LEVEL_TWO, VLLM_SLEEP_LEVEL_TWO)
 
 
 # The ranks vLLM's LoRAConfig takes as max_lora_rank (vllm/config.py LoRAConfig.__post_init__ possible_max_ranks;

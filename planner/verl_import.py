@@ -58,7 +58,6 @@ from rlplan.planner.verl_keys import (
     parse_value,
     table_for,
     value_alias,
-    verl_sleep_level,
 )
 
 KNOWN_KEYS = sorted({*BY_KEY, REWARD_PATH_KEY, REWARD_NAME_KEY})
@@ -695,7 +694,6 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
         _warn_about_algorithm_defaults(given, fields, warnings)
     if "actor_rollout_ref.rollout.name" not in given:
         warnings.append("verl requires actor_rollout_ref.rollout.name; the import assumes vllm.")
-    fields["rollout.sleep_level"] = verl_sleep_level(fields["model.lora.rank"] > 0, fields["rollout.layered_summon"])
     fields["reward.function"] = _reward_function(sorted_.reward)
     resolved = _resolve_model(str(model_path), local_config_reader, warnings)
     # A file of overrides is no shell: only a script's own commands can export an engine switch.
@@ -704,6 +702,11 @@ def import_verl_script(text: str, *, gpu: GpuSpec, host_memory_gib: float, env: 
     _take_source_tree_switches(installed, context, backend, passthrough, sorted_.written, warnings)
     plan = with_target_stack(_build_plan(fields, gpu, host_memory_gib, resolved), given, sorted_.written, script, versions,
                              warnings, installed)
+    # The sleep level verl picks (no key of its own) depends on the release: set once the stack is known.
+    from rlplan.planner.stack import verl_sleep_level
+
+    plan = plan.evolve(rollout=attrs.evolve(plan.rollout, sleep_level=verl_sleep_level(
+        plan.stack, plan.model.lora.enabled, plan.rollout.layered_summon)))
     plan = with_overridden_context(plan.evolve(passthrough=passthrough), warnings)
     _drop_switched_off_warmup_ratio(plan, given, passthrough, warnings)
     # The Megatron settings rlplan types (uneven pipeline, CPU optimizer) leave the passthrough here, once.

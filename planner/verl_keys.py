@@ -448,7 +448,8 @@ RLPLAN_ONLY_FIELDS: dict[str, str] = {
     "cluster.gpu": "the --gpu flag",
     "cluster.host_memory_gib": "the --host-mem flag",
     "cluster.internode_gbps": "rlplan's default",
-    "rollout.sleep_level": "what verl picks: 1 with LoRA adapters or layered_summon, else 2",
+    "rollout.sleep_level": "what verl picks on the plan's stack (stack.verl_sleep_level): 1 up to verl 0.5 or under vLLM 0.8.5, "
+                           "with LoRA adapters or layered_summon; else 2",
     "algorithm.grpo_leave_one_out": "false; verl has no leave-one-out GRPO baseline, so render refuses it",
     "prediction": "none; `rlplan validate` recomputes it",
     "actor.loss_head": "auto: the head verl runs for the plan (model.use_fused_kernels, use_remove_padding); chunked: rlplan's runtime",
@@ -457,11 +458,6 @@ RLPLAN_ONLY_FIELDS: dict[str, str] = {
     "trainer.pytorch_cuda_alloc_conf": "the script's `export PYTORCH_CUDA_ALLOC_CONF=...` (or --env), rendered back "
                                        "as that export",
 }
-
-
-def verl_sleep_level(lora_enabled: bool, layered_summon: bool) -> int:
-    """verl 0.9 sleeps vLLM at level 1 when only adapters (or layers) are pushed back, else level 2."""
-    return 1 if lora_enabled or layered_summon else 2
 
 
 # --- Hydra's override value syntax --------------------------------------------------------

@@ -16,6 +16,7 @@ from rlplan.planner.plan import LoraConfig, Plan
 from rlplan.planner.solver.choices import knob, pins_allow
 from rlplan.planner.solver.request import Candidate, SolveRequest
 from rlplan.planner.solver.workload import _mini_batch_size, lora_ranks, workload_plan
+from rlplan.planner.stack import verl_sleep_level
 
 
 @frozen(kw_only=True)
@@ -124,14 +125,15 @@ def apply_training_choice(plan: Plan, choice: TrainingChoice, request: SolveRequ
         offload_policy=choice.critic_offload_policy,
         gradient_checkpointing=choice.critic_gradient_checkpointing, ulysses_sequence_parallel_size=choice.ulysses,
     )
+    layered_summon = bool(choice.lora_rank) and (
+        plan.model.arch.total_params >= 60e9 or plan.cluster.gpu.memory_gib < 48
+    )
     rollout = attrs.evolve(
         plan.rollout,
-        # An adapter-only sync relies on vLLM keeping the base weights across sleep.
-        sleep_level=1 if choice.lora_rank else 2,
+        # The level verl sleeps vLLM at on the plan's stack (an adapter-only sync keeps the base weights).
+        sleep_level=verl_sleep_level(plan.stack, bool(choice.lora_rank), layered_summon),
         load_format="safetensors" if choice.lora_rank else "dummy",
-        layered_summon=bool(choice.lora_rank) and (
-            plan.model.arch.total_params >= 60e9 or plan.cluster.gpu.memory_gib < 48
-        ),
+        layered_summon=layered_summon,
     )
     ref = attrs.evolve(plan.ref, param_offload=choice.ref_param_offload)
     return plan.evolve(model=model, actor=actor, critic=critic, rollout=rollout, ref=ref)

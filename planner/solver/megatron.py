@@ -35,6 +35,7 @@ from rlplan.planner.solver.budgets import gpu_limit_bytes
 from rlplan.planner.solver.choices import KNOB, knob, knob_fields, pinned_value
 from rlplan.planner.solver.request import STEP_TIME_TOLERANCE, Candidate, SolveRequest
 from rlplan.planner.solver.workload import _mini_batch_size, lora_ranks, workload_plan
+from rlplan.planner.stack import verl_sleep_level
 from rlplan.planner.steptime.megatron import largest_bubble_fraction
 
 # Megatron-Bridge's LoRA target modules (verl's Megatron LoRA examples; rule megatron_lora_targets_megatron_modules).
@@ -251,7 +252,8 @@ def apply_megatron_choice(plan: Plan, choice: MegatronChoice, mini_batch_size: C
                          ppo_mini_batch_size=mini_batch_size(dp), lr=float(f"{plan.actor.lr * lr_scale:.12g}"))
     # The critic trains the whole model (no LoRA) over the same layout.
     critic = attrs.evolve(plan.critic, megatron=_with_cpu_optimizer(engine, plan.engine("critic")))
-    rollout = attrs.evolve(plan.rollout, sleep_level=1 if choice.lora_rank else 2,
+    rollout = attrs.evolve(plan.rollout, sleep_level=verl_sleep_level(plan.stack, bool(choice.lora_rank),
+                                                                      plan.rollout.layered_summon),
                            load_format="safetensors" if choice.lora_rank else "dummy")
     return plan.evolve(model=model, actor=actor, critic=critic, rollout=rollout)
 

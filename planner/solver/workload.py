@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from rlplan.planner.arch import Architecture
+from rlplan.planner.knobs import apply_knobs
 from rlplan.planner.plan import (
     ActorSection,
     AlgorithmSection,
@@ -102,6 +103,10 @@ def workload_plan(request: SolveRequest, response_len: int, backend: Callable[[P
         trainer=base.trainer if base is not None else TrainerSection(),
         passthrough=base.passthrough if base is not None else {},
     )
+    # The target stack first: what a choice sets may depend on the release (stack.verl_sleep_level).
+    stack = {key: value for key, value in request.pins.items() if key.startswith("stack.")}
+    if stack:
+        plan = apply_knobs(plan, stack)
     if backend is not None:
         plan = backend(plan)
     return with_cpu_compute(plan, request.pins) if request.cluster.gpu.is_cpu else plan

@@ -134,6 +134,14 @@ def test_render_then_import_gives_back_the_plan_verl_runs(plan, fmt):
     assert plan_to_dict(without_inferred_range(back)) == plan_to_dict(plan_as_verl_runs_it(plan))
 
 
+@pytest.mark.parametrize(("verl", "level"), [("0.5.0", 1), ("0.6.1", 2)])
+def test_a_plan_rendered_for_a_release_runs_at_the_sleep_level_that_release_picks(verl, level):
+    """verl up to 0.5 calls sleep(level=1) whatever the plan says; 0.6+ on vLLM 0.8.5+ sleeps at level 2."""
+    plan = preset_plan({"rollout.sleep_level": 3 - level})
+    plan = plan.evolve(stack=attrs.evolve(plan.stack, verl=verl, vllm=None))
+    assert plan_as_verl_runs_it(plan).rollout.sleep_level == level
+
+
 def test_render_fixes_what_verl_defaults_badly():
     plan = preset_plan({"model.lora.rank": 32, "rollout.load_format": "dummy"})
     plan = plan.evolve(rollout=attrs.evolve(plan.rollout, max_model_len=None))

@@ -50,6 +50,7 @@ from rlplan.planner.stack import (
     source_tree_switches,
     stack_defaults,
     unnamed_engine_range,
+    verl_sleep_level,
 )
 from rlplan.planner.verl_import import import_verl_script
 from rlplan.planner.verl_keys import BY_FIELD, WARMUP_RATIO_KEY
@@ -430,3 +431,19 @@ def test_verl_flushes_the_cache_before_the_weight_sync_per_backend_and_worker(ve
     stack = StackSection(verl=verl)
     assert holds(EMPTIES_CACHE_BEFORE_SYNC, stack, passthrough=passthrough) is fsdp
     assert holds(MEGATRON_EMPTIES_CACHE_BEFORE_SYNC, stack, passthrough=passthrough) is megatron
+
+
+@pytest.mark.parametrize(("verl", "vllm", "level"), [
+    ("0.3.0.post1", None, 1), ("0.4.1", None, 1), ("0.5.0", None, 1), ("0.5.0", "0.8.5", 1),
+    ("0.6.0", "0.8.4", 1), ("0.6.0", "0.8.5", 2), ("0.6.0", None, 2), ("0.6.1", None, 2), ("0.7.0", None, 2),
+    ("0.9.1", None, 2),
+])
+def test_verl_sleeps_vllm_at_level_one_up_to_05_and_at_level_two_from_06_on_vllm_085(verl, vllm, level):
+    """verl up to v0.5.0 calls sleep(level=1); from v0.6.0 VLLM_SLEEP_LEVEL is 2 on vLLM >= 0.8.5."""
+    assert verl_sleep_level(StackSection(verl=verl, vllm=vllm), False, False) == level
+
+
+@pytest.mark.parametrize("verl", ["0.5.0", "0.6.0", "0.9.1"])
+def test_an_adapter_or_layered_sync_sleeps_at_level_one_on_every_release(verl):
+    stack = StackSection(verl=verl)
+    assert verl_sleep_level(stack, True, False) == verl_sleep_level(stack, False, True) == 1

@@ -464,3 +464,14 @@ def test_a_trtllm_script_imports_as_a_trtllm_plan_judged_on_the_releases_that_ha
     rendered = render_plan(plan, "verl", "overrides")
     assert "actor_rollout_ref.rollout.name=trtllm" in rendered
     assert "+actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=16" in rendered
+
+
+@pytest.mark.parametrize(("versions", "level"), [
+    (("0.5.0", None, None), 1), (("0.6.0", "0.8.4", None), 1), (("0.6.1", None, None), 2), (("0.9.1", None, None), 2),
+])
+def test_an_imported_script_sleeps_vllm_at_the_level_its_release_picks(versions, level):
+    """verl up to 0.5 sleeps vLLM at level 1 (weights copied to host); from 0.6 on vLLM 0.8.5+, level 2."""
+    plan = import_verl_script(SGLANG_ASYNC_SCRIPT.replace("'sglang_async'", "vllm"), gpu=H100, host_memory_gib=512.0,
+                              env={}, local_config_reader=lambda path: None, environment={}, versions=versions).plan
+    assert plan.rollout.name == "vllm" and plan.stack.verl == versions[0]
+    assert plan.rollout.sleep_level == level

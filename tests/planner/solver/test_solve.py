@@ -180,6 +180,14 @@ def test_lora_auto_prefers_full_fine_tuning_when_it_fits():
     assert result.plan.model.lora.rank == 0
 
 
+@pytest.mark.parametrize(("verl", "level"), [("0.5.0", 1), ("0.6.1", 2)])
+def test_a_full_fine_tuning_plan_sleeps_at_the_level_its_verl_release_picks(verl, level):
+    result = solve(request_for("qwen2.5-0.5b", gpus=8, gpu_mem=80.0, prompt=512, response=512, batch=64, n=4,
+                               pins={"stack.verl": verl}))
+    assert result.plan is not None and result.plan.model.lora.rank == 0
+    assert result.plan.rollout.sleep_level == level
+
+
 def test_lora_auto_falls_back_to_a_rank_of_at_least_32():
     # Full fine-tuning would fit with its whole state in host RAM (CPU offload policy); without it, LoRA.
     result = solve(request_for("qwen2.5-7b", gpus=1, gpu_mem=80.0, prompt=512, response=1024, batch=16, n=4,
